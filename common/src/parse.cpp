@@ -1,0 +1,143 @@
+// Size and integer parsing shared by every part of cushare (see parse.h for the accepted forms).
+#include "cushare/parse.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+namespace cushare {
+namespace {
+
+bool isSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+std::string lower(std::string_view s) {
+  std::string r(s);
+  for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+// Multiplier for a unit suffix, or 0 if the suffix is unknown.
+uint64_t unitMultiplier(std::string_view unit) {
+  const std::string u = lower(unit);
+  if (u.empty() || u == "b") return 1;
+  struct Unit {
+    const char* name;
+    uint64_t mult;
+  };
+  static constexpr Unit kUnits[] = {
+      {"k", 1ull << 10},  {"ki", 1ull << 10},  {"kib", 1ull << 10},  {"kb", 1000ull},
+      {"m", 1ull << 20},  {"mi", 1ull << 20},  {"mib", 1ull << 20},  {"mb", 1000000ull},
+      {"g", 1ull << 30},  {"gi", 1ull << 30},  {"gib", 1ull << 30},  {"gb", 1000000000ull},
+      {"t", 1ull << 40},  {"ti", 1ull << 40},  {"tib", 1ull << 40},  {"tb", 1000000000000ull},
+  };
+  for (const Unit& k : kUnits)
+    if (u == k.name) return k.mult;
+  return 0;
+}
+
+}  // namespace
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && isSpace(s.front())) s.remove_prefix(1);
+  while (!s.empty() && isSpace(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+bool parseSize(std::string_view text, uint64_t* out, std::string* error) {
+  const std::string_view s = trim(text);
+  auto fail = [&](const std::string& why) {
+    if (error) *error = "invalid size '" + std::string(text) + "': " + why;
+    return false;
+  };
+  if (s.empty()) return fail("empty");
+  if (s.front() == '-') return fail("negative");
+  if (s.front() == '+') return fail("a sign is not allowed");
+  size_t i = 0;
+  uint64_t whole = 0;
+  bool digits = false;
+  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) {
+    digits = true;
+    const uint64_t d = static_cast<uint64_t>(s[i] - '0');
+    if (whole > (UINT64_MAX - d) / 10) return fail("too large");
+    whole = whole * 10 + d;
+  }
+  // Fraction: kept as digits so that "1.5GiB" is exact.
+  uint64_t frac = 0, fracScale = 1;
+  bool hasFrac = false;
+  if (i < s.size() && s[i] == '.') {
+    hasFrac = true;
+    ++i;
+    bool fracDigits = false;
+    for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) {
+      fracDigits = true;
+      if (fracScale < 1000000000000ull) {  // 12 digits are plenty; ignore the rest
+        frac = frac * 10 + static_cast<uint64_t>(s[i] - '0');
+        fracScale *= 10;
+      }
+    }
+    if (!fracDigits) return fail("missing digits after '.'");
+  }
+  if (!digits) return fail("expected a number");
+  std::string_view unit = trim(s.substr(i));
+  const uint64_t mult = unitMultiplier(unit);
+  if (mult == 0) return fail("unknown unit '" + std::string(unit) + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  if (whole != 0 && mult > UINT64_MAX / whole) return fail("too large");
+  uint64_t bytes = whole * mult;
+  if (hasFrac && frac != 0) {
+    // frac/fracScale * mult must be a whole number of bytes.
+    const unsigned __int128 num = static_cast<unsigned __int128>(frac) * mult;
+    if (num % fracScale != 0) return fail("not a whole number of bytes");
+    const unsigned __int128 add = num / fracScale;
+    if (add > UINT64_MAX - bytes) return fail("too large");
+    bytes += static_cast<uint64_t>(add);
+  }
+  *out = bytes;
+  return true;
+}
+
+bool parseInt(std::string_view text, int64_t min, int64_t max, int64_t* out, std::string* error) {
+  const std::string_view s = trim(text);
+  auto fail = [&](const std::string& why) {
+    if (error) *error = "invalid integer '" + std::string(text) + "': " + why;
+    return false;
+  };
+  if (s.empty()) return fail("empty");
+  size_t i = 0;
+  bool neg = false;
+  if (s[0] == '-' || s[0] == '+') {
+    neg = s[0] == '-';
+    i = 1;
+  }
+  if (i == s.size()) return fail("expected digits");
+  unsigned __int128 v = 0;
+  for (; i < s.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return fail("not a number");
+    v = v * 10 + static_cast<unsigned>(s[i] - '0');
+    if (v > (static_cast<unsigned __int128>(1) << 64)) return fail("too large");
+  }
+  const __int128 sv = neg ? -static_cast<__int128>(v) : static_cast<__int128>(v);
+  if (sv < min || sv > max)
+    return fail("out of range " + std::to_string(min) + ".." + std::to_string(max));
+  *out = static_cast<int64_t>(sv);
+  return true;
+}
+
+std::string formatSize(uint64_t bytes) {
+  static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  else if (v == std::floor(v))
+    std::snprintf(buf, sizeof buf, "%.0f %s", v, kNames[u]);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, kNames[u]);
+  return buf;
+}
+
+}  // namespace cushare

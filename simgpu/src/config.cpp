@@ -1,0 +1,101 @@
+// SIMGPU_* environment parsing and stable device identities.
+#include "config.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
+#include "cushare/parse.h"
+
+namespace simgpu {
+
+bool loadConfig(Config* c, std::string* error) {
+  auto bad = [&](const char* var, const char* value, const std::string& why) {
+    *error = std::string("simgpu: invalid ") + var + "='" + value + "': " + why;
+    return false;
+  };
+  std::string why;
+  if (const char* v = std::getenv("SIMGPU_DEVICES")) {
+    int64_t n;
+    if (!cushare::parseInt(v, 1, kMaxDevices, &n, &why)) return bad("SIMGPU_DEVICES", v, why);
+    c->deviceCount = static_cast<int>(n);
+  }
+  for (int d = 0; d < kMaxDevices; ++d) c->memory[d] = 16ull << 30;
+  if (const char* v = std::getenv("SIMGPU_MEMORY")) {
+    std::string_view rest(v);
+    int d = 0;
+    uint64_t last = 0;
+    while (true) {
+      const size_t comma = rest.find(',');
+      const std::string_view item = rest.substr(0, comma);
+      uint64_t bytes;
+      if (!cushare::parseSize(item, &bytes, &why)) return bad("SIMGPU_MEMORY", v, why);
+      if (bytes < (1ull << 20)) return bad("SIMGPU_MEMORY", v, "a device needs at least 1 MiB");
+      if (bytes > (1ull << 46)) return bad("SIMGPU_MEMORY", v, "more than 64 TiB per device");
+      if (d >= kMaxDevices) return bad("SIMGPU_MEMORY", v, "more sizes than devices");
+      c->memory[d++] = last = bytes;
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+    if (d > 1 && d != c->deviceCount)
+      return bad("SIMGPU_MEMORY", v,
+                 "lists " + std::to_string(d) + " sizes for " + std::to_string(c->deviceCount) +
+                     " device(s) (give one size for all, or one per device)");
+    for (int k = d; k < kMaxDevices; ++k) c->memory[k] = last;
+  }
+  if (const char* v = std::getenv("SIMGPU_SMS")) {
+    int64_t n;
+    if (!cushare::parseInt(v, 1, 1024, &n, &why)) return bad("SIMGPU_SMS", v, why);
+    c->smCount = static_cast<uint32_t>(n);
+  }
+  c->name = "NVIDIA H100 80GB HBM3 (simgpu)";
+  if (const char* v = std::getenv("SIMGPU_NAME")) {
+    std::string_view s(v);
+    if (s.empty() || s.size() > 95) return bad("SIMGPU_NAME", v, "must be 1 to 95 characters");
+    c->name = v;
+  }
+  c->stateDir = "/dev/shm/simgpu";
+  if (const char* v = std::getenv("SIMGPU_STATE_DIR")) {
+    if (v[0] != '/') return bad("SIMGPU_STATE_DIR", v, "must be an absolute path");
+    c->stateDir = v;
+  }
+  if (const char* v = std::getenv("SIMGPU_TRACE")) {
+    std::string_view s(v);
+    if (s == "1" || s == "true")
+      c->trace = true;
+    else if (s == "0" || s == "false" || s.empty())
+      c->trace = false;
+    else
+      return bad("SIMGPU_TRACE", v, "expected 0 or 1");
+  }
+  return true;
+}
+
+void deviceUuid(int ordinal, unsigned char out[16]) {
+  // Fixed prefix + ordinal: stable across processes and runs, distinct per device, version-4 shape.
+  static constexpr unsigned char kBase[16] = {0x5e, 0x1a, 0x90, 0xc0, 0x51, 0x3d, 0x4b, 0x1e,
+                                              0x8a, 0x7f, 0x2c, 0x61, 0x00, 0x00, 0x00, 0x00};
+  for (int i = 0; i < 16; ++i) out[i] = kBase[i];
+  out[14] = static_cast<unsigned char>(ordinal >> 8);
+  out[15] = static_cast<unsigned char>(ordinal);
+}
+
+unsigned devicePciBus(int ordinal) { return 0x18u + static_cast<unsigned>(ordinal); }
+
+std::string deviceUuidString(int ordinal) {
+  unsigned char u[16];
+  deviceUuid(ordinal, u);
+  char buf[48];
+  std::snprintf(buf, sizeof buf,
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return buf;
+}
+
+std::string devicePciBusId(int ordinal) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "00000000:%02X:00.0", devicePciBus(ordinal));
+  return buf;
+}
+
+}  // namespace simgpu

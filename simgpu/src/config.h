@@ -1,0 +1,32 @@
+// simgpu's configuration, read once from the environment (SIMGPU_*). Shared by the driver and the
+// NVML library so both describe the same devices.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "shared_state.h"
+
+namespace simgpu {
+
+struct Config {
+  int deviceCount = 1;                 // SIMGPU_DEVICES (1..16)
+  uint64_t memory[kMaxDevices] = {};   // SIMGPU_MEMORY: one size for all, or "16GiB,8GiB" per device
+  uint32_t smCount = 132;              // SIMGPU_SMS (1..1024)
+  std::string name;                    // SIMGPU_NAME
+  std::string stateDir;                // SIMGPU_STATE_DIR
+  bool trace = false;                  // SIMGPU_TRACE=1
+};
+
+// Parses the environment. On invalid input returns false and sets *error to one line naming the
+// variable, its value and what is expected.
+bool loadConfig(Config* out, std::string* error);
+
+// Stable identity of simulated device `ordinal`: a UUID derived from the ordinal (the same in
+// every process and run) and PCI location 0000:<0x18+ordinal>:00.0.
+void deviceUuid(int ordinal, unsigned char out[16]);
+unsigned devicePciBus(int ordinal);
+std::string deviceUuidString(int ordinal);  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+std::string devicePciBusId(int ordinal);    // "00000000:18:00.0"
+
+}  // namespace simgpu

@@ -1,0 +1,207 @@
+// CUDA arrays (1D, 2D, 3D, layered) and mipmapped arrays. Texels are stored row-major in host
+// memory with rows padded to the device's texture pitch alignment; each array is counted against
+// its device. Texture and surface objects over them are not simulated.
+#include <algorithm>
+
+#include "driver.h"
+
+namespace simgpu {
+namespace {
+
+struct Array {
+  CUDA_ARRAY3D_DESCRIPTOR desc = {};
+  char* data = nullptr;
+  size_t mapped = 0;
+  ArrayLayout layout = {};
+  int device = 0;
+  uint64_t accounted = 0;
+  bool ownedByMipmap = false;
+};
+
+struct Mipmapped {
+  std::vector<Array*> levels;
+  CUDA_ARRAY3D_DESCRIPTOR desc = {};
+};
+
+size_t formatBytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+    case CU_AD_FORMAT_UNORM_INT8X1:
+    case CU_AD_FORMAT_SNORM_INT8X1:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+    case CU_AD_FORMAT_UNORM_INT16X1:
+    case CU_AD_FORMAT_SNORM_INT16X1:
+      return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
+CUresult makeArray(const CUDA_ARRAY3D_DESCRIPTOR& d, Array** out) {
+  const size_t elem = formatBytes(d.Format);
+  if (!elem || (d.NumChannels != 1 && d.NumChannels != 2 && d.NumChannels != 4) || d.Width == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if ((d.Depth && !d.Height && !(d.Flags & CUDA_ARRAY3D_LAYERED))) return CUDA_ERROR_INVALID_VALUE;
+  Context* c;
+  CU_TRY(requireContext(&c));
+  auto* a = new Array;
+  a->desc = d;
+  a->device = c->device;
+  a->layout.widthBytes = d.Width * elem * d.NumChannels;
+  a->layout.rowPitch = (a->layout.widthBytes + 511) / 512 * 512;
+  a->layout.height = d.Height ? d.Height : 1;
+  a->layout.depth = d.Depth ? d.Depth : 1;
+  const uint64_t bytes = a->layout.rowPitch * a->layout.height * a->layout.depth;
+  if (!deviceReserve(c->device, bytes)) {
+    delete a;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  a->accounted = bytes;
+  a->data = static_cast<char*>(hostMap(bytes, &a->mapped));
+  if (!a->data) {
+    deviceRelease(c->device, bytes);
+    delete a;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  a->layout.data = a->data;
+  handleAdd(a, HandleType::kArray);
+  *out = a;
+  return CUDA_SUCCESS;
+}
+
+void destroyArray(Array* a) {
+  handleRemove(a);
+  hostUnmap(a->data, a->mapped);
+  deviceRelease(a->device, a->accounted);
+  delete a;
+}
+
+Array* arrayOf(CUarray h) { return handleGet<Array>(h, HandleType::kArray); }
+
+}  // namespace
+
+bool arrayLayout(CUarray h, ArrayLayout* out) {
+  Array* a = arrayOf(h);
+  if (!a) return false;
+  *out = a->layout;
+  return true;
+}
+
+}  // namespace simgpu
+
+using namespace simgpu;
+
+CU_EXPORT CUresult cuArrayCreate_v2(CUarray* out, const CUDA_ARRAY_DESCRIPTOR* d) {
+  API_ENTER(out, d);
+  if (!out || !d) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_ARRAY3D_DESCRIPTOR d3 = {};
+  d3.Width = d->Width;
+  d3.Height = d->Height;
+  d3.Format = d->Format;
+  d3.NumChannels = d->NumChannels;
+  Array* a;
+  CU_TRY(makeArray(d3, &a));
+  *out = reinterpret_cast<CUarray>(a);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuArray3DCreate_v2(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  API_ENTER(out, d);
+  if (!out || !d) return CUDA_ERROR_INVALID_VALUE;
+  Array* a;
+  CU_TRY(makeArray(*d, &a));
+  *out = reinterpret_cast<CUarray>(a);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuArrayDestroy(CUarray h) {
+  API_ENTER(h);
+  Array* a = arrayOf(h);
+  if (!a) return CUDA_ERROR_INVALID_HANDLE;
+  if (a->ownedByMipmap) return CUDA_ERROR_INVALID_VALUE;
+  destroyArray(a);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* out, CUarray h) {
+  API_ENTER(out, h);
+  Array* a = arrayOf(h);
+  if (!a) return CUDA_ERROR_INVALID_HANDLE;
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  out->Width = a->desc.Width;
+  out->Height = a->desc.Height;
+  out->Format = a->desc.Format;
+  out->NumChannels = a->desc.NumChannels;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR* out, CUarray h) {
+  API_ENTER(out, h);
+  Array* a = arrayOf(h);
+  if (!a) return CUDA_ERROR_INVALID_HANDLE;
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  *out = a->desc;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* out, const CUDA_ARRAY3D_DESCRIPTOR* d, unsigned int levels) {
+  API_ENTER(out, d, levels);
+  if (!out || !d || levels == 0) return CUDA_ERROR_INVALID_VALUE;
+  auto* m = new Mipmapped;
+  m->desc = *d;
+  CUDA_ARRAY3D_DESCRIPTOR ld = *d;
+  for (unsigned i = 0; i < levels; ++i) {
+    Array* a;
+    if (CUresult r = makeArray(ld, &a); r != CUDA_SUCCESS) {
+      for (Array* x : m->levels) destroyArray(x);
+      delete m;
+      return r;
+    }
+    a->ownedByMipmap = true;
+    m->levels.push_back(a);
+    ld.Width = std::max<size_t>(1, ld.Width / 2);
+    if (ld.Height) ld.Height = std::max<size_t>(1, ld.Height / 2);
+    if (ld.Depth && !(ld.Flags & CUDA_ARRAY3D_LAYERED)) ld.Depth = std::max<size_t>(1, ld.Depth / 2);
+  }
+  handleAdd(m, HandleType::kMipmappedArray);
+  *out = reinterpret_cast<CUmipmappedArray>(m);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuMipmappedArrayGetLevel(CUarray* out, CUmipmappedArray h, unsigned int level) {
+  API_ENTER(out, h, level);
+  auto* m = handleGet<Mipmapped>(h, HandleType::kMipmappedArray);
+  if (!m) return CUDA_ERROR_INVALID_HANDLE;
+  if (!out || level >= m->levels.size()) return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUarray>(m->levels[level]);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) {
+  API_ENTER(h);
+  auto* m = handleGet<Mipmapped>(h, HandleType::kMipmappedArray);
+  if (!m) return CUDA_ERROR_INVALID_HANDLE;
+  handleRemove(m);
+  for (Array* a : m->levels) destroyArray(a);
+  delete m;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUarray h, CUdevice dev) {
+  API_ENTER(req, h, dev);
+  Array* a = arrayOf(h);
+  if (!a) return CUDA_ERROR_INVALID_HANDLE;
+  if (!req) return CUDA_ERROR_INVALID_VALUE;
+  *req = {};
+  req->size = a->accounted;
+  req->alignment = 512;
+  return CUDA_SUCCESS;
+}

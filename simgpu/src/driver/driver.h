@@ -1,0 +1,294 @@
+// simgpu driver internals shared by the API files (init, context, memory, stream, module, graph, vmm).
+//
+// Execution model: simgpu executes every operation synchronously, at the moment it is enqueued,
+// on the calling thread (unless its stream is capturing into a graph, where it is recorded).
+// That is a legal schedule of CUDA's asynchronous semantics (stream order, events and host
+// functions all hold), makes data flow deterministic, and keeps one place, Engine::submit(), where
+// a later timing model can decide when an operation *completes* (events and synchronisation
+// calls then wait for simulated time) without changing what it does.
+//
+// Lifetime: everything cudart can reach at exit (contexts, streams, registries, the context
+// stack) is allocated once and never destroyed; thread-locals are trivially destructible.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "config.h"
+#include "shared_state.h"
+
+#define SIMGPU_EXPORT __attribute__((visibility("default")))
+#define CU_EXPORT extern "C" SIMGPU_EXPORT
+
+namespace simgpu {
+
+inline constexpr int kDriverVersion = 13000;
+inline constexpr size_t kAllocAlign = 256;           // cudaMalloc's documented minimum alignment
+inline constexpr size_t kVmmGranularity = 2u << 20;  // cuMemGetAllocationGranularity
+
+// ---------------------------------------------------------------------------------------------
+// Global driver state
+struct Context;
+struct Stream;
+
+struct Driver {
+  Config cfg;
+  SharedState* state = nullptr;
+  std::atomic<int> initState{0};  // 0 not yet, 1 ok, 2 failed
+  CUresult initResult = CUDA_SUCCESS;
+  Context* primary[kMaxDevices] = {};
+};
+Driver& drv();
+bool traceOn();
+// CUDA_SUCCESS once cuInit succeeded; CUDA_ERROR_NOT_INITIALIZED before, or cuInit's failure.
+CUresult initStatus();
+
+// ---------------------------------------------------------------------------------------------
+// Tracing (SIMGPU_TRACE=1): one line per driver call with its arguments, on stderr.
+void traceWrite(const char* fn, const std::string& args);
+inline void traceArg(std::string& s, const char* v) {
+  s += v ? std::string("\"") + v + "\"" : "null";
+}
+inline void traceArg(std::string& s, const void* v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", v);
+  s += b;
+}
+template <typename T>
+void traceArg(std::string& s, const T& v) {
+  if constexpr (std::is_pointer_v<T>) {
+    traceArg(s, reinterpret_cast<const void*>(v));
+  } else if constexpr (std::is_enum_v<T>) {
+    s += std::to_string(static_cast<long long>(v));
+  } else if constexpr (std::is_integral_v<T>) {
+    if constexpr (sizeof(T) == 8 && std::is_unsigned_v<T>) {
+      char b[32];
+      std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+      s += b;
+    } else {
+      s += std::to_string(v);
+    }
+  } else if constexpr (std::is_floating_point_v<T>) {
+    s += std::to_string(v);
+  } else {
+    s += "{...}";
+  }
+}
+template <typename... A>
+void traceCall(const char* fn, const A&... a) {
+  std::string s;
+  bool first = true;
+  ((s += first ? "" : ", ", first = false, traceArg(s, a)), ...);
+  traceWrite(fn, s);
+}
+#define SIMGPU_TRACE(...)                                          \
+  do {                                                             \
+    if (::simgpu::traceOn()) ::simgpu::traceCall(__func__ __VA_OPT__(, ) __VA_ARGS__); \
+  } while (0)
+// Entry of an API that needs cuInit first.
+#define API_ENTER(...)                                 \
+  SIMGPU_TRACE(__VA_ARGS__);                           \
+  if (CUresult st_ = ::simgpu::initStatus(); st_ != CUDA_SUCCESS) return st_
+#define CU_TRY(x)                                   \
+  do {                                              \
+    if (CUresult r_ = (x); r_ != CUDA_SUCCESS) return r_; \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Handles: every object handed out is registered, so a stale or foreign handle is refused with
+// CUDA_ERROR_INVALID_HANDLE instead of being dereferenced.
+enum class HandleType : uint8_t {
+  kContext, kStream, kEvent, kModule, kFunction, kLibrary, kGraph, kGraphNode, kGraphExec,
+  kMemPool, kArray, kMipmappedArray, kVmmHandle, kLinkState, kTexObject, kSurfObject,
+};
+void handleAdd(const void* h, HandleType t);
+void handleRemove(const void* h);
+bool handleIs(const void* h, HandleType t);
+template <typename T>
+T* handleGet(const void* h, HandleType t) {
+  return handleIs(h, t) ? static_cast<T*>(const_cast<void*>(h)) : nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Contexts
+struct Context {
+  int device = 0;
+  bool primary = false;
+  unsigned flags = 0;
+  int refs = 0;            // primary: retain count; created: 1 until destroyed
+  bool active = false;     // primary: retained at least once since the last reset
+  Stream* legacy = nullptr;  // the NULL stream
+  size_t limits[16] = {};  // CUlimit values
+  CUfunc_cache cacheConfig = CU_FUNC_CACHE_PREFER_NONE;
+  unsigned long long id = 0;
+};
+Context* currentContext();  // may be null
+// The current context, or CUDA_ERROR_INVALID_CONTEXT.
+CUresult requireContext(Context** out);
+Context* primaryContext(int dev);  // created on first use, inactive until retained
+CUresult retainPrimary(int dev, Context** out);
+void setCurrent(Context* c);
+int deviceCount();
+bool validDevice(CUdevice d);
+
+// ---------------------------------------------------------------------------------------------
+// Memory registry: every range of simulated device memory (and registered/pinned host memory).
+enum class MemKind : uint8_t { kDevice, kManaged, kHostPinned, kHostRegistered, kPool, kVmm, kGlobal, kGraph };
+struct Allocation {
+  uintptr_t base = 0;
+  size_t size = 0;
+  int device = 0;
+  MemKind kind = MemKind::kDevice;
+  Context* ctx = nullptr;
+  unsigned flags = 0;
+  uint64_t accounted = 0;   // bytes counted against the device in the shared state
+  void* mapping = nullptr;  // what to give back to the OS
+  size_t mappingSize = 0;
+  unsigned long long id = 0;
+  void* owner = nullptr;    // pool / vmm handle owning it, if any
+};
+void registryAdd(const Allocation& a);
+bool registryRemove(uintptr_t base, Allocation* out);
+// The allocation containing p, if any.
+bool registryFind(uintptr_t p, Allocation* out);
+void registryForEach(const std::function<void(const Allocation&)>& f);
+
+// Host memory for a simulated device allocation: zero-filled, aligned, lazily committed.
+void* hostMap(size_t bytes, size_t* mapped);
+void hostUnmap(void* p, size_t mapped);
+// Accounting against the simulated device (host-wide).
+bool deviceReserve(int dev, uint64_t bytes);
+void deviceRelease(int dev, uint64_t bytes);
+// Allocates plain device memory on the current context's device (cuMemAlloc semantics).
+CUresult allocDevice(size_t bytes, MemKind kind, unsigned flags, CUdeviceptr* out);
+CUresult freeDevice(CUdeviceptr p);
+unsigned long long nextId();
+
+// ---------------------------------------------------------------------------------------------
+// Streams, events and the engine
+struct Graph;
+struct GraphNode;
+struct Event {
+  Context* ctx = nullptr;
+  unsigned flags = 0;
+  bool recorded = false;
+  double timeMs = 0;  // simulated completion time of the recorded work
+  // Capture: the nodes that the record point depends on, when recorded in a capturing stream.
+  Graph* captureGraph = nullptr;
+  std::vector<GraphNode*> captureDeps;
+};
+struct Stream {
+  Context* ctx = nullptr;
+  unsigned flags = 0;
+  int priority = 0;
+  unsigned long long id = 0;
+  // Capture state
+  CUstreamCaptureStatus captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUstreamCaptureMode captureMode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  Graph* captureGraph = nullptr;
+  Stream* captureOrigin = nullptr;
+  unsigned long long captureId = 0;
+  std::vector<GraphNode*> captureDeps;  // the frontier new nodes depend on
+  double readyMs = 0;                   // simulated time at which its last work completes
+};
+// Resolves a stream handle (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a stream).
+CUresult resolveStream(CUstream h, Stream** out);
+// RAII set by the generated _ptds/_ptsz entry points.
+struct PerThreadStreamScope {
+  PerThreadStreamScope();
+  ~PerThreadStreamScope();
+  bool prev;
+};
+double nowMs();
+
+// An operation on a stream. `run` performs it; returns the CUDA status of doing so.
+struct Op {
+  enum Type { kKernel, kMemcpy, kMemset, kHost, kEventRecord, kWait, kMemAlloc, kMemFree, kEmpty } type = kEmpty;
+  std::function<CUresult()> run;
+  // Recorded form for graph capture (see graph.cpp).
+  struct KernelParams* kernel = nullptr;
+  CUDA_MEMCPY3D copy = {};
+  CUDA_MEMSET_NODE_PARAMS memset = {};
+  CUDA_HOST_NODE_PARAMS host = {};
+};
+// Executes (or, while capturing, records) op on stream s.
+CUresult submit(Stream* s, Op&& op);
+// Waits for all work on s (instant in the synchronous model) and applies pool release thresholds.
+CUresult streamSync(Stream* s);
+CUresult contextSync(Context* c);
+void poolsOnSync(int device);
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+struct ParamInfo {
+  uint32_t offset;
+  uint32_t size;
+};
+struct Module;
+struct Function {
+  Module* module = nullptr;
+  std::string name;
+  void* hostFn = nullptr;  // simgpu_host_<name>, if the program supplies one
+  bool paramsKnown = false;
+  std::vector<ParamInfo> params;  // by ordinal
+  int maxThreads = 1024;
+  int sharedSizeBytes = 0;
+  int maxDynamicShared = 48 * 1024;
+  CUfunction asFunction() { return reinterpret_cast<CUfunction>(this); }
+};
+struct KernelParams {
+  Function* fn = nullptr;
+  unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+  unsigned sharedMem = 0;
+  int device = 0;
+  std::vector<std::vector<char>> args;  // copies of each argument (capture)
+  std::vector<void*> argPtrs;
+  bool extraBuffer = false;  // args[0] is a packed CU_LAUNCH_PARAM_BUFFER
+};
+// Copies a launch's arguments into k (for graphs); runs a kernel from such a copy.
+CUresult copyKernelArgs(KernelParams* k, void** params, void** extra);
+CUresult runKernelCopy(KernelParams& k);
+CUresult launchKernel(Stream* s, Function* f, const unsigned grid[3], const unsigned block[3],
+                      unsigned sharedMem, void** params, void** extra);
+CUresult runKernel(const KernelParams& k, void** params, void** extra);
+
+// ---------------------------------------------------------------------------------------------
+// Graph capture hooks (graph.cpp)
+CUresult captureRecord(Stream* s, Op&& op);
+bool anyGlobalCaptureActive();
+
+// Copies (memcpy.cpp)
+CUresult copy3D(const CUDA_MEMCPY3D& c);
+CUresult setMemory(const CUDA_MEMSET_NODE_PARAMS& m);
+
+}  // namespace simgpu
+
+namespace simgpu {
+// Arrays (array.cpp): where an array's texels live, for copies.
+struct ArrayLayout {
+  char* data;
+  size_t rowPitch;    // bytes per row
+  size_t height;      // rows per slice
+  size_t depth;
+  size_t widthBytes;  // bytes per row that hold texels
+};
+bool arrayLayout(CUarray a, ArrayLayout* out);
+}  // namespace simgpu
+
+namespace simgpu {
+// Graph memory (graph.cpp): stream-ordered allocations made while capturing, and their frees.
+CUresult captureAlloc(Stream* s, size_t size, CUdeviceptr* out);
+CUresult captureFree(Stream* s, CUdeviceptr p);
+bool graphMemFree(CUdeviceptr p);
+}  // namespace simgpu

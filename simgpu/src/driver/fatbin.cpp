@@ -1,0 +1,119 @@
+// Fatbin and cubin parsing (see fatbin.h). Layouts: the fatbin container is a 16-byte header
+// (magic, version, header size, payload size) followed by entries, each with its own header
+// (kind 2 = ELF cubin, payload size at +8, header size at +4). Cubin kernels carry their
+// parameters in ".nv.info.<kernel>" sections as EIATTR_KPARAM_INFO (0x17) records: ordinal at
+// +4, offset at +6, and the size in bits 18..31 of the word at +8.
+#include "fatbin.h"
+
+#include <elf.h>
+
+#include <cstring>
+
+namespace simgpu {
+namespace {
+
+constexpr uint32_t kWrapperMagic = 0x466243b1;
+constexpr uint32_t kFatbinMagic = 0xBA55ED50;
+constexpr uint8_t kKparamInfo = 0x17;
+
+template <typename T>
+T load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+void parseNvInfo(const char* p, size_t n, std::vector<ParamInfo>* params) {
+  size_t i = 0;
+  while (i + 4 <= n) {
+    const uint8_t fmt = static_cast<uint8_t>(p[i]);
+    const uint8_t attr = static_cast<uint8_t>(p[i + 1]);
+    if (fmt == 0x04) {  // EIFMT_SVAL: u16 size, then payload
+      const uint16_t sz = load<uint16_t>(p + i + 2);
+      if (i + 4 + sz > n) return;
+      if (attr == kKparamInfo && sz >= 12) {
+        const char* q = p + i + 4;
+        const uint16_t ordinal = load<uint16_t>(q + 4);
+        const uint16_t offset = load<uint16_t>(q + 6);
+        const uint32_t bits = load<uint32_t>(q + 8);
+        const uint32_t size = bits >> 18;
+        if (params->size() <= ordinal) params->resize(ordinal + 1u, ParamInfo{0, 0});
+        (*params)[ordinal] = ParamInfo{offset, size};
+      }
+      i += 4 + sz;
+    } else {
+      i += 4;  // EIFMT_NVAL/BVAL/HVAL: fixed 4 bytes
+    }
+  }
+}
+
+void parseElf(const char* e, size_t n, ImageInfo* out) {
+  if (n < sizeof(Elf64_Ehdr)) return;
+  const auto eh = load<Elf64_Ehdr>(e);
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_shentsize != sizeof(Elf64_Shdr)) return;
+  if (eh.e_shoff + static_cast<size_t>(eh.e_shnum) * sizeof(Elf64_Shdr) > n || eh.e_shstrndx >= eh.e_shnum) return;
+  auto sh = [&](int i) { return load<Elf64_Shdr>(e + eh.e_shoff + static_cast<size_t>(i) * sizeof(Elf64_Shdr)); };
+  const Elf64_Shdr strs = sh(eh.e_shstrndx);
+  if (strs.sh_offset + strs.sh_size > n) return;
+  for (int i = 0; i < eh.e_shnum; ++i) {
+    const Elf64_Shdr s = sh(i);
+    if (s.sh_name >= strs.sh_size || s.sh_offset + s.sh_size > n) continue;
+    const char* name = e + strs.sh_offset + s.sh_name;
+    if (std::strncmp(name, ".nv.info.", 9) == 0) {
+      std::vector<ParamInfo>& params = out->kernels[name + 9];
+      params.clear();
+      parseNvInfo(e + s.sh_offset, s.sh_size, &params);
+    } else if (s.sh_type == SHT_SYMTAB && s.sh_entsize == sizeof(Elf64_Sym) && s.sh_link < eh.e_shnum) {
+      const Elf64_Shdr symstr = sh(static_cast<int>(s.sh_link));
+      if (symstr.sh_offset + symstr.sh_size > n) continue;
+      for (size_t k = 0; k < s.sh_size / sizeof(Elf64_Sym); ++k) {
+        const auto sym = load<Elf64_Sym>(e + s.sh_offset + k * sizeof(Elf64_Sym));
+        if (sym.st_name >= symstr.sh_size) continue;
+        const char* sn = e + symstr.sh_offset + sym.st_name;
+        if (ELF64_ST_TYPE(sym.st_info) == STT_OBJECT && *sn) out->globals[sn] = sym.st_size;
+        if (ELF64_ST_TYPE(sym.st_info) == STT_FUNC && *sn && ELF64_ST_BIND(sym.st_info) == STB_GLOBAL)
+          out->kernels.try_emplace(sn);
+      }
+    }
+  }
+}
+
+void parseFatbin(const char* f, ImageInfo* out) {
+  const uint16_t headerSize = load<uint16_t>(f + 6);
+  const uint64_t fatSize = load<uint64_t>(f + 8);
+  if (headerSize < 16 || fatSize > (1ull << 32)) return;
+  const char* p = f + headerSize;
+  const char* end = p + fatSize;
+  while (p + 16 <= end) {
+    const uint16_t kind = load<uint16_t>(p);
+    const uint32_t entryHeader = load<uint32_t>(p + 4);
+    const uint64_t payload = load<uint64_t>(p + 8);
+    if (entryHeader < 16 || payload > fatSize) return;
+    const char* data = p + entryHeader;
+    if (data + payload > end) return;
+    if (kind == 2 && payload >= 4 && std::memcmp(data, ELFMAG, SELFMAG) == 0) parseElf(data, payload, out);
+    p = data + payload;
+  }
+}
+
+}  // namespace
+
+void parseImage(const void* image, size_t size, ImageInfo* out) {
+  if (!image) return;
+  const char* p = static_cast<const char*>(image);
+  const uint32_t magic = load<uint32_t>(p);
+  if (magic == kWrapperMagic) {
+    const void* data = load<const void*>(p + 8);
+    if (data && load<uint32_t>(static_cast<const char*>(data)) == kFatbinMagic)
+      parseFatbin(static_cast<const char*>(data), out);
+  } else if (magic == kFatbinMagic) {
+    parseFatbin(p, out);
+  } else if (std::memcmp(p, ELFMAG, SELFMAG) == 0) {
+    // A bare cubin: its size is in its own header when the caller does not know it.
+    const auto eh = load<Elf64_Ehdr>(p);
+    const size_t n = size ? size : eh.e_shoff + static_cast<size_t>(eh.e_shnum) * eh.e_shentsize;
+    parseElf(p, n, out);
+  }
+}
+
+}  // namespace simgpu

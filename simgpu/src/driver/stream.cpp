@@ -1,0 +1,394 @@
+// Streams, events, host functions and the engine's single entry point, submit().
+// See driver.h for the execution model: work runs synchronously when submitted, unless its
+// stream is capturing, in which case it is recorded into the capture graph (graph.cpp).
+#include <chrono>
+
+#include "driver.h"
+
+namespace simgpu {
+namespace {
+thread_local bool tlsPerThreadDefault = false;
+thread_local Stream* tlsPerThreadStream[kMaxDevices];
+}  // namespace
+
+PerThreadStreamScope::PerThreadStreamScope() : prev(tlsPerThreadDefault) { tlsPerThreadDefault = true; }
+PerThreadStreamScope::~PerThreadStreamScope() { tlsPerThreadDefault = prev; }
+
+double nowMs() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+CUresult resolveStream(CUstream h, Stream** out) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(h);
+  if (v == 0 || v == reinterpret_cast<uintptr_t>(CU_STREAM_LEGACY) ||
+      v == reinterpret_cast<uintptr_t>(CU_STREAM_PER_THREAD)) {
+    Context* c;
+    CU_TRY(requireContext(&c));
+    const bool perThread = v == reinterpret_cast<uintptr_t>(CU_STREAM_PER_THREAD) || (v == 0 && tlsPerThreadDefault);
+    if (!perThread) {
+      *out = c->legacy;
+      return CUDA_SUCCESS;
+    }
+    Stream*& s = tlsPerThreadStream[c->device];
+    if (!s || s->ctx != c) {
+      s = new Stream;  // leaked with the thread: it may be referenced by recorded events
+      s->ctx = c;
+      s->id = nextId();
+      s->flags = CU_STREAM_NON_BLOCKING;
+    }
+    *out = s;
+    return CUDA_SUCCESS;
+  }
+  Stream* s = handleGet<Stream>(h, HandleType::kStream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  *out = s;
+  return CUDA_SUCCESS;
+}
+
+CUresult submit(Stream* s, Op&& op) {
+  if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return captureRecord(s, std::move(op));
+  if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  // Work on the legacy stream while another stream captures in global mode is an implicit
+  // dependency the real driver refuses.
+  if (s == s->ctx->legacy && anyGlobalCaptureActive()) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  const CUresult r = op.run ? op.run() : CUDA_SUCCESS;
+  s->readyMs = nowMs();
+  return r;
+}
+
+CUresult streamSync(Stream* s) {
+  if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  poolsOnSync(s->ctx->device);
+  return CUDA_SUCCESS;
+}
+
+CUresult contextSync(Context* c) {
+  if (anyGlobalCaptureActive()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  poolsOnSync(c->device);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace simgpu
+
+using namespace simgpu;
+
+// ---- streams ----
+namespace {
+CUresult createStream(CUstream* ph, unsigned flags, int priority) {
+  if (!ph || (flags & ~1u)) return CUDA_ERROR_INVALID_VALUE;
+  Context* c;
+  CU_TRY(requireContext(&c));
+  auto* s = new Stream;
+  s->ctx = c;
+  s->flags = flags;
+  s->priority = priority < -5 ? -5 : (priority > 0 ? 0 : priority);  // clamped, as documented
+  s->id = nextId();
+  handleAdd(s, HandleType::kStream);
+  *ph = reinterpret_cast<CUstream>(s);
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CU_EXPORT CUresult cuStreamCreate(CUstream* ph, unsigned int flags) {
+  API_ENTER(ph, flags);
+  return createStream(ph, flags, 0);
+}
+
+CU_EXPORT CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned int flags, int priority) {
+  API_ENTER(ph, flags, priority);
+  return createStream(ph, flags, priority);
+}
+
+CU_EXPORT CUresult cuStreamDestroy_v2(CUstream h) {
+  API_ENTER(h);
+  Stream* s = handleGet<Stream>(h, HandleType::kStream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  handleRemove(s);
+  // Leaked: events recorded on it may still name it.
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamGetPriority(CUstream h, int* priority) {
+  API_ENTER(h, priority);
+  if (!priority) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  *priority = s->priority;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int* flags) {
+  API_ENTER(h, flags);
+  if (!flags) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  *flags = s->flags;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamGetId(CUstream h, unsigned long long* id) {
+  API_ENTER(h, id);
+  if (!id) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  *id = s->id;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamGetDevice(CUstream h, CUdevice* dev) {
+  API_ENTER(h, dev);
+  if (!dev) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  *dev = s->ctx->device;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext* pctx) {
+  API_ENTER(h, pctx);
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  *pctx = reinterpret_cast<CUcontext>(s->ctx);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext* pctx, CUgreenCtx* pGreen) {
+  API_ENTER(h, pctx, pGreen);
+  if (!pctx || !pGreen) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  *pctx = reinterpret_cast<CUcontext>(s->ctx);
+  *pGreen = nullptr;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamQuery(CUstream h) {
+  API_ENTER(h);
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return CUDA_SUCCESS;  // synchronous engine: submitted work is complete
+}
+
+CU_EXPORT CUresult cuStreamSynchronize(CUstream h) {
+  API_ENTER(h);
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  return streamSync(s);
+}
+
+CU_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags) {
+  API_ENTER(h, ev, flags);
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  Event* e = handleGet<Event>(ev, HandleType::kEvent);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  if (flags & ~1u) return CUDA_ERROR_INVALID_VALUE;
+  if (e->captureGraph) {
+    // Fork/join of a capture: the waiting stream joins the capture with the event's frontier.
+    if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_NONE) {
+      s->captureStatus = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+      s->captureGraph = e->captureGraph;
+      s->captureDeps = e->captureDeps;
+      s->captureMode = CU_STREAM_CAPTURE_MODE_RELAXED;
+      s->captureOrigin = nullptr;
+    } else if (s->captureGraph == e->captureGraph) {
+      for (GraphNode* n : e->captureDeps) s->captureDeps.push_back(n);
+    } else {
+      return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+    }
+    return CUDA_SUCCESS;
+  }
+  if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return CUDA_SUCCESS;  // already complete work
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void* userData) {
+  API_ENTER(h, fn, userData);
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  Op op;
+  op.type = Op::kHost;
+  op.host.fn = fn;
+  op.host.userData = userData;
+  op.run = [fn, userData] {
+    fn(userData);
+    return CUDA_SUCCESS;
+  };
+  return submit(s, std::move(op));
+}
+
+CU_EXPORT CUresult cuStreamAddCallback(CUstream h, CUstreamCallback cb, void* userData, unsigned int flags) {
+  API_ENTER(h, cb, userData, flags);
+  if (!cb || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  Op op;
+  op.type = Op::kHost;
+  op.run = [cb, userData, h] {
+    cb(h, CUDA_SUCCESS, userData);
+    return CUDA_SUCCESS;
+  };
+  return submit(s, std::move(op));
+}
+
+CU_EXPORT CUresult cuStreamAttachMemAsync(CUstream h, CUdeviceptr p, size_t length, unsigned int flags) {
+  API_ENTER(h, p, length, flags);
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  Allocation a;
+  if (!registryFind(p, &a) || a.kind != MemKind::kManaged) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamCopyAttributes(CUstream dst, CUstream src) {
+  API_ENTER(dst, src);
+  Stream *d, *s;
+  CU_TRY(resolveStream(dst, &d));
+  CU_TRY(resolveStream(src, &s));
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamGetAttribute(CUstream h, CUstreamAttrID attr, CUstreamAttrValue* v) {
+  API_ENTER(h, attr, v);
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  *v = {};
+  if (attr == CU_LAUNCH_ATTRIBUTE_PRIORITY) v->priority = s->priority;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuStreamSetAttribute(CUstream h, CUstreamAttrID attr, const CUstreamAttrValue* v) {
+  API_ENTER(h, attr, v);
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  if (attr == CU_LAUNCH_ATTRIBUTE_PRIORITY) s->priority = v->priority < -5 ? -5 : (v->priority > 0 ? 0 : v->priority);
+  return CUDA_SUCCESS;
+}
+
+// Stream memory operations act on host-visible memory at once.
+CU_EXPORT CUresult cuStreamWriteValue32_v2(CUstream h, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  API_ENTER(h, addr, value, flags);
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  if (!registryFind(addr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  Op op;
+  op.run = [addr, value] {
+    reinterpret_cast<std::atomic<cuuint32_t>*>(addr)->store(value);
+    return CUDA_SUCCESS;
+  };
+  return submit(s, std::move(op));
+}
+
+CU_EXPORT CUresult cuStreamWriteValue64_v2(CUstream h, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
+  API_ENTER(h, addr, value, flags);
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  if (!registryFind(addr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  Op op;
+  op.run = [addr, value] {
+    reinterpret_cast<std::atomic<cuuint64_t>*>(addr)->store(value);
+    return CUDA_SUCCESS;
+  };
+  return submit(s, std::move(op));
+}
+
+// ---- events ----
+CU_EXPORT CUresult cuEventCreate(CUevent* ph, unsigned int flags) {
+  API_ENTER(ph, flags);
+  if (!ph || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  Context* c;
+  CU_TRY(requireContext(&c));
+  auto* e = new Event;
+  e->ctx = c;
+  e->flags = flags;
+  handleAdd(e, HandleType::kEvent);
+  *ph = reinterpret_cast<CUevent>(e);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuEventDestroy_v2(CUevent h) {
+  API_ENTER(h);
+  Event* e = handleGet<Event>(h, HandleType::kEvent);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  handleRemove(e);
+  delete e;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+CUresult recordEvent(Event* e, Stream* s) {
+  if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    e->captureGraph = s->captureGraph;
+    e->captureDeps = s->captureDeps;
+    return CUDA_SUCCESS;
+  }
+  e->captureGraph = nullptr;
+  e->captureDeps.clear();
+  Op op;
+  op.type = Op::kEventRecord;
+  op.run = [e, s] {
+    e->recorded = true;
+    e->timeMs = s->readyMs > 0 ? s->readyMs : nowMs();
+    return CUDA_SUCCESS;
+  };
+  s->readyMs = nowMs();
+  return submit(s, std::move(op));
+}
+}  // namespace
+
+CU_EXPORT CUresult cuEventRecord(CUevent h, CUstream hs) {
+  API_ENTER(h, hs);
+  Event* e = handleGet<Event>(h, HandleType::kEvent);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  Stream* s;
+  CU_TRY(resolveStream(hs, &s));
+  return recordEvent(e, s);
+}
+
+CU_EXPORT CUresult cuEventRecordWithFlags(CUevent h, CUstream hs, unsigned int flags) {
+  API_ENTER(h, hs, flags);
+  Event* e = handleGet<Event>(h, HandleType::kEvent);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  if (flags & ~1u) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(hs, &s));
+  return recordEvent(e, s);
+}
+
+CU_EXPORT CUresult cuEventQuery(CUevent h) {
+  API_ENTER(h);
+  Event* e = handleGet<Event>(h, HandleType::kEvent);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  if (e->captureGraph) return CUDA_ERROR_CAPTURED_EVENT;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuEventSynchronize(CUevent h) {
+  API_ENTER(h);
+  Event* e = handleGet<Event>(h, HandleType::kEvent);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  if (e->captureGraph) return CUDA_ERROR_CAPTURED_EVENT;
+  poolsOnSync(e->ctx->device);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) {
+  API_ENTER(ms, start, end);
+  if (!ms) return CUDA_ERROR_INVALID_VALUE;
+  Event* a = handleGet<Event>(start, HandleType::kEvent);
+  Event* b = handleGet<Event>(end, HandleType::kEvent);
+  if (!a || !b) return CUDA_ERROR_INVALID_HANDLE;
+  if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
+  if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  *ms = static_cast<float>(b->timeMs - a->timeMs);
+  return CUDA_SUCCESS;
+}
+extern "C" SIMGPU_EXPORT CUresult simgpu_cuEventElapsedTime(float* ms, CUevent a, CUevent b) __asm__("cuEventElapsedTime");
+CUresult simgpu_cuEventElapsedTime(float* ms, CUevent a, CUevent b) { return cuEventElapsedTime_v2(ms, a, b); }

@@ -1,0 +1,247 @@
+// Host-wide simulated device state; see shared_state.h for the invariants.
+#include "shared_state.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+namespace simgpu {
+namespace {
+
+constexpr size_t kSlotsOffset = 4096;  // slots start on their own page
+constexpr size_t kFileSize = kSlotsOffset + sizeof(ProcSlot) * kMaxSlots;
+// Lock bytes live past the end of the mapped data: OFD locks do not need the bytes to exist.
+constexpr off_t kLockBase = 1 << 20;
+
+static_assert(sizeof(StateHeader) <= kSlotsOffset);
+
+std::string errnoText(const char* what, const std::string& path) {
+  return std::string(what) + " " + path + ": " + std::strerror(errno);
+}
+
+std::mutex& claimMutex() {
+  static std::mutex* m = new std::mutex;  // leaked: used until the very end of the process
+  return *m;
+}
+
+}  // namespace
+
+bool SharedState::tryLockSlot(int i, int fd) {
+  struct flock fl = {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = kLockBase + i;
+  fl.l_len = 1;
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0;
+}
+
+void SharedState::unlockSlot(int i, int fd) {
+  struct flock fl = {};
+  fl.l_type = F_UNLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = kLockBase + i;
+  fl.l_len = 1;
+  fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+SharedState* SharedState::open(const std::string& dir, int deviceCount, const uint64_t* capacity,
+                               uint32_t smCount, std::string* error) {
+  // Parents first (mkdir -p); only the state directory itself is opened to every user.
+  for (size_t i = 1; i < dir.size(); ++i)
+    if (dir[i] == '/') ::mkdir(dir.substr(0, i).c_str(), 0755);
+  if (::mkdir(dir.c_str(), 01777) == 0) {
+    ::chmod(dir.c_str(), 01777);  // every user of the host shares the device, as on real hardware
+  } else if (errno != EEXIST) {
+    *error = errnoText("cannot create SIMGPU_STATE_DIR", dir);
+    return nullptr;
+  }
+  auto* s = new SharedState;
+  s->path_ = dir + "/state";
+  int fd = ::open(s->path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    *error = errnoText("cannot open", s->path_);
+    delete s;
+    return nullptr;
+  }
+  ::fchmod(fd, 0666);
+  // Initialisation is serialised with flock; the magic is written last so a reader never sees a
+  // half-initialised header.
+  flock(fd, LOCK_EX);
+  struct stat st;
+  fstat(fd, &st);
+  bool fresh = st.st_size == 0;
+  if (fresh && ftruncate(fd, kFileSize) != 0) {
+    *error = errnoText("cannot size", s->path_);
+    flock(fd, LOCK_UN);
+    ::close(fd);
+    delete s;
+    return nullptr;
+  }
+  if (!fresh && static_cast<size_t>(st.st_size) != kFileSize) {
+    *error = s->path_ + " has size " + std::to_string(st.st_size) + ", expected " +
+             std::to_string(kFileSize) + " (another simgpu version?); remove it when no simgpu process runs";
+    flock(fd, LOCK_UN);
+    ::close(fd);
+    delete s;
+    return nullptr;
+  }
+  void* p = mmap(nullptr, kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    *error = errnoText("cannot map", s->path_);
+    flock(fd, LOCK_UN);
+    ::close(fd);
+    delete s;
+    return nullptr;
+  }
+  s->hdr_ = static_cast<StateHeader*>(p);
+  s->slots_ = reinterpret_cast<ProcSlot*>(static_cast<char*>(p) + kSlotsOffset);
+  StateHeader* h = s->hdr_;
+  if (fresh || h->magic == 0) {
+    h->version = kStateVersion;
+    h->header_size = sizeof(StateHeader);
+    h->file_size = kFileSize;
+    h->device_count = static_cast<uint32_t>(deviceCount);
+    h->slot_count = kMaxSlots;
+    h->sm_count = smCount;
+    for (int d = 0; d < kMaxDevices; ++d) h->capacity[d] = d < deviceCount ? capacity[d] : 0;
+    std::atomic_thread_fence(std::memory_order_release);
+    h->magic = kStateMagic;
+  }
+  std::string why;
+  if (h->magic != kStateMagic)
+    why = "bad magic";
+  else if (h->version != kStateVersion)
+    why = "layout version " + std::to_string(h->version) + ", this simgpu uses " + std::to_string(kStateVersion);
+  else if (h->header_size != sizeof(StateHeader) || h->file_size != kFileSize)
+    why = "header or file size differs from this simgpu build";
+  else if (h->device_count != static_cast<uint32_t>(deviceCount) || h->sm_count != smCount)
+    why = "it was created for " + std::to_string(h->device_count) + " device(s) with " +
+          std::to_string(h->sm_count) + " SMs, this process asks for " + std::to_string(deviceCount) +
+          " with " + std::to_string(smCount);
+  else
+    for (int d = 0; d < deviceCount; ++d)
+      if (h->capacity[d] != capacity[d])
+        why = "device " + std::to_string(d) + " was created with " + std::to_string(h->capacity[d]) +
+              " bytes, this process asks for " + std::to_string(capacity[d]);
+  flock(fd, LOCK_UN);
+  if (!why.empty()) {
+    *error = "simgpu state " + s->path_ + ": " + why +
+             " (all processes sharing SIMGPU_STATE_DIR need the same SIMGPU_DEVICES, SIMGPU_MEMORY and SIMGPU_SMS)";
+    munmap(p, kFileSize);
+    ::close(fd);
+    delete s;
+    return nullptr;
+  }
+  s->fd_ = fd;
+  s->fdPid_ = getpid();
+  return s;
+}
+
+bool SharedState::reapSlot(int i) {
+  // Only called with the slot's lock held by us (through fd_): the owner is dead.
+  ProcSlot& sl = slots_[i];
+  bool returned = false;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    const uint64_t u = sl.used[d].exchange(0, std::memory_order_acq_rel);
+    if (u) {
+      hdr_->used[d].fetch_sub(u, std::memory_order_acq_rel);
+      returned = true;
+    }
+  }
+  sl.pid.store(0, std::memory_order_release);
+  return returned;
+}
+
+int SharedState::ownFd() {
+  // Caller holds claimMutex(). A forked child shares its parent's open file description, and so
+  // its locks: locking through it would look like owning the parent's slot. The child opens the
+  // file again to get a description (and later a slot) of its own. The parent's description stays
+  // open in the child: closing it would drop the parent's lock.
+  const int pid = getpid();
+  if (fdPid_ != pid) {
+    int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return -1;
+    fd_ = fd;
+    fdPid_ = pid;
+    slot_ = -1;
+  }
+  return fd_;
+}
+
+bool SharedState::claimSlot() {
+  // Caller holds claimMutex().
+  if (ownFd() < 0) return false;
+  const int pid = getpid();
+  if (slot_ >= 0) return true;
+  for (int i = 0; i < kMaxSlots; ++i) {
+    if (!tryLockSlot(i, fd_)) continue;
+    reapSlot(i);  // a dead owner's leftovers, if any
+    slots_[i].pid.store(pid, std::memory_order_release);
+    slot_ = i;
+    return true;
+  }
+  return false;
+}
+
+bool SharedState::reserve(int dev, uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> g(claimMutex());
+    if (!claimSlot()) return false;
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    uint64_t cur = hdr_->used[dev].load(std::memory_order_relaxed);
+    while (true) {
+      if (bytes > hdr_->capacity[dev] || cur > hdr_->capacity[dev] - bytes) break;
+      if (hdr_->used[dev].compare_exchange_weak(cur, cur + bytes, std::memory_order_acq_rel)) {
+        slots_[slot_].used[dev].fetch_add(bytes, std::memory_order_acq_rel);
+        return true;
+      }
+    }
+    if (!reap()) return false;  // nothing came back: the device really is full
+  }
+  return false;
+}
+
+void SharedState::release(int dev, uint64_t bytes) {
+  if (slot_ < 0 || fdPid_ != getpid()) return;  // memory inherited through fork belongs to the parent
+  slots_[slot_].used[dev].fetch_sub(bytes, std::memory_order_acq_rel);
+  hdr_->used[dev].fetch_sub(bytes, std::memory_order_acq_rel);
+}
+
+bool SharedState::reap() {
+  std::lock_guard<std::mutex> g(claimMutex());
+  const int fd = ownFd();
+  if (fd < 0) return false;
+  bool returned = false;
+  for (int i = 0; i < kMaxSlots; ++i) {
+    if (i == slot_) continue;
+    if (slots_[i].pid.load(std::memory_order_acquire) == 0) continue;
+    if (!tryLockSlot(i, fd)) continue;  // alive
+    returned |= reapSlot(i);
+    unlockSlot(i, fd);
+  }
+  if (returned) hdr_->generation.fetch_add(1, std::memory_order_acq_rel);
+  return returned;
+}
+
+int SharedState::processes(int dev, ProcUsage* out, int max, int* total) {
+  reap();
+  int n = 0, t = 0;
+  for (int i = 0; i < kMaxSlots; ++i) {
+    const int32_t pid = slots_[i].pid.load(std::memory_order_acquire);
+    const uint64_t u = slots_[i].used[dev].load(std::memory_order_acquire);
+    if (pid == 0 || u == 0) continue;
+    ++t;
+    if (n < max) out[n++] = {pid, u};
+  }
+  if (total) *total = t;
+  return n;
+}
+
+}  // namespace simgpu

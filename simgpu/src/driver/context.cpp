@@ -2,6 +2,7 @@
 // contexts, and the per-thread context stack. The stack is a fixed thread-local array so it is
 // trivially destructible: cudart reads it during its exit-time teardown.
 #include <mutex>
+#include <set>
 
 #include "driver.h"
 
@@ -30,6 +31,7 @@ Context* newContext(int dev, bool primary, unsigned flags) {
   c->legacy = new Stream;
   c->legacy->ctx = c;
   c->legacy->id = nextId();
+  c->streams.push_back(c->legacy);
   handleAdd(c, HandleType::kContext);
   return c;
 }
@@ -369,6 +371,17 @@ CU_EXPORT CUresult cuCtxResetPersistingL2Cache() {
   return CUDA_SUCCESS;
 }
 
+namespace {
+std::mutex& peerMutex() {
+  static std::mutex* m = new std::mutex;
+  return *m;
+}
+std::set<std::pair<unsigned long long, unsigned long long>>& peerEnabled() {
+  static auto* s = new std::set<std::pair<unsigned long long, unsigned long long>>;
+  return *s;
+}
+}  // namespace
+
 CU_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
   API_ENTER(peer, flags);
   Context* c;
@@ -377,16 +390,19 @@ CU_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
   if (!p) return CUDA_ERROR_INVALID_CONTEXT;
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (p->device == c->device) return CUDA_ERROR_INVALID_DEVICE;
-  static std::mutex* mu = new std::mutex;
-  static auto* enabled = new std::unordered_set<unsigned long long>;
-  std::lock_guard g(*mu);
-  if (!enabled->insert(c->id * 1000003ull + p->id).second) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  std::lock_guard g(peerMutex());
+  if (!peerEnabled().insert({c->id, p->id}).second) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
   return CUDA_SUCCESS;
 }
 
 CU_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer) {
   API_ENTER(peer);
-  if (!handleIs(peer, HandleType::kContext)) return CUDA_ERROR_INVALID_CONTEXT;
+  Context* c;
+  CU_TRY(requireContext(&c));
+  Context* p = handleGet<Context>(peer, HandleType::kContext);
+  if (!p) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard g(peerMutex());
+  if (peerEnabled().erase({c->id, p->id}) == 0) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
   return CUDA_SUCCESS;
 }
 

@@ -1,11 +1,11 @@
 // simgpu driver internals shared by the API files (init, context, memory, stream, module, graph, vmm).
 //
-// Execution model: simgpu executes every operation synchronously, at the moment it is enqueued,
-// on the calling thread (unless its stream is capturing into a graph, where it is recorded).
-// That is a legal schedule of CUDA's asynchronous semantics (stream order, events and host
-// functions all hold), makes data flow deterministic, and keeps one place, Engine::submit(), where
-// a later timing model can decide when an operation *completes* (events and synchronisation
-// calls then wait for simulated time) without changing what it does.
+// Execution model: every stream has a worker thread that executes its operations in order; all
+// work reaches it through submit() (or, while the stream captures, is recorded into a graph).
+// Arguments are validated and copied at submission, so the caller's storage may change at once,
+// as CUDA allows. Cross-stream order (events, the legacy stream's implicit synchronisation) is a
+// wait operation queued on the waiting stream, never a host-side block. A later timing model can
+// decide in the worker when an operation *completes* without changing what it does.
 //
 // Lifetime: everything cudart can reach at exit (contexts, streams, registries, the context
 // stack) is allocated once and never destroyed; thread-locals are trivially destructible.
@@ -14,7 +14,9 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -132,6 +134,8 @@ struct Context {
   size_t limits[16] = {};  // CUlimit values
   CUfunc_cache cacheConfig = CU_FUNC_CACHE_PREFER_NONE;
   unsigned long long id = 0;
+  std::mutex streamsMu;
+  std::vector<Stream*> streams;  // every stream of this context, the legacy one included
 };
 Context* currentContext();  // may be null
 // The current context, or CUDA_ERROR_INVALID_CONTEXT.
@@ -183,9 +187,12 @@ struct Event {
   Context* ctx = nullptr;
   unsigned flags = 0;
   bool recorded = false;
-  double timeMs = 0;  // simulated completion time of the recorded work
+  Stream* stream = nullptr;  // where it was last recorded
+  uint64_t seq = 0;          // the record operation's sequence number on that stream
+  std::atomic<double> timeMs{0};  // when the record operation executed
   // Capture: the nodes that the record point depends on, when recorded in a capturing stream.
   Graph* captureGraph = nullptr;
+  Stream* captureOrigin = nullptr;
   std::vector<GraphNode*> captureDeps;
 };
 struct Stream {
@@ -200,8 +207,20 @@ struct Stream {
   Stream* captureOrigin = nullptr;
   unsigned long long captureId = 0;
   std::vector<GraphNode*> captureDeps;  // the frontier new nodes depend on
-  double readyMs = 0;                   // simulated time at which its last work completes
+  // Work queue (stream.cpp)
+  std::mutex qmu;
+  std::condition_variable qcv;
+  std::deque<std::function<void()>> queue;
+  uint64_t submitted = 0;               // under qmu
+  std::atomic<uint64_t> completed{0};   // written under the progress mutex
+  int workerGen = -1;                   // fork generation the worker was started in
+  CUresult error = CUDA_SUCCESS;        // first asynchronous failure, reported at synchronisation
+  bool blocking() const { return (flags & CU_STREAM_NON_BLOCKING) == 0; }
 };
+// Stream bookkeeping
+void streamRegister(Stream* s);
+// Waits until s has completed operation number seq.
+void waitStream(Stream* s, uint64_t seq);
 // Resolves a stream handle (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a stream).
 CUresult resolveStream(CUstream h, Stream** out);
 // RAII set by the generated _ptds/_ptsz entry points.
@@ -222,8 +241,10 @@ struct Op {
   CUDA_MEMSET_NODE_PARAMS memset = {};
   CUDA_HOST_NODE_PARAMS host = {};
 };
-// Executes (or, while capturing, records) op on stream s.
-CUresult submit(Stream* s, Op&& op);
+// Queues (or, while capturing, records) op on stream s. *seq receives its sequence number.
+CUresult submit(Stream* s, Op&& op, uint64_t* seq = nullptr);
+// Queues op and waits for it: the synchronous API forms. Returns the op's own status.
+CUresult submitAndWait(Stream* s, Op&& op);
 // Waits for all work on s (instant in the synchronous model) and applies pool release thresholds.
 CUresult streamSync(Stream* s);
 CUresult contextSync(Context* c);
@@ -255,6 +276,7 @@ struct KernelParams {
   std::vector<std::vector<char>> args;  // copies of each argument (capture)
   std::vector<void*> argPtrs;
   bool extraBuffer = false;  // args[0] is a packed CU_LAUNCH_PARAM_BUFFER
+  bool forGraph = false;     // a graph node: arguments must be copied, there is no fallback
 };
 // Copies a launch's arguments into k (for graphs); runs a kernel from such a copy.
 CUresult copyKernelArgs(KernelParams* k, void** params, void** extra);
@@ -266,11 +288,13 @@ CUresult runKernel(const KernelParams& k, void** params, void** extra);
 // ---------------------------------------------------------------------------------------------
 // Graph capture hooks (graph.cpp)
 CUresult captureRecord(Stream* s, Op&& op);
+void captureJoin(Graph* g, Stream* s);  // s joined g's capture through an event
 bool anyGlobalCaptureActive();
 
 // Copies (memcpy.cpp)
-CUresult copy3D(const CUDA_MEMCPY3D& c);
-CUresult setMemory(const CUDA_MEMSET_NODE_PARAMS& m);
+// With execute = false only validate (what a submission does before queueing).
+CUresult copy3D(const CUDA_MEMCPY3D& c, bool execute = true);
+CUresult setMemory(const CUDA_MEMSET_NODE_PARAMS& m, bool execute = true);
 
 }  // namespace simgpu
 
@@ -291,4 +315,6 @@ namespace simgpu {
 CUresult captureAlloc(Stream* s, size_t size, CUdeviceptr* out);
 CUresult captureFree(Stream* s, CUdeviceptr p);
 bool graphMemFree(CUdeviceptr p);
+// Returns a pool block at once (cuMemFree of stream-ordered memory).
+CUresult poolFreeNow(CUdeviceptr p);
 }  // namespace simgpu

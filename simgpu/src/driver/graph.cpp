@@ -32,6 +32,7 @@ struct GraphNode {
   GraphAlloc* alloc = nullptr;  // alloc and free nodes
   Graph* child = nullptr;
   Event* event = nullptr;
+  GraphNode* source = nullptr;  // in an executable graph: the node it was copied from
 };
 
 struct Graph {
@@ -124,6 +125,11 @@ bool graphMemFree(CUdeviceptr p) {
 
 uint64_t graphMemUsed(int dev, bool high) { return high ? gGraphMemHigh[dev].load() : gGraphMemUsed[dev].load(); }
 void graphMemResetHigh(int dev) { gGraphMemHigh[dev].store(gGraphMemUsed[dev].load()); }
+
+void captureJoin(Graph* g, Stream* s) {
+  std::lock_guard l(graphMutex());
+  g->captureStreams.push_back(s);
+}
 
 bool anyGlobalCaptureActive() { return gGlobalCaptures.load(std::memory_order_relaxed) > 0; }
 
@@ -407,6 +413,7 @@ CUresult addKernel(CUgraphNode* out, CUgraph h, const CUgraphNode* deps, size_t 
     k.block[i] = block[i];
   }
   k.sharedMem = shmem;
+  k.forGraph = true;
   Context* c = currentContext();
   k.device = c ? c->device : 0;
   CU_TRY(copyKernelArgs(&k, params, extra));
@@ -671,6 +678,40 @@ CU_EXPORT CUresult cuGraphAddDependencies_v2(CUgraph g, const CUgraphNode* f, co
   return addDependencies(g, f, t, n);
 }
 
+namespace {
+CUresult getEdges(CUgraph h, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* data, size_t* n) {
+  Graph* g = graphOf(h);
+  if (!g || !n) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(graphMutex());
+  size_t k = 0;
+  for (GraphNode* node : g->nodes)
+    for (GraphNode* d : node->deps) {
+      if (from && to && k < *n) {
+        from[k] = reinterpret_cast<CUgraphNode>(d);
+        to[k] = reinterpret_cast<CUgraphNode>(node);
+        if (data) data[k] = {};
+      }
+      ++k;
+    }
+  if (from && to && k > *n) {
+    *n = k;
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *n = k;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+extern "C" SIMGPU_EXPORT CUresult simgpu_cuGraphGetEdges(CUgraph g, CUgraphNode* f, CUgraphNode* t, size_t* n) __asm__("cuGraphGetEdges");
+CUresult simgpu_cuGraphGetEdges(CUgraph g, CUgraphNode* f, CUgraphNode* t, size_t* n) {
+  API_ENTER(g, f, t, n);
+  return getEdges(g, f, t, nullptr, n);
+}
+CU_EXPORT CUresult cuGraphGetEdges_v2(CUgraph g, CUgraphNode* f, CUgraphNode* t, CUgraphEdgeData* e, size_t* n) {
+  API_ENTER(g, f, t, e, n);
+  return getEdges(g, f, t, e, n);
+}
+
 // ---- instantiate and launch ----
 namespace {
 CUresult instantiate(CUgraphExec* out, CUgraph h) {
@@ -684,6 +725,7 @@ CUresult instantiate(CUgraphExec* out, CUgraph h) {
   std::unordered_map<GraphNode*, GraphNode*> copies;
   for (GraphNode* n : topoSort(g->nodes)) {
     auto* copy = new GraphNode(*n);
+    copy->source = n;
     for (GraphNode*& d : copy->deps) d = copies[d];
     copies[n] = copy;
     e->order.push_back(copy);
@@ -740,6 +782,95 @@ CU_EXPORT CUresult cuGraphUpload(CUgraphExec h, CUstream hs) {
   if (!handleIs(h, HandleType::kGraphExec)) return CUDA_ERROR_INVALID_VALUE;
   Stream* s;
   return resolveStream(hs, &s);
+}
+
+namespace {
+// Builds the kernel part of a node from CUDA_KERNEL_NODE_PARAMS (arguments copied).
+CUresult kernelFromParams(const CUDA_KERNEL_NODE_PARAMS* p, KernelParams* k) {
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  Function* f = handleGet<Function>(p->func ? static_cast<void*>(p->func) : static_cast<void*>(p->kern),
+                                    HandleType::kFunction);
+  if (!f) return CUDA_ERROR_INVALID_VALUE;
+  k->fn = f;
+  const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ}, block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+  for (int i = 0; i < 3; ++i) {
+    k->grid[i] = grid[i];
+    k->block[i] = block[i];
+  }
+  k->sharedMem = p->sharedMemBytes;
+  Context* c = currentContext();
+  k->device = c ? c->device : 0;
+  k->forGraph = true;
+  return copyKernelArgs(k, p->kernelParams, p->extra);
+}
+
+GraphNode* execNodeFor(GraphExec* e, CUgraphNode source) {
+  for (GraphNode* n : e->order)
+    if (n->source == reinterpret_cast<GraphNode*>(source)) return n;
+  return nullptr;
+}
+}  // namespace
+
+CU_EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS* p) {
+  API_ENTER(h, p);
+  GraphNode* n = handleGet<GraphNode>(h, HandleType::kGraphNode);
+  if (!n || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+  KernelParams k;
+  CU_TRY(kernelFromParams(p, &k));
+  std::lock_guard l(graphMutex());
+  n->kernel = std::move(k);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS* p) {
+  API_ENTER(h, p);
+  GraphNode* n = handleGet<GraphNode>(h, HandleType::kGraphNode);
+  if (!n || !p || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(graphMutex());
+  *p = {};
+  p->func = n->kernel.fn->asFunction();
+  p->gridDimX = n->kernel.grid[0];
+  p->gridDimY = n->kernel.grid[1];
+  p->gridDimZ = n->kernel.grid[2];
+  p->blockDimX = n->kernel.block[0];
+  p->blockDimY = n->kernel.block[1];
+  p->blockDimZ = n->kernel.block[2];
+  p->sharedMemBytes = n->kernel.sharedMem;
+  n->kernel.argPtrs.clear();
+  for (auto& a : n->kernel.args) n->kernel.argPtrs.push_back(a.data());
+  p->kernelParams = n->kernel.extraBuffer ? nullptr : n->kernel.argPtrs.data();
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec h, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* p) {
+  API_ENTER(h, node, p);
+  GraphExec* e = handleGet<GraphExec>(h, HandleType::kGraphExec);
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  GraphNode* n = execNodeFor(e, node);
+  if (!n || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+  KernelParams k;
+  CU_TRY(kernelFromParams(p, &k));
+  n->kernel = std::move(k);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec h, CUgraphNode node, const CUDA_MEMCPY3D* p, CUcontext c) {
+  API_ENTER(h, node, p, c);
+  GraphExec* e = handleGet<GraphExec>(h, HandleType::kGraphExec);
+  GraphNode* n = e ? execNodeFor(e, node) : nullptr;
+  if (!n || !p || n->type != CU_GRAPH_NODE_TYPE_MEMCPY) return CUDA_ERROR_INVALID_VALUE;
+  n->copy = *p;
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec h, CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* p,
+                                                  CUcontext c) {
+  API_ENTER(h, node, p, c);
+  GraphExec* e = handleGet<GraphExec>(h, HandleType::kGraphExec);
+  GraphNode* n = e ? execNodeFor(e, node) : nullptr;
+  if (!n || !p || n->type != CU_GRAPH_NODE_TYPE_MEMSET) return CUDA_ERROR_INVALID_VALUE;
+  n->memset = *p;
+  return CUDA_SUCCESS;
 }
 
 CU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec h) {

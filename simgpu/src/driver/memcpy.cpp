@@ -59,7 +59,7 @@ CUresult resolveSide(CUmemorytype type, const void* host, CUdeviceptr dev, CUarr
 
 }  // namespace
 
-CUresult copy3D(const CUDA_MEMCPY3D& c) {
+CUresult copy3D(const CUDA_MEMCPY3D& c, bool execute) {
   const size_t w = c.WidthInBytes, h = c.Height ? c.Height : 1, d = c.Depth ? c.Depth : 1;
   if (w == 0) return CUDA_SUCCESS;
   Side s, t;
@@ -68,19 +68,21 @@ CUresult copy3D(const CUDA_MEMCPY3D& c) {
   CU_TRY(resolveSide(c.dstMemoryType, c.dstHost, c.dstDevice, c.dstArray, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch,
                      c.dstHeight, w, h, d, &t));
   if ((h > 1 || d > 1) && (s.pitch < w || t.pitch < w)) return CUDA_ERROR_INVALID_VALUE;
+  if (!execute) return CUDA_SUCCESS;
   for (size_t z = 0; z < d; ++z)
     for (size_t y = 0; y < h; ++y)
       std::memmove(t.base + z * t.pitch * t.height + y * t.pitch, s.base + z * s.pitch * s.height + y * s.pitch, w);
   return CUDA_SUCCESS;
 }
 
-CUresult setMemory(const CUDA_MEMSET_NODE_PARAMS& m) {
+CUresult setMemory(const CUDA_MEMSET_NODE_PARAMS& m, bool execute) {
   const size_t es = m.elementSize, w = m.width, h = m.height ? m.height : 1;
   if (es != 1 && es != 2 && es != 4) return CUDA_ERROR_INVALID_VALUE;
   const size_t pitch = h > 1 ? m.pitch : w * es;
   if (w == 0) return CUDA_SUCCESS;
   if (h > 1 && pitch < w * es) return CUDA_ERROR_INVALID_VALUE;
   if (!knownRange(m.dst, (h - 1) * pitch + w * es)) return CUDA_ERROR_INVALID_VALUE;
+  if (!execute) return CUDA_SUCCESS;
   for (size_t y = 0; y < h; ++y) {
     char* row = reinterpret_cast<char*>(m.dst) + y * pitch;
     if (es == 1) {
@@ -125,17 +127,21 @@ CUmemorytype unifiedType(uintptr_t p) {
   return CU_MEMORYTYPE_HOST;
 }
 
-CUresult enqueueCopy(CUstream hs, const CUDA_MEMCPY3D& c) {
+// Validates at once (so bad arguments fail the call, as in CUDA), then queues the copy; the
+// synchronous forms (wait = true) return when it is done.
+CUresult enqueueCopy(CUstream hs, const CUDA_MEMCPY3D& c, bool wait) {
   Stream* s;
   CU_TRY(resolveStream(hs, &s));
+  CU_TRY(copy3D(c, false));
   Op op;
   op.type = Op::kMemcpy;
   op.copy = c;
   op.run = [c] { return copy3D(c); };
-  return submit(s, std::move(op));
+  return wait ? submitAndWait(s, std::move(op)) : submit(s, std::move(op));
 }
 
-CUresult enqueueMemset(CUstream hs, CUdeviceptr dst, size_t pitch, unsigned value, unsigned es, size_t w, size_t h) {
+CUresult enqueueMemset(CUstream hs, CUdeviceptr dst, size_t pitch, unsigned value, unsigned es, size_t w, size_t h,
+                       bool wait) {
   Stream* s;
   CU_TRY(resolveStream(hs, &s));
   CUDA_MEMSET_NODE_PARAMS m = {};
@@ -148,8 +154,9 @@ CUresult enqueueMemset(CUstream hs, CUdeviceptr dst, size_t pitch, unsigned valu
   Op op;
   op.type = Op::kMemset;
   op.memset = m;
+  CU_TRY(setMemory(m, false));
   op.run = [m] { return setMemory(m); };
-  return submit(s, std::move(op));
+  return wait ? submitAndWait(s, std::move(op)) : submit(s, std::move(op));
 }
 
 CUDA_MEMCPY3D from2D(const CUDA_MEMCPY2D& p) {
@@ -225,45 +232,45 @@ constexpr CUstream kLegacyOrPerThread = nullptr;  // stream 0: resolved per the 
 
 CU_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   API_ENTER(dst, src, n);
-  return enqueueCopy(kLegacyOrPerThread, resolveUnified(linear(U, nullptr, src, U, nullptr, dst, n)));
+  return enqueueCopy(kLegacyOrPerThread, resolveUnified(linear(U, nullptr, src, U, nullptr, dst, n)), true);
 }
 CU_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   API_ENTER(dst, src, n, s);
-  return enqueueCopy(s, resolveUnified(linear(U, nullptr, src, U, nullptr, dst, n)));
+  return enqueueCopy(s, resolveUnified(linear(U, nullptr, src, U, nullptr, dst, n)), false);
 }
 CU_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   API_ENTER(dst, src, n);
-  return enqueueCopy(kLegacyOrPerThread, linear(H, src, 0, D, nullptr, dst, n));
+  return enqueueCopy(kLegacyOrPerThread, linear(H, src, 0, D, nullptr, dst, n), true);
 }
 CU_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
   API_ENTER(dst, src, n, s);
-  return enqueueCopy(s, linear(H, src, 0, D, nullptr, dst, n));
+  return enqueueCopy(s, linear(H, src, 0, D, nullptr, dst, n), false);
 }
 CU_EXPORT CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
   API_ENTER(dst, src, n);
-  return enqueueCopy(kLegacyOrPerThread, linear(D, nullptr, src, H, dst, 0, n));
+  return enqueueCopy(kLegacyOrPerThread, linear(D, nullptr, src, H, dst, 0, n), true);
 }
 CU_EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) {
   API_ENTER(dst, src, n, s);
-  return enqueueCopy(s, linear(D, nullptr, src, H, dst, 0, n));
+  return enqueueCopy(s, linear(D, nullptr, src, H, dst, 0, n), false);
 }
 CU_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   API_ENTER(dst, src, n);
-  return enqueueCopy(kLegacyOrPerThread, linear(D, nullptr, src, D, nullptr, dst, n));
+  return enqueueCopy(kLegacyOrPerThread, linear(D, nullptr, src, D, nullptr, dst, n), true);
 }
 CU_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   API_ENTER(dst, src, n, s);
-  return enqueueCopy(s, linear(D, nullptr, src, D, nullptr, dst, n));
+  return enqueueCopy(s, linear(D, nullptr, src, D, nullptr, dst, n), false);
 }
 CU_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n) {
   API_ENTER(dst, dc, src, sc, n);
   if (!handleIs(dc, HandleType::kContext) || !handleIs(sc, HandleType::kContext)) return CUDA_ERROR_INVALID_CONTEXT;
-  return enqueueCopy(kLegacyOrPerThread, linear(D, nullptr, src, D, nullptr, dst, n));
+  return enqueueCopy(kLegacyOrPerThread, linear(D, nullptr, src, D, nullptr, dst, n), true);
 }
 CU_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n, CUstream s) {
   API_ENTER(dst, dc, src, sc, n, s);
   if (!handleIs(dc, HandleType::kContext) || !handleIs(sc, HandleType::kContext)) return CUDA_ERROR_INVALID_CONTEXT;
-  return enqueueCopy(s, linear(D, nullptr, src, D, nullptr, dst, n));
+  return enqueueCopy(s, linear(D, nullptr, src, D, nullptr, dst, n), false);
 }
 
 // ---- arrays ----
@@ -281,120 +288,120 @@ CUDA_MEMCPY3D arrayCopy(CUmemorytype st, const void* sh, CUdeviceptr sd, CUarray
 #define A CU_MEMORYTYPE_ARRAY
 CU_EXPORT CUresult cuMemcpyDtoA_v2(CUarray dst, size_t off, CUdeviceptr src, size_t n) {
   API_ENTER(dst, off, src, n);
-  return enqueueCopy(kLegacyOrPerThread, arrayCopy(D, nullptr, src, nullptr, 0, A, nullptr, 0, dst, off, n));
+  return enqueueCopy(kLegacyOrPerThread, arrayCopy(D, nullptr, src, nullptr, 0, A, nullptr, 0, dst, off, n), true);
 }
 CU_EXPORT CUresult cuMemcpyAtoD_v2(CUdeviceptr dst, CUarray src, size_t off, size_t n) {
   API_ENTER(dst, src, off, n);
-  return enqueueCopy(kLegacyOrPerThread, arrayCopy(A, nullptr, 0, src, off, D, nullptr, dst, nullptr, 0, n));
+  return enqueueCopy(kLegacyOrPerThread, arrayCopy(A, nullptr, 0, src, off, D, nullptr, dst, nullptr, 0, n), true);
 }
 CU_EXPORT CUresult cuMemcpyHtoA_v2(CUarray dst, size_t off, const void* src, size_t n) {
   API_ENTER(dst, off, src, n);
-  return enqueueCopy(kLegacyOrPerThread, arrayCopy(H, src, 0, nullptr, 0, A, nullptr, 0, dst, off, n));
+  return enqueueCopy(kLegacyOrPerThread, arrayCopy(H, src, 0, nullptr, 0, A, nullptr, 0, dst, off, n), true);
 }
 CU_EXPORT CUresult cuMemcpyHtoAAsync_v2(CUarray dst, size_t off, const void* src, size_t n, CUstream s) {
   API_ENTER(dst, off, src, n, s);
-  return enqueueCopy(s, arrayCopy(H, src, 0, nullptr, 0, A, nullptr, 0, dst, off, n));
+  return enqueueCopy(s, arrayCopy(H, src, 0, nullptr, 0, A, nullptr, 0, dst, off, n), false);
 }
 CU_EXPORT CUresult cuMemcpyAtoH_v2(void* dst, CUarray src, size_t off, size_t n) {
   API_ENTER(dst, src, off, n);
-  return enqueueCopy(kLegacyOrPerThread, arrayCopy(A, nullptr, 0, src, off, H, dst, 0, nullptr, 0, n));
+  return enqueueCopy(kLegacyOrPerThread, arrayCopy(A, nullptr, 0, src, off, H, dst, 0, nullptr, 0, n), true);
 }
 CU_EXPORT CUresult cuMemcpyAtoHAsync_v2(void* dst, CUarray src, size_t off, size_t n, CUstream s) {
   API_ENTER(dst, src, off, n, s);
-  return enqueueCopy(s, arrayCopy(A, nullptr, 0, src, off, H, dst, 0, nullptr, 0, n));
+  return enqueueCopy(s, arrayCopy(A, nullptr, 0, src, off, H, dst, 0, nullptr, 0, n), false);
 }
 CU_EXPORT CUresult cuMemcpyAtoA_v2(CUarray dst, size_t doff, CUarray src, size_t soff, size_t n) {
   API_ENTER(dst, doff, src, soff, n);
-  return enqueueCopy(kLegacyOrPerThread, arrayCopy(A, nullptr, 0, src, soff, A, nullptr, 0, dst, doff, n));
+  return enqueueCopy(kLegacyOrPerThread, arrayCopy(A, nullptr, 0, src, soff, A, nullptr, 0, dst, doff, n), true);
 }
 
 // ---- 2D / 3D ----
 CU_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* p) {
   API_ENTER(p);
   if (!p) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueCopy(kLegacyOrPerThread, resolveUnified(from2D(*p)));
+  return enqueueCopy(kLegacyOrPerThread, resolveUnified(from2D(*p)), true);
 }
 CU_EXPORT CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* p) {
   API_ENTER(p);
   if (!p) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueCopy(kLegacyOrPerThread, resolveUnified(from2D(*p)));
+  return enqueueCopy(kLegacyOrPerThread, resolveUnified(from2D(*p)), true);
 }
 CU_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* p, CUstream s) {
   API_ENTER(p, s);
   if (!p) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueCopy(s, resolveUnified(from2D(*p)));
+  return enqueueCopy(s, resolveUnified(from2D(*p)), false);
 }
 CU_EXPORT CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* p) {
   API_ENTER(p);
   if (!p) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueCopy(kLegacyOrPerThread, resolveUnified(*p));
+  return enqueueCopy(kLegacyOrPerThread, resolveUnified(*p), true);
 }
 CU_EXPORT CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* p, CUstream s) {
   API_ENTER(p, s);
   if (!p) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueCopy(s, resolveUnified(*p));
+  return enqueueCopy(s, resolveUnified(*p), false);
 }
 CU_EXPORT CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* p) {
   API_ENTER(p);
   if (!p) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueCopy(kLegacyOrPerThread, resolveUnified(fromPeer(*p)));
+  return enqueueCopy(kLegacyOrPerThread, resolveUnified(fromPeer(*p)), true);
 }
 CU_EXPORT CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* p, CUstream s) {
   API_ENTER(p, s);
   if (!p) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueCopy(s, resolveUnified(fromPeer(*p)));
+  return enqueueCopy(s, resolveUnified(fromPeer(*p)), false);
 }
 
 // ---- memset ----
 CU_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
   API_ENTER(d, v, n);
-  return enqueueMemset(kLegacyOrPerThread, d, 0, v, 1, n, 1);
+  return enqueueMemset(kLegacyOrPerThread, d, 0, v, 1, n, 1, true);
 }
 CU_EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) {
   API_ENTER(d, v, n);
   if (d % 2) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueMemset(kLegacyOrPerThread, d, 0, v, 2, n, 1);
+  return enqueueMemset(kLegacyOrPerThread, d, 0, v, 2, n, 1, true);
 }
 CU_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) {
   API_ENTER(d, v, n);
   if (d % 4) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueMemset(kLegacyOrPerThread, d, 0, v, 4, n, 1);
+  return enqueueMemset(kLegacyOrPerThread, d, 0, v, 4, n, 1, true);
 }
 CU_EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
   API_ENTER(d, v, n, s);
-  return enqueueMemset(s, d, 0, v, 1, n, 1);
+  return enqueueMemset(s, d, 0, v, 1, n, 1, false);
 }
 CU_EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
   API_ENTER(d, v, n, s);
   if (d % 2) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueMemset(s, d, 0, v, 2, n, 1);
+  return enqueueMemset(s, d, 0, v, 2, n, 1, false);
 }
 CU_EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
   API_ENTER(d, v, n, s);
   if (d % 4) return CUDA_ERROR_INVALID_VALUE;
-  return enqueueMemset(s, d, 0, v, 4, n, 1);
+  return enqueueMemset(s, d, 0, v, 4, n, 1, false);
 }
 CU_EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h) {
   API_ENTER(d, pitch, v, w, h);
-  return enqueueMemset(kLegacyOrPerThread, d, pitch, v, 1, w, h);
+  return enqueueMemset(kLegacyOrPerThread, d, pitch, v, 1, w, h, true);
 }
 CU_EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h) {
   API_ENTER(d, pitch, v, w, h);
-  return enqueueMemset(kLegacyOrPerThread, d, pitch, v, 2, w, h);
+  return enqueueMemset(kLegacyOrPerThread, d, pitch, v, 2, w, h, true);
 }
 CU_EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h) {
   API_ENTER(d, pitch, v, w, h);
-  return enqueueMemset(kLegacyOrPerThread, d, pitch, v, 4, w, h);
+  return enqueueMemset(kLegacyOrPerThread, d, pitch, v, 4, w, h, true);
 }
 CU_EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s) {
   API_ENTER(d, pitch, v, w, h, s);
-  return enqueueMemset(s, d, pitch, v, 1, w, h);
+  return enqueueMemset(s, d, pitch, v, 1, w, h, false);
 }
 CU_EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s) {
   API_ENTER(d, pitch, v, w, h, s);
-  return enqueueMemset(s, d, pitch, v, 2, w, h);
+  return enqueueMemset(s, d, pitch, v, 2, w, h, false);
 }
 CU_EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s) {
   API_ENTER(d, pitch, v, w, h, s);
-  return enqueueMemset(s, d, pitch, v, 4, w, h);
+  return enqueueMemset(s, d, pitch, v, 4, w, h, false);
 }

@@ -134,7 +134,13 @@ CU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   API_ENTER(dptr);
   if (dptr == 0) return CUDA_SUCCESS;
   Allocation a;
-  if (registryFind(dptr, &a) && a.kind == MemKind::kPool) return CUDA_ERROR_INVALID_VALUE;
+  // Like the real driver, freeing waits for work that may still use the memory.
+  if (registryFind(dptr, &a) && a.ctx) contextSync(a.ctx);
+  if (registryFind(dptr, &a) && a.kind == MemKind::kPool && a.base == dptr) {
+    CU_TRY(poolFreeNow(dptr));
+    poolsOnSync(a.device);
+    return CUDA_SUCCESS;
+  }
   if (a.kind == MemKind::kGraph && a.base == dptr) return graphMemFree(dptr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   return freeDevice(dptr);
 }
@@ -367,14 +373,14 @@ CU_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* a
     if (!data[i]) continue;
     bool known;
     if (pointerAttribute(data[i], attrs[i], ptr, &known) == CUDA_SUCCESS) continue;
-    if (known) return CUDA_ERROR_INVALID_VALUE;
+    // Not applicable to this pointer (e.g. the host pointer of device memory): default value.
     switch (attrs[i]) {
       case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data[i]) = nullptr; break;
       case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data[i]) = 0; break;
       case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
       case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data[i]) = 0; break;
       case CU_POINTER_ATTRIBUTE_HOST_POINTER: *static_cast<void**>(data[i]) = nullptr; break;
-      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data[i]) = -2; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data[i]) = known ? 0 : -2; break;
       case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *static_cast<unsigned long long*>(data[i]) = 0; break;
       case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data[i]) = 0; break;

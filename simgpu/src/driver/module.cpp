@@ -159,10 +159,12 @@ CUresult copyKernelArgs(KernelParams* k, void** params, void** extra) {
   if (!params) return CUDA_SUCCESS;
   if (!f->paramsKnown) {
     if (!f->hostFn) return CUDA_SUCCESS;  // nothing will read them
+    if (!k->forGraph) return CUDA_ERROR_NOT_SUPPORTED;  // the launch runs it synchronously instead
     std::fprintf(stderr, "simgpu: cannot copy the arguments of %s: its parameter layout is unknown (PTX or compressed image)\n",
                  f->name.c_str());
     return CUDA_ERROR_NOT_SUPPORTED;
   }
+  if (!f->hostFn) return CUDA_SUCCESS;  // nothing will read them
   for (size_t i = 0; i < f->params.size(); ++i)
     k->args.emplace_back(static_cast<const char*>(params[i]), static_cast<const char*>(params[i]) + f->params[i].size);
   return CUDA_SUCCESS;
@@ -201,15 +203,29 @@ CUresult launchKernel(Stream* s, Function* f, const unsigned grid[3], const unsi
   Op op;
   op.type = Op::kKernel;
   op.kernel = k;
-  if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-    if (CUresult r = copyKernelArgs(k, params, extra); r != CUDA_SUCCESS) {
-      delete k;
-      return r;
+  // The worker runs the kernel after this call returns: it needs its own copy of the arguments.
+  k->forGraph = s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  if (CUresult r = copyKernelArgs(k, params, extra); r != CUDA_SUCCESS) {
+    delete k;
+    if (r != CUDA_ERROR_NOT_SUPPORTED || s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return r;
+    // Layout unknown but a host body wants the arguments: run it now, in order, while the
+    // caller's arguments are still valid.
+    KernelParams direct;
+    direct.fn = f;
+    for (int i = 0; i < 3; ++i) {
+      direct.grid[i] = grid[i];
+      direct.block[i] = block[i];
     }
-    return submit(s, std::move(op));
+    direct.sharedMem = sharedMem;
+    direct.device = s->ctx->device;
+    Op now;
+    now.type = Op::kKernel;
+    now.run = [&direct, params, extra] { return runKernel(direct, params, extra); };
+    return submitAndWait(s, std::move(now));
   }
-  op.run = [k, params, extra] {
-    const CUresult r = runKernel(*k, params, extra);
+  if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return submit(s, std::move(op));
+  op.run = [k] {
+    const CUresult r = runKernelCopy(*k);
     delete k;
     return r;
   };

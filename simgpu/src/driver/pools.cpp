@@ -132,6 +132,8 @@ CUresult poolFree(CUdeviceptr ptr) {
 Pool* poolOf(CUmemoryPool h) { return handleGet<Pool>(h, HandleType::kMemPool); }
 }  // namespace
 
+CUresult poolFreeNow(CUdeviceptr p) { return poolFree(p); }
+
 void poolsOnSync(int device) {
   std::vector<Pool*> pools;
   {
@@ -174,7 +176,13 @@ CU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hs) {
   Stream* s;
   CU_TRY(resolveStream(hs, &s));
   if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return captureFree(s, dptr);
-  return poolFree(dptr);
+  Allocation a;
+  if (!registryFind(dptr, &a) || a.base != dptr) return CUDA_ERROR_INVALID_VALUE;
+  // Stream-ordered: the block becomes reusable when the stream reaches this point.
+  Op op;
+  op.type = Op::kMemFree;
+  op.run = [dptr] { return poolFree(dptr); };
+  return submit(s, std::move(op));
 }
 
 CU_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* out, CUdevice dev) {

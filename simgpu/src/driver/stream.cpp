@@ -1,7 +1,11 @@
 // Streams, events, host functions and the engine's single entry point, submit().
 // See driver.h for the execution model: work runs synchronously when submitted, unless its
 // stream is capturing, in which case it is recorded into the capture graph (graph.cpp).
+#include <pthread.h>
+
 #include <chrono>
+#include <memory>
+#include <thread>
 
 #include "driver.h"
 
@@ -35,7 +39,8 @@ CUresult resolveStream(CUstream h, Stream** out) {
       s = new Stream;  // leaked with the thread: it may be referenced by recorded events
       s->ctx = c;
       s->id = nextId();
-      s->flags = CU_STREAM_NON_BLOCKING;
+      s->flags = 0;  // the per-thread default stream synchronises with the legacy stream
+      streamRegister(s);
     }
     *out = s;
     return CUDA_SUCCESS;
@@ -46,27 +51,166 @@ CUresult resolveStream(CUstream h, Stream** out) {
   return CUDA_SUCCESS;
 }
 
-CUresult submit(Stream* s, Op&& op) {
+namespace {
+std::mutex& progressMutex() {
+  static std::mutex* m = new std::mutex;
+  return *m;
+}
+std::condition_variable& progressCv() {
+  static auto* cv = new std::condition_variable;
+  return *cv;
+}
+// Bumped in a forked child: the parent's worker threads do not exist there.
+std::atomic<int> gForkGen{0};
+[[maybe_unused]] const int kAtFork = pthread_atfork(nullptr, nullptr, [] { gForkGen.fetch_add(1); });
+
+void workerLoop(Stream* s) {
+  for (;;) {
+    std::function<void()> f;
+    {
+      std::unique_lock l(s->qmu);
+      s->qcv.wait(l, [s] { return !s->queue.empty(); });
+      f = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    f();
+    {
+      std::lock_guard l(progressMutex());
+      s->completed.fetch_add(1, std::memory_order_release);
+    }
+    progressCv().notify_all();
+  }
+}
+
+// Caller holds s->qmu.
+void ensureWorker(Stream* s) {
+  const int gen = gForkGen.load();
+  if (s->workerGen == gen) return;
+  if (s->workerGen != -1) {
+    // A forked child: the parent's queue and counters describe work this process will never run.
+    s->queue.clear();
+    s->completed.store(s->submitted);
+  }
+  s->workerGen = gen;
+  std::thread(workerLoop, s).detach();
+}
+
+uint64_t enqueue(Stream* s, std::function<void()> f) {
+  std::lock_guard l(s->qmu);
+  ensureWorker(s);
+  s->queue.push_back(std::move(f));
+  const uint64_t seq = ++s->submitted;
+  s->qcv.notify_one();
+  return seq;
+}
+
+uint64_t lastSubmitted(Stream* s) {
+  std::lock_guard l(s->qmu);
+  return s->submitted;
+}
+
+// Queues on s a wait until `other` has completed operation `seq`.
+void enqueueWaitFor(Stream* s, Stream* other, uint64_t seq) {
+  if (other == s || other->completed.load(std::memory_order_acquire) >= seq) return;
+  enqueue(s, [other, seq] { waitStream(other, seq); });
+}
+
+// The legacy stream waits for all blocking streams of its context, and they wait for it.
+void implicitOrder(Stream* s) {
+  Context* c = s->ctx;
+  if (s == c->legacy) {
+    std::vector<Stream*> streams;
+    {
+      std::lock_guard l(c->streamsMu);
+      streams = c->streams;
+    }
+    for (Stream* b : streams)
+      if (b != s && b->blocking()) enqueueWaitFor(s, b, lastSubmitted(b));
+  } else if (s->blocking()) {
+    enqueueWaitFor(s, c->legacy, lastSubmitted(c->legacy));
+  }
+}
+}  // namespace
+
+void streamRegister(Stream* s) {
+  std::lock_guard l(s->ctx->streamsMu);
+  s->ctx->streams.push_back(s);
+}
+
+void waitStream(Stream* s, uint64_t seq) {
+  std::unique_lock l(progressMutex());
+  progressCv().wait(l, [s, seq] { return s->completed.load(std::memory_order_acquire) >= seq; });
+}
+
+CUresult submit(Stream* s, Op&& op, uint64_t* seq) {
   if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return captureRecord(s, std::move(op));
   if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   // Work on the legacy stream while another stream captures in global mode is an implicit
   // dependency the real driver refuses.
   if (s == s->ctx->legacy && anyGlobalCaptureActive()) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-  const CUresult r = op.run ? op.run() : CUDA_SUCCESS;
-  s->readyMs = nowMs();
-  return r;
+  implicitOrder(s);
+  auto run = std::move(op.run);
+  const uint64_t n = enqueue(s, [s, run = std::move(run)] {
+    const CUresult r = run ? run() : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS) {
+      std::lock_guard l(s->qmu);
+      if (s->error == CUDA_SUCCESS) s->error = r;
+    }
+  });
+  if (seq) *seq = n;
+  return CUDA_SUCCESS;
+}
+
+CUresult submitAndWait(Stream* s, Op&& op) {
+  if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) {
+    // A synchronous call on a capturing stream is illegal and ends the capture's validity.
+    s->captureStatus = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  auto result = std::make_shared<std::atomic<CUresult>>(CUDA_SUCCESS);
+  auto run = std::move(op.run);
+  op.run = [run = std::move(run), result] {
+    const CUresult r = run ? run() : CUDA_SUCCESS;
+    result->store(r);
+    return CUDA_SUCCESS;
+  };
+  uint64_t seq = 0;
+  CU_TRY(submit(s, std::move(op), &seq));
+  waitStream(s, seq);
+  return result->load();
 }
 
 CUresult streamSync(Stream* s) {
-  if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) {
+    // Synchronising a capturing stream is illegal and invalidates the capture.
+    s->captureStatus = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  waitStream(s, lastSubmitted(s));
   poolsOnSync(s->ctx->device);
-  return CUDA_SUCCESS;
+  std::lock_guard l(s->qmu);
+  const CUresult r = s->error;
+  s->error = CUDA_SUCCESS;
+  return r;
 }
 
 CUresult contextSync(Context* c) {
   if (anyGlobalCaptureActive()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  std::vector<Stream*> streams;
+  {
+    std::lock_guard l(c->streamsMu);
+    streams = c->streams;
+  }
+  CUresult first = CUDA_SUCCESS;
+  for (Stream* s : streams) {
+    if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) continue;
+    waitStream(s, lastSubmitted(s));
+    std::lock_guard l(s->qmu);
+    if (first == CUDA_SUCCESS) first = s->error;
+    s->error = CUDA_SUCCESS;
+  }
   poolsOnSync(c->device);
-  return CUDA_SUCCESS;
+  return first;
 }
 
 }  // namespace simgpu
@@ -84,6 +228,7 @@ CUresult createStream(CUstream* ph, unsigned flags, int priority) {
   s->flags = flags;
   s->priority = priority < -5 ? -5 : (priority > 0 ? 0 : priority);  // clamped, as documented
   s->id = nextId();
+  streamRegister(s);
   handleAdd(s, HandleType::kStream);
   *ph = reinterpret_cast<CUstream>(s);
   return CUDA_SUCCESS;
@@ -169,7 +314,8 @@ CU_EXPORT CUresult cuStreamQuery(CUstream h) {
   Stream* s;
   CU_TRY(resolveStream(h, &s));
   if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  return CUDA_SUCCESS;  // synchronous engine: submitted work is complete
+  std::lock_guard l(s->qmu);
+  return s->completed.load(std::memory_order_acquire) >= s->submitted ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CU_EXPORT CUresult cuStreamSynchronize(CUstream h) {
@@ -193,7 +339,8 @@ CU_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
       s->captureGraph = e->captureGraph;
       s->captureDeps = e->captureDeps;
       s->captureMode = CU_STREAM_CAPTURE_MODE_RELAXED;
-      s->captureOrigin = nullptr;
+      s->captureOrigin = e->captureOrigin;
+      captureJoin(e->captureGraph, s);
     } else if (s->captureGraph == e->captureGraph) {
       for (GraphNode* n : e->captureDeps) s->captureDeps.push_back(n);
     } else {
@@ -201,7 +348,8 @@ CU_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
     }
     return CUDA_SUCCESS;
   }
-  if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return CUDA_SUCCESS;  // already complete work
+  if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return CUDA_SUCCESS;  // outside work is already ordered
+  if (e->stream) enqueueWaitFor(s, e->stream, e->seq);
   return CUDA_SUCCESS;
 }
 
@@ -327,20 +475,26 @@ CUresult recordEvent(Event* e, Stream* s) {
   if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
     e->captureGraph = s->captureGraph;
     e->captureDeps = s->captureDeps;
+    e->captureOrigin = s->captureOrigin;
     return CUDA_SUCCESS;
   }
   e->captureGraph = nullptr;
   e->captureDeps.clear();
   Op op;
   op.type = Op::kEventRecord;
-  op.run = [e, s] {
-    e->recorded = true;
-    e->timeMs = s->readyMs > 0 ? s->readyMs : nowMs();
+  op.run = [e] {
+    e->timeMs.store(nowMs());
     return CUDA_SUCCESS;
   };
-  s->readyMs = nowMs();
-  return submit(s, std::move(op));
+  uint64_t seq = 0;
+  CU_TRY(submit(s, std::move(op), &seq));
+  e->stream = s;
+  e->seq = seq;
+  e->recorded = true;
+  return CUDA_SUCCESS;
 }
+
+bool eventDone(Event* e) { return !e->stream || e->stream->completed.load(std::memory_order_acquire) >= e->seq; }
 }  // namespace
 
 CU_EXPORT CUresult cuEventRecord(CUevent h, CUstream hs) {
@@ -367,7 +521,7 @@ CU_EXPORT CUresult cuEventQuery(CUevent h) {
   Event* e = handleGet<Event>(h, HandleType::kEvent);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   if (e->captureGraph) return CUDA_ERROR_CAPTURED_EVENT;
-  return CUDA_SUCCESS;
+  return eventDone(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CU_EXPORT CUresult cuEventSynchronize(CUevent h) {
@@ -375,6 +529,7 @@ CU_EXPORT CUresult cuEventSynchronize(CUevent h) {
   Event* e = handleGet<Event>(h, HandleType::kEvent);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   if (e->captureGraph) return CUDA_ERROR_CAPTURED_EVENT;
+  if (e->stream) waitStream(e->stream, e->seq);
   poolsOnSync(e->ctx->device);
   return CUDA_SUCCESS;
 }
@@ -387,7 +542,8 @@ CU_EXPORT CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) 
   if (!a || !b) return CUDA_ERROR_INVALID_HANDLE;
   if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
   if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
-  *ms = static_cast<float>(b->timeMs - a->timeMs);
+  if (!eventDone(a) || !eventDone(b)) return CUDA_ERROR_NOT_READY;
+  *ms = static_cast<float>(b->timeMs.load() - a->timeMs.load());
   return CUDA_SUCCESS;
 }
 extern "C" SIMGPU_EXPORT CUresult simgpu_cuEventElapsedTime(float* ms, CUevent a, CUevent b) __asm__("cuEventElapsedTime");

@@ -43,6 +43,8 @@ enum TableId : int {
   kContextLocalStorage,
   kContextChecks,
   kIntegrityCheck,
+  kContextIds,       // used by cuBLASLt and cuFFT
+  kModuleCallbacks,  // used by cuFFT
   kTableCount,
 };
 
@@ -72,6 +74,12 @@ constexpr TableSpec kTableSpecs[kTableCount] = {
     {kIntegrityCheck,
      {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2},
      3, "INTEGRITY_CHECK"},
+    {kContextIds,
+     {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
+     8, "CONTEXT_IDS"},
+    {kModuleCallbacks,
+     {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e},
+     16, "MODULE_CALLBACKS"},
 };
 
 // cudart asks for f8cff951-... before cuInit. Refusing it is what works: cudart carries on, while
@@ -291,6 +299,36 @@ CUresult integrityCheck(uint32_t version, uint64_t unixSeconds, uint64_t* out) n
   return CUDA_SUCCESS;
 }
 
+// ---- TOOLS_TLS, CONTEXT_IDS, MODULE_CALLBACKS (cuBLASLt and cuFFT; layouts measured on simgpu) ---
+
+// TOOLS_TLS slot 2: (CUcontext* out): the calling thread's current context. cuBLASLt keys its
+// per-context kernel tables on it; a failure leaves them empty and every heuristics query fails.
+CUresult toolsCurrentContext(CUcontext* out) noexcept {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return cuCtxGetCurrent(out);
+}
+
+// CONTEXT_IDS slot 4: (CUcontext ctx, uint64_t* id): a stable id per context, as cuCtxGetId.
+CUresult contextId(CUcontext ctx, uint64_t* id) noexcept {
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long v = 0;
+  const CUresult r = cuCtxGetId(ctx, &v);
+  *id = v;
+  return r;
+}
+
+// MODULE_CALLBACKS slot 7: (ctx, module, cb(user, CUfunction), user) -> int, called by cuFFT right
+// after it loads a kernel image: it must hand the module's kernel to cb and return 1, else cuFFT
+// unloads the module. simgpu cannot name kernels in compressed images, so it hands an unnamed
+// function of the module (launching it does nothing, as every kernel without a host body).
+int moduleForEachFunction(CUcontext /*ctx*/, CUmodule mod, void (*cb)(void*, CUfunction), void* user) noexcept {
+  if (mod == nullptr || cb == nullptr) return 0;
+  CUfunction f = nullptr;
+  if (cuModuleGetFunction(&f, mod, "simgpu_module_function") != CUDA_SUCCESS) return 0;
+  cb(user, f);
+  return 1;
+}
+
 // ---- Table assembly ---------------------------------------------------------------------------
 
 void buildTables(Tables* t) noexcept {
@@ -301,6 +339,8 @@ void buildTables(Tables* t) noexcept {
   fillWithStubs<kContextLocalStorage>(&t->table[kContextLocalStorage], std::make_index_sequence<kSlotCount>());
   fillWithStubs<kContextChecks>(&t->table[kContextChecks], std::make_index_sequence<kSlotCount>());
   fillWithStubs<kIntegrityCheck>(&t->table[kIntegrityCheck], std::make_index_sequence<kSlotCount>());
+  fillWithStubs<kContextIds>(&t->table[kContextIds], std::make_index_sequence<kSlotCount>());
+  fillWithStubs<kModuleCallbacks>(&t->table[kModuleCallbacks], std::make_index_sequence<kSlotCount>());
 
   for (const TableSpec& spec : kTableSpecs) {
     if (spec.reportedSlots > 0) {
@@ -322,6 +362,10 @@ void buildTables(Tables* t) noexcept {
   t->table[kContextChecks].slots[3] = slotAddress(&contextCheckFlags);
 
   t->table[kIntegrityCheck].slots[1] = slotAddress(&integrityCheck);
+
+  t->table[kToolsTls].slots[2] = slotAddress(&toolsCurrentContext);
+  t->table[kContextIds].slots[4] = slotAddress(&contextId);
+  t->table[kModuleCallbacks].slots[7] = slotAddress(&moduleForEachFunction);
 }
 
 // Built on first use (function addresses cannot be placed in a constant initialiser), in static

@@ -155,6 +155,14 @@ CU_EXPORT CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR* out, CUarr
 CU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* out, const CUDA_ARRAY3D_DESCRIPTOR* d, unsigned int levels) {
   API_ENTER(out, d, levels);
   if (!out || !d || levels == 0) return CUDA_ERROR_INVALID_VALUE;
+  // Levels stop at 1x1x1, as on real devices: more are clamped, not an error.
+  size_t largest = std::max({d->Width, d->Height, (d->Flags & CUDA_ARRAY3D_LAYERED) ? size_t{0} : d->Depth});
+  unsigned maxLevels = 1;
+  while (largest > 1) {
+    largest /= 2;
+    ++maxLevels;
+  }
+  levels = std::min(levels, maxLevels);
   auto* m = new Mipmapped;
   m->desc = *d;
   CUDA_ARRAY3D_DESCRIPTOR ld = *d;

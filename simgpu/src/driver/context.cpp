@@ -36,8 +36,9 @@ Context* newContext(int dev, bool primary, unsigned flags) {
   return c;
 }
 
-// Frees what a context owns when it is destroyed or (primary) reset.
+// Frees what a context owns when it is destroyed or (primary) reset, after its queued work.
 void releaseContextMemory(Context* c) {
+  contextSync(c);
   std::vector<uintptr_t> bases;
   registryForEach([&](const Allocation& a) {
     if (a.ctx == c && (a.kind == MemKind::kDevice || a.kind == MemKind::kManaged)) bases.push_back(a.base);

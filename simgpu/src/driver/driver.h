@@ -266,6 +266,7 @@ struct Function {
   int maxThreads = 1024;
   int sharedSizeBytes = 0;
   int maxDynamicShared = 48 * 1024;
+  bool nonPortableClusters = false;
   CUfunction asFunction() { return reinterpret_cast<CUfunction>(this); }
 };
 struct KernelParams {

@@ -8,11 +8,17 @@
 namespace simgpu {
 namespace {
 
-// True if [p, p+bytes) lies inside one simulated range (device, managed, pinned, VMM, ...).
+// True if [p, p+bytes) is simulated memory throughout: one range, or adjacent ranges such as
+// consecutive VMM mappings in one reservation.
 bool knownRange(uintptr_t p, size_t bytes) {
-  Allocation a;
-  if (!registryFind(p, &a)) return false;
-  return bytes == 0 || p + bytes <= a.base + a.size;
+  const uintptr_t end = p + bytes;
+  do {
+    Allocation a;
+    if (!registryFind(p, &a)) return false;
+    if (a.size == 0) return bytes == 0;
+    p = a.base + a.size;
+  } while (p < end);
+  return true;
 }
 
 struct Side {

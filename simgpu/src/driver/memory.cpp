@@ -218,6 +218,7 @@ CU_EXPORT CUresult cuMemFreeHost(void* p) {
   if (!registryFind(reinterpret_cast<uintptr_t>(p), &a) || a.kind != MemKind::kHostPinned ||
       a.base != reinterpret_cast<uintptr_t>(p))
     return CUDA_ERROR_INVALID_VALUE;
+  if (a.ctx) contextSync(a.ctx);  // queued copies may still use it, as cudaFreeHost assumes
   registryRemove(a.base, &a);
   hostUnmap(a.mapping, a.mappingSize);
   return CUDA_SUCCESS;

@@ -462,6 +462,8 @@ CU_EXPORT CUresult cuFuncSetAttribute(CUfunction h, CUfunction_attribute a, int 
   if (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
     if (v < 0 || v > 232448) return CUDA_ERROR_INVALID_VALUE;
     f->maxDynamicShared = v;
+  } else if (a == CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED) {
+    f->nonPortableClusters = v != 0;
   }
   return CUDA_SUCCESS;
 }
@@ -573,6 +575,24 @@ CU_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* s, CUfunction
   if (!handleIs(h, HandleType::kFunction)) return CUDA_ERROR_INVALID_HANDLE;
   if (!s || numBlocks <= 0) return CUDA_ERROR_INVALID_VALUE;
   *s = 233472 / static_cast<size_t>(numBlocks);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuOccupancyMaxActiveClusters(int* n, CUfunction h, const CUlaunchConfig* cfg) {
+  API_ENTER(n, h, cfg);
+  Function* f = handleGet<Function>(h, HandleType::kFunction);
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  if (!n || !cfg) return CUDA_ERROR_INVALID_VALUE;
+  unsigned cluster = 1;
+  for (unsigned i = 0; i < cfg->numAttrs; ++i)
+    if (cfg->attrs && cfg->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+      cluster = cfg->attrs[i].value.clusterDim.x * cfg->attrs[i].value.clusterDim.y * cfg->attrs[i].value.clusterDim.z;
+  // Hopper: clusters of up to 8 blocks are portable, up to 16 with the non-portable opt-in.
+  if (cluster == 0 || cluster > (f->nonPortableClusters ? 16u : 8u)) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+  const uint64_t threads = static_cast<uint64_t>(cfg->blockDimX) * cfg->blockDimY * cfg->blockDimZ;
+  if (threads == 0 || threads > 1024) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t perSm = std::min<uint64_t>(32, 2048 / threads);
+  *n = static_cast<int>(drv().cfg.smCount * perSm / cluster);
   return CUDA_SUCCESS;
 }
 

@@ -1,0 +1,344 @@
+// One simulated device shared host-wide: processes see each other's allocations, and memory of a process that dies comes back.
+//
+// The parent is a GoogleTest program; its helpers are this same executable started again with
+// `--child <mode> ...` (fork, then exec of /proc/self/exe: a child never inherits the parent's
+// CUDA state). A child talks through fixed descriptors set up before exec:
+//   3: the report pipe (the child writes lines: "ok", "err <code>", "ready", "count <n> <code>");
+//   4: the go/quit pipe (the child blocks reading it; a byte or EOF moves it on);
+// so a child whose parent dies sees EOF and exits instead of lingering.
+//
+// Two registrations: CrossProcess.* on the default 16 GiB device, DeviceFull.* with
+// SIMGPU_MEMORY=1GiB.
+#include <cuda.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kGiB = size_t{1} << 30;
+constexpr int kReportFd = 3;
+constexpr int kControlFd = 4;
+
+// ---------------------------------------------------------------------------------------------
+// Child side
+CUresult childInit() {
+  CUresult r = cuInit(0);
+  CUcontext ctx = nullptr;
+  if (r == CUDA_SUCCESS) r = cuDevicePrimaryCtxRetain(&ctx, 0);
+  if (r == CUDA_SUCCESS) r = cuCtxSetCurrent(ctx);
+  return r;
+}
+
+void report(const std::string& line) {
+  const std::string l = line + "\n";
+  (void)!write(kReportFd, l.data(), l.size());
+}
+
+// Blocks until the parent writes a byte or closes the pipe (or dies); returns the byte, 0 on EOF.
+char awaitControl() {
+  char c = 0;
+  const ssize_t n = read(kControlFd, &c, 1);
+  return n == 1 ? c : 0;
+}
+
+// hold <bytes>: allocate, report, wait; on 'f' free first, then exit normally.
+int childHold(size_t bytes) {
+  CUresult r = childInit();
+  CUdeviceptr p = 0;
+  if (r == CUDA_SUCCESS) r = cuMemAlloc(&p, bytes);
+  if (r == CUDA_SUCCESS) {
+    // Touch a little of it: the memory is real host memory of this process.
+    static_cast<volatile char*>(reinterpret_cast<void*>(p))[0] = 1;
+    report("ok");
+  } else {
+    report("err " + std::to_string(static_cast<int>(r)));
+    return 1;
+  }
+  if (awaitControl() == 'f') cuMemFree(p);
+  return 0;  // a normal exit, allocation (maybe) still held
+}
+
+// race <chunk>: initialise, wait for go, allocate chunks until refused, report, hold until quit.
+int childRace(size_t chunk) {
+  CUresult r = childInit();
+  if (r != CUDA_SUCCESS) {
+    report("err " + std::to_string(static_cast<int>(r)));
+    return 1;
+  }
+  report("ready");
+  awaitControl();  // go
+  int count = 0;
+  CUdeviceptr p = 0;
+  while ((r = cuMemAlloc(&p, chunk)) == CUDA_SUCCESS) ++count;
+  report("count " + std::to_string(count) + " " + std::to_string(static_cast<int>(r)));
+  awaitControl();  // quit
+  return 0;
+}
+
+int childMain(int argc, char** argv) {
+  alarm(60);  // never outlive a broken test for long
+  const std::string mode = argc > 2 ? argv[2] : "";
+  const size_t bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 0;
+  if (mode == "hold") return childHold(bytes);
+  if (mode == "race") return childRace(bytes);
+  std::fprintf(stderr, "unknown child mode '%s'\n", mode.c_str());
+  return 2;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parent side
+std::string& selfPath() {
+  static std::string p = [] {
+    char b[4096];
+    const ssize_t n = readlink("/proc/self/exe", b, sizeof b - 1);
+    return std::string(b, n > 0 ? static_cast<size_t>(n) : 0);
+  }();
+  return p;
+}
+
+struct Child {
+  pid_t pid = -1;
+  int report = -1;   // read end
+  int control = -1;  // write end
+
+  // Reads one line (without the newline); "" on EOF or after timeoutMs.
+  std::string readLine(int timeoutMs = 20000) {
+    std::string line;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+    while (true) {
+      const int left = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+      if (left <= 0) return line;
+      pollfd pfd{report, POLLIN, 0};
+      if (poll(&pfd, 1, left) <= 0) return line;
+      char c;
+      if (read(report, &c, 1) != 1) return line;
+      if (c == '\n') return line;
+      line += c;
+    }
+  }
+  void send(char c) { (void)!write(control, &c, 1); }
+  void closeControl() {
+    if (control >= 0) close(control);
+    control = -1;
+  }
+  int wait() {
+    int status = -1;
+    if (pid > 0) waitpid(pid, &status, 0);
+    pid = -1;
+    if (report >= 0) close(report);
+    report = -1;
+    closeControl();
+    return status;
+  }
+  void kill9() {
+    if (pid > 0) kill(pid, SIGKILL);
+  }
+  ~Child() {
+    if (pid > 0) {
+      kill9();
+      wait();
+    }
+  }
+};
+
+// Starts this executable as a child: --child <args...>.
+void spawn(Child* c, const std::vector<std::string>& args) {
+  int rep[2], ctl[2];
+  ASSERT_EQ(pipe2(rep, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(ctl, O_CLOEXEC), 0);
+  std::vector<std::string> strs = {selfPath(), "--child"};
+  strs.insert(strs.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : strs) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Only async-signal-safe calls until exec. Move the two ends out of the way, then into place;
+    // dup2 clears close-on-exec on the copies, every other descriptor closes at exec.
+    const int r = fcntl(rep[1], F_DUPFD_CLOEXEC, 100);
+    const int w = fcntl(ctl[0], F_DUPFD_CLOEXEC, 100);
+    if (r < 0 || w < 0 || dup2(r, kReportFd) < 0 || dup2(w, kControlFd) < 0) _exit(126);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(rep[1]);
+  close(ctl[0]);
+  c->pid = pid;
+  c->report = rep[0];
+  c->control = ctl[1];
+}
+
+class Shared : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_EQ(CUDA_SUCCESS, cuInit(0));
+    ASSERT_EQ(CUDA_SUCCESS, cuDevicePrimaryCtxRetain(&ctx_, 0));
+  }
+  static void TearDownTestSuite() {
+    if (ctx_) cuDevicePrimaryCtxRelease(0);
+    ctx_ = nullptr;
+  }
+  void SetUp() override { ASSERT_EQ(CUDA_SUCCESS, cuCtxSetCurrent(ctx_)); }
+  static size_t freeMem() {
+    size_t f = 0, t = 0;
+    EXPECT_EQ(CUDA_SUCCESS, cuMemGetInfo(&f, &t));
+    return f;
+  }
+  static size_t totalMem() {
+    size_t f = 0, t = 0;
+    EXPECT_EQ(CUDA_SUCCESS, cuMemGetInfo(&f, &t));
+    return t;
+  }
+  // Polls cuMemGetInfo until free memory is `want`, for at most `ms`; returns the last value.
+  static size_t waitFree(size_t want, int ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    size_t f = freeMem();
+    while (f != want && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      f = freeMem();
+    }
+    return f;
+  }
+  static inline CUcontext ctx_ = nullptr;
+};
+
+using CrossProcess = Shared;
+using DeviceFull = Shared;
+
+// ---------------------------------------------------------------------------------------------
+TEST_F(CrossProcess, ChildAllocationIsVisibleAndKill9GivesItBack) {
+  if (totalMem() < 2 * kGiB) GTEST_SKIP() << "needs a device of 2 GiB or more";
+  const size_t before = freeMem();
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hold", std::to_string(kGiB)}));
+  ASSERT_EQ(c.readLine(), "ok");
+  const size_t during = freeMem();
+  EXPECT_LE(during + kGiB, before) << "the child's 1 GiB is not visible to this process";
+  EXPECT_EQ(during, before - kGiB);
+
+  c.kill9();
+  const int status = c.wait();
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_EQ(waitFree(before, 1000), before) << "memory of a killed process did not come back within 1 s";
+}
+
+TEST_F(CrossProcess, NormalExitGivesItBack) {
+  if (totalMem() < 2 * kGiB) GTEST_SKIP() << "needs a device of 2 GiB or more";
+  const size_t before = freeMem();
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hold", std::to_string(kGiB)}));
+  ASSERT_EQ(c.readLine(), "ok");
+  EXPECT_EQ(freeMem(), before - kGiB);
+  c.send('x');  // exit without freeing
+  const int status = c.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(waitFree(before, 1000), before) << "memory of an exited process did not come back within 1 s";
+}
+
+TEST_F(CrossProcess, ChildFreeIsSeenAtOnce) {
+  const size_t before = freeMem();
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hold", std::to_string(256 * kMiB)}));
+  ASSERT_EQ(c.readLine(), "ok");
+  EXPECT_EQ(freeMem(), before - 256 * kMiB);
+  c.send('f');  // free, then exit
+  const int status = c.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(freeMem(), before);
+}
+
+TEST_F(CrossProcess, TwoChildrenAndTheParentAddUp) {
+  const size_t before = freeMem();
+  CUdeviceptr mine = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&mine, 64 * kMiB));
+  Child a, b;
+  ASSERT_NO_FATAL_FAILURE(spawn(&a, {"hold", std::to_string(128 * kMiB)}));
+  ASSERT_NO_FATAL_FAILURE(spawn(&b, {"hold", std::to_string(32 * kMiB)}));
+  ASSERT_EQ(a.readLine(), "ok");
+  ASSERT_EQ(b.readLine(), "ok");
+  EXPECT_EQ(freeMem(), before - (64 + 128 + 32) * kMiB);
+  a.kill9();
+  a.wait();
+  EXPECT_EQ(waitFree(before - 96 * kMiB, 1000), before - 96 * kMiB) << "only the killed child's memory returns";
+  b.closeControl();  // EOF: exits normally
+  b.wait();
+  EXPECT_EQ(waitFree(before - 64 * kMiB, 1000), before - 64 * kMiB);
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(mine));
+  EXPECT_EQ(freeMem(), before);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIMGPU_MEMORY=1GiB
+TEST_F(DeviceFull, OutOfMemoryAcrossProcesses) {
+  if (totalMem() != kGiB) GTEST_SKIP() << "needs SIMGPU_MEMORY=1GiB";
+  ASSERT_EQ(freeMem(), kGiB) << "the device is not empty at the start";
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hold", std::to_string(768 * kMiB)}));
+  ASSERT_EQ(c.readLine(), "ok");
+  EXPECT_EQ(freeMem(), 256 * kMiB);
+  CUdeviceptr p = 0;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&p, 512 * kMiB)) << "768 MiB held elsewhere: 512 MiB cannot fit";
+  EXPECT_EQ(freeMem(), 256 * kMiB) << "a refused allocation must not count";
+  CUdeviceptr small = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&small, 128 * kMiB)) << "what is left can still be used";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(small));
+
+  c.kill9();
+  c.wait();
+  // No polling: an allocation that does not fit first returns the memory of dead processes.
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&p, 512 * kMiB));
+  EXPECT_EQ(freeMem(), 512 * kMiB);
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(p));
+  EXPECT_EQ(freeMem(), kGiB);
+}
+
+TEST_F(DeviceFull, RacingChildrenNeverOvercommit) {
+  if (totalMem() != kGiB) GTEST_SKIP() << "needs SIMGPU_MEMORY=1GiB";
+  ASSERT_EQ(freeMem(), kGiB);
+  constexpr int kChildren = 8;
+  constexpr size_t kChunk = 200 * kMiB;
+  std::vector<Child> kids(kChildren);
+  for (Child& k : kids) ASSERT_NO_FATAL_FAILURE(spawn(&k, {"race", std::to_string(kChunk)}));
+  for (Child& k : kids) ASSERT_EQ(k.readLine(), "ready");
+  for (Child& k : kids) k.send('g');  // all initialised children start at once
+  int total = 0;
+  for (int i = 0; i < kChildren; ++i) {
+    const std::string line = kids[i].readLine();
+    int count = -1, code = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "count %d %d", &count, &code), 2) << "child " << i << ": '" << line << "'";
+    EXPECT_EQ(code, CUDA_ERROR_OUT_OF_MEMORY) << "child " << i << " stopped for another reason";
+    total += count;
+  }
+  EXPECT_LE(total * kChunk, kGiB) << total << " chunks of 200 MiB granted on a 1 GiB device";
+  EXPECT_EQ(total, static_cast<int>(kGiB / kChunk)) << "every chunk that fits is granted to someone";
+  EXPECT_EQ(freeMem(), kGiB - total * kChunk);
+  for (Child& k : kids) k.closeControl();
+  for (Child& k : kids) {
+    const int status = k.wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  EXPECT_EQ(waitFree(kGiB, 1000), kGiB);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--child") == 0) return childMain(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -109,7 +109,15 @@ SharedState* SharedState::open(const std::string& dir, int deviceCount, const ui
     h->device_count = static_cast<uint32_t>(deviceCount);
     h->slot_count = kMaxSlots;
     h->sm_count = smCount;
-    for (int d = 0; d < kMaxDevices; ++d) h->capacity[d] = d < deviceCount ? capacity[d] : 0;
+    for (int d = 0; d < kMaxDevices; ++d) {
+      h->capacity[d] = d < deviceCount ? capacity[d] : 0;
+      pthread_mutexattr_t attr;
+      pthread_mutexattr_init(&attr);
+      pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+      pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+      pthread_mutex_init(&h->lock[d], &attr);
+      pthread_mutexattr_destroy(&attr);
+    }
     std::atomic_thread_fence(std::memory_order_release);
     h->magic = kStateMagic;
   }
@@ -120,6 +128,9 @@ SharedState* SharedState::open(const std::string& dir, int deviceCount, const ui
     why = "layout version " + std::to_string(h->version) + ", this simgpu uses " + std::to_string(kStateVersion);
   else if (h->header_size != sizeof(StateHeader) || h->file_size != kFileSize)
     why = "header or file size differs from this simgpu build";
+  const bool layout = !why.empty();  // a layout problem, as opposed to a configuration mismatch
+  if (layout)
+    ;
   else if (h->device_count != static_cast<uint32_t>(deviceCount) || h->sm_count != smCount)
     why = "it was created for " + std::to_string(h->device_count) + " device(s) with " +
           std::to_string(h->sm_count) + " SMs, this process asks for " + std::to_string(deviceCount) +
@@ -132,7 +143,8 @@ SharedState* SharedState::open(const std::string& dir, int deviceCount, const ui
   flock(fd, LOCK_UN);
   if (!why.empty()) {
     *error = "simgpu state " + s->path_ + ": " + why +
-             " (all processes sharing SIMGPU_STATE_DIR need the same SIMGPU_DEVICES, SIMGPU_MEMORY and SIMGPU_SMS)";
+             (layout ? " (written by another simgpu version: remove the file when no simgpu process runs)"
+                     : " (all processes sharing SIMGPU_STATE_DIR need the same SIMGPU_DEVICES, SIMGPU_MEMORY and SIMGPU_SMS)");
     munmap(p, kFileSize);
     ::close(fd);
     delete s;
@@ -143,16 +155,32 @@ SharedState* SharedState::open(const std::string& dir, int deviceCount, const ui
   return s;
 }
 
+void SharedState::lockDevice(int dev) {
+  const int r = pthread_mutex_lock(&hdr_->lock[dev]);
+  if (r == EOWNERDEAD) {
+    // Its owner died inside the critical section, possibly between the slot and header updates:
+    // the slots are the truth, rebuild the total from them.
+    uint64_t sum = 0;
+    for (int i = 0; i < kMaxSlots; ++i) sum += slots_[i].used[dev].load(std::memory_order_acquire);
+    hdr_->used[dev].store(sum, std::memory_order_release);
+    pthread_mutex_consistent(&hdr_->lock[dev]);
+  }
+}
+
+void SharedState::unlockDevice(int dev) { pthread_mutex_unlock(&hdr_->lock[dev]); }
+
 bool SharedState::reapSlot(int i) {
   // Only called with the slot's lock held by us (through fd_): the owner is dead.
   ProcSlot& sl = slots_[i];
   bool returned = false;
-  for (int d = 0; d < kMaxDevices; ++d) {
-    const uint64_t u = sl.used[d].exchange(0, std::memory_order_acq_rel);
-    if (u) {
-      hdr_->used[d].fetch_sub(u, std::memory_order_acq_rel);
-      returned = true;
-    }
+  for (int d = 0; d < static_cast<int>(hdr_->device_count); ++d) {
+    if (sl.used[d].load(std::memory_order_acquire) == 0) continue;
+    lockDevice(d);
+    const uint64_t u = sl.used[d].load(std::memory_order_acquire);
+    hdr_->used[d].fetch_sub(u, std::memory_order_acq_rel);
+    sl.used[d].store(0, std::memory_order_release);
+    unlockDevice(d);
+    returned |= u != 0;
   }
   sl.pid.store(0, std::memory_order_release);
   return returned;
@@ -195,14 +223,15 @@ bool SharedState::reserve(int dev, uint64_t bytes) {
     if (!claimSlot()) return false;
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
-    uint64_t cur = hdr_->used[dev].load(std::memory_order_relaxed);
-    while (true) {
-      if (bytes > hdr_->capacity[dev] || cur > hdr_->capacity[dev] - bytes) break;
-      if (hdr_->used[dev].compare_exchange_weak(cur, cur + bytes, std::memory_order_acq_rel)) {
-        slots_[slot_].used[dev].fetch_add(bytes, std::memory_order_acq_rel);
-        return true;
-      }
+    lockDevice(dev);
+    const uint64_t cur = hdr_->used[dev].load(std::memory_order_relaxed);
+    const bool fits = bytes <= hdr_->capacity[dev] && cur <= hdr_->capacity[dev] - bytes;
+    if (fits) {
+      slots_[slot_].used[dev].fetch_add(bytes, std::memory_order_acq_rel);
+      hdr_->used[dev].store(cur + bytes, std::memory_order_release);
     }
+    unlockDevice(dev);
+    if (fits) return true;
     if (!reap()) return false;  // nothing came back: the device really is full
   }
   return false;
@@ -210,8 +239,10 @@ bool SharedState::reserve(int dev, uint64_t bytes) {
 
 void SharedState::release(int dev, uint64_t bytes) {
   if (slot_ < 0 || fdPid_ != getpid()) return;  // memory inherited through fork belongs to the parent
+  lockDevice(dev);
   slots_[slot_].used[dev].fetch_sub(bytes, std::memory_order_acq_rel);
   hdr_->used[dev].fetch_sub(bytes, std::memory_order_acq_rel);
+  unlockDevice(dev);
 }
 
 bool SharedState::reap() {

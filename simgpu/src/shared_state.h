@@ -3,8 +3,12 @@
 // that all processes see, as on a real GPU.
 //
 // Invariants:
-// - used[d] in the header is the sum of used[d] over all live process slots. It is changed only
-//   with atomics: reserve() is a CAS loop against capacity, so no interleaving over-commits.
+// - used[d] in the header is the sum of used[d] over all process slots not yet reaped. Both are
+//   changed together under the device's lock, a process-shared robust mutex in the file: a
+//   process killed inside that critical section (kill -9 between the two updates) hands the lock
+//   to the next taker with EOWNERDEAD, who rebuilds used[d] from the slots, the source of truth.
+//   So no interleaving over-commits and no kill leaks or double-frees accounting. The lock is a
+//   futex: uncontended it costs two atomic operations and no system call.
 // - A slot is owned by whoever holds an OFD write lock on its lock byte. The kernel drops the lock
 //   when the owner dies (kill -9 included), so a slot whose lock can be taken belongs to a dead
 //   process: whoever takes it first returns its usage to the header (exactly once, because the lock
@@ -13,6 +17,8 @@
 //   device configuration is refused with a clear error, never reinterpreted.
 #pragma once
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -20,7 +26,7 @@
 namespace simgpu {
 
 inline constexpr uint64_t kStateMagic = 0x5354415447504953ull;  // "SIMGPSTAT" (little endian)
-inline constexpr uint32_t kStateVersion = 1;
+inline constexpr uint32_t kStateVersion = 2;
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kMaxSlots = 1024;
 
@@ -42,6 +48,7 @@ struct StateHeader {
   uint32_t reserved0;
   std::atomic<uint64_t> used[kMaxDevices];
   std::atomic<uint64_t> generation;  // bumped on every reap that returned memory
+  pthread_mutex_t lock[kMaxDevices];  // robust, process-shared; guards used[d] and slots' used[d]
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -83,6 +90,8 @@ class SharedState {
   bool tryLockSlot(int i, int fd);
   void unlockSlot(int i, int fd);
   bool reapSlot(int i);
+  void lockDevice(int dev);
+  void unlockDevice(int dev);
 
   std::string path_;
   int fd_ = -1;           // this process's own open file description (holds the slot lock)

@@ -61,21 +61,26 @@ bool parseSize(std::string_view text, uint64_t* out, std::string* error) {
     if (whole > (UINT64_MAX - d) / 10) return fail("too large");
     whole = whole * 10 + d;
   }
-  // Fraction: kept as digits so that "1.5GiB" is exact.
+  // Fraction: kept as digits so that "1.5GiB" is exact. Up to 19 digits fit in frac (10^19 <
+  // 2^64) and frac * mult in 128 bits; a nonzero digit past those is refused rather than dropped,
+  // since dropping it would round a limit silently.
+  static constexpr int kMaxFracDigits = 19;
   uint64_t frac = 0, fracScale = 1;
   bool hasFrac = false;
   if (i < s.size() && s[i] == '.') {
     hasFrac = true;
     ++i;
-    bool fracDigits = false;
-    for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) {
-      fracDigits = true;
-      if (fracScale < 1000000000000ull) {  // 12 digits are plenty; ignore the rest
-        frac = frac * 10 + static_cast<uint64_t>(s[i] - '0');
+    int fracDigits = 0;
+    for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i, ++fracDigits) {
+      const uint64_t d = static_cast<uint64_t>(s[i] - '0');
+      if (fracDigits < kMaxFracDigits) {
+        frac = frac * 10 + d;
         fracScale *= 10;
+      } else if (d != 0) {
+        return fail("more than 19 significant digits after '.'");
       }
     }
-    if (!fracDigits) return fail("missing digits after '.'");
+    if (fracDigits == 0) return fail("missing digits after '.'");
   }
   if (!digits) return fail("expected a number");
   std::string_view unit = trim(s.substr(i));

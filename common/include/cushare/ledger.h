@@ -1,0 +1,118 @@
+// cushare::Ledger: one tenant's shared-memory ledger (layout: ledger_abi.h, docs/ledger-abi.md),
+// mapped by every CUDA process of the tenant to enforce one device-memory limit across all of them.
+//
+// Invariants (the argument is written out in ledger.cpp and docs/ledger-abi.md):
+// - Each process owns one slot, held by an OFD lock the kernel drops when the process dies. The
+//   slot's counters used[dev][slot] are the only truth: there is no separate total to keep in step.
+// - reserve() announces, then validates: add to the own counter, sum every counter, retract if
+//   the sum exceeds the limit. With sequentially consistent atomics the reservations held at any
+//   moment never exceed the limit, without any lock between processes, and a process killed at
+//   any instant leaves exactly what it holds, which a reaper (any process that takes the dead
+//   slot's lock) returns exactly once.
+// - Hot path (reserve, release, used, limit): no allocation, lock, log or system call. The only
+//   exceptions: a reservation about to be denied first reaps dead slots (system calls), and the
+//   first use in a forked child claims that child's own slot.
+// - A forked child never uses its parent's slot: a pthread_atfork handler drops the inherited
+//   descriptor (so a dead parent's slot can be reaped even while the child lives) and the child
+//   claims a slot of its own on first use.
+// - No static destructors; a Ledger must outlive every thread that uses it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cushare/ledger_abi.h"
+
+namespace cushare {
+
+class Ledger {
+ public:
+  // Maps <dir>/<tenant>.ledger, creating the directory (0700) and the file (0600) if missing, and
+  // claims a process slot. Refuses (nullptr, *err naming the file and the field) a file whose
+  // layout or tenant differs from this build's: it never reinterprets one.
+  static std::unique_ptr<Ledger> open(const std::string& dir, const std::string& tenant,
+                                      std::string* err);
+
+  // Tenant names: [A-Za-z0-9._-]{1,63}.
+  static bool validTenantName(std::string_view tenant, std::string* err);
+
+  ~Ledger();  // returns what this process still holds (as if it died) and releases the slot
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+
+  // The entry of the device with this UUID, added (under flock) with limitIfNew if missing.
+  // Returns -1 with *err set if all kLedgerMaxDevices entries are taken.
+  int deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err) noexcept;
+  uint64_t limit(int dev) const noexcept;  // kLedgerNoLimit: none
+  void setLimit(int dev, uint64_t bytes) noexcept;
+
+  // Reserves bytes on dev for this process if everything the tenant holds stays <= limit.
+  // Exact across processes; false (and denied(dev) counts it) when it does not fit after dead
+  // processes' usage was returned.
+  bool reserve(int dev, uint64_t bytes, uint64_t limit) noexcept;
+  // Returns bytes this process reserved on dev (clamped at what it holds).
+  void release(int dev, uint64_t bytes) noexcept;
+
+  // What all slots hold on dev, in-flight intents and not-yet-reaped dead processes included.
+  uint64_t used(int dev) const noexcept;
+  uint64_t peak(int dev) const noexcept;
+  uint64_t denied(int dev) const noexcept;
+
+  // Returns dead processes' usage; the number of dead slots reaped.
+  int reapDead() noexcept;
+
+  struct ProcUsage {
+    int pid;
+    uint64_t bytes;
+  };
+  // Live processes of the tenant (those with a slot) and what each holds on dev; reaps first.
+  std::vector<ProcUsage> processes(int dev);
+
+  const std::string& path() const { return path_; }
+  // This process's slot, or -1 in a forked child that has not used the ledger yet.
+  int slot() const noexcept { return slot_.load(std::memory_order_acquire); }
+
+ private:
+  Ledger() = default;
+
+  std::atomic<uint64_t>& usedAt(int dev, int slot) const noexcept {
+    return used_[static_cast<size_t>(dev) * kLedgerMaxSlots + static_cast<size_t>(slot)];
+  }
+  uint32_t slotHwm() const noexcept;
+  uint64_t sumUsed(int dev) const noexcept;
+  bool announceAndValidate(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept;
+  bool reserveSlow(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept;
+
+  // Slow path, under lock_ (process-local; OFD locks and flock do not exclude threads of one
+  // process, which share the open file description).
+  void lockLocal() noexcept;
+  void unlockLocal() noexcept;
+  int ensureSlotLocked(std::string* err) noexcept;  // opens fd_ and claims a slot if needed
+  int claimSlotLocked(std::string* err) noexcept;
+  int reapDeadLocked() noexcept;
+  void forgetParentSlot() noexcept;  // in a forked child, from the atfork handler
+
+  static void onForkPrepare() noexcept;
+  static void onForkParent() noexcept;
+  static void onForkChild() noexcept;
+  void registerSelf() noexcept;
+  void unregisterSelf() noexcept;
+
+  std::string path_;
+  std::string tenant_;
+  LedgerHeader* hdr_ = nullptr;
+  std::atomic<uint64_t>* used_ = nullptr;  // used[dev][slot]
+  std::atomic<int32_t>* pid_ = nullptr;    // pid[slot]
+  int fd_ = -1;                            // this process's own open file description
+  uint64_t fileDev_ = 0, fileIno_ = 0;     // identity of the file mapped (checked on re-open)
+  std::atomic<int> slot_{-1};
+  std::atomic<bool> lock_{false};
+  Ledger* prev_ = nullptr;  // every Ledger of the process, for the fork handlers
+  Ledger* next_ = nullptr;
+};
+
+}  // namespace cushare

@@ -1,0 +1,121 @@
+// The tenant ledger's binary layout: a versioned ABI shared by every process of a tenant (the shim
+// in each CUDA process, the broker, the CLI), possibly built from different cushare versions.
+// docs/ledger-abi.md is the reference; tests/unit/ledger_test.cpp checks both agree.
+//
+// Rules:
+// - Plain structs of fixed-width integers and lock-free std::atomic of the same width; explicit
+//   padding, no implicit holes; little-endian hosts only (x86-64, aarch64).
+// - Every offset and size is static_asserted below. BUMP kLedgerVersion WHEN THE LAYOUT CHANGES
+//   (any field moved, resized, re-purposed, or a constant below changed), and update
+//   docs/ledger-abi.md. A process refuses a file of any other version; it never reinterprets one.
+// - Reserved fields are written as zero and ignored by readers of this version.
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace cushare {
+
+// "CUSHLDG\0" as a little-endian u64: the file's first eight bytes read "CUSHLDG".
+inline constexpr uint64_t kLedgerMagic = 0x0047444C48535543ull;
+inline constexpr uint32_t kLedgerVersion = 1;
+inline constexpr uint32_t kLedgerMaxDevices = 16;
+inline constexpr uint32_t kLedgerMaxSlots = 128;
+inline constexpr uint32_t kLedgerTenantBytes = 64;  // 63 characters + NUL, zero-padded
+// A process slot s is owned by whoever holds an OFD write lock on byte kLedgerSlotLockBase + s of
+// the file. The byte lies past the end of the file: record locks do not need the bytes to exist.
+inline constexpr int64_t kLedgerSlotLockBase = int64_t{1} << 20;
+
+inline constexpr uint64_t kLedgerNoLimit = UINT64_MAX;  // LedgerDevice::limit: no limit
+
+// LedgerDevice::state
+inline constexpr uint32_t kLedgerDeviceFree = 0;
+inline constexpr uint32_t kLedgerDeviceReady = 2;  // 1 is reserved (never written by version 1)
+
+// One device of the tenant, identified by its UUID: processes of one tenant may number devices
+// differently (CUDA_VISIBLE_DEVICES), the UUID is the same everywhere. An entry is added under
+// flock and published by storing state = ready last (release); it is never removed in version 1.
+struct LedgerDevice {
+  uint8_t uuid[16];              // written before state becomes ready, constant afterwards
+  std::atomic<uint64_t> limit;   // bytes; kLedgerNoLimit = none. The broker may change it live
+  std::atomic<uint64_t> peak;    // highest sum a successful reservation observed (<= its limit)
+  std::atomic<uint64_t> denied;  // reservations refused
+  std::atomic<uint32_t> state;   // kLedgerDeviceFree or kLedgerDeviceReady
+  uint32_t reserved0;
+  uint64_t reserved1[2];  // pads the entry to one 64-byte cache line
+};
+
+// The file starts with this header; header_size == sizeof(LedgerHeader).
+struct LedgerHeader {
+  uint64_t magic;  // kLedgerMagic, written last at creation (a reader never sees half a header)
+  uint32_t version;
+  uint32_t header_size;
+  uint64_t file_size;
+  uint32_t max_devices;  // kLedgerMaxDevices
+  uint32_t max_slots;    // kLedgerMaxSlots
+  char tenant[kLedgerTenantBytes];
+  std::atomic<uint32_t> slot_hwm;  // highest slot index ever claimed + 1; never decreases
+  uint32_t reserved0;
+  uint64_t reserved1[3];  // devices start on a cache line
+  LedgerDevice devices[kLedgerMaxDevices];
+};
+
+// After the header:
+//   used[kLedgerMaxDevices][kLedgerMaxSlots]  std::atomic<uint64_t>: bytes slot s holds on device
+//                                             d, announced intents included; a device's row is
+//                                             contiguous so its sum scans few cache lines
+//   pid[kLedgerMaxSlots]                      std::atomic<int32_t>: the slot owner's pid, 0 free
+inline constexpr size_t kLedgerUsedOffset = 1152;
+inline constexpr size_t kLedgerUsedBytes = size_t{8} * kLedgerMaxDevices * kLedgerMaxSlots;
+inline constexpr size_t kLedgerPidOffset = kLedgerUsedOffset + kLedgerUsedBytes;
+inline constexpr size_t kLedgerPidBytes = size_t{4} * kLedgerMaxSlots;
+inline constexpr size_t kLedgerFileSize = kLedgerPidOffset + kLedgerPidBytes;
+
+// Byte offset of used[dev][slot].
+constexpr size_t ledgerUsedOffset(uint32_t dev, uint32_t slot) {
+  return kLedgerUsedOffset + 8 * (size_t{dev} * kLedgerMaxSlots + slot);
+}
+// Byte offset of pid[slot].
+constexpr size_t ledgerPidOffset(uint32_t slot) { return kLedgerPidOffset + 4 * size_t{slot}; }
+
+// ---- The layout, asserted (bump kLedgerVersion when any of these change) ----
+static_assert(std::endian::native == std::endian::little, "the ledger layout is little-endian");
+static_assert(std::atomic<uint64_t>::is_always_lock_free && sizeof(std::atomic<uint64_t>) == 8 &&
+              alignof(std::atomic<uint64_t>) == 8);
+static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4);
+static_assert(std::atomic<int32_t>::is_always_lock_free && sizeof(std::atomic<int32_t>) == 4);
+static_assert(std::is_standard_layout_v<LedgerDevice> && std::is_standard_layout_v<LedgerHeader>);
+
+static_assert(offsetof(LedgerDevice, uuid) == 0);
+static_assert(offsetof(LedgerDevice, limit) == 16);
+static_assert(offsetof(LedgerDevice, peak) == 24);
+static_assert(offsetof(LedgerDevice, denied) == 32);
+static_assert(offsetof(LedgerDevice, state) == 40);
+static_assert(offsetof(LedgerDevice, reserved0) == 44);
+static_assert(offsetof(LedgerDevice, reserved1) == 48);
+static_assert(sizeof(LedgerDevice) == 64);
+
+static_assert(offsetof(LedgerHeader, magic) == 0);
+static_assert(offsetof(LedgerHeader, version) == 8);
+static_assert(offsetof(LedgerHeader, header_size) == 12);
+static_assert(offsetof(LedgerHeader, file_size) == 16);
+static_assert(offsetof(LedgerHeader, max_devices) == 24);
+static_assert(offsetof(LedgerHeader, max_slots) == 28);
+static_assert(offsetof(LedgerHeader, tenant) == 32);
+static_assert(offsetof(LedgerHeader, slot_hwm) == 96);
+static_assert(offsetof(LedgerHeader, reserved0) == 100);
+static_assert(offsetof(LedgerHeader, reserved1) == 104);
+static_assert(offsetof(LedgerHeader, devices) == 128);
+static_assert(sizeof(LedgerHeader) == 1152);
+
+static_assert(kLedgerUsedOffset == sizeof(LedgerHeader) && kLedgerUsedOffset % 64 == 0);
+static_assert(kLedgerUsedBytes == 16384);
+static_assert(kLedgerPidOffset == 17536 && kLedgerPidOffset % 64 == 0);
+static_assert(kLedgerPidBytes == 512);
+static_assert(kLedgerFileSize == 18048);
+static_assert(kLedgerSlotLockBase >= int64_t{kLedgerFileSize});
+
+}  // namespace cushare

@@ -1,0 +1,97 @@
+// Configuration of a tenant process: the CUSHARE_* environment, parsed once at load by the shim
+// (and by the broker when it checks a tenant's settings). Reference: docs/configuration.md.
+//
+// Invariants:
+// - Pure code: no global state, no logging, no getenv of its own (the caller passes a lookup), so
+//   it is testable and safe to run before main. It allocates only the strings and vectors it
+//   returns, once, at load; nothing here is on a hooked call's path.
+// - Fail closed: every malformed value is an error with one specific reason. Nothing falls back to
+//   a default, and nothing becomes unlimited, except a variable that is unset.
+// - An error is exactly one line, `cushare: invalid CUSHARE_X='value': reason`, with control
+//   characters of the value escaped and long values shortened.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cushare {
+
+// CUSHARE_MEMORY_LIMIT, parsed but not yet matched to devices (that needs the driver; see
+// resolveMemoryLimits).
+struct MemoryLimitSpec {
+  enum Kind {
+    kNone,       // variable unset: no limit
+    kAll,        // one size ("8GiB"): the same limit on every device
+    kPerDevice,  // "0=8GiB,GPU-<uuid>=4GiB": limits on the named devices only
+  };
+  struct Entry {
+    int ordinal = -1;  // device ordinal as the process sees it, or -1 when uuid names the device
+    std::string uuid;  // "GPU-" + 8-4-4-4-12 lower-case hex digits, or empty when ordinal is used
+    uint64_t bytes = 0;
+  };
+  Kind kind = kNone;
+  uint64_t all = 0;            // kAll only
+  std::vector<Entry> entries;  // kPerDevice only, in the order written
+};
+
+enum class Priority { kHigh, kNormal, kLow };
+enum class LogLevel { kError, kWarn, kInfo, kDebug, kTrace };  // each includes the ones before
+
+struct ShimConfig {
+  std::string tenant = "default";
+  MemoryLimitSpec memory;
+  std::optional<int> threadPercentage;  // 1..100; unset: no compute share is requested
+  Priority priority = Priority::kNormal;
+  std::string ledgerDir = "/dev/shm/cushare";
+  LogLevel logLevel = LogLevel::kWarn;
+};
+
+inline constexpr uint64_t kUnlimited = UINT64_MAX;
+
+// Reads every CUSHARE_* variable through getenv (which returns nullptr for an unset variable).
+// On success fills *out and returns true. On the first invalid variable (checked in the order of
+// ShimConfig's fields) sets *error to one line, `cushare: invalid CUSHARE_X='value': reason`,
+// leaves *out untouched and returns false.
+bool loadShimConfig(const std::function<const char*(const char*)>& getenv, ShimConfig* out,
+                    std::string* error);
+
+// Matches a memory limit to the devices the process sees. Fills (*limits)[ordinal] for every
+// ordinal in 0..deviceCount-1: the limit, or kUnlimited where the spec does not name the device
+// (kNone everywhere; kPerDevice for the devices it leaves out). uuidOf(ordinal, &uuid) gives a
+// device's UUID in the "GPU-<lower-case hex>" form (see formatGpuUuid) or returns false if it
+// cannot be read; it is called only when the spec names a device by UUID. Fails closed, with
+// *error set to one line naming CUSHARE_MEMORY_LIMIT, for an ordinal >= deviceCount, a UUID that
+// matches no visible device, or a device named twice (once by ordinal, once by UUID).
+bool resolveMemoryLimits(const MemoryLimitSpec& spec, int deviceCount,
+                         const std::function<bool(int, std::string*)>& uuidOf,
+                         std::vector<uint64_t>* limits, std::string* error);
+
+// Parsers of single values, shared with the broker. Each returns false with *reason set to a
+// specific reason that quotes the offending part (without the "cushare: invalid ..." prefix).
+bool parseMemoryLimit(std::string_view text, MemoryLimitSpec* out, std::string* reason);
+bool parseTenant(std::string_view text, std::string* out, std::string* reason);
+bool parseThreadPercentage(std::string_view text, int* out, std::string* reason);
+bool parsePriority(std::string_view text, Priority* out, std::string* reason);
+bool parseLedgerDir(std::string_view text, std::string* out, std::string* reason);
+bool parseLogLevel(std::string_view text, LogLevel* out, std::string* reason);
+
+// Every variable loadShimConfig reads. isShimVariable lets the shim find a misspelt CUSHARE_*
+// name in the environment (a typo such as CUSHARE_MEMORY_LIMT would otherwise mean no limit).
+inline constexpr const char* kShimVariables[] = {
+    "CUSHARE_TENANT",   "CUSHARE_MEMORY_LIMIT", "CUSHARE_THREAD_PERCENTAGE",
+    "CUSHARE_PRIORITY", "CUSHARE_LEDGER_DIR",   "CUSHARE_LOG_LEVEL",
+};
+bool isShimVariable(std::string_view name);
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" in lower case, from the 16 bytes of a CUuuid or an
+// NVML UUID, as nvidia-smi prints it.
+std::string formatGpuUuid(const unsigned char bytes[16]);
+
+const char* priorityName(Priority p);  // "high", "normal", "low"
+const char* logLevelName(LogLevel l);  // "error", "warn", "info", "debug", "trace"
+
+}  // namespace cushare

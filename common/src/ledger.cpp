@@ -1,0 +1,612 @@
+// The tenant ledger (see ledger.h for the contract, ledger_abi.h for the layout).
+//
+// Why reserve() is exact without a lock between processes ("announce, then validate"):
+// every access to used[][] and slot_hwm is a sequentially consistent atomic, so all of them fall
+// into one total order S. A reservation r of b bytes on device d by slot s
+//   (1) adds b to used[d][s]          (announce: from now on every sum sees r's intent),
+//   (2) loads slot_hwm, then loads used[d][0..hwm) and sums them,
+//   (3) keeps r if the sum <= limit, else subtracts b again (retract).
+// Take any moment t and the reservations held at t (passed (3), not yet released). Let r* be the
+// one whose (1) comes last in S. Every other held r did its (1) before r*'s (1), and does not
+// subtract its bytes before t, which is after r*'s loads; its slot was claimed, and slot_hwm raised
+// past it, before its (1). So r*'s loads in (2) saw slot_hwm covering every slot involved and
+// counters that include every held reservation's bytes: the sum r* checked is >= the total held
+// at t, and r* was kept, so the total held at t <= limit. Intents that are later retracted only
+// make sums larger (a reservation may be refused spuriously, never granted wrongly), and
+// releases and reaping only lower counters. Of two concurrent reservers, the later to announce
+// sees both intents.
+// Why kill -9 is exact: the counters are the only truth (there is no separate total to update in
+// a second step), so a process killed at any instant leaves in its slot exactly what it holds,
+// its in-flight intent included. The kernel drops the dead process's OFD lock on its slot byte;
+// whoever takes that lock next zeroes the slot. The lock is exclusive, so that happens once, and
+// nobody can claim the slot while it is being zeroed.
+#include "cushare/ledger.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+namespace cushare {
+namespace {
+
+constexpr auto kSeq = std::memory_order_seq_cst;
+
+// Every Ledger of the process (an intrusive list through prev_/next_), so the atfork child handler
+// can drop the inherited descriptors. Guarded by a spin lock that the prepare handler holds across
+// fork (jemalloc's prefork idiom), so the child never sees the list half-changed. Constant-
+// initialised and trivially destructible: no static destructors.
+constinit std::atomic<bool> gRegistryLock{false};
+constinit Ledger* gFirstLedger = nullptr;
+
+void registryLock() noexcept {
+  while (gRegistryLock.exchange(true, std::memory_order_acquire)) ::sched_yield();
+}
+void registryUnlock() noexcept { gRegistryLock.store(false, std::memory_order_release); }
+
+// A reservation refused only because of others' in-flight intents gets this many more tries.
+constexpr int kTransientRetries = 3;
+
+std::string errnoText(const std::string& what, int err) {
+  std::string s = what + ": " + std::strerror(err);
+  if (err == EACCES || err == EPERM)
+    s += " (a ledger belongs to its tenant's user: the directory is mode 0700, the file 0600; run "
+         "the process as that user or let the broker create the ledger)";
+  return s;
+}
+
+void cpuRelax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+uint64_t saturatingAdd(uint64_t a, uint64_t b) noexcept {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+int flockRetry(int fd, int op) noexcept {
+  int r;
+  do r = ::flock(fd, op);
+  while (r != 0 && errno == EINTR);
+  return r;
+}
+
+// 1: we hold slot's lock now (through fd's open file description); 0: another description holds
+// it; -1: error (errno set), e.g. a filesystem or kernel without OFD locks.
+int tryLockSlot(int fd, uint32_t slot) noexcept {
+  struct flock fl = {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = kLedgerSlotLockBase + slot;
+  fl.l_len = 1;
+  int r;
+  do r = ::fcntl(fd, F_OFD_SETLK, &fl);
+  while (r != 0 && errno == EINTR);
+  if (r == 0) return 1;
+  return errno == EAGAIN || errno == EACCES ? 0 : -1;
+}
+
+void unlockSlot(int fd, uint32_t slot) noexcept {
+  struct flock fl = {};
+  fl.l_type = F_UNLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = kLedgerSlotLockBase + slot;
+  fl.l_len = 1;
+  ::fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+// mkdir -p; only the ledger directory itself gets 0700 (as `mkdir -p -m 0700`).
+bool makeDirs(const std::string& dir, std::string* err) {
+  for (size_t i = 1; i < dir.size(); ++i)
+    if (dir[i] == '/') ::mkdir(dir.substr(0, i).c_str(), 0755);  // errors: the last mkdir says
+  if (::mkdir(dir.c_str(), 0700) == 0) return true;
+  const int e = errno;
+  struct stat st;
+  if (e == EEXIST && ::stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return true;
+    *err = "ledger directory " + dir + " exists and is not a directory";
+    return false;
+  }
+  *err = errnoText("cannot create ledger directory " + dir, e);
+  return false;
+}
+
+template <class T>
+T fieldAt(const unsigned char* raw, size_t offset) {
+  T v;
+  std::memcpy(&v, raw + offset, sizeof(v));
+  return v;
+}
+
+std::string printable(const char* s, size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n && s[i] != '\0'; ++i)
+    out += (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
+  return out;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
+  return buf;
+}
+
+// Checks an existing header (read with pread, never mapped before it passed). Returns "" or the
+// reason, naming the field.
+std::string checkHeader(const unsigned char* raw, uint64_t fileBytes, const std::string& tenant) {
+  auto u32 = [&](size_t off) { return fieldAt<uint32_t>(raw, off); };
+  auto u64 = [&](size_t off) { return fieldAt<uint64_t>(raw, off); };
+  auto mismatch = [](const char* field, uint64_t got, uint64_t want) {
+    return std::string("field '") + field + "' is " + std::to_string(got) + ", expected " +
+           std::to_string(want);
+  };
+  if (const uint64_t m = u64(offsetof(LedgerHeader, magic)); m != kLedgerMagic)
+    return "field 'magic' is " + hex64(m) + ", expected " + hex64(kLedgerMagic) +
+           " (\"CUSHLDG\"): not a cushare ledger";
+  if (const uint32_t v = u32(offsetof(LedgerHeader, version)); v != kLedgerVersion)
+    return mismatch("version", v, kLedgerVersion) + " (this cushare reads layout version " +
+           std::to_string(kLedgerVersion) + " only)";
+  if (const uint32_t v = u32(offsetof(LedgerHeader, header_size)); v != sizeof(LedgerHeader))
+    return mismatch("header_size", v, sizeof(LedgerHeader));
+  if (const uint64_t v = u64(offsetof(LedgerHeader, file_size)); v != kLedgerFileSize)
+    return mismatch("file_size", v, kLedgerFileSize);
+  if (fileBytes != kLedgerFileSize)
+    return "field 'file_size' says " + std::to_string(kLedgerFileSize) + " bytes but the file has " +
+           std::to_string(fileBytes) + " (truncated or extended)";
+  if (const uint32_t v = u32(offsetof(LedgerHeader, max_devices)); v != kLedgerMaxDevices)
+    return mismatch("max_devices", v, kLedgerMaxDevices);
+  if (const uint32_t v = u32(offsetof(LedgerHeader, max_slots)); v != kLedgerMaxSlots)
+    return mismatch("max_slots", v, kLedgerMaxSlots);
+  const char* name = reinterpret_cast<const char*>(raw + offsetof(LedgerHeader, tenant));
+  if (std::memchr(name, '\0', kLedgerTenantBytes) == nullptr || tenant != name)
+    return "field 'tenant' is \"" + printable(name, kLedgerTenantBytes) + "\", expected \"" +
+           tenant + "\"";
+  return "";
+}
+
+// Writes a fresh header into a zero-filled mapping; the magic goes last.
+void initialise(void* base, const std::string& tenant) {
+  auto* h = static_cast<LedgerHeader*>(base);
+  h->version = kLedgerVersion;
+  h->header_size = sizeof(LedgerHeader);
+  h->file_size = kLedgerFileSize;
+  h->max_devices = kLedgerMaxDevices;
+  h->max_slots = kLedgerMaxSlots;
+  std::memcpy(h->tenant, tenant.data(), tenant.size());  // validated: < kLedgerTenantBytes
+  std::atomic_ref<uint64_t>(h->magic).store(kLedgerMagic, std::memory_order_release);
+}
+
+}  // namespace
+
+bool Ledger::validTenantName(std::string_view tenant, std::string* err) {
+  if (tenant.empty() || tenant.size() >= kLedgerTenantBytes) {
+    if (err)
+      *err = "tenant name must have 1 to " + std::to_string(kLedgerTenantBytes - 1) +
+             " characters, got " + std::to_string(tenant.size());
+    return false;
+  }
+  for (char c : tenant) {
+    const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      if (err) {
+        char code[8];
+        std::snprintf(code, sizeof(code), "0x%02x", static_cast<unsigned char>(c));
+        *err = "tenant name \"" + printable(tenant.data(), tenant.size()) + "\": character " +
+               code + " is not allowed (use A-Z a-z 0-9 . _ -)";
+      }
+      return false;
+    }
+  }
+  return true;
+}
+
+std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& tenant,
+                                     std::string* err) {
+  std::string ignored;
+  if (err == nullptr) err = &ignored;
+  if (!validTenantName(tenant, err)) return nullptr;
+  if (dir.empty()) {
+    *err = "ledger directory is empty (CUSHARE_LEDGER_DIR)";
+    return nullptr;
+  }
+  if (!makeDirs(dir, err)) return nullptr;
+  const std::string path = dir + "/" + tenant + ".ledger";
+
+  // O_NOFOLLOW: the directory may be shared; never follow a link planted in it.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  const bool created = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    *err = errno == ELOOP ? "ledger " + path + " is a symbolic link: refused"
+                          : errnoText("cannot open ledger " + path, errno);
+    return nullptr;
+  }
+  if (created) ::fchmod(fd, 0600);  // exactly 0600 whatever the umask
+  auto fail = [&](std::string why, void* map) {
+    *err = std::move(why);
+    if (map != nullptr) ::munmap(map, kLedgerFileSize);
+    ::close(fd);  // also drops the flock
+    return nullptr;
+  };
+
+  // Creation and validation are serialised by flock on the file (init path only). Whoever holds
+  // it first initialises; every later opener validates the finished header under the same lock.
+  if (flockRetry(fd, LOCK_EX) != 0) return fail(errnoText("cannot flock ledger " + path, errno), nullptr);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return fail(errnoText("cannot stat ledger " + path, errno), nullptr);
+  if (!S_ISREG(st.st_mode)) return fail("ledger " + path + " is not a regular file", nullptr);
+  alignas(8) unsigned char raw[sizeof(LedgerHeader)] = {};
+  const size_t want = std::min<uint64_t>(static_cast<uint64_t>(st.st_size), sizeof(raw));
+  for (size_t got = 0; got < want;) {
+    const ssize_t n = ::pread(fd, raw + got, want - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail(errnoText("cannot read ledger " + path, n < 0 ? errno : EIO), nullptr);
+    got += static_cast<size_t>(n);
+  }
+  // The magic is written last, so a full-size file without it is a creation that never finished
+  // (its creator died holding the flock): nobody can have used it, start over. Any other file
+  // without the magic is refused like any foreign file.
+  const uint64_t bytes = static_cast<uint64_t>(st.st_size);
+  const bool empty = bytes == 0;
+  const bool unfinished =
+      bytes == kLedgerFileSize && fieldAt<uint64_t>(raw, offsetof(LedgerHeader, magic)) == 0;
+  if (empty) {
+    if (::ftruncate(fd, kLedgerFileSize) != 0)
+      return fail(errnoText("cannot size ledger " + path, errno), nullptr);
+  } else if (!unfinished) {
+    if (std::string why = checkHeader(raw, bytes, tenant); !why.empty())
+      return fail("ledger " + path + ": " + why +
+                      " (written by another cushare version, or damaged; remove it when no "
+                      "process of tenant \"" + tenant + "\" runs)",
+                  nullptr);
+  }
+  void* map = ::mmap(nullptr, kLedgerFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return fail(errnoText("cannot map ledger " + path, errno), nullptr);
+  if (unfinished) std::memset(map, 0, kLedgerFileSize);
+  if (empty || unfinished) initialise(map, tenant);
+  flockRetry(fd, LOCK_UN);
+
+  std::unique_ptr<Ledger> l(new Ledger);
+  l->path_ = path;
+  l->tenant_ = tenant;
+  l->hdr_ = static_cast<LedgerHeader*>(map);
+  l->used_ = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(map) + kLedgerUsedOffset);
+  l->pid_ = reinterpret_cast<std::atomic<int32_t>*>(static_cast<char*>(map) + kLedgerPidOffset);
+  l->fd_ = fd;  // from here on, ~Ledger unmaps and closes
+  l->fileDev_ = st.st_dev;
+  l->fileIno_ = st.st_ino;
+  l->registerSelf();
+  l->lockLocal();
+  const int slot = l->claimSlotLocked(err);
+  l->unlockLocal();
+  if (slot < 0) return nullptr;
+  return l;
+}
+
+Ledger::~Ledger() {
+  unregisterSelf();
+  const int s = slot_.load(kSeq);
+  if (s >= 0) {
+    // Return what this process still holds, as if it had died (the counters are the truth, so the
+    // order is: usage, then pid, then the lock).
+    for (uint32_t d = 0; d < kLedgerMaxDevices; ++d) usedAt(static_cast<int>(d), s).store(0, kSeq);
+    pid_[s].store(0, kSeq);
+  }
+  if (hdr_ != nullptr) ::munmap(hdr_, kLedgerFileSize);
+  if (fd_ >= 0) ::close(fd_);  // drops the slot lock
+}
+
+// ---- Registry and fork ----
+
+void Ledger::registerSelf() noexcept {
+  static const bool handlers =
+      (::pthread_atfork(&Ledger::onForkPrepare, &Ledger::onForkParent, &Ledger::onForkChild), true);
+  (void)handlers;
+  registryLock();
+  next_ = gFirstLedger;
+  if (next_ != nullptr) next_->prev_ = this;
+  gFirstLedger = this;
+  registryUnlock();
+}
+
+void Ledger::unregisterSelf() noexcept {
+  registryLock();
+  if (prev_ != nullptr) prev_->next_ = next_;
+  if (next_ != nullptr) next_->prev_ = prev_;
+  if (gFirstLedger == this) gFirstLedger = next_;
+  prev_ = next_ = nullptr;
+  registryUnlock();
+}
+
+void Ledger::onForkPrepare() noexcept { registryLock(); }
+void Ledger::onForkParent() noexcept { registryUnlock(); }
+
+void Ledger::onForkChild() noexcept {
+  // Runs in the child right after fork, on its only thread; async-signal-safe calls only.
+  for (Ledger* l = gFirstLedger; l != nullptr; l = l->next_) l->forgetParentSlot();
+  registryUnlock();
+}
+
+void Ledger::forgetParentSlot() noexcept {
+  // The child shares its parent's open file description, hence the parent's slot lock: using it
+  // would make the two one process in the ledger. Close the child's reference (OFD locks live until
+  // the description's last close, so the parent keeps its lock; and a parent that dies before this
+  // child can be reaped). The child claims its own slot on first use. A parent thread that held
+  // lock_ at the fork does not exist here: reset it.
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  slot_.store(-1, std::memory_order_relaxed);
+  lock_.store(false, std::memory_order_relaxed);
+}
+
+// ---- Slow path (process-local lock) ----
+
+void Ledger::lockLocal() noexcept {
+  while (lock_.exchange(true, std::memory_order_acquire))
+    while (lock_.load(std::memory_order_relaxed)) ::sched_yield();
+}
+
+void Ledger::unlockLocal() noexcept { lock_.store(false, std::memory_order_release); }
+
+int Ledger::ensureSlotLocked(std::string* err) noexcept {
+  const int s = slot_.load(std::memory_order_relaxed);
+  if (s >= 0) return s;
+  if (fd_ < 0) {  // a forked child: a description of its own
+    const int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+      if (err) *err = errnoText("cannot reopen ledger " + path_, errno);
+      if (fd >= 0) ::close(fd);
+      return -1;
+    }
+    if (st.st_dev != fileDev_ || st.st_ino != fileIno_) {
+      // Locking bytes of another file than the one mapped would protect nothing.
+      if (err) *err = "ledger " + path_ + " was replaced since this process mapped it";
+      ::close(fd);
+      return -1;
+    }
+    fd_ = fd;
+  }
+  return claimSlotLocked(err);
+}
+
+int Ledger::claimSlotLocked(std::string* err) noexcept {
+  const int32_t pid = static_cast<int32_t>(::getpid());
+  for (uint32_t s = 0; s < kLedgerMaxSlots; ++s) {
+    const int r = tryLockSlot(fd_, s);
+    if (r < 0) {
+      if (err)
+        *err = errnoText("cannot lock a process slot of ledger " + path_ +
+                             " (the ledger directory needs a local filesystem with OFD locks, "
+                             "Linux >= 3.15)",
+                         errno);
+      return -1;
+    }
+    if (r == 0) continue;  // a live process's slot
+    const int slot = static_cast<int>(s);
+    // Ours now. A previous owner that died and was not reaped yet left its usage: return it.
+    for (uint32_t d = 0; d < kLedgerMaxDevices; ++d) usedAt(static_cast<int>(d), slot).store(0, kSeq);
+    pid_[s].store(pid, kSeq);
+    // Raise slot_hwm past us before our first announce (the correctness argument needs it).
+    uint32_t hwm = hdr_->slot_hwm.load(kSeq);
+    while (hwm < s + 1 && !hdr_->slot_hwm.compare_exchange_weak(hwm, s + 1, kSeq)) {
+    }
+    slot_.store(slot, std::memory_order_release);
+    return slot;
+  }
+  if (err)
+    *err = "ledger " + path_ + ": all " + std::to_string(kLedgerMaxSlots) +
+           " process slots are held by live processes of the tenant";
+  return -1;
+}
+
+int Ledger::reapDeadLocked() noexcept {
+  if (fd_ < 0) return 0;
+  const int own = slot_.load(std::memory_order_relaxed);
+  auto occupied = [&](uint32_t s) {
+    if (pid_[s].load(kSeq) != 0) return true;
+    for (uint32_t d = 0; d < kLedgerMaxDevices; ++d)
+      if (usedAt(static_cast<int>(d), static_cast<int>(s)).load(kSeq) != 0) return true;
+    return false;
+  };
+  int reaped = 0;
+  const uint32_t hwm = slotHwm();
+  for (uint32_t s = 0; s < hwm; ++s) {
+    // Our own lock byte would be "taken" again through our own description: never reap ourselves.
+    if (static_cast<int>(s) == own || !occupied(s)) continue;
+    if (tryLockSlot(fd_, s) != 1) continue;  // alive, or being claimed or reaped by another
+    // We hold a dead owner's lock: nobody else can claim or reap this slot until we unlock, so
+    // its usage is returned exactly once. Re-check: another reaper may have finished just before.
+    if (occupied(s)) {
+      for (uint32_t d = 0; d < kLedgerMaxDevices; ++d)
+        usedAt(static_cast<int>(d), static_cast<int>(s)).store(0, kSeq);
+      pid_[s].store(0, kSeq);
+      ++reaped;
+    }
+    unlockSlot(fd_, s);
+  }
+  return reaped;
+}
+
+int Ledger::reapDead() noexcept {
+  lockLocal();
+  const int n = ensureSlotLocked(nullptr) >= 0 ? reapDeadLocked() : 0;
+  unlockLocal();
+  return n;
+}
+
+// ---- Devices ----
+
+int Ledger::deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err) noexcept {
+  auto find = [&]() {
+    for (uint32_t i = 0; i < kLedgerMaxDevices; ++i) {
+      const LedgerDevice& e = hdr_->devices[i];
+      if (e.state.load(std::memory_order_acquire) == kLedgerDeviceReady &&
+          std::memcmp(e.uuid, uuid, sizeof(e.uuid)) == 0)
+        return static_cast<int>(i);
+    }
+    return -1;
+  };
+  if (const int i = find(); i >= 0) return i;  // lock-free when known
+  lockLocal();
+  int result = -1;
+  if (ensureSlotLocked(err) >= 0) {
+    if (flockRetry(fd_, LOCK_EX) != 0) {
+      if (err) *err = errnoText("cannot flock ledger " + path_, errno);
+    } else {
+      result = find();  // another process may have added it meanwhile
+      for (uint32_t i = 0; result < 0 && i < kLedgerMaxDevices; ++i) {
+        LedgerDevice& e = hdr_->devices[i];
+        if (e.state.load(std::memory_order_acquire) != kLedgerDeviceFree) continue;
+        std::memcpy(e.uuid, uuid, sizeof(e.uuid));
+        e.limit.store(limitIfNew, kSeq);
+        e.peak.store(0, kSeq);
+        e.denied.store(0, kSeq);
+        e.state.store(kLedgerDeviceReady, std::memory_order_release);  // publishes the entry
+        result = static_cast<int>(i);
+      }
+      if (result < 0 && err)
+        *err = "ledger " + path_ + ": all " + std::to_string(kLedgerMaxDevices) +
+               " device entries are in use";
+      flockRetry(fd_, LOCK_UN);
+    }
+  }
+  unlockLocal();
+  return result;
+}
+
+uint64_t Ledger::limit(int dev) const noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
+  return hdr_->devices[dev].limit.load(std::memory_order_acquire);
+}
+
+void Ledger::setLimit(int dev, uint64_t bytes) noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return;
+  hdr_->devices[dev].limit.store(bytes, std::memory_order_release);
+}
+
+// ---- Hot path: atomics only ----
+
+uint32_t Ledger::slotHwm() const noexcept {
+  // Clamped: the file is writable by every process of the tenant; never index past the table.
+  return std::min(hdr_->slot_hwm.load(kSeq), kLedgerMaxSlots);
+}
+
+uint64_t Ledger::sumUsed(int dev) const noexcept {
+  const uint32_t hwm = slotHwm();
+  const std::atomic<uint64_t>* row = &usedAt(dev, 0);
+  uint64_t sum = 0;
+  for (uint32_t s = 0; s < hwm; ++s) sum = saturatingAdd(sum, row[s].load(kSeq));
+  return sum;
+}
+
+bool Ledger::announceAndValidate(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept {
+  std::atomic<uint64_t>& mine = usedAt(dev, slot);
+  mine.fetch_add(bytes, kSeq);          // (1) announce
+  const uint64_t sum = sumUsed(dev);    // (2) validate: includes every intent announced before ours
+  if (sum > limit) {
+    mine.fetch_sub(bytes, kSeq);        // (3) retract
+    return false;
+  }
+  std::atomic<uint64_t>& peak = hdr_->devices[dev].peak;
+  uint64_t p = peak.load(std::memory_order_relaxed);
+  while (sum > p && !peak.compare_exchange_weak(p, sum, std::memory_order_relaxed)) {
+  }
+  return true;
+}
+
+bool Ledger::reserve(int dev, uint64_t bytes, uint64_t limit) noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return false;
+  if (bytes == 0) return true;
+  int slot = slot_.load(std::memory_order_acquire);
+  if (slot < 0) {  // first use in a forked child: claim its own slot (system calls, once)
+    lockLocal();
+    slot = ensureSlotLocked(nullptr);
+    unlockLocal();
+    if (slot < 0) {
+      hdr_->devices[dev].denied.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+  }
+  if (bytes <= limit && announceAndValidate(dev, slot, bytes, limit)) return true;
+  return reserveSlow(dev, slot, bytes, limit);
+}
+
+bool Ledger::reserveSlow(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept {
+  if (bytes <= limit) {
+    // (a) Dead processes: return what they hold, then try again. The only system calls on the
+    // reservation path, and only on the way to a denial.
+    if (reapDead() > 0 && announceAndValidate(dev, slot, bytes, limit)) return true;
+    // (b) The excess may be other processes' intents in flight (announced, about to be retracted).
+    // Pause briefly and try again, but only when what is held now leaves room. Bounded: a real
+    // shortage is denied after a few microseconds. The last pause yields the CPU, in case the
+    // other reserver was preempted inside its window.
+    for (int i = 0; i < kTransientRetries; ++i) {
+      if (i + 1 < kTransientRetries) {
+        for (int k = 0; k < (64 << i); ++k) cpuRelax();
+      } else {
+        ::sched_yield();
+      }
+      if (sumUsed(dev) <= limit - bytes && announceAndValidate(dev, slot, bytes, limit)) return true;
+    }
+  }
+  hdr_->devices[dev].denied.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+void Ledger::release(int dev, uint64_t bytes) noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices || bytes == 0) return;
+  const int slot = slot_.load(std::memory_order_acquire);
+  if (slot < 0) return;  // a forked child before its first reservation: the memory is the parent's
+  // A CAS clamped at zero instead of a bare fetch_sub: releasing more than was reserved is a caller
+  // bug, and a wrapped counter would make every sum huge and deny the whole tenant until this
+  // process exits. Only this process's threads write its slot, so the loop rarely repeats.
+  std::atomic<uint64_t>& mine = usedAt(dev, slot);
+  uint64_t cur = mine.load(std::memory_order_relaxed);
+  while (!mine.compare_exchange_weak(cur, cur >= bytes ? cur - bytes : 0, kSeq,
+                                     std::memory_order_relaxed)) {
+  }
+}
+
+uint64_t Ledger::used(int dev) const noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
+  return sumUsed(dev);
+}
+
+uint64_t Ledger::peak(int dev) const noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
+  return hdr_->devices[dev].peak.load(std::memory_order_relaxed);
+}
+
+uint64_t Ledger::denied(int dev) const noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
+  return hdr_->devices[dev].denied.load(std::memory_order_relaxed);
+}
+
+std::vector<Ledger::ProcUsage> Ledger::processes(int dev) {
+  std::vector<ProcUsage> out;
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return out;
+  reapDead();
+  const uint32_t hwm = slotHwm();
+  for (uint32_t s = 0; s < hwm; ++s) {
+    const int32_t pid = pid_[s].load(kSeq);
+    if (pid != 0) out.push_back({pid, usedAt(dev, static_cast<int>(s)).load(kSeq)});
+  }
+  return out;
+}
+
+}  // namespace cushare

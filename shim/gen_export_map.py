@@ -1,0 +1,17 @@
+#!/usr/bin/env python3
+"""Writes libcushare's linker version script from the hook tables: exactly the hooked symbols and
+dlsym are exported; everything else is local (no version node: an unversioned dlsym and cu*
+symbols satisfy the versioned and unversioned references of every caller)."""
+import re
+import sys
+
+*defs, out = sys.argv[1:]
+names = ["dlsym"]
+for d in defs:
+    for m in re.finditer(r"^CUSHARE_(?:DRIVER|NVML)_HOOK\((\w+)", open(d).read(), re.M):
+        names.append(m.group(1))
+with open(out, "w") as f:
+    f.write("{\n  global:\n")
+    for n in names:
+        f.write(f"    {n};\n")
+    f.write("  local:\n    *;\n};\n")

@@ -1,0 +1,54 @@
+// The real driver and NVML behind the shim: loaded with dlopen (libcuda.so.1, and lazily
+// libnvidia-ml.so.1), entry points resolved through the real dlsym on those handles, so the shim
+// never calls one of its own wrappers by accident. Every pointer may be null (a symbol the
+// installed driver lacks): callers check, and nothing ever calls through null.
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+#include "simgpu/nvml.h"
+
+namespace cushare::shim {
+
+struct RealDriver {
+  void* handle = nullptr;
+#define CUSHARE_DRIVER_HOOK(sym, base, ver, pt, params, args) CUresult(*p_##sym) params = nullptr;
+#include "hooks.def"
+#undef CUSHARE_DRIVER_HOOK
+  // Unhooked entry points the policy needs.
+  CUresult (*p_cuCtxGetDevice)(CUdevice*) = nullptr;
+  CUresult (*p_cuDeviceGetCount)(int*) = nullptr;
+  CUresult (*p_cuDeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*p_cuDeviceGetUuid_v2)(CUuuid*, CUdevice) = nullptr;
+  CUresult (*p_cuMipmappedArrayGetLevel)(CUarray*, CUmipmappedArray, unsigned) = nullptr;
+  CUresult (*p_cuArray3DGetDescriptor_v2)(CUDA_ARRAY3D_DESCRIPTOR*, CUarray) = nullptr;
+};
+
+struct RealNvml {
+  void* handle = nullptr;
+#define CUSHARE_NVML_HOOK(sym, params, args) nvmlReturn_t(*p_##sym) params = nullptr;
+#include "nvml_hooks.def"
+#undef CUSHARE_NVML_HOOK
+  nvmlReturn_t (*p_nvmlDeviceGetUUID)(nvmlDevice_t, char*, unsigned) = nullptr;
+};
+
+RealDriver& realDriver();
+RealNvml& realNvml();
+
+// The real dlsym (the shim exports its own).
+void* realDlsym(void* handle, const char* name) noexcept;
+
+// Loads libcuda.so.1 and resolves every hooked and needed symbol. Idempotent.
+bool loadRealDriver(std::string* error) noexcept;
+// Loads libnvidia-ml.so.1 if present; false if NVML is not installed (the shim works without it).
+bool loadRealNvml() noexcept;
+
+// Lookup used by cuGetProcAddress and dlsym: the shim's wrapper for a real entry point, or null
+// when the pointer is not one the shim hooks.
+void* wrapperForReal(void* realFn) noexcept;
+// The shim's wrapper for an exported symbol name, or null.
+void* wrapperForSymbol(const char* name) noexcept;
+
+}  // namespace cushare::shim

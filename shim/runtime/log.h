@@ -1,0 +1,23 @@
+// The shim's log facade: one line per call, written with a single write(2) to stderr from a stack
+// buffer, so it is safe before main, inside a forked child and while cudart tears down (no
+// allocation, no locks, no static objects). Messages carry the "cushare:" prefix.
+#pragma once
+
+#include <atomic>
+
+namespace cushare::shim {
+
+enum class LogLevel : int { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3, kTrace = 4 };
+
+// Set once from CUSHARE_LOG_LEVEL at init; readable from any thread.
+inline std::atomic<int> gLogLevel{static_cast<int>(LogLevel::kWarn)};
+
+void logLine(LogLevel level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
+
+#define CUSHARE_LOG(level, ...)                                                                  \
+  do {                                                                                           \
+    if (static_cast<int>(level) <= ::cushare::shim::gLogLevel.load(std::memory_order_relaxed)) \
+      ::cushare::shim::logLine(level, __VA_ARGS__);                                              \
+  } while (0)
+
+}  // namespace cushare::shim

@@ -1,0 +1,212 @@
+// libcushare.so end to end on simgpu, through the driver API: run with LD_PRELOAD of the shim
+// (see CMakeLists.txt for the environment of each registration). The program links libcuda
+// directly (road 1: exported symbols) and also reaches the driver through cuGetProcAddress
+// (road 2) and dlsym on a libcuda handle (road 3); every road must be limited.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "simgpu/nvml.h"
+
+namespace {
+
+constexpr size_t kMiB = 1ull << 20;
+constexpr size_t kLimit = 256 * kMiB;
+
+#define CU_ASSERT(x) ASSERT_EQ(CUDA_SUCCESS, (x)) << #x
+
+class Ctx : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CU_ASSERT(cuInit(0));
+    CUdevice dev;
+    CU_ASSERT(cuDeviceGet(&dev, 0));
+    CU_ASSERT(cuDevicePrimaryCtxRetain(&ctx_, dev));
+    CU_ASSERT(cuCtxSetCurrent(ctx_));
+  }
+  void TearDown() override { cuDevicePrimaryCtxRelease(0); }
+  static size_t freeMem() {
+    size_t f = 0, t = 0;
+    EXPECT_EQ(CUDA_SUCCESS, cuMemGetInfo(&f, &t));
+    return f;
+  }
+  static size_t totalMem() {
+    size_t f = 0, t = 0;
+    EXPECT_EQ(CUDA_SUCCESS, cuMemGetInfo(&f, &t));
+    return t;
+  }
+  CUcontext ctx_ = nullptr;
+};
+
+using Limited = Ctx;
+using Unlimited = Ctx;
+
+TEST_F(Limited, TenantViewIsTheLimit) {
+  EXPECT_EQ(kLimit, totalMem());
+  EXPECT_EQ(kLimit, freeMem());
+  size_t total = 0;
+  CU_ASSERT(cuDeviceTotalMem(&total, 0));
+  EXPECT_EQ(kLimit, total);
+}
+
+TEST_F(Limited, PlainAllocationsStopAtTheLimit) {
+  CUdeviceptr a = 0, b = 0;
+  CU_ASSERT(cuMemAlloc(&a, 200 * kMiB));
+  EXPECT_EQ(56 * kMiB, freeMem());
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&b, 57 * kMiB));
+  CU_ASSERT(cuMemAlloc(&b, 56 * kMiB));  // exactly to the limit
+  EXPECT_EQ(0u, freeMem());
+  CUdeviceptr c = 0;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&c, 1));
+  CU_ASSERT(cuMemFree(a));
+  CU_ASSERT(cuMemFree(b));
+  EXPECT_EQ(kLimit, freeMem());
+}
+
+TEST_F(Limited, PitchedAndManagedAreCounted) {
+  CUdeviceptr p = 0, m = 0;
+  size_t pitch = 0;
+  CU_ASSERT(cuMemAllocPitch(&p, &pitch, 1000, 1024, 4));
+  EXPECT_EQ(kLimit - pitch * 1024, freeMem());
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAllocManaged(&m, kLimit, CU_MEM_ATTACH_GLOBAL));
+  CU_ASSERT(cuMemAllocManaged(&m, 64 * kMiB, CU_MEM_ATTACH_GLOBAL));
+  EXPECT_EQ(kLimit - pitch * 1024 - 64 * kMiB, freeMem());
+  CU_ASSERT(cuMemFree(p));
+  CU_ASSERT(cuMemFree(m));
+  EXPECT_EQ(kLimit, freeMem());
+}
+
+TEST_F(Limited, StreamOrderedAllocationsAreCounted) {
+  CUstream s;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a = 0, b = 0;
+  CU_ASSERT(cuMemAllocAsync(&a, 128 * kMiB, s));
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAllocAsync(&b, 129 * kMiB, s));
+  CUmemoryPool pool;
+  CU_ASSERT(cuDeviceGetDefaultMemPool(&pool, 0));
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAllocFromPoolAsync(&b, 129 * kMiB, pool, s));
+  CU_ASSERT(cuMemAllocFromPoolAsync(&b, 128 * kMiB, pool, s));
+  CU_ASSERT(cuMemFreeAsync(a, s));
+  CU_ASSERT(cuMemFreeAsync(b, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  EXPECT_EQ(kLimit, freeMem());
+  CU_ASSERT(cuStreamDestroy(s));
+}
+
+TEST_F(Limited, VirtualMemoryIsCountedUntilReleasedAndUnmapped) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  const size_t piece = 2 * kMiB;
+  std::vector<CUmemGenericAllocationHandle> handles;
+  CUmemGenericAllocationHandle h;
+  CUresult r;
+  while ((r = cuMemCreate(&h, piece, &prop, 0)) == CUDA_SUCCESS) handles.push_back(h);
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, r);
+  EXPECT_EQ(kLimit / piece, handles.size());
+  // Map one, release its handle: still counted while mapped.
+  CUdeviceptr va;
+  CU_ASSERT(cuMemAddressReserve(&va, piece, 0, 0, 0));
+  CU_ASSERT(cuMemMap(va, piece, 0, handles[0], 0));
+  for (auto x : handles) CU_ASSERT(cuMemRelease(x));
+  EXPECT_EQ(kLimit - piece, freeMem());
+  CU_ASSERT(cuMemUnmap(va, piece));
+  EXPECT_EQ(kLimit, freeMem());
+  CU_ASSERT(cuMemAddressFree(va, piece));
+}
+
+TEST_F(Limited, ArraysAreCounted) {
+  CUDA_ARRAY3D_DESCRIPTOR d = {};
+  d.Width = 4096;
+  d.Height = 4096;
+  d.Depth = 8;
+  d.Format = CU_AD_FORMAT_FLOAT;
+  d.NumChannels = 1;  // 512 MiB: over the limit
+  CUarray a;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuArray3DCreate(&a, &d));
+  d.Depth = 2;  // 128 MiB
+  CU_ASSERT(cuArray3DCreate(&a, &d));
+  EXPECT_EQ(kLimit - 128 * kMiB, freeMem());
+  CU_ASSERT(cuArrayDestroy(a));
+  EXPECT_EQ(kLimit, freeMem());
+}
+
+TEST_F(Limited, EveryRoadIsLimited) {
+  // Road 2: cuGetProcAddress at the version cudart uses.
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult st;
+  CU_ASSERT(cuGetProcAddress("cuMemAlloc", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  ASSERT_NE(nullptr, fn);
+  auto viaProc = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(fn);
+  CUdeviceptr p = 0;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, viaProc(&p, kLimit + 1));
+  // The per-thread variant asked for is the per-thread variant wrapped.
+  void* pt = nullptr;
+  CU_ASSERT(cuGetProcAddress("cuMemAllocAsync", &pt, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st));
+  EXPECT_EQ(dlsym(RTLD_DEFAULT, "cuMemAllocAsync_ptsz"), pt);
+  // Road 3: dlsym on a handle to libcuda, as cuBLASLt does.
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(nullptr, h);
+  auto viaDlsym = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(dlsym(h, "cuMemAlloc_v2"));
+  ASSERT_NE(nullptr, viaDlsym);
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, viaDlsym(&p, kLimit + 1));
+  // An unhooked symbol still comes from the driver itself.
+  EXPECT_NE(nullptr, dlsym(h, "cuStreamCreate"));
+  EXPECT_EQ(nullptr, dlsym(h, "cuNoSuchFunction"));
+  dlclose(h);
+}
+
+TEST_F(Limited, NvmlReportsTheTenantView) {
+  ASSERT_EQ(NVML_SUCCESS, nvmlInit_v2());
+  nvmlDevice_t d;
+  ASSERT_EQ(NVML_SUCCESS, nvmlDeviceGetHandleByIndex_v2(0, &d));
+  CUdeviceptr p = 0;
+  CU_ASSERT(cuMemAlloc(&p, 100 * kMiB));
+  nvmlMemory_t m;
+  ASSERT_EQ(NVML_SUCCESS, nvmlDeviceGetMemoryInfo(d, &m));
+  EXPECT_EQ(kLimit, m.total);
+  EXPECT_EQ(kLimit - 100 * kMiB, m.free);
+  EXPECT_EQ(100 * kMiB, m.used);
+  CU_ASSERT(cuMemFree(p));
+  nvmlShutdown();
+}
+
+TEST_F(Unlimited, NothingChangesWithoutALimit) {
+  EXPECT_EQ(4096 * kMiB, totalMem());
+  CUdeviceptr a = 0;
+  CU_ASSERT(cuMemAlloc(&a, 3 * 1024 * kMiB));
+  CU_ASSERT(cuMemFree(a));
+}
+
+// Runs cuInit with stderr captured: it must fail and say which variable is wrong.
+TEST(BadConfig, CuInitFailsNamingTheVariable) {
+  const char* bad = std::getenv("EXPECT_BAD_VARIABLE");
+  ASSERT_NE(nullptr, bad);
+  const std::string var(bad, std::strchr(bad, '=') - bad);
+  int fds[2];
+  ASSERT_EQ(0, pipe(fds));
+  const int saved = dup(2);
+  dup2(fds[1], 2);
+  const CUresult r = cuInit(0);
+  CUdeviceptr p = 0;
+  const CUresult a = cuMemAlloc(&p, 1);
+  dup2(saved, 2);
+  close(fds[1]);
+  char buf[4096] = {};
+  const ssize_t n = read(fds[0], buf, sizeof buf - 1);
+  close(fds[0]);
+  EXPECT_NE(CUDA_SUCCESS, r);
+  EXPECT_NE(CUDA_SUCCESS, a) << "no allocation may succeed once the configuration was refused";
+  ASSERT_GT(n, 0);
+  EXPECT_NE(nullptr, std::strstr(buf, var.c_str())) << buf;
+  std::fprintf(stderr, "%s", buf);
+}
+
+}  // namespace

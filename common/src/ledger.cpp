@@ -274,8 +274,25 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
                       "process of tenant \"" + tenant + "\" runs)",
                   nullptr);
   }
-  void* map = ::mmap(nullptr, kLedgerFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (map == MAP_FAILED) return fail(errnoText("cannot map ledger " + path, errno), nullptr);
+  // Map through a second open file description, never the one that holds the slot lock: a
+  // mapping keeps its description alive, and it is inherited by fork, so a forked child would
+  // keep the parent's slot locked after the parent died (its usage never reaped) however the
+  // child closed its descriptors.
+  const int mapFd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  struct stat mapSt;
+  if (mapFd < 0 || ::fstat(mapFd, &mapSt) != 0) {
+    const int e = errno;
+    if (mapFd >= 0) ::close(mapFd);
+    return fail(errnoText("cannot open ledger " + path, e), nullptr);
+  }
+  if (mapSt.st_dev != st.st_dev || mapSt.st_ino != st.st_ino) {
+    ::close(mapFd);
+    return fail("ledger " + path + " was replaced while it was being opened", nullptr);
+  }
+  void* map = ::mmap(nullptr, kLedgerFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, mapFd, 0);
+  const int mapErrno = errno;
+  ::close(mapFd);  // the mapping keeps what it needs
+  if (map == MAP_FAILED) return fail(errnoText("cannot map ledger " + path, mapErrno), nullptr);
   if (unfinished) std::memset(map, 0, kLedgerFileSize);
   if (empty || unfinished) initialise(map, tenant);
   flockRetry(fd, LOCK_UN);
@@ -344,8 +361,9 @@ void Ledger::onForkChild() noexcept {
 void Ledger::forgetParentSlot() noexcept {
   // The child shares its parent's open file description, hence the parent's slot lock: using it
   // would make the two one process in the ledger. Close the child's reference (OFD locks live until
-  // the description's last close, so the parent keeps its lock; and a parent that dies before this
-  // child can be reaped). The child claims its own slot on first use. A parent thread that held
+  // the description's last reference goes, so the parent keeps its lock; and a parent that dies
+  // before this child can be reaped: the mapping the child inherited holds another description,
+  // see open()). The child claims its own slot on first use. A parent thread that held
   // lock_ at the fork does not exist here: reset it.
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

@@ -110,6 +110,13 @@ bool loadRealDriver(std::string* error) noexcept {
       reinterpret_cast<decltype(gDriver.p_cuMipmappedArrayGetLevel)>(realDlsym(h, "cuMipmappedArrayGetLevel"));
   gDriver.p_cuArray3DGetDescriptor_v2 =
       reinterpret_cast<decltype(gDriver.p_cuArray3DGetDescriptor_v2)>(realDlsym(h, "cuArray3DGetDescriptor_v2"));
+#define CUSHARE_RESOLVE(name) gDriver.p_##name = reinterpret_cast<decltype(gDriver.p_##name)>(realDlsym(h, #name))
+  CUSHARE_RESOLVE(cuStreamIsCapturing);
+  CUSHARE_RESOLVE(cuStreamIsCapturing_ptsz);
+  CUSHARE_RESOLVE(cuGraphGetNodes);
+  CUSHARE_RESOLVE(cuGraphNodeGetType);
+  CUSHARE_RESOLVE(cuGraphMemAllocNodeGetParams);
+#undef CUSHARE_RESOLVE
   if (!gDriver.p_cuInit || !gDriver.p_cuGetProcAddress_v2 || !gDriver.p_cuCtxGetDevice || !gDriver.p_cuDeviceGetUuid_v2) {
     if (error) *error = "the CUDA driver libcuda.so.1 lacks entry points the shim needs (driver older than CUDA 12?)";
     return false;

@@ -24,6 +24,11 @@ struct RealDriver {
   CUresult (*p_cuDeviceGetUuid_v2)(CUuuid*, CUdevice) = nullptr;
   CUresult (*p_cuMipmappedArrayGetLevel)(CUarray*, CUmipmappedArray, unsigned) = nullptr;
   CUresult (*p_cuArray3DGetDescriptor_v2)(CUDA_ARRAY3D_DESCRIPTOR*, CUarray) = nullptr;
+  CUresult (*p_cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
+  CUresult (*p_cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus*) = nullptr;
+  CUresult (*p_cuGraphGetNodes)(CUgraph, CUgraphNode*, size_t*) = nullptr;
+  CUresult (*p_cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType*) = nullptr;
+  CUresult (*p_cuGraphMemAllocNodeGetParams)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS*) = nullptr;
 };
 
 struct RealNvml {

@@ -38,6 +38,7 @@ void logDenied(int ordinal, uint64_t bytes, uint64_t limit) noexcept {
           "tenant %s device %d (%s): allocation of %llu bytes denied: %llu of %llu bytes in use",
           s.config.tenant.c_str(), ordinal, s.devices[ordinal].uuid, static_cast<unsigned long long>(bytes),
           static_cast<unsigned long long>(s.ledger->used(idx)), static_cast<unsigned long long>(limit));
+  logStackRateLimited(LogLevel::kWarn);
 }
 
 // Reserves bytes on the device; CUDA_ERROR_OUT_OF_MEMORY (and one log line) if over the limit.
@@ -175,8 +176,16 @@ CUresult hook_cuMemFree_v2(CUdeviceptr dptr) noexcept {
 
 // Stream-ordered allocations are charged when made and returned when freed (at the free call,
 // not when the stream reaches it; the pool's cached reserve is not counted, see the docs).
+// While the stream is capturing, the call only records a graph node: graph_memory.cpp charges
+// the graph's memory when it is launched.
+bool capturing(CUstream s, bool perThread) noexcept {
+  auto fn = perThread ? realDriver().p_cuStreamIsCapturing_ptsz : realDriver().p_cuStreamIsCapturing;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  return fn && fn(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 CUresult hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream s) noexcept {
-  if (!dptr || bytes == 0) return realDriver().p_cuMemAllocAsync(dptr, bytes, s);
+  if (!dptr || bytes == 0 || capturing(s, false)) return realDriver().p_cuMemAllocAsync(dptr, bytes, s);
   uintptr_t key = 0;
   return chargedAlloc(bytes, &key, [&] {
     CUresult r = realDriver().p_cuMemAllocAsync(dptr, bytes, s);
@@ -185,7 +194,7 @@ CUresult hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream s) noexc
   });
 }
 CUresult hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream s) noexcept {
-  if (!dptr || bytes == 0) return realDriver().p_cuMemAllocAsync_ptsz(dptr, bytes, s);
+  if (!dptr || bytes == 0 || capturing(s, true)) return realDriver().p_cuMemAllocAsync_ptsz(dptr, bytes, s);
   uintptr_t key = 0;
   return chargedAlloc(bytes, &key, [&] {
     CUresult r = realDriver().p_cuMemAllocAsync_ptsz(dptr, bytes, s);
@@ -194,7 +203,7 @@ CUresult hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream s) 
   });
 }
 CUresult hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) noexcept {
-  if (!dptr || bytes == 0) return realDriver().p_cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
+  if (!dptr || bytes == 0 || capturing(s, false)) return realDriver().p_cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
   uintptr_t key = 0;
   return chargedAlloc(bytes, &key, [&] {
     CUresult r = realDriver().p_cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
@@ -203,7 +212,7 @@ CUresult hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryP
   });
 }
 CUresult hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) noexcept {
-  if (!dptr || bytes == 0) return realDriver().p_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s);
+  if (!dptr || bytes == 0 || capturing(s, true)) return realDriver().p_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s);
   uintptr_t key = 0;
   return chargedAlloc(bytes, &key, [&] {
     CUresult r = realDriver().p_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s);

@@ -14,6 +14,11 @@ inline std::atomic<int> gLogLevel{static_cast<int>(LogLevel::kWarn)};
 
 void logLine(LogLevel level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
+// Logs the calling thread's stack (libunwind, local unwinding, symbol names via the unwinder),
+// one frame per line, at most `maxFrames`, rate-limited process-wide to one stack per second and
+// 20 per process: used where an allocation is denied, to show the allocation site.
+void logStackRateLimited(LogLevel level, int maxFrames = 24) noexcept;
+
 #define CUSHARE_LOG(level, ...)                                                                  \
   do {                                                                                           \
     if (static_cast<int>(level) <= ::cushare::shim::gLogLevel.load(std::memory_order_relaxed)) \

@@ -138,6 +138,59 @@ TEST_F(Limited, ArraysAreCounted) {
   EXPECT_EQ(kLimit, freeMem());
 }
 
+// Graph memory is charged at an executable graph's first launch, before the driver allocates.
+TEST_F(Limited, GraphMemoryNodesAreCounted) {
+  CUstream s;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  auto build = [&](size_t bytes, CUgraphExec* exec) {
+    CUgraph g;
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphCreate(&g, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS p = {};
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = 0;
+    p.bytesize = bytes;
+    CUgraphNode alloc, fr;
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphAddMemAllocNode(&alloc, g, nullptr, 0, &p));
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphAddMemFreeNode(&fr, g, &alloc, 1, p.dptr));
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphInstantiateWithFlags(exec, g, 0));
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphDestroy(g));
+  };
+  CUgraphExec big, small;
+  build(300 * kMiB, &big);
+  build(100 * kMiB, &small);
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuGraphLaunch(big, s)) << "a graph that cannot fit is not launched";
+  CU_ASSERT(cuGraphLaunch(small, s));
+  CU_ASSERT(cuGraphLaunch(small, s));  // charged once per executable graph, not per launch
+  CU_ASSERT(cuStreamSynchronize(s));
+  EXPECT_EQ(kLimit - 100 * kMiB, freeMem());
+  CUdeviceptr p = 0;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&p, 200 * kMiB));
+  CU_ASSERT(cuGraphExecDestroy(small));
+  CU_ASSERT(cuGraphExecDestroy(big));
+  EXPECT_EQ(kLimit, freeMem());
+
+  // Captured stream-ordered allocations become graph memory: charged at launch, not at capture.
+  CU_ASSERT(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUdeviceptr q = 0;
+  CU_ASSERT(cuMemAllocAsync(&q, 200 * kMiB, s));
+  EXPECT_EQ(kLimit, freeMem()) << "nothing is allocated while capturing";
+  CU_ASSERT(cuMemFreeAsync(q, s));
+  CUgraph g;
+  CU_ASSERT(cuStreamEndCapture(s, &g));
+  CUgraphExec e;
+  CU_ASSERT(cuGraphInstantiateWithFlags(&e, g, 0));
+  CU_ASSERT(cuMemAlloc(&p, 100 * kMiB));
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuGraphLaunch(e, s)) << "200 MiB of graph memory on top of 100 MiB";
+  CU_ASSERT(cuMemFree(p));
+  CU_ASSERT(cuGraphLaunch(e, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  CU_ASSERT(cuGraphExecDestroy(e));
+  CU_ASSERT(cuGraphDestroy(g));
+  EXPECT_EQ(kLimit, freeMem());
+  CU_ASSERT(cuStreamDestroy(s));
+}
+
 TEST_F(Limited, EveryRoadIsLimited) {
   // Road 2: cuGetProcAddress at the version cudart uses.
   void* fn = nullptr;

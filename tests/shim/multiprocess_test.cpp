@@ -1,0 +1,655 @@
+// libcushare.so across processes, end to end on simgpu: one tenant limit enforced over many
+// processes racing for it, processes killed at any instant (kill -9) never leaking quota, two
+// tenants side by side, fork+exec, and a killed process's quota coming back before anything is
+// denied. See CMakeLists.txt for the registrations: each suite runs in its own simulated host and
+// ledger directory, with the tenant and limit of its registration.
+//
+// The parent is a GoogleTest program; every helper process is this same executable started again
+// with `--child=<mode> args...` (fork, then execve of /proc/self/exe): a fresh CUDA process with
+// the shim preloaded (the environment is inherited, with per-child overrides applied to the
+// execve environment). A child talks through fixed descriptors set up before exec:
+//   3: the report pipe (the child writes lines);
+//   4: the control pipe (the child blocks reading it; a byte or EOF moves it on),
+// so a child whose parent dies sees EOF and exits instead of lingering.
+//
+// The observer child runs without LD_PRELOAD: its NVML is simgpu's own, so it reports what the
+// simulated device really holds host-wide (the shim would report the tenant's view).
+#include <cuda.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "simgpu/nvml.h"
+
+extern char** environ;
+
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr int kReportFd = 3;
+constexpr int kControlFd = 4;
+
+using Clock = std::chrono::steady_clock;
+
+// The registration's limit (CUSHARE_MEMORY_LIMIT, a plain "<n>MiB" here); 0 if unset.
+size_t envLimit() {
+  const char* v = std::getenv("CUSHARE_MEMORY_LIMIT");
+  if (!v) return 0;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (end && std::strcmp(end, "MiB") == 0) return n * kMiB;
+  if (end && std::strcmp(end, "GiB") == 0) return n * 1024 * kMiB;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child side
+
+CUresult childInit() {
+  CUresult r = cuInit(0);
+  CUcontext ctx = nullptr;
+  if (r == CUDA_SUCCESS) r = cuDevicePrimaryCtxRetain(&ctx, 0);
+  if (r == CUDA_SUCCESS) r = cuCtxSetCurrent(ctx);
+  return r;
+}
+
+void report(const std::string& line) {
+  const std::string l = line + "\n";
+  (void)!write(kReportFd, l.data(), l.size());
+}
+
+// Blocks until the parent writes a byte or closes the pipe (or dies); the byte, 0 on EOF.
+char awaitControl() {
+  char c = 0;
+  const ssize_t n = read(kControlFd, &c, 1);
+  return n == 1 ? c : 0;
+}
+
+// True once the parent wrote a byte or closed the control pipe.
+bool controlPending() {
+  pollfd p{kControlFd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
+// churn <durationMs> <seed> <window> <waitForGo 0|1>: loops until the deadline allocating random
+// sizes of 1..64 MiB with cuMemAlloc, holding at most <window> allocations at once for a short
+// random time. After every successful allocation it checks the tenant view: total is the limit,
+// free <= total, and the tenant's use (total - free) covers at least what this process holds.
+// Any other failure than CUDA_ERROR_OUT_OF_MEMORY, or a broken check, is reported at once as
+// "bad ..." and the child exits 1. At the end it frees everything and reports
+// "done <granted> <denied>".
+int childChurn(long durationMs, unsigned seed, size_t window, bool waitForGo) {
+  const size_t limit = envLimit();
+  if (CUresult r = childInit(); r != CUDA_SUCCESS) {
+    report("bad init " + std::to_string(r));
+    return 1;
+  }
+  report("ready");
+  if (waitForGo) awaitControl();
+  std::mt19937 rng(seed);
+  std::deque<std::pair<CUdeviceptr, size_t>> held;
+  size_t heldBytes = 0;
+  long granted = 0, denied = 0;
+  auto freeOldest = [&]() -> bool {
+    const auto [p, n] = held.front();
+    held.pop_front();
+    heldBytes -= n;
+    if (CUresult r = cuMemFree(p); r != CUDA_SUCCESS) {
+      report("bad cuMemFree " + std::to_string(r));
+      return false;
+    }
+    return true;
+  };
+  const auto deadline = Clock::now() + std::chrono::milliseconds(durationMs);
+  while (Clock::now() < deadline) {
+    const size_t bytes = (1 + rng() % 64) * kMiB;
+    CUdeviceptr p = 0;
+    const CUresult r = cuMemAlloc(&p, bytes);
+    if (r == CUDA_SUCCESS) {
+      ++granted;
+      held.emplace_back(p, bytes);
+      heldBytes += bytes;
+      size_t f = 0, t = 0;
+      const CUresult ri = cuMemGetInfo(&f, &t);
+      if (ri != CUDA_SUCCESS || t != limit || f > t || t - f < heldBytes) {
+        report("bad info r=" + std::to_string(ri) + " free=" + std::to_string(f) + " total=" + std::to_string(t) +
+               " held=" + std::to_string(heldBytes) + " limit=" + std::to_string(limit));
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 500));
+      while (held.size() >= window || (!held.empty() && rng() % 4 == 0))
+        if (!freeOldest()) return 1;
+    } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      ++denied;
+      if (!held.empty() && !freeOldest()) return 1;
+    } else {
+      report("bad cuMemAlloc(" + std::to_string(bytes) + ") " + std::to_string(r));
+      return 1;
+    }
+  }
+  while (!held.empty())
+    if (!freeOldest()) return 1;
+  report("done " + std::to_string(granted) + " " + std::to_string(denied));
+  return 0;
+}
+
+// observe: samples simgpu's own NVML (no shim) about every millisecond until the control pipe
+// moves, then reports "max <highest used> total <total> samples <n> over <samples above limit>".
+int childObserve(size_t limit) {
+  if (std::getenv("LD_PRELOAD")) {
+    report("bad the observer must run without the shim");
+    return 1;
+  }
+  nvmlDevice_t d;
+  if (nvmlInit_v2() != NVML_SUCCESS || nvmlDeviceGetHandleByIndex_v2(0, &d) != NVML_SUCCESS) {
+    report("bad nvml init");
+    return 1;
+  }
+  nvmlMemory_t m{};
+  if (nvmlDeviceGetMemoryInfo(d, &m) != NVML_SUCCESS) {
+    report("bad nvml memory");
+    return 1;
+  }
+  report("ready " + std::to_string(m.total));
+  unsigned long long maxUsed = 0, samples = 0, over = 0;
+  while (!controlPending()) {
+    if (nvmlDeviceGetMemoryInfo(d, &m) != NVML_SUCCESS) {
+      report("bad nvml memory");
+      return 1;
+    }
+    ++samples;
+    if (m.used > maxUsed) maxUsed = m.used;
+    if (m.used > limit) ++over;
+    usleep(1000);
+  }
+  report("max " + std::to_string(maxUsed) + " total " + std::to_string(m.total) + " samples " +
+         std::to_string(samples) + " over " + std::to_string(over));
+  nvmlShutdown();
+  return 0;
+}
+
+// script <op>...: runs the ops in order, reporting one line each:
+//   alloc:<bytes>          cuMemAlloc, keeps the pointer      -> "alloc <code>"
+//   retry:<bytes>:<ms>     cuMemAlloc until it succeeds or ms passed (1 ms apart) -> "alloc <code>"
+//   info                   cuMemGetInfo                       -> "info <free> <total>"
+//   freeall                frees every pointer kept           -> "freeall <code>"
+//   wait                   reports "wait", then blocks on the control pipe
+// then reports "end" and blocks on the control pipe (EOF: exit 0 without freeing).
+int childScript(int argc, char** argv, int first) {
+  if (CUresult r = childInit(); r != CUDA_SUCCESS) {
+    report("init " + std::to_string(r));
+    return 1;
+  }
+  std::vector<CUdeviceptr> held;
+  for (int i = first; i < argc; ++i) {
+    const std::string op = argv[i];
+    if (op.rfind("alloc:", 0) == 0) {
+      CUdeviceptr p = 0;
+      const CUresult r = cuMemAlloc(&p, std::strtoull(op.c_str() + 6, nullptr, 10));
+      if (r == CUDA_SUCCESS) held.push_back(p);
+      report("alloc " + std::to_string(r));
+    } else if (op.rfind("retry:", 0) == 0) {
+      char* end = nullptr;
+      const size_t bytes = std::strtoull(op.c_str() + 6, &end, 10);
+      const long ms = std::strtol(end + 1, nullptr, 10);
+      const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+      CUdeviceptr p = 0;
+      CUresult r;
+      while ((r = cuMemAlloc(&p, bytes)) != CUDA_SUCCESS && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (r == CUDA_SUCCESS) held.push_back(p);
+      report("alloc " + std::to_string(r));
+    } else if (op == "info") {
+      size_t f = 0, t = 0;
+      const CUresult r = cuMemGetInfo(&f, &t);
+      report(r == CUDA_SUCCESS ? "info " + std::to_string(f) + " " + std::to_string(t) : "info error " + std::to_string(r));
+    } else if (op == "freeall") {
+      CUresult r = CUDA_SUCCESS;
+      for (CUdeviceptr p : held)
+        if (CUresult rr = cuMemFree(p); rr != CUDA_SUCCESS) r = rr;
+      held.clear();
+      report("freeall " + std::to_string(r));
+    } else if (op == "wait") {
+      report("wait");
+      awaitControl();
+    } else {
+      report("bad op " + op);
+      return 2;
+    }
+  }
+  report("end");
+  awaitControl();
+  return 0;
+}
+
+int childMain(const std::string& mode, int argc, char** argv) {
+  alarm(60);  // never outlive a broken test for long
+  auto arg = [&](int i) { return i < argc ? std::string(argv[i]) : std::string(); };
+  if (mode == "churn")
+    return childChurn(std::strtol(arg(2).c_str(), nullptr, 10), static_cast<unsigned>(std::strtoul(arg(3).c_str(), nullptr, 10)),
+                      std::strtoull(arg(4).c_str(), nullptr, 10), arg(5) == "1");
+  if (mode == "observe") return childObserve(std::strtoull(arg(2).c_str(), nullptr, 10));
+  if (mode == "script") return childScript(argc, argv, 2);
+  std::fprintf(stderr, "unknown child mode '%s'\n", mode.c_str());
+  return 2;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parent side
+
+const std::string& selfPath() {
+  static const std::string p = [] {
+    char b[4096];
+    const ssize_t n = readlink("/proc/self/exe", b, sizeof b - 1);
+    return std::string(b, n > 0 ? static_cast<size_t>(n) : 0);
+  }();
+  return p;
+}
+
+struct Child {
+  pid_t pid = -1;
+  int report = -1;   // read end
+  int control = -1;  // write end
+  std::string buffered;
+
+  // One line (without the newline); "" on EOF or after timeoutMs.
+  std::string readLine(int timeoutMs = 20000) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeoutMs);
+    while (true) {
+      if (const size_t nl = buffered.find('\n'); nl != std::string::npos) {
+        std::string line = buffered.substr(0, nl);
+        buffered.erase(0, nl + 1);
+        return line;
+      }
+      const int left =
+          static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+      if (left <= 0 || report < 0) return "";
+      pollfd pfd{report, POLLIN, 0};
+      if (poll(&pfd, 1, left) <= 0) return "";
+      char buf[512];
+      const ssize_t n = read(report, buf, sizeof buf);
+      if (n <= 0) return "";
+      buffered.append(buf, static_cast<size_t>(n));
+    }
+  }
+  // Everything the child wrote so far, without blocking.
+  std::string drain() {
+    while (report >= 0) {
+      pollfd pfd{report, POLLIN, 0};
+      if (poll(&pfd, 1, 0) <= 0) break;
+      char buf[512];
+      const ssize_t n = read(report, buf, sizeof buf);
+      if (n <= 0) break;
+      buffered.append(buf, static_cast<size_t>(n));
+    }
+    return buffered;
+  }
+  void send(char c) { (void)!write(control, &c, 1); }
+  void closeControl() {
+    if (control >= 0) close(control);
+    control = -1;
+  }
+  int wait() {
+    int status = -1;
+    if (pid > 0) waitpid(pid, &status, 0);
+    pid = -1;
+    if (report >= 0) close(report);
+    report = -1;
+    closeControl();
+    return status;
+  }
+  void kill9() {
+    if (pid > 0) kill(pid, SIGKILL);
+  }
+  ~Child() {
+    if (pid > 0) {
+      kill9();
+      wait();
+    }
+  }
+};
+
+// Environment changes for one child: NAME=value sets, a bare NAME removes.
+using EnvEdits = std::vector<std::string>;
+
+std::vector<std::string> editedEnvironment(const EnvEdits& edits) {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
+  for (const std::string& ed : edits) {
+    const size_t eq = ed.find('=');
+    const std::string name = ed.substr(0, eq);
+    std::erase_if(env, [&](const std::string& v) { return v.compare(0, name.size() + 1, name + "=") == 0; });
+    if (eq != std::string::npos) env.push_back(ed);
+  }
+  return env;
+}
+
+// Starts this executable as a child: --child=<mode> args..., with the environment edited.
+void spawn(Child* c, const std::string& mode, const std::vector<std::string>& args, const EnvEdits& edits = {}) {
+  int rep[2], ctl[2];
+  ASSERT_EQ(pipe2(rep, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(ctl, O_CLOEXEC), 0);
+  std::vector<std::string> strs = {selfPath(), "--child=" + mode};
+  strs.insert(strs.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : strs) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> envStrs = editedEnvironment(edits);
+  std::vector<char*> envp;
+  for (std::string& s : envStrs) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Only async-signal-safe calls until exec. Move the two ends out of the way, then into place;
+    // dup2 clears close-on-exec on the copies, every other descriptor closes at exec.
+    const int r = fcntl(rep[1], F_DUPFD_CLOEXEC, 100);
+    const int w = fcntl(ctl[0], F_DUPFD_CLOEXEC, 100);
+    if (r < 0 || w < 0 || dup2(r, kReportFd) < 0 || dup2(w, kControlFd) < 0) _exit(126);
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  close(rep[1]);
+  close(ctl[0]);
+  c->pid = pid;
+  c->report = rep[0];
+  c->control = ctl[1];
+  c->buffered.clear();
+}
+
+bool exitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::string statusText(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("signal ") + strsignal(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+std::string mib(size_t n) { return std::to_string(n / kMiB) + " MiB"; }
+
+// The parent is a CUDA process of the registration's tenant too.
+class Tenant : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_EQ(CUDA_SUCCESS, cuInit(0));
+    ASSERT_EQ(CUDA_SUCCESS, cuDevicePrimaryCtxRetain(&ctx_, 0));
+  }
+  static void TearDownTestSuite() {
+    if (ctx_) cuDevicePrimaryCtxRelease(0);
+    ctx_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_EQ(CUDA_SUCCESS, cuCtxSetCurrent(ctx_));
+    limit_ = envLimit();
+    ASSERT_GT(limit_, 0u) << "CUSHARE_MEMORY_LIMIT must be set by the registration";
+  }
+  static size_t freeMem() {
+    size_t f = 0, t = 0;
+    EXPECT_EQ(CUDA_SUCCESS, cuMemGetInfo(&f, &t));
+    return f;
+  }
+  static size_t totalMem() {
+    size_t f = 0, t = 0;
+    EXPECT_EQ(CUDA_SUCCESS, cuMemGetInfo(&f, &t));
+    return t;
+  }
+  static inline CUcontext ctx_ = nullptr;
+  size_t limit_ = 0;
+};
+
+// CUSHARE_TENANT=race CUSHARE_MEMORY_LIMIT=512MiB SIMGPU_MEMORY=4GiB
+using Race = Tenant;
+// CUSHARE_TENANT=storm CUSHARE_MEMORY_LIMIT=512MiB SIMGPU_MEMORY=4GiB
+using KillStorm = Tenant;
+// CUSHARE_TENANT=fx CUSHARE_MEMORY_LIMIT=256MiB SIMGPU_MEMORY=4GiB
+using ForkExec = Tenant;
+// CUSHARE_TENANT=kq CUSHARE_MEMORY_LIMIT=512MiB, SIMGPU_MEMORY=4GiB and =512MiB
+using KilledQuota = Tenant;
+
+// ---------------------------------------------------------------------------------------------
+// 8 processes of one tenant race for its 512 MiB for about 2 s. Checked from three sides: each
+// child's own view after every grant, the parent's view sampled every millisecond, and the
+// simulated device itself (an observer without the shim samples simgpu's NVML every millisecond):
+// what the device holds never exceeds the tenant's limit.
+TEST_F(Race, EightProcessesNeverExceedTheLimit) {
+  ASSERT_EQ(limit_, totalMem());
+  ASSERT_EQ(limit_, freeMem()) << "the tenant holds memory before the test";
+  Child observer;
+  ASSERT_NO_FATAL_FAILURE(spawn(&observer, "observe", {std::to_string(limit_)}, {"LD_PRELOAD"}));
+  const std::string ready = observer.readLine();
+  ASSERT_EQ(0u, ready.rfind("ready ", 0)) << ready;
+  EXPECT_EQ(4096 * kMiB, std::strtoull(ready.c_str() + 6, nullptr, 10))
+      << "the observer must see the real device (4 GiB), not the tenant's view";
+
+  constexpr int kChildren = 8;
+  std::vector<Child> kids(kChildren);
+  for (int i = 0; i < kChildren; ++i)
+    ASSERT_NO_FATAL_FAILURE(spawn(&kids[i], "churn", {"2000", std::to_string(1000 + i), "4", "1"}));
+  for (Child& k : kids) ASSERT_EQ("ready", k.readLine());
+  for (Child& k : kids) k.send('g');
+
+  // The parent's view meanwhile.
+  long samples = 0, busy = 0, bad = 0;
+  std::string firstBad;
+  const auto end = Clock::now() + std::chrono::milliseconds(2200);
+  while (Clock::now() < end) {
+    size_t f = 0, t = 0;
+    const CUresult r = cuMemGetInfo(&f, &t);
+    ++samples;
+    if (r != CUDA_SUCCESS || t != limit_ || f > t) {
+      if (bad++ == 0) firstBad = "r=" + std::to_string(r) + " free=" + std::to_string(f) + " total=" + std::to_string(t);
+    } else if (f < t) {
+      ++busy;
+    }
+    usleep(1000);
+  }
+  EXPECT_EQ(0, bad) << "parent's view broken in " << bad << " of " << samples << " samples, first: " << firstBad;
+  EXPECT_GT(busy, samples / 4) << "the parent hardly ever saw the children's memory in its view";
+
+  long granted = 0, denied = 0;
+  for (int i = 0; i < kChildren; ++i) {
+    const std::string line = kids[i].readLine();
+    long g = -1, d = -1;
+    EXPECT_EQ(2, std::sscanf(line.c_str(), "done %ld %ld", &g, &d)) << "child " << i << ": '" << line << "'";
+    granted += g;
+    denied += d;
+    const int status = kids[i].wait();
+    EXPECT_TRUE(exitedOk(status)) << "child " << i << ": " << statusText(status);
+  }
+  EXPECT_GT(granted, 100) << "the children hardly allocated";
+  EXPECT_GT(denied, 0) << "no allocation was ever denied: the race never reached the limit";
+
+  observer.send('q');
+  const std::string seen = observer.readLine();
+  unsigned long long maxUsed = 0, total = 0, obsSamples = 0, over = 0;
+  ASSERT_EQ(4, std::sscanf(seen.c_str(), "max %llu total %llu samples %llu over %llu", &maxUsed, &total, &obsSamples, &over))
+      << seen;
+  EXPECT_EQ(0u, over) << "the device held more than the tenant's limit in " << over << " of " << obsSamples << " samples";
+  EXPECT_LE(maxUsed, limit_) << "the device held " << maxUsed << " bytes for a tenant limited to " << limit_;
+  EXPECT_GT(maxUsed, limit_ / 2) << "the observer never saw the tenant near its limit";
+  EXPECT_GT(obsSamples, 500u);
+  EXPECT_TRUE(exitedOk(observer.wait()));
+
+  // Everything came back: the children freed what they held and exited.
+  EXPECT_EQ(limit_, freeMem());
+}
+
+// Churning processes are killed with SIGKILL at random instants, about 50 times in 3 s, and
+// restarted; in the end all of them are killed. Nothing may leak: the tenant's view shows the
+// whole limit free, and one allocation of the whole limit succeeds.
+TEST_F(KillStorm, NothingLeaksFromKilledProcesses) {
+  ASSERT_EQ(limit_, freeMem());
+  constexpr int kChildren = 8;
+  constexpr int kKills = 50;
+  std::vector<Child> kids(kChildren);
+  unsigned seed = 1;
+  for (Child& k : kids) ASSERT_NO_FATAL_FAILURE(spawn(&k, "churn", {"60000", std::to_string(seed++), "4", "0"}));
+  std::mt19937 rng(42);
+  int killedWhileRunning = 0;
+  for (int i = 0; i < kKills; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 80));
+    Child& k = kids[rng() % kChildren];
+    const std::string said = k.drain();
+    EXPECT_EQ(std::string::npos, said.find("bad")) << said;
+    k.kill9();
+    const int status = k.wait();
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      ++killedWhileRunning;
+    else
+      ADD_FAILURE() << "a churning child ended by itself: " << statusText(status) << " after '" << said << "'";
+    ASSERT_NO_FATAL_FAILURE(spawn(&k, "churn", {"60000", std::to_string(seed++), "4", "0"}));
+  }
+  // Let the last ones get going, then kill them all while they hold memory.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (Child& k : kids) {
+    const std::string said = k.drain();
+    EXPECT_EQ(std::string::npos, said.find("bad")) << said;
+    k.kill9();
+  }
+  for (Child& k : kids) EXPECT_TRUE(WIFSIGNALED(k.wait()));
+  EXPECT_EQ(kKills, killedWhileRunning);
+
+  // The view first: a framework sizes its cache from cuMemGetInfo before allocating anything.
+  EXPECT_EQ(limit_, freeMem()) << "killed processes' usage still shows in the tenant's view (" << mib(limit_ - freeMem())
+                               << " of " << mib(limit_) << ")";
+  CUdeviceptr p = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&p, limit_)) << "quota leaked by killed processes";
+  EXPECT_EQ(0u, freeMem());
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(p));
+  EXPECT_EQ(limit_, freeMem());
+}
+
+// Two tenants side by side, each child with its own CUSHARE_TENANT / CUSHARE_MEMORY_LIMIT: each sees
+// its own total, and each is limited by its own limit only.
+TEST(TwoTenants, EachIsLimitedByItsOwnLimit) {
+  const std::string a256 = std::to_string(256 * kMiB), b768 = std::to_string(768 * kMiB);
+  Child a, b;
+  ASSERT_NO_FATAL_FAILURE(spawn(&a, "script",
+                                {"info", "alloc:" + a256, "alloc:1", "info", "wait", "alloc:1", "alloc:" + std::to_string(kMiB), "info"},
+                                {"CUSHARE_TENANT=tenant-a", "CUSHARE_MEMORY_LIMIT=256MiB"}));
+  EXPECT_EQ("info " + a256 + " " + a256, a.readLine()) << "tenant A's view at the start";
+  EXPECT_EQ("alloc 0", a.readLine()) << "A allocates its whole limit";
+  EXPECT_EQ("alloc 2", a.readLine()) << "A is denied past 256 MiB";
+  EXPECT_EQ("info 0 " + a256, a.readLine());
+  EXPECT_EQ("wait", a.readLine());
+
+  // B, while A holds its 256 MiB.
+  const std::string b1g = std::to_string(1024 * kMiB);
+  ASSERT_NO_FATAL_FAILURE(spawn(&b, "script",
+                                {"info", "alloc:" + b768, "info", "alloc:" + std::to_string(256 * kMiB), "alloc:1", "info"},
+                                {"CUSHARE_TENANT=tenant-b", "CUSHARE_MEMORY_LIMIT=1GiB"}));
+  EXPECT_EQ("info " + b1g + " " + b1g, b.readLine()) << "tenant B's view at the start (A's use is not B's)";
+  EXPECT_EQ("alloc 0", b.readLine()) << "B allocates 768 MiB while A is at its limit";
+  EXPECT_EQ("info " + std::to_string(256 * kMiB) + " " + b1g, b.readLine());
+  EXPECT_EQ("alloc 0", b.readLine()) << "B fills its own limit";
+  EXPECT_EQ("alloc 2", b.readLine()) << "B is denied past 1 GiB";
+  EXPECT_EQ("info 0 " + b1g, b.readLine());
+  EXPECT_EQ("end", b.readLine());
+
+  // A is still at its limit and still denied, however much B holds.
+  a.send('g');
+  EXPECT_EQ("alloc 2", a.readLine());
+  EXPECT_EQ("alloc 2", a.readLine());
+  EXPECT_EQ("info 0 " + a256, a.readLine());
+  EXPECT_EQ("end", a.readLine());
+  a.closeControl();
+  b.closeControl();
+  EXPECT_TRUE(exitedOk(a.wait()));
+  EXPECT_TRUE(exitedOk(b.wait()));
+}
+
+// A process holding 200 MiB of a 256 MiB limit fork+execs a child of the same tenant: the parent's
+// use counts against the child (denied at 100 MiB), and once the parent frees, the child's retries
+// succeed.
+TEST_F(ForkExec, ParentUsageCountsForTheExecedChild) {
+  ASSERT_EQ(256 * kMiB, limit_);
+  CUdeviceptr mine = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&mine, 200 * kMiB));
+  const std::string hundred = std::to_string(100 * kMiB);
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"info", "alloc:" + hundred, "retry:" + hundred + ":10000", "info"}));
+  EXPECT_EQ("info " + std::to_string(56 * kMiB) + " " + std::to_string(limit_), c.readLine())
+      << "the child's view must include the parent's 200 MiB";
+  EXPECT_EQ("alloc 2", c.readLine()) << "100 MiB more than 56 MiB left must be denied";
+  // The child keeps retrying (and being denied) while the parent holds its memory.
+  EXPECT_EQ("", c.readLine(300)) << "the child got its memory while the parent still held 200 MiB";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(mine));
+  EXPECT_EQ("alloc 0", c.readLine()) << "after the parent freed, the child's retry must succeed";
+  EXPECT_EQ("info " + std::to_string(156 * kMiB) + " " + std::to_string(limit_), c.readLine());
+  EXPECT_EQ("end", c.readLine());
+  EXPECT_EQ(156 * kMiB, freeMem()) << "the parent sees the child's 100 MiB";
+  c.closeControl();
+  EXPECT_TRUE(exitedOk(c.wait()));
+  // The child exited holding its 100 MiB (no free): its usage comes back.
+  CUdeviceptr all = 0;
+  EXPECT_EQ(CUDA_SUCCESS, cuMemAlloc(&all, limit_));
+  if (all) EXPECT_EQ(CUDA_SUCCESS, cuMemFree(all));
+}
+
+// A plain fork (no exec, the child never touches CUDA) must not take the parent's usage with it
+// when the child exits: the parent's 200 MiB stay counted.
+TEST_F(ForkExec, ForkedChildExitDoesNotReturnParentUsage) {
+  CUdeviceptr mine = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&mine, 200 * kMiB));
+  for (int how = 0; how < 2; ++how) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      if (how == 0) _exit(0);
+      raise(SIGKILL);
+    }
+    int status = 0;
+    ASSERT_EQ(pid, waitpid(pid, &status, 0));
+  }
+  EXPECT_EQ(56 * kMiB, freeMem());
+  CUdeviceptr more = 0;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&more, 57 * kMiB)) << "the parent's usage was lost with its forked child";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&more, 56 * kMiB));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(more));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(mine));
+  EXPECT_EQ(limit_, freeMem());
+}
+
+// A child holds the whole limit and is killed; right after reaping it (no polling, no delay) the
+// parent allocates the whole limit: the shim returns a dead process's quota before it denies.
+TEST_F(KilledQuota, KilledProcessQuotaReturnsBeforeADenial) {
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Child c;
+    ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"alloc:" + std::to_string(limit_)}));
+    ASSERT_EQ("alloc 0", c.readLine());
+    ASSERT_EQ("end", c.readLine());
+    CUdeviceptr p = 0;
+    EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&p, kMiB)) << "the child holds the whole limit";
+    c.kill9();
+    const int status = c.wait();
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << statusText(status);
+    ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&p, limit_)) << "the killed child's quota was not returned before the denial";
+    EXPECT_EQ(0u, freeMem());
+    ASSERT_EQ(CUDA_SUCCESS, cuMemFree(p));
+    EXPECT_EQ(limit_, freeMem());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strncmp(argv[1], "--child=", 8) == 0) return childMain(argv[1] + 8, argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

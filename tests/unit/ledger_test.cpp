@@ -1,0 +1,820 @@
+// The tenant ledger: its ABI against docs/ledger-abi.md and the bytes on disk, creation and
+// fail-closed validation, exact reservations, and the cross-process properties: many processes
+// racing for one quota never exceed it, kill -9 at random instants leaks nothing, a forked child
+// gets a slot of its own, and a dead parent is reaped while its forked child lives.
+//
+// Helpers run in forked children of this test process (no gtest in a child: it reports through
+// its exit status, shared anonymous memory or a pipe, and ends with _exit).
+#include "cushare/ledger.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <new>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cushare {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint8_t kUuidA[16] = {0xa0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+constexpr uint8_t kUuidB[16] = {0xb0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// A fresh directory under the test temp dir, removed afterwards. Ledgers go to <path>/ledgers,
+// which the Ledger creates itself.
+class TempDir {
+ public:
+  TempDir() {
+    std::string base = ::testing::TempDir();
+    if (base.empty() || base.back() != '/') base += '/';
+    std::string tmpl = base + "cushare_ledger_XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string ledgers() const { return path_ + "/ledgers"; }
+
+ private:
+  std::string path_;
+};
+
+std::unique_ptr<Ledger> mustOpen(const std::string& dir, const std::string& tenant) {
+  std::string err;
+  auto l = Ledger::open(dir, tenant, &err);
+  EXPECT_NE(l, nullptr) << err;
+  return l;
+}
+
+// Memory shared with forked children.
+template <class T>
+T* sharedObject() {
+  void* p = ::mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) std::abort();
+  return new (p) T();
+}
+template <class T>
+void freeShared(T* p) {
+  p->~T();
+  ::munmap(p, sizeof(T));
+}
+
+// Forks; the child runs fn and _exits with its result (destructors of the test's objects never
+// run in the child). fn may _exit itself to skip its own destructors.
+pid_t spawn(const std::function<int()>& fn) {
+  const pid_t pid = ::fork();
+  if (pid < 0) std::abort();
+  if (pid == 0) {
+    int rc = 99;
+    try {
+      rc = fn();
+    } catch (...) {
+      rc = 98;
+    }
+    ::_exit(rc);
+  }
+  return pid;
+}
+
+// Exit status, or 128 + signal.
+int waitExit(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void cpuPause() { std::this_thread::yield(); }
+
+template <class T>
+void atomicMax(std::atomic<T>& a, T v) {
+  T cur = a.load();
+  while (v > cur && !a.compare_exchange_weak(cur, v)) {
+  }
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+template <class T>
+T readAt(const std::string& bytes, size_t offset) {
+  T v{};
+  if (offset + sizeof(T) <= bytes.size()) std::memcpy(&v, bytes.data() + offset, sizeof(T));
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ABI
+
+// docs/ledger-abi.md, found from this file's path (tests/unit/ -> repository root).
+std::string abiDoc() {
+  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+  return readFile((root / "docs" / "ledger-abi.md").string());
+}
+
+std::vector<std::string> cells(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (size_t i = 1; i < line.size(); ++i) {
+    if (line[i] == '|') {
+      const size_t b = cur.find_first_not_of(' '), e = cur.find_last_not_of(' ');
+      out.push_back(b == std::string::npos ? "" : cur.substr(b, e - b + 1));
+      cur.clear();
+    } else {
+      cur += line[i];
+    }
+  }
+  return out;
+}
+
+std::string unquote(const std::string& s) {
+  return s.size() >= 2 && s.front() == '`' && s.back() == '`' ? s.substr(1, s.size() - 2) : "";
+}
+
+bool isNumber(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
+  const std::string doc = abiDoc();
+  ASSERT_FALSE(doc.empty()) << "docs/ledger-abi.md not found from " << __FILE__;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> layout;  // field -> offset, size
+  std::map<std::string, uint64_t> constants;
+  std::istringstream in(doc);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] != '|') continue;
+    const auto c = cells(line);
+    if (c.size() >= 3 && isNumber(c[0]) && isNumber(c[1]) && !unquote(c[2]).empty()) {
+      EXPECT_EQ(layout.count(unquote(c[2])), 0u) << "documented twice: " << c[2];
+      layout[unquote(c[2])] = {std::stoull(c[0]), std::stoull(c[1])};
+    } else if (c.size() >= 2 && !unquote(c[0]).empty() && !c[1].empty()) {
+      constants[unquote(c[0])] = std::stoull(c[1], nullptr, 0);
+    }
+  }
+  const std::map<std::string, std::pair<uint64_t, uint64_t>> code = {
+      {"magic", {offsetof(LedgerHeader, magic), sizeof(LedgerHeader::magic)}},
+      {"version", {offsetof(LedgerHeader, version), sizeof(LedgerHeader::version)}},
+      {"header_size", {offsetof(LedgerHeader, header_size), sizeof(LedgerHeader::header_size)}},
+      {"file_size", {offsetof(LedgerHeader, file_size), sizeof(LedgerHeader::file_size)}},
+      {"max_devices", {offsetof(LedgerHeader, max_devices), sizeof(LedgerHeader::max_devices)}},
+      {"max_slots", {offsetof(LedgerHeader, max_slots), sizeof(LedgerHeader::max_slots)}},
+      {"tenant", {offsetof(LedgerHeader, tenant), sizeof(LedgerHeader::tenant)}},
+      {"slot_hwm", {offsetof(LedgerHeader, slot_hwm), sizeof(LedgerHeader::slot_hwm)}},
+      {"reserved0", {offsetof(LedgerHeader, reserved0), sizeof(LedgerHeader::reserved0)}},
+      {"reserved1", {offsetof(LedgerHeader, reserved1), sizeof(LedgerHeader::reserved1)}},
+      {"devices", {offsetof(LedgerHeader, devices), sizeof(LedgerHeader::devices)}},
+      {"used", {kLedgerUsedOffset, kLedgerUsedBytes}},
+      {"pid", {kLedgerPidOffset, kLedgerPidBytes}},
+      {"devices[d].uuid", {offsetof(LedgerDevice, uuid), sizeof(LedgerDevice::uuid)}},
+      {"devices[d].limit", {offsetof(LedgerDevice, limit), sizeof(LedgerDevice::limit)}},
+      {"devices[d].peak", {offsetof(LedgerDevice, peak), sizeof(LedgerDevice::peak)}},
+      {"devices[d].denied", {offsetof(LedgerDevice, denied), sizeof(LedgerDevice::denied)}},
+      {"devices[d].state", {offsetof(LedgerDevice, state), sizeof(LedgerDevice::state)}},
+      {"devices[d].reserved0", {offsetof(LedgerDevice, reserved0), sizeof(LedgerDevice::reserved0)}},
+      {"devices[d].reserved1", {offsetof(LedgerDevice, reserved1), sizeof(LedgerDevice::reserved1)}},
+  };
+  EXPECT_EQ(layout, code) << "docs/ledger-abi.md and ledger_abi.h disagree";
+  const std::map<std::string, uint64_t> codeConstants = {
+      {"kLedgerMagic", kLedgerMagic},
+      {"kLedgerVersion", kLedgerVersion},
+      {"kLedgerMaxDevices", kLedgerMaxDevices},
+      {"kLedgerMaxSlots", kLedgerMaxSlots},
+      {"kLedgerSlotLockBase", static_cast<uint64_t>(kLedgerSlotLockBase)},
+      {"header_size", sizeof(LedgerHeader)},
+      {"kLedgerFileSize", kLedgerFileSize},
+  };
+  EXPECT_EQ(constants, codeConstants);
+  // The sizes add up: fields tile the header, the device entry and the file without holes.
+  EXPECT_EQ(sizeof(LedgerDevice) * kLedgerMaxDevices, sizeof(LedgerHeader::devices));
+  EXPECT_EQ(kLedgerUsedOffset + kLedgerUsedBytes + kLedgerPidBytes, kLedgerFileSize);
+  char magic[8];
+  std::memcpy(magic, &kLedgerMagic, 8);
+  EXPECT_EQ(std::string(magic, 8), std::string("CUSHLDG\0", 8));
+}
+
+TEST(LedgerAbi, FileBytesAreWhereTheDocumentationSays) {
+  TempDir tmp;
+  auto l = mustOpen(tmp.ledgers(), "bytes");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  ASSERT_EQ(l->deviceIndex(kUuidA, 100 * kMiB, &err), 0) << err;
+  ASSERT_EQ(l->deviceIndex(kUuidB, 200 * kMiB, &err), 1) << err;
+  ASSERT_TRUE(l->reserve(1, 3 * kMiB, 200 * kMiB));
+  const int slot = l->slot();
+  ASSERT_GE(slot, 0);
+
+  const std::string f = readFile(l->path());
+  ASSERT_EQ(f.size(), 18048u);
+  EXPECT_EQ(f.substr(0, 8), std::string("CUSHLDG\0", 8));
+  EXPECT_EQ(readAt<uint32_t>(f, 8), 1u);
+  EXPECT_EQ(readAt<uint32_t>(f, 12), 1152u);
+  EXPECT_EQ(readAt<uint64_t>(f, 16), 18048u);
+  EXPECT_EQ(readAt<uint32_t>(f, 24), 16u);
+  EXPECT_EQ(readAt<uint32_t>(f, 28), 128u);
+  EXPECT_EQ(std::string(f.data() + 32), "bytes");
+  EXPECT_EQ(readAt<uint32_t>(f, 96), static_cast<uint32_t>(slot + 1));
+  const size_t dev1 = 128 + 64 * 1;
+  EXPECT_EQ(f.substr(dev1, 16), std::string(reinterpret_cast<const char*>(kUuidB), 16));
+  EXPECT_EQ(readAt<uint64_t>(f, dev1 + 16), 200 * kMiB);
+  EXPECT_EQ(readAt<uint64_t>(f, dev1 + 24), 3 * kMiB);  // peak
+  EXPECT_EQ(readAt<uint64_t>(f, dev1 + 32), 0u);        // denied
+  EXPECT_EQ(readAt<uint32_t>(f, dev1 + 40), 2u);        // ready
+  EXPECT_EQ(readAt<uint32_t>(f, 128 + 64 * 2 + 40), 0u);  // free
+  EXPECT_EQ(readAt<uint64_t>(f, 1152 + 8 * (128 * 1 + slot)), 3 * kMiB);
+  EXPECT_EQ(readAt<uint64_t>(f, 1152 + 8 * (128 * 0 + slot)), 0u);
+  EXPECT_EQ(readAt<int32_t>(f, 17536 + 4 * slot), static_cast<int32_t>(::getpid()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Creation, reopening, validation
+
+TEST(Ledger, CreatesPrivateFilesAndSharesState) {
+  TempDir tmp;
+  ::umask(022);
+  auto a = mustOpen(tmp.ledgers(), "team-a");
+  ASSERT_NE(a, nullptr);
+  struct stat st;
+  ASSERT_EQ(::stat(tmp.ledgers().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::stat(a->path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(a->path(), tmp.ledgers() + "/team-a.ledger");
+
+  std::string err;
+  const int dev = a->deviceIndex(kUuidA, 64 * kMiB, &err);
+  ASSERT_EQ(dev, 0) << err;
+  EXPECT_EQ(a->limit(dev), 64 * kMiB);
+  EXPECT_TRUE(a->reserve(dev, 5 * kMiB, a->limit(dev)));
+
+  // A second mapping (as another process would have): its own slot, the same counters.
+  auto b = mustOpen(tmp.ledgers(), "team-a");
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(a->slot(), b->slot());
+  EXPECT_EQ(b->deviceIndex(kUuidA, 1 * kMiB, &err), dev) << "the limit is set only when adding";
+  EXPECT_EQ(b->limit(dev), 64 * kMiB);
+  EXPECT_EQ(b->used(dev), 5 * kMiB);
+  b->setLimit(dev, 32 * kMiB);
+  EXPECT_EQ(a->limit(dev), 32 * kMiB);
+  EXPECT_EQ(b->deviceIndex(kUuidB, kLedgerNoLimit, &err), 1) << err;
+  EXPECT_EQ(a->deviceIndex(kUuidB, 0, &err), 1);
+  EXPECT_EQ(a->limit(1), kLedgerNoLimit);
+
+  const auto procs = b->processes(dev);
+  ASSERT_EQ(procs.size(), 2u);
+  uint64_t total = 0;
+  for (const auto& p : procs) {
+    EXPECT_EQ(p.pid, ::getpid());
+    total += p.bytes;
+  }
+  EXPECT_EQ(total, 5 * kMiB);
+
+  // Closing a returns what it held; limits and device entries persist across reopening.
+  a.reset();
+  EXPECT_EQ(b->used(dev), 0u);
+  b.reset();
+  auto c = mustOpen(tmp.ledgers(), "team-a");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->deviceIndex(kUuidA, 1, &err), 0);
+  EXPECT_EQ(c->limit(0), 32 * kMiB);
+  EXPECT_EQ(c->peak(0), 5 * kMiB);
+  EXPECT_EQ(c->used(0), 0u);
+  EXPECT_EQ(c->processes(0).size(), 1u);
+}
+
+TEST(Ledger, DeviceTableHasSixteenEntries) {
+  TempDir tmp;
+  auto l = mustOpen(tmp.ledgers(), "devices");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  uint8_t uuid[16] = {};
+  for (int i = 0; i < 16; ++i) {
+    uuid[0] = static_cast<uint8_t>(i);
+    ASSERT_EQ(l->deviceIndex(uuid, 1000 + i, &err), i) << err;
+  }
+  uuid[0] = 16;
+  EXPECT_EQ(l->deviceIndex(uuid, 1, &err), -1);
+  EXPECT_NE(err.find("all 16 device entries"), std::string::npos) << err;
+  uuid[0] = 7;
+  EXPECT_EQ(l->deviceIndex(uuid, 1, &err), 7);
+  EXPECT_EQ(l->limit(7), 1007u);
+  EXPECT_FALSE(l->reserve(16, 1, kLedgerNoLimit));
+  EXPECT_FALSE(l->reserve(-1, 1, kLedgerNoLimit));
+}
+
+TEST(Ledger, TenantNames) {
+  for (const char* ok : {"a", "default", "team-a.prod_1", "A9"}) {
+    std::string err;
+    EXPECT_TRUE(Ledger::validTenantName(ok, &err)) << ok << ": " << err;
+  }
+  EXPECT_TRUE(Ledger::validTenantName(std::string(63, 'x'), nullptr));
+  const std::string bad[] = {"", std::string(64, 'x'), "a/b", "../etc", "with space", "t\xc3\xa9",
+                             "a:b", std::string("nul\0x", 5), "semi;colon"};
+  TempDir tmp;
+  for (const std::string& name : bad) {
+    std::string err;
+    EXPECT_FALSE(Ledger::validTenantName(name, &err)) << name;
+    EXPECT_NE(err.find("tenant name"), std::string::npos) << err;
+    err.clear();
+    EXPECT_EQ(Ledger::open(tmp.ledgers(), name, &err), nullptr) << name;
+    EXPECT_NE(err.find("tenant name"), std::string::npos) << err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp.ledgers())) << "nothing is created for a bad name";
+}
+
+struct Corruption {
+  const char* field;
+  std::function<void(int fd)> apply;
+};
+
+template <class T>
+std::function<void(int)> writeAt(size_t offset, T value) {
+  return [=](int fd) { ASSERT_EQ(::pwrite(fd, &value, sizeof(value), offset), (ssize_t)sizeof(value)); };
+}
+
+TEST(Ledger, RefusesEveryCorruptedHeaderNamingTheField) {
+  const std::vector<Corruption> cases = {
+      {"magic", writeAt<uint64_t>(0, 0x52474C544F4EULL)},
+      {"magic", [](int fd) {  // no magic, wrong size: not an unfinished creation
+         writeAt<uint64_t>(0, 0)(fd);
+         ASSERT_EQ(::ftruncate(fd, 4096), 0);
+       }},
+      {"version", writeAt<uint32_t>(8, 2)},
+      {"version", writeAt<uint32_t>(8, 0)},
+      {"header_size", writeAt<uint32_t>(12, 1024)},
+      {"file_size", writeAt<uint64_t>(16, 20000)},
+      {"file_size", [](int fd) { ASSERT_EQ(::ftruncate(fd, 4096), 0); }},
+      {"file_size", [](int fd) { ASSERT_EQ(::ftruncate(fd, 65536), 0); }},
+      {"max_devices", writeAt<uint32_t>(24, 8)},
+      {"max_slots", writeAt<uint32_t>(28, 256)},
+      {"tenant", [](int fd) { ASSERT_EQ(::pwrite(fd, "mallory", 8, 32), 8); }},
+      {"tenant", [](int fd) {  // not NUL-terminated
+         const std::string full(64, 'v');
+         ASSERT_EQ(::pwrite(fd, full.data(), 64, 32), 64);
+       }},
+  };
+  for (const Corruption& c : cases) {
+    TempDir tmp;
+    std::string path;
+    {
+      auto l = mustOpen(tmp.ledgers(), "victim");
+      ASSERT_NE(l, nullptr);
+      path = l->path();
+    }
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    c.apply(fd);
+    ::close(fd);
+    const std::string before = readFile(path);
+    std::string err;
+    EXPECT_EQ(Ledger::open(tmp.ledgers(), "victim", &err), nullptr) << c.field;
+    EXPECT_NE(err.find(std::string("field '") + c.field + "'"), std::string::npos) << err;
+    EXPECT_NE(err.find(path), std::string::npos) << err;
+    EXPECT_EQ(readFile(path), before) << "a refused file is left as it was";
+  }
+
+  // Another tenant's ledger under this tenant's name.
+  TempDir tmp;
+  std::string alpha;
+  {
+    auto l = mustOpen(tmp.ledgers(), "alpha");
+    ASSERT_NE(l, nullptr);
+    alpha = l->path();
+  }
+  ASSERT_EQ(::rename(alpha.c_str(), (tmp.ledgers() + "/beta.ledger").c_str()), 0);
+  std::string err;
+  EXPECT_EQ(Ledger::open(tmp.ledgers(), "beta", &err), nullptr);
+  EXPECT_NE(err.find("field 'tenant' is \"alpha\", expected \"beta\""), std::string::npos) << err;
+}
+
+TEST(Ledger, FinishesACreationWhoseCreatorDied) {
+  // Full size, magic never written: the creator died holding the flock; start over.
+  TempDir tmp;
+  ASSERT_EQ(::mkdir(tmp.ledgers().c_str(), 0700), 0);
+  const std::string path = tmp.ledgers() + "/half.ledger";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kLedgerFileSize), 0);
+  writeAt<uint32_t>(8, 1)(fd);
+  writeAt<uint64_t>(1152, 12345)(fd);  // junk where used[0][0] lives
+  ::close(fd);
+  auto l = mustOpen(tmp.ledgers(), "half");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  const int dev = l->deviceIndex(kUuidA, 10, &err);
+  ASSERT_GE(dev, 0) << err;
+  EXPECT_EQ(l->used(dev), 0u);
+  EXPECT_EQ(readFile(path).substr(0, 8), std::string("CUSHLDG\0", 8));
+}
+
+// The refusal must name the file and say it is a permission problem.
+TEST(Ledger, PermissionDeniedIsExplained) {
+  TempDir tmp;
+  std::string path;
+  {
+    auto l = mustOpen(tmp.ledgers(), "private");
+    ASSERT_NE(l, nullptr);
+    path = l->path();
+  }
+  ASSERT_EQ(::chmod(tmp.path().c_str(), 0755), 0);  // the ledger directory itself stays 0700
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const std::string dir = tmp.ledgers();
+  const pid_t pid = spawn([&]() {
+    ::close(pipefd[0]);
+    if (::geteuid() == 0) {
+      if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 77;
+    } else if (::chmod(path.c_str(), 0) != 0) {
+      return 77;
+    }
+    std::string err;
+    auto l = Ledger::open(dir, "private", &err);
+    (void)!::write(pipefd[1], err.data(), err.size());
+    return l == nullptr ? 0 : 1;
+  });
+  ::close(pipefd[1]);
+  std::string err;
+  char buf[512];
+  for (ssize_t n; (n = ::read(pipefd[0], buf, sizeof(buf))) > 0;) err.append(buf, n);
+  ::close(pipefd[0]);
+  const int rc = waitExit(pid);
+  if (rc == 77) GTEST_SKIP() << "cannot drop privileges here";
+  EXPECT_EQ(rc, 0) << "opened a ledger it has no permission for";
+  EXPECT_NE(err.find(path), std::string::npos) << err;
+  EXPECT_NE(err.find("Permission denied"), std::string::npos) << err;
+  EXPECT_NE(err.find("tenant's user"), std::string::npos) << err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reservations in one process
+
+TEST(Ledger, ReservesExactlyUpToTheLimit) {
+  TempDir tmp;
+  auto l = mustOpen(tmp.ledgers(), "exact");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  const int dev = l->deviceIndex(kUuidA, 10 * kMiB, &err);
+  ASSERT_GE(dev, 0) << err;
+  const uint64_t limit = l->limit(dev);
+
+  EXPECT_FALSE(l->reserve(dev, limit + 1, limit)) << "larger than the limit";
+  EXPECT_EQ(l->denied(dev), 1u);
+  EXPECT_EQ(l->used(dev), 0u);
+  EXPECT_TRUE(l->reserve(dev, limit - 1, limit));
+  EXPECT_TRUE(l->reserve(dev, 1, limit));
+  EXPECT_EQ(l->used(dev), limit);
+  EXPECT_FALSE(l->reserve(dev, 1, limit)) << "one byte over";
+  EXPECT_EQ(l->denied(dev), 2u);
+  EXPECT_EQ(l->used(dev), limit) << "a refused reservation leaves nothing behind";
+  EXPECT_TRUE(l->reserve(dev, 0, limit));
+  l->release(dev, 1);
+  EXPECT_EQ(l->used(dev), limit - 1);
+  EXPECT_TRUE(l->reserve(dev, 1, limit)) << "a release makes room";
+  EXPECT_EQ(l->peak(dev), limit);
+
+  // A limit lowered live: nothing is taken back, nothing new fits until usage drops below it.
+  l->setLimit(dev, 4 * kMiB);
+  EXPECT_FALSE(l->reserve(dev, 1, l->limit(dev)));
+  l->release(dev, limit - 3 * kMiB);
+  EXPECT_EQ(l->used(dev), 3 * kMiB);
+  EXPECT_TRUE(l->reserve(dev, kMiB, l->limit(dev)));
+  EXPECT_FALSE(l->reserve(dev, 1, l->limit(dev)));
+
+  // Releasing more than held is a caller bug: clamped, never wrapped.
+  l->release(dev, 100 * kMiB);
+  EXPECT_EQ(l->used(dev), 0u);
+  EXPECT_TRUE(l->reserve(dev, 4 * kMiB, l->limit(dev)));
+
+  // No limit: accounted, always granted.
+  EXPECT_TRUE(l->reserve(dev, uint64_t{1} << 50, kLedgerNoLimit));
+  EXPECT_EQ(l->used(dev), (uint64_t{1} << 50) + 4 * kMiB);
+}
+
+TEST(Ledger, ThreadsOfOneProcessShareItsSlotExactly) {
+  TempDir tmp;
+  auto l = mustOpen(tmp.ledgers(), "threads");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  const int dev = l->deviceIndex(kUuidA, 3 * kMiB, &err);
+  ASSERT_GE(dev, 0) << err;
+  std::atomic<int> held{0}, maxHeld{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t)
+    threads.emplace_back([&]() {
+      for (int i = 0; i < 20000; ++i) {
+        if (!l->reserve(dev, kMiB, 3 * kMiB)) continue;
+        atomicMax(maxHeld, held.fetch_add(1) + 1);
+        held.fetch_sub(1);
+        l->release(dev, kMiB);
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_LE(maxHeld.load(), 3);
+  EXPECT_EQ(l->used(dev), 0u);
+  EXPECT_LE(l->peak(dev), 3 * kMiB);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Across processes
+
+// 8 processes each keep up to 4 chunks of 1 MiB (demand 32 MiB) on a 10 MiB limit. Each counts
+// what it holds in `held` right after a granted reservation and before releasing, so `held` is
+// never above what the ledger granted: it must never exceed 10 chunks. An observer process checks
+// the same while also bounding the ledger's raw sum (held + at most one in-flight intent per
+// process). Half of the workers exit holding chunks (their slots are reaped).
+struct RaceShared {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> held{0};
+  std::atomic<int64_t> maxHeld{0};
+  std::atomic<int64_t> violations{0};
+  std::atomic<uint64_t> maxRawSum{0};
+  std::atomic<uint64_t> grants{0};
+  std::atomic<uint64_t> denials{0};
+  std::atomic<uint64_t> observations{0};
+};
+
+TEST(Ledger, ProcessesRacingForOneQuotaNeverExceedIt) {
+  constexpr int kWorkers = 8;
+  constexpr int kRounds = 20000;
+  constexpr uint64_t kLimit = 10 * kMiB;
+  constexpr int64_t kMaxChunks = kLimit / kMiB;
+  TempDir tmp;
+  auto l = mustOpen(tmp.ledgers(), "race");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  const int dev = l->deviceIndex(kUuidA, kLimit, &err);
+  ASSERT_GE(dev, 0) << err;
+  RaceShared* sh = sharedObject<RaceShared>();
+  const std::string dir = tmp.ledgers();
+
+  std::vector<pid_t> pids;
+  pids.push_back(spawn([&]() {  // the observer
+    std::string e;
+    auto o = Ledger::open(dir, "race", &e);
+    if (!o) return 10;
+    sh->ready.fetch_add(1);
+    while (!sh->stop.load()) {
+      const int64_t h = sh->held.load();
+      const uint64_t raw = o->used(dev);
+      if (h > kMaxChunks || raw > kLimit + kWorkers * kMiB) sh->violations.fetch_add(1);
+      atomicMax(sh->maxRawSum, raw);
+      sh->observations.fetch_add(1);
+    }
+    return 0;
+  }));
+  for (int w = 0; w < kWorkers; ++w) {
+    pids.push_back(spawn([&, w]() {
+      std::string e;
+      auto me = Ledger::open(dir, "race", &e);
+      if (!me || me->deviceIndex(kUuidA, 1, &e) != dev) return 11;
+      std::mt19937 rng(1234 + w);
+      sh->ready.fetch_add(1);
+      while (!sh->go.load()) cpuPause();
+      int mine = 0;
+      uint64_t grants = 0, denials = 0;
+      for (int i = 0; i < kRounds; ++i) {
+        if (mine == 0 || (mine < 4 && rng() % 2 == 0)) {
+          if (me->reserve(dev, kMiB, kLimit)) {
+            const int64_t h = sh->held.fetch_add(1) + 1;
+            atomicMax(sh->maxHeld, h);
+            if (h > kMaxChunks) sh->violations.fetch_add(1);
+            ++mine;
+            ++grants;
+          } else {
+            ++denials;
+          }
+        } else {
+          sh->held.fetch_sub(1);
+          me->release(dev, kMiB);
+          --mine;
+        }
+      }
+      sh->grants.fetch_add(grants);
+      sh->denials.fetch_add(denials);
+      if (w % 2 == 1) {  // die holding: the ledger keeps the chunks until a reaper returns them
+        sh->held.fetch_sub(mine);
+        ::_exit(0);
+      }
+      for (; mine > 0; --mine) {
+        sh->held.fetch_sub(1);
+        me->release(dev, kMiB);
+      }
+      return 0;
+    }));
+  }
+  while (sh->ready.load() < kWorkers + 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  sh->go.store(true);
+  for (size_t i = 1; i < pids.size(); ++i) EXPECT_EQ(waitExit(pids[i]), 0) << "worker " << i;
+  sh->stop.store(true);
+  EXPECT_EQ(waitExit(pids[0]), 0) << "observer";
+
+  EXPECT_EQ(sh->violations.load(), 0);
+  EXPECT_LE(sh->maxHeld.load(), kMaxChunks);
+  EXPECT_GE(sh->maxHeld.load(), kMaxChunks - 2) << "the quota was hardly contended";
+  EXPECT_GT(sh->denials.load(), 0u);
+  EXPECT_GT(sh->observations.load(), 0u);
+  EXPECT_LE(l->peak(dev), kLimit);
+  EXPECT_EQ(l->denied(dev), sh->denials.load()) << "every refusal counted once";
+  // All gone: what the dead held comes back, nothing more (no underflow), nothing less.
+  l->reapDead();
+  EXPECT_EQ(l->used(dev), 0u);
+  EXPECT_TRUE(l->reserve(dev, kLimit, kLimit));
+  EXPECT_EQ(l->used(dev), kLimit);
+  l->release(dev, kLimit);
+  EXPECT_EQ(l->processes(dev).size(), 1u);
+  freeShared(sh);
+}
+
+// Workers churn reservations of random sizes; the test kills one at a random instant, starts a
+// replacement, 100 times, then kills the rest. Afterwards the full limit must be reservable and,
+// once released, the ledger must read exactly zero.
+struct ChurnShared {
+  std::atomic<uint64_t> ops{0};
+  std::atomic<int> started{0};
+};
+
+TEST(Ledger, KillNineAtRandomInstantsLeaksNothing) {
+  constexpr int kWorkers = 8;
+  constexpr int kKills = 100;
+  constexpr uint64_t kLimit = 16 * kMiB;
+  TempDir tmp;
+  auto l = mustOpen(tmp.ledgers(), "churn");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  const int dev = l->deviceIndex(kUuidA, kLimit, &err);
+  ASSERT_GE(dev, 0) << err;
+  ChurnShared* sh = sharedObject<ChurnShared>();
+  const std::string dir = tmp.ledgers();
+
+  auto worker = [&]() {
+    return spawn([&]() {
+      std::string e;
+      auto me = Ledger::open(dir, "churn", &e);
+      if (!me) return 10;
+      const int d = me->deviceIndex(kUuidA, 1, &e);
+      sh->started.fetch_add(1);
+      std::mt19937 rng(static_cast<unsigned>(::getpid()));
+      uint64_t held[8];
+      int n = 0;
+      for (;;) {
+        if (n == 0 || (n < 8 && rng() % 2 == 0)) {
+          const uint64_t b = (1 + rng() % 32) * 64 * 1024;
+          if (me->reserve(d, b, kLimit)) held[n++] = b;
+        } else {
+          me->release(d, held[--n]);
+        }
+        sh->ops.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  };
+  std::vector<pid_t> pids;
+  for (int w = 0; w < kWorkers; ++w) pids.push_back(worker());
+  std::mt19937 rng(20240601);
+  const auto start = std::chrono::steady_clock::now();
+  int killedWhileHolding = 0;
+  for (int k = 0; k < kKills; ++k) {
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 12000));
+    const size_t victim = rng() % pids.size();
+    ASSERT_EQ(::kill(pids[victim], SIGKILL), 0);
+    EXPECT_EQ(waitExit(pids[victim]), 128 + SIGKILL);
+    killedWhileHolding += l->used(dev) > 0;
+    pids[victim] = worker();
+  }
+  for (pid_t p : pids) ::kill(p, SIGKILL);
+  for (pid_t p : pids) EXPECT_EQ(waitExit(p), 128 + SIGKILL);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(elapsed, std::chrono::seconds(10));
+  EXPECT_GT(sh->started.load(), kKills / 2) << "most workers were killed after they started";
+  EXPECT_GT(sh->ops.load(), 10000u);
+  EXPECT_GT(killedWhileHolding, kKills / 2) << "the kills hardly ever hit a holder";
+
+  // Everything the dead held is still in their slots; a full-limit reservation reaps it.
+  EXPECT_LE(l->peak(dev), kLimit);
+  EXPECT_TRUE(l->reserve(dev, kLimit, kLimit)) << "leaked: " << l->used(dev);
+  EXPECT_EQ(l->used(dev), kLimit);
+  l->release(dev, kLimit);
+  EXPECT_EQ(l->used(dev), 0u);
+  EXPECT_EQ(l->reapDead(), 0);
+  const auto procs = l->processes(dev);
+  ASSERT_EQ(procs.size(), 1u);
+  EXPECT_EQ(procs[0].pid, ::getpid());
+  freeShared(sh);
+}
+
+struct ForkShared {
+  std::atomic<int> childSlotBefore{-2};
+  std::atomic<int> childSlot{-2};
+  std::atomic<uint64_t> usedAfterStrayRelease{0};
+  std::atomic<uint64_t> usedSeen{0};
+  std::atomic<int> procsSeen{0};
+};
+
+TEST(Ledger, ForkedChildGetsItsOwnSlot) {
+  TempDir tmp;
+  auto l = mustOpen(tmp.ledgers(), "forky");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  const int dev = l->deviceIndex(kUuidA, 100 * kMiB, &err);
+  ASSERT_GE(dev, 0) << err;
+  ASSERT_TRUE(l->reserve(dev, kMiB, 100 * kMiB));
+  const int parentSlot = l->slot();
+  ForkShared* sh = sharedObject<ForkShared>();
+  const pid_t pid = spawn([&]() {
+    sh->childSlotBefore.store(l->slot());
+    l->release(dev, kMiB);  // the parent's memory: not the child's to release
+    sh->usedAfterStrayRelease.store(l->used(dev));
+    if (!l->reserve(dev, 2 * kMiB, 100 * kMiB)) return 1;
+    sh->childSlot.store(l->slot());
+    sh->usedSeen.store(l->used(dev));
+    sh->procsSeen.store(static_cast<int>(l->processes(dev).size()));
+    ::_exit(0);  // dies holding 2 MiB
+  });
+  ASSERT_EQ(waitExit(pid), 0);
+  EXPECT_EQ(sh->childSlotBefore.load(), -1);
+  EXPECT_EQ(sh->usedAfterStrayRelease.load(), kMiB);
+  EXPECT_GE(sh->childSlot.load(), 0);
+  EXPECT_NE(sh->childSlot.load(), parentSlot);
+  EXPECT_EQ(sh->usedSeen.load(), 3 * kMiB);
+  EXPECT_EQ(sh->procsSeen.load(), 2);
+  EXPECT_EQ(l->slot(), parentSlot) << "the parent keeps its slot";
+  EXPECT_EQ(l->used(dev), 3 * kMiB);
+  EXPECT_EQ(l->reapDead(), 1);
+  EXPECT_EQ(l->used(dev), kMiB) << "the child's 2 MiB came back, the parent's 1 MiB stayed";
+  freeShared(sh);
+}
+
+// A parent dies while its forked child (which never used the ledger) lives on: the child must not
+// keep the parent's slot locked through the inherited open file description.
+TEST(Ledger, DeadParentIsReapedWhileItsForkedChildLives) {
+  TempDir tmp;
+  const std::string dir = tmp.ledgers();
+  auto l = mustOpen(dir, "orphans");  // first, so that the dead parent's slot is not claimed anew
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  const int dev = l->deviceIndex(kUuidA, 100 * kMiB, &err);
+  ASSERT_GE(dev, 0) << err;
+  int hold[2], grandchild[2];
+  ASSERT_EQ(::pipe(hold), 0);
+  ASSERT_EQ(::pipe(grandchild), 0);
+  const pid_t parent = spawn([&]() {
+    std::string e;
+    auto p = Ledger::open(dir, "orphans", &e);
+    if (!p || p->deviceIndex(kUuidA, 1, &e) != dev || !p->reserve(dev, 4 * kMiB, 100 * kMiB))
+      return 11;
+    const pid_t child = ::fork();
+    if (child == 0) {  // blocks until the test closes the pipe
+      ::close(hold[1]);
+      char c;
+      while (::read(hold[0], &c, 1) > 0) {
+      }
+      ::_exit(0);
+    }
+    (void)!::write(grandchild[1], &child, sizeof(child));
+    ::_exit(0);  // dies holding 4 MiB
+  });
+  ::close(hold[0]);
+  ::close(grandchild[1]);
+  struct CloseOnExit {  // however the test ends, the grandchild sees EOF and exits
+    int fd;
+    ~CloseOnExit() { ::close(fd); }
+  } releaseGrandchild{hold[1]};
+  ASSERT_EQ(waitExit(parent), 0);
+  pid_t child = 0;
+  ASSERT_EQ(::read(grandchild[0], &child, sizeof(child)), (ssize_t)sizeof(child));
+  ::close(grandchild[0]);
+  ASSERT_EQ(::kill(child, 0), 0) << "the forked child is alive";
+
+  EXPECT_EQ(l->used(dev), 4 * kMiB);
+  system("cat /proc/locks; ls -i /tmp/cushare_ledger_*/ledgers/; ps -ef | grep unit_tests");
+  EXPECT_EQ(l->reapDead(), 1);
+  EXPECT_EQ(l->used(dev), 0u);
+}
+
+}  // namespace
+}  // namespace cushare

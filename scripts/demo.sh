@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The demo: builds cushare, then runs an unmodified CUDA program on simgpu, the simulated GPU,
-# and shows the device being shared host-wide: one process's memory is seen by all, and comes
-# back when that process is killed.
+# shows the device being shared host-wide (one process's memory is seen by all, and comes back
+# when that process is killed), and then the shim: two tenants with memory limits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh >/dev/null
@@ -26,3 +26,11 @@ echo "== 3. kill -9 the holder: its memory comes back"
 kill -9 "$holder"
 wait "$holder" 2>/dev/null || true
 build/tools/simgpu-smi
+
+echo
+echo "== 4. the shim: tenant alpha (limit 4GiB) asks for 6 GiB and is refused; beta (8GiB) gets it"
+export CUSHARE_LEDGER_DIR="$SIMGPU_STATE_DIR/ledgers"
+LD_PRELOAD="$PWD/build/lib/libcushare.so" CUSHARE_TENANT=alpha CUSHARE_MEMORY_LIMIT=4GiB \
+  build/examples/vector_add 6144 0 || echo "(alpha's program failed its allocation, as it should)"
+LD_PRELOAD="$PWD/build/lib/libcushare.so" CUSHARE_TENANT=beta CUSHARE_MEMORY_LIMIT=8GiB \
+  build/examples/vector_add 6144 0

@@ -571,14 +571,11 @@ bool Ledger::reserveSlow(int dev, int slot, uint64_t bytes, uint64_t limit) noex
     if (reapDead() > 0 && announceAndValidate(dev, slot, bytes, limit)) return true;
     // (b) The excess may be other processes' intents in flight (announced, about to be retracted).
     // Pause briefly and try again, but only when what is held now leaves room. Bounded: a real
-    // shortage is denied after a few microseconds. The last pause yields the CPU, in case the
-    // other reserver was preempted inside its window.
+    // shortage is denied after a few microseconds. (No sched_yield here: on a busy host it can
+    // cost a whole time slice, and an intent outlives its few-hundred-nanosecond window only if
+    // its process is preempted inside it.)
     for (int i = 0; i < kTransientRetries; ++i) {
-      if (i + 1 < kTransientRetries) {
-        for (int k = 0; k < (64 << i); ++k) cpuRelax();
-      } else {
-        ::sched_yield();
-      }
+      for (int k = 0; k < (64 << i); ++k) cpuRelax();
       if (sumUsed(dev) <= limit - bytes && announceAndValidate(dev, slot, bytes, limit)) return true;
     }
   }

@@ -114,14 +114,20 @@ bool makeDirs(const std::string& dir, std::string* err) {
     if (dir[i] == '/') ::mkdir(dir.substr(0, i).c_str(), 0755);  // errors: the last mkdir says
   if (::mkdir(dir.c_str(), 0700) == 0) return true;
   const int e = errno;
+  if (e != EEXIST) {
+    *err = errnoText("cannot create ledger directory " + dir, e);
+    return false;
+  }
   struct stat st;
-  if (e == EEXIST && ::stat(dir.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return true;
+  if (::stat(dir.c_str(), &st) != 0) {
+    *err = errnoText("cannot access ledger directory " + dir, errno);
+    return false;
+  }
+  if (!S_ISDIR(st.st_mode)) {
     *err = "ledger directory " + dir + " exists and is not a directory";
     return false;
   }
-  *err = errnoText("cannot create ledger directory " + dir, e);
-  return false;
+  return true;
 }
 
 template <class T>
@@ -133,8 +139,7 @@ T fieldAt(const unsigned char* raw, size_t offset) {
 
 std::string printable(const char* s, size_t n) {
   std::string out;
-  for (size_t i = 0; i < n && s[i] != '\0'; ++i)
-    out += (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
+  for (size_t i = 0; i < n && s[i] != '\0'; ++i) out += (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
   return out;
 }
 
@@ -164,8 +169,8 @@ std::string checkHeader(const unsigned char* raw, uint64_t fileBytes, const std:
   if (const uint64_t v = u64(offsetof(LedgerHeader, file_size)); v != kLedgerFileSize)
     return mismatch("file_size", v, kLedgerFileSize);
   if (fileBytes != kLedgerFileSize)
-    return "field 'file_size' says " + std::to_string(kLedgerFileSize) + " bytes but the file has " +
-           std::to_string(fileBytes) + " (truncated or extended)";
+    return "field 'file_size' says " + std::to_string(kLedgerFileSize) +
+           " bytes but the file has " + std::to_string(fileBytes) + " (truncated or extended)";
   if (const uint32_t v = u32(offsetof(LedgerHeader, max_devices)); v != kLedgerMaxDevices)
     return mismatch("max_devices", v, kLedgerMaxDevices);
   if (const uint32_t v = u32(offsetof(LedgerHeader, max_slots)); v != kLedgerMaxSlots)
@@ -245,7 +250,8 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
 
   // Creation and validation are serialised by flock on the file (init path only). Whoever holds
   // it first initialises; every later opener validates the finished header under the same lock.
-  if (flockRetry(fd, LOCK_EX) != 0) return fail(errnoText("cannot flock ledger " + path, errno), nullptr);
+  if (flockRetry(fd, LOCK_EX) != 0)
+    return fail(errnoText("cannot flock ledger " + path, errno), nullptr);
   struct stat st;
   if (::fstat(fd, &st) != 0) return fail(errnoText("cannot stat ledger " + path, errno), nullptr);
   if (!S_ISREG(st.st_mode)) return fail("ledger " + path + " is not a regular file", nullptr);
@@ -271,7 +277,8 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
     if (std::string why = checkHeader(raw, bytes, tenant); !why.empty())
       return fail("ledger " + path + ": " + why +
                       " (written by another cushare version, or damaged; remove it when no "
-                      "process of tenant \"" + tenant + "\" runs)",
+                      "process of tenant \"" +
+                      tenant + "\" runs)",
                   nullptr);
   }
   // Map through a second open file description, never the one that holds the slot lock: a
@@ -417,7 +424,8 @@ int Ledger::claimSlotLocked(std::string* err) noexcept {
     if (r == 0) continue;  // a live process's slot
     const int slot = static_cast<int>(s);
     // Ours now. A previous owner that died and was not reaped yet left its usage: return it.
-    for (uint32_t d = 0; d < kLedgerMaxDevices; ++d) usedAt(static_cast<int>(d), slot).store(0, kSeq);
+    for (uint32_t d = 0; d < kLedgerMaxDevices; ++d)
+      usedAt(static_cast<int>(d), slot).store(0, kSeq);
     pid_[s].store(pid, kSeq);
     // Raise slot_hwm past us before our first announce (the correctness argument needs it).
     uint32_t hwm = hdr_->slot_hwm.load(kSeq);
@@ -534,10 +542,10 @@ uint64_t Ledger::sumUsed(int dev) const noexcept {
 
 bool Ledger::announceAndValidate(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept {
   std::atomic<uint64_t>& mine = usedAt(dev, slot);
-  mine.fetch_add(bytes, kSeq);          // (1) announce
-  const uint64_t sum = sumUsed(dev);    // (2) validate: includes every intent announced before ours
+  mine.fetch_add(bytes, kSeq);        // (1) announce
+  const uint64_t sum = sumUsed(dev);  // (2) validate: includes every intent announced before ours
   if (sum > limit) {
-    mine.fetch_sub(bytes, kSeq);        // (3) retract
+    mine.fetch_sub(bytes, kSeq);  // (3) retract
     return false;
   }
   std::atomic<uint64_t>& peak = hdr_->devices[dev].peak;
@@ -576,7 +584,8 @@ bool Ledger::reserveSlow(int dev, int slot, uint64_t bytes, uint64_t limit) noex
     // its process is preempted inside it.)
     for (int i = 0; i < kTransientRetries; ++i) {
       for (int k = 0; k < (64 << i); ++k) cpuRelax();
-      if (sumUsed(dev) <= limit - bytes && announceAndValidate(dev, slot, bytes, limit)) return true;
+      if (sumUsed(dev) <= limit - bytes && announceAndValidate(dev, slot, bytes, limit))
+        return true;
     }
   }
   hdr_->devices[dev].denied.fetch_add(1, std::memory_order_relaxed);

@@ -22,7 +22,12 @@ struct View {
 View tenantView(int ordinal, uint64_t realTotal, uint64_t realFree) noexcept {
   const uint64_t limit = effectiveLimit(ordinal);
   if (limit == kUnlimited) return {realTotal, realFree};
-  const uint64_t used = state().ledger->used(state().devices[ordinal].ledgerIndex);
+  const int idx = state().devices[ordinal].ledgerIndex;
+  // Memory of the tenant's dead processes must not shrink the view until some allocation happens
+  // to be denied: return it first (a liveness check per occupied slot; this is not the
+  // allocation path).
+  if (state().ledger->used(idx) > 0) state().ledger->reapDead();
+  const uint64_t used = state().ledger->used(idx);
   const uint64_t total = limit < realTotal ? limit : realTotal;
   const uint64_t left = used >= total ? 0 : total - used;
   return {total, left < realFree ? left : realFree};

@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <pthread.h>
+
 #include <mutex>
 #include <string>
 
@@ -17,7 +19,13 @@ namespace {
 ShimState* gState = nullptr;  // leaked on purpose
 std::atomic<int> gProcessPhase{0};  // 0 not run, 1 ok, 2 failed
 std::atomic<int> gDevicePhase{0};
-std::mutex* gInitMutex = new std::mutex;
+// Constant-initialised: hooks can run before this library's constructors (another library's
+// constructor calling CUDA, or cudart resolving entry points early).
+pthread_mutex_t gInitMutex = PTHREAD_MUTEX_INITIALIZER;
+struct InitLock {
+  InitLock() { pthread_mutex_lock(&gInitMutex); }
+  ~InitLock() { pthread_mutex_unlock(&gInitMutex); }
+};
 
 void failProcess(const std::string& why) {
   logLine(LogLevel::kError, "%s", why.c_str());
@@ -62,7 +70,7 @@ ShimState& state() noexcept { return *gState; }
 CUresult processReady() noexcept {
   int p = gProcessPhase.load(std::memory_order_acquire);
   if (p == 0) {
-    std::lock_guard<std::mutex> g(*gInitMutex);
+    InitLock g;
     if (gProcessPhase.load(std::memory_order_acquire) == 0) runProcessInit();
     p = gProcessPhase.load(std::memory_order_acquire);
   }
@@ -76,7 +84,7 @@ CUresult devicesReady() noexcept {
 
 CUresult initDevices() noexcept {
   if (CUresult r = processReady(); r != CUDA_SUCCESS) return r;
-  std::lock_guard<std::mutex> g(*gInitMutex);
+  InitLock g;
   if (int p = gDevicePhase.load(std::memory_order_acquire); p != 0) return p == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
   ShimState& s = *gState;
   RealDriver& d = realDriver();

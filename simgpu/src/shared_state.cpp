@@ -152,6 +152,7 @@ SharedState* SharedState::open(const std::string& dir, int deviceCount, const ui
   }
   s->fd_ = fd;
   s->fdPid_ = getpid();
+  registerForFork(s);
   return s;
 }
 
@@ -186,13 +187,40 @@ bool SharedState::reapSlot(int i) {
   return returned;
 }
 
+namespace {
+// Every SharedState of the process (the driver's and NVML's), for the fork handler.
+constexpr int kMaxInstances = 8;
+std::atomic<SharedState*> gInstances[kMaxInstances];
+}  // namespace
+
+void SharedState::registerForFork(SharedState* s) {
+  static const int once = pthread_atfork(nullptr, nullptr, [] {
+    for (auto& slot : gInstances)
+      if (SharedState* st = slot.load()) st->dropInheritedLockFd();
+  });
+  (void)once;
+  for (auto& slot : gInstances) {
+    SharedState* expected = nullptr;
+    if (slot.compare_exchange_strong(expected, s)) return;
+  }
+}
+
+void SharedState::dropInheritedLockFd() {
+  // In a forked child: the inherited descriptor shares the parent's open file description, and
+  // an OFD lock lasts while any descriptor of it is open. Keeping it would keep the parent's slot
+  // "alive" after the parent dies (kill -9 included) for as long as this child lives, and its
+  // memory would never be returned. The child opens its own description when it needs one.
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
 int SharedState::ownFd() {
-  // Caller holds claimMutex(). A forked child shares its parent's open file description, and so
-  // its locks: locking through it would look like owning the parent's slot. The child opens the
-  // file again to get a description (and later a slot) of its own. The parent's description stays
-  // open in the child: closing it would drop the parent's lock.
+  // Caller holds claimMutex(). A forked child must not lock through its parent's open file
+  // description (that would look like owning the parent's slot): it opens the file again to get a
+  // description (and later a slot) of its own.
   const int pid = getpid();
   if (fdPid_ != pid) {
+    if (fd_ >= 0) ::close(fd_);  // the parent's description, if the fork handler did not run
     int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) return -1;
     fd_ = fd;

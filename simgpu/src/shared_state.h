@@ -86,6 +86,8 @@ class SharedState {
 
  private:
   int ownFd();
+  static void registerForFork(SharedState* s);
+  void dropInheritedLockFd();
   bool claimSlot();
   bool tryLockSlot(int i, int fd);
   void unlockSlot(int i, int fd);

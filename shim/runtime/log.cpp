@@ -1,4 +1,14 @@
-// See log.h.
+// See log.h. Lines are formatted by spdlog (header-only and hidden inside the shim, so it cannot
+// clash with an spdlog the application itself uses) and written by a sink that makes one
+// write(2) per line: no registry, no mutex, no async thread. That is what keeps it safe before
+// main, in a forked child (no lock another thread could have held at fork) and during exit.
+#define SPDLOG_HEADER_ONLY
+#define FMT_HEADER_ONLY
+#include <spdlog/details/null_mutex.h>
+#include <spdlog/logger.h>
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/base_sink.h>
+
 #include "log.h"
 
 #include <unistd.h>
@@ -12,20 +22,58 @@
 #include <cstdio>
 
 namespace cushare::shim {
+namespace {
+
+// One write(2) per line to stderr. The pattern formatter is not thread-safe, so each thread
+// formats with its own copy (leaked with the thread: trivially destructible thread-local).
+class StderrSink final : public spdlog::sinks::base_sink<spdlog::details::null_mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    thread_local spdlog::formatter* local = nullptr;
+    if (!local) local = formatter_->clone().release();
+    spdlog::memory_buf_t buf;
+    local->format(msg, buf);
+    ssize_t w = ::write(STDERR_FILENO, buf.data(), buf.size());
+    (void)w;
+  }
+  void flush_() override {}
+};
+
+spdlog::logger* logger() noexcept {
+  // Built on first use and never destroyed (cudart may log through us during exit teardown).
+  static spdlog::logger* l = [] {
+    auto* made = new spdlog::logger("cushare", std::make_shared<StderrSink>());
+    made->set_pattern("cushare[%P] %l: %v");
+    made->set_level(spdlog::level::trace);  // filtering is CUSHARE_LOG_LEVEL's, in CUSHARE_LOG
+    return made;
+  }();
+  return l;
+}
+
+spdlog::level::level_enum toSpdlog(LogLevel l) {
+  switch (l) {
+    case LogLevel::kError: return spdlog::level::err;
+    case LogLevel::kWarn: return spdlog::level::warn;
+    case LogLevel::kInfo: return spdlog::level::info;
+    case LogLevel::kDebug: return spdlog::level::debug;
+    default: return spdlog::level::trace;
+  }
+}
+
+}  // namespace
 
 void logLine(LogLevel level, const char* fmt, ...) noexcept {
-  static constexpr const char* kNames[] = {"error", "warn", "info", "debug", "trace"};
   char buf[1024];
-  int n = std::snprintf(buf, sizeof buf, "cushare[%d] %s: ", static_cast<int>(getpid()),
-                        kNames[static_cast<int>(level)]);
   va_list ap;
   va_start(ap, fmt);
-  const int m = std::vsnprintf(buf + n, sizeof buf - static_cast<size_t>(n) - 1, fmt, ap);
+  const int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  n = m < 0 ? n : std::min<int>(n + m, static_cast<int>(sizeof buf) - 2);
-  buf[n++] = '\n';
-  ssize_t w = write(STDERR_FILENO, buf, static_cast<size_t>(n));
-  (void)w;
+  if (n < 0) return;
+  try {
+    logger()->log(toSpdlog(level), "{}", std::string_view(buf, std::min<size_t>(static_cast<size_t>(n), sizeof buf - 1)));
+  } catch (...) {
+    // Out of memory while logging: drop the line rather than disturb the application.
+  }
 }
 
 void logStackRateLimited(LogLevel level, int maxFrames) noexcept {

@@ -34,7 +34,7 @@
 namespace simgpu {
 namespace {
 
-constexpr size_t kSlotCount = 64;
+constexpr size_t kSlotCount = 128;  // above every reported size (CONTEXT_IDS: 93)
 
 enum TableId : int {
   kCudartInterface,
@@ -43,7 +43,7 @@ enum TableId : int {
   kContextLocalStorage,
   kContextChecks,
   kIntegrityCheck,
-  kContextIds,       // used by cuBLASLt and cuFFT
+  kContextIds,       // used by cuBLAS, cuBLASLt and cuFFT
   kModuleCallbacks,  // used by cuFFT
   kTableCount,
 };
@@ -76,7 +76,7 @@ constexpr TableSpec kTableSpecs[kTableCount] = {
      3, "INTEGRITY_CHECK"},
     {kContextIds,
      {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
-     8, "CONTEXT_IDS"},
+     93, "CONTEXT_IDS"},  // 93: the size public reimplementations record for the real driver
     {kModuleCallbacks,
      {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e},
      16, "MODULE_CALLBACKS"},
@@ -317,6 +317,52 @@ CUresult contextId(CUcontext ctx, uint64_t* id) noexcept {
   return r;
 }
 
+// Runs fn with ctx current (nullptr: the calling thread's current context), so that the special
+// stream handles (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) resolve to ctx's streams.
+template <typename Fn>
+CUresult withContext(CUcontext ctx, Fn fn) noexcept {
+  CUcontext current = nullptr;
+  CUresult r = cuCtxGetCurrent(&current);
+  if (r != CUDA_SUCCESS) return r;
+  if (ctx == nullptr || ctx == current) return fn();
+  if ((r = cuCtxPushCurrent(ctx)) != CUDA_SUCCESS) return r;
+  const CUresult result = fn();
+  CUcontext popped = nullptr;
+  const CUresult popResult = cuCtxPopCurrent(&popped);
+  return result != CUDA_SUCCESS ? result : popResult;
+}
+
+// CONTEXT_IDS slot 51: (CUcontext ctx, CUstream stream, CUstream* out, int perThread): the
+// driver's own handle of a public stream handle. cuBLAS calls it in cublasSgemm's kernel path
+// (before every xmma launch) with the handle's stream, perThread = (stream ==
+// CU_STREAM_PER_THREAD), and passes the answer only to slot 39 to get the stream's id, which it
+// matches against the streams it has cached state for; a failure is CUBLAS_STATUS_INTERNAL_ERROR.
+// simgpu's handles are their own private handles: a created stream is answered as itself, and the
+// NULL stream as the default stream it stands for (legacy, or per-thread when perThread is set),
+// so slot 39 resolves it against the same context. An unknown stream is CUDA_ERROR_INVALID_HANDLE.
+CUresult contextPrivateStream(CUcontext ctx, CUstream stream, CUstream* out, int perThread) noexcept {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (stream == nullptr) stream = perThread != 0 ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+  const CUresult r = withContext(ctx, [stream]() noexcept {
+    unsigned long long id = 0;
+    return cuStreamGetId(stream, &id);  // validates the handle and creates a per-thread stream
+  });
+  if (r != CUDA_SUCCESS) return r;
+  *out = stream;
+  return CUDA_SUCCESS;
+}
+
+// CONTEXT_IDS slot 39: (CUcontext ctx, CUstream privateStream, uint64_t* id): the stream's unique
+// id, as cuStreamGetId, for a stream slot 51 answered.
+CUresult contextStreamId(CUcontext ctx, CUstream stream, uint64_t* id) noexcept {
+  if (id == nullptr || stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long v = 0;
+  const CUresult r = withContext(ctx, [stream, &v]() noexcept { return cuStreamGetId(stream, &v); });
+  if (r != CUDA_SUCCESS) return r;
+  *id = v;
+  return CUDA_SUCCESS;
+}
+
 // MODULE_CALLBACKS slot 7: (ctx, module, cb(user, CUfunction), user) -> int, called by cuFFT right
 // after it loads a kernel image: it must hand the module's kernel to cb and return 1, else cuFFT
 // unloads the module. simgpu cannot name kernels in compressed images, so it hands an unnamed
@@ -365,6 +411,8 @@ void buildTables(Tables* t) noexcept {
 
   t->table[kToolsTls].slots[2] = slotAddress(&toolsCurrentContext);
   t->table[kContextIds].slots[4] = slotAddress(&contextId);
+  t->table[kContextIds].slots[39] = slotAddress(&contextStreamId);
+  t->table[kContextIds].slots[51] = slotAddress(&contextPrivateStream);
   t->table[kModuleCallbacks].slots[7] = slotAddress(&moduleForEachFunction);
 }
 

@@ -186,7 +186,7 @@ TEST_F(Blas, HandleAndSgemmAreCounted) {
   EXPECT_LT(freeHandle, free0) << "the handle's workspace is not counted";
   expectAllCounted("cuBLAS handle");
 
-  constexpr int n = 64;  // see BlasOnSimgpu.Sgemm512 for larger sizes
+  constexpr int n = 64;
   float *a = nullptr, *b = nullptr, *c = nullptr;
   RT_ASSERT(cudaMalloc(&a, sizeof(float) * n * n));
   RT_ASSERT(cudaMalloc(&b, sizeof(float) * n * n));
@@ -264,11 +264,10 @@ TEST_F(Dnn, ConvolutionForwardIsCounted) {
   expectAllCounted("cuDNN handle destroyed");
 }
 
-// Not a shim test: a simgpu limitation found while writing these. cublasSgemm of 512 x 512
-// matrices takes a different cuBLASLt kernel path (sm80_xmma_gemm_..._tilesize64x64x8) than 64 x 64,
-// and returns CUBLAS_STATUS_INTERNAL_ERROR on simgpu, with or without the shim; SIMGPU_TRACE=1
-// shows "export table CONTEXT_IDS slot 51 is not implemented" right before (simgpu's CONTEXT_IDS
-// table implements slot 4 only, simgpu/src/export_tables.cpp). Registered without the shim.
+// Not a shim test: a simgpu regression test found while writing these. cublasSgemm of 512 x 512
+// matrices takes a different kernel path (sm80_xmma_gemm_..._tilesize64x64x8) than 64 x 64, which
+// needs the CONTEXT_IDS table's slots 51 (public stream -> private stream) and 39 (stream id)
+// (simgpu/src/export_tables.cpp). Registered without the shim.
 TEST(BlasOnSimgpu, Sgemm512) {
   RT_ASSERT(cudaSetDevice(0));
   cublasHandle_t h = nullptr;

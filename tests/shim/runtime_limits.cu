@@ -118,6 +118,13 @@ TEST_F(RuntimeLimits, StreamOrderedIsCounted) {
   RT_ASSERT(cudaFreeAsync(a, s));
   RT_ASSERT(cudaFreeAsync(b, s));
   RT_ASSERT(cudaStreamSynchronize(s));
+  // On the default stream (the per-thread one in the _ptds build: cuMemAllocAsync_ptsz).
+  void* c = nullptr;
+  RT_ASSERT(cudaMallocAsync(&c, 200 * kMiB, cudaStreamPerThread));
+  EXPECT_EQ(kLimit - 200 * kMiB, freeMem());
+  RT_EXPECT_ERR(cudaErrorMemoryAllocation, cudaMallocAsync(&a, 57 * kMiB, 0));
+  RT_ASSERT(cudaFreeAsync(c, cudaStreamPerThread));
+  RT_ASSERT(cudaStreamSynchronize(cudaStreamPerThread));
   RT_ASSERT(cudaMemPoolTrimTo(pool, 0));
   RT_ASSERT(cudaStreamDestroy(s));
 }

@@ -209,3 +209,40 @@ TEST(Cublas, Sgemm) {
   CUDA_EXPECT(cudaFree(b));
   CUDA_EXPECT(cudaFree(c));
 }
+
+// At 512 x 512 cuBLAS takes another kernel path (sm80_xmma_gemm_..._tilesize64x64x8) than at 64 x 64:
+// before each launch it asks the driver, through the CONTEXT_IDS table, for its own handle of the
+// handle's stream (slot 51) and that stream's id (slot 39), and fails with
+// CUBLAS_STATUS_INTERNAL_ERROR if either call fails. Run on the legacy default stream, a created
+// stream and the per-thread default stream, the three kinds of handle slot 51 is given. Nothing is
+// computed on simgpu, so C is not checked.
+TEST(Cublas, SgemmLarge) {
+  Handle handle;
+  CUBLAS_ASSERT(cublasCreate(&handle.h));
+  const int n = 512;
+  float *a = nullptr, *b = nullptr, *c = nullptr;
+  CUDA_ASSERT(cudaMalloc(&a, n * n * sizeof(float)));
+  CUDA_ASSERT(cudaMalloc(&b, n * n * sizeof(float)));
+  CUDA_ASSERT(cudaMalloc(&c, n * n * sizeof(float)));
+  CUDA_ASSERT(cudaMemset(a, 0, n * n * sizeof(float)));
+  CUDA_ASSERT(cudaMemset(b, 0, n * n * sizeof(float)));
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_EXPECT(cublasSgemm(handle.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, n, b, n, &beta, c, n));
+  CUDA_EXPECT(cudaDeviceSynchronize());
+
+  cudaStream_t stream = nullptr;
+  CUDA_ASSERT(cudaStreamCreate(&stream));
+  CUBLAS_EXPECT(cublasSetStream(handle.h, stream));
+  CUBLAS_EXPECT(cublasSgemm(handle.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, n, b, n, &beta, c, n));
+  CUDA_EXPECT(cudaStreamSynchronize(stream));
+
+  CUBLAS_EXPECT(cublasSetStream(handle.h, cudaStreamPerThread));
+  CUBLAS_EXPECT(cublasSgemm(handle.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, n, b, n, &beta, c, n));
+  CUDA_EXPECT(cudaStreamSynchronize(cudaStreamPerThread));
+
+  CUBLAS_EXPECT(cublasSetStream(handle.h, nullptr));
+  CUDA_EXPECT(cudaStreamDestroy(stream));
+  CUDA_EXPECT(cudaFree(a));
+  CUDA_EXPECT(cudaFree(b));
+  CUDA_EXPECT(cudaFree(c));
+}

@@ -89,10 +89,14 @@ using ProcV1 = CUresult (*)(const char*, void**, int, cuuint64_t);
 
 const char* flagName(cuuint64_t f) {
   switch (f) {
-    case CU_GET_PROC_ADDRESS_DEFAULT: return "DEFAULT";
-    case CU_GET_PROC_ADDRESS_LEGACY_STREAM: return "LEGACY_STREAM";
-    case CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: return "PER_THREAD_DEFAULT_STREAM";
-    default: return "?";
+    case CU_GET_PROC_ADDRESS_DEFAULT:
+      return "DEFAULT";
+    case CU_GET_PROC_ADDRESS_LEGACY_STREAM:
+      return "LEGACY_STREAM";
+    case CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM:
+      return "PER_THREAD_DEFAULT_STREAM";
+    default:
+      return "?";
   }
 }
 
@@ -112,7 +116,8 @@ std::vector<ElfSymbol> readDynamicSymbols(const std::string& path, std::string* 
   std::ifstream in(path, std::ios::binary);
   const std::string d((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   Elf64_Ehdr eh;
-  if (d.size() < sizeof eh || std::memcmp(d.data(), ELFMAG, SELFMAG) != 0 || d[EI_CLASS] != ELFCLASS64) {
+  if (d.size() < sizeof eh || std::memcmp(d.data(), ELFMAG, SELFMAG) != 0 ||
+      d[EI_CLASS] != ELFCLASS64) {
     *error = path + ": not an ELF64 file";
     return {};
   }
@@ -132,7 +137,9 @@ std::vector<ElfSymbol> readDynamicSymbols(const std::string& path, std::string* 
       Elf64_Sym s;
       std::memcpy(&s, d.data() + sh.sh_offset + k * sizeof s, sizeof s);
       const unsigned bind = ELF64_ST_BIND(s.st_info);
-      if (s.st_shndx == SHN_UNDEF || (bind != STB_GLOBAL && bind != STB_WEAK && bind != STB_GNU_UNIQUE)) continue;
+      if (s.st_shndx == SHN_UNDEF ||
+          (bind != STB_GLOBAL && bind != STB_WEAK && bind != STB_GNU_UNIQUE))
+        continue;
       if (s.st_name >= str.sh_size) continue;
       out.push_back({std::string(d.c_str() + str.sh_offset + s.st_name), s.st_value});
     }
@@ -218,7 +225,9 @@ World gather() {
     w.error = "libcuda.so.1 and libnvidia-ml.so.1 must already be loaded (the test links both)";
     return w;
   }
-  if (!findLoaded("libcuda.so", &w.cuda, &w.error) || !findLoaded("libnvidia-ml.so", &w.nvml, &w.error)) return w;
+  if (!findLoaded("libcuda.so", &w.cuda, &w.error) ||
+      !findLoaded("libnvidia-ml.so", &w.nvml, &w.error))
+    return w;
   void* d = dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34");
   if (!d) d = dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5");
   w.glibcDlsym = reinterpret_cast<DlsymFn>(d);
@@ -301,8 +310,8 @@ std::vector<std::string> checkProcAddress(const char* name, int version, cuuint6
   EXPECT_EQ(realStatus, shimStatus);
   std::vector<std::string> names;
   const std::set<void*> ok = acceptableShimAnswers(realFn, &names);
-  EXPECT_EQ(1u, ok.count(shimFn)) << "v2: the driver answered " << describe(realFn) << " (" << join(names)
-                                  << "), the shim " << describe(shimFn);
+  EXPECT_EQ(1u, ok.count(shimFn)) << "v2: the driver answered " << describe(realFn) << " ("
+                                  << join(names) << "), the shim " << describe(shimFn);
   // The first ABI: same choice, errors reported as a result instead of a status.
   void* realFn1 = nullptr;
   void* shimFn1 = nullptr;
@@ -310,8 +319,8 @@ std::vector<std::string> checkProcAddress(const char* name, int version, cuuint6
   const CUresult shimR1 = w.shimProcV1(name, &shimFn1, version, flags);
   EXPECT_EQ(realR1, shimR1);
   EXPECT_EQ(realFn, realFn1) << "the driver's two ABIs disagree";
-  EXPECT_EQ(1u, ok.count(shimFn1)) << "v1: the driver answered " << describe(realFn1) << ", the shim "
-                                   << describe(shimFn1);
+  EXPECT_EQ(1u, ok.count(shimFn1))
+      << "v1: the driver answered " << describe(realFn1) << ", the shim " << describe(shimFn1);
   return names;
 }
 
@@ -331,7 +340,8 @@ using Table = Roads;
 
 TEST_F(Table, ListsEverySymbolOnce) {
   std::set<std::string> seen;
-  for (const auto& e : kDriverHooks) EXPECT_TRUE(seen.insert(e.symbol).second) << e.symbol << " listed twice";
+  for (const auto& e : kDriverHooks)
+    EXPECT_TRUE(seen.insert(e.symbol).second) << e.symbol << " listed twice";
   for (const char* n : kNvmlHooks) EXPECT_TRUE(seen.insert(n).second) << n << " listed twice";
   EXPECT_GT(seen.size(), 2u);
 }
@@ -342,8 +352,10 @@ TEST_F(Table, LibraryExportsExactlyTheTableAndDlsym) {
   expected.insert("dlsym");
   std::set<std::string> exported;
   for (const auto& s : w.shim.symbols) exported.insert(s.name);
-  for (const auto& n : exported) EXPECT_EQ(1u, expected.count(n)) << w.shim.path << " exports " << n << ", not in the table";
-  for (const auto& n : expected) EXPECT_EQ(1u, exported.count(n)) << w.shim.path << " does not export " << n;
+  for (const auto& n : exported)
+    EXPECT_EQ(1u, expected.count(n)) << w.shim.path << " exports " << n << ", not in the table";
+  for (const auto& n : expected)
+    EXPECT_EQ(1u, exported.count(n)) << w.shim.path << " does not export " << n;
 }
 
 // ---- every driver entry, through every road ----
@@ -366,22 +378,26 @@ TEST_P(DriverHookRoads, ExportRoadIsTheShimsDefinition) {
   // What glibc alone finds first is the same definition: the shim really is in front.
   EXPECT_EQ(p, w.glibcDlsym(RTLD_DEFAULT, e.symbol));
   // And the driver has the function the wrapper stands for.
-  EXPECT_TRUE(in(w.glibcDlsym(w.cudaHandle, e.symbol), "libcuda.so")) << e.symbol << " missing from the driver";
+  EXPECT_TRUE(in(w.glibcDlsym(w.cudaHandle, e.symbol), "libcuda.so"))
+      << e.symbol << " missing from the driver";
 }
 
 TEST_P(DriverHookRoads, ProcAddressAnswersTheWrapperOfTheDriversChoice) {
   const DriverHook& e = GetParam();
-  const cuuint64_t flags = e.perThread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+  const cuuint64_t flags =
+      e.perThread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
   for (int version : {e.version, kNewestVersion}) {
     const auto names = checkProcAddress(e.base, version, flags);
     if (version == e.version) {
       EXPECT_NE(names.end(), std::find(names.begin(), names.end(), std::string(e.symbol)))
-          << "at its first version " << e.version << " with " << flagName(flags) << " the driver answers "
-          << join(names) << " for " << e.base << ", not " << e.symbol << ": hooks.def has the wrong base, "
+          << "at its first version " << e.version << " with " << flagName(flags)
+          << " the driver answers " << join(names) << " for " << e.base << ", not " << e.symbol
+          << ": hooks.def has the wrong base, "
           << "version or per-thread flag";
     }
-    EXPECT_TRUE(containsHooked(names)) << "the driver answers " << join(names) << " for " << e.base << " at "
-                                       << version << ": not in hooks.def, so that road bypasses the shim";
+    EXPECT_TRUE(containsHooked(names))
+        << "the driver answers " << join(names) << " for " << e.base << " at " << version
+        << ": not in hooks.def, so that road bypasses the shim";
   }
 }
 
@@ -390,15 +406,16 @@ TEST_P(DriverHookRoads, ProcAddressWrapsEveryStreamVariantOfAHookedName) {
   for (int version : {e.version, kNewestVersion})
     for (cuuint64_t flags : kAllFlags) {
       const auto names = checkProcAddress(e.base, version, flags);
-      EXPECT_TRUE(containsHooked(names)) << e.base << " at " << version << " with " << flagName(flags)
-                                         << ": the driver answers " << join(names)
-                                         << ", not in hooks.def, so that road bypasses the shim";
+      EXPECT_TRUE(containsHooked(names))
+          << e.base << " at " << version << " with " << flagName(flags) << ": the driver answers "
+          << join(names) << ", not in hooks.def, so that road bypasses the shim";
     }
 }
 
 TEST_P(DriverHookRoads, TheTablesFirstVersionIsTheDriversFirstVersion) {
   const DriverHook& e = GetParam();
-  const cuuint64_t flags = e.perThread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+  const cuuint64_t flags =
+      e.perThread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
   const auto names = checkProcAddress(e.base, e.version - 1, flags);  // an older ABI, or none
   EXPECT_EQ(names.end(), std::find(names.begin(), names.end(), std::string(e.symbol)))
       << "the driver already answers " << e.symbol << " at " << e.version - 1;
@@ -432,7 +449,9 @@ TEST_P(DriverHookRoads, DlsymRoadGivesTheWrapper) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HooksDef, DriverHookRoads, ::testing::ValuesIn(kDriverHooks),
-                         [](const ::testing::TestParamInfo<DriverHook>& i) { return std::string(i.param.symbol); });
+                         [](const ::testing::TestParamInfo<DriverHook>& i) {
+                           return std::string(i.param.symbol);
+                         });
 
 // ---- every NVML entry ----
 class NvmlHookRoads : public ::testing::TestWithParam<const char*> {
@@ -466,7 +485,9 @@ TEST_P(NvmlHookRoads, ExportAndDlsymRoadsGiveTheWrapper) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NvmlHooksDef, NvmlHookRoads, ::testing::ValuesIn(kNvmlHooks),
-                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param);
+                         });
 
 // ---- what the shim must leave alone ----
 using Unhooked = Roads;
@@ -489,7 +510,8 @@ TEST_F(Unhooked, DriverNameComesFromTheDriverThroughEveryRoad) {
     }
   void* viaProc = nullptr;
   CUdriverProcAddressQueryResult st;
-  ASSERT_EQ(CUDA_SUCCESS, w.shimProcV2(name, &viaProc, kNewestVersion, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  ASSERT_EQ(CUDA_SUCCESS,
+            w.shimProcV2(name, &viaProc, kNewestVersion, CU_GET_PROC_ADDRESS_DEFAULT, &st));
   EXPECT_EQ(real, viaProc) << describe(viaProc);
 }
 
@@ -507,7 +529,8 @@ TEST_F(Unhooked, NvmlNameComesFromNvml) {
 
 TEST_F(Unhooked, UnknownNameIsNotFoundThroughEveryRoad) {
   const World& w = world();
-  for (const char* name : {"cuNoSuchFunction", "cuMemAlloc_v9", "nvmlNoSuchFunction", "cushare_no_such_symbol"}) {
+  for (const char* name :
+       {"cuNoSuchFunction", "cuMemAlloc_v9", "nvmlNoSuchFunction", "cushare_no_such_symbol"}) {
     SCOPED_TRACE(name);
     for (void* h : {RTLD_DEFAULT, w.cudaHandle, w.nvmlHandle}) {
       dlerror();
@@ -518,11 +541,13 @@ TEST_F(Unhooked, UnknownNameIsNotFoundThroughEveryRoad) {
     EXPECT_EQ(nullptr, cushare_test_next_a(name));
     void* fn = reinterpret_cast<void*>(&dlerror);  // must be overwritten with null
     auto st = static_cast<CUdriverProcAddressQueryResult>(-1);
-    EXPECT_EQ(CUDA_SUCCESS, w.shimProcV2(name, &fn, kNewestVersion, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+    EXPECT_EQ(CUDA_SUCCESS,
+              w.shimProcV2(name, &fn, kNewestVersion, CU_GET_PROC_ADDRESS_DEFAULT, &st));
     EXPECT_EQ(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, st);
     EXPECT_EQ(nullptr, fn);
     fn = reinterpret_cast<void*>(&dlerror);
-    EXPECT_EQ(CUDA_ERROR_NOT_FOUND, w.shimProcV1(name, &fn, kNewestVersion, CU_GET_PROC_ADDRESS_DEFAULT));
+    EXPECT_EQ(CUDA_ERROR_NOT_FOUND,
+              w.shimProcV1(name, &fn, kNewestVersion, CU_GET_PROC_ADDRESS_DEFAULT));
     checkProcAddress(name, kNewestVersion, CU_GET_PROC_ADDRESS_DEFAULT);
   }
 }
@@ -533,7 +558,8 @@ TEST_F(Unhooked, HookedNameBelowItsFirstVersionKeepsTheDriversStatus) {
   EXPECT_TRUE(names.empty());
   void* fn = nullptr;
   CUdriverProcAddressQueryResult st;
-  ASSERT_EQ(CUDA_SUCCESS, world().shimProcV2("cuMemAllocAsync", &fn, 11000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  ASSERT_EQ(CUDA_SUCCESS,
+            world().shimProcV2("cuMemAllocAsync", &fn, 11000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
   EXPECT_EQ(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, st);
   EXPECT_EQ(nullptr, fn);
 }
@@ -545,10 +571,12 @@ TEST_F(RtldNext, IsRelativeToTheCallingLibrary) {
   // Search order: executable (1), libcushare.so (none), A (2), B (3).
   EXPECT_EQ(1, cushare_test_probe());
   auto call = [](void* p) { return p ? reinterpret_cast<int (*)()>(p)() : -1; };
-  EXPECT_EQ(2, call(glibcNextFromExecutable("cushare_test_probe"))) << "the search order is not the one assumed";
+  EXPECT_EQ(2, call(glibcNextFromExecutable("cushare_test_probe")))
+      << "the search order is not the one assumed";
   EXPECT_EQ(2, call(nextFromExecutable("cushare_test_probe")));
-  EXPECT_EQ(3, cushare_test_next_probe_a()) << "RTLD_NEXT from library A must find B's probe, not A's own: "
-                                               "the shim's dlsym resolved it from the wrong position";
+  EXPECT_EQ(3, cushare_test_next_probe_a())
+      << "RTLD_NEXT from library A must find B's probe, not A's own: "
+         "the shim's dlsym resolved it from the wrong position";
   EXPECT_EQ(-1, cushare_test_next_probe_b()) << "nothing after B defines the probe";
 }
 
@@ -566,7 +594,8 @@ TEST_F(AfterInit, RoadsAnswerTheSame) {
   ASSERT_EQ(CUDA_SUCCESS, cuInit(0));
   const World& w = world();
   for (const auto& e : kDriverHooks) {
-    const cuuint64_t flags = e.perThread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+    const cuuint64_t flags =
+        e.perThread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
     checkProcAddress(e.base, e.version, flags);
     checkProcAddress(e.base, kNewestVersion, flags);
     EXPECT_EQ(w.wrapper(e.symbol), dlsym(w.cudaHandle, e.symbol)) << e.symbol;
@@ -601,27 +630,39 @@ TEST(FirstUse, ConcurrentFirstCallsAgree) {
       while (ready.load() < kThreads) {
       }
       switch (t % 4) {
-        case 0: got[t] = dlsym(cuda, "cuMemAlloc_v2"); break;
+        case 0:
+          got[t] = dlsym(cuda, "cuMemAlloc_v2");
+          break;
         case 1: {
           CUdriverProcAddressQueryResult st;
           result[t] = procV2("cuMemAlloc", &got[t], 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
           break;
         }
-        case 2: result[t] = cuInit(0); break;
-        case 3: got[t] = dlsym(nvml, "nvmlDeviceGetMemoryInfo"); break;
+        case 2:
+          result[t] = cuInit(0);
+          break;
+        case 3:
+          got[t] = dlsym(nvml, "nvmlDeviceGetMemoryInfo");
+          break;
       }
     });
   for (auto& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) {
     SCOPED_TRACE(t);
     switch (t % 4) {
-      case 0: EXPECT_EQ(allocWrapper, got[t]) << describe(got[t]); break;
+      case 0:
+        EXPECT_EQ(allocWrapper, got[t]) << describe(got[t]);
+        break;
       case 1:
         EXPECT_EQ(CUDA_SUCCESS, result[t]);
         EXPECT_EQ(allocWrapper, got[t]) << describe(got[t]);
         break;
-      case 2: EXPECT_EQ(CUDA_SUCCESS, result[t]); break;
-      case 3: EXPECT_EQ(nvmlWrapper, got[t]) << describe(got[t]); break;
+      case 2:
+        EXPECT_EQ(CUDA_SUCCESS, result[t]);
+        break;
+      case 3:
+        EXPECT_EQ(nvmlWrapper, got[t]) << describe(got[t]);
+        break;
     }
   }
 }

@@ -18,7 +18,9 @@ __attribute__((constructor)) void callTheDriverEarly() {
 }
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) CUresult cushare_early_init_result() { return gInitResult; }
+extern "C" __attribute__((visibility("default"))) CUresult cushare_early_init_result() {
+  return gInitResult;
+}
 extern "C" __attribute__((visibility("default"))) CUresult cushare_early_proc_result(void** fn) {
   *fn = gProcFn;
   return gProcResult;

@@ -27,7 +27,8 @@ __attribute__((visibility("default"), noinline)) int CUSHARE_LIB_FN(cushare_test
 }
 
 // dlsym(RTLD_NEXT, name) asked from this library (hooked and unhooked driver names).
-__attribute__((visibility("default"), noinline)) void* CUSHARE_LIB_FN(cushare_test_next_)(const char* name) {
+__attribute__((visibility("default"), noinline)) void* CUSHARE_LIB_FN(cushare_test_next_)(
+    const char* name) {
   void* volatile p = dlsym(RTLD_NEXT, name);
   return p;
 }

@@ -8,6 +8,7 @@
 //     every other lookup to the real dlsym, called so that RTLD_NEXT keeps meaning "after the
 //     caller" (dlsym.S).
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <cstring>
 
@@ -16,6 +17,10 @@
 #include "runtime/state.h"
 
 #define CUSHARE_EXPORT __attribute__((visibility("default")))
+// The dlsym path runs inside the sanitizer runtimes' own start-up (their interceptors look up the
+// real functions with dlsym(RTLD_NEXT, ...), which binds to this library's dlsym): it must not be
+// instrumented, or a sanitizer build of the shim crashes before main.
+#define CUSHARE_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
 
 // ---- road 1: exported wrappers ----
 // Every wrapper first makes sure the shim is initialised (one acquire load once it is) and that
@@ -52,6 +57,13 @@ struct Entry {
 // constinit: usable before any constructor runs (dlsym can be called that early).
 RealDriver gDriver;
 RealNvml gNvml;
+// Serialises loading (dlsym's first hooked lookup, cuInit, NVML's first call can race). Recursive:
+// dlopen runs the library's constructors, which may call dlsym, which may come back here.
+pthread_mutex_t gLoadMutex = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+struct LoadLock {
+  LoadLock() { pthread_mutex_lock(&gLoadMutex); }
+  ~LoadLock() { pthread_mutex_unlock(&gLoadMutex); }
+};
 
 const Entry* entries(size_t* n) {
   static const Entry kEntries[] = {
@@ -91,6 +103,8 @@ void* wrapperForSymbol(const char* name) noexcept {
 }
 
 bool loadRealDriver(std::string* error) noexcept {
+  if (__atomic_load_n(&gDriver.handle, __ATOMIC_ACQUIRE)) return true;
+  LoadLock lock;
   if (gDriver.handle) return true;
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) {
@@ -126,6 +140,8 @@ bool loadRealDriver(std::string* error) noexcept {
 }
 
 bool loadRealNvml() noexcept {
+  if (__atomic_load_n(&gNvml.handle, __ATOMIC_ACQUIRE)) return true;
+  LoadLock lock;
   if (gNvml.handle) return true;
   void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) return false;
@@ -145,7 +161,7 @@ bool loadRealNvml() noexcept {
 extern "C" __attribute__((visibility("hidden"))) void* cushare_real_dlsym = nullptr;
 
 namespace cushare::shim {
-void* realDlsym(void* handle, const char* name) noexcept {
+CUSHARE_NO_SANITIZE void* realDlsym(void* handle, const char* name) noexcept {
   if (!cushare_real_dlsym) {
     void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
@@ -158,7 +174,8 @@ void* realDlsym(void* handle, const char* name) noexcept {
 // Called by the dlsym trampoline (dlsym.S) with the caller's arguments: the shim's wrapper if the
 // name is a hooked symbol and the lookup would have found the real one, else null (the
 // trampoline then tail-jumps to the real dlsym, so the caller's RTLD_NEXT position is kept).
-extern "C" __attribute__((visibility("hidden"))) void* cushare_dlsym_intercept(void* handle, const char* name) {
+extern "C" __attribute__((visibility("hidden"))) CUSHARE_NO_SANITIZE void* cushare_dlsym_intercept(void* handle,
+                                                                                             const char* name) {
   if (!cushare_real_dlsym) cushare::shim::realDlsym(RTLD_DEFAULT, "dlsym");  // resolve it, result unused
   if (!name || ((name[0] != 'c' || name[1] != 'u') && std::strncmp(name, "nvml", 4) != 0)) return nullptr;
   void* wrapper = cushare::shim::wrapperForSymbol(name);
@@ -171,5 +188,7 @@ extern "C" __attribute__((visibility("hidden"))) void* cushare_dlsym_intercept(v
   std::string ignored;
   if (name[0] == 'c') cushare::shim::loadRealDriver(&ignored);
   else cushare::shim::loadRealNvml();
-  return cushare::shim::wrapperForReal(found) == wrapper ? wrapper : nullptr;
+  if (cushare::shim::wrapperForReal(found) != wrapper) return nullptr;
+  dlerror();  // loading may have left an error from an optional lookup; this lookup succeeded
+  return wrapper;
 }

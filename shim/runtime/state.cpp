@@ -2,6 +2,8 @@
 #include "state.h"
 
 #include <cstdlib>
+#include <memory>
+#include <new>
 #include <cstring>
 #include <pthread.h>
 
@@ -33,7 +35,12 @@ void failProcess(const std::string& why) {
 }
 
 void runProcessInit() {
-  auto* s = new ShimState;
+  std::unique_ptr<ShimState> owned(new (std::nothrow) ShimState);
+  if (!owned) {
+    failProcess("cushare: out of memory at start-up");
+    return;
+  }
+  ShimState* s = owned.get();
   std::string err;
   if (!loadShimConfig([](const char* n) { return std::getenv(n); }, &s->config, &err)) {
     failProcess(err + " (the shim refuses to run unlimited; fix or unset the variable)");
@@ -59,7 +66,7 @@ void runProcessInit() {
     failProcess("cushare: tenant '" + s->config.tenant + "': " + err);
     return;
   }
-  gState = s;
+  gState = owned.release();  // kept for the life of the process (see state.h)
   gProcessPhase.store(1, std::memory_order_release);
 }
 

@@ -5,6 +5,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -260,6 +261,43 @@ TEST(BadConfig, CuInitFailsNamingTheVariable) {
   ASSERT_GT(n, 0);
   EXPECT_NE(nullptr, std::strstr(buf, var.c_str())) << buf;
   std::fprintf(stderr, "%s", buf);
+}
+
+// A tenant ledger that is not ours (wrong magic, or another layout version): the shim refuses it
+// and cuInit fails, naming the file, rather than reinterpreting it or running unlimited.
+TEST(BadLedger, CuInitFailsNamingTheFile) {
+  const char* dir = std::getenv("CUSHARE_LEDGER_DIR");
+  const char* tenant = std::getenv("CUSHARE_TENANT");
+  const char* kind = std::getenv("BAD_LEDGER");
+  ASSERT_TRUE(dir && tenant && kind);
+  const std::string path = std::string(dir) + "/" + tenant + ".ledger";
+  std::string cmd = "mkdir -p '" + std::string(dir) + "' && chmod 700 '" + dir + "'";
+  ASSERT_EQ(0, std::system(cmd.c_str()));
+  std::vector<char> bytes(18048, 0);
+  if (std::string(kind) == "magic") {
+    std::memcpy(bytes.data(), "NOTALEDG", 8);
+  } else {  // right magic, a layout version from the future
+    std::memcpy(bytes.data(), "CUSHLDG", 8);
+    const uint32_t version = 99;
+    std::memcpy(bytes.data() + 8, &version, 4);
+  }
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(nullptr, f);
+  ASSERT_EQ(bytes.size(), std::fwrite(bytes.data(), 1, bytes.size(), f));
+  std::fclose(f);
+  chmod(path.c_str(), 0600);
+  int fds[2];
+  ASSERT_EQ(0, pipe(fds));
+  const int saved = dup(2);
+  dup2(fds[1], 2);
+  const CUresult r = cuInit(0);
+  dup2(saved, 2);
+  close(fds[1]);
+  char buf[4096] = {};
+  ASSERT_GT(read(fds[0], buf, sizeof buf - 1), 0);
+  close(fds[0]);
+  EXPECT_NE(CUDA_SUCCESS, r);
+  EXPECT_NE(nullptr, std::strstr(buf, path.c_str())) << buf;
 }
 
 }  // namespace

@@ -127,6 +127,8 @@ bool loadRealDriver(std::string* error) noexcept {
 #define CUSHARE_RESOLVE(name) gDriver.p_##name = reinterpret_cast<decltype(gDriver.p_##name)>(realDlsym(h, #name))
   CUSHARE_RESOLVE(cuStreamIsCapturing);
   CUSHARE_RESOLVE(cuStreamIsCapturing_ptsz);
+  CUSHARE_RESOLVE(cuDeviceGetMemPool);
+  CUSHARE_RESOLVE(cuMemPoolGetAttribute);
   CUSHARE_RESOLVE(cuGraphGetNodes);
   CUSHARE_RESOLVE(cuGraphNodeGetType);
   CUSHARE_RESOLVE(cuGraphMemAllocNodeGetParams);

@@ -26,6 +26,8 @@ struct RealDriver {
   CUresult (*p_cuArray3DGetDescriptor_v2)(CUDA_ARRAY3D_DESCRIPTOR*, CUarray) = nullptr;
   CUresult (*p_cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
   CUresult (*p_cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus*) = nullptr;
+  CUresult (*p_cuDeviceGetMemPool)(CUmemoryPool*, CUdevice) = nullptr;
+  CUresult (*p_cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void*) = nullptr;
   CUresult (*p_cuGraphGetNodes)(CUgraph, CUgraphNode*, size_t*) = nullptr;
   CUresult (*p_cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType*) = nullptr;
   CUresult (*p_cuGraphMemAllocNodeGetParams)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS*) = nullptr;

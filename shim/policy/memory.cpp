@@ -1,7 +1,7 @@
 // Device-memory limits: every allocation path reserves its size in the tenant ledger before the
 // driver allocates (reserve-then-allocate) and rolls the reservation back if the driver fails;
 // frees return exactly what was charged. Counted: cuMemAlloc, cuMemAllocPitch, cuMemAllocManaged,
-// cuMemAllocAsync / cuMemAllocFromPoolAsync (charged when allocated, returned when freed),
+// cuMemAllocAsync / cuMemAllocFromPoolAsync (the pools' reserved memory, pools.cpp),
 // cuMemCreate (charged at create, returned when released and unmapped), arrays and mipmapped
 // arrays (texel storage). Host memory is not counted. See docs/memory-accounting.md.
 #include <cstring>
@@ -15,6 +15,11 @@
 #include "runtime/state.h"
 
 namespace cushare::shim {
+
+// pools.cpp
+CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s, bool perThread) noexcept;
+void settleAllPools() noexcept;
+
 namespace {
 
 AllocTable& allocations() {
@@ -171,13 +176,14 @@ CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
 }
 
 CUresult hook_cuMemFree_v2(CUdeviceptr dptr) noexcept {
-  return chargedFree(dptr, [&] { return realDriver().p_cuMemFree_v2(dptr); });
+  const CUresult r = chargedFree(dptr, [&] { return realDriver().p_cuMemFree_v2(dptr); });
+  settleAllPools();  // cuMemFree of stream-ordered memory returns it to its pool at once
+  return r;
 }
 
-// Stream-ordered allocations are charged when made and returned when freed (at the free call,
-// not when the stream reaches it; the pool's cached reserve is not counted, see the docs).
-// While the stream is capturing, the call only records a graph node: graph_memory.cpp charges
-// the graph's memory when it is launched.
+// Stream-ordered allocations: the pools they come from are charged for what they reserve
+// (pools.cpp). While the stream is capturing, the call only records a graph node:
+// graph_memory.cpp charges the graph's memory when it is launched.
 bool capturing(CUstream s, bool perThread) noexcept {
   auto fn = perThread ? realDriver().p_cuStreamIsCapturing_ptsz : realDriver().p_cuStreamIsCapturing;
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -186,40 +192,24 @@ bool capturing(CUstream s, bool perThread) noexcept {
 
 CUresult hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream s) noexcept {
   if (!dptr || bytes == 0 || capturing(s, false)) return realDriver().p_cuMemAllocAsync(dptr, bytes, s);
-  uintptr_t key = 0;
-  return chargedAlloc(bytes, &key, [&] {
-    CUresult r = realDriver().p_cuMemAllocAsync(dptr, bytes, s);
-    key = *dptr;
-    return r;
-  });
+  return poolAllocCurrent(dptr, bytes, nullptr, s, false);
 }
 CUresult hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream s) noexcept {
   if (!dptr || bytes == 0 || capturing(s, true)) return realDriver().p_cuMemAllocAsync_ptsz(dptr, bytes, s);
-  uintptr_t key = 0;
-  return chargedAlloc(bytes, &key, [&] {
-    CUresult r = realDriver().p_cuMemAllocAsync_ptsz(dptr, bytes, s);
-    key = *dptr;
-    return r;
-  });
+  return poolAllocCurrent(dptr, bytes, nullptr, s, true);
 }
 CUresult hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) noexcept {
-  if (!dptr || bytes == 0 || capturing(s, false)) return realDriver().p_cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
-  uintptr_t key = 0;
-  return chargedAlloc(bytes, &key, [&] {
-    CUresult r = realDriver().p_cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
-    key = *dptr;
-    return r;
-  });
+  if (!dptr || bytes == 0 || !pool || capturing(s, false))
+    return realDriver().p_cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
+  return poolAllocCurrent(dptr, bytes, pool, s, false);
 }
 CUresult hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) noexcept {
-  if (!dptr || bytes == 0 || capturing(s, true)) return realDriver().p_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s);
-  uintptr_t key = 0;
-  return chargedAlloc(bytes, &key, [&] {
-    CUresult r = realDriver().p_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s);
-    key = *dptr;
-    return r;
-  });
+  if (!dptr || bytes == 0 || !pool || capturing(s, true))
+    return realDriver().p_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s);
+  return poolAllocCurrent(dptr, bytes, pool, s, true);
 }
+// A free returns memory to its pool, which keeps it until a synchronisation point or trim
+// (pools.cpp settles the charge then).
 CUresult hook_cuMemFreeAsync(CUdeviceptr dptr, CUstream s) noexcept {
   return chargedFree(dptr, [&] { return realDriver().p_cuMemFreeAsync(dptr, s); });
 }

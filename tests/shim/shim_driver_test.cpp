@@ -100,6 +100,32 @@ TEST_F(Limited, StreamOrderedAllocationsAreCounted) {
   CU_ASSERT(cuStreamDestroy(s));
 }
 
+// A pool's cached memory counts: freeing into a pool that keeps its blocks does not make room for
+// allocations elsewhere, reusing the cached block is allowed, and a trim gives the room back.
+TEST_F(Limited, PoolCachedMemoryIsCounted) {
+  CUstream s;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUmemoryPool pool;
+  CU_ASSERT(cuDeviceGetDefaultMemPool(&pool, 0));
+  cuuint64_t keepAll = UINT64_MAX;
+  CU_ASSERT(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keepAll));
+  CUdeviceptr a = 0, b = 0;
+  CU_ASSERT(cuMemAllocAsync(&a, 200 * kMiB, s));
+  CU_ASSERT(cuMemFreeAsync(a, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  EXPECT_EQ(56 * kMiB, freeMem()) << "the pool still holds its 200 MiB";
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&b, 100 * kMiB));
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAllocAsync(&b, 150 * kMiB, s)) << "the pool would grow past the limit";
+  CU_ASSERT(cuMemAllocAsync(&b, 200 * kMiB, s));  // the cached block is reused: no growth
+  CU_ASSERT(cuMemFreeAsync(b, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  CU_ASSERT(cuMemPoolTrimTo(pool, 0));
+  EXPECT_EQ(kLimit, freeMem());
+  cuuint64_t zero = 0;
+  CU_ASSERT(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero));
+  CU_ASSERT(cuStreamDestroy(s));
+}
+
 TEST_F(Limited, VirtualMemoryIsCountedUntilReleasedAndUnmapped) {
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;

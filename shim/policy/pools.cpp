@@ -1,0 +1,165 @@
+// Stream-ordered allocation through memory pools. What a pool holds on the device is its reserved
+// memory: blocks in use plus freed blocks it keeps for reuse until a synchronisation point or a
+// trim releases them (above its release threshold). The shim charges each pool's reserved memory,
+// not the allocations in it:
+//  - before an allocation it reserves the request (the pool grows by at most about that much),
+//    lets the driver allocate, then settles the pool's charge to its RESERVED_MEM_CURRENT; if the
+//    pool grew past the limit (a driver growing in large chunks), the allocation is freed, the
+//    pool trimmed back and the call denied;
+//  - a free changes nothing at once (the pool still holds the memory); after every
+//    synchronisation call and trim the shim reads each pool again and returns what it released.
+// So cached pool memory counts, and a tenant cannot hold more device memory than its limit by
+// freeing into a pool and allocating elsewhere.
+#include <mutex>
+#include <unordered_map>
+
+#include "interpose/hooks.h"
+#include "interpose/real.h"
+#include "runtime/log.h"
+#include "runtime/state.h"
+
+namespace cushare::shim {
+
+namespace {
+
+struct PoolCharge {
+  int ordinal = -1;
+  uint64_t charged = 0;
+};
+
+struct PoolState {
+  std::mutex mu;  // process-local; held across the driver's allocation so settlements are exact
+  std::unordered_map<CUmemoryPool, PoolCharge> pools;
+  std::atomic<int> count{0};
+};
+PoolState& pools() {
+  static PoolState* p = new PoolState;
+  return *p;
+}
+
+uint64_t reservedOf(CUmemoryPool pool) noexcept {
+  cuuint64_t v = 0;
+  if (!realDriver().p_cuMemPoolGetAttribute ||
+      realDriver().p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) != CUDA_SUCCESS)
+    return 0;
+  return v;
+}
+
+// Caller holds pools().mu: sets the pool's charge to what it reserves now.
+void settleLocked(CUmemoryPool pool, PoolCharge& c) noexcept {
+  const uint64_t now = reservedOf(pool);
+  const int idx = state().devices[c.ordinal].ledgerIndex;
+  if (now > c.charged)
+    state().ledger->reserve(idx, now - c.charged, kUnlimited);  // growth already covered (see below)
+  else if (now < c.charged)
+    state().ledger->release(idx, c.charged - now);
+  c.charged = now;
+}
+
+}  // namespace
+
+void settleAllPools() noexcept {
+  if (pools().count.load(std::memory_order_acquire) == 0 || devicesReady() != CUDA_SUCCESS) return;
+  std::lock_guard<std::mutex> g(pools().mu);
+  for (auto& [pool, c] : pools().pools) settleLocked(pool, c);
+}
+
+// A stream-ordered allocation from `pool` (null: the device's current pool) on the current device.
+template <typename Alloc>
+CUresult poolAllocate(int ordinal, CUmemoryPool pool, uint64_t bytes, Alloc&& alloc) noexcept {
+  RealDriver& d = realDriver();
+  if (!pool && (!d.p_cuDeviceGetMemPool || d.p_cuDeviceGetMemPool(&pool, ordinal) != CUDA_SUCCESS))
+    return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(pools().mu);
+  auto [it, fresh] = pools().pools.try_emplace(pool, PoolCharge{ordinal, 0});
+  if (fresh) pools().count.fetch_add(1, std::memory_order_release);
+  PoolCharge& c = it->second;
+  settleLocked(pool, c);
+  const int idx = state().devices[ordinal].ledgerIndex;
+  // Room for the pool to grow by the request. Without it, the allocation may still fit in what
+  // the pool already caches: let the driver try, and judge by how much the pool grew.
+  const bool covered = state().ledger->reserve(idx, bytes, effectiveLimit(ordinal));
+  const CUresult r = alloc(pool);
+  if (covered) state().ledger->release(idx, bytes);
+  if (r != CUDA_SUCCESS) return r;
+  const uint64_t before = c.charged;
+  settleLocked(pool, c);
+  const uint64_t grew = c.charged > before ? c.charged - before : 0;
+  if ((!covered && grew > 0) || state().ledger->used(idx) > effectiveLimit(ordinal)) {
+    return CUDA_ERROR_OUT_OF_MEMORY;  // caller frees the allocation and trims (see undo)
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s, bool perThread) noexcept {
+  if (CUresult r = devicesReady(); r != CUDA_SUCCESS) return r;
+  CUdevice dev;
+  if (CUresult r = realDriver().p_cuCtxGetDevice(&dev); r != CUDA_SUCCESS) return r;
+  if (dev < 0 || dev >= state().deviceCount) return CUDA_ERROR_INVALID_DEVICE;
+  RealDriver& d = realDriver();
+  CUmemoryPool used = pool;
+  const CUresult r = poolAllocate(dev, pool, bytes, [&](CUmemoryPool p) {
+    used = p;
+    if (pool) return perThread ? d.p_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s)
+                               : d.p_cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
+    return perThread ? d.p_cuMemAllocAsync_ptsz(dptr, bytes, s) : d.p_cuMemAllocAsync(dptr, bytes, s);
+  });
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && *dptr) {
+    // The pool grew past the limit: undo the allocation and give the growth back.
+    (perThread ? d.p_cuMemFreeAsync_ptsz : d.p_cuMemFreeAsync)(*dptr, s);
+    (perThread ? d.p_cuStreamSynchronize_ptsz : d.p_cuStreamSynchronize)(s);
+    d.p_cuMemPoolTrimTo(used, 0);
+    settleAllPools();
+    *dptr = 0;
+    logLine(LogLevel::kWarn, "tenant %s device %d: stream-ordered allocation of %llu bytes denied: the pool would hold more than the limit of %llu bytes",
+            state().config.tenant.c_str(), static_cast<int>(dev), static_cast<unsigned long long>(bytes),
+            static_cast<unsigned long long>(effectiveLimit(dev)));
+    logStackRateLimited(LogLevel::kWarn);
+  }
+  return r;
+}
+
+// Synchronisation points: pools release memory above their threshold there.
+CUresult hook_cuStreamSynchronize(CUstream s) noexcept {
+  const CUresult r = realDriver().p_cuStreamSynchronize(s);
+  settleAllPools();
+  return r;
+}
+CUresult hook_cuStreamSynchronize_ptsz(CUstream s) noexcept {
+  const CUresult r = realDriver().p_cuStreamSynchronize_ptsz(s);
+  settleAllPools();
+  return r;
+}
+CUresult hook_cuCtxSynchronize() noexcept {
+  const CUresult r = realDriver().p_cuCtxSynchronize();
+  settleAllPools();
+  return r;
+}
+CUresult hook_cuCtxSynchronize_v2(CUcontext ctx) noexcept {
+  const CUresult r = realDriver().p_cuCtxSynchronize_v2(ctx);
+  settleAllPools();
+  return r;
+}
+CUresult hook_cuEventSynchronize(CUevent e) noexcept {
+  const CUresult r = realDriver().p_cuEventSynchronize(e);
+  settleAllPools();
+  return r;
+}
+CUresult hook_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) noexcept {
+  const CUresult r = realDriver().p_cuMemPoolTrimTo(pool, keep);
+  settleAllPools();
+  return r;
+}
+CUresult hook_cuMemPoolDestroy(CUmemoryPool pool) noexcept {
+  const CUresult r = realDriver().p_cuMemPoolDestroy(pool);
+  if (r != CUDA_SUCCESS || devicesReady() != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> g(pools().mu);
+  auto it = pools().pools.find(pool);
+  if (it != pools().pools.end()) {
+    state().ledger->release(state().devices[it->second.ordinal].ledgerIndex, it->second.charged);
+    pools().pools.erase(it);
+  }
+  return r;
+}
+
+}  // namespace cushare::shim

@@ -52,6 +52,7 @@ struct Entry {
   const char* symbol;
   void* wrapper;
   void** real;  // where the real pointer is stored once loaded
+  bool nvml;
 };
 
 // constinit: usable before any constructor runs (dlsym can be called that early).
@@ -68,11 +69,11 @@ struct LoadLock {
 const Entry* entries(size_t* n) {
   static const Entry kEntries[] = {
 #define CUSHARE_DRIVER_HOOK(sym, base, ver, pt, params, args) \
-  {#sym, reinterpret_cast<void*>(&cushare_wrap_##sym), reinterpret_cast<void**>(&gDriver.p_##sym)},
+  {#sym, reinterpret_cast<void*>(&cushare_wrap_##sym), reinterpret_cast<void**>(&gDriver.p_##sym), false},
 #include "hooks.def"
 #undef CUSHARE_DRIVER_HOOK
 #define CUSHARE_NVML_HOOK(sym, params, args) \
-  {#sym, reinterpret_cast<void*>(&cushare_wrap_##sym), reinterpret_cast<void**>(&gNvml.p_##sym)},
+  {#sym, reinterpret_cast<void*>(&cushare_wrap_##sym), reinterpret_cast<void**>(&gNvml.p_##sym), true},
 #include "nvml_hooks.def"
 #undef CUSHARE_NVML_HOOK
   };
@@ -87,10 +88,16 @@ RealNvml& realNvml() { return gNvml; }
 
 void* wrapperForReal(void* realFn) noexcept {
   if (!realFn) return nullptr;
+  // Real pointers are read only once their library's load has been published (the release store
+  // of its handle): another thread may be filling them in right now.
+  const bool driver = __atomic_load_n(&gDriver.handle, __ATOMIC_ACQUIRE) != nullptr;
+  const bool nvml = __atomic_load_n(&gNvml.handle, __ATOMIC_ACQUIRE) != nullptr;
   size_t n;
   const Entry* e = entries(&n);
-  for (size_t i = 0; i < n; ++i)
-    if (*e[i].real == realFn || e[i].wrapper == realFn) return e[i].wrapper;
+  for (size_t i = 0; i < n; ++i) {
+    if (e[i].wrapper == realFn) return e[i].wrapper;
+    if ((e[i].nvml ? nvml : driver) && *e[i].real == realFn) return e[i].wrapper;
+  }
   return nullptr;
 }
 

@@ -10,6 +10,7 @@ PACKAGES=(
   libunwind-dev
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
+  libyaml-dev
 )
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then

@@ -1,0 +1,663 @@
+// The broker configuration schema on top of yaml_tree (see config.h for the contract and
+// docs/broker-configuration.md for every key). Parsing runs in two passes: the first reads every
+// key in the order written and checks each value on its own; the second resolves names (a
+// tenant's profile, unknown_tenants) and applies profiles to tenants. The first problem found
+// ends the parse. Single values reuse the shim's parsers so a value means the same thing in the
+// file and in a tenant's environment.
+#include "config.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "cushare/parse.h"
+#include "yaml_tree.h"
+
+namespace cushare::broker {
+namespace {
+
+using yaml::Node;
+
+constexpr size_t kMaxSocketPath = 107;  // sizeof(sockaddr_un::sun_path) - 1
+constexpr size_t kMaxGroupName = 32;
+
+SourceMark sourceMark(yaml::Mark m) { return SourceMark{m.line, m.column}; }
+yaml::Mark yamlMark(SourceMark m) { return yaml::Mark{m.line, m.column}; }
+
+std::string join(const std::string& parent, const std::string& key) {
+  const std::string k = yaml::printable(key);
+  return parent.empty() ? k : parent + "." + k;
+}
+
+std::string quote(std::string_view s) { return "'" + yaml::printable(s) + "'"; }
+
+bool isDigit(char c) { return c >= '0' && c <= '9'; }
+bool isHex(char c) { return isDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+bool isAlnum(char c) { return isDigit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+// Levenshtein distance, for "did you mean"; words are short (keys and profile names).
+size_t editDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      const size_t sub = diag + (a[i - 1] == b[j - 1] ? 0 : 1);
+      row[j] = std::min(std::min(row[j - 1] + 1, up + 1), sub);
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "; did you mean 'x'?" for the closest candidate within two edits, or "".
+std::string didYouMean(std::string_view word, const std::vector<std::string>& candidates) {
+  if (word.size() > 64) return "";
+  size_t best = 3;
+  std::string bestName;
+  for (const std::string& c : candidates) {
+    const size_t d = editDistance(word, c);
+    if (d < best && d < c.size()) {
+      best = d;
+      bestName = c;
+    }
+  }
+  return bestName.empty() ? "" : "; did you mean '" + bestName + "'?";
+}
+
+std::string listOf(const std::vector<std::string>& names) {
+  std::string r;
+  for (const std::string& n : names) r += (r.empty() ? "" : ", ") + n;
+  return r;
+}
+
+const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "metrics_listen",
+                                           "unknown_tenants", "admin_group", "profiles",
+                                           "tenants"};
+const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority"};
+const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
+                                              "priority", "uid",     "gid"};
+
+// The limit fields a profile or a tenant may set; unset ones are taken from elsewhere.
+struct Fields {
+  MemorySpec memory;
+  std::optional<int> threadPercentage;
+  std::optional<Priority> priority;
+};
+
+struct TenantDraft {
+  Tenant tenant;
+  Fields own;
+  SourceMark profileMark;
+};
+
+class Parser {
+ public:
+  explicit Parser(const std::string& file) : file_(file) {}
+
+  bool parse(const Node& root, Config* c) {
+    c->file = file_;
+    if (root.kind != Node::kMap) {
+      if (yaml::isNull(root)) return fail(root.mark, "", "the file is empty: it holds no settings");
+      return fail(root.mark, "",
+                  "the top level must be a map of settings (key: value), found " +
+                      yaml::describe(root));
+    }
+    for (size_t i = 0; i < root.keys.size(); ++i) {
+      if (!topLevel(root.keys[i], root.items[i], c)) return false;
+    }
+    return resolve(c);
+  }
+
+  const std::string& error() const { return error_; }
+
+ private:
+  bool fail(yaml::Mark mark, const std::string& path, const std::string& why) {
+    error_ = yaml::errorLine(file_, mark, path, why);
+    return false;
+  }
+
+  bool unknownKey(const Node& key, const std::string& path, const std::vector<std::string>& known) {
+    return fail(key.mark, path,
+                "unknown key " + quote(key.text) + didYouMean(key.text, known) + " (known keys: " +
+                    listOf(known) + ")");
+  }
+
+  // A non-empty scalar; what describes the expected value for the message.
+  bool scalar(const Node& n, const std::string& path, const std::string& what, std::string* text) {
+    if (n.kind != Node::kScalar || yaml::isNull(n) || trim(n.text).empty())
+      return fail(n.mark, path,
+                  "expected " + what + ", found " +
+                      (n.kind == Node::kScalar ? std::string("an empty value") : yaml::describe(n)));
+    *text = n.text;
+    return true;
+  }
+
+  bool map(const Node& n, const std::string& path, const std::string& what) {
+    if (n.kind == Node::kMap) return true;
+    return fail(n.mark, path, "expected " + what + ", found " + yaml::describe(n));
+  }
+
+  // A tenant or profile name: the CUSHARE_TENANT rules (they name files).
+  bool name(const Node& n, const std::string& path, const std::string& what, std::string* out) {
+    std::string text, reason;
+    if (!scalar(n, path, what, &text)) return false;
+    if (!parseTenant(text, out, &reason)) return fail(n.mark, path, "invalid name: " + reason);
+    return true;
+  }
+
+  bool topLevel(const Node& key, const Node& v, Config* c) {
+    const std::string& k = key.text;
+    const std::string path = join("", k);
+    std::string text, reason;
+    if (k == "ledger_dir") {
+      if (!scalar(v, path, "an absolute path", &text)) return false;
+      if (!parseLedgerDir(text, &c->ledgerDir, &reason)) return fail(v.mark, path, reason);
+      return true;
+    }
+    if (k == "socket") {
+      if (!scalar(v, path, "an absolute path", &text)) return false;
+      if (!socketPath(text, &reason)) return fail(v.mark, path, reason);
+      c->socket = text;
+      return true;
+    }
+    if (k == "metrics_listen") {
+      if (!scalar(v, path, "host:port", &text)) return false;
+      if (!listenAddress(text, &c->metricsHost, &c->metricsPort, &reason))
+        return fail(v.mark, path, reason);
+      return true;
+    }
+    if (k == "unknown_tenants") {
+      if (!scalar(v, path, "'refuse' or the name of a profile", &text)) return false;
+      if (text == "refuse") {
+        c->unknownTenantsProfile.clear();
+        return true;
+      }
+      unknownTenantsMark_ = v.mark;
+      return name(v, path, "'refuse' or the name of a profile", &c->unknownTenantsProfile);
+    }
+    if (k == "admin_group") {
+      if (!scalar(v, path, "a group name", &text)) return false;
+      if (!groupName(text, &reason)) return fail(v.mark, path, reason);
+      c->adminGroup = text;
+      return true;
+    }
+    if (k == "profiles") return profiles(v, c);
+    if (k == "tenants") return tenants(v);
+    return unknownKey(key, path, kTopKeys);
+  }
+
+  bool profiles(const Node& n, Config* c) {
+    if (!map(n, "profiles", "a map of profile name to settings")) return false;
+    for (size_t i = 0; i < n.keys.size(); ++i) {
+      const Node& key = n.keys[i];
+      const std::string path = join("profiles", key.text);
+      Profile p;
+      if (!name(key, path, "a profile name", &p.name)) return false;
+      if (p.name == "refuse")
+        return fail(key.mark, path,
+                    "'refuse' cannot name a profile (unknown_tenants: refuse means refusing)");
+      p.mark = sourceMark(key.mark);
+      const Node& v = n.items[i];
+      if (!map(v, path, "a map of settings (memory, thread_percentage, priority)")) return false;
+      Fields f;
+      for (size_t j = 0; j < v.keys.size(); ++j) {
+        bool known = false;
+        if (!field(v.keys[j], v.items[j], path, &f, &known)) return false;
+        if (!known) return unknownKey(v.keys[j], join(path, v.keys[j].text), kProfileKeys);
+      }
+      p.memory = std::move(f.memory);
+      p.threadPercentage = f.threadPercentage;
+      p.priority = f.priority;
+      c->profiles.push_back(std::move(p));
+    }
+    return true;
+  }
+
+  bool tenants(const Node& n) {
+    if (n.kind != Node::kList)
+      return fail(n.mark, "tenants", "expected a list of tenants, found " + yaml::describe(n));
+    for (size_t i = 0; i < n.items.size(); ++i) {
+      const Node& item = n.items[i];
+      TenantDraft d;
+      Tenant& t = d.tenant;
+      t.path = "tenants[" + std::to_string(i) + "]";
+      t.mark = sourceMark(item.mark);
+      if (!map(item, t.path, "a map of tenant settings (name, profile, memory, ...)")) return false;
+      bool named = false;
+      for (size_t j = 0; j < item.keys.size(); ++j) {
+        const Node& key = item.keys[j];
+        const Node& v = item.items[j];
+        const std::string path = join(t.path, key.text);
+        bool known = false;
+        if (!field(key, v, t.path, &d.own, &known)) return false;
+        if (known) continue;
+        if (key.text == "name") {
+          if (!name(v, path, "a tenant name", &t.name)) return false;
+          for (const TenantDraft& prev : drafts_) {
+            if (prev.tenant.name == t.name)
+              return fail(v.mark, path,
+                          "duplicate tenant " + quote(t.name) + " (first at line " +
+                              std::to_string(prev.tenant.mark.line) + ", " + prev.tenant.path +
+                              ")");
+          }
+          named = true;
+        } else if (key.text == "profile") {
+          if (!name(v, path, "a profile name", &t.profile)) return false;
+          d.profileMark = sourceMark(v.mark);
+        } else if (key.text == "uid" || key.text == "gid") {
+          std::string text, reason;
+          int64_t id = 0;
+          if (!scalar(v, path, "a numeric id", &text)) return false;
+          if (!parseInt(text, 0, UINT32_MAX - 1, &id, &reason)) return fail(v.mark, path, reason);
+          (key.text == "uid" ? t.uid : t.gid) = static_cast<uint32_t>(id);
+        } else {
+          return unknownKey(key, path, kTenantKeys);
+        }
+      }
+      if (!named) return fail(item.mark, t.path, "missing key 'name'");
+      drafts_.push_back(std::move(d));
+    }
+    return true;
+  }
+
+  // memory, thread_percentage or priority, into *f; *known false for any other key.
+  bool field(const Node& key, const Node& v, const std::string& parent, Fields* f, bool* known) {
+    const std::string path = join(parent, key.text);
+    std::string text, reason;
+    *known = true;
+    if (key.text == "memory") return memory(v, path, &f->memory);
+    if (key.text == "thread_percentage") {
+      int p = 0;
+      if (!scalar(v, path, "a whole percentage 1..100", &text)) return false;
+      if (!parseThreadPercentage(text, &p, &reason)) return fail(v.mark, path, reason);
+      f->threadPercentage = p;
+      return true;
+    }
+    if (key.text == "priority") {
+      Priority p = Priority::kNormal;
+      if (!scalar(v, path, "high, normal or low", &text)) return false;
+      if (!parsePriority(text, &p, &reason)) return fail(v.mark, path, reason);
+      f->priority = p;
+      return true;
+    }
+    *known = false;
+    return true;
+  }
+
+  bool memory(const Node& n, const std::string& path, MemorySpec* out) {
+    MemorySpec m;
+    m.mark = sourceMark(n.mark);
+    m.path = path;
+    if (n.kind == Node::kList)
+      return fail(n.mark, path,
+                  "expected a size, a percentage or a map of device to size, found a list");
+    if (n.kind == Node::kScalar) {
+      if (!amount(n, path, &m.all)) return false;
+      m.kind = MemorySpec::kAll;
+      *out = std::move(m);
+      return true;
+    }
+    if (n.keys.empty())
+      return fail(n.mark, path, "an empty map names no device; remove the key for no limit");
+    for (size_t i = 0; i < n.keys.size(); ++i) {
+      const Node& key = n.keys[i];
+      const std::string kpath = join(path, key.text);
+      MemorySpec::Entry e;
+      e.key = key.text;
+      e.mark = sourceMark(key.mark);
+      if (!deviceKey(key, kpath, &e)) return false;
+      if (!amount(n.items[i], kpath, &e.amount)) return false;
+      for (const MemorySpec::Entry& prev : m.entries) {
+        const bool same = e.uuid.empty() ? prev.ordinal == e.ordinal : prev.uuid == e.uuid;
+        if (same)
+          return fail(key.mark, kpath,
+                      "duplicate device " + quote(key.text) + ": " + quote(prev.key) +
+                          " at line " + std::to_string(prev.mark.line) +
+                          " already names it" +
+                          (e.uuid.empty() ? "" : " (UUIDs compare case-insensitively)"));
+      }
+      m.entries.push_back(std::move(e));
+    }
+    m.kind = MemorySpec::kPerDevice;
+    *out = std::move(m);
+    return true;
+  }
+
+  // A device key, by the CUSHARE_MEMORY_LIMIT rules: an ordinal or GPU-<uuid>.
+  bool deviceKey(const Node& key, const std::string& path, MemorySpec::Entry* e) {
+    const std::string_view k = key.text;
+    if (trim(k).empty() || k.find_first_of(",=") != std::string_view::npos)
+      return fail(key.mark, path,
+                  "device " + quote(k) + " is neither a non-negative integer ordinal nor GPU-<uuid>");
+    MemoryLimitSpec one;
+    std::string reason;
+    if (!parseMemoryLimit(std::string(k) + "=1", &one, &reason) || one.entries.size() != 1)
+      return fail(key.mark, path, reason);
+    e->ordinal = one.entries[0].ordinal;
+    e->uuid = one.entries[0].uuid;
+    return true;
+  }
+
+  bool amount(const Node& n, const std::string& path, MemoryAmount* out) {
+    std::string text, reason;
+    if (!scalar(n, path, "a size (e.g. 8GiB) or a percentage of the device (e.g. 25%)", &text))
+      return false;
+    const std::string_view s = trim(text);
+    if (s.back() == '%') {
+      uint32_t milli = 0;
+      if (!percent(s, &milli, &reason)) return fail(n.mark, path, reason);
+      out->bytes = 0;
+      out->milliPercent = milli;
+      return true;
+    }
+    if (s.find_first_of(",=") != std::string_view::npos)
+      return fail(n.mark, path,
+                  "invalid size " + quote(s) +
+                      ": per-device limits are written as a map, e.g. {0: 8GiB, 1: 4GiB}");
+    uint64_t bytes = 0;
+    if (!parseSize(s, &bytes, &reason)) return fail(n.mark, path, reason);
+    if (bytes == 0)
+      return fail(n.mark, path,
+                  "a limit of " + quote(s) + " would deny every allocation; remove the key for "
+                  "no limit");
+    out->bytes = bytes;
+    out->milliPercent = 0;
+    return true;
+  }
+
+  // "25%", "12.5%", "0.001%": at most three decimals, in (0, 100].
+  static bool percent(std::string_view s, uint32_t* out, std::string* reason) {
+    const std::string_view num = trim(s.substr(0, s.size() - 1));
+    const std::string bad = "invalid percentage " + quote(s) +
+                            ": expected a number from 0.001 to 100 with at most three decimals, "
+                            "then '%'";
+    size_t i = 0;
+    uint32_t whole = 0, frac = 0;
+    for (; i < num.size() && isDigit(num[i]); ++i) {
+      if (i >= 3) return (*reason = bad, false);
+      whole = whole * 10 + static_cast<uint32_t>(num[i] - '0');
+    }
+    if (i == 0) return (*reason = bad, false);
+    if (i < num.size()) {
+      if (num[i] != '.' || i + 1 == num.size()) return (*reason = bad, false);
+      int digits = 0;
+      for (++i; i < num.size(); ++i, ++digits) {
+        if (!isDigit(num[i]) || digits >= 3) return (*reason = bad, false);
+        frac = frac * 10 + static_cast<uint32_t>(num[i] - '0');
+      }
+      for (; digits < 3; ++digits) frac *= 10;
+    }
+    const uint32_t milli = whole * 1000 + frac;
+    if (milli == 0)
+      return (*reason = quote(s) + " would deny every allocation; remove the key for no limit",
+              false);
+    if (milli > 100000) return (*reason = quote(s) + " is over 100%", false);
+    *out = milli;
+    return true;
+  }
+
+  static bool socketPath(const std::string& s, std::string* reason) {
+    if (s.front() != '/') return (*reason = "not an absolute path (it must start with '/')", false);
+    if (s.size() > kMaxSocketPath)
+      return (*reason = "path of " + std::to_string(s.size()) + " bytes, at most " +
+                        std::to_string(kMaxSocketPath) + " allowed for a Unix socket",
+              false);
+    if (s.back() == '/') return (*reason = "names a directory (ends with '/')", false);
+    for (char c : s) {
+      const unsigned char u = static_cast<unsigned char>(c);
+      if (u < 0x20 || u == 0x7f) return (*reason = "control character in the path", false);
+    }
+    return true;
+  }
+
+  static bool listenAddress(const std::string& s, std::string* host, uint16_t* port,
+                            std::string* reason) {
+    const std::string expect = "expected host:port (e.g. 127.0.0.1:9464, [::1]:9464)";
+    const size_t colon = s.rfind(':');
+    if (colon == std::string::npos) return (*reason = quote(s) + ": " + expect, false);
+    std::string h = s.substr(0, colon);
+    const std::string p = s.substr(colon + 1);
+    if (!h.empty() && h.front() == '[') {
+      if (h.size() < 3 || h.back() != ']') return (*reason = quote(s) + ": " + expect, false);
+      h = h.substr(1, h.size() - 2);
+      for (char c : h)
+        if (!isHex(c) && c != ':' && c != '.')
+          return (*reason = "invalid IPv6 address " + quote(h), false);
+    } else {
+      if (h.empty())
+        return (*reason = quote(s) + ": empty host (use 0.0.0.0 for every address)", false);
+      if (h.find(':') != std::string::npos)
+        return (*reason = quote(s) + ": an IPv6 address needs brackets, e.g. [::1]:9464", false);
+      for (char c : h)
+        if (!isAlnum(c) && c != '.' && c != '-' && c != '_')
+          return (*reason = "invalid host " + quote(h), false);
+    }
+    int64_t v = 0;
+    bool digits = !p.empty() && p.size() <= 5;
+    for (char c : p) digits = digits && isDigit(c);
+    if (!digits || !parseInt(p, 1, 65535, &v, nullptr))
+      return (*reason = "port " + quote(p) + " is not a number 1..65535", false);
+    *host = std::move(h);
+    *port = static_cast<uint16_t>(v);
+    return true;
+  }
+
+  static bool groupName(const std::string& s, std::string* reason) {
+    if (s.size() > kMaxGroupName)
+      return (*reason = "group name of " + std::to_string(s.size()) + " characters, at most " +
+                        std::to_string(kMaxGroupName) + " allowed",
+              false);
+    if (s.front() == '-') return (*reason = "a group name cannot start with '-'", false);
+    for (char c : s)
+      if (!isAlnum(c) && c != '_' && c != '.' && c != '-')
+        return (*reason = "invalid group name " + quote(s) + " (use A-Z a-z 0-9 _ . -)", false);
+    return true;
+  }
+
+  const Profile* findProfile(const Config& c, const std::string& n) const {
+    for (const Profile& p : c.profiles)
+      if (p.name == n) return &p;
+    return nullptr;
+  }
+
+  std::string noProfile(const Config& c, const std::string& n) const {
+    std::vector<std::string> names;
+    for (const Profile& p : c.profiles) names.push_back(p.name);
+    return "no profile " + quote(n) + didYouMean(n, names) +
+           (names.empty() ? " (no profiles are defined)" : " (profiles: " + listOf(names) + ")");
+  }
+
+  // Second pass: profile references, then the effective fields of each tenant.
+  bool resolve(Config* c) {
+    for (TenantDraft& d : drafts_) {
+      Tenant& t = d.tenant;
+      Fields eff;
+      if (!t.profile.empty()) {
+        const Profile* p = findProfile(*c, t.profile);
+        if (!p) return fail(yamlMark(d.profileMark), t.path + ".profile", noProfile(*c, t.profile));
+        eff.memory = p->memory;
+        eff.threadPercentage = p->threadPercentage;
+        eff.priority = p->priority;
+      }
+      if (d.own.memory.kind != MemorySpec::kNone) eff.memory = std::move(d.own.memory);
+      if (d.own.threadPercentage) eff.threadPercentage = d.own.threadPercentage;
+      if (d.own.priority) eff.priority = d.own.priority;
+      t.memory = std::move(eff.memory);
+      t.threadPercentage = eff.threadPercentage;
+      t.priority = eff.priority.value_or(Priority::kNormal);
+      c->tenants.push_back(std::move(t));
+    }
+    if (!c->unknownTenantsProfile.empty() && !findProfile(*c, c->unknownTenantsProfile))
+      return fail(unknownTenantsMark_, "unknown_tenants", noProfile(*c, c->unknownTenantsProfile));
+    return true;
+  }
+
+  const std::string& file_;
+  std::vector<TenantDraft> drafts_;
+  yaml::Mark unknownTenantsMark_;
+  std::string error_;
+};
+
+std::string deviceName(const DeviceInfo& d) {
+  return std::to_string(d.ordinal) + (d.uuid.empty() ? "" : " (" + d.uuid + ")");
+}
+
+uint64_t bytesOn(const MemoryAmount& a, uint64_t total) {
+  if (!a.isPercent()) return a.bytes;
+  return static_cast<uint64_t>(static_cast<unsigned __int128>(total) * a.milliPercent / 100000);
+}
+
+std::string sizeText(uint64_t bytes) {
+  return std::to_string(bytes) + " bytes (" + formatSize(bytes) + ")";
+}
+
+}  // namespace
+
+std::string formatPercent(uint32_t milliPercent) {
+  std::string s = std::to_string(milliPercent / 1000);
+  uint32_t frac = milliPercent % 1000;
+  if (frac != 0) {
+    std::string f = std::to_string(1000 + frac).substr(1);
+    while (f.back() == '0') f.pop_back();
+    s += "." + f;
+  }
+  return s + "%";
+}
+
+bool parseConfig(std::string_view text, const std::string& nameForErrors, Config* out,
+                 std::string* error) {
+  std::string err;
+  if (text.size() > kMaxConfigBytes) {
+    err = yaml::errorLine(nameForErrors, yaml::Mark{}, "",
+                          "the file is " + std::to_string(text.size()) + " bytes, at most " +
+                              std::to_string(kMaxConfigBytes) + " allowed");
+  } else {
+    Node root;
+    if (yaml::parseDocument(text, nameForErrors, &root, &err)) {
+      Config c;
+      Parser p(nameForErrors);
+      if (p.parse(root, &c)) {
+        *out = std::move(c);
+        return true;
+      }
+      err = p.error();
+    }
+  }
+  if (error) *error = std::move(err);
+  return false;
+}
+
+bool loadConfig(const std::string& path, Config* out, std::string* error) {
+  auto failIo = [&](const std::string& why) {
+    if (error) *error = yaml::errorLine(path, yaml::Mark{}, "", why);
+    return false;
+  };
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return failIo(std::string("cannot open: ") + std::strerror(errno));
+  std::string text;
+  char buf[65536];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+    text.append(buf, n);
+    if (text.size() > kMaxConfigBytes) break;  // parseConfig reports the size
+  }
+  const bool readError = std::ferror(f) != 0;
+  const int savedErrno = errno;
+  std::fclose(f);
+  if (readError) return failIo(std::string("cannot read: ") + std::strerror(savedErrno));
+  return parseConfig(text, path, out, error);
+}
+
+namespace {
+
+// resolveMemory, also telling which per-device entry (if any) set each device's limit.
+bool resolveImpl(const Config& config, const MemorySpec& spec,
+                 const std::vector<DeviceInfo>& devices, std::vector<uint64_t>* limits,
+                 std::vector<const MemorySpec::Entry*>* entryOf, std::string* error) {
+  std::vector<uint64_t> r(devices.size(), kUnlimited);
+  std::vector<const MemorySpec::Entry*> namedBy(devices.size(), nullptr);
+  if (spec.kind == MemorySpec::kAll) {
+    for (size_t d = 0; d < devices.size(); ++d) r[d] = bytesOn(spec.all, devices[d].totalBytes);
+  } else if (spec.kind == MemorySpec::kPerDevice) {
+    for (const MemorySpec::Entry& e : spec.entries) {
+      const std::string path = spec.path + "." + yaml::printable(e.key);
+      size_t found = devices.size();
+      for (size_t d = 0; d < devices.size(); ++d) {
+        const bool match = e.uuid.empty() ? devices[d].ordinal == e.ordinal : devices[d].uuid == e.uuid;
+        if (match) found = d;
+      }
+      if (found == devices.size()) {
+        std::string have;
+        for (const DeviceInfo& d : devices) have += (have.empty() ? "" : ", ") + deviceName(d);
+        if (error)
+          *error = yaml::errorLine(config.file, yamlMark(e.mark), path,
+                                   "no device " + quote(e.key) + " on this host (" +
+                                       (have.empty() ? "it has no devices" : "devices: " + have) +
+                                       ")");
+        return false;
+      }
+      if (namedBy[found]) {
+        if (error)
+          *error = yaml::errorLine(config.file, yamlMark(e.mark), path,
+                                   "device " + deviceName(devices[found]) + " is named twice, as " +
+                                       quote(namedBy[found]->key) + " and as " + quote(e.key));
+        return false;
+      }
+      namedBy[found] = &e;
+      r[found] = bytesOn(e.amount, devices[found].totalBytes);
+    }
+  }
+  *limits = std::move(r);
+  *entryOf = std::move(namedBy);
+  return true;
+}
+
+}  // namespace
+
+bool resolveMemory(const Config& config, const MemorySpec& spec,
+                   const std::vector<DeviceInfo>& devices, std::vector<uint64_t>* limits,
+                   std::string* error) {
+  std::vector<const MemorySpec::Entry*> entryOf;
+  return resolveImpl(config, spec, devices, limits, &entryOf, error);
+}
+
+bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& devices,
+                         std::string* error) {
+  std::vector<unsigned __int128> sum(devices.size(), 0);
+  std::vector<uint64_t> limits;
+  std::vector<const MemorySpec::Entry*> entryOf;
+  for (const Tenant& t : config.tenants) {
+    if (!resolveImpl(config, t.memory, devices, &limits, &entryOf, error)) return false;
+    for (size_t d = 0; d < devices.size(); ++d) {
+      if (limits[d] == kUnlimited) continue;
+      sum[d] += limits[d];
+      if (sum[d] <= devices[d].totalBytes) continue;
+      // Name the tenant: at its own memory value (the device's entry of a per-device map), or at
+      // the tenant itself when its memory comes from a profile.
+      const bool own = t.memory.path.rfind(t.path + ".", 0) == 0;
+      SourceMark at = own ? t.memory.mark : t.mark;
+      std::string path = own ? t.memory.path : t.path;
+      if (own && entryOf[d]) {
+        at = entryOf[d]->mark;
+        path += "." + yaml::printable(entryOf[d]->key);
+      }
+      const uint64_t total = sum[d] > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(sum[d]);
+      if (error)
+        *error = yaml::errorLine(
+            config.file, yamlMark(at), path,
+            "tenant " + quote(t.name) + (own ? "" : " (memory from " + t.memory.path + ")") +
+                " brings the memory limits on device " + deviceName(devices[d]) + " to " +
+                sizeText(total) + ", over the device's total of " +
+                sizeText(devices[d].totalBytes) + "; this tenant's limit there is " +
+                sizeText(limits[d]));
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace cushare::broker

@@ -1,0 +1,125 @@
+// The broker's configuration file (YAML): parsing, validation and the check against the devices
+// of the host. Reference: docs/broker-configuration.md.
+//
+// Invariants:
+// - Config is plain data, fully validated: every name is well formed, every profile reference
+//   exists, each tenant already carries its profile's fields (the tenant's own fields win).
+// - Every error is exactly one line, `<file>:<line>:<column>: <field path>: <reason>` (the field
+//   path is left out for problems of the file as a whole: YAML syntax, an empty file). Only the
+//   first problem is reported.
+// - On failure the output Config is untouched, so a refused reload leaves the running
+//   configuration as it was.
+// - Pure code: no logging, no global state; loadConfig is the only function that touches files.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cushare/shim_config.h"
+
+namespace cushare::broker {
+
+struct SourceMark {
+  int line = 0;    // 1-based; 0 when the value was not written in the file (a default)
+  int column = 0;  // 1-based
+};
+
+// An amount of device memory: bytes, or a share of the device's total.
+struct MemoryAmount {
+  uint64_t bytes = 0;            // when milliPercent == 0
+  uint32_t milliPercent = 0;     // 1..100000 (0.001% .. 100%); 0 when bytes is used
+  bool isPercent() const { return milliPercent != 0; }
+};
+
+// The memory field of a tenant or profile.
+struct MemorySpec {
+  enum Kind {
+    kNone,       // not given: no limit
+    kAll,        // one amount for every device
+    kPerDevice,  // amounts for the named devices only; other devices: no limit
+  };
+  struct Entry {
+    int ordinal = -1;  // device ordinal, or -1 when uuid names the device
+    std::string uuid;  // "GPU-" + lower-case hex, or empty when ordinal is used
+    MemoryAmount amount;
+    std::string key;  // the device key as written, for messages
+    SourceMark mark;  // of the key
+  };
+  Kind kind = kNone;
+  MemoryAmount all;            // kAll only
+  std::vector<Entry> entries;  // kPerDevice only, in the order written
+  SourceMark mark;             // of the memory value
+  std::string path;            // field path of the memory value, e.g. "tenants[0].memory"
+};
+
+struct Profile {
+  std::string name;
+  MemorySpec memory;
+  std::optional<int> threadPercentage;
+  std::optional<Priority> priority;
+  SourceMark mark;  // of the profile's name
+};
+
+struct Tenant {
+  std::string name;
+  std::string profile;                  // the profile it names; empty when none
+  MemorySpec memory;                    // effective: the tenant's own, else the profile's
+  std::optional<int> threadPercentage;  // effective; unset: no compute cap
+  Priority priority = Priority::kNormal;  // effective; normal when neither sets it
+  std::optional<uint32_t> uid;          // owner of the tenant's ledger file
+  std::optional<uint32_t> gid;          // group of the tenant's ledger file
+  SourceMark mark;                      // of the tenant's list item
+  std::string path;                     // "tenants[<index>]"
+};
+
+struct Config {
+  std::string file;  // the name used in messages (the path given to loadConfig)
+  std::string ledgerDir = "/dev/shm/cushare";
+  std::string socket = "/run/cushare/broker.sock";
+  std::string metricsHost = "127.0.0.1";  // as written; an IPv6 address without brackets
+  uint16_t metricsPort = 9464;
+  std::string unknownTenantsProfile;  // empty: refuse unknown tenants
+  std::string adminGroup;             // empty: only root may change things
+  std::vector<Profile> profiles;      // in the order written
+  std::vector<Tenant> tenants;        // in the order written; names unique
+};
+
+inline constexpr size_t kMaxConfigBytes = 1 << 20;
+
+// Parses text (the contents of a file; nameForErrors names it in messages). On success fills
+// *out and returns true; otherwise sets *error to one line and returns false, *out untouched.
+bool parseConfig(std::string_view text, const std::string& nameForErrors, Config* out,
+                 std::string* error);
+
+// Reads the file at path (at most kMaxConfigBytes) and parses it as parseConfig does.
+bool loadConfig(const std::string& path, Config* out, std::string* error);
+
+// A device of this host, as the broker sees it.
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string uuid;         // "GPU-<lower-case hex>"
+  uint64_t totalBytes = 0;  // device memory
+};
+
+// One tenant's memory limit on each device: (*limits)[i] for devices[i], kUnlimited where the
+// spec sets none. A percentage is of that device's total, rounded down to whole bytes. Fails
+// (one line naming the file, line and field) for a device key that names no device in devices,
+// or two keys naming the same device.
+bool resolveMemory(const Config& config, const MemorySpec& spec,
+                   const std::vector<DeviceInfo>& devices, std::vector<uint64_t>* limits,
+                   std::string* error);
+
+// Resolves every tenant's memory on every device and refuses a configuration in which the sum of
+// the tenants' limits on a device exceeds its total (exactly full is accepted), naming the tenant
+// whose limit makes the sum overflow and the device. Tenants without a limit on a device do not
+// count. Also fails as resolveMemory does.
+bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& devices,
+                         std::string* error);
+
+// "12.5%" for 12500 milli-percent.
+std::string formatPercent(uint32_t milliPercent);
+
+}  // namespace cushare::broker

@@ -1,0 +1,452 @@
+// The broker's configuration file (broker/config): the issue's example parsed to exact values,
+// defaults, profiles applied to tenants, every refusal with its exact file:line:column and field
+// path, percentages resolved against devices, the device-capacity check (exactly full accepted,
+// one byte over refused), loadConfig on real files, and truncated / byte-flipped input that must
+// yield either a config or one well-formed error line.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "cushare/shim_config.h"
+
+namespace cushare::broker {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20, kGiB = 1ull << 30;
+constexpr const char* kUuidA = "GPU-5e1a90c0-0000-4000-8000-000000000000";
+constexpr const char* kUuidB = "GPU-5e1a90c0-0001-4000-8000-0000000000ab";
+
+constexpr const char* kExample =
+    "ledger_dir: /dev/shm/cushare        # tenant ledgers; what containers mount\n"
+    "socket: /run/cushare/broker.sock    # control socket\n"
+    "metrics_listen: 127.0.0.1:9464      # Prometheus text endpoint at /metrics\n"
+    "unknown_tenants: refuse             # or the name of a profile applied to them\n"
+    "admin_group: cushare                # optional\n"
+    "profiles:\n"
+    "  balanced: {memory: 25%, thread_percentage: 25, priority: normal}\n"
+    "tenants:\n"
+    "  - {name: alpha, memory: 512MiB, thread_percentage: 30, priority: high, uid: 1000}\n"
+    "  - {name: beta, profile: balanced}\n";
+
+Config parseOk(const std::string& text) {
+  Config c;
+  std::string error;
+  EXPECT_TRUE(parseConfig(text, "b.yaml", &c, &error)) << text << "\n=> " << error;
+  return c;
+}
+
+// The error line for text, checked to be a single line; "" if it parsed.
+std::string parseError(const std::string& text) {
+  Config c;
+  std::string error;
+  if (parseConfig(text, "b.yaml", &c, &error)) return "";
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  return error;
+}
+
+std::vector<DeviceInfo> twoDevices() { return {{0, kUuidA, 16 * kGiB}, {1, kUuidB, 8 * kGiB}}; }
+
+std::string capacityError(const std::string& text, const std::vector<DeviceInfo>& devices) {
+  const Config c = parseOk(text);
+  std::string error;
+  if (checkAgainstDevices(c, devices, &error)) return "";
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  return error;
+}
+
+TEST(BrokerConfig, ExampleParsesToExpectedValues) {
+  const Config c = parseOk(kExample);
+  EXPECT_EQ(c.file, "b.yaml");
+  EXPECT_EQ(c.ledgerDir, "/dev/shm/cushare");
+  EXPECT_EQ(c.socket, "/run/cushare/broker.sock");
+  EXPECT_EQ(c.metricsHost, "127.0.0.1");
+  EXPECT_EQ(c.metricsPort, 9464);
+  EXPECT_EQ(c.unknownTenantsProfile, "");
+  EXPECT_EQ(c.adminGroup, "cushare");
+
+  ASSERT_EQ(c.profiles.size(), 1u);
+  const Profile& p = c.profiles[0];
+  EXPECT_EQ(p.name, "balanced");
+  EXPECT_EQ(p.mark.line, 7);
+  EXPECT_EQ(p.mark.column, 3);
+  EXPECT_EQ(p.memory.kind, MemorySpec::kAll);
+  EXPECT_EQ(p.memory.all.milliPercent, 25000u);
+  EXPECT_EQ(p.threadPercentage, 25);
+  EXPECT_EQ(p.priority, Priority::kNormal);
+
+  ASSERT_EQ(c.tenants.size(), 2u);
+  const Tenant& a = c.tenants[0];
+  EXPECT_EQ(a.name, "alpha");
+  EXPECT_EQ(a.path, "tenants[0]");
+  EXPECT_EQ(a.mark.line, 9);
+  EXPECT_EQ(a.mark.column, 5);
+  EXPECT_EQ(a.profile, "");
+  EXPECT_EQ(a.memory.kind, MemorySpec::kAll);
+  EXPECT_FALSE(a.memory.all.isPercent());
+  EXPECT_EQ(a.memory.all.bytes, 512 * kMiB);
+  EXPECT_EQ(a.memory.path, "tenants[0].memory");
+  EXPECT_EQ(a.memory.mark.line, 9);
+  EXPECT_EQ(a.memory.mark.column, 27);
+  EXPECT_EQ(a.threadPercentage, 30);
+  EXPECT_EQ(a.priority, Priority::kHigh);
+  EXPECT_EQ(a.uid, 1000u);
+  EXPECT_FALSE(a.gid.has_value());
+
+  const Tenant& b = c.tenants[1];
+  EXPECT_EQ(b.name, "beta");
+  EXPECT_EQ(b.profile, "balanced");
+  EXPECT_EQ(b.memory.kind, MemorySpec::kAll);
+  EXPECT_EQ(b.memory.all.milliPercent, 25000u);
+  EXPECT_EQ(b.memory.path, "profiles.balanced.memory");
+  EXPECT_EQ(b.threadPercentage, 25);
+  EXPECT_EQ(b.priority, Priority::kNormal);
+  EXPECT_FALSE(b.uid.has_value());
+}
+
+TEST(BrokerConfig, DefaultsAndOptionalForms) {
+  const Config d = parseOk("{}\n");
+  EXPECT_EQ(d.ledgerDir, "/dev/shm/cushare");
+  EXPECT_EQ(d.socket, "/run/cushare/broker.sock");
+  EXPECT_EQ(d.metricsHost, "127.0.0.1");
+  EXPECT_EQ(d.metricsPort, 9464);
+  EXPECT_EQ(d.unknownTenantsProfile, "");
+  EXPECT_EQ(d.adminGroup, "");
+  EXPECT_TRUE(d.profiles.empty());
+  EXPECT_TRUE(d.tenants.empty());
+
+  const Config c = parseOk(
+      "ledger_dir: /srv/ledgers/\n"
+      "metrics_listen: '[::1]:1'\n"
+      "unknown_tenants: guest\n"
+      "profiles:\n"
+      "  guest:\n"
+      "    memory: 12.5%\n"
+      "tenants:\n"
+      "  - name: x\n"
+      "    gid: 42\n"
+      "    memory: {0: 8GiB, GPU-5E1A90C0-0001-4000-8000-0000000000AB: 0.5%}\n");
+  EXPECT_EQ(c.ledgerDir, "/srv/ledgers");  // trailing '/' removed, as for CUSHARE_LEDGER_DIR
+  EXPECT_EQ(c.metricsHost, "::1");
+  EXPECT_EQ(c.metricsPort, 1);
+  EXPECT_EQ(c.unknownTenantsProfile, "guest");
+  ASSERT_EQ(c.tenants.size(), 1u);
+  const Tenant& t = c.tenants[0];
+  EXPECT_EQ(t.gid, 42u);
+  EXPECT_EQ(t.priority, Priority::kNormal);
+  EXPECT_FALSE(t.threadPercentage.has_value());
+  ASSERT_EQ(t.memory.kind, MemorySpec::kPerDevice);
+  ASSERT_EQ(t.memory.entries.size(), 2u);
+  EXPECT_EQ(t.memory.entries[0].ordinal, 0);
+  EXPECT_EQ(t.memory.entries[0].amount.bytes, 8 * kGiB);
+  EXPECT_EQ(t.memory.entries[1].ordinal, -1);
+  EXPECT_EQ(t.memory.entries[1].uuid, kUuidB);  // normalised to lower case
+  EXPECT_EQ(t.memory.entries[1].amount.milliPercent, 500u);
+  EXPECT_EQ(t.memory.entries[1].mark.line, 10);
+  EXPECT_EQ(t.memory.entries[1].mark.column, 23);
+}
+
+TEST(BrokerConfig, TenantFieldsOverrideProfileFields) {
+  const Config c = parseOk(
+      "profiles:\n"
+      "  gold: {memory: 50%, thread_percentage: 50, priority: high}\n"
+      "tenants:\n"
+      "  - {name: a, profile: gold, memory: 1GiB, priority: low}\n"
+      "  - {name: b, profile: gold}\n"
+      "  - {name: c}\n"
+      "  - {name: d, profile: gold, memory: {1: 2GiB}, thread_percentage: 10}\n");
+  ASSERT_EQ(c.tenants.size(), 4u);
+  const Tenant& a = c.tenants[0];
+  EXPECT_EQ(a.memory.kind, MemorySpec::kAll);
+  EXPECT_EQ(a.memory.all.bytes, kGiB);
+  EXPECT_EQ(a.memory.all.milliPercent, 0u);
+  EXPECT_EQ(a.threadPercentage, 50);          // from the profile
+  EXPECT_EQ(a.priority, Priority::kLow);      // the tenant's own
+  const Tenant& b = c.tenants[1];
+  EXPECT_EQ(b.memory.all.milliPercent, 50000u);
+  EXPECT_EQ(b.threadPercentage, 50);
+  EXPECT_EQ(b.priority, Priority::kHigh);
+  const Tenant& t = c.tenants[2];
+  EXPECT_EQ(t.memory.kind, MemorySpec::kNone);
+  EXPECT_FALSE(t.threadPercentage.has_value());
+  EXPECT_EQ(t.priority, Priority::kNormal);
+  const Tenant& d = c.tenants[3];  // a per-device map replaces the profile's memory as a whole
+  EXPECT_EQ(d.memory.kind, MemorySpec::kPerDevice);
+  ASSERT_EQ(d.memory.entries.size(), 1u);
+  EXPECT_EQ(d.memory.entries[0].ordinal, 1);
+  EXPECT_EQ(d.threadPercentage, 10);
+  EXPECT_EQ(d.priority, Priority::kHigh);
+}
+
+struct Refusal {
+  const char* text;
+  const char* prefix;    // "b.yaml:<line>:<column>: <path>: "
+  const char* contains;  // a piece of the reason
+};
+
+TEST(BrokerConfig, RefusesWithFileLineColumnAndFieldPath) {
+  const Refusal cases[] = {
+      // unknown keys, at every level, with a suggestion
+      {"ledger_dri: /x\n", "b.yaml:1:1: ledger_dri: ", "unknown key 'ledger_dri'; did you mean 'ledger_dir'?"},
+      {"tenants:\n  - {name: a, memroy: 1GiB}\n", "b.yaml:2:15: tenants[0].memroy: ", "did you mean 'memory'?"},
+      {"profiles:\n  p: {priorty: high}\n", "b.yaml:2:7: profiles.p.priorty: ", "did you mean 'priority'?"},
+      {"profiles:\n  p: {uid: 1}\n", "b.yaml:2:7: profiles.p.uid: ", "unknown key 'uid' (known keys: memory,"},
+      {"zzz: 1\n", "b.yaml:1:1: zzz: ", "unknown key 'zzz' (known keys"},
+      // wrong types
+      {"tenants: {a: 1}\n", "b.yaml:1:10: tenants: ", "expected a list of tenants, found a map"},
+      {"profiles: [a]\n", "b.yaml:1:11: profiles: ", "found a list"},
+      {"profiles:\n  p: [a]\n", "b.yaml:2:6: profiles.p: ", "found a list"},
+      {"tenants:\n  - alpha\n", "b.yaml:2:5: tenants[0]: ", "found 'alpha'"},
+      {"ledger_dir: [a]\n", "b.yaml:1:13: ledger_dir: ", "expected an absolute path, found a list"},
+      {"tenants:\n  - {name: a, memory: [1GiB]}\n", "b.yaml:2:23: tenants[0].memory: ", "found a list"},
+      {"- a\n", "b.yaml:1:1: ", "the top level must be a map of settings (key: value), found a list"},
+      {"hello\n", "b.yaml:1:1: ", "the top level must be a map"},
+      {"socket:\n", "b.yaml:1:8: socket: ", "expected an absolute path, found an empty value"},
+      {"socket: ''\n", "b.yaml:1:9: socket: ", "found an empty value"},
+      // duplicates
+      {"socket: /a\nsocket: /b\n", "b.yaml:2:1: socket: ", "duplicate key 'socket' (first at line 1 column 1)"},
+      {"tenants:\n  - {name: a, name: b}\n", "b.yaml:2:15: tenants[0].name: ", "duplicate key 'name'"},
+      {"profiles:\n  p: {}\n  p: {}\n", "b.yaml:3:3: profiles.p: ", "duplicate key 'p'"},
+      {"tenants:\n  - {name: a}\n  - {name: a}\n", "b.yaml:3:12: tenants[1].name: ", "duplicate tenant 'a' (first at line 2, tenants[0])"},
+      {"tenants:\n  - {name: a, memory: {0: 1GiB, 00: 2GiB}}\n", "b.yaml:2:33: tenants[0].memory.00: ", "duplicate device '00': '0' at line 2 already names it"},
+      {"tenants:\n  - {name: a, memory: {GPU-5e1a90c0-0000-4000-8000-000000000000: 1GiB, GPU-5E1A90C0-0000-4000-8000-000000000000: 1GiB}}\n",
+       "b.yaml:2:72: tenants[0].memory.GPU-5E1A90C0-0000-4000-8000-000000000000: ", "duplicate device"},
+      // names and references
+      {"tenants:\n  - {memory: 1GiB}\n", "b.yaml:2:5: tenants[0]: ", "missing key 'name'"},
+      {"tenants:\n  - {name: a/b}\n", "b.yaml:2:12: tenants[0].name: ", "character '/' at position 2 is not allowed"},
+      {"profiles:\n  balanced: {priority: low}\ntenants:\n  - {name: a, profile: balance}\n",
+       "b.yaml:4:24: tenants[0].profile: ", "no profile 'balance'; did you mean 'balanced'? (profiles: balanced)"},
+      {"unknown_tenants: gold\n", "b.yaml:1:18: unknown_tenants: ", "no profile 'gold' (no profiles are defined)"},
+      {"profiles:\n  refuse: {}\n", "b.yaml:2:3: profiles.refuse: ", "'refuse' cannot name a profile"},
+      // values
+      {"tenants:\n  - {name: a, memory: lots}\n", "b.yaml:2:23: tenants[0].memory: ", "invalid size 'lots'"},
+      {"tenants:\n  - {name: a, memory: 0}\n", "b.yaml:2:23: tenants[0].memory: ", "would deny every allocation"},
+      {"tenants:\n  - {name: a, memory: '0=1GiB'}\n", "b.yaml:2:23: tenants[0].memory: ", "per-device limits are written as a map"},
+      {"tenants:\n  - {name: a, memory: {}}\n", "b.yaml:2:23: tenants[0].memory: ", "an empty map names no device"},
+      {"tenants:\n  - {name: a, memory: 150%}\n", "b.yaml:2:23: tenants[0].memory: ", "'150%' is over 100%"},
+      {"tenants:\n  - {name: a, memory: 100.001%}\n", "b.yaml:2:23: tenants[0].memory: ", "is over 100%"},
+      {"tenants:\n  - {name: a, memory: 12.3456%}\n", "b.yaml:2:23: tenants[0].memory: ", "invalid percentage '12.3456%'"},
+      {"tenants:\n  - {name: a, memory: -5%}\n", "b.yaml:2:23: tenants[0].memory: ", "invalid percentage"},
+      {"tenants:\n  - {name: a, memory: 0%}\n", "b.yaml:2:23: tenants[0].memory: ", "would deny every allocation"},
+      {"profiles:\n  p: {memory: {x: 1GiB}}\n", "b.yaml:2:16: profiles.p.memory.x: ", "device 'x' is neither a non-negative integer ordinal nor GPU-<uuid>"},
+      {"tenants:\n  - {name: a, memory: {GPU-xyz: 1GiB}}\n", "b.yaml:2:24: tenants[0].memory.GPU-xyz: ", "malformed UUID 'GPU-xyz'"},
+      {"tenants:\n  - {name: a, memory: {MIG-1: 1GiB}}\n", "b.yaml:2:24: tenants[0].memory.MIG-1: ", "MIG device 'MIG-1' is not supported"},
+      {"tenants:\n  - {name: a, memory: {0: lots}}\n", "b.yaml:2:27: tenants[0].memory.0: ", "invalid size 'lots'"},
+      {"tenants:\n  - {name: a, priority: urgent}\n", "b.yaml:2:25: tenants[0].priority: ", "'urgent' is not one of high, normal, low"},
+      {"tenants:\n  - {name: a, thread_percentage: 25%}\n", "b.yaml:2:34: tenants[0].thread_percentage: ", "without '%'"},
+      {"tenants:\n  - {name: a, thread_percentage: 0}\n", "b.yaml:2:34: tenants[0].thread_percentage: ", "0 is out of range 1..100"},
+      {"profiles:\n  p: {thread_percentage: 101}\n", "b.yaml:2:26: profiles.p.thread_percentage: ", "101 is out of range 1..100"},
+      {"tenants:\n  - {name: a, uid: -1}\n", "b.yaml:2:20: tenants[0].uid: ", "out of range 0..4294967294"},
+      {"tenants:\n  - {name: a, gid: abc}\n", "b.yaml:2:20: tenants[0].gid: ", "not a number"},
+      {"socket: run/b.sock\n", "b.yaml:1:9: socket: ", "not an absolute path"},
+      {"socket: \"/a\\0b\"\n", "b.yaml:1:9: socket: ", "control character"},
+      {"ledger_dir: shm\n", "b.yaml:1:13: ledger_dir: ", "not an absolute path"},
+      {"metrics_listen: localhost\n", "b.yaml:1:17: metrics_listen: ", "expected host:port"},
+      {"metrics_listen: h:0\n", "b.yaml:1:17: metrics_listen: ", "port '0' is not a number 1..65535"},
+      {"metrics_listen: h:65536\n", "b.yaml:1:17: metrics_listen: ", "port '65536' is not a number 1..65535"},
+      {"metrics_listen: ':80'\n", "b.yaml:1:17: metrics_listen: ", "empty host"},
+      {"metrics_listen: ::1:80\n", "b.yaml:1:17: metrics_listen: ", "an IPv6 address needs brackets"},
+      {"admin_group: -x\n", "b.yaml:1:14: admin_group: ", "cannot start with '-'"},
+      // YAML itself and the subset
+      {"tenants: [a, b\n", "b.yaml:2:1: ", "YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence at line 1 column 10)"},
+      {"a: b: c\n", "b.yaml:1:5: ", "YAML syntax error: mapping values are not allowed in this context"},
+      {"\xff\n", "b.yaml:1:1: ", "invalid input: invalid leading UTF-8 octet (0xff)"},
+      {"profiles:\n  p: &x {priority: low}\n", "b.yaml:2:6: profiles.p: ", "anchors (&x) are not allowed"},
+      {"socket: *x\n", "b.yaml:1:9: socket: ", "aliases (*x) are not allowed"},
+      {"socket: !!str /a\n", "b.yaml:1:9: socket: ", "tags (tag:yaml.org,2002:str) are not allowed"},
+      {"? [a]\n: b\n", "b.yaml:1:3: ", "a map key must be a scalar, not a list"},
+      {"socket: /a\n---\nsocket: /b\n", "b.yaml:2:1: ", "a second YAML document"},
+      {"a: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", "b.yaml:1:35: a", "nested deeper than 32 levels"},
+      {"", "b.yaml:1:1: ", "the file is empty"},
+      {"# only a comment\n", "b.yaml:1:1: ", "the file is empty"},
+      {"---\n", "b.yaml:2:1: ", "the file is empty"},
+  };
+  for (const Refusal& r : cases) {
+    const std::string e = parseError(r.text);
+    EXPECT_EQ(e.rfind(r.prefix, 0), 0u) << "input:\n" << r.text << "\nerror: " << e;
+    EXPECT_NE(e.find(r.contains), std::string::npos) << "input:\n" << r.text << "\nerror: " << e;
+  }
+}
+
+TEST(BrokerConfig, ErrorLeavesOutputUntouchedAndIsOneLine) {
+  Config c;
+  c.socket = "/sentinel";
+  c.tenants.push_back(Tenant{});
+  std::string error;
+  EXPECT_FALSE(parseConfig("socket: /a\ntenants: [{name: \"x\\ny\"}]\n", "b.yaml", &c, &error));
+  EXPECT_EQ(c.socket, "/sentinel");
+  EXPECT_EQ(c.tenants.size(), 1u);
+  EXPECT_EQ(error, "b.yaml:2:18: tenants[0].name: invalid name: character '\\n' at position 2 "
+                   "is not allowed (use A-Z a-z 0-9 . _ -)");
+  EXPECT_FALSE(parseConfig(std::string(kMaxConfigBytes + 1, '#'), "big.yaml", &c, &error));
+  EXPECT_EQ(error.rfind("big.yaml:1:1: the file is 1048577 bytes", 0), 0u) << error;
+}
+
+TEST(BrokerConfig, LoadConfigReadsFilesAndNamesThemInErrors) {
+  const std::string dir = testing::TempDir();
+  const std::string good = dir + "/broker_config_test_good.yaml";
+  const std::string bad = dir + "/broker_config_test_bad.yaml";
+  for (const auto& [path, text] : {std::pair{good, std::string(kExample)},
+                                   std::pair{bad, std::string("socket: /a\nsockte: /b\n")}}) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(text.data(), 1, text.size(), f), text.size());
+    std::fclose(f);
+  }
+  Config c;
+  std::string error;
+  ASSERT_TRUE(loadConfig(good, &c, &error)) << error;
+  EXPECT_EQ(c.file, good);
+  EXPECT_EQ(c.tenants.size(), 2u);
+  EXPECT_FALSE(loadConfig(bad, &c, &error));
+  EXPECT_EQ(error.rfind(bad + ":2:1: sockte: unknown key 'sockte'; did you mean 'socket'?", 0), 0u)
+      << error;
+  EXPECT_FALSE(loadConfig(dir + "/no_such_broker_config.yaml", &c, &error));
+  EXPECT_EQ(error, dir + "/no_such_broker_config.yaml:1:1: cannot open: No such file or directory");
+  EXPECT_EQ(c.file, good);  // untouched by the failures
+  std::remove(good.c_str());
+  std::remove(bad.c_str());
+}
+
+TEST(BrokerConfig, PercentagesResolveAgainstEachDevice) {
+  const Config c = parseOk(
+      "tenants:\n"
+      "  - {name: a, memory: 12.5%}\n"
+      "  - {name: b, memory: 33.333%}\n"
+      "  - {name: c, memory: 0.001%}\n"
+      "  - {name: d, memory: {1: 100%}}\n"
+      "  - {name: e}\n");
+  const std::vector<DeviceInfo> devices = {{0, kUuidA, 8 * kGiB}, {1, kUuidB, 1000}};
+  std::vector<uint64_t> l;
+  std::string error;
+  ASSERT_TRUE(resolveMemory(c, c.tenants[0].memory, devices, &l, &error)) << error;
+  EXPECT_EQ(l, (std::vector<uint64_t>{kGiB, 125}));
+  ASSERT_TRUE(resolveMemory(c, c.tenants[1].memory, devices, &l, &error)) << error;
+  EXPECT_EQ(l, (std::vector<uint64_t>{8 * kGiB * 33333 / 100000, 333}));  // rounded down
+  ASSERT_TRUE(resolveMemory(c, c.tenants[2].memory, devices, &l, &error)) << error;
+  EXPECT_EQ(l, (std::vector<uint64_t>{8 * kGiB / 100000, 0}));
+  ASSERT_TRUE(resolveMemory(c, c.tenants[3].memory, devices, &l, &error)) << error;
+  EXPECT_EQ(l, (std::vector<uint64_t>{kUnlimited, 1000}));
+  ASSERT_TRUE(resolveMemory(c, c.tenants[4].memory, devices, &l, &error)) << error;
+  EXPECT_EQ(l, (std::vector<uint64_t>{kUnlimited, kUnlimited}));
+  EXPECT_EQ(formatPercent(12500), "12.5%");
+  EXPECT_EQ(formatPercent(1), "0.001%");
+  EXPECT_EQ(formatPercent(100000), "100%");
+}
+
+TEST(BrokerConfig, CapacityAcceptsExactlyFullAndRefusesOneByteOver) {
+  const std::string full =
+      "tenants:\n"
+      "  - {name: a, memory: 50%}\n"
+      "  - {name: b, memory: {0: 8GiB, GPU-5e1a90c0-0001-4000-8000-0000000000ab: 4GiB}}\n"
+      "  - {name: c}\n";
+  EXPECT_EQ(capacityError(full, twoDevices()), "");
+  const std::string over =
+      "tenants:\n"
+      "  - {name: a, memory: 50%}\n"
+      "  - {name: b, memory: {0: 8589934593, GPU-5e1a90c0-0001-4000-8000-0000000000ab: 4GiB}}\n";
+  EXPECT_EQ(capacityError(over, twoDevices()),
+            "b.yaml:3:24: tenants[1].memory.0: tenant 'b' brings the memory limits on device 0 "
+            "(GPU-5e1a90c0-0000-4000-8000-000000000000) to 17179869185 bytes (16.00 GiB), over "
+            "the device's total of 17179869184 bytes (16 GiB); this tenant's limit there is "
+            "8589934593 bytes (8.00 GiB)");
+  // One size for every device: fits device 0 (9 of 16 GiB), overflows device 1 (9 of 8 GiB).
+  const std::string e = capacityError(
+      "tenants:\n  - {name: a, memory: 5GiB}\n  - {name: b, memory: 4GiB}\n", twoDevices());
+  EXPECT_EQ(e.rfind("b.yaml:3:23: tenants[1].memory: tenant 'b' brings the memory limits on "
+                    "device 1 (GPU-5e1a90c0-0001-4000-8000-0000000000ab) to 9663676416 bytes",
+                    0),
+            0u)
+      << e;
+}
+
+TEST(BrokerConfig, CapacityNamesTheTenantWhoseProfileOverflows) {
+  const std::string e = capacityError(
+      "profiles:\n"
+      "  big: {memory: 60%}\n"
+      "tenants:\n"
+      "  - {name: a, profile: big}\n"
+      "  - {name: b, profile: big}\n",
+      twoDevices());
+  EXPECT_EQ(e.rfind("b.yaml:5:5: tenants[1]: tenant 'b' (memory from profiles.big.memory) brings "
+                    "the memory limits on device 0",
+                    0),
+            0u)
+      << e;
+}
+
+TEST(BrokerConfig, CapacityRefusesDevicesThatDoNotExist) {
+  EXPECT_EQ(capacityError("tenants:\n  - {name: a, memory: {2: 1GiB}}\n", twoDevices()),
+            "b.yaml:2:24: tenants[0].memory.2: no device '2' on this host (devices: 0 "
+            "(GPU-5e1a90c0-0000-4000-8000-000000000000), 1 "
+            "(GPU-5e1a90c0-0001-4000-8000-0000000000ab))");
+  EXPECT_EQ(capacityError("profiles:\n  p: {memory: {GPU-00000000-0000-0000-0000-000000000000: "
+                          "1GiB}}\ntenants:\n  - {name: a, profile: p}\n",
+                          twoDevices()),
+            "b.yaml:2:16: profiles.p.memory.GPU-00000000-0000-0000-0000-000000000000: no device "
+            "'GPU-00000000-0000-0000-0000-000000000000' on this host (devices: 0 "
+            "(GPU-5e1a90c0-0000-4000-8000-000000000000), 1 "
+            "(GPU-5e1a90c0-0001-4000-8000-0000000000ab))");
+  EXPECT_EQ(capacityError("tenants:\n  - {name: a, memory: {0: 1GiB}}\n", {}),
+            "b.yaml:2:24: tenants[0].memory.0: no device '0' on this host (it has no devices)");
+  const std::string twice = capacityError(
+      "tenants:\n  - {name: a, memory: {0: 1GiB, GPU-5e1a90c0-0000-4000-8000-000000000000: 1GiB}}\n",
+      twoDevices());
+  EXPECT_EQ(twice.rfind("b.yaml:2:33: tenants[0].memory.GPU-5e1a90c0-0000-4000-8000-000000000000: "
+                        "device 0 (GPU-5e1a90c0-0000-4000-8000-000000000000) is named twice, as "
+                        "'0' and as 'GPU-5e1a90c0-0000-4000-8000-000000000000'",
+                        0),
+            0u)
+      << twice;
+}
+
+// Truncations and random byte flips of a valid file: parseConfig must return either a config or
+// one error line of the documented shape (and never crash; run under ASan to see memory errors).
+TEST(BrokerConfig, TruncatedAndCorruptedInputNeverCrashes) {
+  const std::string base = std::string(kExample) +
+                           "  - {name: gamma, memory: {0: 1GiB, GPU-5e1a90c0-0001-4000-8000-"
+                           "0000000000ab: 10%}, gid: 7}\n"
+                           "  - name: delta\n"
+                           "    profile: \"balanced\"\n"
+                           "    priority: 'low'\n";
+  ASSERT_EQ(parseError(base), "");
+  const std::regex shape("^[^:]+:[0-9]+:[0-9]+: [^\\n]*$");
+  int ok = 0, refused = 0;
+  auto check = [&](const std::string& text) {
+    Config c;
+    std::string error;
+    if (parseConfig(text, "f.yaml", &c, &error)) {
+      ++ok;
+      std::string capacity;
+      if (!checkAgainstDevices(c, twoDevices(), &capacity)) {
+        EXPECT_TRUE(std::regex_match(capacity, shape)) << capacity;
+      }
+      return;
+    }
+    ++refused;
+    EXPECT_TRUE(std::regex_match(error, shape)) << "input:\n" << text << "\nerror: " << error;
+  };
+  for (size_t n = 0; n <= base.size(); ++n) check(base.substr(0, n));
+  std::mt19937 rng(12345);
+  const char kInteresting[] = {'\0', '\n', '\t', ':', '[', ']', '{', '}', '&', '*', '!',
+                               '%',  '\'', '"',  '-', ',', '?', '#', '|', '>', '\\', '@'};
+  for (int i = 0; i < 3000; ++i) {
+    std::string t = base;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int f = 0; f < flips; ++f) {
+      const size_t pos = rng() % t.size();
+      t[pos] = (rng() % 2) ? kInteresting[rng() % sizeof kInteresting]
+                           : static_cast<char>(rng() % 256);
+    }
+    check(t);
+  }
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(refused, 0);
+}
+
+}  // namespace
+}  // namespace cushare::broker

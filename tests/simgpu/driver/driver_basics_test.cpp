@@ -27,33 +27,14 @@
 
 #include "simgpu/simgpu.h"
 
+#include "cu_check.h"
+
 namespace {
 
 constexpr size_t kKiB = size_t{1} << 10;
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kGiB = size_t{1} << 30;
 
-std::string errName(CUresult r) {
-  const char* s = nullptr;
-  if (cuGetErrorName(r, &s) != CUDA_SUCCESS || !s) return "CUresult " + std::to_string(static_cast<int>(r));
-  return s;
-}
-
-#define CU_ASSERT(expr)                                                              \
-  do {                                                                               \
-    const CUresult cu_assert_r_ = (expr);                                            \
-    ASSERT_EQ(CUDA_SUCCESS, cu_assert_r_) << #expr << " -> " << errName(cu_assert_r_); \
-  } while (0)
-#define CU_EXPECT(expr)                                                              \
-  do {                                                                               \
-    const CUresult cu_expect_r_ = (expr);                                            \
-    EXPECT_EQ(CUDA_SUCCESS, cu_expect_r_) << #expr << " -> " << errName(cu_expect_r_); \
-  } while (0)
-#define CU_EXPECT_ERR(code, expr)                                                     \
-  do {                                                                                \
-    const CUresult cu_expect_r_ = (expr);                                             \
-    EXPECT_EQ((code), cu_expect_r_) << #expr << " -> " << errName(cu_expect_r_);      \
-  } while (0)
 
 long long envInt(const char* name, long long fallback) {
   const char* v = std::getenv(name);

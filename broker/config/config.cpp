@@ -102,9 +102,9 @@ class Parser {
     c->file = file_;
     if (root.kind != Node::kMap) {
       if (yaml::isNull(root)) return fail(root.mark, "", "the file is empty: it holds no settings");
-      return fail(root.mark, "",
-                  "the top level must be a map of settings (key: value), found " +
-                      yaml::describe(root));
+      return fail(
+          root.mark, "",
+          "the top level must be a map of settings (key: value), found " + yaml::describe(root));
     }
     for (size_t i = 0; i < root.keys.size(); ++i) {
       if (!topLevel(root.keys[i], root.items[i], c)) return false;
@@ -122,16 +122,17 @@ class Parser {
 
   bool unknownKey(const Node& key, const std::string& path, const std::vector<std::string>& known) {
     return fail(key.mark, path,
-                "unknown key " + quote(key.text) + didYouMean(key.text, known) + " (known keys: " +
-                    listOf(known) + ")");
+                "unknown key " + quote(key.text) + didYouMean(key.text, known) +
+                    " (known keys: " + listOf(known) + ")");
   }
 
   // A non-empty scalar; what describes the expected value for the message.
   bool scalar(const Node& n, const std::string& path, const std::string& what, std::string* text) {
     if (n.kind != Node::kScalar || yaml::isNull(n) || trim(n.text).empty())
-      return fail(n.mark, path,
-                  "expected " + what + ", found " +
-                      (n.kind == Node::kScalar ? std::string("an empty value") : yaml::describe(n)));
+      return fail(
+          n.mark, path,
+          "expected " + what + ", found " +
+              (n.kind == Node::kScalar ? std::string("an empty value") : yaml::describe(n)));
     *text = n.text;
     return true;
   }
@@ -315,9 +316,8 @@ class Parser {
         const bool same = e.uuid.empty() ? prev.ordinal == e.ordinal : prev.uuid == e.uuid;
         if (same)
           return fail(key.mark, kpath,
-                      "duplicate device " + quote(key.text) + ": " + quote(prev.key) +
-                          " at line " + std::to_string(prev.mark.line) +
-                          " already names it" +
+                      "duplicate device " + quote(key.text) + ": " + quote(prev.key) + " at line " +
+                          std::to_string(prev.mark.line) + " already names it" +
                           (e.uuid.empty() ? "" : " (UUIDs compare case-insensitively)"));
       }
       m.entries.push_back(std::move(e));
@@ -331,8 +331,9 @@ class Parser {
   bool deviceKey(const Node& key, const std::string& path, MemorySpec::Entry* e) {
     const std::string_view k = key.text;
     if (trim(k).empty() || k.find_first_of(",=") != std::string_view::npos)
-      return fail(key.mark, path,
-                  "device " + quote(k) + " is neither a non-negative integer ordinal nor GPU-<uuid>");
+      return fail(
+          key.mark, path,
+          "device " + quote(k) + " is neither a non-negative integer ordinal nor GPU-<uuid>");
     MemoryLimitSpec one;
     std::string reason;
     if (!parseMemoryLimit(std::string(k) + "=1", &one, &reason) || one.entries.size() != 1)
@@ -362,8 +363,9 @@ class Parser {
     if (!parseSize(s, &bytes, &reason)) return fail(n.mark, path, reason);
     if (bytes == 0)
       return fail(n.mark, path,
-                  "a limit of " + quote(s) + " would deny every allocation; remove the key for "
-                  "no limit");
+                  "a limit of " + quote(s) +
+                      " would deny every allocation; remove the key for "
+                      "no limit");
     out->bytes = bytes;
     out->milliPercent = 0;
     return true;
@@ -587,17 +589,18 @@ bool resolveImpl(const Config& config, const MemorySpec& spec,
       const std::string path = spec.path + "." + yaml::printable(e.key);
       size_t found = devices.size();
       for (size_t d = 0; d < devices.size(); ++d) {
-        const bool match = e.uuid.empty() ? devices[d].ordinal == e.ordinal : devices[d].uuid == e.uuid;
+        const bool match =
+            e.uuid.empty() ? devices[d].ordinal == e.ordinal : devices[d].uuid == e.uuid;
         if (match) found = d;
       }
       if (found == devices.size()) {
         std::string have;
         for (const DeviceInfo& d : devices) have += (have.empty() ? "" : ", ") + deviceName(d);
         if (error)
-          *error = yaml::errorLine(config.file, yamlMark(e.mark), path,
-                                   "no device " + quote(e.key) + " on this host (" +
-                                       (have.empty() ? "it has no devices" : "devices: " + have) +
-                                       ")");
+          *error =
+              yaml::errorLine(config.file, yamlMark(e.mark), path,
+                              "no device " + quote(e.key) + " on this host (" +
+                                  (have.empty() ? "it has no devices" : "devices: " + have) + ")");
         return false;
       }
       if (namedBy[found]) {

@@ -29,8 +29,8 @@ struct SourceMark {
 
 // An amount of device memory: bytes, or a share of the device's total.
 struct MemoryAmount {
-  uint64_t bytes = 0;            // when milliPercent == 0
-  uint32_t milliPercent = 0;     // 1..100000 (0.001% .. 100%); 0 when bytes is used
+  uint64_t bytes = 0;         // when milliPercent == 0
+  uint32_t milliPercent = 0;  // 1..100000 (0.001% .. 100%); 0 when bytes is used
   bool isPercent() const { return milliPercent != 0; }
 };
 
@@ -65,14 +65,14 @@ struct Profile {
 
 struct Tenant {
   std::string name;
-  std::string profile;                  // the profile it names; empty when none
-  MemorySpec memory;                    // effective: the tenant's own, else the profile's
-  std::optional<int> threadPercentage;  // effective; unset: no compute cap
+  std::string profile;                    // the profile it names; empty when none
+  MemorySpec memory;                      // effective: the tenant's own, else the profile's
+  std::optional<int> threadPercentage;    // effective; unset: no compute cap
   Priority priority = Priority::kNormal;  // effective; normal when neither sets it
-  std::optional<uint32_t> uid;          // owner of the tenant's ledger file
-  std::optional<uint32_t> gid;          // group of the tenant's ledger file
-  SourceMark mark;                      // of the tenant's list item
-  std::string path;                     // "tenants[<index>]"
+  std::optional<uint32_t> uid;            // owner of the tenant's ledger file
+  std::optional<uint32_t> gid;            // group of the tenant's ledger file
+  SourceMark mark;                        // of the tenant's list item
+  std::string path;                       // "tenants[<index>]"
 };
 
 struct Config {

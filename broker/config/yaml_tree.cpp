@@ -208,28 +208,6 @@ class Builder {
 
 }  // namespace
 
-std::string printable(std::string_view s, size_t max) {
-  std::string r;
-  const size_t n = s.size() < max ? s.size() : max;
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '\n') {
-      r += "\\n";
-    } else if (c == '\t') {
-      r += "\\t";
-    } else if (c == '\r') {
-      r += "\\r";
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      r += buf;
-    } else {
-      r += static_cast<char>(c);
-    }
-  }
-  if (s.size() > max) r += "...(" + std::to_string(s.size()) + " bytes)";
-  return r;
-}
 
 std::string errorLine(const std::string& name, Mark mark, const std::string& path,
                       const std::string& reason) {
@@ -251,8 +229,7 @@ bool isNull(const Node& node) {
   return t.empty() || t == "~" || t == "null" || t == "Null" || t == "NULL";
 }
 
-bool parseDocument(std::string_view text, const std::string& name, Node* root,
-                   std::string* error) {
+bool parseDocument(std::string_view text, const std::string& name, Node* root, std::string* error) {
   yaml_parser_t parser;
   if (!yaml_parser_initialize(&parser)) {
     if (error) *error = errorLine(name, Mark{}, "", "out of memory");

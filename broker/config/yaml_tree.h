@@ -11,6 +11,8 @@
 //   columns counted from 1.
 #pragma once
 
+#include "cushare/parse.h"
+
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,7 +46,7 @@ std::string errorLine(const std::string& name, Mark mark, const std::string& pat
                       const std::string& reason);
 
 // Escapes control characters and shortens s to max bytes, for quoting values in messages.
-std::string printable(std::string_view s, size_t max = 64);
+inline std::string printable(std::string_view s, size_t max = 64) { return ::cushare::printable(s, max); }
 
 // "a map", "a list", "an empty value", "a scalar": what a node is, for "expected X, found Y".
 std::string describe(const Node& node);

@@ -127,6 +127,30 @@ bool parseInt(std::string_view text, int64_t min, int64_t max, int64_t* out, std
   return true;
 }
 
+std::string printable(std::string_view s, size_t max) {
+  std::string r;
+  const size_t n = s.size() < max ? s.size() : max;
+  r.reserve(n + 16);
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\n') {
+      r += "\\n";
+    } else if (c == '\t') {
+      r += "\\t";
+    } else if (c == '\r') {
+      r += "\\r";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      r += buf;
+    } else {
+      r += static_cast<char>(c);
+    }
+  }
+  if (s.size() > max) r += "...(" + std::to_string(s.size()) + " bytes)";
+  return r;
+}
+
 std::string formatSize(uint64_t bytes) {
   static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;

@@ -27,30 +27,6 @@ bool startsWithNoCase(std::string_view s, std::string_view prefix) {
   return true;
 }
 
-// Escapes control characters (so a message stays one line) and shortens to max bytes.
-std::string printable(std::string_view s, size_t max) {
-  std::string r;
-  const size_t n = s.size() < max ? s.size() : max;
-  r.reserve(n + 16);
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '\n') {
-      r += "\\n";
-    } else if (c == '\t') {
-      r += "\\t";
-    } else if (c == '\r') {
-      r += "\\r";
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      r += buf;
-    } else {
-      r += static_cast<char>(c);
-    }
-  }
-  if (s.size() > max) r += "...(" + std::to_string(s.size()) + " bytes)";
-  return r;
-}
 
 std::string quote(std::string_view piece) { return "'" + printable(piece, kMaxQuotedPiece) + "'"; }
 

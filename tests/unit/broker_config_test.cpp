@@ -164,8 +164,8 @@ TEST(BrokerConfig, TenantFieldsOverrideProfileFields) {
   EXPECT_EQ(a.memory.kind, MemorySpec::kAll);
   EXPECT_EQ(a.memory.all.bytes, kGiB);
   EXPECT_EQ(a.memory.all.milliPercent, 0u);
-  EXPECT_EQ(a.threadPercentage, 50);          // from the profile
-  EXPECT_EQ(a.priority, Priority::kLow);      // the tenant's own
+  EXPECT_EQ(a.threadPercentage, 50);      // from the profile
+  EXPECT_EQ(a.priority, Priority::kLow);  // the tenant's own
   const Tenant& b = c.tenants[1];
   EXPECT_EQ(b.memory.all.milliPercent, 50000u);
   EXPECT_EQ(b.threadPercentage, 50);
@@ -191,10 +191,14 @@ struct Refusal {
 TEST(BrokerConfig, RefusesWithFileLineColumnAndFieldPath) {
   const Refusal cases[] = {
       // unknown keys, at every level, with a suggestion
-      {"ledger_dri: /x\n", "b.yaml:1:1: ledger_dri: ", "unknown key 'ledger_dri'; did you mean 'ledger_dir'?"},
-      {"tenants:\n  - {name: a, memroy: 1GiB}\n", "b.yaml:2:15: tenants[0].memroy: ", "did you mean 'memory'?"},
-      {"profiles:\n  p: {priorty: high}\n", "b.yaml:2:7: profiles.p.priorty: ", "did you mean 'priority'?"},
-      {"profiles:\n  p: {uid: 1}\n", "b.yaml:2:7: profiles.p.uid: ", "unknown key 'uid' (known keys: memory,"},
+      {"ledger_dri: /x\n",
+       "b.yaml:1:1: ledger_dri: ", "unknown key 'ledger_dri'; did you mean 'ledger_dir'?"},
+      {"tenants:\n  - {name: a, memroy: 1GiB}\n",
+       "b.yaml:2:15: tenants[0].memroy: ", "did you mean 'memory'?"},
+      {"profiles:\n  p: {priorty: high}\n",
+       "b.yaml:2:7: profiles.p.priorty: ", "did you mean 'priority'?"},
+      {"profiles:\n  p: {uid: 1}\n",
+       "b.yaml:2:7: profiles.p.uid: ", "unknown key 'uid' (known keys: memory,"},
       {"zzz: 1\n", "b.yaml:1:1: zzz: ", "unknown key 'zzz' (known keys"},
       // wrong types
       {"tenants: {a: 1}\n", "b.yaml:1:10: tenants: ", "expected a list of tenants, found a map"},
@@ -202,65 +206,106 @@ TEST(BrokerConfig, RefusesWithFileLineColumnAndFieldPath) {
       {"profiles:\n  p: [a]\n", "b.yaml:2:6: profiles.p: ", "found a list"},
       {"tenants:\n  - alpha\n", "b.yaml:2:5: tenants[0]: ", "found 'alpha'"},
       {"ledger_dir: [a]\n", "b.yaml:1:13: ledger_dir: ", "expected an absolute path, found a list"},
-      {"tenants:\n  - {name: a, memory: [1GiB]}\n", "b.yaml:2:23: tenants[0].memory: ", "found a list"},
-      {"- a\n", "b.yaml:1:1: ", "the top level must be a map of settings (key: value), found a list"},
+      {"tenants:\n  - {name: a, memory: [1GiB]}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "found a list"},
+      {"- a\n",
+       "b.yaml:1:1: ", "the top level must be a map of settings (key: value), found a list"},
       {"hello\n", "b.yaml:1:1: ", "the top level must be a map"},
       {"socket:\n", "b.yaml:1:8: socket: ", "expected an absolute path, found an empty value"},
       {"socket: ''\n", "b.yaml:1:9: socket: ", "found an empty value"},
       // duplicates
-      {"socket: /a\nsocket: /b\n", "b.yaml:2:1: socket: ", "duplicate key 'socket' (first at line 1 column 1)"},
-      {"tenants:\n  - {name: a, name: b}\n", "b.yaml:2:15: tenants[0].name: ", "duplicate key 'name'"},
+      {"socket: /a\nsocket: /b\n",
+       "b.yaml:2:1: socket: ", "duplicate key 'socket' (first at line 1 column 1)"},
+      {"tenants:\n  - {name: a, name: b}\n",
+       "b.yaml:2:15: tenants[0].name: ", "duplicate key 'name'"},
       {"profiles:\n  p: {}\n  p: {}\n", "b.yaml:3:3: profiles.p: ", "duplicate key 'p'"},
-      {"tenants:\n  - {name: a}\n  - {name: a}\n", "b.yaml:3:12: tenants[1].name: ", "duplicate tenant 'a' (first at line 2, tenants[0])"},
-      {"tenants:\n  - {name: a, memory: {0: 1GiB, 00: 2GiB}}\n", "b.yaml:2:33: tenants[0].memory.00: ", "duplicate device '00': '0' at line 2 already names it"},
-      {"tenants:\n  - {name: a, memory: {GPU-5e1a90c0-0000-4000-8000-000000000000: 1GiB, GPU-5E1A90C0-0000-4000-8000-000000000000: 1GiB}}\n",
-       "b.yaml:2:72: tenants[0].memory.GPU-5E1A90C0-0000-4000-8000-000000000000: ", "duplicate device"},
+      {"tenants:\n  - {name: a}\n  - {name: a}\n",
+       "b.yaml:3:12: tenants[1].name: ", "duplicate tenant 'a' (first at line 2, tenants[0])"},
+      {"tenants:\n  - {name: a, memory: {0: 1GiB, 00: 2GiB}}\n",
+       "b.yaml:2:33: tenants[0].memory.00: ",
+       "duplicate device '00': '0' at line 2 already names it"},
+      {"tenants:\n  - {name: a, memory: {GPU-5e1a90c0-0000-4000-8000-000000000000: 1GiB, "
+       "GPU-5E1A90C0-0000-4000-8000-000000000000: 1GiB}}\n",
+       "b.yaml:2:72: tenants[0].memory.GPU-5E1A90C0-0000-4000-8000-000000000000: ",
+       "duplicate device"},
       // names and references
       {"tenants:\n  - {memory: 1GiB}\n", "b.yaml:2:5: tenants[0]: ", "missing key 'name'"},
-      {"tenants:\n  - {name: a/b}\n", "b.yaml:2:12: tenants[0].name: ", "character '/' at position 2 is not allowed"},
+      {"tenants:\n  - {name: a/b}\n",
+       "b.yaml:2:12: tenants[0].name: ", "character '/' at position 2 is not allowed"},
       {"profiles:\n  balanced: {priority: low}\ntenants:\n  - {name: a, profile: balance}\n",
-       "b.yaml:4:24: tenants[0].profile: ", "no profile 'balance'; did you mean 'balanced'? (profiles: balanced)"},
-      {"unknown_tenants: gold\n", "b.yaml:1:18: unknown_tenants: ", "no profile 'gold' (no profiles are defined)"},
-      {"profiles:\n  refuse: {}\n", "b.yaml:2:3: profiles.refuse: ", "'refuse' cannot name a profile"},
+       "b.yaml:4:24: tenants[0].profile: ",
+       "no profile 'balance'; did you mean 'balanced'? (profiles: balanced)"},
+      {"unknown_tenants: gold\n",
+       "b.yaml:1:18: unknown_tenants: ", "no profile 'gold' (no profiles are defined)"},
+      {"profiles:\n  refuse: {}\n",
+       "b.yaml:2:3: profiles.refuse: ", "'refuse' cannot name a profile"},
       // values
-      {"tenants:\n  - {name: a, memory: lots}\n", "b.yaml:2:23: tenants[0].memory: ", "invalid size 'lots'"},
-      {"tenants:\n  - {name: a, memory: 0}\n", "b.yaml:2:23: tenants[0].memory: ", "would deny every allocation"},
-      {"tenants:\n  - {name: a, memory: '0=1GiB'}\n", "b.yaml:2:23: tenants[0].memory: ", "per-device limits are written as a map"},
-      {"tenants:\n  - {name: a, memory: {}}\n", "b.yaml:2:23: tenants[0].memory: ", "an empty map names no device"},
-      {"tenants:\n  - {name: a, memory: 150%}\n", "b.yaml:2:23: tenants[0].memory: ", "'150%' is over 100%"},
-      {"tenants:\n  - {name: a, memory: 100.001%}\n", "b.yaml:2:23: tenants[0].memory: ", "is over 100%"},
-      {"tenants:\n  - {name: a, memory: 12.3456%}\n", "b.yaml:2:23: tenants[0].memory: ", "invalid percentage '12.3456%'"},
-      {"tenants:\n  - {name: a, memory: -5%}\n", "b.yaml:2:23: tenants[0].memory: ", "invalid percentage"},
-      {"tenants:\n  - {name: a, memory: 0%}\n", "b.yaml:2:23: tenants[0].memory: ", "would deny every allocation"},
-      {"profiles:\n  p: {memory: {x: 1GiB}}\n", "b.yaml:2:16: profiles.p.memory.x: ", "device 'x' is neither a non-negative integer ordinal nor GPU-<uuid>"},
-      {"tenants:\n  - {name: a, memory: {GPU-xyz: 1GiB}}\n", "b.yaml:2:24: tenants[0].memory.GPU-xyz: ", "malformed UUID 'GPU-xyz'"},
-      {"tenants:\n  - {name: a, memory: {MIG-1: 1GiB}}\n", "b.yaml:2:24: tenants[0].memory.MIG-1: ", "MIG device 'MIG-1' is not supported"},
-      {"tenants:\n  - {name: a, memory: {0: lots}}\n", "b.yaml:2:27: tenants[0].memory.0: ", "invalid size 'lots'"},
-      {"tenants:\n  - {name: a, priority: urgent}\n", "b.yaml:2:25: tenants[0].priority: ", "'urgent' is not one of high, normal, low"},
-      {"tenants:\n  - {name: a, thread_percentage: 25%}\n", "b.yaml:2:34: tenants[0].thread_percentage: ", "without '%'"},
-      {"tenants:\n  - {name: a, thread_percentage: 0}\n", "b.yaml:2:34: tenants[0].thread_percentage: ", "0 is out of range 1..100"},
-      {"profiles:\n  p: {thread_percentage: 101}\n", "b.yaml:2:26: profiles.p.thread_percentage: ", "101 is out of range 1..100"},
-      {"tenants:\n  - {name: a, uid: -1}\n", "b.yaml:2:20: tenants[0].uid: ", "out of range 0..4294967294"},
+      {"tenants:\n  - {name: a, memory: lots}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "invalid size 'lots'"},
+      {"tenants:\n  - {name: a, memory: 0}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "would deny every allocation"},
+      {"tenants:\n  - {name: a, memory: '0=1GiB'}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "per-device limits are written as a map"},
+      {"tenants:\n  - {name: a, memory: {}}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "an empty map names no device"},
+      {"tenants:\n  - {name: a, memory: 150%}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "'150%' is over 100%"},
+      {"tenants:\n  - {name: a, memory: 100.001%}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "is over 100%"},
+      {"tenants:\n  - {name: a, memory: 12.3456%}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "invalid percentage '12.3456%'"},
+      {"tenants:\n  - {name: a, memory: -5%}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "invalid percentage"},
+      {"tenants:\n  - {name: a, memory: 0%}\n",
+       "b.yaml:2:23: tenants[0].memory: ", "would deny every allocation"},
+      {"profiles:\n  p: {memory: {x: 1GiB}}\n", "b.yaml:2:16: profiles.p.memory.x: ",
+       "device 'x' is neither a non-negative integer ordinal nor GPU-<uuid>"},
+      {"tenants:\n  - {name: a, memory: {GPU-xyz: 1GiB}}\n",
+       "b.yaml:2:24: tenants[0].memory.GPU-xyz: ", "malformed UUID 'GPU-xyz'"},
+      {"tenants:\n  - {name: a, memory: {MIG-1: 1GiB}}\n",
+       "b.yaml:2:24: tenants[0].memory.MIG-1: ", "MIG device 'MIG-1' is not supported"},
+      {"tenants:\n  - {name: a, memory: {0: lots}}\n",
+       "b.yaml:2:27: tenants[0].memory.0: ", "invalid size 'lots'"},
+      {"tenants:\n  - {name: a, priority: urgent}\n",
+       "b.yaml:2:25: tenants[0].priority: ", "'urgent' is not one of high, normal, low"},
+      {"tenants:\n  - {name: a, thread_percentage: 25%}\n",
+       "b.yaml:2:34: tenants[0].thread_percentage: ", "without '%'"},
+      {"tenants:\n  - {name: a, thread_percentage: 0}\n",
+       "b.yaml:2:34: tenants[0].thread_percentage: ", "0 is out of range 1..100"},
+      {"profiles:\n  p: {thread_percentage: 101}\n",
+       "b.yaml:2:26: profiles.p.thread_percentage: ", "101 is out of range 1..100"},
+      {"tenants:\n  - {name: a, uid: -1}\n",
+       "b.yaml:2:20: tenants[0].uid: ", "out of range 0..4294967294"},
       {"tenants:\n  - {name: a, gid: abc}\n", "b.yaml:2:20: tenants[0].gid: ", "not a number"},
       {"socket: run/b.sock\n", "b.yaml:1:9: socket: ", "not an absolute path"},
       {"socket: \"/a\\0b\"\n", "b.yaml:1:9: socket: ", "control character"},
       {"ledger_dir: shm\n", "b.yaml:1:13: ledger_dir: ", "not an absolute path"},
       {"metrics_listen: localhost\n", "b.yaml:1:17: metrics_listen: ", "expected host:port"},
-      {"metrics_listen: h:0\n", "b.yaml:1:17: metrics_listen: ", "port '0' is not a number 1..65535"},
-      {"metrics_listen: h:65536\n", "b.yaml:1:17: metrics_listen: ", "port '65536' is not a number 1..65535"},
+      {"metrics_listen: h:0\n",
+       "b.yaml:1:17: metrics_listen: ", "port '0' is not a number 1..65535"},
+      {"metrics_listen: h:65536\n",
+       "b.yaml:1:17: metrics_listen: ", "port '65536' is not a number 1..65535"},
       {"metrics_listen: ':80'\n", "b.yaml:1:17: metrics_listen: ", "empty host"},
-      {"metrics_listen: ::1:80\n", "b.yaml:1:17: metrics_listen: ", "an IPv6 address needs brackets"},
+      {"metrics_listen: ::1:80\n",
+       "b.yaml:1:17: metrics_listen: ", "an IPv6 address needs brackets"},
       {"admin_group: -x\n", "b.yaml:1:14: admin_group: ", "cannot start with '-'"},
       // YAML itself and the subset
-      {"tenants: [a, b\n", "b.yaml:2:1: ", "YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence at line 1 column 10)"},
-      {"a: b: c\n", "b.yaml:1:5: ", "YAML syntax error: mapping values are not allowed in this context"},
+      {"tenants: [a, b\n", "b.yaml:2:1: ",
+       "YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence at line "
+       "1 column 10)"},
+      {"a: b: c\n",
+       "b.yaml:1:5: ", "YAML syntax error: mapping values are not allowed in this context"},
       {"\xff\n", "b.yaml:1:1: ", "invalid input: invalid leading UTF-8 octet (0xff)"},
-      {"profiles:\n  p: &x {priority: low}\n", "b.yaml:2:6: profiles.p: ", "anchors (&x) are not allowed"},
+      {"profiles:\n  p: &x {priority: low}\n",
+       "b.yaml:2:6: profiles.p: ", "anchors (&x) are not allowed"},
       {"socket: *x\n", "b.yaml:1:9: socket: ", "aliases (*x) are not allowed"},
-      {"socket: !!str /a\n", "b.yaml:1:9: socket: ", "tags (tag:yaml.org,2002:str) are not allowed"},
+      {"socket: !!str /a\n",
+       "b.yaml:1:9: socket: ", "tags (tag:yaml.org,2002:str) are not allowed"},
       {"? [a]\n: b\n", "b.yaml:1:3: ", "a map key must be a scalar, not a list"},
       {"socket: /a\n---\nsocket: /b\n", "b.yaml:2:1: ", "a second YAML document"},
-      {"a: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", "b.yaml:1:35: a", "nested deeper than 32 levels"},
+      {"a: "
+       "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
+       "b.yaml:1:35: a", "nested deeper than 32 levels"},
       {"", "b.yaml:1:1: ", "the file is empty"},
       {"# only a comment\n", "b.yaml:1:1: ", "the file is empty"},
       {"---\n", "b.yaml:2:1: ", "the file is empty"},
@@ -280,8 +325,9 @@ TEST(BrokerConfig, ErrorLeavesOutputUntouchedAndIsOneLine) {
   EXPECT_FALSE(parseConfig("socket: /a\ntenants: [{name: \"x\\ny\"}]\n", "b.yaml", &c, &error));
   EXPECT_EQ(c.socket, "/sentinel");
   EXPECT_EQ(c.tenants.size(), 1u);
-  EXPECT_EQ(error, "b.yaml:2:18: tenants[0].name: invalid name: character '\\n' at position 2 "
-                   "is not allowed (use A-Z a-z 0-9 . _ -)");
+  EXPECT_EQ(error,
+            "b.yaml:2:18: tenants[0].name: invalid name: character '\\n' at position 2 "
+            "is not allowed (use A-Z a-z 0-9 . _ -)");
   EXPECT_FALSE(parseConfig(std::string(kMaxConfigBytes + 1, '#'), "big.yaml", &c, &error));
   EXPECT_EQ(error.rfind("big.yaml:1:1: the file is 1048577 bytes", 0), 0u) << error;
 }
@@ -394,7 +440,8 @@ TEST(BrokerConfig, CapacityRefusesDevicesThatDoNotExist) {
   EXPECT_EQ(capacityError("tenants:\n  - {name: a, memory: {0: 1GiB}}\n", {}),
             "b.yaml:2:24: tenants[0].memory.0: no device '0' on this host (it has no devices)");
   const std::string twice = capacityError(
-      "tenants:\n  - {name: a, memory: {0: 1GiB, GPU-5e1a90c0-0000-4000-8000-000000000000: 1GiB}}\n",
+      "tenants:\n  - {name: a, memory: {0: 1GiB, GPU-5e1a90c0-0000-4000-8000-000000000000: "
+      "1GiB}}\n",
       twoDevices());
   EXPECT_EQ(twice.rfind("b.yaml:2:33: tenants[0].memory.GPU-5e1a90c0-0000-4000-8000-000000000000: "
                         "device 0 (GPU-5e1a90c0-0000-4000-8000-000000000000) is named twice, as "
@@ -432,15 +479,15 @@ TEST(BrokerConfig, TruncatedAndCorruptedInputNeverCrashes) {
   };
   for (size_t n = 0; n <= base.size(); ++n) check(base.substr(0, n));
   std::mt19937 rng(12345);
-  const char kInteresting[] = {'\0', '\n', '\t', ':', '[', ']', '{', '}', '&', '*', '!',
+  const char kInteresting[] = {'\0', '\n', '\t', ':', '[', ']', '{', '}', '&', '*',  '!',
                                '%',  '\'', '"',  '-', ',', '?', '#', '|', '>', '\\', '@'};
   for (int i = 0; i < 3000; ++i) {
     std::string t = base;
     const int flips = 1 + static_cast<int>(rng() % 3);
     for (int f = 0; f < flips; ++f) {
       const size_t pos = rng() % t.size();
-      t[pos] = (rng() % 2) ? kInteresting[rng() % sizeof kInteresting]
-                           : static_cast<char>(rng() % 256);
+      t[pos] =
+          (rng() % 2) ? kInteresting[rng() % sizeof kInteresting] : static_cast<char>(rng() % 256);
     }
     check(t);
   }

@@ -22,6 +22,10 @@ bool parseInt(std::string_view text, int64_t min, int64_t max, int64_t* out, std
 // Formats bytes for humans: "512 MiB", "1.50 GiB", "100 B".
 std::string formatSize(uint64_t bytes);
 
+// For quoting a value in a one-line message: control characters escaped (\n, \t, \r, \xNN) and
+// the text shortened to max bytes, with its full length noted.
+std::string printable(std::string_view text, size_t max);
+
 // Removes leading and trailing ASCII whitespace.
 std::string_view trim(std::string_view text);
 

@@ -5,7 +5,7 @@
 #
 #   scripts/test-frameworks.sh            # extra arguments go to both pytest runs
 #
-# CUSHARE_FRAMEWORK_VENV  venv to create or reuse (default: build/venv-frameworks)
+# FRAMEWORK_VENV          venv to create or reuse (default: build/venv-frameworks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -27,7 +27,7 @@ for f in "$simgpu_lib/libcuda.so.1" "$simgpu_lib/libnvidia-ml.so.1" "$shim"; do
 done
 [[ -e $cuda_lib/libnvrtc.so.13 ]] || { echo "test-frameworks: CUDA 13 toolkit not found at $cuda_lib" >&2; exit 1; }
 
-venv=${CUSHARE_FRAMEWORK_VENV:-build/venv-frameworks}
+venv=${FRAMEWORK_VENV:-build/venv-frameworks}
 if [[ ! -x $venv/bin/python ]]; then
   echo "test-frameworks: creating venv $venv"
   python3 -m venv "$venv" || { echo "test-frameworks: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }

@@ -127,10 +127,6 @@ bool loadRealDriver(std::string* error) noexcept {
   gDriver.p_cuDeviceGet = reinterpret_cast<decltype(gDriver.p_cuDeviceGet)>(realDlsym(h, "cuDeviceGet"));
   gDriver.p_cuDeviceGetUuid_v2 =
       reinterpret_cast<decltype(gDriver.p_cuDeviceGetUuid_v2)>(realDlsym(h, "cuDeviceGetUuid_v2"));
-  gDriver.p_cuMipmappedArrayGetLevel =
-      reinterpret_cast<decltype(gDriver.p_cuMipmappedArrayGetLevel)>(realDlsym(h, "cuMipmappedArrayGetLevel"));
-  gDriver.p_cuArray3DGetDescriptor_v2 =
-      reinterpret_cast<decltype(gDriver.p_cuArray3DGetDescriptor_v2)>(realDlsym(h, "cuArray3DGetDescriptor_v2"));
 #define CUSHARE_RESOLVE(name) gDriver.p_##name = reinterpret_cast<decltype(gDriver.p_##name)>(realDlsym(h, #name))
   CUSHARE_RESOLVE(cuStreamIsCapturing);
   CUSHARE_RESOLVE(cuStreamIsCapturing_ptsz);
@@ -167,7 +163,9 @@ bool loadRealNvml() noexcept {
 
 // ---- road 3: dlsym ----
 // The real dlsym, resolved lazily (dlsym can be called before this library's constructors).
-extern "C" __attribute__((visibility("hidden"))) void* cushare_real_dlsym = nullptr;
+extern "C" {
+__attribute__((visibility("hidden"))) void* cushare_real_dlsym = nullptr;
+}
 
 namespace cushare::shim {
 CUSHARE_NO_SANITIZE void* realDlsym(void* handle, const char* name) noexcept {

@@ -22,8 +22,6 @@ struct RealDriver {
   CUresult (*p_cuDeviceGetCount)(int*) = nullptr;
   CUresult (*p_cuDeviceGet)(CUdevice*, int) = nullptr;
   CUresult (*p_cuDeviceGetUuid_v2)(CUuuid*, CUdevice) = nullptr;
-  CUresult (*p_cuMipmappedArrayGetLevel)(CUarray*, CUmipmappedArray, unsigned) = nullptr;
-  CUresult (*p_cuArray3DGetDescriptor_v2)(CUDA_ARRAY3D_DESCRIPTOR*, CUarray) = nullptr;
   CUresult (*p_cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
   CUresult (*p_cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus*) = nullptr;
   CUresult (*p_cuDeviceGetMemPool)(CUmemoryPool*, CUdevice) = nullptr;

@@ -73,13 +73,16 @@ CUresult chargedAlloc(uint64_t bytes, uintptr_t* key, Alloc&& alloc) noexcept {
   return CUDA_SUCCESS;
 }
 
-// Frees through the driver, then returns the charge (only if the driver freed it).
+// Frees through the driver, then returns the charge (only if the driver freed it). *uncharged
+// (optional) tells whether the freed memory was not charged here (e.g. a pool's).
 template <typename Free>
-CUresult chargedFree(uintptr_t key, Free&& free) noexcept {
+CUresult chargedFree(uintptr_t key, Free&& free, bool* uncharged = nullptr) noexcept {
   const CUresult r = free();
   if (r == CUDA_SUCCESS && key) {
     Charge c;
-    if (allocations().take(key, &c)) release(c);
+    const bool found = allocations().take(key, &c);
+    if (found) release(c);
+    if (uncharged) *uncharged = !found;
   }
   return r;
 }
@@ -176,8 +179,11 @@ CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
 }
 
 CUresult hook_cuMemFree_v2(CUdeviceptr dptr) noexcept {
-  const CUresult r = chargedFree(dptr, [&] { return realDriver().p_cuMemFree_v2(dptr); });
-  settleAllPools();  // cuMemFree of stream-ordered memory returns it to its pool at once
+  bool uncharged = false;
+  const CUresult r = chargedFree(dptr, [&] { return realDriver().p_cuMemFree_v2(dptr); }, &uncharged);
+  // cuMemFree of stream-ordered memory (which is charged to its pool, not here) returns it to the
+  // pool at once; only then is there a pool to settle, so plain frees stay off that path.
+  if (uncharged) settleAllPools();
   return r;
 }
 

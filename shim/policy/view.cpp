@@ -73,27 +73,29 @@ CUresult hook_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) noexcept {
   return CUDA_SUCCESS;
 }
 
-nvmlReturn_t hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) noexcept {
-  const nvmlReturn_t r = realNvml().p_nvmlDeviceGetMemoryInfo(device, memory);
-  if (r != NVML_SUCCESS) return r;
+namespace {
+// NVML's v1 and v2 memory structs share total/free/used; v2's `used` excludes `reserved`.
+template <typename Memory>
+void applyNvmlView(nvmlDevice_t device, Memory* memory, uint64_t reserved) noexcept {
   const int ordinal = ordinalOfNvmlDevice(device);
-  if (ordinal < 0) return r;
+  if (ordinal < 0) return;
   const View v = tenantView(ordinal, memory->total, memory->free);
+  const uint64_t taken = v.total - v.free;
   memory->total = v.total;
   memory->free = v.free;
-  memory->used = v.total - v.free;
+  memory->used = taken - (reserved < taken ? reserved : 0);
+}
+}  // namespace
+
+nvmlReturn_t hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) noexcept {
+  const nvmlReturn_t r = realNvml().p_nvmlDeviceGetMemoryInfo(device, memory);
+  if (r == NVML_SUCCESS) applyNvmlView(device, memory, 0);
   return r;
 }
 
 nvmlReturn_t hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) noexcept {
   const nvmlReturn_t r = realNvml().p_nvmlDeviceGetMemoryInfo_v2(device, memory);
-  if (r != NVML_SUCCESS) return r;
-  const int ordinal = ordinalOfNvmlDevice(device);
-  if (ordinal < 0) return r;
-  const View v = tenantView(ordinal, memory->total, memory->free);
-  memory->total = v.total;
-  memory->free = v.free;
-  memory->used = v.total - v.free - (memory->reserved < v.total - v.free ? memory->reserved : 0);
+  if (r == NVML_SUCCESS) applyNvmlView(device, memory, memory->reserved);
   return r;
 }
 

@@ -221,6 +221,11 @@ bool Ledger::validTenantName(std::string_view tenant, std::string* err) {
 
 std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& tenant,
                                      std::string* err) {
+  return open(dir, tenant, LedgerOpenOptions{}, err);
+}
+
+std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& tenant,
+                                     const LedgerOpenOptions& options, std::string* err) {
   std::string ignored;
   if (err == nullptr) err = &ignored;
   if (!validTenantName(tenant, err)) return nullptr;
@@ -228,19 +233,33 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
     *err = "ledger directory is empty (CUSHARE_LEDGER_DIR)";
     return nullptr;
   }
-  if (!makeDirs(dir, err)) return nullptr;
+  if (options.createDir && !makeDirs(dir, err)) return nullptr;
   const std::string path = dir + "/" + tenant + ".ledger";
 
   // O_NOFOLLOW: the directory may be shared; never follow a link planted in it.
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  int fd = -1;
+  if (options.createFile)
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   const bool created = fd >= 0;
-  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0 && (!options.createFile || errno == EEXIST))
+    fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     *err = errno == ELOOP ? "ledger " + path + " is a symbolic link: refused"
                           : errnoText("cannot open ledger " + path, errno);
     return nullptr;
   }
-  if (created) ::fchmod(fd, 0600);  // exactly 0600 whatever the umask
+  if (created) {
+    // Ownership before anything else: until then only the creator can open it.
+    if ((options.ownerUid >= 0 || options.ownerGid >= 0) &&
+        ::fchown(fd, options.ownerUid >= 0 ? static_cast<uid_t>(options.ownerUid) : uid_t(-1),
+                 options.ownerGid >= 0 ? static_cast<gid_t>(options.ownerGid) : gid_t(-1)) != 0) {
+      *err = errnoText("cannot give ledger " + path + " to its tenant's user", errno);
+      ::unlink(path.c_str());
+      ::close(fd);
+      return nullptr;
+    }
+    ::fchmod(fd, options.mode & 07777);  // exactly this mode whatever the umask
+  }
   auto fail = [&](std::string why, void* map) {
     *err = std::move(why);
     if (map != nullptr) ::munmap(map, kLedgerFileSize);
@@ -314,6 +333,10 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
   l->fileDev_ = st.st_dev;
   l->fileIno_ = st.st_ino;
   l->registerSelf();
+  if (!options.claimSlot) {
+    l->observer_ = true;
+    return l;
+  }
   l->lockLocal();
   const int slot = l->claimSlotLocked(err);
   l->unlockLocal();
@@ -387,25 +410,34 @@ void Ledger::lockLocal() noexcept {
 
 void Ledger::unlockLocal() noexcept { lock_.store(false, std::memory_order_release); }
 
+bool Ledger::ensureFdLocked(std::string* err) noexcept {
+  if (fd_ >= 0) return true;
+  // A forked child: a description of its own.
+  const int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    if (err) *err = errnoText("cannot reopen ledger " + path_, errno);
+    if (fd >= 0) ::close(fd);
+    return false;
+  }
+  if (st.st_dev != fileDev_ || st.st_ino != fileIno_) {
+    // Locking bytes of another file than the one mapped would protect nothing.
+    if (err) *err = "ledger " + path_ + " was replaced since this process mapped it";
+    ::close(fd);
+    return false;
+  }
+  fd_ = fd;
+  return true;
+}
+
 int Ledger::ensureSlotLocked(std::string* err) noexcept {
   const int s = slot_.load(std::memory_order_relaxed);
   if (s >= 0) return s;
-  if (fd_ < 0) {  // a forked child: a description of its own
-    const int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    struct stat st;
-    if (fd < 0 || ::fstat(fd, &st) != 0) {
-      if (err) *err = errnoText("cannot reopen ledger " + path_, errno);
-      if (fd >= 0) ::close(fd);
-      return -1;
-    }
-    if (st.st_dev != fileDev_ || st.st_ino != fileIno_) {
-      // Locking bytes of another file than the one mapped would protect nothing.
-      if (err) *err = "ledger " + path_ + " was replaced since this process mapped it";
-      ::close(fd);
-      return -1;
-    }
-    fd_ = fd;
+  if (observer_) {
+    if (err) *err = "ledger " + path_ + " was opened without a process slot";
+    return -1;
   }
+  if (!ensureFdLocked(err)) return -1;
   return claimSlotLocked(err);
 }
 
@@ -470,7 +502,7 @@ int Ledger::reapDeadLocked() noexcept {
 
 int Ledger::reapDead() noexcept {
   lockLocal();
-  const int n = ensureSlotLocked(nullptr) >= 0 ? reapDeadLocked() : 0;
+  const int n = (observer_ ? ensureFdLocked(nullptr) : ensureSlotLocked(nullptr) >= 0) ? reapDeadLocked() : 0;
   unlockLocal();
   return n;
 }
@@ -478,19 +510,11 @@ int Ledger::reapDead() noexcept {
 // ---- Devices ----
 
 int Ledger::deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err) noexcept {
-  auto find = [&]() {
-    for (uint32_t i = 0; i < kLedgerMaxDevices; ++i) {
-      const LedgerDevice& e = hdr_->devices[i];
-      if (e.state.load(std::memory_order_acquire) == kLedgerDeviceReady &&
-          std::memcmp(e.uuid, uuid, sizeof(e.uuid)) == 0)
-        return static_cast<int>(i);
-    }
-    return -1;
-  };
+  auto find = [&]() { return findDevice(uuid); };
   if (const int i = find(); i >= 0) return i;  // lock-free when known
   lockLocal();
   int result = -1;
-  if (ensureSlotLocked(err) >= 0) {
+  if (observer_ ? ensureFdLocked(err) : ensureSlotLocked(err) >= 0) {
     if (flockRetry(fd_, LOCK_EX) != 0) {
       if (err) *err = errnoText("cannot flock ledger " + path_, errno);
     } else {
@@ -558,6 +582,7 @@ bool Ledger::announceAndValidate(int dev, int slot, uint64_t bytes, uint64_t lim
 bool Ledger::reserve(int dev, uint64_t bytes, uint64_t limit) noexcept {
   if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return false;
   if (bytes == 0) return true;
+  if (observer_) return false;
   int slot = slot_.load(std::memory_order_acquire);
   if (slot < 0) {  // first use in a forked child: claim its own slot (system calls, once)
     lockLocal();
@@ -631,6 +656,39 @@ std::vector<Ledger::ProcUsage> Ledger::processes(int dev) {
     if (pid != 0) out.push_back({pid, usedAt(dev, static_cast<int>(s)).load(kSeq)});
   }
   return out;
+}
+
+std::vector<Ledger::SlotUsage> Ledger::slots() const {
+  std::vector<SlotUsage> out;
+  const uint32_t hwm = slotHwm();
+  for (uint32_t s = 0; s < hwm; ++s) {
+    SlotUsage u{pid_[s].load(kSeq), {}};
+    bool any = u.pid != 0;
+    for (uint32_t d = 0; d < kLedgerMaxDevices; ++d) {
+      u.used[d] = usedAt(static_cast<int>(d), static_cast<int>(s)).load(kSeq);
+      any = any || u.used[d] != 0;
+    }
+    if (any) out.push_back(u);
+  }
+  return out;
+}
+
+int Ledger::findDevice(const uint8_t uuid[16]) const noexcept {
+  for (uint32_t i = 0; i < kLedgerMaxDevices; ++i) {
+    const LedgerDevice& e = hdr_->devices[i];
+    if (e.state.load(std::memory_order_acquire) == kLedgerDeviceReady &&
+        std::memcmp(e.uuid, uuid, sizeof(e.uuid)) == 0)
+      return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool Ledger::deviceUuid(int dev, uint8_t uuid[16]) const noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return false;
+  const LedgerDevice& e = hdr_->devices[dev];
+  if (e.state.load(std::memory_order_acquire) != kLedgerDeviceReady) return false;
+  std::memcpy(uuid, e.uuid, sizeof(e.uuid));
+  return true;
 }
 
 }  // namespace cushare

@@ -6,6 +6,9 @@
 #include <new>
 #include <cstring>
 #include <pthread.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <mutex>
 #include <string>
@@ -32,6 +35,34 @@ struct InitLock {
 void failProcess(const std::string& why) {
   logLine(LogLevel::kError, "%s", why.c_str());
   gProcessPhase.store(2, std::memory_order_release);
+}
+
+// Standalone, the tenant's first process creates its ledger. In a directory a broker owns, the
+// broker has created the ledgers of its tenants; an unknown tenant is refused, or, when the broker
+// admits unknown tenants under a profile, creates its ledger with that profile's limits (the
+// broker adopts it).
+bool openLedger(ShimState* s, std::string* err) {
+  const std::string& dir = s->config.ledgerDir;
+  const int host = readHostSegment(dir, &s->host, err);
+  if (host < 0) return false;
+  if (host == 0) {
+    s->ledger = Ledger::open(dir, s->config.tenant, err).release();
+    return s->ledger != nullptr;
+  }
+  s->brokerManaged = true;
+  if (!s->host.profileForUnknown) {
+    const std::string path = dir + "/" + s->config.tenant + ".ledger";
+    if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) {
+      *err = "not a tenant of this host's broker (ledger directory " + dir +
+             ", unknown_tenants: refuse); ask the operator to add it to the broker's configuration";
+      return false;
+    }
+  }
+  LedgerOpenOptions o;
+  o.createDir = false;
+  o.createFile = s->host.profileForUnknown;
+  s->ledger = Ledger::open(dir, s->config.tenant, o, err).release();
+  return s->ledger != nullptr;
 }
 
 void runProcessInit() {
@@ -61,8 +92,7 @@ void runProcessInit() {
     failProcess("cushare: " + err);
     return;
   }
-  s->ledger = Ledger::open(s->config.ledgerDir, s->config.tenant, &err).release();
-  if (!s->ledger) {
+  if (!openLedger(s, &err)) {
     failProcess("cushare: tenant '" + s->config.tenant + "': " + err);
     return;
   }
@@ -124,7 +154,17 @@ CUresult initDevices() noexcept {
           &limits, &err))
     return fail(err);
   for (int i = 0; i < count; ++i) {
-    const int idx = s.ledger->deviceIndex(uuids[i], limits[i], &err);
+    // With a broker, a device entry the broker did not make (a device it does not know) starts
+    // at the unknown-tenant profile's limit, or at zero: never at the environment's.
+    uint64_t limitIfNew = limits[i];
+    if (s.brokerManaged) {
+      const HostDevice* hd = s.host.device(uuids[i]);
+      limitIfNew = s.host.profileForUnknown && hd != nullptr ? hd->unknownLimit : 0;
+      if (hd == nullptr)
+        logLine(LogLevel::kWarn, "cushare: device %d (%s) is not known to this host's broker: nothing can be allocated on it",
+                i, s.devices[i].uuid);
+    }
+    const int idx = s.ledger->deviceIndex(uuids[i], limitIfNew, &err);
     if (idx < 0) return fail("cushare: tenant '" + s.config.tenant + "': " + err);
     s.devices[i].ledgerIndex = idx;
     s.devices[i].envLimit = limits[i];

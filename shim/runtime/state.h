@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "cushare/host_segment.h"
 #include "cushare/ledger.h"
 #include "cushare/shim_config.h"
 
@@ -28,6 +29,10 @@ struct DeviceView {
 struct ShimState {
   ShimConfig config;
   Ledger* ledger = nullptr;
+  // A broker owns the ledger directory (its host segment is there): the ledger's limits are the
+  // broker's, the environment may only lower them.
+  bool brokerManaged = false;
+  HostInfo host;  // when brokerManaged
   int deviceCount = 0;
   DeviceView devices[kMaxDevices];
 };

@@ -29,6 +29,20 @@
 
 namespace cushare {
 
+// How Ledger::open treats a missing directory or file, and whether the caller takes a slot.
+struct LedgerOpenOptions {
+  bool createDir = true;   // create the directory (0700) if missing: standalone shim
+  bool createFile = true;  // create the file if missing (the shim standalone or for an unknown
+                           // tenant a broker admits; the broker for its tenants)
+  bool claimSlot = true;   // false: an observer (the broker): it reads, reaps and sets limits but
+                           // holds no slot and never reserves
+  // A file this call creates gets this owner, group and mode (-1: the caller's own). The mode is
+  // applied exactly, whatever the umask.
+  int ownerUid = -1;
+  int ownerGid = -1;
+  unsigned mode = 0600;
+};
+
 class Ledger {
  public:
   // Maps <dir>/<tenant>.ledger, creating the directory (0700) and the file (0600) if missing, and
@@ -36,6 +50,8 @@ class Ledger {
   // layout or tenant differs from this build's: it never reinterprets one.
   static std::unique_ptr<Ledger> open(const std::string& dir, const std::string& tenant,
                                       std::string* err);
+  static std::unique_ptr<Ledger> open(const std::string& dir, const std::string& tenant,
+                                      const LedgerOpenOptions& options, std::string* err);
 
   // Tenant names: [A-Za-z0-9._-]{1,63}.
   static bool validTenantName(std::string_view tenant, std::string* err);
@@ -72,6 +88,19 @@ class Ledger {
   // Live processes of the tenant (those with a slot) and what each holds on dev; reaps first.
   std::vector<ProcUsage> processes(int dev);
 
+  struct SlotUsage {
+    int pid;
+    uint64_t used[kLedgerMaxDevices];  // by device entry
+  };
+  // Every occupied slot (a live process, or a dead one not reaped yet) and what it holds on each
+  // device entry. No system call: for the broker's scans.
+  std::vector<SlotUsage> slots() const;
+
+  // The entry of the device with this UUID, or -1 (never adds one).
+  int findDevice(const uint8_t uuid[16]) const noexcept;
+  // The UUID of entry dev, if it is in use.
+  bool deviceUuid(int dev, uint8_t uuid[16]) const noexcept;
+
   const std::string& path() const { return path_; }
   // This process's slot, or -1 in a forked child that has not used the ledger yet.
   int slot() const noexcept { return slot_.load(std::memory_order_acquire); }
@@ -92,6 +121,7 @@ class Ledger {
   void lockLocal() noexcept;
   void unlockLocal() noexcept;
   int ensureSlotLocked(std::string* err) noexcept;  // opens fd_ and claims a slot if needed
+  bool ensureFdLocked(std::string* err) noexcept;   // opens fd_ if needed (a forked child)
   int claimSlotLocked(std::string* err) noexcept;
   int reapDeadLocked() noexcept;
   void forgetParentSlot() noexcept;  // in a forked child, from the atfork handler
@@ -110,6 +140,7 @@ class Ledger {
   int fd_ = -1;                            // this process's own open file description
   uint64_t fileDev_ = 0, fileIno_ = 0;     // identity of the file mapped (checked on re-open)
   std::atomic<int> slot_{-1};
+  bool observer_ = false;  // opened without a slot: never reserves
   std::atomic<bool> lock_{false};
   Ledger* prev_ = nullptr;  // every Ledger of the process, for the fork handlers
   Ledger* next_ = nullptr;

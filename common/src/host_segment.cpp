@@ -1,0 +1,156 @@
+// See host_segment.h.
+#include "cushare/host_segment.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "cushare/ledger.h"
+
+namespace cushare {
+namespace {
+
+std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+bool writeAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+std::string check(const HostSegmentLayout& h, uint64_t fileBytes) {
+  auto field = [](const char* name, uint64_t got, uint64_t want) {
+    return std::string("field '") + name + "' is " + std::to_string(got) + ", expected " +
+           std::to_string(want);
+  };
+  if (h.magic != kHostMagic) return "field 'magic' does not read \"CUSHHST\": not a host segment";
+  if (h.version != kHostVersion)
+    return field("version", h.version, kHostVersion) + " (this cushare reads version " +
+           std::to_string(kHostVersion) + " only)";
+  if (h.header_size != sizeof(HostSegmentLayout))
+    return field("header_size", h.header_size, sizeof(HostSegmentLayout));
+  if (h.file_size != sizeof(HostSegmentLayout) || fileBytes != sizeof(HostSegmentLayout))
+    return field("file_size", fileBytes, sizeof(HostSegmentLayout));
+  if (h.device_count > kHostMaxDevices)
+    return "field 'device_count' is " + std::to_string(h.device_count) + ", at most " +
+           std::to_string(kHostMaxDevices);
+  if (h.unknown_policy != kHostRefuseUnknown && h.unknown_policy != kHostProfileForUnknown)
+    return "field 'unknown_policy' is " + std::to_string(h.unknown_policy) + ", expected 0 or 1";
+  if (std::memchr(h.unknown_profile, '\0', sizeof h.unknown_profile) == nullptr)
+    return "field 'unknown_profile' is not NUL-terminated";
+  if (h.unknown_policy == kHostProfileForUnknown &&
+      !Ledger::validTenantName(h.unknown_profile, nullptr))
+    return "field 'unknown_profile' is not a valid profile name";
+  return "";
+}
+
+}  // namespace
+
+const HostDevice* HostInfo::device(const uint8_t uuid[16]) const {
+  for (const HostDevice& d : devices)
+    if (std::memcmp(d.uuid, uuid, 16) == 0) return &d;
+  return nullptr;
+}
+
+int readHostSegment(const std::string& dir, HostInfo* out, std::string* err) {
+  const std::string path = dir + "/" + kHostSegmentName;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ENOENT) return 0;
+    *err = sysErr("cannot open the broker's host segment " + path);
+    return -1;
+  }
+  HostSegmentLayout h{};
+  struct stat st;
+  ssize_t n = -1;
+  if (::fstat(fd, &st) == 0) {
+    do n = ::pread(fd, &h, sizeof h, 0);
+    while (n < 0 && errno == EINTR);
+  }
+  const int readErrno = errno;
+  ::close(fd);
+  if (n < 0) {
+    errno = readErrno;
+    *err = sysErr("cannot read the broker's host segment " + path);
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *err = "the broker's host segment " + path + " is not a regular file";
+    return -1;
+  }
+  // A short read leaves zeros, which check() refuses (magic or file_size).
+  if (std::string why = check(h, static_cast<uint64_t>(st.st_size)); !why.empty()) {
+    *err = "the broker's host segment " + path + ": " + why;
+    return -1;
+  }
+  HostInfo info;
+  info.brokerPid = h.broker_pid;
+  info.configGeneration = h.config_generation;
+  info.profileForUnknown = h.unknown_policy == kHostProfileForUnknown;
+  if (info.profileForUnknown) info.unknownProfile = h.unknown_profile;
+  for (uint32_t i = 0; i < h.device_count; ++i) {
+    HostDevice d;
+    std::memcpy(d.uuid, h.devices[i].uuid, 16);
+    d.capacity = h.devices[i].capacity;
+    d.unknownLimit = h.devices[i].unknown_limit;
+    info.devices.push_back(d);
+  }
+  *out = std::move(info);
+  return 1;
+}
+
+bool writeHostSegment(const std::string& dir, const HostInfo& info, std::string* err) {
+  if (info.devices.size() > kHostMaxDevices) {
+    *err = "more than " + std::to_string(kHostMaxDevices) + " devices";
+    return false;
+  }
+  if (info.unknownProfile.size() >= sizeof(HostSegmentLayout::unknown_profile)) {
+    *err = "profile name too long for the host segment";
+    return false;
+  }
+  HostSegmentLayout h{};
+  h.magic = kHostMagic;
+  h.version = kHostVersion;
+  h.header_size = sizeof h;
+  h.file_size = sizeof h;
+  h.broker_pid = info.brokerPid;
+  h.device_count = static_cast<uint32_t>(info.devices.size());
+  h.config_generation = info.configGeneration;
+  h.unknown_policy = info.profileForUnknown ? kHostProfileForUnknown : kHostRefuseUnknown;
+  if (info.profileForUnknown)
+    std::memcpy(h.unknown_profile, info.unknownProfile.data(), info.unknownProfile.size());
+  for (size_t i = 0; i < info.devices.size(); ++i) {
+    std::memcpy(h.devices[i].uuid, info.devices[i].uuid, 16);
+    h.devices[i].capacity = info.devices[i].capacity;
+    h.devices[i].unknown_limit = info.devices[i].unknownLimit;
+  }
+  const std::string path = dir + "/" + kHostSegmentName;
+  const std::string tmp = path + ".tmp";
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    *err = sysErr("cannot create " + tmp);
+    return false;
+  }
+  const bool ok = ::fchmod(fd, 0644) == 0 && writeAll(fd, &h, sizeof h) && ::fsync(fd) == 0;
+  const int e = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    errno = ok ? errno : e;
+    *err = sysErr("cannot write the host segment " + path);
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace cushare

@@ -75,8 +75,8 @@ std::string listOf(const std::vector<std::string>& names) {
 }
 
 const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "metrics_listen",
-                                           "unknown_tenants", "admin_group", "profiles",
-                                           "tenants"};
+                                           "unknown_tenants", "admin_group", "state_file",
+                                           "profiles",        "tenants"};
 const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority"};
 const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
                                               "priority", "uid",     "gid"};
@@ -165,7 +165,17 @@ class Parser {
       c->socket = text;
       return true;
     }
+    if (k == "state_file") {
+      if (!scalar(v, path, "an absolute path", &text)) return false;
+      if (!parseLedgerDir(text, &c->stateFile, &reason)) return fail(v.mark, path, reason);
+      return true;
+    }
     if (k == "metrics_listen") {
+      if (v.kind == Node::kScalar && v.text == "off") {
+        c->metricsHost.clear();
+        c->metricsPort = 0;
+        return true;
+      }
       if (!scalar(v, path, "host:port", &text)) return false;
       if (!listenAddress(text, &c->metricsHost, &c->metricsPort, &reason))
         return fail(v.mark, path, reason);
@@ -441,8 +451,8 @@ class Parser {
     int64_t v = 0;
     bool digits = !p.empty() && p.size() <= 5;
     for (char c : p) digits = digits && isDigit(c);
-    if (!digits || !parseInt(p, 1, 65535, &v, nullptr))
-      return (*reason = "port " + quote(p) + " is not a number 1..65535", false);
+    if (!digits || !parseInt(p, 0, 65535, &v, nullptr))
+      return (*reason = "port " + quote(p) + " is not a number 0..65535 (0: any free port)", false);
     *host = std::move(h);
     *port = static_cast<uint16_t>(v);
     return true;

@@ -79,8 +79,10 @@ struct Config {
   std::string file;  // the name used in messages (the path given to loadConfig)
   std::string ledgerDir = "/dev/shm/cushare";
   std::string socket = "/run/cushare/broker.sock";
-  std::string metricsHost = "127.0.0.1";  // as written; an IPv6 address without brackets
-  uint16_t metricsPort = 9464;
+  std::string metricsHost = "127.0.0.1";  // as written; an IPv6 address without brackets; empty:
+                                          // metrics off (metrics_listen: off)
+  uint16_t metricsPort = 9464;            // 0: any free port (cushare status shows which)
+  std::string stateFile = "/run/cushare/broker.state";  // live limits (set-limit) kept here
   std::string unknownTenantsProfile;  // empty: refuse unknown tenants
   std::string adminGroup;             // empty: only root may change things
   std::vector<Profile> profiles;      // in the order written

@@ -1,0 +1,363 @@
+// The verbs of the `cushare` CLI; see commands.h.
+#include "commands.h"
+
+#include <google/protobuf/struct.pb.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+
+#include "cushare/parse.h"
+#include "environment.h"
+#include "output.h"
+#include "rpc/codec.h"
+
+namespace cushare::cli {
+namespace {
+
+// A verb's arguments: options by name ("--memory" -> "8GiB"; flags map to ""), positional
+// arguments, and for `run` the command.
+struct Args {
+  std::vector<std::pair<std::string, std::string>> options;
+  std::vector<std::string> positional;
+  std::vector<std::string> command;
+  bool help = false;  // --help before the command: print the verb's usage, nothing else
+
+  const std::string* find(const std::string& name) const {
+    for (const auto& [key, value] : options)
+      if (key == name) return &value;
+    return nullptr;
+  }
+  std::string get(const std::string& name) const {
+    const std::string* v = find(name);
+    return v ? *v : "";
+  }
+};
+
+struct Verb {
+  const char* name;
+  const char* usage;    // after "cushare "
+  const char* summary;  // for --help
+  std::vector<std::string> valueOptions;
+  std::vector<std::string> flagOptions;
+  std::vector<std::string> requiredOptions;
+  size_t minPositional = 0;
+  size_t maxPositional = 0;
+  bool takesCommand = false;  // everything after "--" or the first positional is the command
+  int (*handler)(const Globals&, const Verb&, const Args&) = nullptr;
+};
+
+bool contains(const std::vector<std::string>& list, const std::string& s) {
+  return std::find(list.begin(), list.end(), s) != list.end();
+}
+
+bool fail(std::string* err, std::string why) {
+  *err = std::move(why);
+  return false;
+}
+
+// Takes the option at in[*i] ("--name", "--name=value" or "--name value").
+bool parseOption(const Verb& v, const std::vector<std::string>& in, size_t* i, Args* out,
+                 std::string* err) {
+  const std::string& arg = in[*i];
+  const size_t eq = arg.find('=');
+  const std::string name = arg.substr(0, eq);
+  if (out->find(name)) return fail(err, name + " is given twice");
+  if (contains(v.flagOptions, name)) {
+    if (eq != std::string::npos) return fail(err, name + " takes no value");
+    out->options.emplace_back(name, "");
+    return true;
+  }
+  if (!contains(v.valueOptions, name)) {
+    const bool global = name == "--socket" || name == "--json";
+    return fail(err, "unknown option '" + printable(name, 40) + "'" +
+                         (global ? " here: global options go before the verb" : ""));
+  }
+  std::string value;
+  if (eq != std::string::npos) {
+    value = arg.substr(eq + 1);
+  } else if (*i + 1 < in.size()) {
+    value = in[++*i];
+  }
+  if (value.empty()) return fail(err, name + " needs a value");
+  out->options.emplace_back(name, value);
+  return true;
+}
+
+bool parseArgs(const Verb& v, const std::vector<std::string>& in, Args* out, std::string* err) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string& arg = in[i];
+    const bool isOption = arg.size() > 1 && arg[0] == '-';
+    if (v.takesCommand && (arg == "--" || !isOption)) {
+      out->command.assign(in.begin() + static_cast<std::ptrdiff_t>(i + (arg == "--")), in.end());
+      break;
+    }
+    if (arg == "--") {  // the rest is positional, even a tenant name that starts with '-'
+      out->positional.insert(out->positional.end(), in.begin() + static_cast<std::ptrdiff_t>(i + 1),
+                             in.end());
+      break;
+    }
+    if (arg == "--help" || arg == "-h") {
+      out->help = true;
+      return true;
+    }
+    if (!isOption) {
+      out->positional.push_back(arg);
+    } else if (!parseOption(v, in, &i, out, err)) {
+      return false;
+    }
+  }
+  if (out->positional.size() > v.maxPositional)
+    return fail(err,
+                "unexpected argument '" + printable(out->positional[v.maxPositional], 40) + "'");
+  if (out->positional.size() < v.minPositional) return fail(err, "missing arguments");
+  for (const std::string& name : v.requiredOptions)
+    if (!out->find(name)) return fail(err, name + " is required");
+  if (v.takesCommand && out->command.empty()) return fail(err, "missing the command to run");
+  return true;
+}
+
+int usageError(const Globals& g, const Verb& v, const std::string& why) {
+  return report(g, kExitUsage,
+                v.name + std::string(": ") + why + " (usage: cushare " + v.usage + ")");
+}
+
+rpc::Request newRequest() {
+  rpc::Request req;
+  req.set_version(rpc::kProtocolVersion);
+  return req;
+}
+
+// Checks req as the broker will (so a typo fails without a round trip), sends it and checks the
+// reply. Returns 0 with *resp an ok response carrying the expected body, or the exit code after
+// reporting why not.
+int exchange(const Globals& g, const rpc::Request& req, rpc::Response::BodyCase expected,
+             rpc::Response* resp) {
+  std::string err;
+  if (!rpc::validateRequest(req, &err)) return report(g, kExitUsage, err);
+  if (!rpc::call(g.socket, req, resp, &err)) return report(g, kExitFailed, err);
+  if (!resp->ok())
+    return report(g, kExitFailed,
+                  resp->error().empty() ? "the broker refused the request" : resp->error());
+  if (resp->body_case() != expected)
+    return report(g, kExitFailed,
+                  "the broker's reply lacks the expected body (a broker of "
+                  "another version?)");
+  return 0;
+}
+
+// The reply as JSON with --json, else through printHuman.
+int show(const Globals& g, const google::protobuf::Message& reply,
+         const std::function<void()>& printHuman) {
+  if (!g.json) {
+    printHuman();
+    return 0;
+  }
+  std::string err;
+  return printJson(reply, &err) ? 0 : report(g, kExitFailed, err);
+}
+
+int statusVerb(const Globals& g, const Verb&, const Args&) {
+  rpc::Request req = newRequest();
+  req.mutable_status();
+  rpc::Response resp;
+  if (const int rc = exchange(g, req, rpc::Response::kStatus, &resp)) return rc;
+  return show(g, resp.status(), [&] { printStatus(resp.status()); });
+}
+
+int tenantsVerb(const Globals& g, const Verb&, const Args& a) {
+  rpc::Request req = newRequest();
+  req.mutable_tenants()->set_tenant(a.positional.empty() ? "" : a.positional[0]);
+  rpc::Response resp;
+  if (const int rc = exchange(g, req, rpc::Response::kTenants, &resp)) return rc;
+  return show(g, resp.tenants(), [&] { printTenants(resp.tenants().tenants()); });
+}
+
+int processesVerb(const Globals& g, const Verb&, const Args& a) {
+  rpc::Request req = newRequest();
+  req.mutable_processes()->set_tenant(a.get("--tenant"));
+  rpc::Response resp;
+  if (const int rc = exchange(g, req, rpc::Response::kProcesses, &resp)) return rc;
+  return show(g, resp.processes(), [&] { printProcesses(resp.processes()); });
+}
+
+int setLimitVerb(const Globals& g, const Verb& v, const Args& a) {
+  if (!a.find("--memory") == !a.find("--reset"))
+    return usageError(g, v, "give either --memory or --reset");
+  int64_t device = -1;  // every device; the protocol's default of 0 would mean the first one
+  std::string err;
+  if (a.find("--device") && !parseInt(a.get("--device"), -1, INT32_MAX, &device, &err))
+    return usageError(g, v, "--device: " + printable(err, 120));
+  rpc::Request req = newRequest();
+  rpc::SetLimitRequest* s = req.mutable_set_limit();
+  s->set_tenant(a.positional[0]);
+  s->set_memory(a.get("--memory"));
+  s->set_reset(a.find("--reset") != nullptr);
+  s->set_device(static_cast<int32_t>(device));
+  rpc::Response resp;
+  if (const int rc = exchange(g, req, rpc::Response::kSetLimit, &resp)) return rc;
+  return show(g, resp.set_limit(), [&] {
+    google::protobuf::RepeatedPtrField<rpc::Tenant> one;
+    *one.Add() = resp.set_limit().tenant();
+    printTenants(one);
+  });
+}
+
+int reloadVerb(const Globals& g, const Verb&, const Args&) {
+  rpc::Request req = newRequest();
+  req.mutable_reload();
+  rpc::Response resp;
+  if (const int rc = exchange(g, req, rpc::Response::kReload, &resp)) return rc;
+  return show(g, resp.reload(), [&] {
+    std::printf("configuration reloaded (generation %llu)\n",
+                static_cast<unsigned long long>(resp.reload().config_generation()));
+  });
+}
+
+// The environment of env and run: checks first (a typo or a missing shim fails before the broker
+// is asked), then the broker's settings for the tenant. Returns 0 or the exit code after a report.
+int tenantVars(const Globals& g, const Verb& v, const Args& a, bool shimMustExist, EnvVars* out) {
+  const std::string memory = a.get("--memory");
+  std::string err, shim;
+  if (!memory.empty() && !checkMemoryLimit(memory, &err)) return usageError(g, v, err);
+  if (!findShim(a.get("--shim"), shimMustExist, &shim, &err)) return report(g, kExitFailed, err);
+  rpc::Request req = newRequest();
+  req.mutable_env()->set_tenant(a.get("--tenant"));
+  rpc::Response resp;
+  if (const int rc = exchange(g, req, rpc::Response::kEnv, &resp)) return rc;
+  if (!tenantEnvironment(resp.env(), memory, shim, out, &err)) return report(g, kExitFailed, err);
+  return 0;
+}
+
+int envVerb(const Globals& g, const Verb& v, const Args& a) {
+  EnvVars vars;
+  if (const int rc = tenantVars(g, v, a, false, &vars)) return rc;
+  google::protobuf::Struct json;
+  for (const auto& [key, value] : vars) (*json.mutable_fields())[key].set_string_value(value);
+  return show(g, json, [&] {
+    for (const auto& [key, value] : vars) std::printf("%s=%s\n", key.c_str(), value.c_str());
+  });
+}
+
+int runCommandVerb(const Globals& g, const Verb& v, const Args& a) {
+  EnvVars vars;
+  if (const int rc = tenantVars(g, v, a, true, &vars)) return rc;
+  std::fflush(stdout);  // exec discards what stdio still holds
+  std::string err;
+  const int rc = execWith(vars, a.command, &err);
+  return report(g, rc, err);
+}
+
+const std::vector<Verb>& verbs() {
+  static const std::vector<Verb> kVerbs = {
+      {"status",
+       "status",
+       "the broker, its configuration and its devices",
+       {},
+       {},
+       {},
+       0,
+       0,
+       false,
+       statusVerb},
+      {"tenants",
+       "tenants [NAME]",
+       "memory use and limits per tenant and device",
+       {},
+       {},
+       {},
+       0,
+       1,
+       false,
+       tenantsVerb},
+      {"processes",
+       "processes [--tenant NAME]",
+       "live tenant processes and their memory",
+       {"--tenant"},
+       {},
+       {},
+       0,
+       0,
+       false,
+       processesVerb},
+      {"set-limit",
+       "set-limit TENANT (--memory SIZE|PCT% | --reset) [--device N]",
+       "change a tenant's memory limit live (admin)",
+       {"--memory", "--device"},
+       {"--reset"},
+       {},
+       1,
+       1,
+       false,
+       setLimitVerb},
+      {"reload",
+       "reload",
+       "re-read the broker's configuration file (admin)",
+       {},
+       {},
+       {},
+       0,
+       0,
+       false,
+       reloadVerb},
+      {"env",
+       "env --tenant NAME [--memory SIZE] [--shim PATH]",
+       "print a tenant's environment as KEY=VALUE lines (docker run --env-file)",
+       {"--tenant", "--memory", "--shim"},
+       {},
+       {"--tenant"},
+       0,
+       0,
+       false,
+       envVerb},
+      {"run",
+       "run --tenant NAME [--memory SIZE] [--shim PATH] -- COMMAND [ARGS...]",
+       "run a command as a tenant, with the shim preloaded",
+       {"--tenant", "--memory", "--shim"},
+       {},
+       {"--tenant"},
+       0,
+       0,
+       true,
+       runCommandVerb},
+  };
+  return kVerbs;
+}
+
+const Verb* findVerb(const std::string& name) {
+  for (const Verb& v : verbs())
+    if (name == v.name) return &v;
+  return nullptr;
+}
+
+}  // namespace
+
+int report(const Globals& g, int exitCode, const std::string& message) {
+  if (g.json) {
+    printJsonError(message);
+  } else {
+    std::fprintf(stderr, "cushare: %s\n", message.c_str());
+  }
+  return exitCode;
+}
+
+int runVerb(const Globals& g, const std::string& verb, const std::vector<std::string>& args) {
+  const Verb* v = findVerb(verb);
+  if (!v)
+    return report(g, kExitUsage,
+                  "unknown verb '" + printable(verb, 40) + "' (see 'cushare --help')");
+  Args parsed;
+  std::string err;
+  if (!parseArgs(*v, args, &parsed, &err)) return usageError(g, *v, err);
+  if (parsed.help) {
+    std::printf("usage: cushare %s\n  %s\n", v->usage, v->summary);
+    return 0;
+  }
+  return v->handler(g, *v, parsed);
+}
+
+void printVerbs(FILE* out) {
+  for (const Verb& v : verbs()) std::fprintf(out, "  %s\n      %s\n", v.usage, v.summary);
+}
+
+}  // namespace cushare::cli

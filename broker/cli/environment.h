@@ -1,0 +1,40 @@
+// The environment of a tenant process, for `cushare env` (printed) and `cushare run` (exec'd):
+// the broker's settings for the tenant as CUSHARE_* variables, and LD_PRELOAD of the shim.
+//
+// Invariants:
+// - Only variables the shim knows are produced (it refuses unknown CUSHARE_* names), and every
+//   value is checked with the shim's own parser first, so a value the shim would refuse fails
+//   here, with the shim's message, instead of in the tenant's cuInit.
+// - Values are single-line, so `KEY=VALUE` lines are a valid `docker run --env-file`.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "control.pb.h"
+
+namespace cushare::cli {
+
+using EnvVars = std::vector<std::pair<std::string, std::string>>;
+
+// Checks a --memory value as the shim checks CUSHARE_MEMORY_LIMIT.
+bool checkMemoryLimit(const std::string& value, std::string* err);
+
+// The shim to preload: `given` when not empty (it must exist when mustExist), else the first
+// existing of <exe dir>/../lib/cushare/libcushare.so (installed) and <exe dir>/../lib/libcushare.so
+// (build tree). With mustExist, the result is an absolute path.
+bool findShim(const std::string& given, bool mustExist, std::string* out, std::string* err);
+
+// CUSHARE_TENANT, CUSHARE_LEDGER_DIR, CUSHARE_MEMORY_LIMIT (when memory is not empty),
+// CUSHARE_THREAD_PERCENTAGE and CUSHARE_PRIORITY (when the broker sets them), LD_PRELOAD.
+bool tenantEnvironment(const rpc::EnvReply& reply, const std::string& memory,
+                       const std::string& shim, EnvVars* out, std::string* err);
+
+// Sets vars in this process's environment (LD_PRELOAD goes in front of an inherited one; other
+// inherited variables stay), checks the result as the shim will, and execs command. Returns only
+// on failure, with *err set: 1 when the environment would make the shim refuse to start, 127
+// when the command cannot be executed.
+int execWith(const EnvVars& vars, const std::vector<std::string>& command, std::string* err);
+
+}  // namespace cushare::cli

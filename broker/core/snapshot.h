@@ -1,0 +1,66 @@
+// A consistent picture of the broker's state at one moment: what the control API, the CLI and the
+// metrics endpoint report. Plain data, no behaviour; built by Broker::snapshot().
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cushare/shim_config.h"
+
+namespace cushare::broker {
+
+inline constexpr uint64_t kNoLimit = UINT64_MAX;
+
+struct DeviceSnapshot {
+  int index = 0;             // the broker's NVML index
+  std::string uuid;          // "GPU-..."
+  uint64_t capacity = 0;     // bytes
+  uint64_t used = 0;         // bytes, summed over every tenant the broker manages
+};
+
+struct TenantDeviceSnapshot {
+  int device = 0;            // index into BrokerSnapshot::devices
+  std::string uuid;
+  uint64_t used = 0;
+  uint64_t limit = kNoLimit;  // kNoLimit: none
+  uint64_t peak = 0;
+  uint64_t denied = 0;        // allocations refused (a counter)
+  bool overridden = false;    // limit set live by set-limit
+};
+
+struct ProcessSnapshot {
+  int pid = 0;                  // as recorded in the ledger (the process's own pid namespace)
+  std::vector<uint64_t> used;   // bytes, indexed like BrokerSnapshot::devices
+};
+
+struct TenantSnapshot {
+  std::string name;
+  std::string profile;          // empty: none
+  std::string source;           // "config", "unknown-tenant", "removed"
+  std::optional<int> threadPercentage;
+  Priority priority = Priority::kNormal;
+  std::string ledgerPath;
+  std::string error;            // non-empty: the broker cannot manage this tenant's ledger
+  std::vector<TenantDeviceSnapshot> devices;   // one per broker device (empty when error)
+  std::vector<ProcessSnapshot> processes;      // live processes
+};
+
+struct BrokerSnapshot {
+  std::string version;          // cushare version
+  int pid = 0;
+  std::string configFile;
+  uint64_t configGeneration = 0;   // 1 at start, +1 per accepted reload
+  double startedAt = 0;            // unix time, seconds
+  double uptimeSeconds = 0;
+  std::string ledgerDir;
+  std::string unknownTenants;      // "refuse" or the profile name
+  std::string metricsAddress;      // host:port bound, empty when off
+  std::vector<DeviceSnapshot> devices;
+  std::vector<TenantSnapshot> tenants;  // configured first (config order), then the others by name
+  uint64_t reapedProcesses = 0;    // dead processes whose usage the broker returned (counter)
+  uint64_t reloadsRefused = 0;     // counter
+};
+
+}  // namespace cushare::broker

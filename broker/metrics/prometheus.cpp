@@ -1,0 +1,212 @@
+// Rendering of a BrokerSnapshot as Prometheus text (see prometheus.h for the invariants).
+//
+// Families are written in a fixed order: the broker, then devices, then tenant x device, then
+// tenants. Within a family, samples follow the snapshot's order (devices by index, tenants as
+// configured, then the others by name), so scrapes of an unchanged broker are byte-identical.
+#include "metrics/prometheus.h"
+
+#include <charconv>
+#include <cmath>
+#include <initializer_list>
+#include <optional>
+
+namespace cushare::broker {
+namespace {
+
+constexpr std::string_view kGauge = "gauge";
+constexpr std::string_view kCounter = "counter";
+
+struct Label {
+  std::string_view name;
+  std::string_view value;
+};
+
+std::string formatUint(uint64_t v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// The shortest text that reads back as exactly v (std::to_chars), or the format's own spellings
+// of the values C++ would write as "inf" and "nan".
+std::string formatFloat(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// Appends families to a text: family() writes a family's HELP and TYPE lines, and the sample()
+// calls that follow add its samples. HELP texts are constants of this file, free of backslashes
+// and newlines, so they need no escaping.
+class Writer {
+ public:
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    name_ = name;
+    out_.append("# HELP ").append(name).append(" ").append(help).append("\n");
+    out_.append("# TYPE ").append(name).append(" ").append(type).append("\n");
+  }
+  void sample(std::initializer_list<Label> labels, uint64_t value) {
+    line(labels, formatUint(value));
+  }
+  void sampleFloat(std::initializer_list<Label> labels, double value) {
+    line(labels, formatFloat(value));
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  void line(std::initializer_list<Label> labels, const std::string& value) {
+    out_.append(name_);
+    if (labels.size() > 0) {
+      char sep = '{';
+      for (const Label& l : labels) {
+        out_.append(1, sep).append(l.name).append("=\"").append(escapeLabelValue(l.value));
+        out_.append("\"");
+        sep = ',';
+      }
+      out_.append("}");
+    }
+    out_.append(" ").append(value).append("\n");
+  }
+
+  std::string out_;
+  std::string_view name_;
+};
+
+// The device label of a tenant's entry: the broker's NVML index, as on the cushare_device_*
+// families. TenantDeviceSnapshot::device indexes BrokerSnapshot::devices; an index out of range
+// (a bug in the snapshot's producer) is printed as it is rather than taking the endpoint down.
+std::string deviceLabel(const BrokerSnapshot& s, int i) {
+  const bool known = i >= 0 && static_cast<size_t>(i) < s.devices.size();
+  return std::to_string(known ? s.devices[static_cast<size_t>(i)].index : i);
+}
+
+void renderBroker(const BrokerSnapshot& s, Writer& w) {
+  w.family("cushare_broker_up", kGauge,
+           "1 while the broker runs (a failed scrape means it is down).");
+  w.sample({}, 1);
+  w.family("cushare_broker_info", kGauge,
+           "Always 1; the version label carries the broker's version.");
+  w.sample({{"version", s.version}}, 1);
+  w.family("cushare_broker_config_generation", kGauge,
+           "Generation of the running configuration: 1 at start, +1 per accepted reload.");
+  w.sample({}, s.configGeneration);
+  w.family("cushare_broker_start_time_seconds", kGauge,
+           "Start time of the broker, seconds since the Unix epoch.");
+  w.sampleFloat({}, s.startedAt);
+  w.family("cushare_broker_reaped_processes_total", kCounter,
+           "Dead tenant processes whose device memory the broker returned to their tenant.");
+  w.sample({}, s.reapedProcesses);
+  w.family("cushare_broker_reloads_refused_total", kCounter,
+           "Configuration reloads refused; the running configuration was kept.");
+  w.sample({}, s.reloadsRefused);
+}
+
+void renderDevices(const BrokerSnapshot& s, Writer& w) {
+  struct Family {
+    std::string_view name, help;
+    uint64_t (*value)(const DeviceSnapshot&);
+  };
+  static constexpr Family kFamilies[] = {
+      {"cushare_device_memory_capacity_bytes", "Device memory of the GPU, bytes.",
+       [](const DeviceSnapshot& d) { return d.capacity; }},
+      {"cushare_device_memory_used_bytes",
+       "Device memory in use by the tenants the broker manages (sum over tenants), bytes.",
+       [](const DeviceSnapshot& d) { return d.used; }},
+  };
+  for (const Family& f : kFamilies) {
+    w.family(f.name, kGauge, f.help);
+    for (const DeviceSnapshot& d : s.devices)
+      w.sample({{"device", std::to_string(d.index)}, {"uuid", d.uuid}}, f.value(d));
+  }
+}
+
+void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {
+  struct Family {
+    std::string_view name, type, help;
+    std::optional<uint64_t> (*value)(const TenantDeviceSnapshot&);  // nullopt: no sample
+  };
+  static constexpr Family kFamilies[] = {
+      {"cushare_tenant_memory_used_bytes", kGauge, "Device memory the tenant holds, bytes.",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> { return d.used; }},
+      {"cushare_tenant_memory_limit_bytes", kGauge,
+       "The tenant's memory limit on the device, bytes (no sample: no limit).",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> {
+         if (d.limit == kNoLimit) return std::nullopt;
+         return d.limit;
+       }},
+      {"cushare_tenant_memory_peak_bytes", kGauge,
+       "Highest device memory the tenant has held, bytes.",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> { return d.peak; }},
+      {"cushare_tenant_allocations_denied_total", kCounter,
+       "Allocations refused because they would exceed the tenant's limit.",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> { return d.denied; }},
+      {"cushare_tenant_memory_limit_overridden", kGauge,
+       "1 when the limit was set live (cushare set-limit) rather than by the configuration.",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> {
+         return d.overridden ? 1 : 0;
+       }},
+  };
+  for (const Family& f : kFamilies) {
+    w.family(f.name, f.type, f.help);
+    for (const TenantSnapshot& t : s.tenants) {
+      if (!t.error.empty()) continue;  // its ledger cannot be read: no numbers to report
+      for (const TenantDeviceSnapshot& d : t.devices)
+        if (const std::optional<uint64_t> v = f.value(d))
+          w.sample({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, *v);
+    }
+  }
+}
+
+void renderTenants(const BrokerSnapshot& s, Writer& w) {
+  w.family("cushare_tenant_processes", kGauge, "Live processes of the tenant.");
+  for (const TenantSnapshot& t : s.tenants) w.sample({{"tenant", t.name}}, t.processes.size());
+  w.family("cushare_tenant_info", kGauge,
+           "Always 1; labels carry the tenant's profile, source and priority.");
+  for (const TenantSnapshot& t : s.tenants)
+    w.sample({{"tenant", t.name},
+              {"profile", t.profile},
+              {"source", t.source},
+              {"priority", priorityName(t.priority)}},
+             1);
+  w.family("cushare_tenant_ledger_error", kGauge,
+           "1 for a tenant whose ledger the broker cannot manage (see cushare status); absent "
+           "otherwise.");
+  for (const TenantSnapshot& t : s.tenants)
+    if (!t.error.empty()) w.sample({{"tenant", t.name}}, 1);
+}
+
+}  // namespace
+
+std::string escapeLabelValue(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (const char c : value) {
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string renderMetrics(const BrokerSnapshot& s) {
+  Writer w;
+  renderBroker(s, w);
+  renderDevices(s, w);
+  renderTenantDevices(s, w);
+  renderTenants(s, w);
+  return w.take();
+}
+
+}  // namespace cushare::broker

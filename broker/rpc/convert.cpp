@@ -1,0 +1,103 @@
+// Snapshot to reply mapping; see convert.h.
+#include "rpc/convert.h"
+
+namespace cushare::rpc {
+namespace {
+
+using broker::BrokerSnapshot;
+using broker::TenantSnapshot;
+
+// The broker's index of the device at position i of snap.devices. The snapshot is built to keep
+// every per-device vector aligned with snap.devices; if one ever is not, the raw position is
+// reported rather than reading out of bounds.
+int deviceIndex(const BrokerSnapshot& snap, size_t i) {
+  return i < snap.devices.size() ? snap.devices[i].index : static_cast<int>(i);
+}
+
+void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, TenantDevice* out) {
+  out->set_device(deviceIndex(snap, static_cast<size_t>(d.device)));
+  out->set_uuid(d.uuid);
+  out->set_used_bytes(d.used);
+  if (d.limit != broker::kNoLimit) out->set_limit_bytes(d.limit);
+  out->set_peak_bytes(d.peak);
+  out->set_denied(d.denied);
+  out->set_overridden(d.overridden);
+}
+
+void toProto(const TenantSnapshot& t, const broker::ProcessSnapshot& p, const BrokerSnapshot& snap,
+             Process* out) {
+  out->set_tenant(t.name);
+  out->set_pid(p.pid);
+  for (size_t i = 0; i < p.used.size(); ++i) {
+    if (p.used[i] == 0) continue;  // a process touches few of the devices; zeros are noise
+    ProcessUsage* u = out->add_usage();
+    u->set_device(deviceIndex(snap, i));
+    u->set_used_bytes(p.used[i]);
+  }
+}
+
+bool selected(const TenantSnapshot& t, const std::string& tenantOrEmpty) {
+  return tenantOrEmpty.empty() || t.name == tenantOrEmpty;
+}
+
+}  // namespace
+
+void toProto(const BrokerSnapshot& snap, StatusReply* out) {
+  out->set_version(snap.version);
+  out->set_pid(snap.pid);
+  out->set_config_file(snap.configFile);
+  out->set_config_generation(snap.configGeneration);
+  out->set_uptime_seconds(snap.uptimeSeconds);
+  out->set_ledger_dir(snap.ledgerDir);
+  out->set_unknown_tenants(snap.unknownTenants);
+  out->set_metrics_address(snap.metricsAddress);
+  for (const broker::DeviceSnapshot& d : snap.devices) {
+    Device* dev = out->add_devices();
+    dev->set_index(d.index);
+    dev->set_uuid(d.uuid);
+    dev->set_capacity_bytes(d.capacity);
+    dev->set_used_bytes(d.used);
+  }
+  size_t processes = 0;
+  for (const TenantSnapshot& t : snap.tenants) processes += t.processes.size();
+  out->set_tenants(static_cast<uint32_t>(snap.tenants.size()));
+  out->set_processes(static_cast<uint32_t>(processes));
+  out->set_reaped_processes(snap.reapedProcesses);
+  out->set_reloads_refused(snap.reloadsRefused);
+}
+
+void toProto(const TenantSnapshot& t, const BrokerSnapshot& snap, Tenant* out) {
+  out->set_name(t.name);
+  out->set_profile(t.profile);
+  out->set_source(t.source);
+  if (t.threadPercentage) out->set_thread_percentage(*t.threadPercentage);
+  out->set_priority(priorityName(t.priority));
+  out->set_ledger(t.ledgerPath);
+  out->set_error(t.error);
+  out->set_processes(static_cast<uint32_t>(t.processes.size()));
+  for (const broker::TenantDeviceSnapshot& d : t.devices) toProto(d, snap, out->add_devices());
+}
+
+bool tenantsToProto(const BrokerSnapshot& snap, const std::string& tenantOrEmpty,
+                    TenantsReply* out) {
+  bool found = false;
+  for (const TenantSnapshot& t : snap.tenants) {
+    if (!selected(t, tenantOrEmpty)) continue;
+    toProto(t, snap, out->add_tenants());
+    found = true;
+  }
+  return found || tenantOrEmpty.empty();
+}
+
+bool processesToProto(const BrokerSnapshot& snap, const std::string& tenantOrEmpty,
+                      ProcessesReply* out) {
+  bool found = false;
+  for (const TenantSnapshot& t : snap.tenants) {
+    if (!selected(t, tenantOrEmpty)) continue;
+    found = true;
+    for (const broker::ProcessSnapshot& p : t.processes) toProto(t, p, snap, out->add_processes());
+  }
+  return found || tenantOrEmpty.empty();
+}
+
+}  // namespace cushare::rpc

@@ -1,0 +1,475 @@
+// The broker's metrics endpoint (broker/metrics): the exact text rendered for a snapshot with an
+// unlimited tenant and one whose ledger has an error, label escaping, HELP/TYPE once per family,
+// a strict validator of the exposition format run over the output, the HTTP server over real
+// sockets (status codes, a silent client, the connection limit, prompt stop), and the example
+// broker configuration in examples/, which must always parse.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/snapshot.h"
+#include "metrics/http_server.h"
+#include "metrics/prometheus.h"
+
+namespace cushare::broker {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20, kGiB = 1ull << 30;
+constexpr const char* kUuid = "GPU-5e1a90c0-0000-4000-8000-000000000000";
+
+// ---- A strict validator of the text format, version 0.0.4 ----
+
+// "" when text is valid exposition text as renderMetrics promises it, else the first problem
+// with its line number. Stricter than Prometheus where our output should be: every family has
+// exactly one HELP, then its TYPE, then its samples (so families are grouped); a sample belongs
+// to the family of the last TYPE; counters end in _total; no duplicate series or label names.
+std::string validateExposition(const std::string& text) {
+  static const std::regex kHelp("# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) [^\\\\\\n]+");
+  static const std::regex kType(
+      "# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)");
+  const std::string label = R"([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*")";
+  const std::string value =
+      R"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|NaN|[+-]Inf)";
+  static const std::regex kSample("([a-zA-Z_:][a-zA-Z0-9_:]*)(\\{" + label + "(?:," + label +
+                                  ")*\\})? (" + value + ")(?: -?[0-9]+)?");
+  static const std::regex kLabelName(R"(([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*")");
+
+  if (text.empty() || text.back() != '\n') return "text does not end in a newline";
+  std::set<std::string> helped, series;
+  std::string helpFor, family, familyType;
+  std::istringstream in(text);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const std::string at = "line " + std::to_string(n) + " '" + line + "': ";
+    std::smatch m;
+    if (std::regex_match(line, m, kHelp)) {
+      if (!helped.insert(m[1]).second) return at + "second HELP for the family";
+      helpFor = m[1];
+    } else if (std::regex_match(line, m, kType)) {
+      if (m[1] != helpFor) return at + "TYPE not right after its family's HELP";
+      family = m[1];
+      familyType = m[2];
+      helpFor.clear();
+    } else if (line.starts_with("#")) {
+      return at + "unexpected comment";
+    } else if (std::regex_match(line, m, kSample)) {
+      if (m[1] != family) return at + "sample outside its family (or before its TYPE)";
+      if (familyType == "counter" && !family.ends_with("_total"))
+        return at + "counter without _total";
+      std::set<std::string> names;
+      const std::string labels = m[2];
+      for (std::sregex_iterator it(labels.begin(), labels.end(), kLabelName), end; it != end; ++it)
+        if (!names.insert((*it)[1]).second) return at + "duplicate label name";
+      if (!series.insert(std::string(m[1]) + labels).second) return at + "duplicate series";
+    } else {
+      return at + "not a sample line";
+    }
+  }
+  if (!helpFor.empty()) return "HELP for " + helpFor + " without TYPE";
+  return "";
+}
+
+TEST(ExpositionValidator, RejectsWhatTheFormatForbids) {
+  const std::string head = "# HELP a_total x\n# TYPE a_total counter\n";
+  EXPECT_EQ(validateExposition(head + "a_total{l=\"v\"} 1\n"), "");
+  EXPECT_EQ(validateExposition(head + "a_total 1.5e3\na_total{l=\"\\\"\\n\\\\\"} +Inf\n"), "");
+  EXPECT_NE(validateExposition(head + "a_total 1"), "");                     // no final newline
+  EXPECT_NE(validateExposition(head + "a_total{l=\"a\"b\"} 1\n"), "");       // raw quote
+  EXPECT_NE(validateExposition(head + "a_total{l=\"\\x\"} 1\n"), "");        // bad escape
+  EXPECT_NE(validateExposition(head + "a_total{l=\"v\",} 1\n"), "");         // trailing comma
+  EXPECT_NE(validateExposition(head + "a_total{l=\"v\",l=\"w\"} 1\n"), "");  // duplicate label
+  EXPECT_NE(validateExposition(head + "a_total 1\na_total 2\n"), "");        // duplicate series
+  EXPECT_NE(validateExposition(head + "a_total 0x10\n"), "");                // not a float
+  EXPECT_NE(validateExposition(head + "b 1\n"), "");                         // other family
+  EXPECT_NE(validateExposition(head + head), "");                            // HELP twice
+  EXPECT_NE(validateExposition("# HELP b x\n# TYPE b counter\nb 1\n"), "");  // counter name
+  EXPECT_NE(validateExposition("# TYPE b gauge\nb 1\n"), "");                // TYPE without HELP
+}
+
+// ---- Rendering ----
+
+// Two tenants on one device: alpha with a limit (set live) and a peak past 2^53, beta unlimited;
+// gamma's ledger cannot be opened.
+BrokerSnapshot twoTenants() {
+  BrokerSnapshot s;
+  s.version = "0.1.0";
+  s.configGeneration = 3;
+  s.startedAt = 1733150000.25;
+  s.reapedProcesses = 7;
+  s.reloadsRefused = 1;
+  s.devices = {{0, kUuid, 16 * kGiB, 768 * kMiB}};
+  TenantSnapshot alpha;
+  alpha.name = "alpha";
+  alpha.source = "config";
+  alpha.priority = Priority::kHigh;
+  alpha.devices = {{0, kUuid, 512 * kMiB, 1 * kGiB, (1ull << 53) + 1, 3, true}};
+  alpha.processes = {{10, {256 * kMiB}}, {11, {256 * kMiB}}};
+  TenantSnapshot beta;
+  beta.name = "beta";
+  beta.profile = "balanced";
+  beta.source = "unknown-tenant";
+  beta.devices = {{0, kUuid, 256 * kMiB, kNoLimit, 256 * kMiB, 0, false}};
+  beta.processes = {{12, {256 * kMiB}}};
+  TenantSnapshot gamma;
+  gamma.name = "gamma";
+  gamma.source = "config";
+  gamma.priority = Priority::kLow;
+  gamma.error = "cannot open /dev/shm/cushare/gamma.ledger: Permission denied";
+  s.tenants = {alpha, beta, gamma};
+  return s;
+}
+
+TEST(Prometheus, RendersTwoTenantsExactly) {
+  const std::string expected =
+      R"(# HELP cushare_broker_up 1 while the broker runs (a failed scrape means it is down).
+# TYPE cushare_broker_up gauge
+cushare_broker_up 1
+# HELP cushare_broker_info Always 1; the version label carries the broker's version.
+# TYPE cushare_broker_info gauge
+cushare_broker_info{version="0.1.0"} 1
+# HELP cushare_broker_config_generation Generation of the running configuration: 1 at start, +1 per accepted reload.
+# TYPE cushare_broker_config_generation gauge
+cushare_broker_config_generation 3
+# HELP cushare_broker_start_time_seconds Start time of the broker, seconds since the Unix epoch.
+# TYPE cushare_broker_start_time_seconds gauge
+cushare_broker_start_time_seconds 1733150000.25
+# HELP cushare_broker_reaped_processes_total Dead tenant processes whose device memory the broker returned to their tenant.
+# TYPE cushare_broker_reaped_processes_total counter
+cushare_broker_reaped_processes_total 7
+# HELP cushare_broker_reloads_refused_total Configuration reloads refused; the running configuration was kept.
+# TYPE cushare_broker_reloads_refused_total counter
+cushare_broker_reloads_refused_total 1
+# HELP cushare_device_memory_capacity_bytes Device memory of the GPU, bytes.
+# TYPE cushare_device_memory_capacity_bytes gauge
+cushare_device_memory_capacity_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 17179869184
+# HELP cushare_device_memory_used_bytes Device memory in use by the tenants the broker manages (sum over tenants), bytes.
+# TYPE cushare_device_memory_used_bytes gauge
+cushare_device_memory_used_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 805306368
+# HELP cushare_tenant_memory_used_bytes Device memory the tenant holds, bytes.
+# TYPE cushare_tenant_memory_used_bytes gauge
+cushare_tenant_memory_used_bytes{tenant="alpha",device="0"} 536870912
+cushare_tenant_memory_used_bytes{tenant="beta",device="0"} 268435456
+# HELP cushare_tenant_memory_limit_bytes The tenant's memory limit on the device, bytes (no sample: no limit).
+# TYPE cushare_tenant_memory_limit_bytes gauge
+cushare_tenant_memory_limit_bytes{tenant="alpha",device="0"} 1073741824
+# HELP cushare_tenant_memory_peak_bytes Highest device memory the tenant has held, bytes.
+# TYPE cushare_tenant_memory_peak_bytes gauge
+cushare_tenant_memory_peak_bytes{tenant="alpha",device="0"} 9007199254740993
+cushare_tenant_memory_peak_bytes{tenant="beta",device="0"} 268435456
+# HELP cushare_tenant_allocations_denied_total Allocations refused because they would exceed the tenant's limit.
+# TYPE cushare_tenant_allocations_denied_total counter
+cushare_tenant_allocations_denied_total{tenant="alpha",device="0"} 3
+cushare_tenant_allocations_denied_total{tenant="beta",device="0"} 0
+# HELP cushare_tenant_memory_limit_overridden 1 when the limit was set live (cushare set-limit) rather than by the configuration.
+# TYPE cushare_tenant_memory_limit_overridden gauge
+cushare_tenant_memory_limit_overridden{tenant="alpha",device="0"} 1
+cushare_tenant_memory_limit_overridden{tenant="beta",device="0"} 0
+# HELP cushare_tenant_processes Live processes of the tenant.
+# TYPE cushare_tenant_processes gauge
+cushare_tenant_processes{tenant="alpha"} 2
+cushare_tenant_processes{tenant="beta"} 1
+cushare_tenant_processes{tenant="gamma"} 0
+# HELP cushare_tenant_info Always 1; labels carry the tenant's profile, source and priority.
+# TYPE cushare_tenant_info gauge
+cushare_tenant_info{tenant="alpha",profile="",source="config",priority="high"} 1
+cushare_tenant_info{tenant="beta",profile="balanced",source="unknown-tenant",priority="normal"} 1
+cushare_tenant_info{tenant="gamma",profile="",source="config",priority="low"} 1
+# HELP cushare_tenant_ledger_error 1 for a tenant whose ledger the broker cannot manage (see cushare status); absent otherwise.
+# TYPE cushare_tenant_ledger_error gauge
+cushare_tenant_ledger_error{tenant="gamma"} 1
+)";
+  const std::string text = renderMetrics(twoTenants());
+  EXPECT_EQ(text, expected);
+  EXPECT_EQ(validateExposition(text), "");
+}
+
+TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
+  for (const BrokerSnapshot& s : {BrokerSnapshot{}, twoTenants()}) {
+    const std::string text = renderMetrics(s);
+    ASSERT_EQ(validateExposition(text), "") << text;
+    std::map<std::string, int> helps, types;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
+      if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
+    }
+    EXPECT_EQ(helps.size(), 16u);
+    EXPECT_EQ(helps, types);
+    for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
+  }
+}
+
+TEST(Prometheus, EscapesLabelValues) {
+  EXPECT_EQ(escapeLabelValue(R"(a\b"c)"
+                             "\nd\te"),
+            R"(a\\b\"c\nd)"
+            "\te");
+  BrokerSnapshot s = twoTenants();
+  s.version = "1.0 \"rc\"\n\\x";
+  s.tenants[1].name = "b\\\"\n";
+  s.tenants[1].profile = "p=\"{x}\",y";
+  const std::string text = renderMetrics(s);
+  EXPECT_EQ(validateExposition(text), "") << text;
+  EXPECT_NE(text.find("cushare_broker_info{version=\"1.0 \\\"rc\\\"\\n\\\\x\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("cushare_tenant_info{tenant=\"b\\\\\\\"\\n\",profile=\"p=\\\"{x}\\\",y\","),
+            std::string::npos);
+}
+
+TEST(Prometheus, PrintsExtremeValuesExactly) {
+  BrokerSnapshot s = twoTenants();
+  s.tenants[0].devices[0].denied = UINT64_MAX;
+  s.startedAt = 0.1;
+  const std::string text = renderMetrics(s);
+  EXPECT_NE(text.find("{tenant=\"alpha\",device=\"0\"} 18446744073709551615\n"), std::string::npos);
+  EXPECT_NE(text.find("cushare_broker_start_time_seconds 0.1\n"), std::string::npos);
+}
+
+// ---- HTTP server ----
+
+uint16_t portOf(const MetricsServer& server) {
+  const std::string a = server.address();
+  return static_cast<uint16_t>(std::stoi(a.substr(a.rfind(':') + 1)));
+}
+
+// A blocking client socket connected to 127.0.0.1:port; reads time out after 10 s.
+int connectTo(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  return fd;
+}
+
+// Everything the server sends until it closes (or the 10 s read timeout).
+std::string readAll(int fd) {
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+// Sends raw (ignoring a server that closes early) and returns the whole reply.
+std::string roundTrip(uint16_t port, const std::string& raw) {
+  const int fd = connectTo(port);
+  ::send(fd, raw.data(), raw.size(), MSG_NOSIGNAL);
+  std::string reply = readAll(fd);
+  ::close(fd);
+  return reply;
+}
+
+std::string statusLine(const std::string& reply) { return reply.substr(0, reply.find("\r\n")); }
+std::string bodyOf(const std::string& reply) { return reply.substr(reply.find("\r\n\r\n") + 4); }
+
+class MetricsServerTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string err;
+    ASSERT_TRUE(server_.start(
+        "127.0.0.1", 0,
+        [this] {
+          ++renders_;
+          return std::string("cushare_broker_up 1\n");
+        },
+        &err))
+        << err;
+    port_ = portOf(server_);
+  }
+  MetricsServer server_;
+  uint16_t port_ = 0;
+  std::atomic<int> renders_{0};
+};
+
+TEST_F(MetricsServerTest, ServesMetrics) {
+  EXPECT_TRUE(server_.address().starts_with("127.0.0.1:")) << server_.address();
+  EXPECT_NE(port_, 0);
+  for (const char* version : {"HTTP/1.1", "HTTP/1.0"}) {
+    const std::string reply =
+        roundTrip(port_, std::string("GET /metrics ") + version + "\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(reply,
+              "HTTP/1.1 200 OK\r\n"
+              "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+              "Content-Length: 20\r\n"
+              "Connection: close\r\n\r\n"
+              "cushare_broker_up 1\n");
+  }
+  EXPECT_EQ(renders_, 2);
+  // A query string, an absolute-form target and bare-LF line ends are accepted.
+  EXPECT_EQ(bodyOf(roundTrip(port_, "GET /metrics?x=1 HTTP/1.1\r\n\r\n")), "cushare_broker_up 1\n");
+  EXPECT_EQ(bodyOf(roundTrip(port_, "GET http://h:1/metrics HTTP/1.1\r\n\r\n")),
+            "cushare_broker_up 1\n");
+  EXPECT_EQ(bodyOf(roundTrip(port_, "GET /metrics HTTP/1.0\nHost: x\n\n")),
+            "cushare_broker_up 1\n");
+}
+
+TEST_F(MetricsServerTest, HeadIsGetWithoutBody) {
+  const std::string reply = roundTrip(port_, "HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(statusLine(reply), "HTTP/1.1 200 OK");
+  EXPECT_NE(reply.find("Content-Length: 20\r\n"), std::string::npos) << reply;
+  EXPECT_EQ(bodyOf(reply), "");
+}
+
+TEST_F(MetricsServerTest, AnswersErrorsWithTheirStatus) {
+  const std::string index = roundTrip(port_, "GET / HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(statusLine(index), "HTTP/1.1 200 OK");
+  EXPECT_NE(bodyOf(index).find("/metrics"), std::string::npos);
+  EXPECT_EQ(statusLine(roundTrip(port_, "GET /nope HTTP/1.1\r\n\r\n")), "HTTP/1.1 404 Not Found");
+  const std::string post =
+      roundTrip(port_, "POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc");
+  EXPECT_EQ(statusLine(post), "HTTP/1.1 405 Method Not Allowed");
+  EXPECT_NE(post.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << post;
+  for (const char* bad :
+       {"garbage\r\n\r\n", "GET /metrics\r\n\r\n", "GET  /metrics HTTP/1.1\r\n\r\n",
+        "GET metrics HTTP/1.1\r\n\r\n", "G(T /metrics HTTP/1.1\r\n\r\n",
+        "GET /metrics HTTP/1.1 x\r\n\r\n", "\r\n\r\n"})
+    EXPECT_EQ(statusLine(roundTrip(port_, bad)), "HTTP/1.1 400 Bad Request") << bad;
+  // A malformed request line is answered without waiting for the end of the headers.
+  EXPECT_EQ(statusLine(roundTrip(port_, "garbage\r\n")), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(statusLine(roundTrip(port_, "GET /metrics HTTP/2.0\r\n\r\n")),
+            "HTTP/1.1 505 HTTP Version Not Supported");
+  const std::string huge = "GET /metrics HTTP/1.1\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n";
+  EXPECT_EQ(statusLine(roundTrip(port_, huge)), "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_EQ(statusLine(roundTrip(port_, std::string(20000, 'a'))),
+            "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_EQ(renders_, 0);
+}
+
+TEST(MetricsServer, RenderFailureIs500) {
+  MetricsServer server;
+  std::string err;
+  ASSERT_TRUE(server.start(
+      "127.0.0.1", 0, []() -> std::string { throw std::runtime_error("boom"); }, &err))
+      << err;
+  const std::string reply = roundTrip(portOf(server), "GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(statusLine(reply), "HTTP/1.1 500 Internal Server Error");
+  EXPECT_EQ(bodyOf(reply), "cannot render metrics: boom\n");
+}
+
+TEST_F(MetricsServerTest, SilentClientDoesNotBlockOthersAndIsDroppedAfter5s) {
+  using namespace std::chrono;
+  const auto start = steady_clock::now();
+  const int silent = connectTo(port_);
+  ::send(silent, "GET /met", 8, MSG_NOSIGNAL);  // never finished
+  const auto before = steady_clock::now();
+  EXPECT_EQ(statusLine(roundTrip(port_, "GET /metrics HTTP/1.1\r\n\r\n")), "HTTP/1.1 200 OK");
+  EXPECT_LT(steady_clock::now() - before, milliseconds(500));
+  EXPECT_EQ(readAll(silent), "");  // dropped: EOF, no response
+  const auto waited = steady_clock::now() - start;
+  EXPECT_GE(waited, milliseconds(4900));
+  EXPECT_LT(waited, milliseconds(8000));
+  ::close(silent);
+}
+
+TEST_F(MetricsServerTest, AtMost64ConnectionsTheRestWaitInTheBacklog) {
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) idle.push_back(connectTo(port_));
+  const int waiting = connectTo(port_);  // the kernel completes the handshake; not accepted yet
+  const std::string get = "GET /metrics HTTP/1.1\r\n\r\n";
+  ASSERT_EQ(::send(waiting, get.data(), get.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(get.size()));
+  pollfd p{waiting, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 300), 0) << "answered while 64 connections were open";
+  ::close(idle.back());
+  idle.pop_back();
+  EXPECT_EQ(statusLine(readAll(waiting)), "HTTP/1.1 200 OK");
+  ::close(waiting);
+  for (int fd : idle) ::close(fd);
+}
+
+TEST_F(MetricsServerTest, StopIsPromptWithClientsConnectedAndIdempotent) {
+  const int silent = connectTo(port_);
+  const auto before = std::chrono::steady_clock::now();
+  server_.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::milliseconds(500));
+  EXPECT_EQ(server_.address(), "");
+  EXPECT_EQ(readAll(silent), "");  // closed by stop()
+  ::close(silent);
+  server_.stop();
+  // The port is free again: nothing listens there.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port_);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_NE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ::close(fd);
+}
+
+TEST_F(MetricsServerTest, StartFailuresAreOneSpecificLine) {
+  MetricsServer other;
+  std::string err;
+  EXPECT_FALSE(other.start(
+      "127.0.0.1", port_, [] { return std::string(); }, &err));
+  EXPECT_EQ(err,
+            "cannot listen on 127.0.0.1:" + std::to_string(port_) + ": Address already in use");
+  EXPECT_FALSE(other.start(
+      "192.0.2.1", 9464, [] { return std::string(); }, &err));  // not ours
+  EXPECT_EQ(err, "cannot listen on 192.0.2.1:9464: Cannot assign requested address");
+  EXPECT_FALSE(server_.start(
+      "127.0.0.1", 0, [] { return std::string(); }, &err));
+  EXPECT_EQ(err, "metrics server already listening on " + server_.address());
+}
+
+TEST(MetricsServer, ListensOnNamesAndIpv6) {
+  MetricsServer byName;
+  std::string err;
+  ASSERT_TRUE(byName.start(
+      "localhost", 0, [] { return std::string(); }, &err))
+      << err;
+  EXPECT_TRUE(byName.address().starts_with("127.0.0.1:") || byName.address().starts_with("[::1]:"))
+      << byName.address();
+  MetricsServer v6;
+  if (!v6.start(
+          "::1", 0, [] { return std::string(); }, &err))
+    GTEST_SKIP() << "no IPv6: " << err;
+  EXPECT_TRUE(v6.address().starts_with("[::1]:")) << v6.address();
+}
+
+// ---- The example configuration ----
+
+TEST(ExampleConfig, BrokerYamlParsesAndFitsOneSimulatedGpu) {
+  const std::filesystem::path source = std::filesystem::path(__FILE__).parent_path().parent_path();
+  const std::string file = (source.parent_path() / "examples" / "broker.yaml").string();
+  Config c;
+  std::string error;
+  ASSERT_TRUE(loadConfig(file, &c, &error)) << error;
+  EXPECT_EQ(c.metricsHost, "127.0.0.1");
+  EXPECT_EQ(c.metricsPort, 9464);
+  ASSERT_EQ(c.profiles.size(), 2u);
+  EXPECT_EQ(c.profiles[0].name, "memory-optimized");
+  EXPECT_EQ(c.profiles[1].name, "balanced");
+  ASSERT_EQ(c.tenants.size(), 3u);
+  EXPECT_EQ(c.tenants[0].name, "alpha");
+  EXPECT_EQ(c.tenants[0].uid, 1000u);
+  EXPECT_EQ(c.tenants[0].memory.all.bytes, 4 * kGiB);
+  EXPECT_EQ(c.tenants[1].profile, "balanced");
+  EXPECT_EQ(c.tenants[1].threadPercentage, 25);
+  EXPECT_EQ(c.tenants[2].memory.kind, MemorySpec::kPerDevice);
+  // The limits fit simgpu's default device (16 GiB) as well as an 80 GB H100.
+  for (uint64_t total : {16 * kGiB, 80 * kGiB})
+    EXPECT_TRUE(checkAgainstDevices(c, {{0, kUuid, total}}, &error)) << error;
+}
+
+}  // namespace
+}  // namespace cushare::broker

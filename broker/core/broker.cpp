@@ -1,0 +1,611 @@
+// See broker.h.
+#include "core/broker.h"
+
+#include <dirent.h>
+#include <grp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+#include "core/devices.h"
+#include "core/log.h"
+#include "cushare/host_segment.h"
+#include "cushare/parse.h"
+
+namespace cushare::broker {
+namespace {
+
+constexpr char kLedgerSuffix[] = ".ledger";
+
+std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+uint64_t percentOf(uint64_t total, uint32_t milliPercent) {
+  return static_cast<uint64_t>(static_cast<unsigned __int128>(total) * milliPercent / 100000);
+}
+
+std::string describeLimit(uint64_t v) { return v == kNoLimit ? "none" : formatSize(v); }
+
+// mkdir -p for the directories above path (mode 0755); the last component is left to the caller.
+bool makeParents(const std::string& path, std::string* err) {
+  for (size_t i = 1; i < path.size(); ++i) {
+    if (path[i] != '/') continue;
+    const std::string p = path.substr(0, i);
+    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) {
+      *err = sysErr("cannot create directory " + p);
+      return false;
+    }
+  }
+  return true;
+}
+
+// The settings of a tenant admitted under the unknown-tenant profile.
+Tenant unknownTenantConfig(const Config& c, const std::string& name) {
+  Tenant t;
+  t.name = name;
+  for (const Profile& p : c.profiles) {
+    if (p.name != c.unknownTenantsProfile) continue;
+    t.profile = p.name;
+    t.memory = p.memory;
+    t.threadPercentage = p.threadPercentage;
+    t.priority = p.priority.value_or(Priority::kNormal);
+  }
+  return t;
+}
+
+// Tenants reach their own ledger by name but cannot list the others (no read bit). With an
+// unknown-tenant profile they may also create their ledger (write bit), and the sticky bit keeps
+// them from removing or renaming anyone else's.
+mode_t directoryMode(const Config& c) { return c.unknownTenantsProfile.empty() ? 0711 : 01733; }
+
+}  // namespace
+
+Broker::Broker(std::string configPath, std::vector<DeviceInfo> devices)
+    : configPath_(std::move(configPath)), devices_(std::move(devices)) {
+  startedUnix_ = static_cast<double>(std::time(nullptr));
+}
+
+Broker::~Broker() = default;
+
+bool Broker::resolveAdmin(const Config& c, std::optional<gid_t>* gid, std::string* err) const {
+  gid->reset();
+  if (c.adminGroup.empty()) return true;
+  struct group g, *found = nullptr;
+  std::vector<char> buf(16384);
+  const int r = ::getgrnam_r(c.adminGroup.c_str(), &g, buf.data(), buf.size(), &found);
+  if (r != 0 || found == nullptr) {
+    *err = c.file + ": admin_group: no group named '" + c.adminGroup + "' on this host";
+    return false;
+  }
+  *gid = g.gr_gid;
+  return true;
+}
+
+bool Broker::limitsFor(const Config& c, const MemorySpec& spec, std::vector<uint64_t>* out,
+                       std::string* err) const {
+  return resolveMemory(c, spec, devices_, out, err);
+}
+
+uint64_t Broker::expectedLocked(const TenantState& t, size_t device) const {
+  if (auto it = overrides_.find(t.name); it != overrides_.end())
+    if (auto d = it->second.find(devices_[device].uuid); d != it->second.end()) return d->second;
+  return t.configured[device];
+}
+
+std::map<std::string, std::vector<uint64_t>> Broker::effectiveLimitsLocked(
+    const Config& c, const std::map<std::string, std::vector<uint64_t>>& configured,
+    const Overrides& o) const {
+  std::map<std::string, std::vector<uint64_t>> eff = configured;
+  for (const Tenant& t : c.tenants) {
+    auto it = o.find(t.name);
+    if (it == o.end()) continue;
+    for (size_t d = 0; d < devices_.size(); ++d)
+      if (auto v = it->second.find(devices_[d].uuid); v != it->second.end()) eff[t.name][d] = v->second;
+  }
+  return eff;
+}
+
+// The configuration checks the configured limits; live overrides must fit beside them too.
+bool Broker::checkEffective(const Config& c, const std::map<std::string, std::vector<uint64_t>>& limits,
+                            std::string* err) const {
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    unsigned __int128 sum = 0;
+    for (const Tenant& t : c.tenants) {
+      const uint64_t v = limits.at(t.name)[d];
+      if (v != kNoLimit) sum += v;
+    }
+    if (sum > devices_[d].totalBytes) {
+      *err = "the limits on device " + std::to_string(d) + " (" + devices_[d].uuid + ") would add up to " +
+             formatSize(static_cast<uint64_t>(std::min<unsigned __int128>(sum, UINT64_MAX))) +
+             ", more than its " + formatSize(devices_[d].totalBytes) +
+             " (live limits set with cushare set-limit count too; see cushare tenants)";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Broker::prepareDirectory(const Config& c, std::string* err) {
+  const std::string& dir = c.ledgerDir;
+  if (!makeParents(dir, err)) return false;
+  if (::mkdir(dir.c_str(), 0711) != 0 && errno != EEXIST) {
+    *err = sysErr("cannot create ledger_dir " + dir);
+    return false;
+  }
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) {
+    *err = sysErr("cannot access ledger_dir " + dir);
+    return false;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    *err = "ledger_dir " + dir + " is not a directory";
+    return false;
+  }
+  if (st.st_uid != ::geteuid()) {
+    *err = "ledger_dir " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+           ", not to the broker's user (uid " + std::to_string(::geteuid()) +
+           "): tenants could replace the ledgers; remove it or give it to the broker's user";
+    return false;
+  }
+  const mode_t mode = directoryMode(c);
+  if ((st.st_mode & 07777) != mode && ::chmod(dir.c_str(), mode) != 0) {
+    *err = sysErr("cannot set the mode of ledger_dir " + dir);
+    return false;
+  }
+  return makeParents(c.stateFile, err);
+}
+
+void Broker::openLedgerLocked(TenantState* t) {
+  const std::string path = ledgerDir_ + "/" + t->name + kLedgerSuffix;
+  const uid_t wantUid = t->config.uid ? *t->config.uid : ::geteuid();
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 &&
+      (st.st_uid != wantUid || (t->config.gid && st.st_gid != *t->config.gid) || !S_ISREG(st.st_mode))) {
+    // Not the file the broker would have made (another user made it first, or the tenant's uid
+    // changed): its users keep the old file, new processes get a ledger the tenant owns.
+    CUSHARE_BLOG(warn, "tenant {}: {} belongs to uid {} gid {}, expected uid {}{}: replacing it", t->name, path,
+                 st.st_uid, st.st_gid, wantUid, t->config.gid ? " gid " + std::to_string(*t->config.gid) : "");
+    ::unlink(path.c_str());
+  }
+  LedgerOpenOptions o;
+  o.createDir = false;
+  o.claimSlot = false;
+  o.ownerUid = t->config.uid ? static_cast<int>(*t->config.uid) : -1;
+  o.ownerGid = t->config.gid ? static_cast<int>(*t->config.gid) : -1;
+  o.mode = t->config.gid ? 0660 : 0600;
+  std::string err;
+  t->ledger = Ledger::open(ledgerDir_, t->name, o, &err);
+  if (!t->ledger) {
+    t->error = err;
+    CUSHARE_BLOG(error, "tenant {}: {}", t->name, err);
+    return;
+  }
+  ::chmod(path.c_str(), o.mode);  // an existing file keeps its owner; the mode is ours to set
+}
+
+// Makes sure every device has its entry and the limit the broker expects there. A limit someone
+// else wrote (a tenant can write its own ledger) is put back, with a warning.
+void Broker::applyLimitsLocked(TenantState* t) {
+  if (!t->ledger) return;
+  t->entry.resize(devices_.size(), -1);
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    const uint64_t want = expectedLocked(*t, d);
+    if (t->entry[d] < 0) {
+      uint8_t uuid[16];
+      parseGpuUuid(devices_[d].uuid, uuid);
+      std::string err;
+      t->entry[d] = t->ledger->deviceIndex(uuid, want, &err);
+      if (t->entry[d] < 0) {
+        t->error = err;
+        CUSHARE_BLOG(error, "tenant {}: {}", t->name, err);
+        return;
+      }
+    }
+    const uint64_t have = t->ledger->limit(t->entry[d]);
+    if (have == want) continue;
+    t->ledger->setLimit(t->entry[d], want);
+    CUSHARE_BLOG(info, "tenant {} device {}: limit {} (was {})", t->name, d, describeLimit(want), describeLimit(have));
+  }
+}
+
+bool Broker::writeHostLocked(std::string* err) {
+  HostInfo h;
+  h.brokerPid = static_cast<uint32_t>(::getpid());
+  h.configGeneration = generation_;
+  h.profileForUnknown = !config_.unknownTenantsProfile.empty();
+  h.unknownProfile = config_.unknownTenantsProfile;
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    HostDevice hd;
+    parseGpuUuid(devices_[d].uuid, hd.uuid);
+    hd.capacity = devices_[d].totalBytes;
+    hd.unknownLimit = h.profileForUnknown ? unknownLimits_[d] : 0;
+    h.devices.push_back(hd);
+  }
+  return writeHostSegment(ledgerDir_, h, err);
+}
+
+void Broker::adoptLocked(const std::string& name) {
+  auto t = std::make_unique<TenantState>();
+  t->name = name;
+  const bool admitted = !config_.unknownTenantsProfile.empty();
+  t->source = admitted ? "unknown-tenant" : "removed";
+  t->configured = admitted ? unknownLimits_ : std::vector<uint64_t>(devices_.size(), kNoLimit);
+  if (admitted) t->config = unknownTenantConfig(config_, name);
+  LedgerOpenOptions o;
+  o.createDir = false;
+  o.createFile = false;
+  o.claimSlot = false;
+  std::string err;
+  t->ledger = Ledger::open(ledgerDir_, name, o, &err);
+  if (!t->ledger) {
+    t->error = err;
+    CUSHARE_BLOG(error, "ledger of unknown tenant {}: {}", name, err);
+  } else if (admitted) {
+    CUSHARE_BLOG(info, "tenant {}: adopted (unknown tenant, profile {})", name, config_.unknownTenantsProfile);
+    applyLimitsLocked(t.get());
+  } else {
+    retireLocked(t.get());
+  }
+  tenants_[name] = std::move(t);
+}
+
+void Broker::retireLocked(TenantState* t) {
+  if (t->source != "removed")
+    CUSHARE_BLOG(info, "tenant {}: removed; its running processes keep their ledger until they exit", t->name);
+  t->source = "removed";
+  const std::string path = ledgerDir_ + "/" + t->name + kLedgerSuffix;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) ::unlink(path.c_str());  // new processes are refused now
+}
+
+// Reads and checks the configuration file: everything start, check and reload need before they
+// may change anything.
+bool Broker::prepare(Prepared* out, std::string* err) const {
+  Config& c = out->config;
+  if (!loadConfig(configPath_, &c, err) || !checkAgainstDevices(c, devices_, err)) return false;
+  if (!resolveAdmin(c, &out->adminGid, err)) return false;
+  for (const Tenant& t : c.tenants)
+    if (!limitsFor(c, t.memory, &out->configured[t.name], err)) return false;
+  out->unknown.assign(devices_.size(), kNoLimit);
+  for (const Profile& p : c.profiles)
+    if (p.name == c.unknownTenantsProfile && !limitsFor(c, p.memory, &out->unknown, err)) return false;
+  return true;
+}
+
+bool Broker::check(std::string* err) const {
+  Prepared p;
+  Overrides o;
+  if (!prepare(&p, err) || !loadOverrides(p.config.stateFile, &o, err)) return false;
+  std::lock_guard<std::mutex> g(mu_);
+  return checkEffective(p.config, effectiveLimitsLocked(p.config, p.configured, o), err);
+}
+
+bool Broker::start(std::string* err) {
+  Prepared p;
+  if (!prepare(&p, err)) return false;
+  const Config& c = p.config;
+  std::optional<gid_t>& admin = p.adminGid;
+  std::map<std::string, std::vector<uint64_t>>& configured = p.configured;
+  std::vector<uint64_t>& unknown = p.unknown;
+  Overrides o;
+  if (!loadOverrides(c.stateFile, &o, err)) return false;
+  for (auto it = o.begin(); it != o.end();) {
+    const bool known = configured.count(it->first) != 0 || !c.unknownTenantsProfile.empty();
+    if (!known) CUSHARE_BLOG(warn, "state file: dropping the live limits of tenant {}, no longer configured", it->first);
+    it = known ? std::next(it) : o.erase(it);
+  }
+  if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), err)) return false;
+  if (!prepareDirectory(c, err)) return false;
+
+  std::lock_guard<std::mutex> g(mu_);
+  config_ = c;
+  adminGid_ = admin;
+  ledgerDir_ = c.ledgerDir;
+  overrides_ = std::move(o);
+  unknownLimits_ = unknown;
+  generation_ = 1;
+  for (const Tenant& t : c.tenants) {
+    auto ts = std::make_unique<TenantState>();
+    ts->name = t.name;
+    ts->source = "config";
+    ts->config = t;
+    ts->configured = configured[t.name];
+    openLedgerLocked(ts.get());
+    applyLimitsLocked(ts.get());
+    tenants_[t.name] = std::move(ts);
+  }
+  tickLocked(true);  // adopts (or retires) the ledgers of tenants not in the configuration
+  if (!writeHostLocked(err)) return false;
+  CUSHARE_BLOG(info, "started: {} tenants, {} devices, ledger_dir {}, generation {}", c.tenants.size(),
+               devices_.size(), ledgerDir_, generation_);
+  return true;
+}
+
+bool Broker::reload(std::string* err) {
+  auto refuse = [&](const std::string& why) {
+    std::lock_guard<std::mutex> g(mu_);
+    ++reloadsRefused_;
+    *err = "reload refused, the running configuration is unchanged: " + why;
+    CUSHARE_BLOG(error, "{}", *err);
+    return false;
+  };
+  Prepared p;
+  std::string why;
+  if (!prepare(&p, &why)) return refuse(why);
+  const Config& c = p.config;
+  const std::optional<gid_t>& admin = p.adminGid;
+  const std::map<std::string, std::vector<uint64_t>>& configured = p.configured;
+  const std::vector<uint64_t>& unknown = p.unknown;
+
+  std::unique_lock<std::mutex> g(mu_);
+  auto fixed = [&](const char* key, bool same) {
+    if (!same) why = std::string(key) + " cannot change on reload (restart the broker to change it)";
+    return same;
+  };
+  if (!fixed("ledger_dir", c.ledgerDir == config_.ledgerDir) || !fixed("socket", c.socket == config_.socket) ||
+      !fixed("metrics_listen", c.metricsHost == config_.metricsHost && c.metricsPort == config_.metricsPort) ||
+      !fixed("state_file", c.stateFile == config_.stateFile)) {
+    g.unlock();
+    return refuse(why);
+  }
+  Overrides o = overrides_;
+  for (auto it = o.begin(); it != o.end();)
+    it = configured.count(it->first) || !c.unknownTenantsProfile.empty() ? std::next(it) : o.erase(it);
+  if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), &why)) {
+    g.unlock();
+    return refuse(why);
+  }
+  if (o != overrides_ && !saveOverrides(c.stateFile, o, &why)) {
+    g.unlock();
+    return refuse(why);
+  }
+
+  // Committed from here on: nothing below can refuse the configuration.
+  config_ = c;
+  adminGid_ = admin;
+  overrides_ = std::move(o);
+  unknownLimits_ = unknown;
+  ++generation_;
+  if (::chmod(ledgerDir_.c_str(), directoryMode(c)) != 0)
+    CUSHARE_BLOG(error, "cannot set the mode of ledger_dir {}: {}", ledgerDir_, std::strerror(errno));
+  // Tenants no longer configured: admitted under the unknown-tenant profile if there is one,
+  // otherwise removed.
+  for (auto& [name, t] : tenants_) {
+    if (t->source == "removed" || configured.count(name)) continue;
+    if (c.unknownTenantsProfile.empty()) {
+      retireLocked(t.get());
+      continue;
+    }
+    t->source = "unknown-tenant";
+    t->config = unknownTenantConfig(c, name);
+    t->configured = unknown;
+    applyLimitsLocked(t.get());
+  }
+  for (const Tenant& ct : c.tenants) {
+    auto& slot = tenants_[ct.name];
+    // A ledger the broker did not make (an unknown tenant's) is checked and replaced if it is not
+    // owned as configured, like at start.
+    const bool fresh = !slot || slot->source != "config" || !slot->ledger;
+    if (fresh) slot = std::make_unique<TenantState>();
+    slot->name = ct.name;
+    slot->source = "config";
+    slot->config = ct;
+    slot->configured = configured.at(ct.name);
+    if (fresh) openLedgerLocked(slot.get());
+    applyLimitsLocked(slot.get());
+  }
+  if (!writeHostLocked(&why)) CUSHARE_BLOG(error, "{}", why);
+  CUSHARE_BLOG(info, "configuration reloaded: generation {}, {} tenants", generation_, c.tenants.size());
+  return true;
+}
+
+bool Broker::setLimit(const std::string& tenant, int device, std::optional<MemoryAmount> amount,
+                      std::string* err) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end() || it->second->source == "removed") {
+    *err = "no tenant '" + tenant + "' on this host (see cushare tenants)";
+    return false;
+  }
+  TenantState& t = *it->second;
+  if (!t.ledger || !t.error.empty()) {
+    *err = "tenant '" + tenant + "' cannot be managed: " + t.error;
+    return false;
+  }
+  const int n = static_cast<int>(devices_.size());
+  if (device < -1 || device >= n) {
+    *err = "device " + std::to_string(device) + " does not exist (this host has " + std::to_string(n) +
+           (n == 1 ? " device: 0)" : " devices: 0.." + std::to_string(n - 1) + ")");
+    return false;
+  }
+  Overrides o = overrides_;
+  for (int d = 0; d < n; ++d) {
+    if (device != -1 && d != device) continue;
+    const DeviceInfo& dev = devices_[static_cast<size_t>(d)];
+    if (!amount) {
+      if (o.count(tenant)) o[tenant].erase(dev.uuid);
+      continue;
+    }
+    const uint64_t bytes = amount->isPercent() ? percentOf(dev.totalBytes, amount->milliPercent) : amount->bytes;
+    if (bytes > dev.totalBytes) {
+      *err = "a limit of " + formatSize(bytes) + " is more than device " + std::to_string(d) + "'s " +
+             formatSize(dev.totalBytes);
+      return false;
+    }
+    o[tenant][dev.uuid] = bytes;
+  }
+  if (o.count(tenant) && o[tenant].empty()) o.erase(tenant);
+  std::map<std::string, std::vector<uint64_t>> configured;
+  for (const auto& [name, ts] : tenants_)
+    if (ts->source == "config") configured[name] = ts->configured;
+  if (!checkEffective(config_, effectiveLimitsLocked(config_, configured, o), err)) return false;
+  if (!saveOverrides(config_.stateFile, o, err)) return false;
+  overrides_ = std::move(o);
+  applyLimitsLocked(&t);
+  return true;
+}
+
+bool Broker::env(const std::string& tenant, EnvInfo* out, std::string* err) const {
+  std::lock_guard<std::mutex> g(mu_);
+  EnvInfo e;
+  e.tenant = tenant;
+  e.ledgerDir = ledgerDir_;
+  auto it = tenants_.find(tenant);
+  if (it != tenants_.end() && it->second->source != "removed") {
+    const TenantState& t = *it->second;
+    e.source = t.source;
+    e.threadPercentage = t.config.threadPercentage;
+    e.priority = t.config.priority;
+  } else if (!config_.unknownTenantsProfile.empty()) {
+    e.source = "unknown-tenant";
+    for (const Profile& p : config_.profiles) {
+      if (p.name != config_.unknownTenantsProfile) continue;
+      e.threadPercentage = p.threadPercentage;
+      e.priority = p.priority.value_or(Priority::kNormal);
+    }
+  } else {
+    *err = "tenant '" + tenant + "' is not configured on this host (unknown_tenants: refuse)";
+    return false;
+  }
+  *out = std::move(e);
+  return true;
+}
+
+bool Broker::isAdmin(const Peer& p) const {
+  if (p.uid == 0 || p.uid == ::geteuid()) return true;
+  std::lock_guard<std::mutex> g(mu_);
+  if (!adminGid_) return false;
+  return p.gid == *adminGid_ || std::find(p.groups.begin(), p.groups.end(), *adminGid_) != p.groups.end();
+}
+
+TenantSnapshot Broker::tenantSnapshotLocked(const TenantState& t) const {
+  TenantSnapshot s;
+  s.name = t.name;
+  s.profile = t.config.profile;
+  s.source = t.source;
+  s.threadPercentage = t.config.threadPercentage;
+  s.priority = t.config.priority;
+  s.ledgerPath = ledgerDir_ + "/" + t.name + kLedgerSuffix;
+  s.error = t.error;
+  if (!t.ledger) return s;
+  const auto ov = overrides_.find(t.name);
+  for (size_t d = 0; d < devices_.size() && d < t.entry.size(); ++d) {
+    const int e = t.entry[d];
+    if (e < 0) continue;
+    TenantDeviceSnapshot td;
+    td.device = static_cast<int>(d);
+    td.uuid = devices_[d].uuid;
+    td.used = t.ledger->used(e);
+    td.limit = t.ledger->limit(e);
+    td.peak = t.ledger->peak(e);
+    td.denied = t.ledger->denied(e);
+    td.overridden = ov != overrides_.end() && ov->second.count(devices_[d].uuid) != 0;
+    s.devices.push_back(td);
+  }
+  for (const Ledger::SlotUsage& u : t.ledger->slots()) {
+    if (u.pid == 0) continue;
+    ProcessSnapshot p;
+    p.pid = u.pid;
+    p.used.assign(devices_.size(), 0);
+    for (size_t d = 0; d < devices_.size() && d < t.entry.size(); ++d)
+      if (t.entry[d] >= 0) p.used[d] = u.used[t.entry[d]];
+    s.processes.push_back(std::move(p));
+  }
+  return s;
+}
+
+BrokerSnapshot Broker::snapshot() const {
+  std::lock_guard<std::mutex> g(mu_);
+  BrokerSnapshot s;
+  s.version = CUSHARE_VERSION;
+  s.pid = static_cast<int>(::getpid());
+  s.configFile = configPath_;
+  s.configGeneration = generation_;
+  s.startedAt = startedUnix_;
+  s.uptimeSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  s.ledgerDir = ledgerDir_;
+  s.unknownTenants = config_.unknownTenantsProfile.empty() ? "refuse" : config_.unknownTenantsProfile;
+  s.metricsAddress = metricsAddress_;
+  s.reapedProcesses = reaped_;
+  s.reloadsRefused = reloadsRefused_;
+  for (const DeviceInfo& d : devices_) s.devices.push_back({d.ordinal, d.uuid, d.totalBytes, 0});
+  auto add = [&](const TenantState& t) {
+    TenantSnapshot ts = tenantSnapshotLocked(t);
+    for (const TenantDeviceSnapshot& td : ts.devices) s.devices[static_cast<size_t>(td.device)].used += td.used;
+    s.tenants.push_back(std::move(ts));
+  };
+  for (const Tenant& ct : config_.tenants)
+    if (auto it = tenants_.find(ct.name); it != tenants_.end()) add(*it->second);
+  for (const auto& [name, t] : tenants_)
+    if (t->source != "config") add(*t);
+  return s;
+}
+
+int Broker::tick(bool scanDirectory) {
+  std::lock_guard<std::mutex> g(mu_);
+  return tickLocked(scanDirectory);
+}
+
+int Broker::tickLocked(bool scanDirectory) {
+  int reaped = 0;
+  for (auto it = tenants_.begin(); it != tenants_.end();) {
+    TenantState& t = *it->second;
+    if (t.ledger) reaped += t.ledger->reapDead();
+    if (t.source == "removed" && (!t.ledger || t.ledger->slots().empty())) {
+      CUSHARE_BLOG(info, "tenant {}: removed, last process gone", t.name);
+      it = tenants_.erase(it);
+      continue;
+    }
+    if (t.source != "removed" && t.error.empty()) applyLimitsLocked(&t);
+    ++it;
+  }
+  if (scanDirectory) {
+    if (DIR* d = ::opendir(ledgerDir_.c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        std::string name = e->d_name;
+        const size_t n = sizeof(kLedgerSuffix) - 1;
+        if (name.size() <= n || name.compare(name.size() - n, n, kLedgerSuffix) != 0) continue;
+        name.resize(name.size() - n);
+        if (tenants_.count(name) || !Ledger::validTenantName(name, nullptr)) continue;
+        adoptLocked(name);
+      }
+      ::closedir(d);
+    }
+  }
+  if (reaped > 0) CUSHARE_BLOG(debug, "returned the usage of {} dead processes", reaped);
+  reaped_ += static_cast<uint64_t>(reaped);
+  return reaped;
+}
+
+std::vector<int> Broker::pids() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<int> out;
+  for (const auto& [name, t] : tenants_)
+    if (t->ledger)
+      for (const Ledger::SlotUsage& u : t->ledger->slots())
+        if (u.pid > 0) out.push_back(u.pid);
+  return out;
+}
+
+void Broker::setMetricsAddress(std::string a) {
+  std::lock_guard<std::mutex> g(mu_);
+  metricsAddress_ = std::move(a);
+}
+
+std::string Broker::socketPath() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return config_.socket;
+}
+std::string Broker::metricsHost() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return config_.metricsHost;
+}
+uint16_t Broker::metricsPort() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return config_.metricsPort;
+}
+
+}  // namespace cushare::broker

@@ -1,0 +1,139 @@
+// The broker's state: the configuration in force, the host's devices, every tenant's ledger and
+// limits, live overrides. One mutex guards it all; each public method takes it, so the control
+// server, the metrics server and the reaper may call in from their own threads.
+//
+// Invariants:
+// - The limit written in a managed tenant's ledger is the broker's "expected" limit: the live
+//   override if there is one, else the configured (or unknown-tenant profile) limit. tick()
+//   restores it if anyone else changed it (a tenant can write its own ledger).
+// - A configuration change (start, reload) is all or nothing: everything that can fail is checked
+//   before the first ledger, limit or file is touched.
+// - The host segment is written after the ledgers it implies exist, so a shim that sees a broker
+//   also finds its tenant's ledger.
+// - Nothing a tenant process holds is ever lost: removed tenants' ledgers are unlinked (new
+//   processes are refused) but kept open and reaped until their last process is gone.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/overrides.h"
+#include "core/snapshot.h"
+#include "cushare/ledger.h"
+
+namespace cushare::broker {
+
+struct EnvInfo {
+  std::string tenant;
+  std::string ledgerDir;
+  std::string source;  // "config" or "unknown-tenant"
+  std::optional<int> threadPercentage;
+  Priority priority = Priority::kNormal;
+};
+
+// Who is asking, from the socket's peer credentials.
+struct Peer {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary
+  pid_t pid = 0;
+};
+
+class Broker {
+ public:
+  Broker(std::string configPath, std::vector<DeviceInfo> devices);
+  ~Broker();
+
+  // Loads the configuration and the state file, prepares the ledger directory, creates or
+  // re-adopts every tenant's ledger, writes the host segment. False with one line on failure.
+  bool start(std::string* err);
+  // Everything start() checks, without touching any file: for cushare-broker --check.
+  bool check(std::string* err) const;
+  // Re-reads the configuration file; on any failure nothing changes.
+  bool reload(std::string* err);
+  // A live limit for tenant on device (-1: every device); nullopt: drop the override.
+  bool setLimit(const std::string& tenant, int device, std::optional<MemoryAmount> amount,
+                std::string* err);
+  bool env(const std::string& tenant, EnvInfo* out, std::string* err) const;
+  // May this peer change things (set-limit, reload)? Root, the broker's own user, or a member of
+  // admin_group.
+  bool isAdmin(const Peer& p) const;
+
+  BrokerSnapshot snapshot() const;
+
+  // Housekeeping, from the reaper: returns dead processes' usage, adopts ledgers that appeared in
+  // the directory, restores tampered limits, drops removed tenants with no process left. Returns
+  // the number of processes reaped.
+  int tick(bool scanDirectory);
+  // The pids in every ledger's slots, for the reaper's pidfds.
+  std::vector<int> pids() const;
+
+  void setMetricsAddress(std::string a);
+  const std::string& ledgerDir() const { return ledgerDir_; }
+  std::string socketPath() const;
+  std::string metricsHost() const;
+  uint16_t metricsPort() const;
+
+ private:
+  struct TenantState {
+    std::string name;
+    std::string source;  // "config", "unknown-tenant", "removed"
+    Tenant config;       // the configured tenant, or the profile's fields for an unknown one
+    std::vector<uint64_t> configured;  // per device: the configured limit (kNoLimit: none)
+    std::unique_ptr<Ledger> ledger;
+    std::vector<int> entry;  // per device: the ledger's device entry
+    std::string error;
+  };
+
+  struct Prepared {
+    Config config;
+    std::optional<gid_t> adminGid;
+    std::map<std::string, std::vector<uint64_t>> configured;  // tenant -> per-device limit
+    std::vector<uint64_t> unknown;  // per device: the unknown-tenant profile's limit
+  };
+  bool prepare(Prepared* out, std::string* err) const;
+  bool prepareDirectory(const Config& c, std::string* err);
+  bool resolveAdmin(const Config& c, std::optional<gid_t>* gid, std::string* err) const;
+  bool limitsFor(const Config& c, const MemorySpec& spec, std::vector<uint64_t>* out,
+                 std::string* err) const;
+  bool checkEffective(const Config& c, const std::map<std::string, std::vector<uint64_t>>& limits,
+                      std::string* err) const;
+  std::map<std::string, std::vector<uint64_t>> effectiveLimitsLocked(
+      const Config& c, const std::map<std::string, std::vector<uint64_t>>& configured,
+      const Overrides& o) const;
+  uint64_t expectedLocked(const TenantState& t, size_t device) const;
+  void openLedgerLocked(TenantState* t);
+  void applyLimitsLocked(TenantState* t);
+  bool writeHostLocked(std::string* err);
+  void adoptLocked(const std::string& tenant);
+  void retireLocked(TenantState* t);
+  TenantSnapshot tenantSnapshotLocked(const TenantState& t) const;
+  int tickLocked(bool scanDirectory);
+
+  const std::string configPath_;
+  const std::vector<DeviceInfo> devices_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  double startedUnix_ = 0;
+
+  mutable std::mutex mu_;
+  Config config_;
+  std::optional<gid_t> adminGid_;
+  std::string ledgerDir_;  // fixed at start: moving ledgers under running tenants is not possible
+  uint64_t generation_ = 0;
+  Overrides overrides_;
+  std::map<std::string, std::unique_ptr<TenantState>> tenants_;  // by name
+  std::vector<uint64_t> unknownLimits_;                          // per device
+  std::string metricsAddress_;
+  uint64_t reaped_ = 0;
+  uint64_t reloadsRefused_ = 0;
+};
+
+}  // namespace cushare::broker

@@ -1,0 +1,315 @@
+// See control_server.h.
+#include "core/control_server.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "core/broker.h"
+#include "core/log.h"
+#include "rpc/codec.h"
+#include "rpc/convert.h"
+
+namespace cushare::broker {
+namespace {
+
+constexpr size_t kMaxConnections = 64;
+constexpr auto kConnectionDeadline = std::chrono::seconds(5);
+
+using Clock = std::chrono::steady_clock;
+
+std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+bool peerOf(int fd, Peer* p) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+  p->uid = cred.uid;
+  p->gid = cred.gid;
+  p->pid = cred.pid;
+  std::vector<gid_t> groups(64);
+  for (;;) {
+    len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) break;
+    if (errno != ERANGE) return false;  // without the groups an admin could be refused: fail closed
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  groups.resize(len / sizeof(gid_t));
+  p->groups = std::move(groups);
+  return true;
+}
+
+rpc::Response failure(const std::string& why) {
+  rpc::Response r;
+  r.set_ok(false);
+  r.set_error(why);
+  return r;
+}
+
+std::string who(const Peer& p) {
+  return "uid " + std::to_string(p.uid) + " pid " + std::to_string(p.pid);
+}
+
+rpc::Response handle(Broker& b, const std::function<bool(std::string*)>& reload, const rpc::Request& req,
+                     const Peer& peer) {
+  rpc::Response r;
+  r.set_ok(true);
+  std::string err;
+  const bool mutates = req.has_set_limit() || req.has_reload();
+  if (mutates && !b.isAdmin(peer))
+    return failure("permission denied: changing limits or reloading needs root, the broker's user or its "
+                   "admin_group (you are " + who(peer) + ")");
+  switch (req.body_case()) {
+    case rpc::Request::kStatus:
+      rpc::toProto(b.snapshot(), r.mutable_status());
+      return r;
+    case rpc::Request::kTenants:
+      if (!rpc::tenantsToProto(b.snapshot(), req.tenants().tenant(), r.mutable_tenants()))
+        return failure("no tenant '" + req.tenants().tenant() + "' on this host");
+      return r;
+    case rpc::Request::kProcesses:
+      if (!rpc::processesToProto(b.snapshot(), req.processes().tenant(), r.mutable_processes()))
+        return failure("no tenant '" + req.processes().tenant() + "' on this host");
+      return r;
+    case rpc::Request::kSetLimit: {
+      const rpc::SetLimitRequest& s = req.set_limit();
+      std::optional<MemoryAmount> amount;
+      if (!s.reset()) {
+        rpc::MemoryValue v;
+        if (!rpc::parseMemoryAmount(s.memory(), &v, &err)) return failure(err);
+        amount = MemoryAmount{v.bytes, v.milliPercent};
+      }
+      const int device = s.has_device() ? s.device() : -1;
+      if (!b.setLimit(s.tenant(), device, amount, &err)) return failure(err);
+      CUSHARE_BLOG(info, "set-limit {} device {} memory {} by {}", s.tenant(), device,
+                   s.reset() ? "reset" : s.memory(), who(peer));
+      const BrokerSnapshot snap = b.snapshot();
+      for (const TenantSnapshot& t : snap.tenants)
+        if (t.name == s.tenant()) rpc::toProto(t, snap, r.mutable_set_limit()->mutable_tenant());
+      return r;
+    }
+    case rpc::Request::kReload:
+      CUSHARE_BLOG(info, "reload requested by {}", who(peer));
+      if (!reload(&err)) return failure(err);
+      r.mutable_reload()->set_config_generation(b.snapshot().configGeneration);
+      return r;
+    case rpc::Request::kEnv: {
+      EnvInfo e;
+      if (!b.env(req.env().tenant(), &e, &err)) return failure(err);
+      rpc::EnvReply* out = r.mutable_env();
+      out->set_tenant(e.tenant);
+      out->set_ledger_dir(e.ledgerDir);
+      out->set_source(e.source);
+      if (e.threadPercentage) out->set_thread_percentage(*e.threadPercentage);
+      out->set_priority(priorityName(e.priority));
+      return r;
+    }
+    case rpc::Request::BODY_NOT_SET:
+      break;
+  }
+  return failure("request without a body");  // decodeRequest refuses these; kept for safety
+}
+
+}  // namespace
+
+struct ControlServer::Connection {
+  int fd = -1;
+  Peer peer;
+  rpc::FrameReader reader{rpc::kMaxRequestBytes};
+  std::string out;
+  size_t written = 0;
+  bool responding = false;
+  Clock::time_point deadline = Clock::now() + kConnectionDeadline;
+};
+
+ControlServer::ControlServer(Broker& broker, std::function<bool(std::string*)> reload)
+    : broker_(broker), reload_(std::move(reload)) {}
+
+ControlServer::~ControlServer() {
+  stop();
+  for (int fd : {listen_, epoll_, stop_})
+    if (fd >= 0) ::close(fd);
+}
+
+bool ControlServer::start(const std::string& path, std::string* err) {
+  path_ = path;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) {
+    *err = "socket path " + path + " is too long";
+    return false;
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  for (size_t i = 1; i < path.size(); ++i)
+    if (path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
+  // A socket file left by a broker that died: replace it. One that answers: another broker.
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      *err = "socket path " + path + " exists and is not a socket";
+      return false;
+    }
+    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool answered = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(probe);
+    if (answered) {
+      *err = "another broker is listening on " + path;
+      return false;
+    }
+    ::unlink(path.c_str());
+  }
+  listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+  stop_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (listen_ < 0 || epoll_ < 0 || stop_ < 0) {
+    *err = sysErr("control socket");
+    return false;
+  }
+  if (::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::chmod(path.c_str(), 0666) != 0 || ::listen(listen_, 128) != 0) {
+    *err = sysErr("cannot listen on " + path);
+    return false;
+  }
+  for (int fd : {listen_, stop_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    ::epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  thread_ = std::thread([this] { run(); });
+  return true;
+}
+
+void ControlServer::stop() {
+  if (!thread_.joinable()) return;
+  const uint64_t one = 1;
+  (void)!::write(stop_, &one, sizeof one);
+  thread_.join();
+  for (auto& [fd, c] : conns_) ::close(fd);
+  conns_.clear();
+  ::unlink(path_.c_str());
+}
+
+void ControlServer::close(int fd) {
+  ::close(fd);  // also leaves the epoll set
+  conns_.erase(fd);
+}
+
+void ControlServer::accept() {
+  for (;;) {
+    const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;  // EAGAIN: all taken; other errors: the client is gone
+    if (conns_.size() >= kMaxConnections) {
+      ::close(fd);  // busy: the client sees the connection closed and may retry
+      continue;
+    }
+    auto c = std::make_unique<Connection>();
+    c->fd = fd;
+    if (!peerOf(fd, &c->peer)) {
+      ::close(fd);
+      continue;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    ::epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev);
+    conns_[fd] = std::move(c);
+  }
+}
+
+void ControlServer::respond(Connection& c, const std::string& bytes) {
+  c.out = bytes;
+  c.responding = true;
+  epoll_event ev{};
+  ev.events = EPOLLOUT;
+  ev.data.fd = c.fd;
+  ::epoll_ctl(epoll_, EPOLL_CTL_MOD, c.fd, &ev);
+}
+
+bool ControlServer::flush(Connection& c) {
+  while (c.written < c.out.size()) {
+    const ssize_t n = ::send(c.fd, c.out.data() + c.written, c.out.size() - c.written, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return true;
+    if (n <= 0) return false;
+    c.written += static_cast<size_t>(n);
+  }
+  return false;
+}
+
+void ControlServer::onReadable(Connection& c) {
+  char buf[16384];
+  for (;;) {
+    const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n == 0) {  // closed before a whole request: nothing to answer
+      close(c.fd);
+      return;
+    }
+    if (n < 0) {
+      close(c.fd);
+      return;
+    }
+    std::string err;
+    const auto status = c.reader.feed(buf, static_cast<size_t>(n), &err);
+    if (status == rpc::FrameReader::kNeedMore) continue;
+    rpc::Response resp;
+    rpc::Request req;
+    if (status == rpc::FrameReader::kError || !rpc::decodeRequest(c.reader.payload(), &req, &err)) {
+      CUSHARE_BLOG(warn, "control socket: malformed request from {}: {}", who(c.peer), err);
+      resp = failure("malformed request: " + err);
+    } else {
+      resp = handle(broker_, reload_, req, c.peer);
+    }
+    respond(c, rpc::frame(resp));
+    if (!flush(c)) close(c.fd);
+    return;
+  }
+}
+
+void ControlServer::run() {
+  epoll_event events[64];
+  for (;;) {
+    const int n = ::epoll_wait(epoll_, events, 64, 500);
+    if (n < 0 && errno != EINTR) {
+      CUSHARE_BLOG(error, "control socket: epoll_wait: {}", std::strerror(errno));
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == stop_) return;
+      if (fd == listen_) {
+        accept();
+        continue;
+      }
+      auto it = conns_.find(fd);
+      if (it == conns_.end()) continue;
+      Connection& c = *it->second;
+      if (c.responding) {
+        if (!flush(c)) close(fd);
+      } else {
+        onReadable(c);
+      }
+    }
+    const auto now = Clock::now();
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (it->second->deadline > now) {
+        ++it;
+        continue;
+      }
+      ::close(it->first);
+      it = conns_.erase(it);
+    }
+  }
+}
+
+}  // namespace cushare::broker

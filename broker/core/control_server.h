@@ -1,0 +1,49 @@
+// The control socket: a Unix stream socket on which each connection carries one request and one
+// response (wire format: broker/rpc/codec.h). Anyone who can connect may read; changing anything
+// (set-limit, reload) needs Broker::isAdmin of the peer's credentials, which the kernel reports
+// (SO_PEERCRED, SO_PEERGROUPS): a client cannot claim to be someone else.
+//
+// One thread with epoll, non-blocking sockets: a client that connects and sends nothing, or sends
+// slowly, holds a connection slot (at most kMaxConnections, each dropped after 5 s) and never the
+// thread, so neither the other clients nor the broker's reaping wait for it.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+namespace cushare::broker {
+
+class Broker;
+
+class ControlServer {
+ public:
+  // reload: what a reload request runs (main's, shared with SIGHUP).
+  ControlServer(Broker& broker, std::function<bool(std::string*)> reload);
+  ~ControlServer();
+
+  // Creates the socket's directory (0755) if missing, replaces a stale socket file (refuses if a
+  // broker answers on it), binds, makes it connectable by everyone (0666), starts the thread.
+  bool start(const std::string& path, std::string* err);
+  void stop();  // idempotent; removes the socket file
+
+ private:
+  struct Connection;
+  void run();
+  void accept();
+  void onReadable(Connection& c);
+  void respond(Connection& c, const std::string& bytes);
+  bool flush(Connection& c);  // false when done (written or failed)
+  void close(int fd);
+
+  Broker& broker_;
+  std::function<bool(std::string*)> reload_;
+  std::string path_;
+  int listen_ = -1, epoll_ = -1, stop_ = -1;
+  std::map<int, std::unique_ptr<Connection>> conns_;
+  std::thread thread_;
+};
+
+}  // namespace cushare::broker

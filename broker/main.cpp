@@ -1,0 +1,135 @@
+// cushare-broker: one per GPU host. Owns the tenants' ledgers and limits (core/broker.h), returns
+// dead processes' quota (core/reaper.h), serves the control socket (core/control_server.h) and
+// Prometheus metrics (metrics/). Runs in the foreground and logs to stderr (systemd: see
+// examples/systemd/cushare-broker.service). SIGHUP reloads the configuration; SIGTERM and SIGINT
+// stop it. Stopping (or killing) the broker never unlimits a tenant: the ledgers, with their
+// limits, and the host segment stay, and a restarted broker adopts them.
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "core/broker.h"
+#include "core/control_server.h"
+#include "core/devices.h"
+#include "core/log.h"
+#include "core/reaper.h"
+#include "metrics/http_server.h"
+#include "metrics/prometheus.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: cushare-broker --config FILE [--log-level error|warn|info|debug] [--check]\n"
+    "  --config FILE   the broker configuration (YAML; docs/broker-configuration.md)\n"
+    "  --check         validate the configuration against this host's devices and exit\n"
+    "  --log-level L   default info\n";
+
+int usage(const std::string& why) {
+  std::fprintf(stderr, "cushare-broker: %s\n%s", why.c_str(), kUsage);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace cushare::broker;
+  std::string configPath, level = "info";
+  bool checkOnly = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--config" || a == "--log-level") && i + 1 < argc) {
+      (a == "--config" ? configPath : level) = argv[++i];
+    } else if (a == "--check") {
+      checkOnly = true;
+    } else if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--version") {
+      std::printf("cushare-broker %s\n", CUSHARE_VERSION);
+      return 0;
+    } else {
+      return usage("unknown or incomplete argument '" + a + "'");
+    }
+  }
+  if (configPath.empty()) return usage("--config is required");
+  const auto lvl = spdlog::level::from_str(level);
+  if (lvl == spdlog::level::off && level != "off") return usage("unknown log level '" + level + "'");
+
+  auto logger = spdlog::stderr_logger_mt("cushare-broker");
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e cushare-broker %l: %v");
+  logger->set_level(lvl);
+  logger->flush_on(spdlog::level::trace);
+  spdlog::set_default_logger(logger);
+
+  // Signals are taken through a signalfd on this thread; every thread started below inherits the
+  // mask, so none of them is interrupted.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  for (int s : {SIGHUP, SIGTERM, SIGINT}) sigaddset(&sigs, s);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::vector<cushare::broker::DeviceInfo> devices;
+  std::string err;
+  if (!listDevices(&devices, &err)) {
+    spdlog::error("{}", err);
+    return 1;
+  }
+  Broker broker(configPath, devices);
+  if (checkOnly) {
+    if (!broker.check(&err)) {
+      spdlog::error("{}", err);
+      return 1;
+    }
+    std::printf("%s: valid for this host's %zu device(s)\n", configPath.c_str(), devices.size());
+    return 0;
+  }
+  if (!broker.start(&err)) {
+    spdlog::error("{}", err);
+    return 1;
+  }
+  auto reload = [&broker](std::string* e) { return broker.reload(e); };
+  Reaper reaper(broker);
+  ControlServer control(broker, reload);
+  MetricsServer metrics;
+  if (!reaper.start(&err) || !control.start(broker.socketPath(), &err)) {
+    spdlog::error("{}", err);
+    return 1;
+  }
+  if (!broker.metricsHost().empty()) {
+    if (!metrics.start(broker.metricsHost(), broker.metricsPort(),
+                       [&broker] { return renderMetrics(broker.snapshot()); }, &err)) {
+      spdlog::error("{}", err);
+      return 1;
+    }
+    broker.setMetricsAddress(metrics.address());
+  }
+  spdlog::info("ready: control socket {}, metrics {}", broker.socketPath(),
+               broker.metricsHost().empty() ? "off" : "http://" + metrics.address() + "/metrics");
+
+  const int sfd = ::signalfd(-1, &sigs, SFD_CLOEXEC);
+  for (;;) {
+    signalfd_siginfo si;
+    const ssize_t n = ::read(sfd, &si, sizeof si);
+    if (n != sizeof si) continue;
+    if (si.ssi_signo == SIGHUP) {
+      std::string why;
+      broker.reload(&why);  // logs either way
+      continue;
+    }
+    spdlog::info("stopping on signal {}; the ledgers and their limits stay in force", si.ssi_signo);
+    break;
+  }
+  metrics.stop();
+  control.stop();
+  reaper.stop();
+  return 0;
+}

@@ -1,0 +1,278 @@
+// See harness.h.
+#include "harness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "rpc/codec.h"
+
+extern char** environ;
+
+namespace cushare::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int msSince(Clock::time_point t) {
+  return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
+}
+
+}  // namespace
+
+std::string testDir() {
+  const char* root = std::getenv("BROKER_TEST_DIR");
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string dir = std::string(root ? root : "/tmp/cushare-broker-test") + "/" +
+                          info->test_suite_name() + "." + info->name();
+  std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
+  ::chmod(dir.c_str(), 0755);  // other uids (permission tests) must reach the ledger directory
+  for (size_t i = 1; i < dir.size(); ++i) {
+    if (dir[i] != '/') continue;
+    struct stat st;
+    if (::stat(dir.substr(0, i).c_str(), &st) == 0 && (st.st_mode & 0001) == 0)
+      ::chmod(dir.substr(0, i).c_str(), st.st_mode | 0111);
+  }
+  return dir;
+}
+
+Child::Child(Child&& o) noexcept { *this = std::move(o); }
+
+Child& Child::operator=(Child&& o) noexcept {
+  std::swap(pid_, o.pid_);
+  std::swap(in_, o.in_);
+  std::swap(out_, o.out_);
+  std::swap(buffer_, o.buffer_);
+  return *this;
+}
+
+Child::~Child() {
+  if (in_ >= 0) ::close(in_);
+  if (out_ >= 0) ::close(out_);
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+Child Child::spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                   const std::string& errPath) {
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return Child();
+  std::vector<std::string> envStrings;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string key = kv.substr(0, kv.find('='));
+    if (!env.count(key)) envStrings.push_back(kv);
+  }
+  for (const auto& [k, v] : env)
+    if (!v.empty()) envStrings.push_back(k + "=" + v);  // an empty value removes the variable
+  std::vector<char*> args, envp;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (std::string& e : envStrings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    const int err = ::open(errPath.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (err >= 0) ::dup2(err, 2);
+    ::execve(args[0], args.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  Child c;
+  c.pid_ = pid;
+  c.in_ = in[1];
+  c.out_ = out[0];
+  return c;
+}
+
+bool Child::send(const std::string& line) {
+  const std::string l = line + "\n";
+  return ::write(in_, l.data(), l.size()) == static_cast<ssize_t>(l.size());
+}
+
+std::string Child::readLine(int timeoutMs) {
+  const auto start = Clock::now();
+  for (;;) {
+    if (const size_t nl = buffer_.find('\n'); nl != std::string::npos) {
+      std::string line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      return line;
+    }
+    const int left = timeoutMs - msSince(start);
+    if (left <= 0) return "";
+    pollfd p{out_, POLLIN, 0};
+    if (::poll(&p, 1, left) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::read(out_, buf, sizeof buf);
+    if (n <= 0) return "";
+    buffer_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+void Child::kill(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+int Child::wait(int timeoutMs) {
+  const auto start = Clock::now();
+  while (pid_ > 0) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_ || (r < 0 && errno == ECHILD)) {
+      const bool exited = r == pid_;
+      pid_ = -1;
+      return exited ? status : -1;
+    }
+    if (msSince(start) > timeoutMs) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return -1;
+}
+
+std::string socketFor(const std::string& dir) {
+  // sockaddr_un holds 107 bytes: a short name derived from the test's directory.
+  char name[64];
+  std::snprintf(name, sizeof name, "/tmp/cushare-test-%016zx.sock", std::hash<std::string>()(dir));
+  return name;
+}
+
+std::string brokerConfig(const std::string& dir, const std::string& body) {
+  return "ledger_dir: " + dir + "/ledgers\n" + "socket: " + socketFor(dir) + "\n" +
+         "state_file: " + dir + "/broker.state\n" + "metrics_listen: 127.0.0.1:0\n" + body;
+}
+
+Broker::~Broker() {
+  if (proc_.pid() > 0) stop();
+}
+
+bool Broker::start(const std::string& body) {
+  std::ofstream(dir_ + "/config.yaml") << brokerConfig(dir_, body);
+  return startWithFile();
+}
+
+bool Broker::startWithFile() {
+  // The broker must not run under the shim (its NVML view would be a tenant's).
+  proc_ = Child::spawn({BROKER_BIN, "--config", dir_ + "/config.yaml", "--log-level", "debug"},
+                       {{"LD_PRELOAD", ""}}, dir_ + "/broker.log");
+  const auto start = Clock::now();
+  while (msSince(start) < 20000) {
+    rpc::Request r;
+    r.set_version(1);
+    r.mutable_status();
+    rpc::Response resp;
+    std::string err;
+    if (rpc::call(socket(), r, &resp, &err, 2000) && resp.ok()) return true;
+    if (proc_.wait(0) != -1) return false;  // it exited
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+void Broker::kill9() {
+  proc_.kill(SIGKILL);
+  proc_.wait();
+}
+
+int Broker::stop() {
+  proc_.kill(SIGTERM);
+  return proc_.wait();
+}
+
+std::string Broker::log() const {
+  std::ifstream in(dir_ + "/broker.log");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+rpc::Response Broker::call(const rpc::Request& req) {
+  rpc::Response resp;
+  std::string err;
+  if (!rpc::call(socket(), req, &resp, &err)) {
+    resp.set_ok(false);
+    resp.set_error("call failed: " + err);
+  }
+  return resp;
+}
+
+rpc::StatusReply Broker::status() {
+  rpc::Request r;
+  r.set_version(1);
+  r.mutable_status();
+  return call(r).status();
+}
+
+rpc::Tenant Broker::tenant(const std::string& name) {
+  rpc::Request r;
+  r.set_version(1);
+  r.mutable_tenants()->set_tenant(name);
+  const rpc::Response resp = call(r);
+  if (!resp.ok() || resp.tenants().tenants_size() != 1) return rpc::Tenant();
+  return resp.tenants().tenants(0);
+}
+
+rpc::Response Broker::setLimit(const std::string& tenant, const std::string& memory, int device) {
+  rpc::Request r;
+  r.set_version(1);
+  r.mutable_set_limit()->set_tenant(tenant);
+  if (memory == "reset")
+    r.mutable_set_limit()->set_reset(true);
+  else
+    r.mutable_set_limit()->set_memory(memory);
+  r.mutable_set_limit()->set_device(device);
+  return call(r);
+}
+
+rpc::Response Broker::reload() {
+  rpc::Request r;
+  r.set_version(1);
+  r.mutable_reload();
+  return call(r);
+}
+
+Child Broker::tenantProcess(const std::string& tenant, const std::map<std::string, std::string>& env,
+                            std::string* first) {
+  std::map<std::string, std::string> e = {{"LD_PRELOAD", SHIM_LIB},
+                                          {"CUSHARE_TENANT", tenant},
+                                          {"CUSHARE_LEDGER_DIR", ledgerDir()},
+                                          {"CUSHARE_LOG_LEVEL", "error"}};
+  for (const auto& [k, v] : env) e[k] = v;
+  Child c = Child::spawn({WORKER_BIN}, e, dir_ + "/tenants.log");
+  const std::string line = c.readLine();
+  if (first != nullptr) *first = line;
+  else EXPECT_EQ(line, "ready") << "tenant " << tenant << ": see " << dir_ << "/tenants.log";
+  return c;
+}
+
+uint64_t usedOn0(const rpc::Tenant& t) { return t.devices_size() ? t.devices(0).used_bytes() : UINT64_MAX; }
+uint64_t limitOn0(const rpc::Tenant& t) {
+  return t.devices_size() && t.devices(0).has_limit_bytes() ? t.devices(0).limit_bytes() : UINT64_MAX;
+}
+
+uint64_t field(const std::string& line, int index) {
+  std::istringstream in(line);
+  std::string w;
+  for (int i = 0; i <= index && (in >> w); ++i) {
+  }
+  return std::strtoull(w.c_str(), nullptr, 10);
+}
+
+}  // namespace cushare::test

@@ -1,0 +1,98 @@
+// Helpers for the broker's end-to-end tests: a broker process, tenant processes (tenant_worker
+// under the shim, driven over pipes) and control-API calls. Paths of the programs come from
+// compile definitions; every test works in its own directory under BROKER_TEST_DIR.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "control.pb.h"
+
+namespace cushare::test {
+
+// A fresh, empty directory for one test: $BROKER_TEST_DIR/<suite>.<test>.
+std::string testDir();
+
+// A child process with its stdin and stdout on pipes.
+class Child {
+ public:
+  Child() = default;
+  Child(Child&& o) noexcept;
+  Child& operator=(Child&& o) noexcept;
+  ~Child();
+
+  // argv[0] is the program's path; env entries are added to (or replace in) this process's
+  // environment. stderr goes to errPath (appended).
+  static Child spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                     const std::string& errPath);
+
+  bool send(const std::string& line);
+  // The next line of output, or "" after timeoutMs / end of output.
+  std::string readLine(int timeoutMs = 20000);
+  std::string ask(const std::string& line, int timeoutMs = 20000) {
+    return send(line) ? readLine(timeoutMs) : "";
+  }
+  void kill(int sig);
+  // Waits for the exit; the wait status (as waitpid reports it), -1 after timeoutMs.
+  int wait(int timeoutMs = 20000);
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int in_ = -1, out_ = -1;
+  std::string buffer_;
+};
+
+// The control socket's path for a test directory (short enough for a Unix socket).
+std::string socketFor(const std::string& dir);
+
+// The configuration file text with every path inside dir: ledgers, socket, state file, metrics on
+// a free port. body: the profiles/tenants/unknown_tenants part.
+std::string brokerConfig(const std::string& dir, const std::string& body);
+
+class Broker {
+ public:
+  explicit Broker(std::string dir) : dir_(std::move(dir)) {}
+  ~Broker();
+  // Writes config.yaml and starts cushare-broker on it; waits until the socket answers.
+  bool start(const std::string& body);
+  bool startWithFile();  // the config.yaml already in dir
+  void kill9();
+  int stop();  // SIGTERM, then the exit status
+  std::string dir() const { return dir_; }
+  std::string socket() const { return socketFor(dir_); }
+  std::string ledgerDir() const { return dir_ + "/ledgers"; }
+  std::string log() const;  // what the broker wrote to stderr
+  pid_t pid() const { return proc_.pid(); }
+
+  // Control API. ok() false: resp.error() says why.
+  rpc::Response call(const rpc::Request& req);
+  rpc::StatusReply status();
+  // used/limit/... of tenant on device 0 (limit UINT64_MAX: none); source "" if there is no such tenant
+  rpc::Tenant tenant(const std::string& name);
+  rpc::Response setLimit(const std::string& tenant, const std::string& memory, int device = -1);
+  rpc::Response reload();
+
+  // A tenant process under the shim, ready for commands (its first line was "ready"), or one
+  // whose first line is returned in *first (when not null) for tests of refusals.
+  Child tenantProcess(const std::string& tenant, const std::map<std::string, std::string>& env = {},
+                      std::string* first = nullptr);
+
+ private:
+  std::string dir_;
+  Child proc_;
+};
+
+uint64_t usedOn0(const rpc::Tenant& t);
+uint64_t limitOn0(const rpc::Tenant& t);
+
+// Number at the end of "held N" (or the given field of a reply line).
+uint64_t field(const std::string& line, int index);
+
+constexpr uint64_t MiB = 1ull << 20;
+
+}  // namespace cushare::test

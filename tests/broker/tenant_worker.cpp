@@ -1,0 +1,110 @@
+// A tenant process for the broker tests: a CUDA driver-API program driven line by line over stdin,
+// answering one line per command on stdout, so a test can make many processes allocate, hold,
+// free and report at chosen moments. It runs on simgpu with the shim preloaded.
+//
+//   alloc BYTES          -> "ok" | "oom" | "err CODE"
+//   fill STEP            -> allocate STEP at a time until refused: "held TOTAL"
+//   churn STEP N MS      -> for MS milliseconds allocate or free STEP-sized blocks at random,
+//                           holding at most N of them: "churned OK OOM held TOTAL"
+//   freeall              -> "ok"
+//   held                 -> "held TOTAL"
+//   info                 -> "free FREE total TOTAL" (cuMemGetInfo: the tenant's view)
+//   quit                 -> frees everything and exits 0
+// At start it prints "ready", or "init-failed CODE" and exits 3 when cuInit or the context fails.
+#include <cuda.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::vector<std::pair<CUdeviceptr, uint64_t>> gHeld;
+
+uint64_t heldBytes() {
+  uint64_t t = 0;
+  for (auto& [p, n] : gHeld) t += n;
+  return t;
+}
+
+CUresult alloc(uint64_t n) {
+  CUdeviceptr p;
+  const CUresult r = cuMemAlloc(&p, n);
+  if (r == CUDA_SUCCESS) gHeld.emplace_back(p, n);
+  return r;
+}
+
+void freeLast() {
+  cuMemFree(gHeld.back().first);
+  gHeld.pop_back();
+}
+
+void say(const std::string& s) { std::cout << s << std::endl; }
+
+}  // namespace
+
+int main() {
+  CUcontext ctx;
+  CUdevice dev;
+  CUresult r = cuInit(0);
+  if (r == CUDA_SUCCESS) r = cuDeviceGet(&dev, 0);
+  if (r == CUDA_SUCCESS) r = cuCtxCreate(&ctx, nullptr, 0, dev);
+  if (r != CUDA_SUCCESS) {
+    say("init-failed " + std::to_string(r));
+    return 3;
+  }
+  say("ready");
+  std::mt19937_64 rng(std::random_device{}());
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    if (cmd == "alloc") {
+      uint64_t n = 0;
+      in >> n;
+      const CUresult a = alloc(n);
+      say(a == CUDA_SUCCESS ? "ok" : a == CUDA_ERROR_OUT_OF_MEMORY ? "oom" : "err " + std::to_string(a));
+    } else if (cmd == "fill") {
+      uint64_t step = 0;
+      in >> step;
+      while (step > 0 && alloc(step) == CUDA_SUCCESS) {
+      }
+      say("held " + std::to_string(heldBytes()));
+    } else if (cmd == "churn") {
+      uint64_t step = 0, most = 0, ms = 0, ok = 0, oom = 0;
+      in >> step >> most >> ms;
+      const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+      while (std::chrono::steady_clock::now() < end) {
+        const bool grow = gHeld.size() < most && (gHeld.empty() || rng() % 2 == 0);
+        if (!grow) {
+          if (!gHeld.empty()) freeLast();
+          continue;
+        }
+        (alloc(step) == CUDA_SUCCESS ? ok : oom) += 1;
+      }
+      say("churned " + std::to_string(ok) + " " + std::to_string(oom) + " held " + std::to_string(heldBytes()));
+    } else if (cmd == "freeall") {
+      while (!gHeld.empty()) freeLast();
+      say("ok");
+    } else if (cmd == "held") {
+      say("held " + std::to_string(heldBytes()));
+    } else if (cmd == "info") {
+      size_t f = 0, t = 0;
+      cuMemGetInfo(&f, &t);
+      say("free " + std::to_string(f) + " total " + std::to_string(t));
+    } else if (cmd == "quit") {
+      break;
+    } else {
+      say("unknown-command");
+    }
+  }
+  while (!gHeld.empty()) freeLast();
+  cuCtxDestroy(ctx);
+  return 0;
+}

@@ -1,36 +1,104 @@
 #!/usr/bin/env bash
-# The demo: builds cushare, then runs an unmodified CUDA program on simgpu, the simulated GPU,
-# shows the device being shared host-wide (one process's memory is seen by all, and comes back
-# when that process is killed), and then the shim: two tenants with memory limits.
+# The demo: a GPU host shared by two tenants under cushare-broker. Builds cushare, starts a broker
+# with tenants alpha (512 MiB) and beta (1 GiB), runs one tenant program for each (they allocate
+# until denied), shows alpha stopped at its limit while beta proceeds, raises alpha's limit live,
+# kills a tenant and shows its memory returned at once, then cleans up.
+# On simgpu, the simulated GPU, unless a real NVIDIA GPU answers (nvidia-smi); DEMO_SIMGPU=1 forces
+# simgpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh >/dev/null
-export LD_LIBRARY_PATH="$PWD/build/lib/simgpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export SIMGPU_STATE_DIR="$(mktemp -d /tmp/cushare-demo.XXXXXX)"
-export SIMGPU_MEMORY=16GiB
-trap 'kill -9 $holder 2>/dev/null || true; rm -rf "$SIMGPU_STATE_DIR"' EXIT
+root="$PWD"
+bin="$root/build/bin"
+work="$(mktemp -d /tmp/cushare-demo.XXXXXX)"
+chmod 755 "$work"
 
-echo "== 1. an ordinary CUDA program (nvcc-built, cudart static) on simgpu"
-build/examples/vector_add
-echo
-echo "== 2. one process holds 6 GiB; every process on the host sees it"
-build/examples/vector_add 6144 30 &
-holder=$!
-for _ in $(seq 1 100); do
-  build/tools/simgpu-smi | grep -q "pid $holder" && break
-  sleep 0.1
-done
-build/tools/simgpu-smi
-echo
-echo "== 3. kill -9 the holder: its memory comes back"
-kill -9 "$holder"
-wait "$holder" 2>/dev/null || true
-build/tools/simgpu-smi
+if [ "${DEMO_SIMGPU:-0}" != 1 ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  echo "== on the real GPU: $(nvidia-smi -L | head -1)"
+else
+  export LD_LIBRARY_PATH="$root/build/lib/simgpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export SIMGPU_STATE_DIR="$work/simgpu" SIMGPU_MEMORY=4GiB
+  echo "== on simgpu, the simulated GPU (one device, 4 GiB)"
+fi
+
+broker_pid="" alpha_pid="" beta_pid=""
+cleanup() {
+  for p in $alpha_pid $beta_pid; do kill -TERM "$p" 2>/dev/null || true; done
+  wait $alpha_pid $beta_pid 2>/dev/null || true
+  [ -n "$broker_pid" ] && kill -TERM "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
+  [ "${DEMO_KEEP:-0}" = 1 ] || rm -rf "$work"
+}
+trap cleanup EXIT
+
+cat > "$work/broker.yaml" <<YAML
+ledger_dir: $work/ledgers
+socket: $work/broker.sock
+state_file: $work/broker.state
+metrics_listen: 127.0.0.1:0
+unknown_tenants: refuse
+profiles:
+  balanced: {memory: 1GiB, thread_percentage: 50, priority: normal}
+tenants:
+  - {name: alpha, memory: 512MiB, thread_percentage: 30, priority: high}
+  - {name: beta, profile: balanced}
+YAML
+export CUSHARE_SOCKET="$work/broker.sock"
+cushare() { "$bin/cushare" "$@"; }
 
 echo
-echo "== 4. the shim: tenant alpha (limit 4GiB) asks for 6 GiB and is refused; beta (8GiB) gets it"
-export CUSHARE_LEDGER_DIR="$SIMGPU_STATE_DIR/ledgers"
-LD_PRELOAD="$PWD/build/lib/libcushare.so" CUSHARE_TENANT=alpha CUSHARE_MEMORY_LIMIT=4GiB \
-  build/examples/vector_add 6144 0 || echo "(alpha's program failed its allocation, as it should)"
-LD_PRELOAD="$PWD/build/lib/libcushare.so" CUSHARE_TENANT=beta CUSHARE_MEMORY_LIMIT=8GiB \
-  build/examples/vector_add 6144 0
+echo "== 1. start cushare-broker with two tenants (config: $work/broker.yaml)"
+"$bin/cushare-broker" --config "$work/broker.yaml" 2>"$work/broker.log" &
+broker_pid=$!
+for _ in $(seq 1 200); do cushare status >/dev/null 2>&1 && break; sleep 0.05; done
+cushare status
+
+# Waits until the file has N (default 1) lines matching the pattern (a tenant program's progress).
+wait_for() {
+  for _ in $(seq 1 400); do [ "$(grep -c "$2" "$1" 2>/dev/null)" -ge "${3:-1}" ] && return 0; sleep 0.05; done
+  echo "timed out waiting for '$2' in $1" >&2
+  cat "$1" >&2
+  return 1
+}
+
+echo
+echo "== 2. one tenant program each, started by 'cushare run'; each allocates 64 MiB at a time until denied"
+"$bin/cushare" run --tenant alpha -- build/examples/tenant/alloc_until_denied --name alpha --step 64MiB >"$work/alpha.out" 2>"$work/alpha.err" &
+alpha_pid=$!
+"$bin/cushare" run --tenant beta -- build/examples/tenant/alloc_until_denied --name beta --step 64MiB >"$work/beta.out" 2>"$work/beta.err" &
+beta_pid=$!
+wait_for "$work/alpha.out" denied
+wait_for "$work/beta.out" denied
+echo "-- alpha:"; cat "$work/alpha.out"
+echo "-- beta:"; cat "$work/beta.out"
+echo "-- the shim's line for alpha's refused allocation:"; grep -m1 denied "$work/alpha.err" || true
+echo
+cushare tenants
+
+echo
+echo "== 3. raise alpha's limit live to 768 MiB; its running program tries again (SIGUSR1)"
+cushare set-limit alpha --memory 768MiB
+seen=$(wc -l <"$work/alpha.out")
+kill -USR1 "$alpha_pid"
+wait_for "$work/alpha.out" denied 2
+tail -n +"$((seen + 1))" "$work/alpha.out"
+echo
+cushare tenants
+cushare processes
+
+echo
+echo "== 4. kill -9 beta's program: the broker returns its memory at once, no allocation needed"
+kill -9 "$beta_pid"; wait "$beta_pid" 2>/dev/null || true; beta_pid=""
+sleep 0.1
+cushare tenants
+
+echo
+echo "== 5. what Prometheus scrapes (http://$(cushare --json status | sed -n 's/.*"metrics_address":"\([^"]*\)".*/\1/p')/metrics), tenant lines:"
+addr=$(cushare --json status | sed -n 's/.*"metrics_address":"\([^"]*\)".*/\1/p')
+python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://$addr/metrics').read().decode())" |
+  grep -E '^cushare_tenant_memory_(used|limit)_bytes|^cushare_tenant_processes'
+
+echo
+echo "== 6. clean up: stop alpha, stop the broker"
+kill -TERM "$alpha_pid"; wait "$alpha_pid" 2>/dev/null || true; tail -1 "$work/alpha.out"; alpha_pid=""
+kill -TERM "$broker_pid"; wait "$broker_pid" 2>/dev/null || true; broker_pid=""
+tail -1 "$work/broker.log"

@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   libyaml-dev
+  clang libclang-rt-14-dev
 )
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then

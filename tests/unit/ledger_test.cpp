@@ -5,6 +5,7 @@
 //
 // Helpers run in forked children of this test process (no gtest in a child: it reports through
 // its exit status, shared anonymous memory or a pipe, and ends with _exit).
+#include "cushare/host_segment.h"
 #include "cushare/ledger.h"
 
 #include <fcntl.h>
@@ -200,6 +201,16 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
        {offsetof(LedgerDevice, reserved0), sizeof(LedgerDevice::reserved0)}},
       {"devices[d].reserved1",
        {offsetof(LedgerDevice, reserved1), sizeof(LedgerDevice::reserved1)}},
+#define HOST_FIELD(f) {"host." #f, {offsetof(HostSegmentLayout, f), sizeof(HostSegmentLayout::f)}}
+      HOST_FIELD(magic), HOST_FIELD(version), HOST_FIELD(header_size), HOST_FIELD(file_size),
+      HOST_FIELD(broker_pid), HOST_FIELD(device_count), HOST_FIELD(config_generation),
+      HOST_FIELD(unknown_policy), HOST_FIELD(reserved0), HOST_FIELD(unknown_profile),
+      HOST_FIELD(devices),
+#undef HOST_FIELD
+#define HOST_DEVICE_FIELD(f) {"host.devices[d]." #f, {offsetof(HostDeviceLayout, f), sizeof(HostDeviceLayout::f)}}
+      HOST_DEVICE_FIELD(uuid), HOST_DEVICE_FIELD(capacity), HOST_DEVICE_FIELD(unknown_limit),
+      HOST_DEVICE_FIELD(reserved),
+#undef HOST_DEVICE_FIELD
   };
   EXPECT_EQ(layout, code) << "docs/ledger-abi.md and ledger_abi.h disagree";
   const std::map<std::string, uint64_t> codeConstants = {
@@ -210,6 +221,9 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       {"kLedgerSlotLockBase", static_cast<uint64_t>(kLedgerSlotLockBase)},
       {"header_size", sizeof(LedgerHeader)},
       {"kLedgerFileSize", kLedgerFileSize},
+      {"kHostMagic", kHostMagic},
+      {"kHostVersion", kHostVersion},
+      {"kHostMaxDevices", kHostMaxDevices},
   };
   EXPECT_EQ(constants, codeConstants);
   // The sizes add up: fields tile the header, the device entry and the file without holes.

@@ -188,7 +188,7 @@ void Broker::openLedgerLocked(TenantState* t) {
 
 // Makes sure every device has its entry and the limit the broker expects there. A limit someone
 // else wrote (a tenant can write its own ledger) is put back, with a warning.
-void Broker::applyLimitsLocked(TenantState* t) {
+void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   if (!t->ledger) return;
   t->entry.resize(devices_.size(), -1);
   for (size_t d = 0; d < devices_.size(); ++d) {
@@ -207,7 +207,11 @@ void Broker::applyLimitsLocked(TenantState* t) {
     const uint64_t have = t->ledger->limit(t->entry[d]);
     if (have == want) continue;
     t->ledger->setLimit(t->entry[d], want);
-    CUSHARE_BLOG(info, "tenant {} device {}: limit {} (was {})", t->name, d, describeLimit(want), describeLimit(have));
+    if (watchdog)
+      CUSHARE_BLOG(warn, "tenant {} device {}: the limit in its ledger was changed to {} outside the broker; restored to {}",
+                   t->name, d, describeLimit(have), describeLimit(want));
+    else
+      CUSHARE_BLOG(info, "tenant {} device {}: limit {} (was {})", t->name, d, describeLimit(want), describeLimit(have));
   }
 }
 
@@ -559,7 +563,7 @@ int Broker::tickLocked(bool scanDirectory) {
       it = tenants_.erase(it);
       continue;
     }
-    if (t.source != "removed" && t.error.empty()) applyLimitsLocked(&t);
+    if (t.source != "removed" && t.error.empty()) applyLimitsLocked(&t, /*watchdog=*/true);
     ++it;
   }
   if (scanDirectory) {

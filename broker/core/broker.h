@@ -111,7 +111,8 @@ class Broker {
       const Overrides& o) const;
   uint64_t expectedLocked(const TenantState& t, size_t device) const;
   void openLedgerLocked(TenantState* t);
-  void applyLimitsLocked(TenantState* t);
+  // watchdog: a difference is someone else's change (logged as a warning), not the broker's.
+  void applyLimitsLocked(TenantState* t, bool watchdog = false);
   bool writeHostLocked(std::string* err);
   void adoptLocked(const std::string& tenant);
   void retireLocked(TenantState* t);

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "harness.h"
+#include "cushare/ledger.h"
 #include "rpc/codec.h"
 
 namespace cushare::test {
@@ -250,6 +251,40 @@ TEST(Reaping, KillStormReturnsQuotaWithin100ms) {
   EXPECT_EQ(b.status().reaped_processes(), static_cast<uint64_t>(kProcs));
   EXPECT_EQ(usedOn0(b.tenant("alpha")), 0u);
   EXPECT_EQ(usedOn0(b.tenant("beta")), 0u);
+}
+
+// A storm: many processes of two tenants killed at the same moment, while the survivors keep
+// allocating and freeing. Nothing may leak and the dead processes' quota must come back at once.
+TEST(Reaping, SimultaneousKillsUnderLoadLeakNothing) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: 2GiB}\n  - {name: beta, memory: 1GiB}\n")) << b.log();
+  for (int round = 0; round < 3; ++round) {
+    std::vector<Child> victims, churners;
+    for (int i = 0; i < 12; ++i) {
+      victims.push_back(b.tenantProcess(i % 2 ? "beta" : "alpha"));
+      ASSERT_EQ(victims.back().ask("alloc " + std::to_string(16 * MiB)), "ok");
+    }
+    for (int i = 0; i < 4; ++i) churners.push_back(b.tenantProcess(i % 2 ? "beta" : "alpha"));
+    for (Child& c : churners) ASSERT_TRUE(c.send("churn " + std::to_string(4 * MiB) + " 4 400"));
+    for (Child& v : victims) v.kill(SIGKILL);
+    for (Child& v : victims) ASSERT_NE(v.wait(), -1);
+    const auto dead = Clock::now();
+    // The churners still hold up to 4 blocks each; when they report, compare exactly.
+    uint64_t held[2] = {0, 0};
+    for (size_t i = 0; i < churners.size(); ++i) {
+      const std::string r = churners[i].readLine(60000);
+      ASSERT_EQ(r.rfind("churned ", 0), 0u) << r;
+      held[i % 2] += field(r, 4);
+    }
+    EXPECT_EQ(usedOn0(b.tenant("alpha")), held[0]) << "round " << round;
+    EXPECT_EQ(usedOn0(b.tenant("beta")), held[1]) << "round " << round;
+    EXPECT_LT(Clock::now() - dead, std::chrono::seconds(5));
+    for (Child& c : churners) c.send("quit");
+    for (Child& c : churners) EXPECT_EQ(c.wait(), 0);
+  }
+  EXPECT_EQ(usedOn0(b.tenant("alpha")), 0u);
+  EXPECT_EQ(usedOn0(b.tenant("beta")), 0u);
+  EXPECT_GE(b.status().reaped_processes(), 36u);
 }
 
 // ---- Broker restarts ----
@@ -486,6 +521,26 @@ TEST(Security, OtherUsersCannotOpenALedgerOrChangeLimits) {
   EXPECT_EQ(asUser(2000, 2000, {65534}, [&] { return callAs(sock, set).ok() ? 0 : 1; }), 0)
       << "a member of admin_group may";
   EXPECT_EQ(limitOn0(b.tenant("alpha")), 1024 * MiB);
+}
+
+// A tenant can write its own ledger; a limit it raises there is put back by the broker.
+TEST(Security, ALimitRewrittenInTheLedgerIsRestored) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  std::string err;
+  LedgerOpenOptions o;
+  o.createFile = false;
+  o.createDir = false;
+  o.claimSlot = false;
+  auto ledger = Ledger::open(b.ledgerDir(), "alpha", o, &err);
+  ASSERT_TRUE(ledger) << err;
+  ledger->setLimit(0, 4096 * MiB);
+  const auto start = Clock::now();
+  while (ledger->limit(0) != 512 * MiB && Clock::now() - start < std::chrono::seconds(2))
+    std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_EQ(ledger->limit(0), 512 * MiB);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
+  EXPECT_NE(b.log().find("tenant alpha device 0: the limit in its ledger was changed to 4 GiB outside the broker; restored to 512 MiB"), std::string::npos) << b.log();
 }
 
 // Every malformed message of the corpus gets an error answer (or a closed connection), never a

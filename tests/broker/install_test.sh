@@ -1,0 +1,49 @@
+#!/bin/sh
+# The install layout of DESIGN.md, used as an operator would: `cmake --install` into a fresh
+# prefix, the installed broker started on simgpu, the installed CLI finding the installed shim
+# for `cushare env` and `cushare run`, an installed example run as a tenant.
+# usage: install_test.sh BUILD_DIR WORK_DIR
+set -eu
+build=$1
+work=$2
+rm -rf "$work"
+mkdir -p "$work"
+prefix=$work/prefix
+cmake --install "$build" --prefix "$prefix" >/dev/null
+for f in bin/cushare-broker bin/cushare lib/cushare/libcushare.so lib/cushare/simgpu/libcuda.so.1 \
+         lib/cushare/simgpu/libcuda.so lib/cushare/simgpu/libnvidia-ml.so.1 \
+         share/cushare/examples/vector_add share/cushare/examples/alloc_until_denied; do
+  [ -e "$prefix/$f" ] || { echo "install_test: $f is not installed" >&2; exit 1; }
+done
+
+export LD_LIBRARY_PATH="$prefix/lib/cushare/simgpu"
+export SIMGPU_STATE_DIR="$work/simgpu" SIMGPU_MEMORY=2GiB
+sock="/tmp/cushare-install-test-$$.sock"
+cat >"$work/broker.yaml" <<YAML
+ledger_dir: $work/ledgers
+socket: $sock
+state_file: $work/broker.state
+metrics_listen: off
+tenants:
+  - {name: alpha, memory: 256MiB}
+YAML
+"$prefix/bin/cushare-broker" --config "$work/broker.yaml" --check
+"$prefix/bin/cushare-broker" --config "$work/broker.yaml" 2>"$work/broker.log" &
+broker=$!
+trap 'kill $broker 2>/dev/null; rm -f "$sock"' EXIT
+export CUSHARE_SOCKET="$sock"
+i=0
+until "$prefix/bin/cushare" status >/dev/null 2>&1; do
+  i=$((i + 1))
+  [ $i -lt 200 ] || { cat "$work/broker.log" >&2; exit 1; }
+  sleep 0.05
+done
+
+"$prefix/bin/cushare" env --tenant alpha >"$work/alpha.env"
+grep -qx "LD_PRELOAD=$prefix/lib/cushare/libcushare.so" "$work/alpha.env" ||
+  { echo "install_test: cushare env did not name the installed shim:" >&2; cat "$work/alpha.env" >&2; exit 1; }
+"$prefix/bin/cushare" run --tenant alpha -- "$prefix/share/cushare/examples/vector_add" >"$work/run.out"
+grep -q "correct" "$work/run.out" || { cat "$work/run.out" >&2; exit 1; }
+# Under the shim the installed example sees alpha's 256 MiB as the device.
+grep -q "0.2 GiB\|256" "$work/run.out" || { echo "install_test: not the tenant's view:" >&2; cat "$work/run.out" >&2; exit 1; }
+echo "install_test: layout and installed tools work"

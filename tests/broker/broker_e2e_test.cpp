@@ -198,8 +198,12 @@ TEST(Load, ThirtyTwoProcessesAcrossFourTenants) {
   sampler.join();
   for (int t = 0; t < 4; ++t) {
     const rpc::Tenant s = b.tenant("t" + std::to_string(t));
-    EXPECT_LE(maxSeen[t], limits[t]) << "t" << t;
-    EXPECT_LE(s.devices(0).peak_bytes(), limits[t]);
+    // The exact guarantee: every granted reservation saw a total within the limit (the peak).
+    // A sample of `used` may also include other processes' intents that are about to be
+    // retracted (announce, then validate; docs/ledger-abi.md): at most one 16 MiB block per
+    // process of the tenant.
+    EXPECT_LE(s.devices(0).peak_bytes(), limits[t]) << "t" << t;
+    EXPECT_LE(maxSeen[t], limits[t] + 8 * 16 * MiB) << "t" << t;
     EXPECT_EQ(usedOn0(s), held[t]) << "the ledger holds exactly what the processes hold";
     EXPECT_EQ(s.processes(), 8u);
   }
@@ -335,7 +339,7 @@ TEST(LiveLimits, LowerAndRaiseUnderLoad) {
   std::vector<Child> procs;
   for (int i = 0; i < 4; ++i) procs.push_back(b.tenantProcess("alpha"));
   Child viewer = b.tenantProcess("alpha");
-  for (Child& c : procs) ASSERT_TRUE(c.send("churn " + std::to_string(16 * MiB) + " 8 2500"));
+  for (Child& c : procs) ASSERT_TRUE(c.send("churn " + std::to_string(16 * MiB) + " 8 4000"));
   std::this_thread::sleep_for(milliseconds(300));
   ASSERT_TRUE(b.setLimit("alpha", "192MiB").ok());
   const std::string view = viewer.ask("info");
@@ -350,19 +354,17 @@ TEST(LiveLimits, LowerAndRaiseUnderLoad) {
     maxAfter = std::max(maxAfter, usedOn0(b.tenant("alpha")));
     std::this_thread::sleep_for(milliseconds(2));
   }
-  EXPECT_LE(maxAfter, 192 * MiB);
+  // Each of the 4 single-threaded processes may have one 16 MiB intent in flight when sampled
+  // (see Load); without the new limit they would climb back towards 512 MiB.
+  EXPECT_LE(maxAfter, 192 * MiB + 4 * 16 * MiB);
+  EXPECT_EQ(viewer.ask("alloc " + std::to_string(256 * MiB)), "oom");
   // Admission: beta is guaranteed 1 GiB of the 4 GiB device, so alpha may have 3 GiB, not all.
   const rpc::Response all = b.setLimit("alpha", "100%");
   EXPECT_FALSE(all.ok());
   EXPECT_NE(all.error().find("would add up to 5 GiB, more than its 4 GiB"), std::string::npos) << all.error();
   ASSERT_TRUE(b.setLimit("alpha", "3GiB").ok());
   EXPECT_EQ(limitOn0(b.tenant("alpha")), 3072 * MiB);
-  uint64_t maxRaised = 0;
-  for (int i = 0; i < 150; ++i) {
-    maxRaised = std::max(maxRaised, usedOn0(b.tenant("alpha")));
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-  EXPECT_GT(maxRaised, 192 * MiB) << "room returns when the limit is raised";
+  EXPECT_EQ(viewer.ask("alloc " + std::to_string(1024 * MiB)), "ok") << "room returns when the limit is raised";
   for (Child& c : procs) EXPECT_EQ(c.readLine(60000).rfind("churned ", 0), 0u);
 }
 

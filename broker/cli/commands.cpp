@@ -1,7 +1,6 @@
 // The verbs of the `cushare` CLI; see commands.h.
 #include "commands.h"
 
-#include <google/protobuf/struct.pb.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -232,11 +231,12 @@ int tenantVars(const Globals& g, const Verb& v, const Args& a, bool shimMustExis
 int envVerb(const Globals& g, const Verb& v, const Args& a) {
   EnvVars vars;
   if (const int rc = tenantVars(g, v, a, false, &vars)) return rc;
-  google::protobuf::Struct json;
-  for (const auto& [key, value] : vars) (*json.mutable_fields())[key].set_string_value(value);
-  return show(g, json, [&] {
-    for (const auto& [key, value] : vars) std::printf("%s=%s\n", key.c_str(), value.c_str());
-  });
+  if (g.json) {
+    printJsonObject(vars);
+    return 0;
+  }
+  for (const auto& [key, value] : vars) std::printf("%s=%s\n", key.c_str(), value.c_str());
+  return 0;
 }
 
 int runCommandVerb(const Globals& g, const Verb& v, const Args& a) {

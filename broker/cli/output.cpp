@@ -131,9 +131,10 @@ bool printJson(const google::protobuf::Message& m, std::string* err) {
   return true;
 }
 
-void printJsonError(const std::string& message) {
-  std::string json = "{\"error\": \"";
-  for (const char c : message) {
+// A JSON string literal: quotes, backslashes and control characters escaped.
+std::string jsonString(const std::string& text) {
+  std::string json = "\"";
+  for (const char c : text) {
     if (c == '"' || c == '\\') {
       json += '\\';
       json += c;
@@ -145,7 +146,18 @@ void printJsonError(const std::string& message) {
       json += c;
     }
   }
-  std::printf("%s\"}\n", json.c_str());
+  return json + "\"";
+}
+
+void printJsonError(const std::string& message) {
+  std::printf("{\"error\": %s}\n", jsonString(message).c_str());
+}
+
+void printJsonObject(const std::vector<std::pair<std::string, std::string>>& fields) {
+  std::string json = "{";
+  for (const auto& [key, value] : fields)
+    json += (json.size() > 1 ? ", " : "") + jsonString(key) + ": " + jsonString(value);
+  std::printf("%s}\n", json.c_str());
 }
 
 }  // namespace cushare::cli

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <google/protobuf/message.h>
 
@@ -18,6 +20,9 @@ void printProcesses(const rpc::ProcessesReply& p);
 bool printJson(const google::protobuf::Message& m, std::string* err);
 // {"error": "..."} on stdout.
 void printJsonError(const std::string& message);
+// {"key": "value", ...} in the order given (the environment of `cushare env --json`). Written
+// here rather than through protobuf's Struct, whose map gains nothing for a flat list.
+void printJsonObject(const std::vector<std::pair<std::string, std::string>>& fields);
 
 // "3d 4h 5m", "4h 5m 6s", "5m 6s", "6s".
 std::string formatDuration(double seconds);

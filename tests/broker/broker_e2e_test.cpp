@@ -630,6 +630,9 @@ TEST(Cli, RunEnvAndTables) {
   EXPECT_NE(env.find("CUSHARE_TENANT=beta\n"), std::string::npos) << env;
   EXPECT_NE(env.find("CUSHARE_THREAD_PERCENTAGE=25\n"), std::string::npos) << env;
   EXPECT_NE(env.find("LD_PRELOAD=" + std::string(SHIM_LIB) + "\n"), std::string::npos) << env;
+  EXPECT_EQ(sh("--json env --tenant beta"), 0);
+  EXPECT_NE(readFile(b.dir() + "/out.txt").find("{\"CUSHARE_TENANT\": \"beta\", "), std::string::npos)
+      << readFile(b.dir() + "/out.txt");
   EXPECT_EQ(sh("set-limit alpha --memory 300MiB"), 0);
   EXPECT_EQ(sh("tenants"), 0);
   const std::string table = readFile(b.dir() + "/out.txt");

@@ -246,9 +246,12 @@ TEST(Reaping, KillStormReturnsQuotaWithin100ms) {
     ASSERT_EQ(usedOn0(b.tenant(name)), expect[i % 2]) << "not returned within 5 s";
   }
   std::sort(latencyMs.begin(), latencyMs.end());
-  const double median = latencyMs[latencyMs.size() / 2], worst = latencyMs.back();
-  std::printf("reaping latency over %d kills: median %.2f ms, worst %.2f ms\n", kProcs, median, worst);
+  const double median = latencyMs[latencyMs.size() / 2], p90 = latencyMs[latencyMs.size() * 9 / 10],
+               worst = latencyMs.back();
+  std::printf("reaping latency over %d kills: median %.2f ms, 90th percentile %.2f ms, worst %.2f ms\n", kProcs,
+              median, p90, worst);
   EXPECT_LT(median, 100.0);
+  EXPECT_LT(p90, 100.0);
   // The worst case on a loaded 2-core CI machine includes scheduling delays; the design bound is
   // one 50 ms tick after the death, which the median shows.
   EXPECT_LT(worst, 500.0);
@@ -642,6 +645,34 @@ TEST(Cli, RunEnvAndTables) {
   EXPECT_EQ(sh("set-limit alpha --memory lots"), 2) << "refused before it is sent";
   EXPECT_EQ(sh("set-limit nosuch --memory 1GiB"), 1) << "refused by the broker";
   EXPECT_EQ(sh("frobnicate"), 2);
+}
+
+// ---- Several devices (this suite runs with SIMGPU_DEVICES=2) ----
+
+TEST(Devices, PerDeviceLimitsAndLiveChangesOfOneDevice) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: {0: 256MiB, 1: 25%}}\n  - {name: beta, memory: 1GiB}\n"))
+      << b.log();
+  ASSERT_EQ(b.status().devices_size(), 2);
+  rpc::Tenant a = b.tenant("alpha");
+  ASSERT_EQ(a.devices_size(), 2);
+  EXPECT_EQ(a.devices(0).limit_bytes(), 256 * MiB);
+  EXPECT_EQ(a.devices(1).limit_bytes(), 1024 * MiB) << "25% of 4 GiB";
+  ASSERT_TRUE(b.setLimit("alpha", "512MiB", 1).ok());
+  a = b.tenant("alpha");
+  EXPECT_EQ(a.devices(0).limit_bytes(), 256 * MiB) << "device 0 untouched";
+  EXPECT_FALSE(a.devices(0).overridden());
+  EXPECT_EQ(a.devices(1).limit_bytes(), 512 * MiB);
+  EXPECT_TRUE(a.devices(1).overridden());
+  const rpc::Response bad = b.setLimit("alpha", "1GiB", 2);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error(), "device 2 does not exist (this host has 2 devices: 0..1)");
+  // The process sees both devices; device 0 is the one the worker uses.
+  Child p = b.tenantProcess("alpha");
+  EXPECT_EQ(p.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(256 * MiB));
+  ASSERT_TRUE(b.setLimit("alpha", "reset", 1).ok());
+  EXPECT_EQ(b.tenant("alpha").devices(1).limit_bytes(), 1024 * MiB);
+  EXPECT_FALSE(b.tenant("alpha").devices(1).overridden());
 }
 
 }  // namespace

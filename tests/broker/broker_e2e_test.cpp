@@ -334,6 +334,31 @@ TEST(Restart, BrokerKilledDuringLoadLosesNothing) {
   EXPECT_TRUE(b.tenant("alpha").devices(0).overridden());
 }
 
+// A damaged ledger found at start is reported for that tenant; the others are managed as usual.
+TEST(Restart, DamagedLedgerIsReportedNotFatal) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  b.stop();
+  {
+    std::fstream f(b.ledgerDir() + "/alpha.ledger", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    f.write("\x07\x00\x00\x00", 4);  // version 7
+  }
+  ASSERT_TRUE(b.startWithFile()) << b.log();
+  const rpc::Tenant alpha = b.tenant("alpha");
+  EXPECT_NE(alpha.error().find("field 'version' is 7, expected 1"), std::string::npos) << alpha.error();
+  EXPECT_EQ(alpha.devices_size(), 0);
+  std::string first;
+  Child refused = b.tenantProcess("alpha", {}, &first);
+  EXPECT_EQ(first, "init-failed 3") << "the shim refuses the damaged ledger too";
+  Child beta = b.tenantProcess("beta");
+  EXPECT_EQ(beta.ask("alloc " + std::to_string(64 * MiB)), "ok");
+  EXPECT_EQ(usedOn0(b.tenant("beta")), 64 * MiB);
+  const rpc::Response r = b.setLimit("alpha", "1GiB");
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("cannot be managed"), std::string::npos) << r.error();
+}
+
 // ---- Live limits ----
 
 TEST(LiveLimits, LowerAndRaiseUnderLoad) {
@@ -394,6 +419,15 @@ TEST(Config, BadConfigurationIsRefusedAtStart) {
   EXPECT_NE(over.log().find("config.yaml:7:23: tenants[1].memory: tenant 'b' brings the memory limits on device 0"),
             std::string::npos)
       << over.log();
+}
+
+TEST(Config, DamagedStateFileIsRefusedAtStart) {
+  Broker b(testDir());
+  std::ofstream(b.dir() + "/broker.state") << "cushare-broker-state 1\nlimit alpha GPU-nope 5\n";
+  EXPECT_FALSE(b.start(kTwoTenants));
+  EXPECT_NE(b.log().find("broker.state:2: 'GPU-nope' is not a GPU UUID (written by the broker; remove the file"),
+            std::string::npos)
+      << b.log();
 }
 
 TEST(Config, RefusedReloadKeepsTheRunningConfiguration) {

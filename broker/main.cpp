@@ -8,6 +8,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -17,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/broker.h"
+#include "core/bus_guard.h"
 #include "core/control_server.h"
 #include "core/devices.h"
 #include "core/log.h"
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
     spdlog::error("{}", err);
     return 1;
   }
+  installBusGuard();  // before any ledger is mapped and before the threads start
   Broker broker(configPath, devices);
   if (checkOnly) {
     if (!broker.check(&err)) {
@@ -116,9 +119,17 @@ int main(int argc, char** argv) {
                broker.metricsHost().empty() ? "off" : "http://" + metrics.address() + "/metrics");
 
   const int sfd = ::signalfd(-1, &sigs, SFD_CLOEXEC);
+  if (sfd < 0) {
+    spdlog::error("cannot receive signals (signalfd): {}", std::strerror(errno));
+    return 1;
+  }
   for (;;) {
     signalfd_siginfo si;
     const ssize_t n = ::read(sfd, &si, sizeof si);
+    if (n < 0 && errno != EINTR) {
+      spdlog::error("cannot receive signals (signalfd): {}", std::strerror(errno));
+      break;
+    }
     if (n != sizeof si) continue;
     if (si.ssi_signo == SIGHUP) {
       std::string why;

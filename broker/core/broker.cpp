@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "core/bus_guard.h"
 #include "core/devices.h"
 #include "core/log.h"
 #include "cushare/host_segment.h"
@@ -20,6 +21,7 @@ namespace cushare::broker {
 namespace {
 
 constexpr char kLedgerSuffix[] = ".ledger";
+constexpr char kRemovedSuffix[] = ".removed";  // a removed tenant's ledger while its processes run
 
 std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -150,7 +152,9 @@ bool Broker::prepareDirectory(const Config& c, std::string* err) {
            "): tenants could replace the ledgers; remove it or give it to the broker's user";
     return false;
   }
-  const mode_t mode = directoryMode(c);
+  // 0711 until the host segment is written (start() then opens it to unknown tenants if
+  // configured): a tenant must never be able to plant a host segment of its own.
+  const mode_t mode = 0711;
   if ((st.st_mode & 07777) != mode && ::chmod(dir.c_str(), mode) != 0) {
     *err = sysErr("cannot set the mode of ledger_dir " + dir);
     return false;
@@ -159,16 +163,17 @@ bool Broker::prepareDirectory(const Config& c, std::string* err) {
 }
 
 void Broker::openLedgerLocked(TenantState* t) {
-  const std::string path = ledgerDir_ + "/" + t->name + kLedgerSuffix;
-  const uid_t wantUid = t->config.uid ? *t->config.uid : ::geteuid();
+  const std::string name = t->name + kLedgerSuffix;
+  const std::string path = ledgerDir_ + "/" + name, removed = path + kRemovedSuffix;
   struct stat st;
-  if (::lstat(path.c_str(), &st) == 0 &&
-      (st.st_uid != wantUid || (t->config.gid && st.st_gid != *t->config.gid) || !S_ISREG(st.st_mode))) {
-    // Not the file the broker would have made (another user made it first, or the tenant's uid
-    // changed): its users keep the old file, new processes get a ledger the tenant owns.
-    CUSHARE_BLOG(warn, "tenant {}: {} belongs to uid {} gid {}, expected uid {}{}: replacing it", t->name, path,
-                 st.st_uid, st.st_gid, wantUid, t->config.gid ? " gid " + std::to_string(*t->config.gid) : "");
+  const bool exists = ::lstat(path.c_str(), &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) {
+    // A link or anything else planted under a ledger's name: never follow or reuse it.
+    CUSHARE_BLOG(warn, "tenant {}: {} is not a regular file: removing it", t->name, path);
     ::unlink(path.c_str());
+  } else if (!exists && ::lstat(removed.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    // A tenant removed earlier is configured again: its running processes' ledger comes back.
+    ::rename(removed.c_str(), path.c_str());
   }
   LedgerOpenOptions o;
   o.createDir = false;
@@ -178,43 +183,72 @@ void Broker::openLedgerLocked(TenantState* t) {
   o.mode = t->config.gid ? 0660 : 0600;
   std::string err;
   t->ledger = Ledger::open(ledgerDir_, t->name, o, &err);
-  if (!t->ledger) {
-    t->error = err;
-    CUSHARE_BLOG(error, "tenant {}: {}", t->name, err);
-    return;
-  }
-  ::chmod(path.c_str(), o.mode);  // an existing file keeps its owner; the mode is ours to set
+  t->fileName = name;
+  if (!t->ledger) noteError(t, err);
 }
 
+// Gives a configured tenant's ledger the owner and mode of the configuration, through the broker's
+// own descriptor. A file someone else created first (another user, with unknown tenants admitted)
+// or that belonged to the tenant's former uid is taken over, not replaced: processes that had it
+// open stay in the tenant's accounting instead of getting a second budget.
+void Broker::ownLocked(TenantState* t) {
+  if (!t->ledger) return;
+  const int uid = t->config.uid ? static_cast<int>(*t->config.uid) : static_cast<int>(::geteuid());
+  const int gid = t->config.gid ? static_cast<int>(*t->config.gid) : -1;
+  bool changed = false;
+  std::string err;
+  if (!t->ledger->setOwner(uid, gid, t->config.gid ? 0660 : 0600, &changed, &err)) {
+    t->ledger.reset();
+    noteError(t, err);
+    return;
+  }
+  if (changed)
+    CUSHARE_BLOG(warn, "tenant {}: {} given to uid {}{} (it had another owner or mode)", t->name,
+                 t->ledger->path(), uid, gid >= 0 ? " gid " + std::to_string(gid) : "");
+}
+
+void Broker::noteError(TenantState* t, const std::string& err) {
+  if (t->error != err) CUSHARE_BLOG(error, "tenant {}: {}", t->name, err);
+  t->error = err;
+}
 // Makes sure every device has its entry and the limit the broker expects there. A limit someone
 // else wrote (a tenant can write its own ledger) is put back, with a warning.
 void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   if (!t->ledger) return;
-  t->entry.resize(devices_.size(), -1);
-  for (size_t d = 0; d < devices_.size(); ++d) {
-    const uint64_t want = expectedLocked(*t, d);
-    if (t->entry[d] < 0) {
+  t->entry.assign(devices_.size(), -1);
+  const bool ok = guarded([&] {
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      const uint64_t want = expectedLocked(*t, d);
+      // Looked up each time, not cached: a tenant may rewrite its entries (the UUID included).
       uint8_t uuid[16];
       parseGpuUuid(devices_[d].uuid, uuid);
       std::string err;
       t->entry[d] = t->ledger->deviceIndex(uuid, want, &err);
       if (t->entry[d] < 0) {
-        t->error = err;
-        CUSHARE_BLOG(error, "tenant {}: {}", t->name, err);
+        noteError(t, err);
         return;
       }
+      const uint64_t have = t->ledger->limit(t->entry[d]);
+      if (have == want) continue;
+      t->ledger->setLimit(t->entry[d], want);
+      if (watchdog)
+        CUSHARE_BLOG(warn, "tenant {} device {}: the limit in its ledger was changed to {} outside the broker; restored to {}",
+                     t->name, d, describeLimit(have), describeLimit(want));
+      else
+        CUSHARE_BLOG(info, "tenant {} device {}: limit {} (was {})", t->name, d, describeLimit(want), describeLimit(have));
     }
-    const uint64_t have = t->ledger->limit(t->entry[d]);
-    if (have == want) continue;
-    t->ledger->setLimit(t->entry[d], want);
-    if (watchdog)
-      CUSHARE_BLOG(warn, "tenant {} device {}: the limit in its ledger was changed to {} outside the broker; restored to {}",
-                   t->name, d, describeLimit(have), describeLimit(want));
-    else
-      CUSHARE_BLOG(info, "tenant {} device {}: limit {} (was {})", t->name, d, describeLimit(want), describeLimit(have));
-  }
+  });
+  if (!ok) faultLocked(t);
 }
 
+// A ledger whose mapping faulted (its file was truncated): drop the mapping; the next scan opens
+// the file again (and refuses it, or finds it re-initialised, like any ledger).
+void Broker::faultLocked(TenantState* t) {
+  t->ledger.reset();
+  t->entry.clear();
+  noteError(t, "its ledger " + ledgerDir_ + "/" + t->fileName +
+                   " became unreadable (truncated by a process of the tenant?); it is opened again at the next scan");
+}
 bool Broker::writeHostLocked(std::string* err) {
   HostInfo h;
   h.brokerPid = static_cast<uint32_t>(::getpid());
@@ -231,10 +265,12 @@ bool Broker::writeHostLocked(std::string* err) {
   return writeHostSegment(ledgerDir_, h, err);
 }
 
-void Broker::adoptLocked(const std::string& name) {
+void Broker::adoptLocked(const std::string& name, const std::string& fileName) {
   auto t = std::make_unique<TenantState>();
   t->name = name;
-  const bool admitted = !config_.unknownTenantsProfile.empty();
+  t->fileName = fileName;
+  const bool removedFile = fileName != name + kLedgerSuffix;
+  const bool admitted = !config_.unknownTenantsProfile.empty() && !removedFile;
   t->source = admitted ? "unknown-tenant" : "removed";
   t->configured = admitted ? unknownLimits_ : std::vector<uint64_t>(devices_.size(), kNoLimit);
   if (admitted) t->config = unknownTenantConfig(config_, name);
@@ -242,29 +278,34 @@ void Broker::adoptLocked(const std::string& name) {
   o.createDir = false;
   o.createFile = false;
   o.claimSlot = false;
+  o.fileName = fileName;
   std::string err;
   t->ledger = Ledger::open(ledgerDir_, name, o, &err);
   if (!t->ledger) {
-    t->error = err;
-    CUSHARE_BLOG(error, "ledger of unknown tenant {}: {}", name, err);
-  } else if (admitted) {
+    // Not retried until the file changes name or the broker restarts: logged once.
+    if (adoptErrors_[fileName] != err) CUSHARE_BLOG(error, "ledger {}: {}", fileName, err);
+    adoptErrors_[fileName] = err;
+    return;
+  }
+  adoptErrors_.erase(fileName);
+  if (admitted) {
     CUSHARE_BLOG(info, "tenant {}: adopted (unknown tenant, profile {})", name, config_.unknownTenantsProfile);
     applyLimitsLocked(t.get());
-  } else {
+  } else if (!removedFile) {
     retireLocked(t.get());
   }
   tenants_[name] = std::move(t);
 }
-
 void Broker::retireLocked(TenantState* t) {
   if (t->source != "removed")
     CUSHARE_BLOG(info, "tenant {}: removed; its running processes keep their ledger until they exit", t->name);
   t->source = "removed";
+  // Renamed, not unlinked: new processes are refused (no file by the tenant's name), and if the
+  // tenant is configured again the same file, with its running processes, comes back.
   const std::string path = ledgerDir_ + "/" + t->name + kLedgerSuffix;
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) ::unlink(path.c_str());  // new processes are refused now
+  if (t->fileName == t->name + kLedgerSuffix && ::rename(path.c_str(), (path + kRemovedSuffix).c_str()) == 0)
+    t->fileName += kRemovedSuffix;
 }
-
 // Reads and checks the configuration file: everything start, check and reload need before they
 // may change anything.
 bool Broker::prepare(Prepared* out, std::string* err) const {
@@ -318,11 +359,16 @@ bool Broker::start(std::string* err) {
     ts->config = t;
     ts->configured = configured[t.name];
     openLedgerLocked(ts.get());
+    ownLocked(ts.get());
     applyLimitsLocked(ts.get());
     tenants_[t.name] = std::move(ts);
   }
   tickLocked(true);  // adopts (or retires) the ledgers of tenants not in the configuration
   if (!writeHostLocked(err)) return false;
+  if (::chmod(ledgerDir_.c_str(), directoryMode(c)) != 0) {
+    *err = sysErr("cannot set the mode of ledger_dir " + ledgerDir_);
+    return false;
+  }
   CUSHARE_BLOG(info, "started: {} tenants, {} devices, ledger_dir {}, generation {}", c.tenants.size(),
                devices_.size(), ledgerDir_, generation_);
   return true;
@@ -390,15 +436,21 @@ bool Broker::reload(std::string* err) {
   }
   for (const Tenant& ct : c.tenants) {
     auto& slot = tenants_[ct.name];
-    // A ledger the broker did not make (an unknown tenant's) is checked and replaced if it is not
-    // owned as configured, like at start.
-    const bool fresh = !slot || slot->source != "config" || !slot->ledger;
-    if (fresh) slot = std::make_unique<TenantState>();
+    if (!slot) slot = std::make_unique<TenantState>();
     slot->name = ct.name;
-    slot->source = "config";
     slot->config = ct;
     slot->configured = configured.at(ct.name);
-    if (fresh) openLedgerLocked(slot.get());
+    // An unknown tenant's ledger, or a removed tenant's, is kept (with its running processes) and
+    // taken over; a removed one gets its name back.
+    const std::string path = ledgerDir_ + "/" + ct.name + kLedgerSuffix;
+    if (slot->ledger && slot->fileName != ct.name + kLedgerSuffix &&
+        ::rename((ledgerDir_ + "/" + slot->fileName).c_str(), path.c_str()) == 0)
+      slot->fileName = ct.name + kLedgerSuffix;
+    if (slot->ledger && slot->fileName != ct.name + kLedgerSuffix) slot->ledger.reset();  // not renamed back
+    slot->source = "config";
+    if (!slot->ledger) openLedgerLocked(slot.get());
+    ownLocked(slot.get());
+    if (slot->ledger) slot->error.clear();
     applyLimitsLocked(slot.get());
   }
   if (!writeHostLocked(&why)) CUSHARE_BLOG(error, "{}", why);
@@ -485,43 +537,54 @@ bool Broker::isAdmin(const Peer& p) const {
   return p.gid == *adminGid_ || std::find(p.groups.begin(), p.groups.end(), *adminGid_) != p.groups.end();
 }
 
-TenantSnapshot Broker::tenantSnapshotLocked(const TenantState& t) const {
+TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
+  const TenantState& t = *tp;
   TenantSnapshot s;
   s.name = t.name;
   s.profile = t.config.profile;
   s.source = t.source;
   s.threadPercentage = t.config.threadPercentage;
   s.priority = t.config.priority;
-  s.ledgerPath = ledgerDir_ + "/" + t.name + kLedgerSuffix;
-  s.error = t.error;
-  if (!t.ledger) return s;
+  s.ledgerPath = ledgerDir_ + "/" + t.fileName;
+  if (!t.ledger) {
+    s.error = t.error;
+    return s;
+  }
   const auto ov = overrides_.find(t.name);
-  for (size_t d = 0; d < devices_.size() && d < t.entry.size(); ++d) {
-    const int e = t.entry[d];
-    if (e < 0) continue;
-    TenantDeviceSnapshot td;
-    td.device = static_cast<int>(d);
-    td.uuid = devices_[d].uuid;
-    td.used = t.ledger->used(e);
-    td.limit = t.ledger->limit(e);
-    td.peak = t.ledger->peak(e);
-    td.denied = t.ledger->denied(e);
-    td.overridden = ov != overrides_.end() && ov->second.count(devices_[d].uuid) != 0;
-    s.devices.push_back(td);
+  const bool ok = guarded([&] {
+    for (size_t d = 0; d < devices_.size() && d < t.entry.size(); ++d) {
+      const int e = t.entry[d];
+      if (e < 0) continue;
+      TenantDeviceSnapshot td;
+      td.device = static_cast<int>(d);
+      td.uuid = devices_[d].uuid;
+      td.used = t.ledger->used(e);
+      td.limit = t.ledger->limit(e);
+      td.peak = t.ledger->peak(e);
+      td.denied = t.ledger->denied(e);
+      td.overridden = ov != overrides_.end() && ov->second.count(devices_[d].uuid) != 0;
+      s.devices.push_back(td);
+    }
+    for (const Ledger::SlotUsage& u : t.ledger->slots()) {
+      if (u.pid == 0) continue;
+      ProcessSnapshot p;
+      p.pid = u.pid;
+      p.used.assign(devices_.size(), 0);
+      for (size_t d = 0; d < devices_.size() && d < t.entry.size(); ++d)
+        if (t.entry[d] >= 0) p.used[d] = u.used[t.entry[d]];
+      s.processes.push_back(std::move(p));
+    }
+  });
+  if (!ok) {
+    faultLocked(tp);
+    s.devices.clear();
+    s.processes.clear();
   }
-  for (const Ledger::SlotUsage& u : t.ledger->slots()) {
-    if (u.pid == 0) continue;
-    ProcessSnapshot p;
-    p.pid = u.pid;
-    p.used.assign(devices_.size(), 0);
-    for (size_t d = 0; d < devices_.size() && d < t.entry.size(); ++d)
-      if (t.entry[d] >= 0) p.used[d] = u.used[t.entry[d]];
-    s.processes.push_back(std::move(p));
-  }
+  s.error = t.error;
   return s;
 }
 
-BrokerSnapshot Broker::snapshot() const {
+BrokerSnapshot Broker::snapshot() {
   std::lock_guard<std::mutex> g(mu_);
   BrokerSnapshot s;
   s.version = CUSHARE_VERSION;
@@ -536,8 +599,8 @@ BrokerSnapshot Broker::snapshot() const {
   s.reapedProcesses = reaped_;
   s.reloadsRefused = reloadsRefused_;
   for (const DeviceInfo& d : devices_) s.devices.push_back({d.ordinal, d.uuid, d.totalBytes, 0});
-  auto add = [&](const TenantState& t) {
-    TenantSnapshot ts = tenantSnapshotLocked(t);
+  auto add = [&](TenantState& t) {
+    TenantSnapshot ts = tenantSnapshotLocked(&t);
     for (const TenantDeviceSnapshot& td : ts.devices) s.devices[static_cast<size_t>(td.device)].used += td.used;
     s.tenants.push_back(std::move(ts));
   };
@@ -557,24 +620,44 @@ int Broker::tickLocked(bool scanDirectory) {
   int reaped = 0;
   for (auto it = tenants_.begin(); it != tenants_.end();) {
     TenantState& t = *it->second;
-    if (t.ledger) reaped += t.ledger->reapDead();
-    if (t.source == "removed" && (!t.ledger || t.ledger->slots().empty())) {
-      CUSHARE_BLOG(info, "tenant {}: removed, last process gone", t.name);
+    if (!t.ledger && t.source == "config" && scanDirectory) {
+      openLedgerLocked(&t);  // a ledger that failed before (damaged, locked, truncated): again
+      ownLocked(&t);
+      if (t.ledger) {
+        CUSHARE_BLOG(info, "tenant {}: ledger {} is usable again", t.name, t.ledger->path());
+        t.error.clear();
+      }
+    }
+    bool empty = false;
+    if (t.ledger && !guarded([&] {
+          reaped += t.ledger->reapDead();
+          empty = t.ledger->slots().empty();
+        }))
+      faultLocked(&t);
+    if (t.source != "config" && (!t.ledger || (t.source == "removed" && empty))) {
+      // Gone with its last process, or unusable: forget it (a scan adopts what is still there).
+      if (t.source == "removed" && t.ledger) {
+        CUSHARE_BLOG(info, "tenant {}: removed, last process gone", t.name);
+        if (t.fileName != t.name + kLedgerSuffix) ::unlink((ledgerDir_ + "/" + t.fileName).c_str());
+      }
       it = tenants_.erase(it);
       continue;
     }
-    if (t.source != "removed" && t.error.empty()) applyLimitsLocked(&t, /*watchdog=*/true);
+    applyLimitsLocked(&t, /*watchdog=*/true);  // removed tenants too: their processes still run
     ++it;
   }
   if (scanDirectory) {
     if (DIR* d = ::opendir(ledgerDir_.c_str())) {
       while (const dirent* e = ::readdir(d)) {
-        std::string name = e->d_name;
-        const size_t n = sizeof(kLedgerSuffix) - 1;
-        if (name.size() <= n || name.compare(name.size() - n, n, kLedgerSuffix) != 0) continue;
-        name.resize(name.size() - n);
+        const std::string file = e->d_name;
+        std::string name = file;
+        for (const char* suffix : {kRemovedSuffix, kLedgerSuffix}) {
+          const size_t n = std::strlen(suffix);
+          if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0) name.resize(name.size() - n);
+        }
+        if (name == file || name + kRemovedSuffix == file) continue;  // not <name>.ledger[.removed]
         if (tenants_.count(name) || !Ledger::validTenantName(name, nullptr)) continue;
-        adoptLocked(name);
+        adoptLocked(name, file);
       }
       ::closedir(d);
     }
@@ -584,13 +667,19 @@ int Broker::tickLocked(bool scanDirectory) {
   return reaped;
 }
 
-std::vector<int> Broker::pids() const {
+std::vector<int> Broker::pids() {
   std::lock_guard<std::mutex> g(mu_);
   std::vector<int> out;
-  for (const auto& [name, t] : tenants_)
-    if (t->ledger)
-      for (const Ledger::SlotUsage& u : t->ledger->slots())
-        if (u.pid > 0) out.push_back(u.pid);
+  for (auto& [name, t] : tenants_) {
+    if (!t->ledger) continue;
+    std::vector<Ledger::SlotUsage> slots;
+    if (!guarded([&] { slots = t->ledger->slots(); })) {
+      faultLocked(t.get());
+      continue;
+    }
+    for (const Ledger::SlotUsage& u : slots)
+      if (u.pid > 0) out.push_back(u.pid);
+  }
   return out;
 }
 

@@ -67,14 +67,15 @@ class Broker {
   // admin_group.
   bool isAdmin(const Peer& p) const;
 
-  BrokerSnapshot snapshot() const;
+  // Not const: a ledger found unreadable while reading it is dropped (see faultLocked).
+  BrokerSnapshot snapshot();
 
   // Housekeeping, from the reaper: returns dead processes' usage, adopts ledgers that appeared in
   // the directory, restores tampered limits, drops removed tenants with no process left. Returns
   // the number of processes reaped.
   int tick(bool scanDirectory);
   // The pids in every ledger's slots, for the reaper's pidfds.
-  std::vector<int> pids() const;
+  std::vector<int> pids();
 
   void setMetricsAddress(std::string a);
   const std::string& ledgerDir() const { return ledgerDir_; }
@@ -89,7 +90,8 @@ class Broker {
     Tenant config;       // the configured tenant, or the profile's fields for an unknown one
     std::vector<uint64_t> configured;  // per device: the configured limit (kNoLimit: none)
     std::unique_ptr<Ledger> ledger;
-    std::vector<int> entry;  // per device: the ledger's device entry
+    std::string fileName;    // in ledger_dir: "<name>.ledger", or "<name>.ledger.removed"
+    std::vector<int> entry;  // per device: the ledger's device entry (refreshed every tick)
     std::string error;
   };
 
@@ -111,12 +113,15 @@ class Broker {
       const Overrides& o) const;
   uint64_t expectedLocked(const TenantState& t, size_t device) const;
   void openLedgerLocked(TenantState* t);
+  void ownLocked(TenantState* t);
+  void noteError(TenantState* t, const std::string& err);
+  void faultLocked(TenantState* t);
   // watchdog: a difference is someone else's change (logged as a warning), not the broker's.
   void applyLimitsLocked(TenantState* t, bool watchdog = false);
   bool writeHostLocked(std::string* err);
-  void adoptLocked(const std::string& tenant);
+  void adoptLocked(const std::string& tenant, const std::string& fileName);
   void retireLocked(TenantState* t);
-  TenantSnapshot tenantSnapshotLocked(const TenantState& t) const;
+  TenantSnapshot tenantSnapshotLocked(TenantState* t);
   int tickLocked(bool scanDirectory);
 
   const std::string configPath_;
@@ -132,6 +137,7 @@ class Broker {
   Overrides overrides_;
   std::map<std::string, std::unique_ptr<TenantState>> tenants_;  // by name
   std::vector<uint64_t> unknownLimits_;                          // per device
+  std::map<std::string, std::string> adoptErrors_;  // file -> why it could not be adopted (logged once)
   std::string metricsAddress_;
   uint64_t reaped_ = 0;
   uint64_t reloadsRefused_ = 0;

@@ -86,8 +86,12 @@ void Reaper::refreshPidfds() {
     ::close(it->second);  // also leaves the epoll set
     it = pidfds_.erase(it);
   }
+  // A pid that has exited but is still in a slot (a zombie nobody waited for, or a pid a process
+  // wrote into its slot) is not watched again: its pidfd would be readable at once, forever. The
+  // periodic tick covers it.
+  for (auto it = exited_.begin(); it != exited_.end();) it = live.count(*it) ? std::next(it) : exited_.erase(it);
   for (int pid : live) {
-    if (pidfds_.count(pid)) continue;
+    if (pidfds_.count(pid) || exited_.count(pid)) continue;
     const int fd = pidfdOpen(pid);
     if (fd < 0) continue;  // gone already (the next tick reaps it) or not in our pid namespace
     pidfds_[pid] = fd;
@@ -123,6 +127,7 @@ void Reaper::run() {
         tick = true;  // a pidfd: that process has exited (its OFD locks are gone already)
         for (auto it = pidfds_.begin(); it != pidfds_.end(); ++it) {
           if (it->second != fd) continue;
+          exited_.insert(it->first);
           ::close(fd);
           pidfds_.erase(it);
           break;

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -32,6 +33,7 @@ class Reaper {
   const std::chrono::milliseconds period_;
   int epoll_ = -1, timer_ = -1, inotify_ = -1, stop_ = -1;
   std::map<int, int> pidfds_;  // pid -> pidfd
+  std::set<int> exited_;       // pids whose exit was seen while they were still in a slot
   std::thread thread_;
 };
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "cushare/ledger.h"
@@ -70,8 +71,17 @@ int readHostSegment(const std::string& dir, HostInfo* out, std::string* err) {
     return -1;
   }
   HostSegmentLayout h{};
-  struct stat st;
+  struct stat st, dirSt;
   ssize_t n = -1;
+  if (::fstat(fd, &st) == 0 && ::stat(dir.c_str(), &dirSt) == 0 &&
+      (st.st_uid != dirSt.st_uid || (st.st_mode & 022) != 0)) {
+    // Only the directory's owner (the broker) may speak for the host.
+    ::close(fd);
+    *err = "the broker's host segment " + path + " belongs to uid " + std::to_string(st.st_uid) +
+           " or is writable by others, but the directory belongs to uid " + std::to_string(dirSt.st_uid) +
+           ": refused";
+    return -1;
+  }
   if (::fstat(fd, &st) == 0) {
     do n = ::pread(fd, &h, sizeof h, 0);
     while (n < 0 && errno == EINTR);
@@ -134,11 +144,12 @@ bool writeHostSegment(const std::string& dir, const HostInfo& info, std::string*
     h.devices[i].unknown_limit = info.devices[i].unknownLimit;
   }
   const std::string path = dir + "/" + kHostSegmentName;
-  const std::string tmp = path + ".tmp";
-  ::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // An unpredictable temporary name (mkostemp: O_EXCL, never follows a link): the directory may
+  // be writable by tenants, who must not be able to block or redirect the write.
+  std::string tmp = path + ".XXXXXX";
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) {
-    *err = sysErr("cannot create " + tmp);
+    *err = sysErr("cannot create a temporary file beside " + path);
     return false;
   }
   const bool ok = ::fchmod(fd, 0644) == 0 && writeAll(fd, &h, sizeof h) && ::fsync(fd) == 0;

@@ -59,8 +59,8 @@ constexpr int kTransientRetries = 3;
 std::string errnoText(const std::string& what, int err) {
   std::string s = what + ": " + std::strerror(err);
   if (err == EACCES || err == EPERM)
-    s += " (a ledger belongs to its tenant's user: the directory is mode 0700, the file 0600; run "
-         "the process as that user or let the broker create the ledger)";
+    s += " (a ledger belongs to its tenant's user or group: run the process as that user, or, "
+         "with a broker, as the uid/gid its configuration gives the tenant)";
   return s;
 }
 
@@ -82,6 +82,18 @@ int flockRetry(int fd, int op) noexcept {
   do r = ::flock(fd, op);
   while (r != 0 && errno == EINTR);
   return r;
+}
+
+// The exclusive flock of the init path. A tenant process holds it for microseconds; an observer
+// (the broker, which serves every tenant) must never wait on it without bound, since a hostile
+// process of a tenant could hold it forever: it gives up after about 100 ms (EWOULDBLOCK).
+int flockExclusive(int fd, bool bounded) noexcept {
+  if (!bounded) return flockRetry(fd, LOCK_EX);
+  for (int i = 0;; ++i) {
+    if (flockRetry(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    if (errno != EWOULDBLOCK || i == 100) return -1;
+    ::usleep(1000);
+  }
 }
 
 // 1: we hold slot's lock now (through fd's open file description); 0: another description holds
@@ -234,7 +246,7 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
     return nullptr;
   }
   if (options.createDir && !makeDirs(dir, err)) return nullptr;
-  const std::string path = dir + "/" + tenant + ".ledger";
+  const std::string path = dir + "/" + (options.fileName.empty() ? tenant + ".ledger" : options.fileName);
 
   // O_NOFOLLOW: the directory may be shared; never follow a link planted in it.
   int fd = -1;
@@ -269,7 +281,7 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
 
   // Creation and validation are serialised by flock on the file (init path only). Whoever holds
   // it first initialises; every later opener validates the finished header under the same lock.
-  if (flockRetry(fd, LOCK_EX) != 0)
+  if (flockExclusive(fd, !options.claimSlot) != 0)
     return fail(errnoText("cannot flock ledger " + path, errno), nullptr);
   struct stat st;
   if (::fstat(fd, &st) != 0) return fail(errnoText("cannot stat ledger " + path, errno), nullptr);
@@ -289,10 +301,12 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
   const bool empty = bytes == 0;
   const bool unfinished =
       bytes == kLedgerFileSize && fieldAt<uint64_t>(raw, offsetof(LedgerHeader, magic)) == 0;
-  if (empty) {
-    if (::ftruncate(fd, kLedgerFileSize) != 0)
-      return fail(errnoText("cannot size ledger " + path, errno), nullptr);
-  } else if (!unfinished) {
+  if (empty || unfinished) {
+    // Allocated, not only sized: on a full tmpfs a sparse file would fault (SIGBUS) at the first
+    // write through the mapping; this fails here, with ENOSPC, instead.
+    if (const int e = ::posix_fallocate(fd, 0, kLedgerFileSize); e != 0)
+      return fail(errnoText("cannot allocate ledger " + path, e), nullptr);
+  } else {
     if (std::string why = checkHeader(raw, bytes, tenant); !why.empty())
       return fail("ledger " + path + ": " + why +
                       " (written by another cushare version, or damaged; remove it when no "
@@ -515,7 +529,7 @@ int Ledger::deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string
   lockLocal();
   int result = -1;
   if (observer_ ? ensureFdLocked(err) : ensureSlotLocked(err) >= 0) {
-    if (flockRetry(fd_, LOCK_EX) != 0) {
+    if (flockExclusive(fd_, observer_) != 0) {
       if (err) *err = errnoText("cannot flock ledger " + path_, errno);
     } else {
       result = find();  // another process may have added it meanwhile
@@ -688,6 +702,37 @@ bool Ledger::deviceUuid(int dev, uint8_t uuid[16]) const noexcept {
   const LedgerDevice& e = hdr_->devices[dev];
   if (e.state.load(std::memory_order_acquire) != kLedgerDeviceReady) return false;
   std::memcpy(uuid, e.uuid, sizeof(e.uuid));
+  return true;
+}
+
+bool Ledger::setOwner(int uid, int gid, unsigned mode, bool* changed, std::string* err) noexcept {
+  *changed = false;
+  lockLocal();
+  const bool haveFd = ensureFdLocked(err);
+  struct stat st;
+  const bool ok = haveFd && ::fstat(fd_, &st) == 0;
+  unlockLocal();
+  if (!ok) {
+    if (haveFd) *err = errnoText("cannot stat ledger " + path_, errno);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    *err = "ledger " + path_ + " is not a regular file with one link (" + std::to_string(st.st_nlink) +
+           " links): refused";
+    return false;
+  }
+  const bool ownerDiffers = (uid >= 0 && st.st_uid != static_cast<uid_t>(uid)) ||
+                            (gid >= 0 && st.st_gid != static_cast<gid_t>(gid));
+  if (ownerDiffers && ::fchown(fd_, uid >= 0 ? static_cast<uid_t>(uid) : uid_t(-1),
+                               gid >= 0 ? static_cast<gid_t>(gid) : gid_t(-1)) != 0) {
+    *err = errnoText("cannot give ledger " + path_ + " to its tenant's user", errno);
+    return false;
+  }
+  if ((st.st_mode & 07777) != (mode & 07777) && ::fchmod(fd_, mode & 07777) != 0) {
+    *err = errnoText("cannot set the mode of ledger " + path_, errno);
+    return false;
+  }
+  *changed = ownerDiffers || (st.st_mode & 07777) != (mode & 07777);
   return true;
 }
 

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <grp.h>
 #include <unistd.h>
 
@@ -461,6 +462,27 @@ TEST(Config, SighupReloads) {
   EXPECT_EQ(limitOn0(b.tenant("alpha")), 300 * MiB);
 }
 
+// Removing a tenant and adding it back, with a process running throughout: the same ledger comes
+// back, so the running process still counts against the tenant (no second budget).
+TEST(Config, ReAddedTenantKeepsItsRunningProcesses) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  Child holder = b.tenantProcess("beta");
+  ASSERT_EQ(holder.ask("alloc " + std::to_string(256 * MiB)), "ok");
+  writeConfig(b, "tenants:\n  - {name: alpha, memory: 512MiB}\n");
+  ASSERT_TRUE(b.reload().ok());
+  EXPECT_EQ(b.tenant("beta").source(), "removed");
+  writeConfig(b, kTwoTenants);
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  const rpc::Tenant beta = b.tenant("beta");
+  EXPECT_EQ(beta.source(), "config");
+  EXPECT_EQ(usedOn0(beta), 256 * MiB);
+  EXPECT_EQ(beta.processes(), 1u);
+  Child late = b.tenantProcess("beta");
+  EXPECT_EQ(late.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(768 * MiB))
+      << "1 GiB in all, the running process's 256 MiB included";
+}
+
 TEST(Config, ReloadCannotMoveTheLedgers) {
   Broker b(testDir());
   ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
@@ -580,6 +602,39 @@ TEST(Security, ALimitRewrittenInTheLedgerIsRestored) {
   EXPECT_EQ(ledger->limit(0), 512 * MiB);
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
   EXPECT_NE(b.log().find("tenant alpha device 0: the limit in its ledger was changed to 4 GiB outside the broker; restored to 512 MiB"), std::string::npos) << b.log();
+}
+
+// A process that holds the init lock of a ledger forever, or truncates a ledger under the broker's
+// mapping, must not freeze or kill the broker.
+TEST(Security, LockedOrTruncatedLedgersDoNotStopTheBroker) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                      "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
+      << b.log();
+  // An "unknown tenant" ledger whose flock is held: adoption gives up, everything else goes on.
+  // (Locked before it appears in the directory, so the broker's first look already finds it locked.)
+  const std::string staged = b.dir() + "/x.staged", x = b.ledgerDir() + "/x.ledger";
+  const int fd = ::open(staged.c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  ASSERT_EQ(::rename(staged.c_str(), x.c_str()), 0);
+  std::this_thread::sleep_for(milliseconds(300));
+  const auto t0 = Clock::now();
+  EXPECT_EQ(b.status().tenants(), 1u);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(1)) << "the broker must not wait on a tenant's lock";
+  ::close(fd);
+  // alpha's ledger truncated under the broker's mapping: no SIGBUS death; the ledger is reopened.
+  Child alpha = b.tenantProcess("alpha");
+  ASSERT_EQ(alpha.ask("alloc " + std::to_string(64 * MiB)), "ok");
+  ASSERT_EQ(::truncate((b.ledgerDir() + "/alpha.ledger").c_str(), 0), 0);
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(b.tenant("alpha").name(), "alpha") << "still answering";
+  const auto start = Clock::now();
+  while (limitOn0(b.tenant("alpha")) != 512 * MiB && Clock::now() - start < std::chrono::seconds(5))
+    std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_EQ(limitOn0(b.tenant("alpha")), 512 * MiB) << b.log();
+  EXPECT_NE(b.log().find("became unreadable"), std::string::npos) << b.log();
+  EXPECT_NE(b.log().find("is usable again"), std::string::npos) << b.log();
 }
 
 // Every malformed message of the corpus gets an error answer (or a closed connection), never a

@@ -96,6 +96,25 @@ TEST(HostSegment, EveryDamagedFieldIsRefusedByName) {
   EXPECT_NE(err.find("file_size"), std::string::npos) << err;
 }
 
+// Only the directory's owner (the broker) may speak for the host: a segment planted by anyone else,
+// or one others could rewrite, is refused.
+TEST(HostSegment, RefusedUnlessOwnedByTheDirectorysOwner) {
+  const std::string dir = freshDir("owner");
+  std::string err;
+  ASSERT_TRUE(writeHostSegment(dir, sample(), &err)) << err;
+  const std::string path = dir + "/host.segment";
+  HostInfo got;
+  ASSERT_EQ(::chmod(path.c_str(), 0666), 0);
+  EXPECT_EQ(readHostSegment(dir, &got, &err), -1);
+  EXPECT_NE(err.find("writable by others"), std::string::npos) << err;
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(path.c_str(), 1000, 1000), 0);
+    EXPECT_EQ(readHostSegment(dir, &got, &err), -1);
+    EXPECT_NE(err.find("belongs to uid 1000"), std::string::npos) << err;
+  }
+}
+
 TEST(Overrides, RoundTripAndDamage) {
   const std::string dir = freshDir("overrides");
   const std::string path = dir + "/state";

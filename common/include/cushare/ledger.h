@@ -41,6 +41,9 @@ struct LedgerOpenOptions {
   int ownerUid = -1;
   int ownerGid = -1;
   unsigned mode = 0600;
+  // The file's name in the directory; empty: "<tenant>.ledger". The broker keeps a removed
+  // tenant's ledger under another name while its processes run.
+  std::string fileName;
 };
 
 class Ledger {
@@ -100,6 +103,11 @@ class Ledger {
   int findDevice(const uint8_t uuid[16]) const noexcept;
   // The UUID of entry dev, if it is in use.
   bool deviceUuid(int dev, uint8_t uuid[16]) const noexcept;
+
+  // Gives the file this owner, group (-1: leave) and mode, through this process's own descriptor
+  // (never by path: the directory may be writable by tenants). Refuses a file that is not a
+  // regular file with exactly one link. *changed tells whether anything was different.
+  bool setOwner(int uid, int gid, unsigned mode, bool* changed, std::string* err) noexcept;
 
   const std::string& path() const { return path_; }
   // This process's slot, or -1 in a forked child that has not used the ledger yet.

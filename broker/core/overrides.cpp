@@ -13,6 +13,7 @@
 #include "core/devices.h"
 #include "cushare/ledger.h"
 #include "cushare/parse.h"
+#include "cushare/shim_config.h"
 
 namespace cushare::broker {
 namespace {
@@ -55,6 +56,7 @@ bool loadOverrides(const std::string& path, Overrides* out, std::string* err) {
     if (!Ledger::validTenantName(tenant, &why)) return bad(why);
     uint8_t raw[16];
     if (!parseGpuUuid(uuid, raw)) return bad("'" + printable(uuid, 64) + "' is not a GPU UUID");
+    uuid = formatGpuUuid(raw);  // the one spelling the broker compares (a hand edit may differ)
     int64_t v = 0;
     if (!parseInt(bytes, 0, INT64_MAX, &v, &why)) return bad("bytes: " + why);
     o[tenant][uuid] = static_cast<uint64_t>(v);

@@ -126,6 +126,9 @@ TEST(Overrides, RoundTripAndDamage) {
   ASSERT_TRUE(broker::saveOverrides(path, o, &err)) << err;
   ASSERT_TRUE(broker::loadOverrides(path, &got, &err)) << err;
   EXPECT_EQ(got, o);
+  std::ofstream(path, std::ios::trunc) << "cushare-broker-state 1\nlimit alpha GPU-000102030405060708090A0B0C0D0E0F 7\n";
+  ASSERT_TRUE(broker::loadOverrides(path, &got, &err)) << err;
+  EXPECT_EQ(got["alpha"].count("GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"), 1u) << "normalised spelling";
   const std::pair<std::string, std::string> bad[] = {
       {"garbage\n", ":1: expected the header"},
       {"cushare-broker-state 1\nlimit alpha GPU-zz 5\n", ":2: 'GPU-zz' is not a GPU UUID"},

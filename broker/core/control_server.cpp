@@ -22,6 +22,8 @@ namespace cushare::broker {
 namespace {
 
 constexpr size_t kMaxConnections = 64;
+constexpr size_t kMaxPerUser = 16;
+constexpr size_t kAdminReserve = 16;
 constexpr auto kConnectionDeadline = std::chrono::seconds(5);
 
 using Clock = std::chrono::steady_clock;
@@ -203,18 +205,24 @@ void ControlServer::close(int fd) {
   conns_.erase(fd);
 }
 
+// Room for one more connection from this peer? Every user gets at most kMaxPerUser, so one user
+// cannot take all kMaxConnections; administrators have kAdminReserve more beyond the total, so
+// readers holding every slot never lock them out of set-limit and reload.
+bool ControlServer::admit(const Peer& p) const {
+  size_t mine = 0;
+  for (const auto& [fd, c] : conns_) mine += c->peer.uid == p.uid;
+  if (broker_.isAdmin(p)) return conns_.size() < kMaxConnections + kAdminReserve;
+  return mine < kMaxPerUser && conns_.size() < kMaxConnections;
+}
+
 void ControlServer::accept() {
   for (;;) {
     const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;  // EAGAIN: all taken; other errors: the client is gone
-    if (conns_.size() >= kMaxConnections) {
-      ::close(fd);  // busy: the client sees the connection closed and may retry
-      continue;
-    }
     auto c = std::make_unique<Connection>();
     c->fd = fd;
-    if (!peerOf(fd, &c->peer)) {
-      ::close(fd);
+    if (!peerOf(fd, &c->peer) || !admit(c->peer)) {
+      ::close(fd);  // busy: the client sees the connection closed and may retry
       continue;
     }
     epoll_event ev{};

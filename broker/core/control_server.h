@@ -5,7 +5,9 @@
 //
 // One thread with epoll, non-blocking sockets: a client that connects and sends nothing, or sends
 // slowly, holds a connection slot (at most kMaxConnections, each dropped after 5 s) and never the
-// thread, so neither the other clients nor the broker's reaping wait for it.
+// thread, so neither the other clients nor the broker's reaping wait for it. One user holds at
+// most 16 connections, and administrators have 16 more beyond the 64, so nobody can lock the
+// administrators out.
 #pragma once
 
 #include <functional>
@@ -17,6 +19,7 @@
 namespace cushare::broker {
 
 class Broker;
+struct Peer;
 
 class ControlServer {
  public:
@@ -33,6 +36,7 @@ class ControlServer {
   struct Connection;
   void run();
   void accept();
+  bool admit(const Peer& p) const;
   void onReadable(Connection& c);
   void respond(Connection& c, const std::string& bytes);
   bool flush(Connection& c);  // false when done (written or failed)

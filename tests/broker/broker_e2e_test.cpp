@@ -2,6 +2,7 @@
 // the shim, the control socket. Each suite runs as its own CTest test (tests/broker/CMakeLists.txt).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -635,6 +636,50 @@ TEST(Security, LockedOrTruncatedLedgersDoNotStopTheBroker) {
   EXPECT_EQ(limitOn0(b.tenant("alpha")), 512 * MiB) << b.log();
   EXPECT_NE(b.log().find("became unreadable"), std::string::npos) << b.log();
   EXPECT_NE(b.log().find("is usable again"), std::string::npos) << b.log();
+}
+
+// One user cannot take every connection slot: past 16 its connections are closed, while other
+// users and administrators are still served.
+TEST(Security, OneUserCannotTakeEveryConnection) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  const std::string sock = b.socket();
+  const pid_t hog = ::fork();
+  if (hog == 0) {
+    if (::setgid(2000) != 0 || ::setuid(2000) != 0) ::_exit(99);
+    std::vector<int> fds;
+    for (int i = 0; i < 20; ++i) {
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+      sockaddr_un sa{};
+      sa.sun_family = AF_UNIX;
+      std::snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock.c_str());
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) ::_exit(98);
+      fds.push_back(fd);
+    }
+    ::usleep(300000);
+    char closed = 0;  // connections the broker closed at once (read sees end of file)
+    for (int fd : fds) {
+      pollfd p{fd, POLLIN, 0};
+      char c;
+      if (::poll(&p, 1, 0) == 1 && ::read(fd, &c, 1) == 0) ++closed;
+    }
+    (void)!::write(report[1], &closed, 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char closed = -1;
+  ASSERT_EQ(::read(report[0], &closed, 1), 1);
+  EXPECT_EQ(closed, 4) << "16 connections per user";
+  rpc::Request status;
+  status.set_version(1);
+  status.mutable_status();
+  EXPECT_EQ(asUser(3000, 3000, {}, [&] { return callAs(sock, status).ok() ? 0 : 1; }), 0) << "another user";
+  EXPECT_TRUE(b.setLimit("alpha", "256MiB").ok()) << "an administrator";
+  ::kill(hog, SIGKILL);
+  ::waitpid(hog, nullptr, 0);
 }
 
 // Every malformed message of the corpus gets an error answer (or a closed connection), never a

@@ -446,7 +446,11 @@ bool Broker::reload(std::string* err) {
     if (slot->ledger && slot->fileName != ct.name + kLedgerSuffix &&
         ::rename((ledgerDir_ + "/" + slot->fileName).c_str(), path.c_str()) == 0)
       slot->fileName = ct.name + kLedgerSuffix;
-    if (slot->ledger && slot->fileName != ct.name + kLedgerSuffix) slot->ledger.reset();  // not renamed back
+    if (slot->ledger && slot->fileName != ct.name + kLedgerSuffix) {  // not renamed back
+      CUSHARE_BLOG(warn, "tenant {}: a new {} appeared while it was removed; the processes still using {} "
+                   "leave the broker's accounting", ct.name, path, slot->fileName);
+      slot->ledger.reset();
+    }
     slot->source = "config";
     if (!slot->ledger) openLedgerLocked(slot.get());
     ownLocked(slot.get());

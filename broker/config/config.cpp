@@ -360,7 +360,8 @@ class Parser {
     const std::string_view s = trim(text);
     if (s.back() == '%') {
       uint32_t milli = 0;
-      if (!percent(s, &milli, &reason)) return fail(n.mark, path, reason);
+      if (!parsePercent(s, &milli, &reason))
+        return fail(n.mark, path, "invalid percentage " + quote(s) + ": " + reason);
       out->bytes = 0;
       out->milliPercent = milli;
       return true;
@@ -378,37 +379,6 @@ class Parser {
                       "no limit");
     out->bytes = bytes;
     out->milliPercent = 0;
-    return true;
-  }
-
-  // "25%", "12.5%", "0.001%": at most three decimals, in (0, 100].
-  static bool percent(std::string_view s, uint32_t* out, std::string* reason) {
-    const std::string_view num = trim(s.substr(0, s.size() - 1));
-    const std::string bad = "invalid percentage " + quote(s) +
-                            ": expected a number from 0.001 to 100 with at most three decimals, "
-                            "then '%'";
-    size_t i = 0;
-    uint32_t whole = 0, frac = 0;
-    for (; i < num.size() && isDigit(num[i]); ++i) {
-      if (i >= 3) return (*reason = bad, false);
-      whole = whole * 10 + static_cast<uint32_t>(num[i] - '0');
-    }
-    if (i == 0) return (*reason = bad, false);
-    if (i < num.size()) {
-      if (num[i] != '.' || i + 1 == num.size()) return (*reason = bad, false);
-      int digits = 0;
-      for (++i; i < num.size(); ++i, ++digits) {
-        if (!isDigit(num[i]) || digits >= 3) return (*reason = bad, false);
-        frac = frac * 10 + static_cast<uint32_t>(num[i] - '0');
-      }
-      for (; digits < 3; ++digits) frac *= 10;
-    }
-    const uint32_t milli = whole * 1000 + frac;
-    if (milli == 0)
-      return (*reason = quote(s) + " would deny every allocation; remove the key for no limit",
-              false);
-    if (milli > 100000) return (*reason = quote(s) + " is over 100%", false);
-    *out = milli;
     return true;
   }
 
@@ -518,16 +488,16 @@ std::string deviceName(const DeviceInfo& d) {
   return std::to_string(d.ordinal) + (d.uuid.empty() ? "" : " (" + d.uuid + ")");
 }
 
-uint64_t bytesOn(const MemoryAmount& a, uint64_t total) {
-  if (!a.isPercent()) return a.bytes;
-  return static_cast<uint64_t>(static_cast<unsigned __int128>(total) * a.milliPercent / 100000);
-}
-
 std::string sizeText(uint64_t bytes) {
   return std::to_string(bytes) + " bytes (" + formatSize(bytes) + ")";
 }
 
 }  // namespace
+
+uint64_t bytesOn(const MemoryAmount& a, uint64_t total) {
+  if (!a.isPercent()) return a.bytes;
+  return static_cast<uint64_t>(static_cast<unsigned __int128>(total) * a.milliPercent / 100000);
+}
 
 std::string formatPercent(uint32_t milliPercent) {
   std::string s = std::to_string(milliPercent / 1000);

@@ -121,6 +121,9 @@ bool resolveMemory(const Config& config, const MemorySpec& spec,
 bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& devices,
                          std::string* error);
 
+// An amount's bytes on a device of total bytes: a percentage is rounded down to whole bytes.
+uint64_t bytesOn(const MemoryAmount& a, uint64_t total);
+
 // "12.5%" for 12500 milli-percent.
 std::string formatPercent(uint32_t milliPercent);
 

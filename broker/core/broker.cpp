@@ -25,10 +25,6 @@ constexpr char kRemovedSuffix[] = ".removed";  // a removed tenant's ledger whil
 
 std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-uint64_t percentOf(uint64_t total, uint32_t milliPercent) {
-  return static_cast<uint64_t>(static_cast<unsigned __int128>(total) * milliPercent / 100000);
-}
-
 std::string describeLimit(uint64_t v) { return v == kNoLimit ? "none" : formatSize(v); }
 
 // mkdir -p for the directories above path (mode 0755); the last component is left to the caller.
@@ -56,6 +52,17 @@ Tenant unknownTenantConfig(const Config& c, const std::string& name) {
     t.priority = p.priority.value_or(Priority::kNormal);
   }
   return t;
+}
+
+// Live limits of tenants the configuration no longer has (and that are not admitted as unknown
+// tenants either) are dropped.
+void dropStaleOverrides(const Config& c, const std::map<std::string, std::vector<uint64_t>>& configured,
+                        Overrides* o) {
+  for (auto it = o->begin(); it != o->end();) {
+    const bool known = configured.count(it->first) != 0 || !c.unknownTenantsProfile.empty();
+    if (!known) CUSHARE_BLOG(warn, "dropping the live limits of tenant {}, no longer configured", it->first);
+    it = known ? std::next(it) : o->erase(it);
+  }
 }
 
 // Tenants reach their own ledger by name but cannot list the others (no read bit). With an
@@ -337,11 +344,7 @@ bool Broker::start(std::string* err) {
   std::vector<uint64_t>& unknown = p.unknown;
   Overrides o;
   if (!loadOverrides(c.stateFile, &o, err)) return false;
-  for (auto it = o.begin(); it != o.end();) {
-    const bool known = configured.count(it->first) != 0 || !c.unknownTenantsProfile.empty();
-    if (!known) CUSHARE_BLOG(warn, "state file: dropping the live limits of tenant {}, no longer configured", it->first);
-    it = known ? std::next(it) : o.erase(it);
-  }
+  dropStaleOverrides(c, configured, &o);
   if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), err)) return false;
   if (!prepareDirectory(c, err)) return false;
 
@@ -402,8 +405,7 @@ bool Broker::reload(std::string* err) {
     return refuse(why);
   }
   Overrides o = overrides_;
-  for (auto it = o.begin(); it != o.end();)
-    it = configured.count(it->first) || !c.unknownTenantsProfile.empty() ? std::next(it) : o.erase(it);
+  dropStaleOverrides(c, configured, &o);
   if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), &why)) {
     g.unlock();
     return refuse(why);
@@ -489,7 +491,7 @@ bool Broker::setLimit(const std::string& tenant, int device, std::optional<Memor
       if (o.count(tenant)) o[tenant].erase(dev.uuid);
       continue;
     }
-    const uint64_t bytes = amount->isPercent() ? percentOf(dev.totalBytes, amount->milliPercent) : amount->bytes;
+    const uint64_t bytes = bytesOn(*amount, dev.totalBytes);
     if (bytes > dev.totalBytes) {
       *err = "a limit of " + formatSize(bytes) + " is more than device " + std::to_string(d) + "'s " +
              formatSize(dev.totalBytes);

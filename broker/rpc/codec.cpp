@@ -101,32 +101,6 @@ std::string FrameReader::incompleteReason() const {
 namespace {
 
 // "N%" or "N.NNN%" (the '%' already removed) as thousandths of a percent, 0 < p <= 100%.
-bool parsePercent(std::string_view number, std::string_view text, uint32_t* milli,
-                  std::string* err) {
-  const std::string_view s = trim(number);
-  const std::string bad = "memory " + quoted(text);
-  uint64_t whole = 0;
-  size_t i = 0;
-  for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i)
-    whole = std::min<uint64_t>(whole * 10 + (s[i] - '0'), 1000);  // saturate: out of range anyway
-  if (i == 0) return fail(err, bad + ": expected a percentage such as '25%' or '12.5%'");
-  uint64_t frac = 0;
-  size_t fracDigits = 0;
-  if (i < s.size() && s[i] == '.') {
-    for (++i; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i, ++fracDigits)
-      if (fracDigits < 3) frac = frac * 10 + (s[i] - '0');
-    if (fracDigits == 0) return fail(err, bad + ": missing digits after '.'");
-    if (fracDigits > 3) return fail(err, bad + ": at most 3 digits after '.'");
-  }
-  if (i != s.size()) return fail(err, bad + ": expected a percentage such as '25%' or '12.5%'");
-  for (size_t d = fracDigits; d < 3; ++d) frac *= 10;
-  const uint64_t value = whole * 1000 + frac;
-  if (value == 0 || value > 100'000)
-    return fail(err, bad + ": a percentage must be more than 0% and at most 100%");
-  *milli = static_cast<uint32_t>(value);
-  return true;
-}
-
 bool checkTenant(std::string_view name, bool required, std::string* err) {
   if (name.empty()) return !required || fail(err, "a tenant name is required");
   // The shim's rule for CUSHARE_TENANT: the names a process can actually use (it also refuses
@@ -156,7 +130,8 @@ bool parseMemoryAmount(std::string_view text, MemoryValue* out, std::string* err
   const std::string_view s = trim(text);
   MemoryValue v;
   if (!s.empty() && s.back() == '%') {
-    if (!parsePercent(s.substr(0, s.size() - 1), text, &v.milliPercent, err)) return false;
+    std::string why;
+    if (!parsePercent(s, &v.milliPercent, &why)) return fail(err, "memory " + quoted(text) + ": " + why);
   } else {
     std::string why;
     // parseSize quotes the text as it is; printable keeps the line one line.

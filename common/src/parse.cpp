@@ -1,6 +1,8 @@
 // Size and integer parsing shared by every part of cushare (see parse.h for the accepted forms).
 #include "cushare/parse.h"
 
+#include <algorithm>
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -167,6 +169,33 @@ std::string formatSize(uint64_t bytes) {
   else
     std::snprintf(buf, sizeof buf, "%.2f %s", v, kNames[u]);
   return buf;
+}
+
+bool parsePercent(std::string_view text, uint32_t* milliPercent, std::string* reason) {
+  const std::string expected = "expected a percentage such as '25%' or '12.5%'";
+  std::string_view t = trim(text);
+  if (t.empty() || t.back() != '%') return (*reason = expected, false);
+  const std::string_view s = trim(t.substr(0, t.size() - 1));
+  uint64_t whole = 0;
+  size_t i = 0;
+  for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i)
+    whole = std::min<uint64_t>(whole * 10 + static_cast<uint64_t>(s[i] - '0'), 1000);  // saturates: over 100 anyway
+  if (i == 0) return (*reason = expected, false);
+  uint64_t frac = 0;
+  size_t fracDigits = 0;
+  if (i < s.size() && s[i] == '.') {
+    for (++i; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i, ++fracDigits)
+      if (fracDigits < 3) frac = frac * 10 + static_cast<uint64_t>(s[i] - '0');
+    if (fracDigits == 0) return (*reason = "missing digits after '.'", false);
+    if (fracDigits > 3) return (*reason = "at most 3 digits after '.'", false);
+  }
+  if (i != s.size()) return (*reason = expected, false);
+  for (size_t d = fracDigits; d < 3; ++d) frac *= 10;
+  const uint64_t value = whole * 1000 + frac;
+  if (value == 0 || value > 100'000)
+    return (*reason = "a percentage must be more than 0% and at most 100%", false);
+  *milliPercent = static_cast<uint32_t>(value);
+  return true;
 }
 
 }  // namespace cushare

@@ -652,11 +652,8 @@ TEST(Security, OneUserCannotTakeEveryConnection) {
     if (::setgid(2000) != 0 || ::setuid(2000) != 0) ::_exit(99);
     std::vector<int> fds;
     for (int i = 0; i < 20; ++i) {
-      const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-      sockaddr_un sa{};
-      sa.sun_family = AF_UNIX;
-      std::snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock.c_str());
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) ::_exit(98);
+      const int fd = connectUnix(sock);
+      if (fd < 0) ::_exit(98);
       fds.push_back(fd);
     }
     // Counts the connections the broker closed at once (read sees end of file); the accepted ones
@@ -705,11 +702,8 @@ TEST(Security, MalformedMessagesAreRefused) {
   for (const auto& e : std::filesystem::directory_iterator(CORPUS_DIR)) {
     const std::string name = e.path().filename();
     const std::string bytes = readFile(e.path());
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un sa{};
-    sa.sun_family = AF_UNIX;
-    std::snprintf(sa.sun_path, sizeof sa.sun_path, "%s", b.socket().c_str());
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    const int fd = connectUnix(b.socket());
+    ASSERT_GE(fd, 0);
     (void)!::write(fd, bytes.data(), bytes.size());
     ::shutdown(fd, SHUT_WR);
     std::string answer;
@@ -736,11 +730,8 @@ TEST(Security, SilentClientsBlockNeitherRequestsNorReaping) {
   ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
   std::vector<int> idle;
   for (int i = 0; i < 20; ++i) {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un sa{};
-    sa.sun_family = AF_UNIX;
-    std::snprintf(sa.sun_path, sizeof sa.sun_path, "%s", b.socket().c_str());
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    const int fd = connectUnix(b.socket());
+    ASSERT_GE(fd, 0);
     const char partial[2] = {10, 0};  // half a length prefix, then nothing
     (void)!::write(fd, partial, sizeof partial);
     idle.push_back(fd);

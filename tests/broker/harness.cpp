@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -260,6 +262,16 @@ Child Broker::tenantProcess(const std::string& tenant, const std::map<std::strin
   if (first != nullptr) *first = line;
   else EXPECT_EQ(line, "ready") << "tenant " << tenant << ": see " << dir_ << "/tenants.log";
   return c;
+}
+
+int connectUnix(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path.c_str());
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) return fd;
+  if (fd >= 0) ::close(fd);
+  return -1;
 }
 
 uint64_t usedOn0(const rpc::Tenant& t) { return t.devices_size() ? t.devices(0).used_bytes() : UINT64_MAX; }

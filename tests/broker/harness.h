@@ -87,6 +87,9 @@ class Broker {
   Child proc_;
 };
 
+// A connected Unix stream socket to path, or -1.
+int connectUnix(const std::string& path);
+
 uint64_t usedOn0(const rpc::Tenant& t);
 uint64_t limitOn0(const rpc::Tenant& t);
 

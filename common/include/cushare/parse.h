@@ -19,6 +19,12 @@ bool parseSize(std::string_view text, uint64_t* out, std::string* error);
 // Parses a decimal integer in [min, max]. Rejects signs outside the range, garbage and overflow.
 bool parseInt(std::string_view text, int64_t min, int64_t max, int64_t* out, std::string* error);
 
+// Parses a share of a device in percent, "25%", "12.5%", "0.001%" (whitespace around the number
+// allowed), into thousandths of a percent (25% is 25000). At most three decimals; more than 0%
+// and at most 100%. *reason is a fragment ("missing digits after '.'") that callers prefix with
+// what they were parsing.
+bool parsePercent(std::string_view text, uint32_t* milliPercent, std::string* reason);
+
 // Formats bytes for humans: "512 MiB", "1.50 GiB", "100 B".
 std::string formatSize(uint64_t bytes);
 

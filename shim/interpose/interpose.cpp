@@ -135,6 +135,16 @@ bool loadRealDriver(std::string* error) noexcept {
   CUSHARE_RESOLVE(cuGraphGetNodes);
   CUSHARE_RESOLVE(cuGraphNodeGetType);
   CUSHARE_RESOLVE(cuGraphMemAllocNodeGetParams);
+  CUSHARE_RESOLVE(cuGraphChildGraphNodeGetGraph);
+  CUSHARE_RESOLVE(cuGraphNodeGetParams);
+  CUSHARE_RESOLVE(cuArrayGetMemoryRequirements);
+  CUSHARE_RESOLVE(cuMipmappedArrayGetMemoryRequirements);
+  CUSHARE_RESOLVE(cuArray3DGetDescriptor_v2);
+  CUSHARE_RESOLVE(cuMipmappedArrayGetLevel);
+  CUSHARE_RESOLVE(cuPointerGetAttribute);
+  CUSHARE_RESOLVE(cuDevicePrimaryCtxGetState);
+  CUSHARE_RESOLVE(cuStreamGetDevice);
+  CUSHARE_RESOLVE(cuDeviceGetDefaultMemPool);
 #undef CUSHARE_RESOLVE
   if (!gDriver.p_cuInit || !gDriver.p_cuGetProcAddress_v2 || !gDriver.p_cuCtxGetDevice || !gDriver.p_cuDeviceGetUuid_v2) {
     if (error) *error = "the CUDA driver libcuda.so.1 lacks entry points the shim needs (driver older than CUDA 12?)";

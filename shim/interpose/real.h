@@ -29,6 +29,17 @@ struct RealDriver {
   CUresult (*p_cuGraphGetNodes)(CUgraph, CUgraphNode*, size_t*) = nullptr;
   CUresult (*p_cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType*) = nullptr;
   CUresult (*p_cuGraphMemAllocNodeGetParams)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS*) = nullptr;
+  CUresult (*p_cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph*) = nullptr;
+  CUresult (*p_cuGraphNodeGetParams)(CUgraphNode, CUgraphNodeParams*) = nullptr;
+  CUresult (*p_cuArrayGetMemoryRequirements)(CUDA_ARRAY_MEMORY_REQUIREMENTS*, CUarray, CUdevice) = nullptr;
+  CUresult (*p_cuMipmappedArrayGetMemoryRequirements)(CUDA_ARRAY_MEMORY_REQUIREMENTS*, CUmipmappedArray,
+                                                      CUdevice) = nullptr;
+  CUresult (*p_cuArray3DGetDescriptor_v2)(CUDA_ARRAY3D_DESCRIPTOR*, CUarray) = nullptr;
+  CUresult (*p_cuMipmappedArrayGetLevel)(CUarray*, CUmipmappedArray, unsigned) = nullptr;
+  CUresult (*p_cuPointerGetAttribute)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
+  CUresult (*p_cuDevicePrimaryCtxGetState)(CUdevice, unsigned*, int*) = nullptr;
+  CUresult (*p_cuStreamGetDevice)(CUstream, CUdevice*) = nullptr;
+  CUresult (*p_cuDeviceGetDefaultMemPool)(CUmemoryPool*, CUdevice) = nullptr;
 };
 
 struct RealNvml {

@@ -17,8 +17,13 @@
 
 namespace cushare::shim {
 
+// What a key names, so that the driver can be asked whether it still exists (a context reset
+// frees what the context owned without a free call per allocation).
+enum class ChargeKind : uint8_t { kPointer, kArray, kMipmappedArray };
+
 struct Charge {
   int32_t device = -1;  // ledger device index
+  ChargeKind kind = ChargeKind::kPointer;
   uint64_t bytes = 0;
 };
 
@@ -53,6 +58,17 @@ class AllocTable {
       i = (i + 1) & mask;
     }
     return false;
+  }
+
+  // Calls f(key, charge) for every entry, one shard at a time with that shard locked: f must not
+  // call the driver or this table. Not for the hot path (context teardown only).
+  template <typename F>
+  void forEach(F&& f) noexcept {
+    for (Shard& s : shards_) {
+      Lock g(s);
+      for (size_t i = 0; i < s.capacity; ++i)
+        if (s.slots[i].key) f(s.slots[i].key, s.slots[i].charge);
+    }
   }
 
  private:

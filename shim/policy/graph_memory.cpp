@@ -32,18 +32,42 @@ GraphMemoryState& graphs() {
   return *g;
 }
 
-// Sums the graph's memory alloc nodes per device. Memory nodes cannot sit in child graphs, so
-// the top level is all there is.
-bool graphAllocations(CUgraph graph, ExecMemory* out) noexcept {
+// Deeper nesting than any real graph: a cycle or a driver answering nonsense is refused.
+constexpr int kMaxGraphDepth = 64;
+
+// Sums the graph's memory alloc nodes per device, wherever they sit: at the top level, in child
+// graphs (CUDA 12.9+ lets memory nodes into child graphs moved in with
+// CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) and in conditional bodies (which drivers document as free
+// of memory nodes; walked all the same, so a driver that allows them cannot get them uncounted),
+// at any depth. False if any graph or node cannot be read.
+bool graphAllocations(CUgraph graph, ExecMemory* out, int depth = 0) noexcept {
   RealDriver& d = realDriver();
   if (!d.p_cuGraphGetNodes || !d.p_cuGraphNodeGetType || !d.p_cuGraphMemAllocNodeGetParams) return false;
+  if (depth > kMaxGraphDepth) return false;
   size_t n = 0;
   if (d.p_cuGraphGetNodes(graph, nullptr, &n) != CUDA_SUCCESS) return false;
   std::vector<CUgraphNode> nodes(n);
   if (n && d.p_cuGraphGetNodes(graph, nodes.data(), &n) != CUDA_SUCCESS) return false;
   for (CUgraphNode node : nodes) {
     CUgraphNodeType t;
-    if (d.p_cuGraphNodeGetType(node, &t) != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_MEM_ALLOC) continue;
+    if (d.p_cuGraphNodeGetType(node, &t) != CUDA_SUCCESS) return false;
+    if (t == CU_GRAPH_NODE_TYPE_GRAPH) {
+      CUgraph child = nullptr;
+      if (!d.p_cuGraphChildGraphNodeGetGraph || d.p_cuGraphChildGraphNodeGetGraph(node, &child) != CUDA_SUCCESS ||
+          !graphAllocations(child, out, depth + 1))
+        return false;
+      continue;
+    }
+    if (t == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+      CUgraphNodeParams p = {};
+      if (!d.p_cuGraphNodeGetParams || d.p_cuGraphNodeGetParams(node, &p) != CUDA_SUCCESS ||
+          p.type != CU_GRAPH_NODE_TYPE_CONDITIONAL || (p.conditional.size && !p.conditional.phGraph_out))
+        return false;
+      for (unsigned i = 0; i < p.conditional.size; ++i)
+        if (!graphAllocations(p.conditional.phGraph_out[i], out, depth + 1)) return false;
+      continue;
+    }
+    if (t != CU_GRAPH_NODE_TYPE_MEM_ALLOC) continue;
     CUDA_MEM_ALLOC_NODE_PARAMS p = {};
     if (d.p_cuGraphMemAllocNodeGetParams(node, &p) != CUDA_SUCCESS) return false;
     const int ordinal = p.poolProps.location.id;

@@ -3,10 +3,13 @@
 // frees return exactly what was charged. Counted: cuMemAlloc, cuMemAllocPitch, cuMemAllocManaged,
 // cuMemAllocAsync / cuMemAllocFromPoolAsync (the pools' reserved memory, pools.cpp),
 // cuMemCreate (charged at create, returned when released and unmapped), arrays and mipmapped
-// arrays (texel storage). Host memory is not counted. See docs/memory-accounting.md.
+// arrays (what the driver reserves for them, padding and tiling included). Host memory is not
+// counted. A context destroyed or reset frees what it owned: the charges of every allocation the
+// driver no longer has are returned then. See docs/memory-accounting.md.
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "interpose/hooks.h"
 #include "interpose/real.h"
@@ -58,13 +61,13 @@ void release(const Charge& c) noexcept { state().ledger->release(c.device, c.byt
 
 // The common shape of a counted allocation of the current device.
 template <typename Alloc>
-CUresult chargedAlloc(uint64_t bytes, uintptr_t* key, Alloc&& alloc) noexcept {
+CUresult chargedAlloc(uint64_t bytes, uintptr_t* key, Alloc&& alloc, ChargeKind kind = ChargeKind::kPointer) noexcept {
   if (CUresult r = devicesReady(); r != CUDA_SUCCESS) return r;
   int ordinal;
   if (CUresult r = currentOrdinal(&ordinal); r != CUDA_SUCCESS) return r;
   if (CUresult r = reserve(ordinal, bytes); r != CUDA_SUCCESS) return r;
   const CUresult r = alloc();
-  const Charge c{state().devices[ordinal].ledgerIndex, bytes};
+  const Charge c{state().devices[ordinal].ledgerIndex, kind, bytes};
   if (r != CUDA_SUCCESS) {
     release(c);
     return r;
@@ -101,12 +104,79 @@ size_t formatBytes(CUarray_format f) noexcept {
     case CU_AD_FORMAT_FLOAT:
       return 4;
     default:
-      return 4;  // newer formats: count generously rather than not at all
+      return 16;  // newer formats (up to four 32-bit channels in one texel): count generously
   }
 }
 
-uint64_t arrayBytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels) noexcept {
-  return static_cast<uint64_t>(w) * (h ? h : 1) * (d ? d : 1) * formatBytes(f) * (channels ? channels : 1);
+uint64_t roundUp(uint64_t v, uint64_t a) noexcept { return (v + a - 1) / a * a; }
+
+// An upper bound of what a driver reserves for one image of an array, used only when the driver
+// cannot tell (below): block-linear storage pads each row to a 64-byte GOB, rows to blocks of up
+// to 16 GOBs (128 rows) and 3D slices to blocks of up to 32; layers are stored one after another.
+uint64_t tiledBound(const CUDA_ARRAY3D_DESCRIPTOR& d) noexcept {
+  const bool layered = d.Flags & CUDA_ARRAY3D_LAYERED;
+  const uint64_t channels = d.NumChannels ? d.NumChannels : 1;
+  const uint64_t row = roundUp(static_cast<uint64_t>(d.Width) * formatBytes(d.Format) * channels, 64);
+  const uint64_t rows = roundUp(d.Height ? d.Height : 1, 128);
+  const uint64_t depth = d.Depth ? d.Depth : 1;
+  const uint64_t slices = layered ? depth : roundUp(depth, 32);
+  const uint64_t faces = (d.Flags & CUDA_ARRAY3D_CUBEMAP) && !layered ? 6 : 1;
+  return roundUp(row * rows * slices * faces, 2ull << 20);
+}
+
+// What the driver reserves for an array (or a mipmapped array, levels > 0) of this descriptor: a
+// twin made with CUDA_ARRAY3D_DEFERRED_MAPPING takes no memory, and the driver reports its size
+// (cuArrayGetMemoryRequirements answers only for such arrays). A driver that cannot make the twin
+// gets the tiling bound instead: never less than it reserves.
+uint64_t arrayRequirement(const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned levels, int ordinal) noexcept {
+  RealDriver& drv = realDriver();
+  CUDA_ARRAY3D_DESCRIPTOR twin = desc;
+  twin.Flags |= CUDA_ARRAY3D_DEFERRED_MAPPING;
+  CUDA_ARRAY_MEMORY_REQUIREMENTS req = {};
+  bool known = false;
+  if (levels == 0 && drv.p_cuArray3DCreate_v2 && drv.p_cuArrayGetMemoryRequirements) {
+    CUarray a = nullptr;
+    if (drv.p_cuArray3DCreate_v2(&a, &twin) == CUDA_SUCCESS) {
+      known = drv.p_cuArrayGetMemoryRequirements(&req, a, ordinal) == CUDA_SUCCESS;
+      drv.p_cuArrayDestroy(a);
+    }
+  } else if (levels > 0 && drv.p_cuMipmappedArrayCreate && drv.p_cuMipmappedArrayGetMemoryRequirements) {
+    CUmipmappedArray m = nullptr;
+    if (drv.p_cuMipmappedArrayCreate(&m, &twin, levels) == CUDA_SUCCESS) {
+      known = drv.p_cuMipmappedArrayGetMemoryRequirements(&req, m, ordinal) == CUDA_SUCCESS;
+      drv.p_cuMipmappedArrayDestroy(m);
+    }
+  }
+  if (known) return req.size;
+  if (levels == 0) return tiledBound(desc);
+  // Every level, halving each extent down to 1, as the driver clamps the level count.
+  uint64_t total = 0;
+  CUDA_ARRAY3D_DESCRIPTOR l = desc;
+  const bool layered = desc.Flags & CUDA_ARRAY3D_LAYERED;
+  for (unsigned i = 0; i < levels; ++i) {
+    total += tiledBound(l);
+    if (l.Width <= 1 && l.Height <= 1 && (layered || l.Depth <= 1)) break;
+    l.Width = l.Width > 1 ? l.Width / 2 : 1;
+    l.Height = l.Height > 1 ? l.Height / 2 : l.Height;
+    if (!layered) l.Depth = l.Depth > 1 ? l.Depth / 2 : l.Depth;
+  }
+  return total;
+}
+
+// Arrays whose memory the driver does not reserve at creation: sparse and deferred-mapping
+// arrays get theirs from cuMemMapArrayAsync out of cuMemCreate handles, which are charged.
+bool reservesNothing(const CUDA_ARRAY3D_DESCRIPTOR& d) noexcept {
+  return d.Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING);
+}
+
+// Creates an array charged with what the driver reserves for it.
+template <typename Create>
+CUresult chargedArray(const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned levels, ChargeKind kind, uintptr_t* key,
+                      Create&& create) noexcept {
+  if (CUresult r = devicesReady(); r != CUDA_SUCCESS) return r;
+  int ordinal;
+  if (CUresult r = currentOrdinal(&ordinal); r != CUDA_SUCCESS) return r;
+  return chargedAlloc(arrayRequirement(desc, levels, ordinal), key, create, kind);
 }
 
 // ---- virtual memory: a handle's charge lasts until it is released and no longer mapped ----
@@ -174,8 +244,16 @@ CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
     state().ledger->release(c.device, c.bytes - actual);
   else  // a driver with wider rows than the bound: record what was really allocated
     state().ledger->reserve(c.device, actual - c.bytes, kUnlimited);
-  allocations().put(key, Charge{c.device, actual});
+  allocations().put(key, Charge{c.device, ChargeKind::kPointer, actual});
   return CUDA_SUCCESS;
+}
+
+// The first ABI's free (32-bit device pointer): counted like cuMemFree_v2.
+CUresult hook_cuMemFree(unsigned int dptr) noexcept {
+  bool uncharged = false;
+  const CUresult r = chargedFree(dptr, [&] { return realDriver().p_cuMemFree(dptr); }, &uncharged);
+  if (uncharged) settleAllPools();
+  return r;
 }
 
 CUresult hook_cuMemFree_v2(CUdeviceptr dptr) noexcept {
@@ -232,7 +310,7 @@ CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, con
   const int ordinal = prop->location.id;
   if (ordinal < 0 || ordinal >= state().deviceCount) return d.p_cuMemCreate(handle, size, prop, flags);
   if (CUresult r = reserve(ordinal, size); r != CUDA_SUCCESS) return r;
-  const Charge c{state().devices[ordinal].ledgerIndex, size};
+  const Charge c{state().devices[ordinal].ledgerIndex, ChargeKind::kPointer, size};
   const CUresult r = d.p_cuMemCreate(handle, size, prop, flags);
   if (r != CUDA_SUCCESS) {
     release(c);
@@ -300,8 +378,13 @@ CUresult hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, 
 // ---- arrays ----
 CUresult hook_cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) noexcept {
   if (!array || !desc) return realDriver().p_cuArrayCreate_v2(array, desc);
+  CUDA_ARRAY3D_DESCRIPTOR d = {};
+  d.Width = desc->Width;
+  d.Height = desc->Height;
+  d.Format = desc->Format;
+  d.NumChannels = desc->NumChannels;
   uintptr_t key = 0;
-  return chargedAlloc(arrayBytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels), &key, [&] {
+  return chargedArray(d, 0, ChargeKind::kArray, &key, [&] {
     CUresult r = realDriver().p_cuArrayCreate_v2(array, desc);
     key = reinterpret_cast<uintptr_t>(*array);
     return r;
@@ -309,9 +392,9 @@ CUresult hook_cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc
 }
 
 CUresult hook_cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) noexcept {
-  if (!array || !desc) return realDriver().p_cuArray3DCreate_v2(array, desc);
+  if (!array || !desc || reservesNothing(*desc)) return realDriver().p_cuArray3DCreate_v2(array, desc);
   uintptr_t key = 0;
-  return chargedAlloc(arrayBytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels), &key, [&] {
+  return chargedArray(*desc, 0, ChargeKind::kArray, &key, [&] {
     CUresult r = realDriver().p_cuArray3DCreate_v2(array, desc);
     key = reinterpret_cast<uintptr_t>(*array);
     return r;
@@ -324,20 +407,10 @@ CUresult hook_cuArrayDestroy(CUarray array) noexcept {
 
 CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc,
                                      unsigned levels) noexcept {
-  if (!array || !desc) return realDriver().p_cuMipmappedArrayCreate(array, desc, levels);
-  // Every level, halving each extent down to 1, as the driver clamps the level count.
-  uint64_t total = 0;
-  size_t w = desc->Width, h = desc->Height, d = desc->Depth;
-  const bool layered = desc->Flags & CUDA_ARRAY3D_LAYERED;
-  for (unsigned i = 0; i < levels; ++i) {
-    total += arrayBytes(w, h, d, desc->Format, desc->NumChannels);
-    if (w <= 1 && h <= 1 && (layered || d <= 1)) break;
-    w = w > 1 ? w / 2 : 1;
-    h = h > 1 ? h / 2 : h;
-    if (!layered) d = d > 1 ? d / 2 : d;
-  }
+  if (!array || !desc || levels == 0 || reservesNothing(*desc))
+    return realDriver().p_cuMipmappedArrayCreate(array, desc, levels);
   uintptr_t key = 0;
-  return chargedAlloc(total, &key, [&] {
+  return chargedArray(*desc, levels, ChargeKind::kMipmappedArray, &key, [&] {
     CUresult r = realDriver().p_cuMipmappedArrayCreate(array, desc, levels);
     key = reinterpret_cast<uintptr_t>(*array);
     return r;
@@ -346,6 +419,50 @@ CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D
 
 CUresult hook_cuMipmappedArrayDestroy(CUmipmappedArray array) noexcept {
   return chargedFree(reinterpret_cast<uintptr_t>(array), [&] { return realDriver().p_cuMipmappedArrayDestroy(array); });
+}
+
+// ---- context teardown ----
+namespace {
+// Whether the driver still has what key names (after a context was destroyed or reset). Only a
+// definite "no such thing" answer counts as gone: a failing query keeps the charge.
+bool stillAllocated(uintptr_t key, ChargeKind kind) noexcept {
+  RealDriver& d = realDriver();
+  switch (kind) {
+    case ChargeKind::kPointer: {
+      CUdeviceptr base = 0;
+      return !d.p_cuPointerGetAttribute ||
+             d.p_cuPointerGetAttribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, key) != CUDA_ERROR_INVALID_VALUE;
+    }
+    case ChargeKind::kArray: {
+      CUDA_ARRAY3D_DESCRIPTOR desc;
+      return !d.p_cuArray3DGetDescriptor_v2 ||
+             d.p_cuArray3DGetDescriptor_v2(&desc, reinterpret_cast<CUarray>(key)) != CUDA_ERROR_INVALID_HANDLE;
+    }
+    case ChargeKind::kMipmappedArray: {
+      CUarray level;
+      return !d.p_cuMipmappedArrayGetLevel ||
+             d.p_cuMipmappedArrayGetLevel(&level, reinterpret_cast<CUmipmappedArray>(key), 0) != CUDA_ERROR_INVALID_HANDLE;
+    }
+  }
+  return true;
+}
+}  // namespace
+
+void settleFreedAllocations() noexcept {
+  if (devicesReady() != CUDA_SUCCESS) return;
+  std::vector<std::pair<uintptr_t, ChargeKind>> keys;
+  allocations().forEach([&](uintptr_t key, const Charge& c) {
+    try {
+      keys.emplace_back(key, c.kind);
+    } catch (...) {
+      // No host memory: what is not listed stays charged (over-counted, never under).
+    }
+  });
+  for (const auto& [key, kind] : keys) {
+    if (stillAllocated(key, kind)) continue;
+    Charge c;
+    if (allocations().take(key, &c)) release(c);
+  }
 }
 
 }  // namespace cushare::shim

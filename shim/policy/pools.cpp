@@ -9,7 +9,9 @@
 //  - a free changes nothing at once (the pool still holds the memory); after every
 //    synchronisation call and trim the shim reads each pool again and returns what it released.
 // So cached pool memory counts, and a tenant cannot hold more device memory than its limit by
-// freeing into a pool and allocating elsewhere.
+// freeing into a pool and allocating elsewhere. A pool's memory is charged to the pool's own
+// device (recorded when cuMemPoolCreate made it; a device's default and current pools are that
+// device's), whichever context is current and whichever stream allocates.
 #include <mutex>
 #include <unordered_map>
 
@@ -47,6 +49,7 @@ uint64_t reservedOf(CUmemoryPool pool) noexcept {
 
 // Caller holds pools().mu: sets the pool's charge to what it reserves now.
 void settleLocked(CUmemoryPool pool, PoolCharge& c) noexcept {
+  if (c.ordinal < 0) return;  // a pool of host memory
   const uint64_t now = reservedOf(pool);
   const int idx = state().devices[c.ordinal].ledgerIndex;
   if (now > c.charged)
@@ -64,12 +67,34 @@ void settleAllPools() noexcept {
   for (auto& [pool, c] : pools().pools) settleLocked(pool, c);
 }
 
-// A stream-ordered allocation from `pool` (null: the device's current pool) on the current device.
+// The device `pool` belongs to, or -1 for a pool of host memory; CUDA_ERROR_NOT_SUPPORTED for a
+// pool the shim cannot place (it refuses to allocate from it rather than charge the wrong device).
+CUresult poolDevice(CUmemoryPool pool, int* ordinal) noexcept {
+  {
+    std::lock_guard<std::mutex> g(pools().mu);
+    auto it = pools().pools.find(pool);
+    if (it != pools().pools.end()) {
+      *ordinal = it->second.ordinal;
+      return CUDA_SUCCESS;
+    }
+  }
+  RealDriver& d = realDriver();
+  for (int dev = 0; dev < state().deviceCount; ++dev) {
+    CUmemoryPool p = nullptr;
+    if ((d.p_cuDeviceGetMemPool && d.p_cuDeviceGetMemPool(&p, dev) == CUDA_SUCCESS && p == pool) ||
+        (d.p_cuDeviceGetDefaultMemPool && d.p_cuDeviceGetDefaultMemPool(&p, dev) == CUDA_SUCCESS && p == pool)) {
+      *ordinal = dev;
+      return CUDA_SUCCESS;
+    }
+  }
+  logLine(LogLevel::kError, "tenant %s: a stream-ordered allocation from a memory pool of unknown device is refused",
+          state().config.tenant.c_str());
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// A stream-ordered allocation from `pool`, which belongs to device `ordinal`.
 template <typename Alloc>
 CUresult poolAllocate(int ordinal, CUmemoryPool pool, uint64_t bytes, Alloc&& alloc) noexcept {
-  RealDriver& d = realDriver();
-  if (!pool && (!d.p_cuDeviceGetMemPool || d.p_cuDeviceGetMemPool(&pool, ordinal) != CUDA_SUCCESS))
-    return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> g(pools().mu);
   auto [it, fresh] = pools().pools.try_emplace(pool, PoolCharge{ordinal, 0});
   if (fresh) pools().count.fetch_add(1, std::memory_order_release);
@@ -93,17 +118,28 @@ CUresult poolAllocate(int ordinal, CUmemoryPool pool, uint64_t bytes, Alloc&& al
 
 CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s, bool perThread) noexcept {
   if (CUresult r = devicesReady(); r != CUDA_SUCCESS) return r;
-  CUdevice dev;
-  if (CUresult r = realDriver().p_cuCtxGetDevice(&dev); r != CUDA_SUCCESS) return r;
-  if (dev < 0 || dev >= state().deviceCount) return CUDA_ERROR_INVALID_DEVICE;
   RealDriver& d = realDriver();
-  CUmemoryPool used = pool;
-  const CUresult r = poolAllocate(dev, pool, bytes, [&](CUmemoryPool p) {
-    used = p;
+  auto allocate = [&](CUmemoryPool) {
     if (pool) return perThread ? d.p_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s)
                                : d.p_cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
     return perThread ? d.p_cuMemAllocAsync_ptsz(dptr, bytes, s) : d.p_cuMemAllocAsync(dptr, bytes, s);
-  });
+  };
+  CUmemoryPool used = pool;
+  CUdevice dev;
+  if (pool) {
+    int ordinal;
+    if (CUresult r = poolDevice(pool, &ordinal); r != CUDA_SUCCESS) return r;
+    if (ordinal < 0) return allocate(pool);  // host memory
+    dev = ordinal;
+  } else {
+    // cuMemAllocAsync: the current pool of the stream's device.
+    if (!d.p_cuStreamGetDevice || d.p_cuStreamGetDevice(s, &dev) != CUDA_SUCCESS)
+      if (CUresult r = d.p_cuCtxGetDevice(&dev); r != CUDA_SUCCESS) return r;
+    if (dev < 0 || dev >= state().deviceCount) return CUDA_ERROR_INVALID_DEVICE;
+    if (!d.p_cuDeviceGetMemPool || d.p_cuDeviceGetMemPool(&used, dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (dev < 0 || dev >= state().deviceCount) return CUDA_ERROR_INVALID_DEVICE;
+  const CUresult r = poolAllocate(dev, used, bytes, allocate);
   if (r == CUDA_ERROR_OUT_OF_MEMORY && *dptr) {
     // The pool grew past the limit: undo the allocation and give the growth back.
     (perThread ? d.p_cuMemFreeAsync_ptsz : d.p_cuMemFreeAsync)(*dptr, s);
@@ -150,13 +186,25 @@ CUresult hook_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) noexcept {
   settleAllPools();
   return r;
 }
+CUresult hook_cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) noexcept {
+  const CUresult r = realDriver().p_cuMemPoolCreate(pool, props);
+  if (r != CUDA_SUCCESS || !pool || !props || devicesReady() != CUDA_SUCCESS) return r;
+  const bool device = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE && props->location.id >= 0 &&
+                      props->location.id < state().deviceCount;
+  std::lock_guard<std::mutex> g(pools().mu);
+  auto [it, fresh] = pools().pools.insert_or_assign(*pool, PoolCharge{device ? props->location.id : -1, 0});
+  (void)it;
+  if (fresh) pools().count.fetch_add(1, std::memory_order_release);
+  return r;
+}
+
 CUresult hook_cuMemPoolDestroy(CUmemoryPool pool) noexcept {
   const CUresult r = realDriver().p_cuMemPoolDestroy(pool);
   if (r != CUDA_SUCCESS || devicesReady() != CUDA_SUCCESS) return r;
   std::lock_guard<std::mutex> g(pools().mu);
   auto it = pools().pools.find(pool);
   if (it != pools().pools.end()) {
-    state().ledger->release(state().devices[it->second.ordinal].ledgerIndex, it->second.charged);
+    if (it->second.ordinal >= 0) state().ledger->release(state().devices[it->second.ordinal].ledgerIndex, it->second.charged);
     pools().pools.erase(it);
   }
   return r;

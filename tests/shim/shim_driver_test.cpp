@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "device_used.h"
 #include "simgpu/nvml.h"
 
 namespace {
@@ -263,6 +264,208 @@ TEST_F(Unlimited, NothingChangesWithoutALimit) {
   CUdeviceptr a = 0;
   CU_ASSERT(cuMemAlloc(&a, 3 * 1024 * kMiB));
   CU_ASSERT(cuMemFree(a));
+}
+
+// ---- attacks on the allocation paths (CUSHARE_MEMORY_LIMIT=512MiB, two 4 GiB devices) ----
+// Each is judged by the simulated device's own count (deviceUsed), not by the tenant's ledger.
+constexpr size_t kAttackLimit = 512 * kMiB;
+
+class Attack : public Ctx {
+ protected:
+  void SetUp() override {
+    Ctx::SetUp();
+    base0_ = cushare::test::deviceUsed(0);
+    base1_ = cushare::test::deviceUsed(1);
+    ASSERT_NE(UINT64_MAX, base0_);
+  }
+  // What this test holds on device dev, by the device's own count.
+  static uint64_t held(int dev, uint64_t base) { return cushare::test::deviceUsed(dev) - base; }
+  uint64_t base0_ = 0, base1_ = 0;
+};
+
+// Arrays the tenant ledger would count at width x height x depth x element size, while the
+// device stores each in tiles: thousands of them must still stop at the limit on the device.
+TEST_F(Attack, NarrowArraysStopAtTheLimitOnTheDevice) {
+  struct Shape {
+    size_t w, h, d;
+    unsigned flags;
+    unsigned levels;  // 0: a plain array
+  };
+  const Shape shapes[] = {
+      {1, 1, 2048, 0, 0},                       // 1 x 1 x N: one GOB per slice
+      {16384, 1, 1, 0, 0},                      // W x 1 x 1: one row padded to a GOB's 8 rows
+      {1, 1, 2048, CUDA_ARRAY3D_LAYERED, 0},    // 1 x 1, N layers
+      {1, 0, 2048, CUDA_ARRAY3D_LAYERED, 0},    // 1D layered
+      {1, 1, 2048, 0, 12},                      // mipmapped 1 x 1 x N
+  };
+  for (const Shape& sh : shapes) {
+    CUDA_ARRAY3D_DESCRIPTOR d = {};
+    d.Width = sh.w;
+    d.Height = sh.h;
+    d.Depth = sh.d;
+    d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+    d.NumChannels = 1;
+    d.Flags = sh.flags;
+    std::vector<CUarray> arrays;
+    std::vector<CUmipmappedArray> mips;
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < 40000 && r == CUDA_SUCCESS; ++i) {
+      if (sh.levels) {
+        CUmipmappedArray m;
+        if ((r = cuMipmappedArrayCreate(&m, &d, sh.levels)) == CUDA_SUCCESS) mips.push_back(m);
+      } else {
+        CUarray a;
+        if ((r = cuArray3DCreate(&a, &d)) == CUDA_SUCCESS) arrays.push_back(a);
+      }
+    }
+    SCOPED_TRACE("shape " + std::to_string(sh.w) + " x " + std::to_string(sh.h) + " x " + std::to_string(sh.d) +
+                 " flags " + std::to_string(sh.flags) + " levels " + std::to_string(sh.levels));
+    EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, r);
+    EXPECT_LE(held(0, base0_), kAttackLimit) << arrays.size() + mips.size() << " arrays";
+    EXPECT_GE(held(0, base0_), kAttackLimit / 2) << "the limit, not something else, stopped the loop";
+    for (CUarray a : arrays) CU_ASSERT(cuArrayDestroy(a));
+    for (CUmipmappedArray m : mips) CU_ASSERT(cuMipmappedArrayDestroy(m));
+    EXPECT_EQ(0u, held(0, base0_));
+    EXPECT_EQ(kAttackLimit, freeMem());
+  }
+}
+
+// A memory node two child graphs deep, moved in with CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: the
+// graph is charged at its first launch like a top-level node, and one past the limit never runs.
+TEST_F(Attack, MemoryNodesInNestedChildGraphsAreCounted) {
+  CUstream s;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  auto nested = [&](size_t bytes, CUgraphExec* exec) {
+    CUgraph inner, middle, outer;
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphCreate(&inner, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS p = {};
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = 0;
+    p.bytesize = bytes;
+    CUgraphNode alloc, node;
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphAddMemAllocNode(&alloc, inner, nullptr, 0, &p));
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphCreate(&middle, 0));
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphCreate(&outer, 0));
+    CUgraphNodeParams child = {};
+    child.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    child.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+    child.graph.graph = inner;
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphAddNode(&node, middle, nullptr, nullptr, 0, &child));
+    child.graph.graph = middle;
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphAddNode(&node, outer, nullptr, nullptr, 0, &child));
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphInstantiateWithFlags(exec, outer, 0));
+    ASSERT_EQ(CUDA_SUCCESS, cuGraphDestroy(outer));
+  };
+  CUgraphExec big, small;
+  nested(3 * 1024 * kMiB, &big);
+  nested(100 * kMiB, &small);
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuGraphLaunch(big, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  EXPECT_EQ(0u, held(0, base0_)) << "the over-limit graph allocated on the device";
+  CU_ASSERT(cuGraphLaunch(small, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  EXPECT_EQ(100 * kMiB, held(0, base0_));
+  EXPECT_EQ(kAttackLimit - 100 * kMiB, freeMem());
+  CU_ASSERT(cuGraphExecDestroy(big));
+  CU_ASSERT(cuGraphExecDestroy(small));
+  EXPECT_EQ(kAttackLimit, freeMem());
+  CU_ASSERT(cuStreamDestroy(s));
+}
+
+// A pool made on device 1 while device 0's context is current: what it reserves is device 1's.
+TEST_F(Attack, PoolMemoryIsChargedToThePoolsDevice) {
+  CUstream s;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUmemPoolProps props = {};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 1;
+  CUmemoryPool pool;
+  CU_ASSERT(cuMemPoolCreate(&pool, &props));
+  CUdeviceptr a = 0, b = 0;
+  CU_ASSERT(cuMemAllocFromPoolAsync(&a, 400 * kMiB, pool, s));
+  EXPECT_EQ(400 * kMiB, held(1, base1_));
+  EXPECT_EQ(kAttackLimit, freeMem()) << "device 0's share was charged for device 1's pool";
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAllocFromPoolAsync(&b, 200 * kMiB, pool, s));
+  // Device 1's own context sees the pool's 400 MiB.
+  CUcontext c1;
+  CU_ASSERT(cuDevicePrimaryCtxRetain(&c1, 1));
+  CU_ASSERT(cuCtxSetCurrent(c1));
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&b, 200 * kMiB));
+  EXPECT_LE(held(1, base1_), kAttackLimit);
+  CU_ASSERT(cuCtxSetCurrent(ctx_));
+  CU_ASSERT(cuMemFreeAsync(a, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  CU_ASSERT(cuMemPoolDestroy(pool));
+  EXPECT_EQ(0u, held(1, base1_));
+  CU_ASSERT(cuDevicePrimaryCtxRelease(1));
+  CU_ASSERT(cuStreamDestroy(s));
+}
+
+// Resetting or destroying a context frees its memory: the tenant's charges for it go too, so the
+// room is usable again, and the device agrees. Through the current and the first ABIs.
+TEST_F(Attack, ContextResetAndDestroyReturnTheCharges) {
+  using Reset = CUresult (*)(CUdevice);
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(nullptr, h);
+  const Reset resets[] = {[](CUdevice d) { return cuDevicePrimaryCtxReset(d); },
+                          reinterpret_cast<Reset>(dlsym(h, "cuDevicePrimaryCtxReset"))};
+  for (Reset reset : resets) {
+    ASSERT_NE(nullptr, reset);
+    CUdeviceptr p = 0;
+    CU_ASSERT(cuMemAlloc(&p, 400 * kMiB));
+    CU_ASSERT(reset(0));
+    EXPECT_EQ(0u, held(0, base0_));
+    CU_ASSERT(cuDevicePrimaryCtxRetain(&ctx_, 0));
+    CU_ASSERT(cuCtxSetCurrent(ctx_));
+    EXPECT_EQ(kAttackLimit, freeMem());
+    CU_ASSERT(cuMemAlloc(&p, 400 * kMiB));  // the room is back
+    CU_ASSERT(cuMemFree(p));
+  }
+  // A created context destroyed with memory in it.
+  CUcontext c;
+  CU_ASSERT(cuCtxCreate(&c, nullptr, 0, 0));
+  CUdeviceptr p = 0;
+  CU_ASSERT(cuMemAlloc(&p, 400 * kMiB));
+  CU_ASSERT(cuCtxDestroy(c));
+  EXPECT_EQ(0u, held(0, base0_));
+  CU_ASSERT(cuCtxSetCurrent(ctx_));
+  EXPECT_EQ(kAttackLimit, freeMem());
+  dlclose(h);
+}
+
+// The first ABIs (32-bit pointers and sizes) a driver still exports: refused on every road, and
+// nothing reaches the device through them.
+TEST_F(Attack, LegacyFirstAbisAreRefusedOnEveryRoad) {
+  using Alloc1 = CUresult (*)(unsigned int*, unsigned int);
+  using Pitch1 = CUresult (*)(unsigned int*, unsigned int*, unsigned int, unsigned int, unsigned int);
+  using Array1 = CUresult (*)(CUarray*, const void*);
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(nullptr, h);
+  std::vector<void*> allocs = {dlsym(RTLD_NEXT, "cuMemAlloc"), dlsym(RTLD_DEFAULT, "cuMemAlloc"), dlsym(h, "cuMemAlloc")};
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult st;
+  CU_ASSERT(cuGetProcAddress("cuMemAlloc", &fn, 2000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  allocs.push_back(fn);
+  for (void* a : allocs) {
+    ASSERT_NE(nullptr, a);
+    for (int i = 0; i < 10; ++i) {
+      unsigned int p = 0;
+      EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, reinterpret_cast<Alloc1>(a)(&p, 400 * kMiB));
+    }
+  }
+  unsigned int p = 0, pitch = 0;
+  CU_ASSERT(cuGetProcAddress("cuMemAllocPitch", &fn, 2000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, reinterpret_cast<Pitch1>(fn)(&p, &pitch, 1 << 20, 400, 4));
+  const unsigned desc[6] = {1 << 14, 1 << 14, 0, CU_AD_FORMAT_FLOAT, 4, 0};  // 4 GiB of texels
+  CUarray arr;
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, reinterpret_cast<Array1>(dlsym(h, "cuArrayCreate"))(&arr, desc));
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, reinterpret_cast<Array1>(dlsym(h, "cuArray3DCreate"))(&arr, desc));
+  unsigned int f = 0, t = 0;
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, reinterpret_cast<CUresult (*)(unsigned*, unsigned*)>(dlsym(h, "cuMemGetInfo"))(&f, &t));
+  EXPECT_EQ(0u, held(0, base0_));
+  dlclose(h);
 }
 
 // Runs cuInit with stderr captured: it must fail and say which variable is wrong.

@@ -169,13 +169,14 @@ bool registryFind(uintptr_t p, Allocation* out);
 void registryForEach(const std::function<void(const Allocation&)>& f);
 
 // Host memory for a simulated device allocation: zero-filled, aligned, lazily committed.
-void* hostMap(size_t bytes, size_t* mapped);
+// low32: in the low 2 GiB of the address space, for the first ABI's 32-bit device pointers.
+void* hostMap(size_t bytes, size_t* mapped, bool low32 = false);
 void hostUnmap(void* p, size_t mapped);
 // Accounting against the simulated device (host-wide).
 bool deviceReserve(int dev, uint64_t bytes);
 void deviceRelease(int dev, uint64_t bytes);
 // Allocates plain device memory on the current context's device (cuMemAlloc semantics).
-CUresult allocDevice(size_t bytes, MemKind kind, unsigned flags, CUdeviceptr* out);
+CUresult allocDevice(size_t bytes, MemKind kind, unsigned flags, CUdeviceptr* out, bool low32 = false);
 CUresult freeDevice(CUdeviceptr p);
 unsigned long long nextId();
 

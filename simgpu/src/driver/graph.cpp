@@ -1,5 +1,6 @@
 // Graphs: stream capture (begin/end, fork and join through events, capture info), the explicit
-// graph API for kernel, memcpy, memset, host, empty, child-graph and memory alloc/free nodes,
+// graph API for kernel, memcpy, memset, host, empty, child-graph (cloned, or moved in with their
+// memory nodes) and memory alloc/free nodes,
 // instantiation and launch. An executable graph holds its own copies of the nodes, so editing
 // or destroying the source graph does not change it; launch runs the nodes in dependency order
 // through the same copy/memset/kernel code as direct calls.
@@ -377,6 +378,40 @@ CU_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) 
   return CUDA_SUCCESS;
 }
 
+// ---- child graphs ----
+namespace {
+// Caller holds graphMutex(). A deep copy of g: nodes with their dependencies remapped, child
+// graphs copied too. Registered as handles when the application may read it (a child graph node's
+// embedded graph), private otherwise (an executable graph's snapshot).
+Graph* copyGraph(const Graph* g, bool handles) {
+  auto* c = new Graph;
+  std::unordered_map<GraphNode*, GraphNode*> copies;
+  for (GraphNode* n : g->nodes) {
+    auto* x = new GraphNode(*n);
+    x->graph = c;
+    x->source = n;
+    copies[n] = x;
+    c->nodes.push_back(x);
+  }
+  for (GraphNode* x : c->nodes) {
+    for (GraphNode*& d : x->deps) d = copies[d];
+    if (x->child) x->child = copyGraph(x->child, handles);
+    if (handles) handleAdd(x, HandleType::kGraphNode);
+  }
+  if (handles) handleAdd(c, HandleType::kGraph);
+  return c;
+}
+
+// Caller holds graphMutex(). Whether g holds memory alloc or free nodes at any depth.
+bool hasMemoryNodes(const Graph* g) {
+  for (const GraphNode* n : g->nodes)
+    if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE ||
+        (n->child && hasMemoryNodes(n->child)))
+      return true;
+  return false;
+}
+}  // namespace
+
 // ---- explicit graphs ----
 CU_EXPORT CUresult cuGraphCreate(CUgraph* out, unsigned int flags) {
   API_ENTER(out, flags);
@@ -520,13 +555,38 @@ CU_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode* out, CUgraph g, const CUgrap
   return addSimple(out, g, deps, n, CU_GRAPH_NODE_TYPE_EMPTY);
 }
 
-CU_EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t n, CUgraph child) {
-  API_ENTER(out, g, deps, n, child);
+namespace {
+// A child graph node. CLONE (the default, and cuGraphAddChildGraphNode) embeds a copy, which may
+// not hold memory nodes; MOVE (CUDA 12.9+) embeds the graph itself, memory nodes included, and
+// the application's handle to it is no longer its own.
+CUresult addChild(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t n, CUgraph child,
+                  CUgraphChildGraphNodeOwnership ownership) {
   Graph* c = graphOf(child);
-  if (!c) return CUDA_ERROR_INVALID_VALUE;
+  if (!c || c == graphOf(g)) return CUDA_ERROR_INVALID_VALUE;
+  if (ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE && ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE)
+    return CUDA_ERROR_INVALID_VALUE;
+  {
+    std::lock_guard l(graphMutex());
+    if (ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE && hasMemoryNodes(c)) return CUDA_ERROR_NOT_SUPPORTED;
+  }
   GraphNode* node;
   CU_TRY(addSimple(out, g, deps, n, CU_GRAPH_NODE_TYPE_GRAPH, &node));
-  node->child = c;
+  std::lock_guard l(graphMutex());
+  node->child = ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE ? c : copyGraph(c, true);
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CU_EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t n, CUgraph child) {
+  API_ENTER(out, g, deps, n, child);
+  return addChild(out, g, deps, n, child, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE);
+}
+
+CU_EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode h, CUgraph* out) {
+  API_ENTER(h, out);
+  GraphNode* n = handleGet<GraphNode>(h, HandleType::kGraphNode);
+  if (!n || !out || n->type != CU_GRAPH_NODE_TYPE_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUgraph>(n->child);
   return CUDA_SUCCESS;
 }
 
@@ -584,7 +644,7 @@ CU_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode* out, CUgraph g, const CUgraphN
     case CU_GRAPH_NODE_TYPE_EMPTY:
       return addSimple(out, g, deps, n, CU_GRAPH_NODE_TYPE_EMPTY);
     case CU_GRAPH_NODE_TYPE_GRAPH:
-      return cuGraphAddChildGraphNode(out, g, deps, n, p->graph.graph);
+      return addChild(out, g, deps, n, p->graph.graph, p->graph.ownership);
     case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
       CUDA_MEM_ALLOC_NODE_PARAMS a = {};
       a.poolProps = p->alloc.poolProps;
@@ -726,6 +786,7 @@ CUresult instantiate(CUgraphExec* out, CUgraph h) {
   for (GraphNode* n : topoSort(g->nodes)) {
     auto* copy = new GraphNode(*n);
     copy->source = n;
+    if (copy->child) copy->child = copyGraph(copy->child, false);  // later edits do not reach it
     for (GraphNode*& d : copy->deps) d = copies[d];
     copies[n] = copy;
     e->order.push_back(copy);

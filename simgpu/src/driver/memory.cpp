@@ -61,9 +61,10 @@ void registryForEach(const std::function<void(const Allocation&)>& f) {
   for (auto& a : copy) f(a);
 }
 
-void* hostMap(size_t bytes, size_t* mapped) {
+void* hostMap(size_t bytes, size_t* mapped, bool low32) {
   const size_t len = roundUp(bytes == 0 ? 1 : bytes, 4096);
-  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (low32 ? MAP_32BIT : 0), -1, 0);
   if (p == MAP_FAILED) return nullptr;
   *mapped = len;
   return p;
@@ -73,13 +74,13 @@ void hostUnmap(void* p, size_t mapped) {
   if (p) munmap(p, mapped);
 }
 
-CUresult allocDevice(size_t bytes, MemKind kind, unsigned flags, CUdeviceptr* out) {
+CUresult allocDevice(size_t bytes, MemKind kind, unsigned flags, CUdeviceptr* out, bool low32) {
   Context* c;
   CU_TRY(requireContext(&c));
   const uint64_t charged = roundUp(bytes, kAllocAlign);
   if (!deviceReserve(c->device, charged)) return CUDA_ERROR_OUT_OF_MEMORY;
   size_t mapped = 0;
-  void* p = hostMap(bytes, &mapped);
+  void* p = hostMap(bytes, &mapped, low32);
   if (!p) {
     deviceRelease(c->device, charged);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -144,6 +145,34 @@ CU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   if (a.kind == MemKind::kGraph && a.base == dptr) return graphMemFree(dptr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   return freeDevice(dptr);
 }
+
+// The first ABIs (CUDA 2.x), which real drivers still export: 32-bit sizes and device pointers,
+// so the memory is placed in the low 2 GiB of the address space. Counted like the current ones.
+extern "C" SIMGPU_EXPORT CUresult simgpu_cuMemAlloc_v1(unsigned int* dptr, unsigned int bytesize) __asm__("cuMemAlloc");
+CUresult simgpu_cuMemAlloc_v1(unsigned int* dptr, unsigned int bytesize) {
+  API_ENTER(dptr, bytesize);
+  if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr p;
+  CU_TRY(allocDevice(bytesize, MemKind::kDevice, 0, &p, true));
+  *dptr = static_cast<unsigned int>(p);
+  return CUDA_SUCCESS;
+}
+extern "C" SIMGPU_EXPORT CUresult simgpu_cuMemAllocPitch_v1(unsigned int* dptr, unsigned int* pitch, unsigned int width,
+                                                          unsigned int height, unsigned int elem) __asm__("cuMemAllocPitch");
+CUresult simgpu_cuMemAllocPitch_v1(unsigned int* dptr, unsigned int* pitch, unsigned int width, unsigned int height,
+                                   unsigned int elem) {
+  API_ENTER(dptr, pitch, width, height, elem);
+  if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
+    return CUDA_ERROR_INVALID_VALUE;
+  const size_t p = roundUp(width, 512);
+  CUdeviceptr d;
+  CU_TRY(allocDevice(p * height, MemKind::kDevice, 0, &d, true));
+  *dptr = static_cast<unsigned int>(d);
+  *pitch = static_cast<unsigned int>(p);
+  return CUDA_SUCCESS;
+}
+extern "C" SIMGPU_EXPORT CUresult simgpu_cuMemFree_v1(unsigned int dptr) __asm__("cuMemFree");
+CUresult simgpu_cuMemFree_v1(unsigned int dptr) { return cuMemFree_v2(dptr); }
 
 CU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
   API_ENTER(dptr, bytesize, flags);

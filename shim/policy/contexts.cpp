@@ -1,0 +1,53 @@
+// Context teardown: destroying a context, resetting a primary context (cudaDeviceReset) or
+// releasing its last reference frees everything the context owned, without a free call per
+// allocation. After each, the shim asks the driver which of its counted allocations still exist
+// and returns the charges of the others (memory.cpp), then settles the pools (pools.cpp).
+#include "interpose/hooks.h"
+#include "interpose/real.h"
+#include "runtime/state.h"
+
+namespace cushare::shim {
+
+// memory.cpp, pools.cpp
+void settleFreedAllocations() noexcept;
+void settleAllPools() noexcept;
+
+namespace {
+
+CUresult afterTeardown(CUresult r) noexcept {
+  if (r != CUDA_SUCCESS) return r;
+  settleFreedAllocations();
+  settleAllPools();
+  return r;
+}
+
+// A primary context's release frees its memory only when it drops the last reference.
+CUresult afterRelease(CUresult r, CUdevice dev) noexcept {
+  if (r != CUDA_SUCCESS) return r;
+  unsigned flags = 0;
+  int active = 1;
+  RealDriver& d = realDriver();
+  if (d.p_cuDevicePrimaryCtxGetState && d.p_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&
+      !active)
+    return afterTeardown(r);
+  return r;
+}
+
+}  // namespace
+
+CUresult hook_cuCtxDestroy(CUcontext ctx) noexcept { return afterTeardown(realDriver().p_cuCtxDestroy(ctx)); }
+CUresult hook_cuCtxDestroy_v2(CUcontext ctx) noexcept { return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx)); }
+CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept {
+  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset(dev));
+}
+CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
+  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset_v2(dev));
+}
+CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept {
+  return afterRelease(realDriver().p_cuDevicePrimaryCtxRelease(dev), dev);
+}
+CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept {
+  return afterRelease(realDriver().p_cuDevicePrimaryCtxRelease_v2(dev), dev);
+}
+
+}  // namespace cushare::shim

@@ -145,6 +145,7 @@ bool loadRealDriver(std::string* error) noexcept {
   CUSHARE_RESOLVE(cuDevicePrimaryCtxGetState);
   CUSHARE_RESOLVE(cuStreamGetDevice);
   CUSHARE_RESOLVE(cuDeviceGetDefaultMemPool);
+  CUSHARE_RESOLVE(cuMemGetAllocationPropertiesFromHandle);
 #undef CUSHARE_RESOLVE
   if (!gDriver.p_cuInit || !gDriver.p_cuGetProcAddress_v2 || !gDriver.p_cuCtxGetDevice || !gDriver.p_cuDeviceGetUuid_v2) {
     if (error) *error = "the CUDA driver libcuda.so.1 lacks entry points the shim needs (driver older than CUDA 12?)";

@@ -40,6 +40,7 @@ struct RealDriver {
   CUresult (*p_cuDevicePrimaryCtxGetState)(CUdevice, unsigned*, int*) = nullptr;
   CUresult (*p_cuStreamGetDevice)(CUstream, CUdevice*) = nullptr;
   CUresult (*p_cuDeviceGetDefaultMemPool)(CUmemoryPool*, CUdevice) = nullptr;
+  CUresult (*p_cuMemGetAllocationPropertiesFromHandle)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
 };
 
 struct RealNvml {

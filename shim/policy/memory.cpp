@@ -180,10 +180,17 @@ CUresult chargedArray(const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned levels, Char
 }
 
 // ---- virtual memory: a handle's charge lasts until it is released and no longer mapped ----
+// Shareable memory lives on in the driver while any exported descriptor or imported handle refers
+// to it, which the shim cannot see: a handle once exported stays charged until this process exits
+// (the ledger returns a dead process's usage); an imported handle is charged, before the driver
+// maps it, for what it maps, until it is released and unmapped (the exporter's tenant pays too
+// while its process lives: over-counted, never under).
 struct VmmHandle {
   Charge charge;
-  int refs = 1;  // create + retains; cuMemRelease drops one
+  int refs = 1;  // create / import + retains; cuMemRelease drops one
   int maps = 0;
+  bool exported = false;
+  int importedOn = -1;  // an imported handle: the ordinal of its device
 };
 struct VmmState {
   std::mutex mu;
@@ -198,7 +205,7 @@ VmmState& vmm() {
 void vmmMaybeRelease(CUmemGenericAllocationHandle h) noexcept {
   auto it = vmm().handles.find(h);
   if (it == vmm().handles.end() || it->second.refs > 0 || it->second.maps > 0) return;
-  release(it->second.charge);
+  if (!it->second.exported) release(it->second.charge);
   vmm().handles.erase(it);
 }
 
@@ -335,14 +342,69 @@ CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) noexcept {
 
 CUresult hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                        unsigned long long flags) noexcept {
+  // An imported handle is charged for what it maps, before the driver maps it.
+  Charge extra{-1, ChargeKind::kPointer, 0};
+  int ordinal = -1;
+  {
+    std::lock_guard<std::mutex> g(vmm().mu);
+    auto it = vmm().handles.find(handle);
+    if (it != vmm().handles.end() && it->second.importedOn >= 0) {
+      ordinal = it->second.importedOn;
+      extra = Charge{it->second.charge.device, ChargeKind::kPointer, size};
+    }
+  }
+  if (ordinal >= 0)
+    if (CUresult r = reserve(ordinal, size); r != CUDA_SUCCESS) return r;
   const CUresult r = realDriver().p_cuMemMap(ptr, size, offset, handle, flags);
-  if (r != CUDA_SUCCESS) return r;
+  if (r != CUDA_SUCCESS) {
+    if (extra.device >= 0) release(extra);
+    return r;
+  }
   std::lock_guard<std::mutex> g(vmm().mu);
   auto it = vmm().handles.find(handle);
   if (it != vmm().handles.end()) {
     ++it->second.maps;
+    it->second.charge.bytes += extra.bytes;
     vmm().mappings[ptr] = {handle, size};
+  } else if (extra.device >= 0) {
+    release(extra);  // released meanwhile (a race the application made): nothing to hold it
   }
+  return r;
+}
+
+CUresult hook_cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                           CUmemAllocationHandleType type, unsigned long long flags) noexcept {
+  const CUresult r = realDriver().p_cuMemExportToShareableHandle(shareable, handle, type, flags);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> g(vmm().mu);
+  auto it = vmm().handles.find(handle);
+  if (it != vmm().handles.end()) it->second.exported = true;
+  return r;
+}
+
+CUresult hook_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
+                                             CUmemAllocationHandleType type) noexcept {
+  RealDriver& d = realDriver();
+  const CUresult r = d.p_cuMemImportFromShareableHandle(handle, osHandle, type);
+  if (r != CUDA_SUCCESS || !handle || devicesReady() != CUDA_SUCCESS) return r;
+  CUmemAllocationProp prop = {};
+  int ordinal = -1;
+  if (d.p_cuMemGetAllocationPropertiesFromHandle &&
+      d.p_cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS &&
+      prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop.location.id >= 0 &&
+      prop.location.id < state().deviceCount)
+    ordinal = prop.location.id;
+  if (ordinal < 0) {
+    // Cannot tell which device holds it: refuse rather than map it uncounted.
+    d.p_cuMemRelease(*handle);
+    logLine(LogLevel::kError, "tenant %s: imported memory of unknown device refused", state().config.tenant.c_str());
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  std::lock_guard<std::mutex> g(vmm().mu);
+  VmmHandle v;
+  v.charge = Charge{state().devices[ordinal].ledgerIndex, ChargeKind::kPointer, 0};
+  v.importedOn = ordinal;
+  vmm().handles[*handle] = v;
   return r;
 }
 

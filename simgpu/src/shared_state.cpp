@@ -7,7 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -15,7 +19,8 @@ namespace simgpu {
 namespace {
 
 constexpr size_t kSlotsOffset = 4096;  // slots start on their own page
-constexpr size_t kFileSize = kSlotsOffset + sizeof(ProcSlot) * kMaxSlots;
+constexpr size_t kSharedOffset = kSlotsOffset + sizeof(ProcSlot) * kMaxSlots;
+constexpr size_t kFileSize = kSharedOffset + sizeof(SharedAlloc) * kMaxShared;
 // Lock bytes live past the end of the mapped data: OFD locks do not need the bytes to exist.
 constexpr off_t kLockBase = 1 << 20;
 
@@ -101,6 +106,8 @@ SharedState* SharedState::open(const std::string& dir, int deviceCount, const ui
   }
   s->hdr_ = static_cast<StateHeader*>(p);
   s->slots_ = reinterpret_cast<ProcSlot*>(static_cast<char*>(p) + kSlotsOffset);
+  s->shared_ = reinterpret_cast<SharedAlloc*>(static_cast<char*>(p) + kSharedOffset);
+  s->dir_ = dir;
   StateHeader* h = s->hdr_;
   if (fresh || h->magic == 0) {
     h->version = kStateVersion;
@@ -163,6 +170,8 @@ void SharedState::lockDevice(int dev) {
     // the slots are the truth, rebuild the total from them.
     uint64_t sum = 0;
     for (int i = 0; i < kMaxSlots; ++i) sum += slots_[i].used[dev].load(std::memory_order_acquire);
+    for (int i = 0; i < kMaxShared; ++i)
+      if (shared_[i].id.load(std::memory_order_acquire) && shared_[i].device == dev) sum += shared_[i].bytes;
     hdr_->used[dev].store(sum, std::memory_order_release);
     pthread_mutex_consistent(&hdr_->lock[dev]);
   }
@@ -285,8 +294,131 @@ bool SharedState::reap() {
     returned |= reapSlot(i);
     unlockSlot(i, fd);
   }
+  for (int i = 0; i < kMaxShared; ++i) returned |= reapSharedEntry(i);
   if (returned) hdr_->generation.fetch_add(1, std::memory_order_acq_rel);
   return returned;
+}
+
+// ---- shareable memory ----
+namespace {
+bool lockByte0(int fd, short type) {
+  struct flock fl = {};
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = 0;
+  fl.l_len = 1;
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0;
+}
+constexpr char kSharedPrefix[] = "/vmm-";
+}  // namespace
+
+std::string SharedState::sharedPath(uint64_t id) const { return dir_ + kSharedPrefix + std::to_string(id); }
+
+int SharedState::reserveShared(int dev, uint64_t bytes, uint64_t* id) {
+  {
+    std::lock_guard<std::mutex> g(claimMutex());
+    if (!claimSlot()) return -1;  // the process is listed (processes()) while it lives
+  }
+  int slot = -1;
+  for (int i = 0; i < kMaxShared && slot < 0; ++i) {
+    uint64_t expected = 0;
+    // A placeholder id claims the entry before it is counted (never matched by reapers: not ready).
+    if (shared_[i].id.compare_exchange_strong(expected, UINT64_MAX, std::memory_order_acq_rel)) slot = i;
+  }
+  if (slot < 0) return -1;
+  SharedAlloc& e = shared_[slot];
+  e.ready.store(0, std::memory_order_release);
+  e.device = dev;
+  e.creator = getpid();
+  e.bytes = bytes;
+  const uint64_t newId = hdr_->next_shared_id.fetch_add(1, std::memory_order_acq_rel) + 1;
+  bool fits = false;
+  for (int attempt = 0; attempt < 2 && !fits; ++attempt) {
+    lockDevice(dev);
+    const uint64_t cur = hdr_->used[dev].load(std::memory_order_relaxed);
+    fits = bytes <= hdr_->capacity[dev] && cur <= hdr_->capacity[dev] - bytes;
+    if (fits) {
+      hdr_->used[dev].store(cur + bytes, std::memory_order_release);
+      e.id.store(newId, std::memory_order_release);  // counted: an EOWNERDEAD rebuild sees it
+    }
+    unlockDevice(dev);
+    if (!fits && !reap()) break;
+  }
+  if (!fits) {
+    e.id.store(0, std::memory_order_release);
+    return -1;
+  }
+  const std::string path = sharedPath(newId);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0 || ::fchmod(fd, 0666) != 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 || !lockByte0(fd, F_RDLCK)) {
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(path.c_str());
+    }
+    lockDevice(dev);
+    hdr_->used[dev].fetch_sub(bytes, std::memory_order_acq_rel);
+    e.id.store(0, std::memory_order_release);
+    unlockDevice(dev);
+    return -1;
+  }
+  e.ready.store(1, std::memory_order_release);
+  *id = newId;
+  return fd;
+}
+
+int SharedState::openShared(int fd, uint64_t* id, int* dev) {
+  char link[64], target[4096];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0) return -1;
+  target[n] = 0;
+  const std::string t(target);
+  const std::string prefix = dir_ + kSharedPrefix;
+  if (t.compare(0, prefix.size(), prefix) != 0) return -1;
+  const uint64_t want = std::strtoull(t.c_str() + prefix.size(), nullptr, 10);
+  for (int i = 0; i < kMaxShared; ++i) {
+    if (shared_[i].id.load(std::memory_order_acquire) != want || !want) continue;
+    const int own = ::open(link, O_RDWR | O_CLOEXEC);  // a new open file description
+    if (own < 0) return -1;
+    if (!lockByte0(own, F_RDLCK)) {
+      ::close(own);
+      return -1;
+    }
+    *id = want;
+    *dev = shared_[i].device;
+    return own;
+  }
+  return -1;
+}
+
+bool SharedState::reapSharedEntry(int i) {
+  SharedAlloc& e = shared_[i];
+  const uint64_t id = e.id.load(std::memory_order_acquire);
+  if (id == 0 || id == UINT64_MAX) return false;
+  if (!e.ready.load(std::memory_order_acquire)) {
+    // Counted but not yet published: only a creator that died in between leaves it so.
+    if (::kill(e.creator, 0) == 0 || errno != ESRCH) return false;
+  } else {
+    const int fd = ::open(sharedPath(id).c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return false;  // being removed by another reaper
+    const bool unreferenced = lockByte0(fd, F_WRLCK);
+    if (unreferenced) ::unlink(sharedPath(id).c_str());
+    ::close(fd);
+    if (!unreferenced) return false;
+  }
+  uint64_t expected = id;
+  if (!e.id.compare_exchange_strong(expected, UINT64_MAX, std::memory_order_acq_rel)) return false;
+  lockDevice(e.device);
+  hdr_->used[e.device].fetch_sub(e.bytes, std::memory_order_acq_rel);
+  e.id.store(0, std::memory_order_release);
+  unlockDevice(e.device);
+  return true;
+}
+
+bool SharedState::reapShared(uint64_t id) {
+  for (int i = 0; i < kMaxShared; ++i)
+    if (shared_[i].id.load(std::memory_order_acquire) == id) return reapSharedEntry(i);
+  return false;
 }
 
 int SharedState::processes(int dev, ProcUsage* out, int max, int* total) {
@@ -294,8 +426,14 @@ int SharedState::processes(int dev, ProcUsage* out, int max, int* total) {
   int n = 0, t = 0;
   for (int i = 0; i < kMaxSlots; ++i) {
     const int32_t pid = slots_[i].pid.load(std::memory_order_acquire);
-    const uint64_t u = slots_[i].used[dev].load(std::memory_order_acquire);
-    if (pid == 0 || u == 0) continue;
+    if (pid == 0) continue;
+    uint64_t u = slots_[i].used[dev].load(std::memory_order_acquire);
+    // Shareable memory is the process's that made it, while that process lives.
+    for (int k = 0; k < kMaxShared; ++k) {
+      const uint64_t id = shared_[k].id.load(std::memory_order_acquire);
+      if (id && id != UINT64_MAX && shared_[k].device == dev && shared_[k].creator == pid) u += shared_[k].bytes;
+    }
+    if (u == 0) continue;
     ++t;
     if (n < max) out[n++] = {pid, u};
   }

@@ -13,6 +13,14 @@
 //   when the owner dies (kill -9 included), so a slot whose lock can be taken belongs to a dead
 //   process: whoever takes it first returns its usage to the header (exactly once, because the lock
 //   is exclusive) and frees the slot. reap() does this for all slots.
+// - Shareable physical memory (VMM allocations made exportable as a file descriptor) outlives
+//   the process that made it, as on a real device, for as long as any handle or exported
+//   descriptor refers to it anywhere. Such memory is counted in used[d] through a shared entry
+//   rather than a process slot. Its backing file (<dir>/vmm-<id>) is the witness: every open file
+//   description that keeps the memory alive (a driver handle's, an exported descriptor's, with
+//   all its duplicates, across fork and SCM_RIGHTS) holds an OFD read lock on it, so the memory is
+//   unreferenced exactly when a write lock can be taken. Whoever takes it (reapShared) returns the
+//   bytes and removes the file, exactly once.
 // - The layout is versioned (kStateVersion); a file with another magic/version/size or another
 //   device configuration is refused with a clear error, never reinterpreted.
 #pragma once
@@ -26,9 +34,10 @@
 namespace simgpu {
 
 inline constexpr uint64_t kStateMagic = 0x5354415447504953ull;  // "SIMGPSTAT" (little endian)
-inline constexpr uint32_t kStateVersion = 2;
+inline constexpr uint32_t kStateVersion = 3;
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kMaxSlots = 1024;
+inline constexpr int kMaxShared = 4096;
 
 struct ProcSlot {
   std::atomic<int32_t> pid;  // 0: free
@@ -49,6 +58,18 @@ struct StateHeader {
   std::atomic<uint64_t> used[kMaxDevices];
   std::atomic<uint64_t> generation;  // bumped on every reap that returned memory
   pthread_mutex_t lock[kMaxDevices];  // robust, process-shared; guards used[d] and slots' used[d]
+  std::atomic<uint64_t> next_shared_id;
+};
+
+// A shareable allocation's entry: id 0 is free; `ready` once its backing file exists and its
+// creator's lock is on it (before that, only a dead creator frees it).
+struct SharedAlloc {
+  std::atomic<uint64_t> id;
+  std::atomic<uint32_t> ready;
+  int32_t device;
+  int32_t creator;  // pid
+  uint32_t reserved;
+  uint64_t bytes;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -71,14 +92,26 @@ class SharedState {
   bool reserve(int dev, uint64_t bytes);
   // Returns bytes previously reserved by this process.
   void release(int dev, uint64_t bytes);
-  // Returns the usage of dead processes; true if anything was returned.
+  // Returns the usage of dead processes and of unreferenced shareable memory; true if anything
+  // was returned.
   bool reap();
+
+  // Shareable memory (see the invariants above). reserveShared counts bytes on dev in a new
+  // entry and creates its backing file, sized, with a read lock held through the returned
+  // descriptor (O_CLOEXEC); -1 if the device is full or on a system error.
+  int reserveShared(int dev, uint64_t bytes, uint64_t* id);
+  // Opens a new open file description of the backing file behind fd (any descriptor of it) with
+  // a read lock of its own; -1 if fd is not simgpu shareable memory. *id and *dev describe it.
+  int openShared(int fd, uint64_t* id, int* dev);
+  // Returns entry id's bytes if nothing refers to its memory any more; true if it did.
+  bool reapShared(uint64_t id);
 
   struct ProcUsage {
     int32_t pid;
     uint64_t used;
   };
-  // Live processes with memory on dev (reaps first). Returns the number written (<= max), and
+  // Live processes with memory on dev (reaps first); shareable memory counts for the process
+  // that made it while that process lives. Returns the number written (<= max), and
   // the total number found in *total.
   int processes(int dev, ProcUsage* out, int max, int* total);
 
@@ -92,15 +125,19 @@ class SharedState {
   bool tryLockSlot(int i, int fd);
   void unlockSlot(int i, int fd);
   bool reapSlot(int i);
+  bool reapSharedEntry(int i);
+  std::string sharedPath(uint64_t id) const;
   void lockDevice(int dev);
   void unlockDevice(int dev);
 
+  std::string dir_;
   std::string path_;
   int fd_ = -1;           // this process's own open file description (holds the slot lock)
   int fdPid_ = 0;         // pid that opened fd_ (a forked child opens its own)
   int slot_ = -1;
   StateHeader* hdr_ = nullptr;
   ProcSlot* slots_ = nullptr;
+  SharedAlloc* shared_ = nullptr;
 };
 
 }  // namespace simgpu

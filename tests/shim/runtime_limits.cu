@@ -10,6 +10,8 @@
 
 #include <cstdlib>
 
+#include "device_used.h"
+
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
@@ -194,6 +196,19 @@ TEST_F(RuntimeLimits, DriverEntryPointByVersionIsLimited) {
   void* pt = nullptr;
   RT_ASSERT(cudaGetDriverEntryPointByVersion("cuMemAlloc", &pt, 12000, cudaEnablePerThreadDefaultStream, &st));
   checkEntryPoints(pt, f, i);
+}
+
+// cudaDeviceReset frees everything of the device's primary context: the tenant's charges for it
+// go too, so the room is usable again, and the device's own count agrees.
+TEST_F(RuntimeLimits, DeviceResetReturnsTheCharges) {
+  const uint64_t base = cushare::test::deviceUsed(0);
+  void* p = nullptr;
+  RT_ASSERT(cudaMalloc(&p, 200 * kMiB));
+  EXPECT_EQ(base + 200 * kMiB, cushare::test::deviceUsed(0));
+  RT_ASSERT(cudaDeviceReset());
+  EXPECT_EQ(base, cushare::test::deviceUsed(0));
+  RT_ASSERT(cudaMalloc(&p, 200 * kMiB));  // the room is back
+  RT_ASSERT(cudaFree(p));
 }
 
 }  // namespace

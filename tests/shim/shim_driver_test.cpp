@@ -5,7 +5,10 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -466,6 +469,128 @@ TEST_F(Attack, LegacyFirstAbisAreRefusedOnEveryRoad) {
   EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, reinterpret_cast<CUresult (*)(unsigned*, unsigned*)>(dlsym(h, "cuMemGetInfo"))(&f, &t));
   EXPECT_EQ(0u, held(0, base0_));
   dlclose(h);
+}
+
+// ---- shareable VMM memory (same environment as Attack, its own process: what a process exports
+// stays charged until it exits) ----
+using Shareable = Attack;
+
+CUmemAllocationProp shareableProp() {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+// One byte and room for one descriptor (SCM_RIGHTS).
+struct FdMessage {
+  FdMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg = {};
+};
+
+// The exporting half of Shareable.ImportedMemoryIsChargedAfterTheExporterExits, run as a child:
+// makes 400 MiB, sends an exported descriptor over CHILD_SOCKET, releases its handle and exits.
+TEST_F(Attack, ExportChild) {
+  const char* sock = std::getenv("CHILD_SOCKET");
+  if (!sock) GTEST_SKIP() << "run by Shareable.ImportedMemoryIsChargedAfterTheExporterExits";
+  const CUmemAllocationProp prop = shareableProp();
+  CUmemGenericAllocationHandle h;
+  CU_ASSERT(cuMemCreate(&h, 400 * kMiB, &prop, 0));
+  int fd = -1;
+  CU_ASSERT(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  FdMessage m;
+  cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  ASSERT_EQ(1, sendmsg(std::atoi(sock), &m.msg, 0));
+  close(fd);
+  CU_ASSERT(cuMemRelease(h));
+}
+
+// Another process's exported memory, imported here after its maker released it and exited: the
+// device keeps it for the descriptor, so this tenant is charged for it while it is mapped here.
+TEST_F(Shareable, ImportedMemoryIsChargedAfterTheExporterExits) {
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+  const std::string exe = [] {
+    char b[4096] = {};
+    return std::string(b, readlink("/proc/self/exe", b, sizeof b - 1));
+  }();
+  const std::string env = "CHILD_SOCKET=" + std::to_string(sv[1]);
+  std::vector<std::string> envs{env};
+  for (char** e = environ; *e; ++e) envs.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : envs) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string filter = "--gtest_filter=Attack.ExportChild";
+  char* argv[] = {const_cast<char*>(exe.c_str()), filter.data(), nullptr};
+  pid_t pid;
+  ASSERT_EQ(0, posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()));
+  close(sv[1]);
+  FdMessage m;
+  ASSERT_EQ(1, recvmsg(sv[0], &m.msg, 0));
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m.msg)), sizeof fd);
+  int status = 0;
+  ASSERT_EQ(pid, waitpid(pid, &status, 0));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the exporting child failed";
+  close(sv[0]);
+  freeMem();  // lets the device return what no one holds
+  EXPECT_EQ(400 * kMiB, held(0, base0_)) << "the descriptor keeps the memory on the device";
+
+  CUmemGenericAllocationHandle h;
+  CU_ASSERT(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  CUdeviceptr va;
+  CU_ASSERT(cuMemAddressReserve(&va, 400 * kMiB, 0, 0, 0));
+  CU_ASSERT(cuMemMap(va, 400 * kMiB, 0, h, 0));
+  CUdeviceptr p = 0;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&p, 200 * kMiB)) << "the imported 400 MiB are not charged";
+  EXPECT_LE(held(0, base0_), kAttackLimit);
+  CU_ASSERT(cuMemUnmap(va, 400 * kMiB));
+  CU_ASSERT(cuMemAddressFree(va, 400 * kMiB));
+  CU_ASSERT(cuMemRelease(h));
+  EXPECT_EQ(kAttackLimit, freeMem());
+  EXPECT_EQ(400 * kMiB, held(0, base0_)) << "the descriptor still keeps it";
+  close(fd);
+  freeMem();
+  EXPECT_EQ(0u, held(0, base0_)) << "the last reference is gone: the device frees it";
+}
+
+// Export, then release: the descriptor keeps the memory on the device, so it stays charged. Last
+// test of its process: the charges stay until the process exits.
+TEST_F(Shareable, ExportedMemoryStaysChargedAfterRelease) {
+  const CUmemAllocationProp prop = shareableProp();
+  std::vector<int> fds;
+  CUresult r = CUDA_SUCCESS;
+  for (int i = 0; i < 8 && r == CUDA_SUCCESS; ++i) {
+    CUmemGenericAllocationHandle h;
+    if ((r = cuMemCreate(&h, 256 * kMiB, &prop, 0)) != CUDA_SUCCESS) break;
+    int fd = -1;
+    CU_ASSERT(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    fds.push_back(fd);
+    CU_ASSERT(cuMemRelease(h));
+    EXPECT_LE(held(0, base0_), kAttackLimit);
+  }
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, r);
+  EXPECT_EQ(2u, fds.size());
+  EXPECT_EQ(512 * kMiB, held(0, base0_)) << "released handles whose descriptors live stay on the device";
+  for (int fd : fds) close(fd);
+  freeMem();
+  EXPECT_EQ(0u, held(0, base0_)) << "every descriptor closed: the device frees them";
 }
 
 // Runs cuInit with stderr captured: it must fail and say which variable is wrong.

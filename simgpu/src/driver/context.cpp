@@ -119,6 +119,9 @@ CU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Context* p = primaryContext(dev);
   releaseContextMemory(p);
+  // No longer current to the calling thread (cudaDeviceReset's caller), so the runtime's next
+  // call finds no context and retains the primary context again, as it does on a real driver.
+  if (currentContext() == p) setCurrent(nullptr);
   std::lock_guard g(ctxMutex());
   p->refs = 0;
   p->active = false;

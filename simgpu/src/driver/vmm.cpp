@@ -1,7 +1,11 @@
 // Virtual memory management: physical allocations (cuMemCreate) are memfd-backed, address
 // reservations are PROT_NONE mappings, cuMemMap maps the memfd into a reservation and
 // cuMemSetAccess opens it, so aliasing and unmapping behave as on a real device. Physical memory
-// is counted against its device from cuMemCreate until it is both released and unmapped.
+// is counted against its device from cuMemCreate until it is both released and unmapped, and,
+// when it was made exportable as a POSIX file descriptor, for as long as any handle or exported
+// descriptor refers to it in any process, as a real driver keeps it: such memory lives in a
+// shared entry of the device state with a backing file instead of a memfd (shared_state.h),
+// each handle and each exported descriptor an open file description of it with a read lock.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -16,7 +20,8 @@ struct VmmHandle {
   int fd = -1;
   size_t size = 0;
   int device = 0;
-  uint64_t accounted = 0;  // 0 for imported handles: the exporter's process counts them
+  uint64_t accounted = 0;  // this process's count; 0 for shareable memory (counted in its entry)
+  uint64_t sharedId = 0;   // shareable memory's entry, or 0
   int refs = 1;            // cuMemCreate / import / retain; cuMemRelease drops one
   int maps = 0;
   CUmemAllocationProp prop = {};
@@ -39,8 +44,9 @@ std::map<uintptr_t, Reservation>& reservations() {
 // Caller holds vmmMutex().
 void maybeFree(VmmHandle* h) {
   if (h->refs > 0 || h->maps > 0) return;
-  close(h->fd);
+  close(h->fd);  // drops this handle's lock on shareable memory
   if (h->accounted) deviceRelease(h->device, h->accounted);
+  if (h->sharedId) drv().state->reapShared(h->sharedId);  // gone unless an exported descriptor lives
   handleRemove(h);
   delete h;
 }
@@ -79,18 +85,29 @@ CU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* out, size_t size, c
   if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return CUDA_ERROR_NOT_SUPPORTED;
   if (!validDevice(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
-  if (!deviceReserve(prop->location.id, size)) return CUDA_ERROR_OUT_OF_MEMORY;
-  const int fd = memfd_create("simgpu-vmm", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    if (fd >= 0) close(fd);
-    deviceRelease(prop->location.id, size);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
   auto* h = new VmmHandle;
-  h->fd = fd;
+  if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    h->fd = drv().state->reserveShared(prop->location.id, size, &h->sharedId);
+    if (h->fd < 0) {
+      delete h;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  } else {
+    if (!deviceReserve(prop->location.id, size)) {
+      delete h;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    h->fd = memfd_create("simgpu-vmm", MFD_CLOEXEC);
+    if (h->fd < 0 || ftruncate(h->fd, static_cast<off_t>(size)) != 0) {
+      if (h->fd >= 0) close(h->fd);
+      deviceRelease(prop->location.id, size);
+      delete h;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    h->accounted = size;
+  }
   h->size = size;
   h->device = prop->location.id;
-  h->accounted = size;
   h->prop = *prop;
   handleAdd(h, HandleType::kVmmHandle);
   *out = reinterpret_cast<CUmemGenericAllocationHandle>(h);
@@ -247,7 +264,11 @@ CU_EXPORT CUresult cuMemExportToShareableHandle(void* out, CUmemGenericAllocatio
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
       !(h->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
     return CUDA_ERROR_NOT_SUPPORTED;
-  const int fd = dup(h->fd);
+  // A descriptor of its own (a new open file description with its own read lock): the memory
+  // lives while it or any duplicate of it is open, wherever it was sent.
+  uint64_t id;
+  int dev;
+  const int fd = drv().state->openShared(h->fd, &id, &dev);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   *static_cast<int*>(out) = fd;
   return CUDA_SUCCESS;
@@ -258,15 +279,23 @@ CU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* 
   API_ENTER(out, osHandle, type);
   if (!out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
   const int src = static_cast<int>(reinterpret_cast<intptr_t>(osHandle));
-  const off_t size = lseek(src, 0, SEEK_END);
-  if (size <= 0) return CUDA_ERROR_INVALID_VALUE;
-  const int fd = dup(src);
-  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  uint64_t id;
+  int dev;
+  const int fd = drv().state->openShared(src, &id, &dev);  // its own lock keeps the memory alive
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  const off_t size = lseek(fd, 0, SEEK_END);
+  if (size <= 0) {
+    close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   auto* h = new VmmHandle;
   h->fd = fd;
   h->size = static_cast<size_t>(size);
+  h->device = dev;
+  h->sharedId = id;
   h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   h->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  h->prop.location.id = dev;
   h->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   handleAdd(h, HandleType::kVmmHandle);
   *out = reinterpret_cast<CUmemGenericAllocationHandle>(h);

@@ -4,6 +4,7 @@
 // is the only user of its simulated host (each test registration has its own SIMGPU_STATE_DIR).
 #include <cuda.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -689,4 +690,108 @@ TEST_F(GraphMemory, CapturedAllocFreedOutside) {
   CU_ASSERT(cuStreamDestroy(s));
 }
 
+}  // namespace
+
+namespace {
+// ---------------------------------------------------------------------------------------------
+// Shareable physical memory lives, on the device, while a handle or an exported descriptor refers
+// to it (a real driver keeps it for the descriptor): release alone does not free it.
+TEST_F(Vmm, ExportedDescriptorKeepsTheMemory) {
+  CUmemAllocationProp prop = deviceProp();
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const size_t size = 8 * kMiB;
+  const size_t before = freeMem();
+  CUmemGenericAllocationHandle h = 0;
+  CU_ASSERT(cuMemCreate(&h, size, &prop, 0));
+  int fd = -1;
+  CU_ASSERT(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  const int copy = dup(fd);  // a duplicate keeps it as well
+  CU_ASSERT(cuMemRelease(h));
+  EXPECT_EQ(before - size, freeMem()) << "the exported descriptor keeps the memory";
+  // Imported again after the maker's handle is gone: the same memory, on its device.
+  CUmemGenericAllocationHandle imported = 0;
+  CU_ASSERT(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  CUmemAllocationProp got{};
+  CU_ASSERT(cuMemGetAllocationPropertiesFromHandle(&got, imported));
+  EXPECT_EQ(0, got.location.id);
+  close(fd);
+  close(copy);
+  EXPECT_EQ(before - size, freeMem()) << "the imported handle keeps the memory";
+  CU_ASSERT(cuMemRelease(imported));
+  EXPECT_EQ(before, freeMem()) << "no handle, no descriptor: freed";
+  // Not exported: freed at release, as before.
+  CU_ASSERT(cuMemCreate(&h, size, &prop, 0));
+  CU_ASSERT(cuMemRelease(h));
+  EXPECT_EQ(before, freeMem());
+}
+
+// Arrays are counted in block-linear tiles, and the memory-requirement queries answer that size
+// for deferred-mapping arrays (only for those, as real drivers), which themselves take nothing.
+TEST_F(Arrays, TiledSizeIsCountedAndReported) {
+  CUDA_ARRAY3D_DESCRIPTOR d{};
+  d.Width = 1;
+  d.Height = 1;
+  d.Depth = 64;
+  d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  d.NumChannels = 1;
+  const size_t before = freeMem();
+  CUarray a = nullptr;
+  CU_ASSERT(cuArray3DCreate(&a, &d));
+  const size_t counted = before - freeMem();
+  EXPECT_EQ(64u * 64 * 8, counted) << "one 64-byte x 8-row GOB per slice";
+  CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuArrayGetMemoryRequirements(&req, a, 0));
+  CU_ASSERT(cuArrayDestroy(a));
+  d.Flags = CUDA_ARRAY3D_DEFERRED_MAPPING;
+  CU_ASSERT(cuArray3DCreate(&a, &d));
+  EXPECT_EQ(before, freeMem()) << "a deferred-mapping array takes no memory";
+  CU_ASSERT(cuArrayGetMemoryRequirements(&req, a, 0));
+  EXPECT_EQ(counted, req.size);
+  CU_ASSERT(cuArrayDestroy(a));
+  CUmipmappedArray m = nullptr;
+  CU_ASSERT(cuMipmappedArrayCreate(&m, &d, 3));
+  CU_ASSERT(cuMipmappedArrayGetMemoryRequirements(&req, m, 0));
+  EXPECT_EQ(64u * 512 + 32u * 512 + 16u * 512, req.size);
+  CU_ASSERT(cuMipmappedArrayDestroy(m));
+  d.Flags = 0;
+  CU_ASSERT(cuMipmappedArrayCreate(&m, &d, 3));
+  EXPECT_EQ(before - req.size, freeMem());
+  CU_ASSERT(cuMipmappedArrayDestroy(m));
+  EXPECT_EQ(before, freeMem());
+}
+
+// Child graphs: a copy is embedded (later edits of the original do not reach it), memory nodes only
+// come in with CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, and an executable graph runs them.
+TEST_F(GraphMemory, MemoryNodesInMovedChildGraphs) {
+  CUstream s = nullptr;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  const size_t before = freeMem();
+  CUgraph child = nullptr, parent = nullptr;
+  CU_ASSERT(cuGraphCreate(&child, 0));
+  CU_ASSERT(cuGraphCreate(&parent, 0));
+  CUDA_MEM_ALLOC_NODE_PARAMS ap = allocParams(16 * kMiB);
+  CUgraphNode alloc = nullptr, node = nullptr;
+  CU_ASSERT(cuGraphAddMemAllocNode(&alloc, child, nullptr, 0, &ap));
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, cuGraphAddChildGraphNode(&node, parent, nullptr, 0, child))
+      << "a cloned child graph may not hold memory nodes";
+  CUgraphNodeParams p{};
+  p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+  p.graph.graph = child;
+  p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+  CU_ASSERT(cuGraphAddNode(&node, parent, nullptr, nullptr, 0, &p));
+  CUgraph embedded = nullptr;
+  CU_ASSERT(cuGraphChildGraphNodeGetGraph(node, &embedded));
+  EXPECT_EQ(child, embedded) << "moved in, not copied";
+  CUgraphExec exec = nullptr;
+  CU_ASSERT(cuGraphInstantiateWithFlags(&exec, parent, 0));
+  CU_ASSERT(cuGraphLaunch(exec, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  EXPECT_EQ(before - 16 * kMiB, freeMem());
+  CU_ASSERT(cuMemFree(ap.dptr));
+  EXPECT_EQ(before, freeMem());
+  CU_ASSERT(cuGraphExecDestroy(exec));
+  CU_ASSERT(cuGraphDestroy(parent));
+  CU_ASSERT(cuStreamDestroy(s));
+}
 }  // namespace

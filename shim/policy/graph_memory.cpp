@@ -37,9 +37,10 @@ constexpr int kMaxGraphDepth = 64;
 
 // Sums the graph's memory alloc nodes per device, wherever they sit: at the top level, in child
 // graphs (CUDA 12.9+ lets memory nodes into child graphs moved in with
-// CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) and in conditional bodies (which drivers document as free
-// of memory nodes; walked all the same, so a driver that allows them cannot get them uncounted),
-// at any depth. False if any graph or node cannot be read.
+// CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) and in conditional bodies, at any depth. Drivers document
+// conditional bodies as free of memory nodes (and refuse them); the bodies are walked all the
+// same where the driver can describe a conditional node (cuGraphNodeGetParams, CUDA 13.2+), and
+// trusted to that rule where it cannot. False if any other graph or node cannot be read.
 bool graphAllocations(CUgraph graph, ExecMemory* out, int depth = 0) noexcept {
   RealDriver& d = realDriver();
   if (!d.p_cuGraphGetNodes || !d.p_cuGraphNodeGetType || !d.p_cuGraphMemAllocNodeGetParams) return false;
@@ -60,8 +61,8 @@ bool graphAllocations(CUgraph graph, ExecMemory* out, int depth = 0) noexcept {
     }
     if (t == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
       CUgraphNodeParams p = {};
-      if (!d.p_cuGraphNodeGetParams || d.p_cuGraphNodeGetParams(node, &p) != CUDA_SUCCESS ||
-          p.type != CU_GRAPH_NODE_TYPE_CONDITIONAL || (p.conditional.size && !p.conditional.phGraph_out))
+      if (!d.p_cuGraphNodeGetParams || d.p_cuGraphNodeGetParams(node, &p) != CUDA_SUCCESS) continue;
+      if (p.type != CU_GRAPH_NODE_TYPE_CONDITIONAL || (p.conditional.size && !p.conditional.phGraph_out))
         return false;
       for (unsigned i = 0; i < p.conditional.size; ++i)
         if (!graphAllocations(p.conditional.phGraph_out[i], out, depth + 1)) return false;

@@ -110,6 +110,10 @@ size_t formatBytes(CUarray_format f) noexcept {
 
 uint64_t roundUp(uint64_t v, uint64_t a) noexcept { return (v + a - 1) / a * a; }
 
+// cudaMalloc's documented alignment: no device places two allocations closer, so each takes at
+// least this much (real drivers may take more; simgpu takes exactly this).
+constexpr uint64_t kMinAllocation = 256;
+
 // An upper bound of what a driver reserves for one image of an array, used only when the driver
 // cannot tell (below): block-linear storage pads each row to a 64-byte GOB, rows to blocks of up
 // to 16 GOBs (128 rows) and 3D slices to blocks of up to 32; layers are stored one after another.
@@ -214,7 +218,7 @@ void vmmMaybeRelease(CUmemGenericAllocationHandle h) noexcept {
 CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) noexcept {
   if (!dptr || bytes == 0) return realDriver().p_cuMemAlloc_v2(dptr, bytes);
   uintptr_t key = 0;
-  return chargedAlloc(bytes, &key, [&] {
+  return chargedAlloc(roundUp(bytes, kMinAllocation), &key, [&] {
     CUresult r = realDriver().p_cuMemAlloc_v2(dptr, bytes);
     key = *dptr;
     return r;
@@ -224,7 +228,7 @@ CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) noexcept {
 CUresult hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned flags) noexcept {
   if (!dptr || bytes == 0) return realDriver().p_cuMemAllocManaged(dptr, bytes, flags);
   uintptr_t key = 0;
-  return chargedAlloc(bytes, &key, [&] {
+  return chargedAlloc(roundUp(bytes, kMinAllocation), &key, [&] {
     CUresult r = realDriver().p_cuMemAllocManaged(dptr, bytes, flags);
     key = *dptr;
     return r;

@@ -91,7 +91,8 @@ size_t tenantUsed() {
 }
 
 // Everything the device holds for this process is counted against the tenant (the shim counts
-// requested sizes, simgpu rounds each allocation up to 256 bytes: allow that much per allocation).
+// at least 256 bytes per allocation, as simgpu takes; a little slack for the paths where the two
+// differ).
 void expectAllCounted(const char* when, size_t roundingSlack = 64 * 1024) {
   const size_t dev = deviceUsedByThisProcess(), counted = tenantUsed();
   EXPECT_LE(dev, counted + roundingSlack) << when << ": the device holds " << dev << " bytes for this process, the tenant is charged "

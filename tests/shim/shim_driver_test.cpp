@@ -333,6 +333,17 @@ TEST_F(Attack, NarrowArraysStopAtTheLimitOnTheDevice) {
   }
 }
 
+// Tiny allocations take the driver's minimum each: the tenant is charged what the device holds.
+TEST_F(Attack, TinyAllocationsAreChargedWhatTheDeviceHolds) {
+  std::vector<CUdeviceptr> ptrs(4096);
+  for (CUdeviceptr& p : ptrs) CU_ASSERT(cuMemAlloc(&p, 1));
+  EXPECT_EQ(held(0, base0_), kAttackLimit - freeMem());
+  EXPECT_GE(held(0, base0_), ptrs.size() * 256);
+  for (CUdeviceptr p : ptrs) CU_ASSERT(cuMemFree(p));
+  EXPECT_EQ(0u, held(0, base0_));
+  EXPECT_EQ(kAttackLimit, freeMem());
+}
+
 // A memory node two child graphs deep, moved in with CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: the
 // graph is charged at its first launch like a top-level node, and one past the limit never runs.
 TEST_F(Attack, MemoryNodesInNestedChildGraphsAreCounted) {

@@ -3,6 +3,7 @@
 // Every check on cuMemGetInfo is exact: simgpu counts device memory to the byte, and this program
 // is the only user of its simulated host (each test registration has its own SIMGPU_STATE_DIR).
 #include <cuda.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -793,5 +794,30 @@ TEST_F(GraphMemory, MemoryNodesInMovedChildGraphs) {
   CU_ASSERT(cuGraphExecDestroy(exec));
   CU_ASSERT(cuGraphDestroy(parent));
   CU_ASSERT(cuStreamDestroy(s));
+}
+}  // namespace
+
+namespace {
+// The first (32-bit) ABIs a real driver still exports allocate and are counted like the current
+// ones (the shim refuses them: tests/shim).
+TEST_F(Vmm, FirstAbiAllocationsAreCounted) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(nullptr, h);
+  auto alloc = reinterpret_cast<CUresult (*)(unsigned int*, unsigned int)>(dlsym(h, "cuMemAlloc"));
+  auto release = reinterpret_cast<CUresult (*)(unsigned int)>(dlsym(h, "cuMemFree"));
+  ASSERT_TRUE(alloc && release);
+  const size_t before = freeMem();
+  unsigned int p = 0;
+  CU_ASSERT(alloc(&p, 16 * kMiB));
+  EXPECT_NE(0u, p);
+  EXPECT_EQ(before - 16 * kMiB, freeMem());
+  CU_ASSERT(release(p));
+  EXPECT_EQ(before, freeMem());
+  const unsigned desc[6] = {1, 1, 64, CU_AD_FORMAT_UNSIGNED_INT8, 1, 0};
+  CUarray a = nullptr;
+  CU_ASSERT(reinterpret_cast<CUresult (*)(CUarray*, const void*)>(dlsym(h, "cuArray3DCreate"))(&a, desc));
+  EXPECT_EQ(before - 64 * 512, freeMem());
+  CU_ASSERT(cuArrayDestroy(a));
+  dlclose(h);
 }
 }  // namespace

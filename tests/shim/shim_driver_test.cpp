@@ -387,6 +387,55 @@ TEST_F(Attack, MemoryNodesInNestedChildGraphsAreCounted) {
   CU_ASSERT(cuStreamDestroy(s));
 }
 
+// Conditional nodes (drivers refuse memory nodes in their bodies): the shim walks their bodies
+// (cuGraphNodeGetParams) without refusing such graphs, charges the graph's own memory nodes, and a
+// body holding a memory node one child graph down is refused by the driver with nothing allocated.
+TEST_F(Attack, GraphsWithConditionalNodesAreWalked) {
+  CUstream s;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUgraph g;
+  CU_ASSERT(cuGraphCreate(&g, 0));
+  CUDA_MEM_ALLOC_NODE_PARAMS p = {};
+  p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.poolProps.location.id = 0;
+  p.bytesize = 100 * kMiB;
+  CUgraphNode alloc, cond, node;
+  CU_ASSERT(cuGraphAddMemAllocNode(&alloc, g, nullptr, 0, &p));
+  CUgraphConditionalHandle handle;
+  CU_ASSERT(cuGraphConditionalHandleCreate(&handle, g, ctx_, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
+  CUgraphNodeParams c = {};
+  c.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  c.conditional.handle = handle;
+  c.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  c.conditional.size = 1;
+  CU_ASSERT(cuGraphAddNode(&cond, g, &alloc, nullptr, 1, &c));
+  CU_ASSERT(cuGraphAddEmptyNode(&node, c.conditional.phGraph_out[0], nullptr, 0));
+  CUgraphExec exec;
+  CU_ASSERT(cuGraphInstantiateWithFlags(&exec, g, 0));
+  CU_ASSERT(cuGraphLaunch(exec, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  EXPECT_EQ(100 * kMiB, held(0, base0_));
+  EXPECT_EQ(kAttackLimit - 100 * kMiB, freeMem());
+  CU_ASSERT(cuGraphExecDestroy(exec));
+  CU_ASSERT(cuMemFree(p.dptr));
+  EXPECT_EQ(kAttackLimit, freeMem());
+  // 3 GiB moved into the body, one child graph down.
+  CUgraph child;
+  CU_ASSERT(cuGraphCreate(&child, 0));
+  p.bytesize = 3 * 1024 * kMiB;
+  CU_ASSERT(cuGraphAddMemAllocNode(&alloc, child, nullptr, 0, &p));
+  CUgraphNodeParams moved = {};
+  moved.type = CU_GRAPH_NODE_TYPE_GRAPH;
+  moved.graph.graph = child;
+  moved.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+  CU_ASSERT(cuGraphAddNode(&node, c.conditional.phGraph_out[0], nullptr, nullptr, 0, &moved));
+  EXPECT_NE(CUDA_SUCCESS, cuGraphInstantiateWithFlags(&exec, g, 0));
+  EXPECT_EQ(0u, held(0, base0_));
+  CU_ASSERT(cuGraphDestroy(g));
+  CU_ASSERT(cuStreamDestroy(s));
+}
+
 // A pool made on device 1 while device 0's context is current: what it reserves is device 1's.
 TEST_F(Attack, PoolMemoryIsChargedToThePoolsDevice) {
   CUstream s;

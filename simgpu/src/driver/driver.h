@@ -112,7 +112,7 @@ void traceCall(const char* fn, const A&... a) {
 // CUDA_ERROR_INVALID_HANDLE instead of being dereferenced.
 enum class HandleType : uint8_t {
   kContext, kStream, kEvent, kModule, kFunction, kLibrary, kGraph, kGraphNode, kGraphExec,
-  kMemPool, kArray, kMipmappedArray, kVmmHandle, kLinkState, kTexObject, kSurfObject,
+  kMemPool, kArray, kMipmappedArray, kVmmHandle, kLinkState, kTexObject, kSurfObject, kConditional,
 };
 void handleAdd(const void* h, HandleType t);
 void handleRemove(const void* h);

@@ -22,6 +22,15 @@ struct GraphAlloc {
   std::atomic<bool> live{false};
 };
 
+// A conditional node's handle (cuGraphConditionalHandleCreate). Only device code sets a
+// condition (cudaGraphSetConditional), which host bodies cannot call: a node's condition is its
+// handle's default value when CU_GRAPH_COND_ASSIGN_DEFAULT is set, else 0.
+struct Conditional {
+  unsigned defaultValue = 0;
+  unsigned flags = 0;
+  unsigned value() const { return flags & CU_GRAPH_COND_ASSIGN_DEFAULT ? defaultValue : 0; }
+};
+
 struct GraphNode {
   Graph* graph = nullptr;
   CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
@@ -32,6 +41,12 @@ struct GraphNode {
   CUDA_HOST_NODE_PARAMS host = {};
   GraphAlloc* alloc = nullptr;  // alloc and free nodes
   Graph* child = nullptr;
+  // Conditional nodes: the handle, the kind, the bodies and their handles (the driver-owned
+  // array phGraph_out points at).
+  Conditional* conditional = nullptr;
+  CUgraphConditionalNodeType condType = CU_GRAPH_COND_TYPE_IF;
+  std::vector<Graph*> bodies;
+  std::vector<CUgraph> bodyHandles;
   Event* event = nullptr;
   GraphNode* source = nullptr;  // in an executable graph: the node it was copied from
 };
@@ -169,6 +184,15 @@ CUresult runNode(GraphNode* n, Stream* s) {
       return CUDA_SUCCESS;
     case CU_GRAPH_NODE_TYPE_GRAPH:
       return runGraphNodes(topoSort(n->child->nodes), s);
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL: {
+      // A while body runs at most once: nothing in simgpu can clear its condition.
+      const unsigned v = n->conditional->value();
+      size_t body = n->bodies.size();
+      if (n->condType == CU_GRAPH_COND_TYPE_SWITCH) body = v;
+      else if (v) body = 0;
+      else if (n->condType == CU_GRAPH_COND_TYPE_IF && n->bodies.size() == 2) body = 1;
+      return body < n->bodies.size() ? runGraphNodes(topoSort(n->bodies[body]->nodes), s) : CUDA_SUCCESS;
+    }
     case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
       return graphAllocRun(n->alloc);
     case CU_GRAPH_NODE_TYPE_MEM_FREE:
@@ -396,18 +420,38 @@ Graph* copyGraph(const Graph* g, bool handles) {
   for (GraphNode* x : c->nodes) {
     for (GraphNode*& d : x->deps) d = copies[d];
     if (x->child) x->child = copyGraph(x->child, handles);
+    for (size_t b = 0; b < x->bodies.size(); ++b) {
+      x->bodies[b] = copyGraph(x->bodies[b], handles);
+      x->bodyHandles[b] = reinterpret_cast<CUgraph>(x->bodies[b]);
+    }
     if (handles) handleAdd(x, HandleType::kGraphNode);
   }
   if (handles) handleAdd(c, HandleType::kGraph);
   return c;
 }
 
-// Caller holds graphMutex(). Whether g holds memory alloc or free nodes at any depth.
+// Caller holds graphMutex(). Whether g holds memory alloc or free nodes at any depth (child
+// graphs and conditional bodies included).
 bool hasMemoryNodes(const Graph* g) {
-  for (const GraphNode* n : g->nodes)
+  for (const GraphNode* n : g->nodes) {
     if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE ||
         (n->child && hasMemoryNodes(n->child)))
       return true;
+    for (const Graph* b : n->bodies)
+      if (hasMemoryNodes(b)) return true;
+  }
+  return false;
+}
+
+// Caller holds graphMutex(). Whether a conditional body anywhere in g holds memory nodes, which
+// real drivers refuse ("allowed node types are kernel, empty, child graph, memset, memcpy and
+// conditional nodes, recursively").
+bool memoryNodesInConditionals(const Graph* g) {
+  for (const GraphNode* n : g->nodes) {
+    if (n->child && memoryNodesInConditionals(n->child)) return true;
+    for (const Graph* b : n->bodies)
+      if (hasMemoryNodes(b)) return true;
+  }
   return false;
 }
 }  // namespace
@@ -617,6 +661,67 @@ CU_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode* out, CUgraph g, const CUgr
   return addMemFree(out, g, deps, n, p);
 }
 
+namespace {
+CUresult addConditional(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t n, CUDA_CONDITIONAL_NODE_PARAMS* p) {
+  auto* c = handleGet<Conditional>(reinterpret_cast<void*>(p->handle), HandleType::kConditional);
+  if (!c) return CUDA_ERROR_INVALID_VALUE;
+  const bool sizeOk = p->type == CU_GRAPH_COND_TYPE_WHILE    ? p->size == 1
+                      : p->type == CU_GRAPH_COND_TYPE_IF     ? p->size == 1 || p->size == 2
+                      : p->type == CU_GRAPH_COND_TYPE_SWITCH ? p->size > 0
+                                                             : false;
+  if (!sizeOk) return CUDA_ERROR_INVALID_VALUE;
+  GraphNode* node;
+  CU_TRY(addSimple(out, g, deps, n, CU_GRAPH_NODE_TYPE_CONDITIONAL, &node));
+  node->conditional = c;
+  node->condType = p->type;
+  for (unsigned i = 0; i < p->size; ++i) {
+    auto* body = new Graph;
+    handleAdd(body, HandleType::kGraph);
+    node->bodies.push_back(body);
+    node->bodyHandles.push_back(reinterpret_cast<CUgraph>(body));
+  }
+  p->phGraph_out = node->bodyHandles.data();
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CU_EXPORT CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph g, CUcontext ctx,
+                                                  unsigned int defaultLaunchValue, unsigned int flags) {
+  API_ENTER(out, g, ctx, defaultLaunchValue, flags);
+  if (!out || !graphOf(g) || (flags & ~static_cast<unsigned>(CU_GRAPH_COND_ASSIGN_DEFAULT)))
+    return CUDA_ERROR_INVALID_VALUE;
+  auto* c = new Conditional;
+  c->defaultValue = defaultLaunchValue;
+  c->flags = flags;
+  handleAdd(c, HandleType::kConditional);
+  *out = reinterpret_cast<CUgraphConditionalHandle>(c);
+  return CUDA_SUCCESS;
+}
+
+// Describes child-graph and conditional nodes (as drivers since CUDA 13.2 do for conditionals;
+// newer than the toolkit's cuda.h, so exported by hand, not through the generated table); other
+// kinds have their own getters.
+CU_EXPORT CUresult cuGraphNodeGetParams(CUgraphNode h, CUgraphNodeParams* p) {
+  API_ENTER(h, p);
+  GraphNode* n = handleGet<GraphNode>(h, HandleType::kGraphNode);
+  if (!n || !p) return CUDA_ERROR_INVALID_VALUE;
+  *p = {};
+  p->type = n->type;
+  switch (n->type) {
+    case CU_GRAPH_NODE_TYPE_GRAPH:
+      p->graph.graph = reinterpret_cast<CUgraph>(n->child);
+      return CUDA_SUCCESS;
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      p->conditional.handle = reinterpret_cast<CUgraphConditionalHandle>(n->conditional);
+      p->conditional.type = n->condType;
+      p->conditional.size = static_cast<unsigned>(n->bodies.size());
+      p->conditional.phGraph_out = n->bodyHandles.data();
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 CU_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges,
                                      size_t n, CUgraphNodeParams* p) {
   API_ENTER(out, g, deps, edges, n, p);
@@ -655,6 +760,8 @@ CU_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode* out, CUgraph g, const CUgraphN
     }
     case CU_GRAPH_NODE_TYPE_MEM_FREE:
       return addMemFree(out, g, deps, n, p->free.dptr);
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      return addConditional(out, g, deps, n, &p->conditional);
     case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
       return cuGraphAddEventRecordNode(out, g, deps, n, p->eventRecord.event);
     case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
@@ -778,15 +885,20 @@ CUresult instantiate(CUgraphExec* out, CUgraph h) {
   if (!out) return CUDA_ERROR_INVALID_VALUE;
   Graph* g = graphOf(h);
   if (!g) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(graphMutex());
+  if (memoryNodesInConditionals(g)) return CUDA_ERROR_NOT_SUPPORTED;
   auto* e = new GraphExec;
   Context* c = currentContext();
   e->device = c ? c->device : 0;
-  std::lock_guard l(graphMutex());
   std::unordered_map<GraphNode*, GraphNode*> copies;
   for (GraphNode* n : topoSort(g->nodes)) {
     auto* copy = new GraphNode(*n);
     copy->source = n;
     if (copy->child) copy->child = copyGraph(copy->child, false);  // later edits do not reach it
+    for (size_t b = 0; b < copy->bodies.size(); ++b) {
+      copy->bodies[b] = copyGraph(copy->bodies[b], false);
+      copy->bodyHandles[b] = reinterpret_cast<CUgraph>(copy->bodies[b]);
+    }
     for (GraphNode*& d : copy->deps) d = copies[d];
     copies[n] = copy;
     e->order.push_back(copy);

@@ -821,3 +821,60 @@ TEST_F(Vmm, FirstAbiAllocationsAreCounted) {
   dlclose(h);
 }
 }  // namespace
+
+// Newer than this toolkit's cuda.h (drivers since CUDA 13.2 export it); simgpu does.
+extern "C" CUresult cuGraphNodeGetParams(CUgraphNode node, CUgraphNodeParams* params);
+
+namespace {
+int gBodyRuns = 0;
+void countBodyRun(void*) { ++gBodyRuns; }
+
+// Conditional nodes: bodies made by the driver, run by the condition's default value, described
+// by cuGraphNodeGetParams; memory nodes in a body (at any depth) are refused at instantiation, as
+// real drivers allow none there.
+TEST_F(GraphMemory, ConditionalBodies) {
+  CUstream s = nullptr;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUgraph g = nullptr;
+  CU_ASSERT(cuGraphCreate(&g, 0));
+  CUgraphConditionalHandle handle = 0;
+  CU_ASSERT(cuGraphConditionalHandleCreate(&handle, g, ctx_, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
+  CUgraphNodeParams p{};
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = handle;
+  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  p.conditional.size = 2;
+  CUgraphNode cond = nullptr;
+  CU_ASSERT(cuGraphAddNode(&cond, g, nullptr, nullptr, 0, &p));
+  ASSERT_NE(nullptr, p.conditional.phGraph_out);
+  CUDA_HOST_NODE_PARAMS host{countBodyRun, nullptr};
+  CUgraphNode hn = nullptr;
+  CU_ASSERT(cuGraphAddHostNode(&hn, p.conditional.phGraph_out[0], nullptr, 0, &host));
+  CUgraphNodeParams got{};
+  CU_ASSERT(cuGraphNodeGetParams(cond, &got));
+  EXPECT_EQ(CU_GRAPH_NODE_TYPE_CONDITIONAL, got.type);
+  EXPECT_EQ(2u, got.conditional.size);
+  EXPECT_EQ(p.conditional.phGraph_out[1], got.conditional.phGraph_out[1]);
+  CUgraphExec exec = nullptr;
+  CU_ASSERT(cuGraphInstantiateWithFlags(&exec, g, 0));
+  gBodyRuns = 0;
+  CU_ASSERT(cuGraphLaunch(exec, s));
+  CU_ASSERT(cuStreamSynchronize(s));
+  EXPECT_EQ(1, gBodyRuns) << "condition 1: the if body ran";
+  CU_ASSERT(cuGraphExecDestroy(exec));
+  // A memory node moved into the else body, one child graph down: refused.
+  CUgraph child = nullptr;
+  CU_ASSERT(cuGraphCreate(&child, 0));
+  CUDA_MEM_ALLOC_NODE_PARAMS ap = allocParams(16 * kMiB);
+  CUgraphNode alloc = nullptr, node = nullptr;
+  CU_ASSERT(cuGraphAddMemAllocNode(&alloc, child, nullptr, 0, &ap));
+  CUgraphNodeParams cp{};
+  cp.type = CU_GRAPH_NODE_TYPE_GRAPH;
+  cp.graph.graph = child;
+  cp.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+  CU_ASSERT(cuGraphAddNode(&node, p.conditional.phGraph_out[1], nullptr, nullptr, 0, &cp));
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, cuGraphInstantiateWithFlags(&exec, g, 0));
+  CU_ASSERT(cuGraphDestroy(g));
+  CU_ASSERT(cuStreamDestroy(s));
+}
+}  // namespace

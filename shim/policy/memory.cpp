@@ -6,6 +6,7 @@
 // arrays (what the driver reserves for them, padding and tiling included). Host memory is not
 // counted. A context destroyed or reset frees what it owned: the charges of every allocation the
 // driver no longer has are returned then. See docs/memory-accounting.md.
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -198,6 +199,7 @@ struct VmmHandle {
 };
 struct VmmState {
   std::mutex mu;
+  std::atomic<int> imported{0};  // imported handles ever recorded: cuMemMap looks them up only then
   std::unordered_map<CUmemGenericAllocationHandle, VmmHandle> handles;
   std::unordered_map<CUdeviceptr, std::pair<CUmemGenericAllocationHandle, size_t>> mappings;
 };
@@ -349,7 +351,7 @@ CUresult hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneric
   // An imported handle is charged for what it maps, before the driver maps it.
   Charge extra{-1, ChargeKind::kPointer, 0};
   int ordinal = -1;
-  {
+  if (vmm().imported.load(std::memory_order_acquire) > 0) {
     std::lock_guard<std::mutex> g(vmm().mu);
     auto it = vmm().handles.find(handle);
     if (it != vmm().handles.end() && it->second.importedOn >= 0) {
@@ -405,10 +407,14 @@ CUresult hook_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handl
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   std::lock_guard<std::mutex> g(vmm().mu);
-  VmmHandle v;
-  v.charge = Charge{state().devices[ordinal].ledgerIndex, ChargeKind::kPointer, 0};
-  v.importedOn = ordinal;
-  vmm().handles[*handle] = v;
+  auto [it, fresh] = vmm().handles.try_emplace(*handle);
+  if (!fresh) {
+    ++it->second.refs;  // a driver that hands out the same handle again: one more reference
+    return r;
+  }
+  it->second.charge = Charge{state().devices[ordinal].ledgerIndex, ChargeKind::kPointer, 0};
+  it->second.importedOn = ordinal;
+  vmm().imported.fetch_add(1, std::memory_order_release);
   return r;
 }
 

@@ -67,50 +67,51 @@ void settleAllPools() noexcept {
   for (auto& [pool, c] : pools().pools) settleLocked(pool, c);
 }
 
-// The device `pool` belongs to, or -1 for a pool of host memory; CUDA_ERROR_NOT_SUPPORTED for a
-// pool the shim cannot place (it refuses to allocate from it rather than charge the wrong device).
-CUresult poolDevice(CUmemoryPool pool, int* ordinal) noexcept {
-  {
-    std::lock_guard<std::mutex> g(pools().mu);
-    auto it = pools().pools.find(pool);
-    if (it != pools().pools.end()) {
-      *ordinal = it->second.ordinal;
-      return CUDA_SUCCESS;
-    }
-  }
+// Caller holds pools().mu. The pool's entry, made on its first use: its device is the one it was
+// made for (cuMemPoolCreate; -1 for a pool of host memory), else `known` (the device whose current
+// pool it was found as), else a device whose default or current pool it is. Null for a pool the
+// shim cannot place: refused rather than charged to the wrong device.
+PoolCharge* entryLocked(CUmemoryPool pool, int known) noexcept {
+  auto it = pools().pools.find(pool);
+  if (it != pools().pools.end()) return &it->second;
   RealDriver& d = realDriver();
-  for (int dev = 0; dev < state().deviceCount; ++dev) {
+  for (int dev = 0; dev < state().deviceCount && known < 0; ++dev) {
     CUmemoryPool p = nullptr;
     if ((d.p_cuDeviceGetMemPool && d.p_cuDeviceGetMemPool(&p, dev) == CUDA_SUCCESS && p == pool) ||
-        (d.p_cuDeviceGetDefaultMemPool && d.p_cuDeviceGetDefaultMemPool(&p, dev) == CUDA_SUCCESS && p == pool)) {
-      *ordinal = dev;
-      return CUDA_SUCCESS;
-    }
+        (d.p_cuDeviceGetDefaultMemPool && d.p_cuDeviceGetDefaultMemPool(&p, dev) == CUDA_SUCCESS && p == pool))
+      known = dev;
   }
-  logLine(LogLevel::kError, "tenant %s: a stream-ordered allocation from a memory pool of unknown device is refused",
-          state().config.tenant.c_str());
-  return CUDA_ERROR_NOT_SUPPORTED;
+  if (known < 0) return nullptr;
+  pools().count.fetch_add(1, std::memory_order_release);
+  return &pools().pools.try_emplace(pool, PoolCharge{known, 0}).first->second;
 }
 
-// A stream-ordered allocation from `pool`, which belongs to device `ordinal`.
+// A stream-ordered allocation from `pool` (`known`: its device, if the caller knows it, else -1);
+// *ordinal receives the pool's device.
 template <typename Alloc>
-CUresult poolAllocate(int ordinal, CUmemoryPool pool, uint64_t bytes, Alloc&& alloc) noexcept {
+CUresult poolAllocate(CUmemoryPool pool, int known, uint64_t bytes, Alloc&& alloc, int* ordinal) noexcept {
   std::lock_guard<std::mutex> g(pools().mu);
-  auto [it, fresh] = pools().pools.try_emplace(pool, PoolCharge{ordinal, 0});
-  if (fresh) pools().count.fetch_add(1, std::memory_order_release);
-  PoolCharge& c = it->second;
+  PoolCharge* entry = entryLocked(pool, known);
+  if (!entry) {
+    logLine(LogLevel::kError, "tenant %s: a stream-ordered allocation from a memory pool of unknown device is refused",
+            state().config.tenant.c_str());
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  PoolCharge& c = *entry;
+  *ordinal = c.ordinal;
+  if (c.ordinal < 0) return alloc(pool);  // host memory
   settleLocked(pool, c);
-  const int idx = state().devices[ordinal].ledgerIndex;
+  const int idx = state().devices[c.ordinal].ledgerIndex;
   // Room for the pool to grow by the request. Without it, the allocation may still fit in what
   // the pool already caches: let the driver try, and judge by how much the pool grew.
-  const bool covered = state().ledger->reserve(idx, bytes, effectiveLimit(ordinal));
+  const bool covered = state().ledger->reserve(idx, bytes, effectiveLimit(c.ordinal));
   const CUresult r = alloc(pool);
   if (covered) state().ledger->release(idx, bytes);
   if (r != CUDA_SUCCESS) return r;
   const uint64_t before = c.charged;
   settleLocked(pool, c);
   const uint64_t grew = c.charged > before ? c.charged - before : 0;
-  if ((!covered && grew > 0) || state().ledger->used(idx) > effectiveLimit(ordinal)) {
+  if ((!covered && grew > 0) || state().ledger->used(idx) > effectiveLimit(c.ordinal)) {
     return CUDA_ERROR_OUT_OF_MEMORY;  // caller frees the allocation and trims (see undo)
   }
   return CUDA_SUCCESS;
@@ -125,22 +126,17 @@ CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CU
     return perThread ? d.p_cuMemAllocAsync_ptsz(dptr, bytes, s) : d.p_cuMemAllocAsync(dptr, bytes, s);
   };
   CUmemoryPool used = pool;
-  CUdevice dev;
-  if (pool) {
-    int ordinal;
-    if (CUresult r = poolDevice(pool, &ordinal); r != CUDA_SUCCESS) return r;
-    if (ordinal < 0) return allocate(pool);  // host memory
-    dev = ordinal;
-  } else {
+  CUdevice known = -1;
+  if (!pool) {
     // cuMemAllocAsync: the current pool of the stream's device.
-    if (!d.p_cuStreamGetDevice || d.p_cuStreamGetDevice(s, &dev) != CUDA_SUCCESS)
-      if (CUresult r = d.p_cuCtxGetDevice(&dev); r != CUDA_SUCCESS) return r;
-    if (dev < 0 || dev >= state().deviceCount) return CUDA_ERROR_INVALID_DEVICE;
-    if (!d.p_cuDeviceGetMemPool || d.p_cuDeviceGetMemPool(&used, dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+    if (!d.p_cuStreamGetDevice || d.p_cuStreamGetDevice(s, &known) != CUDA_SUCCESS)
+      if (CUresult r = d.p_cuCtxGetDevice(&known); r != CUDA_SUCCESS) return r;
+    if (known < 0 || known >= state().deviceCount) return CUDA_ERROR_INVALID_DEVICE;
+    if (!d.p_cuDeviceGetMemPool || d.p_cuDeviceGetMemPool(&used, known) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
   }
-  if (dev < 0 || dev >= state().deviceCount) return CUDA_ERROR_INVALID_DEVICE;
-  const CUresult r = poolAllocate(dev, used, bytes, allocate);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY && *dptr) {
+  int dev = -1;
+  const CUresult r = poolAllocate(used, known, bytes, allocate, &dev);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && *dptr && dev >= 0) {
     // The pool grew past the limit: undo the allocation and give the growth back.
     (perThread ? d.p_cuMemFreeAsync_ptsz : d.p_cuMemFreeAsync)(*dptr, s);
     (perThread ? d.p_cuStreamSynchronize_ptsz : d.p_cuStreamSynchronize)(s);
@@ -148,7 +144,7 @@ CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CU
     settleAllPools();
     *dptr = 0;
     logLine(LogLevel::kWarn, "tenant %s device %d: stream-ordered allocation of %llu bytes denied: the pool would hold more than the limit of %llu bytes",
-            state().config.tenant.c_str(), static_cast<int>(dev), static_cast<unsigned long long>(bytes),
+            state().config.tenant.c_str(), dev, static_cast<unsigned long long>(bytes),
             static_cast<unsigned long long>(effectiveLimit(dev)));
     logStackRateLimited(LogLevel::kWarn);
   }

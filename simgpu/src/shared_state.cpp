@@ -171,7 +171,8 @@ void SharedState::lockDevice(int dev) {
     uint64_t sum = 0;
     for (int i = 0; i < kMaxSlots; ++i) sum += slots_[i].used[dev].load(std::memory_order_acquire);
     for (int i = 0; i < kMaxShared; ++i)
-      if (shared_[i].id.load(std::memory_order_acquire) && shared_[i].device == dev) sum += shared_[i].bytes;
+      if (const uint64_t id = shared_[i].id.load(std::memory_order_acquire); id && id != UINT64_MAX && shared_[i].device == dev)
+        sum += shared_[i].bytes;  // counted entries (a claimed one, UINT64_MAX, is not counted yet)
     hdr_->used[dev].store(sum, std::memory_order_release);
     pthread_mutex_consistent(&hdr_->lock[dev]);
   }
@@ -406,13 +407,16 @@ bool SharedState::reapSharedEntry(int i) {
     ::close(fd);
     if (!unreferenced) return false;
   }
-  uint64_t expected = id;
-  if (!e.id.compare_exchange_strong(expected, UINT64_MAX, std::memory_order_acq_rel)) return false;
-  lockDevice(e.device);
-  hdr_->used[e.device].fetch_sub(e.bytes, std::memory_order_acq_rel);
-  e.id.store(0, std::memory_order_release);
-  unlockDevice(e.device);
-  return true;
+  // Returned exactly once: the entry is freed and uncounted in one step under the device lock.
+  const int dev = e.device;
+  lockDevice(dev);
+  const bool mine = e.id.load(std::memory_order_acquire) == id;
+  if (mine) {
+    hdr_->used[dev].fetch_sub(e.bytes, std::memory_order_acq_rel);
+    e.id.store(0, std::memory_order_release);
+  }
+  unlockDevice(dev);
+  return mine;
 }
 
 bool SharedState::reapShared(uint64_t id) {

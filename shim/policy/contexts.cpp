@@ -27,16 +27,20 @@ CUresult afterRelease(CUresult r, CUdevice dev) noexcept {
   unsigned flags = 0;
   int active = 1;
   RealDriver& d = realDriver();
-  if (d.p_cuDevicePrimaryCtxGetState && d.p_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&
-      !active)
+  if (d.p_cuDevicePrimaryCtxGetState &&
+      d.p_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
     return afterTeardown(r);
   return r;
 }
 
 }  // namespace
 
-CUresult hook_cuCtxDestroy(CUcontext ctx) noexcept { return afterTeardown(realDriver().p_cuCtxDestroy(ctx)); }
-CUresult hook_cuCtxDestroy_v2(CUcontext ctx) noexcept { return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx)); }
+CUresult hook_cuCtxDestroy(CUcontext ctx) noexcept {
+  return afterTeardown(realDriver().p_cuCtxDestroy(ctx));
+}
+CUresult hook_cuCtxDestroy_v2(CUcontext ctx) noexcept {
+  return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx));
+}
 CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept {
   return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset(dev));
 }

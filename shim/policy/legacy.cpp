@@ -15,7 +15,8 @@ namespace {
 
 CUresult refuse(std::atomic<bool>& said, const char* symbol) noexcept {
   if (!said.exchange(true, std::memory_order_relaxed))
-    logLine(LogLevel::kWarn, "tenant %s: %s (the first, 32-bit ABI) is refused: use the current ABI (%s_v2)",
+    logLine(LogLevel::kWarn,
+            "tenant %s: %s (the first, 32-bit ABI) is refused: use the current ABI (%s_v2)",
             state().config.tenant.c_str(), symbol, symbol);
   return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -24,13 +25,24 @@ std::atomic<bool> gSaidAlloc, gSaidPitch, gSaidInfo, gSaidTotal, gSaidArray, gSa
 
 }  // namespace
 
-CUresult hook_cuMemAlloc(unsigned int*, unsigned int) noexcept { return refuse(gSaidAlloc, "cuMemAlloc"); }
-CUresult hook_cuMemAllocPitch(unsigned int*, unsigned int*, unsigned int, unsigned int, unsigned int) noexcept {
+CUresult hook_cuMemAlloc(unsigned int*, unsigned int) noexcept {
+  return refuse(gSaidAlloc, "cuMemAlloc");
+}
+CUresult hook_cuMemAllocPitch(unsigned int*, unsigned int*, unsigned int, unsigned int,
+                              unsigned int) noexcept {
   return refuse(gSaidPitch, "cuMemAllocPitch");
 }
-CUresult hook_cuMemGetInfo(unsigned int*, unsigned int*) noexcept { return refuse(gSaidInfo, "cuMemGetInfo"); }
-CUresult hook_cuDeviceTotalMem(unsigned int*, CUdevice) noexcept { return refuse(gSaidTotal, "cuDeviceTotalMem"); }
-CUresult hook_cuArrayCreate(CUarray*, const void*) noexcept { return refuse(gSaidArray, "cuArrayCreate"); }
-CUresult hook_cuArray3DCreate(CUarray*, const void*) noexcept { return refuse(gSaidArray3D, "cuArray3DCreate"); }
+CUresult hook_cuMemGetInfo(unsigned int*, unsigned int*) noexcept {
+  return refuse(gSaidInfo, "cuMemGetInfo");
+}
+CUresult hook_cuDeviceTotalMem(unsigned int*, CUdevice) noexcept {
+  return refuse(gSaidTotal, "cuDeviceTotalMem");
+}
+CUresult hook_cuArrayCreate(CUarray*, const void*) noexcept {
+  return refuse(gSaidArray, "cuArrayCreate");
+}
+CUresult hook_cuArray3DCreate(CUarray*, const void*) noexcept {
+  return refuse(gSaidArray3D, "cuArray3DCreate");
+}
 
 }  // namespace cushare::shim

@@ -295,7 +295,8 @@ bool SharedState::reap() {
     returned |= reapSlot(i);
     unlockSlot(i, fd);
   }
-  for (int i = 0; i < kMaxShared; ++i) returned |= reapSharedEntry(i);
+  if (hdr_->next_shared_id.load(std::memory_order_acquire) != 0)  // shareable memory ever made
+    for (int i = 0; i < kMaxShared; ++i) returned |= reapSharedEntry(i);
   if (returned) hdr_->generation.fetch_add(1, std::memory_order_acq_rel);
   return returned;
 }
@@ -433,7 +434,7 @@ int SharedState::processes(int dev, ProcUsage* out, int max, int* total) {
     if (pid == 0) continue;
     uint64_t u = slots_[i].used[dev].load(std::memory_order_acquire);
     // Shareable memory is the process's that made it, while that process lives.
-    for (int k = 0; k < kMaxShared; ++k) {
+    for (int k = 0; k < kMaxShared && hdr_->next_shared_id.load(std::memory_order_acquire); ++k) {
       const uint64_t id = shared_[k].id.load(std::memory_order_acquire);
       if (id && id != UINT64_MAX && shared_[k].device == dev && shared_[k].creator == pid) u += shared_[k].bytes;
     }

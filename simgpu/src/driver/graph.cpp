@@ -430,6 +430,16 @@ Graph* copyGraph(const Graph* g, bool handles) {
   return c;
 }
 
+// Frees a private copy made by copyGraph(g, false) (an executable graph's), with its own copies.
+void deleteCopy(Graph* g) {
+  for (GraphNode* n : g->nodes) {
+    if (n->child) deleteCopy(n->child);
+    for (Graph* b : n->bodies) deleteCopy(b);
+    delete n;
+  }
+  delete g;
+}
+
 // Caller holds graphMutex(). Whether g holds memory alloc or free nodes at any depth (child
 // graphs and conditional bodies included).
 bool hasMemoryNodes(const Graph* g) {
@@ -1051,7 +1061,11 @@ CU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec h) {
   GraphExec* e = handleGet<GraphExec>(h, HandleType::kGraphExec);
   if (!e) return CUDA_ERROR_INVALID_VALUE;
   handleRemove(e);
-  for (GraphNode* n : e->order) delete n;
+  for (GraphNode* n : e->order) {
+    if (n->child) deleteCopy(n->child);  // the executable graph's own copies
+    for (Graph* b : n->bodies) deleteCopy(b);
+    delete n;
+  }
   delete e;
   return CUDA_SUCCESS;
 }

@@ -293,13 +293,15 @@ TEST_F(Attack, NarrowArraysStopAtTheLimitOnTheDevice) {
     size_t w, h, d;
     unsigned flags;
     unsigned levels;  // 0: a plain array
+    bool twoD;        // made with cuArrayCreate
   };
   const Shape shapes[] = {
-      {1, 1, 2048, 0, 0},                       // 1 x 1 x N: one GOB per slice
-      {16384, 1, 1, 0, 0},                      // W x 1 x 1: one row padded to a GOB's 8 rows
-      {1, 1, 2048, CUDA_ARRAY3D_LAYERED, 0},    // 1 x 1, N layers
-      {1, 0, 2048, CUDA_ARRAY3D_LAYERED, 0},    // 1D layered
-      {1, 1, 2048, 0, 12},                      // mipmapped 1 x 1 x N
+      {1, 1, 2048, 0, 0, false},                     // 1 x 1 x N: one GOB per slice
+      {16384, 1, 1, 0, 0, false},                    // W x 1 x 1: one row padded to a GOB's 8 rows
+      {1, 1, 2048, CUDA_ARRAY3D_LAYERED, 0, false},  // 1 x 1, N layers
+      {1, 0, 2048, CUDA_ARRAY3D_LAYERED, 0, false},  // 1D layered
+      {1, 1, 2048, 0, 12, false},                    // mipmapped 1 x 1 x N
+      {16384, 1, 0, 0, 0, true},                     // 2D W x 1
   };
   for (const Shape& sh : shapes) {
     CUDA_ARRAY3D_DESCRIPTOR d = {};
@@ -316,6 +318,14 @@ TEST_F(Attack, NarrowArraysStopAtTheLimitOnTheDevice) {
       if (sh.levels) {
         CUmipmappedArray m;
         if ((r = cuMipmappedArrayCreate(&m, &d, sh.levels)) == CUDA_SUCCESS) mips.push_back(m);
+      } else if (sh.twoD) {
+        CUDA_ARRAY_DESCRIPTOR d2 = {};
+        d2.Width = d.Width;
+        d2.Height = d.Height;
+        d2.Format = d.Format;
+        d2.NumChannels = d.NumChannels;
+        CUarray a;
+        if ((r = cuArrayCreate(&a, &d2)) == CUDA_SUCCESS) arrays.push_back(a);
       } else {
         CUarray a;
         if ((r = cuArray3DCreate(&a, &d)) == CUDA_SUCCESS) arrays.push_back(a);

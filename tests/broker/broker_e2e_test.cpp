@@ -887,7 +887,8 @@ TEST(Security, FullSocketSaysBusyAndTheCliRetries) {
 }
 
 // One user sending requests as fast as it can from four processes (so always at its 16
-// connections) delays another user's answers by milliseconds, not seconds.
+// connections), and connecting and hanging up as fast as it can from four more, delays another
+// user's answers by milliseconds, not seconds.
 TEST(Security, ARequestFloodDoesNotStarveOtherUsers) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
   Broker b(testDir());
@@ -896,14 +897,19 @@ TEST(Security, ARequestFloodDoesNotStarveOtherUsers) {
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
   std::vector<pid_t> flood;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       if (::setgid(2000) != 0 || ::setuid(2000) != 0) ::_exit(99);
       for (int n = 0;; ++n) {
-        rpc::Response r;
-        std::string err;
-        rpc::call(sock, statusRequest(), &r, &err);
+        if (i % 2 == 0) {
+          rpc::Response r;
+          std::string err;
+          rpc::call(sock, statusRequest(), &r, &err);
+        } else {
+          const int fd = connectUnix(sock);
+          if (fd >= 0) ::close(fd);
+        }
         if (n == 20) (void)!::write(ready[1], "r", 1);
       }
     }

@@ -21,6 +21,7 @@ struct Args {
   std::vector<std::string> positional;
   std::vector<std::string> command;
   bool help = false;  // --help before the command: print the verb's usage, nothing else
+  bool json = false;  // --json among the verb's options (as good as before the verb)
 
   const std::string* find(const std::string& name) const {
     for (const auto& [key, value] : options)
@@ -61,6 +62,10 @@ bool parseOption(const Verb& v, const std::vector<std::string>& in, size_t* i, A
   const std::string& arg = in[*i];
   const size_t eq = arg.find('=');
   const std::string name = arg.substr(0, eq);
+  if (arg == "--json") {  // the global flag, also accepted after the verb
+    out->json = true;
+    return true;
+  }
   if (out->find(name)) return fail(err, name + " is given twice");
   if (contains(v.flagOptions, name)) {
     if (eq != std::string::npos) return fail(err, name + " takes no value");
@@ -68,7 +73,7 @@ bool parseOption(const Verb& v, const std::vector<std::string>& in, size_t* i, A
     return true;
   }
   if (!contains(v.valueOptions, name)) {
-    const bool global = name == "--socket" || name == "--json";
+    const bool global = name == "--socket" || name == "--broker-user";
     return fail(err, "unknown option '" + printable(name, 40) + "'" +
                          (global ? " here: global options go before the verb" : ""));
   }
@@ -134,7 +139,10 @@ int exchange(const Globals& g, const rpc::Request& req, rpc::Response::BodyCase 
              rpc::Response* resp) {
   std::string err;
   if (!rpc::validateRequest(req, &err)) return report(g, kExitUsage, err);
-  if (!rpc::call(g.socket, req, resp, &err)) return report(g, kExitFailed, err);
+  rpc::CallOptions options;
+  options.busyRetryMs = kBusyRetryMs;
+  options.trustedUids = g.brokerUids;
+  if (!rpc::call(g.socket, req, resp, &err, options)) return report(g, kExitFailed, err);
   if (!resp->ok())
     return report(g, kExitFailed,
                   resp->error().empty() ? "the broker refused the request" : resp->error());
@@ -148,12 +156,12 @@ int exchange(const Globals& g, const rpc::Request& req, rpc::Response::BodyCase 
 // The reply as JSON with --json, else through printHuman.
 int show(const Globals& g, const google::protobuf::Message& reply,
          const std::function<void()>& printHuman) {
-  if (!g.json) {
+  if (g.json) {
+    printJson(reply);
+  } else {
     printHuman();
-    return 0;
   }
-  std::string err;
-  return printJson(reply, &err) ? 0 : report(g, kExitFailed, err);
+  return 0;
 }
 
 int statusVerb(const Globals& g, const Verb&, const Args&) {
@@ -348,12 +356,15 @@ int runVerb(const Globals& g, const std::string& verb, const std::vector<std::st
                   "unknown verb '" + printable(verb, 40) + "' (see 'cushare --help')");
   Args parsed;
   std::string err;
-  if (!parseArgs(*v, args, &parsed, &err)) return usageError(g, *v, err);
+  Globals local = g;
+  const bool ok = parseArgs(*v, args, &parsed, &err);
+  local.json = local.json || parsed.json;
+  if (!ok) return usageError(local, *v, err);
   if (parsed.help) {
     std::printf("usage: cushare %s\n  %s\n", v->usage, v->summary);
     return 0;
   }
-  return v->handler(g, *v, parsed);
+  return v->handler(local, *v, parsed);
 }
 
 void printVerbs(FILE* out) {

@@ -5,6 +5,7 @@
 // cannot be executed.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -14,9 +15,13 @@ namespace cushare::cli {
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 
+// How long the CLI keeps trying while the broker says busy.
+inline constexpr int kBusyRetryMs = 2000;
+
 struct Globals {
   std::string socket;
-  bool json = false;  // replies and errors as JSON on stdout
+  bool json = false;  // replies and errors as JSON on stdout (--json before or after the verb)
+  std::vector<uint32_t> brokerUids;  // trusted besides root and the caller (--broker-user)
 };
 
 // Runs verb with the arguments that follow it.

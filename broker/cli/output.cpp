@@ -1,9 +1,9 @@
 // What the CLI prints; see output.h.
 #include "output.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -49,6 +49,103 @@ std::string limitCell(const rpc::TenantDevice& d) {
 // "1 reload", "2 reloads".
 std::string count(uint64_t n, const std::string& what) {
   return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+}
+
+// A JSON string literal: quotes, backslashes and control characters escaped.
+std::string jsonString(const std::string& text) {
+  std::string json = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      json += '\\';
+      json += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      json += buf;
+    } else {
+      json += c;
+    }
+  }
+  return json + "\"";
+}
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+std::string jsonNumber(double v) {
+  // JSON has no NaN or infinity; proto3's JSON mapping writes them as these strings.
+  if (std::isnan(v)) return "\"NaN\"";
+  if (std::isinf(v)) return v > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest exact form
+  return std::string(buf, r.ptr);
+}
+
+void appendJson(const Message& m, std::string* out);
+
+// Field f of m (element i of a repeated field, or -1 for a singular one) as a JSON value.
+void appendValue(const Message& m, const FieldDescriptor* f, int i, std::string* out) {
+  const auto* r = m.GetReflection();
+  const bool rep = i >= 0;
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      *out += std::to_string(rep ? r->GetRepeatedInt32(m, f, i) : r->GetInt32(m, f));
+      return;
+    case FieldDescriptor::CPPTYPE_INT64:
+      *out += std::to_string(rep ? r->GetRepeatedInt64(m, f, i) : r->GetInt64(m, f));
+      return;
+    case FieldDescriptor::CPPTYPE_UINT32:
+      *out += std::to_string(rep ? r->GetRepeatedUInt32(m, f, i) : r->GetUInt32(m, f));
+      return;
+    case FieldDescriptor::CPPTYPE_UINT64:
+      *out += std::to_string(rep ? r->GetRepeatedUInt64(m, f, i) : r->GetUInt64(m, f));
+      return;
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      *out += jsonNumber(rep ? r->GetRepeatedDouble(m, f, i) : r->GetDouble(m, f));
+      return;
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      *out += jsonNumber(rep ? r->GetRepeatedFloat(m, f, i) : r->GetFloat(m, f));
+      return;
+    case FieldDescriptor::CPPTYPE_BOOL:
+      *out += (rep ? r->GetRepeatedBool(m, f, i) : r->GetBool(m, f)) ? "true" : "false";
+      return;
+    case FieldDescriptor::CPPTYPE_ENUM:
+      *out += jsonString((rep ? r->GetRepeatedEnum(m, f, i) : r->GetEnum(m, f))->name());
+      return;
+    case FieldDescriptor::CPPTYPE_STRING:
+      *out += jsonString(rep ? r->GetRepeatedString(m, f, i) : r->GetString(m, f));
+      return;
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      appendJson(rep ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f), out);
+      return;
+  }
+}
+
+// m as a JSON object: the field names of control.proto, every field but an absent optional one
+// (an absent limit_bytes is "no limit"), zero values included, 64-bit integers as exact numbers.
+void appendJson(const Message& m, std::string* out) {
+  const auto* d = m.GetDescriptor();
+  const auto* r = m.GetReflection();
+  *out += '{';
+  bool first = true;
+  for (int k = 0; k < d->field_count(); ++k) {
+    const FieldDescriptor* f = d->field(k);
+    if (!f->is_repeated() && f->has_presence() && !r->HasField(m, f)) continue;
+    *out += first ? "" : ",";
+    first = false;
+    *out += jsonString(f->name()) + ":";
+    if (!f->is_repeated()) {
+      appendValue(m, f, -1, out);
+      continue;
+    }
+    *out += '[';
+    for (int i = 0; i < r->FieldSize(m, f); ++i) {
+      if (i > 0) *out += ',';
+      appendValue(m, f, i, out);
+    }
+    *out += ']';
+  }
+  *out += '}';
 }
 
 }  // namespace
@@ -106,47 +203,39 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
     if (!tn.error().empty()) std::printf("tenant %s: %s\n", tn.name().c_str(), tn.error().c_str());
 }
 
+// The pid a person can act on: the one the kernel names holding the slot, in the broker's pid
+// namespace; what the slot itself records is the tenant's word and is shown as such.
+std::string pidCell(const rpc::Process& p, bool* unverified) {
+  const std::string claimed = std::to_string(p.pid());
+  if (p.host_pid() == 0) {
+    *unverified = true;
+    return claimed + "?";
+  }
+  const std::string host = std::to_string(p.host_pid());
+  if (!p.pid_verified()) return host + " (slot says " + claimed + ")";
+  return p.host_pid() == p.pid() ? host : host + " (" + claimed + " in its namespace)";
+}
+
 void printProcesses(const rpc::ProcessesReply& p) {
   Table t({"TENANT", "PID", "DEVICE", "USED"});
+  bool unverified = false;
   for (const rpc::Process& proc : p.processes()) {
-    const std::string pid = std::to_string(proc.pid());
+    const std::string pid = pidCell(proc, &unverified);
     if (proc.usage().empty()) t.add({proc.tenant(), pid, "-", formatSize(0)});
     for (const rpc::ProcessUsage& u : proc.usage())
       t.add({proc.tenant(), pid, std::to_string(u.device()), formatSize(u.used_bytes())});
   }
   t.print();
+  if (unverified)
+    std::printf(
+        "\n? unverified: only what the process's ledger slot says (the kernel names no "
+        "holder: an older shim, or a process the broker cannot see)\n");
 }
 
-bool printJson(const google::protobuf::Message& m, std::string* err) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;  // the names of control.proto and the docs
+void printJson(const google::protobuf::Message& m) {
   std::string json;
-  const auto status = google::protobuf::util::MessageToJsonString(m, &json, options);
-  if (!status.ok()) {
-    *err = "cannot print the reply as JSON: " + status.ToString();
-    return false;
-  }
+  appendJson(m, &json);
   std::printf("%s\n", json.c_str());
-  return true;
-}
-
-// A JSON string literal: quotes, backslashes and control characters escaped.
-std::string jsonString(const std::string& text) {
-  std::string json = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      json += '\\';
-      json += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      json += buf;
-    } else {
-      json += c;
-    }
-  }
-  return json + "\"";
 }
 
 void printJsonError(const std::string& message) {

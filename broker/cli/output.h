@@ -16,8 +16,9 @@ void printStatus(const rpc::StatusReply& s);
 void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants);
 void printProcesses(const rpc::ProcessesReply& p);
 
-// One message as JSON on stdout, zero values included so every field is there to read.
-bool printJson(const google::protobuf::Message& m, std::string* err);
+// One message as JSON on stdout, zero values included so every field is there to read, 64-bit
+// integers as JSON numbers (not proto3's JSON strings), an absent optional field left out.
+void printJson(const google::protobuf::Message& m);
 // {"error": "..."} on stdout.
 void printJsonError(const std::string& message);
 // {"key": "value", ...} in the order given (the environment of `cushare env --json`). Written

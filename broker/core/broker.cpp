@@ -575,6 +575,7 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
       if (u.pid == 0) continue;
       ProcessSnapshot p;
       p.pid = u.pid;
+      p.hostPid = t.ledger->slotHolderPid(u.slot);
       p.used.assign(devices_.size(), 0);
       for (size_t d = 0; d < devices_.size() && d < t.entry.size(); ++d)
         if (t.entry[d] >= 0) p.used[d] = u.used[t.entry[d]];

@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "core/broker.h"
 #include "core/log.h"
@@ -25,6 +27,9 @@ constexpr size_t kMaxConnections = 64;
 constexpr size_t kMaxPerUser = 16;
 constexpr size_t kAdminReserve = 16;
 constexpr auto kConnectionDeadline = std::chrono::seconds(5);
+// Connections taken per wake-up: a client that connects as fast as it can (each one refused or
+// served) cannot keep the thread in accept() while accepted clients wait for their answers.
+constexpr int kAcceptBatch = 64;
 
 using Clock = std::chrono::steady_clock;
 
@@ -56,6 +61,28 @@ rpc::Response failure(const std::string& why) {
   return r;
 }
 
+rpc::Response busy(const std::string& why) {
+  rpc::Response r = failure("broker busy: " + why + "; try again shortly");
+  r.set_busy(true);
+  return r;
+}
+
+// The pid hostPid has in its own innermost pid namespace (the last field of NSpid in
+// /proc/PID/status, which anyone may read), or 0 when the process is gone. Kernels before 4.1
+// have no NSpid line: no nested namespaces to look through, the pid is hostPid's own.
+int innermostPid(int hostPid) {
+  std::ifstream status("/proc/" + std::to_string(hostPid) + "/status");
+  if (!status) return 0;
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("NSpid:", 0) != 0) continue;
+    std::istringstream fields(line.substr(6));
+    int pid = 0;
+    for (int v; fields >> v;) pid = v;
+    return pid;
+  }
+  return hostPid;
+}
+
 std::string who(const Peer& p) {
   return "uid " + std::to_string(p.uid) + " pid " + std::to_string(p.pid);
 }
@@ -78,7 +105,10 @@ rpc::Response handle(Broker& b, const std::function<bool(std::string*)>& reload,
         return failure("no tenant '" + req.tenants().tenant() + "' on this host");
       return r;
     case rpc::Request::kProcesses:
-      if (!rpc::processesToProto(b.snapshot(), req.processes().tenant(), r.mutable_processes()))
+      // A slot's pid is the tenant's own claim; each is checked against the kernel's (the
+      // slot's POSIX pid lock and /proc), here, outside the broker's lock.
+      if (!rpc::processesToProto(b.snapshot(), req.processes().tenant(), innermostPid,
+                                 r.mutable_processes()))
         return failure("no tenant '" + req.processes().tenant() + "' on this host");
       return r;
     case rpc::Request::kSetLimit: {
@@ -207,22 +237,40 @@ void ControlServer::close(int fd) {
 
 // Room for one more connection from this peer? Every user gets at most kMaxPerUser, so one user
 // cannot take all kMaxConnections; administrators have kAdminReserve more beyond the total, so
-// readers holding every slot never lock them out of set-limit and reload.
-bool ControlServer::admit(const Peer& p) const {
+// readers holding every slot never lock them out of set-limit and reload. When there is none,
+// *why says so (for the busy answer).
+bool ControlServer::admit(const Peer& p, std::string* why) const {
   size_t mine = 0;
   for (const auto& [fd, c] : conns_) mine += c->peer.uid == p.uid;
-  if (broker_.isAdmin(p)) return conns_.size() < kMaxConnections + kAdminReserve;
-  return mine < kMaxPerUser && conns_.size() < kMaxConnections;
+  const bool admin = broker_.isAdmin(p);
+  const size_t room = admin ? kMaxConnections + kAdminReserve : kMaxConnections;
+  if (conns_.size() >= room) {
+    *why = "all " + std::to_string(room) + " connections are in use";
+    return false;
+  }
+  if (!admin && mine >= kMaxPerUser) {
+    *why = "uid " + std::to_string(p.uid) + " already has " + std::to_string(mine) +
+           " connections open, the most one user may";
+    return false;
+  }
+  return true;
 }
 
 void ControlServer::accept() {
-  for (;;) {
+  for (int i = 0; i < kAcceptBatch; ++i) {
     const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;  // EAGAIN: all taken; other errors: the client is gone
     auto c = std::make_unique<Connection>();
     c->fd = fd;
-    if (!peerOf(fd, &c->peer) || !admit(c->peer)) {
-      ::close(fd);  // busy: the client sees the connection closed and may retry
+    std::string why;
+    const bool known = peerOf(fd, &c->peer);
+    if (!known || !admit(c->peer, &why)) {
+      // One non-blocking send of a small frame into an empty socket buffer: it fits. The client
+      // reads it even after the close (and even if its own send failed because of the close).
+      const std::string bytes = rpc::frame(
+          known ? busy(why) : failure(sysErr("the broker cannot read this client's credentials")));
+      (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      ::close(fd);
       continue;
     }
     epoll_event ev{};
@@ -259,8 +307,14 @@ void ControlServer::onReadable(Connection& c) {
     const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) return;
-    if (n == 0) {  // closed before a whole request: nothing to answer
-      close(c.fd);
+    if (n == 0) {
+      // The client half-closed (or closed) before a whole request: tell it what was missing. A
+      // client that sent nothing gets the same line but no log line (a probe, not an attack).
+      const std::string why = c.reader.incompleteReason();
+      if (why.rfind("no message", 0) != 0)
+        CUSHARE_BLOG(warn, "control socket: malformed request from {}: {}", who(c.peer), why);
+      respond(c, rpc::frame(failure("malformed request: " + why)));
+      if (!flush(c)) close(c.fd);
       return;
     }
     if (n < 0) {

@@ -7,7 +7,11 @@
 // slowly, holds a connection slot (at most kMaxConnections, each dropped after 5 s) and never the
 // thread, so neither the other clients nor the broker's reaping wait for it. One user holds at
 // most 16 connections, and administrators have 16 more beyond the 64, so nobody can lock the
-// administrators out.
+// administrators out. A client refused a slot gets a one-line answer with busy set (docs/
+// operations.md), never a silent close. Fairness: each connection carries one request, read and
+// answered in one wake-up once complete; one wake-up accepts at most 64 connections, so a user
+// that connects as fast as it can delays another user's answer by at most its 16 requests.
+// A client that half-closes (shutdown(SHUT_WR)) before a whole request gets the error too.
 #pragma once
 
 #include <functional>
@@ -36,7 +40,7 @@ class ControlServer {
   struct Connection;
   void run();
   void accept();
-  bool admit(const Peer& p) const;
+  bool admit(const Peer& p, std::string* why) const;
   void onReadable(Connection& c);
   void respond(Connection& c, const std::string& bytes);
   bool flush(Connection& c);  // false when done (written or failed)

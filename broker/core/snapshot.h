@@ -33,6 +33,8 @@ struct TenantDeviceSnapshot {
 struct ProcessSnapshot {
   int pid = 0;                  // as recorded in the ledger (the process's own pid namespace)
   std::vector<uint64_t> used;   // bytes, indexed like BrokerSnapshot::devices
+  int hostPid = 0;              // the slot's holder as the kernel names it in the broker's pid
+                                // namespace (Ledger::slotHolderPid); 0: unknown
 };
 
 struct TenantSnapshot {

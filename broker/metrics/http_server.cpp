@@ -20,6 +20,7 @@
 #include <cstring>
 #include <exception>
 #include <list>
+#include <map>
 #include <optional>
 #include <string_view>
 #include <system_error>
@@ -34,7 +35,12 @@ using Render = std::function<std::string()>;
 
 constexpr size_t kMaxHead = 8 * 1024;  // request line + headers
 constexpr size_t kMaxConnections = 64;
-constexpr int kBacklog = 128;
+constexpr size_t kMaxPerAddress = 16;  // connections of one client address
+constexpr int kAcceptBatch = 16;       // accepted per wake-up, then the open ones get their turn
+// Deep, so that a client connecting as fast as it can while this thread waits for a CPU does not
+// fill the accept queue at once: a full queue drops everyone's SYNs (a second's retransmit).
+// Linux caps it at net.core.somaxconn (4096 by default since 5.4).
+constexpr int kBacklog = 4096;
 constexpr auto kTimeout = std::chrono::seconds(5);  // to send the head; to take the response
 constexpr auto kLinger = std::chrono::seconds(1);   // to close after the response (drain)
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);  // after EMFILE and the like
@@ -164,12 +170,17 @@ std::optional<std::string> answer(std::string_view received, const Render& rende
 // One client, from accept to close. Owns its socket.
 class Connection {
  public:
-  Connection(int fd, Clock::time_point now) : fd_(fd), deadline_(now + kTimeout) {}
+  Connection(int fd, std::string address, Clock::time_point now)
+      : fd_(fd), address_(std::move(address)), accepted_(now), deadline_(now + kTimeout) {}
   ~Connection() { ::close(fd_); }
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
   int fd() const { return fd_; }
+  const std::string& address() const { return address_; }
+  Clock::time_point accepted() const { return accepted_; }
+  // Still waiting for its request head: may be closed to make room for a newcomer.
+  bool reading() const { return state_ == State::kReading; }
   short events() const { return state_ == State::kWriting ? POLLOUT : POLLIN; }
   Clock::time_point deadline() const { return deadline_; }
 
@@ -231,6 +242,8 @@ class Connection {
   }
 
   int fd_;
+  std::string address_;  // the client's IP address, raw bytes (the port left out)
+  Clock::time_point accepted_;
   State state_ = State::kReading;
   Clock::time_point deadline_;
   std::string in_;
@@ -238,22 +251,76 @@ class Connection {
   size_t sent_ = 0;
 };
 
-// Accepts pending clients while there is room. On a shortage of file descriptors or memory the
-// listening socket stays readable, so accepting pauses for kAcceptPause instead of spinning.
-void acceptClients(int listenFd, std::list<Connection>* conns, Clock::time_point now,
-                   Clock::time_point* pausedUntil) {
-  while (conns->size() < kMaxConnections) {
-    const int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0) {
-      conns->emplace_back(fd, now);
+// The client's IP address without the port, as raw bytes: what "one client" means here.
+std::string addressKey(const sockaddr_storage& ss) {
+  if (ss.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr;
+    return std::string(reinterpret_cast<const char*>(&a), sizeof a);
+  }
+  const auto& a = reinterpret_cast<const sockaddr_in&>(ss).sin_addr;
+  return std::string(reinterpret_cast<const char*>(&a), sizeof a);
+}
+
+bool anyReading(const std::list<Connection>& conns) {
+  for (const Connection& c : conns)
+    if (c.reading()) return true;
+  return false;
+}
+
+// Closes one connection that is still waiting for its request head, to make room: one of
+// `address` when given, else one of the address holding the most connections; the oldest of
+// those. So a client that opens connections and sends nothing (slow loris), or opens them as fast
+// as it can, displaces its own, and only they wait. False when none may go.
+bool evictOne(std::list<Connection>* conns, const std::string* address) {
+  std::map<std::string, size_t> held;
+  for (const Connection& c : *conns) ++held[c.address()];
+  auto victim = conns->end();
+  for (auto it = conns->begin(); it != conns->end(); ++it) {
+    if (!it->reading() || (address && it->address() != *address)) continue;
+    if (victim == conns->end() || held[it->address()] > held[victim->address()])
+      victim = it;  // the list is in accept order: the first of an address is its oldest
+  }
+  if (victim == conns->end()) return false;
+  conns->erase(victim);
+  return true;
+}
+
+// Accepts up to kAcceptBatch pending clients. Called only when there is room or a connection can
+// make room. One address holds at most kMaxPerAddress connections: past that its oldest waiting
+// one goes, or (none waiting) the newcomer gets a 503. A newcomer's request is read at once: a
+// client that sent it with the connection (every HTTP client) is answered before any later
+// newcomer could displace it. On a shortage of file descriptors or memory the listening socket
+// stays readable, so accepting pauses for kAcceptPause instead of spinning.
+void acceptClients(int listenFd, std::list<Connection>* conns, const Render& render,
+                   Clock::time_point now, Clock::time_point* pausedUntil) {
+  for (int i = 0; i < kAcceptBatch; ++i) {
+    if (conns->size() >= kMaxConnections && !anyReading(*conns)) return;
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    const int fd = ::accept4(listenFd, reinterpret_cast<sockaddr*>(&ss), &len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      // A client that went away while queued (or any network error Linux passes on from the new
+      // socket): try the next one, as accept(2) recommends.
+      if (errno == ECONNABORTED || errno == EINTR || errno == EPROTO) continue;
+      *pausedUntil = now + kAcceptPause;
+      return;
+    }
+    std::string address = addressKey(ss);
+    size_t mine = 0;
+    for (const Connection& c : *conns) mine += c.address() == address;
+    const bool room = mine < kMaxPerAddress || evictOne(conns, &address);
+    if (!room || (conns->size() >= kMaxConnections && !evictOne(conns, nullptr))) {
+      const std::string busy =
+          textResponse(503, "Service Unavailable", "too many connections from your address\n",
+                       true, "Retry-After: 1\r\n");
+      (void)!::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      ::close(fd);
       continue;
     }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    // A client that went away while queued (or any network error Linux passes on from the new
-    // socket): try the next one, as accept(2) recommends.
-    if (errno == ECONNABORTED || errno == EINTR || errno == EPROTO) continue;
-    *pausedUntil = now + kAcceptPause;
-    return;
+    conns->emplace_back(fd, std::move(address), now);
+    if (!conns->back().onReady(POLLIN, now, render)) conns->pop_back();
   }
 }
 
@@ -278,7 +345,8 @@ void serve(int listenFd, int wakeFd, const Render& render) {
   for (;;) {
     Clock::time_point now = Clock::now();
     const bool paused = now < acceptPausedUntil;
-    const bool accepting = conns.size() < kMaxConnections && !paused;
+    const bool full = conns.size() >= kMaxConnections && !anyReading(conns);
+    const bool accepting = !full && !paused;
     fds.clear();
     fds.push_back({wakeFd, POLLIN, 0});
     fds.push_back({accepting ? listenFd : -1, POLLIN, 0});  // poll skips a negative fd
@@ -296,7 +364,7 @@ void serve(int listenFd, int wakeFd, const Render& render) {
       const bool keep = (revents == 0 || it->onReady(revents, now, render)) && it->deadline() > now;
       it = keep ? std::next(it) : conns.erase(it);
     }
-    if (fds[1].revents != 0) acceptClients(listenFd, &conns, now, &acceptPausedUntil);
+    if (fds[1].revents != 0) acceptClients(listenFd, &conns, render, now, &acceptPausedUntil);
   }
 }
 

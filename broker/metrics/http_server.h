@@ -14,9 +14,18 @@
 // - After the response the server half-closes and discards what the client still sends until it
 //   closes, for at most 1 s: closing with unread input would send a TCP reset, which can destroy
 //   the response before the client reads it.
-// - At most 64 connections at a time. While 64 are open the server stops accepting, so further
-//   clients wait in the kernel's listen backlog of 128 (they are served as slots free up, which
-//   the timeouts above guarantee) instead of being refused.
+// - Fair per client and per connection: at most 64 connections at a time, at most 16 of one IP
+//   address. A newcomer's request is read as soon as it is accepted (an HTTP client sends it with
+//   the connection), so it is answered at once. To make room for a newcomer, a connection that is
+//   still waiting for its request head is closed without a response: the oldest of the
+//   newcomer's own address when that address holds 16, else the oldest of the address holding the
+//   most. So a client that opens connections and sends nothing or dribbles (slow loris), or opens
+//   them as fast as it can, only displaces its own, and other clients wait only for the
+//   connections queued before theirs. A newcomer for whom no room can be made (every connection
+//   of its address is being answered) gets 503 with Retry-After: 1. While 64 are open and all are
+//   being answered the server stops accepting: further clients wait in the kernel's listen backlog
+//   of 4096 (capped by net.core.somaxconn). One wake-up accepts at most 16 connections, then the open ones get their turn; each
+//   connection gets one request and at most one render.
 //
 // Threading: one thread of its own runs poll() over the listening socket, the connections and an
 // eventfd that stop() signals. Every socket is non-blocking, so a slow or silent client never

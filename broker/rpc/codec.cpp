@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include <google/protobuf/stubs/logging.h>
 
@@ -233,7 +234,8 @@ std::string connectHint(int e) {
   return "";
 }
 
-bool connectTo(const std::string& path, const Socket& s, int timeoutMs, std::string* err) {
+bool connectTo(const std::string& path, const Socket& s, int timeoutMs, bool* busy,
+               std::string* err) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof addr.sun_path)
@@ -249,10 +251,30 @@ bool connectTo(const std::string& path, const Socket& s, int timeoutMs, std::str
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     const int e = errno;
+    *busy = e == EAGAIN;
+    if (*busy) return fail(err, "broker busy: its listen backlog at " + path + " is full");
     return fail(
         err, "cannot connect to the broker at " + path + ": " + std::strerror(e) + connectHint(e));
   }
   return true;
+}
+
+// The kernel's word on who listens at the other end; see CallOptions::trustedUids.
+bool checkServer(const std::string& path, int fd, const std::vector<uint32_t>& trusted,
+                 std::string* err) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return fail(err, "cannot tell who listens at " + path + ": " + std::strerror(errno));
+  const uid_t self = ::geteuid();
+  if (cred.uid == 0 || cred.uid == self ||
+      std::find(trusted.begin(), trusted.end(), cred.uid) != trusted.end())
+    return true;
+  return fail(err, "not trusting the server at " + path + ": it runs as uid " +
+                       std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) +
+                       "), not as root or as you (uid " + std::to_string(self) +
+                       "); if cushare-broker runs as that user, name it with --broker-user or "
+                       "CUSHARE_BROKER_USER");
 }
 
 // Waits until fd is ready for events or the deadline passes.
@@ -310,28 +332,70 @@ bool receiveFrame(int fd, FrameReader* reader, Clock::time_point deadline, int t
   }
 }
 
+// One connection: false with *err when there is no response; *busy when the broker could not
+// take the connection (a full backlog; a busy answer is a response, resp->busy()).
+bool attempt(const std::string& socketPath, const std::string& request, const CallOptions& o,
+             int connectTimeoutMs, Response* resp, bool* busy, std::string* err) {
+  const Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (s.fd() < 0) return fail(err, std::string("cannot create a socket: ") + std::strerror(errno));
+  if (!connectTo(socketPath, s, connectTimeoutMs, busy, err) ||
+      !checkServer(socketPath, s.fd(), o.trustedUids, err))
+    return false;
+
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(o.timeoutMs);
+  FrameReader reader(kMaxResponseBytes);
+  std::string sendErr;
+  // A broker that refuses the connection answers at once and closes, perhaps before the request
+  // is sent (EPIPE here): its answer is still there to read.
+  const bool sent = sendAll(s.fd(), request, deadline, o.timeoutMs, &sendErr);
+  if (!receiveFrame(s.fd(), &reader, deadline, o.timeoutMs, err)) {
+    if (!sent) *err = sendErr;
+    return false;
+  }
+  if (!resp->ParseFromString(reader.payload()))
+    return fail(err, "the broker's response is not a valid cushare.rpc.Response (" +
+                         std::to_string(reader.payload().size()) + " bytes)");
+  return true;
+}
+
 }  // namespace
 
 bool call(const std::string& socketPath, const Request& req, Response* resp, std::string* err,
-          int timeoutMs) {
+          const CallOptions& options) {
   const std::string request = frame(req);
   if (request.size() - kHeaderBytes > kMaxRequestBytes)
     return fail(err, "the request has " + std::to_string(request.size() - kHeaderBytes) +
                          " bytes, more than the broker accepts (" +
                          std::to_string(kMaxRequestBytes) + ")");
-  const Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (s.fd() < 0) return fail(err, std::string("cannot create a socket: ") + std::strerror(errno));
-  if (!connectTo(socketPath, s, timeoutMs, err)) return false;
+  const Clock::time_point giveUp = Clock::now() + std::chrono::milliseconds(options.busyRetryMs);
+  // With retries, a full backlog is waited out in short connects, so the budget holds.
+  const int connectTimeoutMs =
+      options.busyRetryMs > 0 ? std::min(options.timeoutMs, 250) : options.timeoutMs;
+  int backoffMs = 50, tries = 0;
+  for (;;) {
+    bool busy = false;
+    resp->Clear();
+    const bool answered = attempt(socketPath, request, options, connectTimeoutMs, resp, &busy, err);
+    busy = busy || (answered && resp->busy());
+    ++tries;
+    if (!busy || options.busyRetryMs <= 0) return answered;
+    const std::string why = answered ? resp->error() : *err;
+    const Clock::time_point now = Clock::now();
+    if (now >= giveUp)
+      return fail(err, why + " (still busy after " + std::to_string(tries) + " tries in " +
+                           seconds(options.busyRetryMs) + ")");
+    // The last wait is cut short so that the last try falls on the deadline.
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(std::chrono::milliseconds(backoffMs), giveUp - now));
+    backoffMs = std::min(backoffMs * 2, 400);
+  }
+}
 
-  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeoutMs);
-  FrameReader reader(kMaxResponseBytes);
-  if (!sendAll(s.fd(), request, deadline, timeoutMs, err) ||
-      !receiveFrame(s.fd(), &reader, deadline, timeoutMs, err))
-    return false;
-  if (!resp->ParseFromString(reader.payload()))
-    return fail(err, "the broker's response is not a valid cushare.rpc.Response (" +
-                         std::to_string(reader.payload().size()) + " bytes)");
-  return true;
+bool call(const std::string& socketPath, const Request& req, Response* resp, std::string* err,
+          int timeoutMs) {
+  CallOptions o;
+  o.timeoutMs = timeoutMs;
+  return call(socketPath, req, resp, err, o);
 }
 
 // ---- fuzzing ---------------------------------------------------------------------------------

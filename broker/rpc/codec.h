@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "control.pb.h"
 
@@ -71,9 +72,26 @@ bool decodeRequest(std::string_view payload, Request* out, std::string* err);
 // at most kMaxRequestBytes, then decodeRequest.
 bool decodeRequestFrame(std::string_view bytes, Request* out, std::string* err);
 
-// One round trip to the broker: connect, send req, wait up to timeoutMs in all for the response.
-// Returns false with *err set (one line) when there is no well-formed response; a response with
-// ok == false is still a successful call, and the caller reports resp->error().
+// How call() deals with the broker.
+struct CallOptions {
+  int timeoutMs = 10000;  // per attempt: connecting, sending the request, reading the response
+  // While the broker answers busy (or its listen backlog is full), try again with backoff (50 ms
+  // doubling to 400 ms) for up to this long, then fail with "broker busy: ...". 0: no retry; a
+  // busy answer is returned like any refusal (ok false, busy true).
+  int busyRetryMs = 0;
+  // Whom the answer is trusted from: the server's uid (SO_PEERCRED, reported by the kernel) must
+  // be 0, the caller's own effective uid, or one of these. Anyone can listen on a socket in a
+  // directory they own; an answer from such a server (a fake ledger_dir for `cushare env`, made-up
+  // tables) is refused before the request is sent.
+  std::vector<uint32_t> trustedUids;
+};
+
+// One round trip to the broker: connect, check who listens, send req, wait for the response.
+// Returns false with *err set (one line) when there is no well-formed response from a trusted
+// server; a response with ok == false is still a successful call, and the caller reports
+// resp->error().
+bool call(const std::string& socketPath, const Request& req, Response* resp, std::string* err,
+          const CallOptions& options);
 bool call(const std::string& socketPath, const Request& req, Response* resp, std::string* err,
           int timeoutMs = 10000);
 

@@ -25,9 +25,11 @@ void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, 
 }
 
 void toProto(const TenantSnapshot& t, const broker::ProcessSnapshot& p, const BrokerSnapshot& snap,
-             Process* out) {
+             const std::function<int(int)>& innermostPid, Process* out) {
   out->set_tenant(t.name);
   out->set_pid(p.pid);
+  out->set_host_pid(p.hostPid);
+  out->set_pid_verified(p.hostPid > 0 && p.pid > 0 && innermostPid(p.hostPid) == p.pid);
   for (size_t i = 0; i < p.used.size(); ++i) {
     if (p.used[i] == 0) continue;  // a process touches few of the devices; zeros are noise
     ProcessUsage* u = out->add_usage();
@@ -90,12 +92,13 @@ bool tenantsToProto(const BrokerSnapshot& snap, const std::string& tenantOrEmpty
 }
 
 bool processesToProto(const BrokerSnapshot& snap, const std::string& tenantOrEmpty,
-                      ProcessesReply* out) {
+                      const std::function<int(int)>& innermostPid, ProcessesReply* out) {
   bool found = false;
   for (const TenantSnapshot& t : snap.tenants) {
     if (!selected(t, tenantOrEmpty)) continue;
     found = true;
-    for (const broker::ProcessSnapshot& p : t.processes) toProto(t, p, snap, out->add_processes());
+    for (const broker::ProcessSnapshot& p : t.processes)
+      toProto(t, p, snap, innermostPid, out->add_processes());
   }
   return found || tenantOrEmpty.empty();
 }

@@ -7,6 +7,7 @@
 // - A limit of kNoLimit is an absent limit_bytes, not UINT64_MAX.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "control.pb.h"
@@ -24,7 +25,9 @@ bool tenantsToProto(const broker::BrokerSnapshot& snap, const std::string& tenan
 
 // Every live process of every tenant, or of the one named; each lists the devices where it uses
 // memory. Returns false, with an empty reply, for a name the snapshot does not have.
+// innermostPid(hostPid): that process's pid in its own innermost pid namespace, 0 if it is gone
+// (the I/O stays with the caller); a slot's pid is verified when it equals innermostPid(hostPid).
 bool processesToProto(const broker::BrokerSnapshot& snap, const std::string& tenantOrEmpty,
-                      ProcessesReply* out);
+                      const std::function<int(int hostPid)>& innermostPid, ProcessesReply* out);
 
 }  // namespace cushare::rpc

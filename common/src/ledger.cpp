@@ -96,14 +96,20 @@ int flockExclusive(int fd, bool bounded) noexcept {
   }
 }
 
+// A record lock of the one byte at `byte` (all the ledger's locks are one byte past the end).
+struct flock byteLock(short type, int64_t byte) noexcept {
+  struct flock fl = {};
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = byte;
+  fl.l_len = 1;
+  return fl;
+}
+
 // 1: we hold slot's lock now (through fd's open file description); 0: another description holds
 // it; -1: error (errno set), e.g. a filesystem or kernel without OFD locks.
 int tryLockSlot(int fd, uint32_t slot) noexcept {
-  struct flock fl = {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = kLedgerSlotLockBase + slot;
-  fl.l_len = 1;
+  struct flock fl = byteLock(F_WRLCK, kLedgerSlotLockBase + slot);
   int r;
   do r = ::fcntl(fd, F_OFD_SETLK, &fl);
   while (r != 0 && errno == EINTR);
@@ -111,12 +117,16 @@ int tryLockSlot(int fd, uint32_t slot) noexcept {
   return errno == EAGAIN || errno == EACCES ? 0 : -1;
 }
 
+// The POSIX lock that names slot's holder (see kLedgerSlotPidLockBase). Best effort: without it
+// the broker reports the slot's pid as unverified, nothing else changes.
+void lockSlotPid(int fd, uint32_t slot) noexcept {
+  struct flock fl = byteLock(F_WRLCK, kLedgerSlotPidLockBase + slot);
+  while (::fcntl(fd, F_SETLK, &fl) != 0 && errno == EINTR) {
+  }
+}
+
 void unlockSlot(int fd, uint32_t slot) noexcept {
-  struct flock fl = {};
-  fl.l_type = F_UNLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = kLedgerSlotLockBase + slot;
-  fl.l_len = 1;
+  struct flock fl = byteLock(F_UNLCK, kLedgerSlotLockBase + slot);
   ::fcntl(fd, F_OFD_SETLK, &fl);
 }
 
@@ -473,6 +483,7 @@ int Ledger::claimSlotLocked(std::string* err) noexcept {
     for (uint32_t d = 0; d < kLedgerMaxDevices; ++d)
       usedAt(static_cast<int>(d), slot).store(0, kSeq);
     pid_[s].store(pid, kSeq);
+    lockSlotPid(fd_, s);
     // Raise slot_hwm past us before our first announce (the correctness argument needs it).
     uint32_t hwm = hdr_->slot_hwm.load(kSeq);
     while (hwm < s + 1 && !hdr_->slot_hwm.compare_exchange_weak(hwm, s + 1, kSeq)) {
@@ -676,7 +687,7 @@ std::vector<Ledger::SlotUsage> Ledger::slots() const {
   std::vector<SlotUsage> out;
   const uint32_t hwm = slotHwm();
   for (uint32_t s = 0; s < hwm; ++s) {
-    SlotUsage u{pid_[s].load(kSeq), {}};
+    SlotUsage u{pid_[s].load(kSeq), {}, static_cast<int>(s)};
     bool any = u.pid != 0;
     for (uint32_t d = 0; d < kLedgerMaxDevices; ++d) {
       u.used[d] = usedAt(static_cast<int>(d), static_cast<int>(s)).load(kSeq);
@@ -685,6 +696,13 @@ std::vector<Ledger::SlotUsage> Ledger::slots() const {
     if (any) out.push_back(u);
   }
   return out;
+}
+
+int Ledger::slotHolderPid(int slot) const noexcept {
+  if (fd_ < 0 || slot < 0 || static_cast<uint32_t>(slot) >= kLedgerMaxSlots) return 0;
+  struct flock fl = byteLock(F_WRLCK, kLedgerSlotPidLockBase + slot);
+  if (::fcntl(fd_, F_GETLK, &fl) != 0 || fl.l_type == F_UNLCK) return 0;
+  return fl.l_pid > 0 ? static_cast<int>(fl.l_pid) : 0;  // an OFD lock there reports -1
 }
 
 int Ledger::findDevice(const uint8_t uuid[16]) const noexcept {

@@ -656,34 +656,38 @@ TEST(Security, OneUserCannotTakeEveryConnection) {
       if (fd < 0) ::_exit(98);
       fds.push_back(fd);
     }
-    // Counts the connections the broker closed at once (read sees end of file); the accepted ones
-    // stay open and silent for 5 s. Waits for the broker to have seen all 20 (a busy machine).
+    // Counts the connections the broker refused at once (a busy answer, then end of file); the
+    // accepted ones stay open and silent for 5 s. Waits for the broker to have seen all 20 (a
+    // busy machine).
     char closed = 0;
     std::vector<bool> seen(fds.size(), false);
-    for (int round = 0; round < 300 && closed < 4; ++round) {
+    auto look = [&] {
       for (size_t i = 0; i < fds.size(); ++i) {
         pollfd p{fds[i], POLLIN, 0};
-        char c;
-        if (!seen[i] && ::poll(&p, 1, 0) == 1 && ::read(fds[i], &c, 1) == 0) {
-          seen[i] = true;
+        if (seen[i] || ::poll(&p, 1, 0) != 1) continue;
+        seen[i] = true;
+        std::string answer;
+        char buf[512];
+        for (ssize_t n; (n = ::read(fds[i], buf, sizeof buf)) > 0;) answer.append(buf, static_cast<size_t>(n));
+        rpc::Response r;
+        if (answer.size() > 4 && r.ParseFromString(answer.substr(4)) && r.busy() &&
+            r.error().rfind("broker busy: uid 2000 already has 16 connections open", 0) == 0)
           ++closed;
-        }
       }
+    };
+    for (int round = 0; round < 300 && closed < 4; ++round) {
+      look();
       ::usleep(10000);
     }
     ::usleep(200000);  // and none more after a while
-    for (size_t i = 0; i < fds.size(); ++i) {
-      pollfd p{fds[i], POLLIN, 0};
-      char c;
-      if (!seen[i] && ::poll(&p, 1, 0) == 1 && ::read(fds[i], &c, 1) == 0) ++closed;
-    }
+    look();
     (void)!::write(report[1], &closed, 1);
     ::pause();
     ::_exit(0);
   }
   char closed = -1;
   ASSERT_EQ(::read(report[0], &closed, 1), 1);
-  EXPECT_EQ(closed, 4) << "16 connections per user";
+  EXPECT_EQ(closed, 4) << "16 connections per user, the others refused with a busy answer";
   rpc::Request status;
   status.set_version(1);
   status.mutable_status();
@@ -693,8 +697,8 @@ TEST(Security, OneUserCannotTakeEveryConnection) {
   ::waitpid(hog, nullptr, 0);
 }
 
-// Every malformed message of the corpus gets an error answer (or a closed connection), never a
-// crash; the broker answers normally afterwards.
+// Every malformed message of the corpus gets an error answer, never a crash; the broker answers
+// normally afterwards.
 TEST(Security, MalformedMessagesAreRefused) {
   Broker b(testDir());
   ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
@@ -715,7 +719,8 @@ TEST(Security, MalformedMessagesAreRefused) {
     if (name.rfind("valid-", 0) == 0) {
       EXPECT_TRUE(framed) << name;
       EXPECT_EQ(resp.error().find("malformed"), std::string::npos) << name << ": " << resp.error();
-    } else if (framed) {
+    } else {
+      EXPECT_TRUE(framed) << name << ": every malformed message gets its error, half-closed or not";
       EXPECT_FALSE(resp.ok()) << name;
       EXPECT_FALSE(resp.error().empty()) << name;
     }
@@ -750,6 +755,237 @@ TEST(Security, SilentClientsBlockNeitherRequestsNorReaping) {
   for (int fd : idle) ::close(fd);
 }
 
+// Everything the broker sends on fd until it closes (or timeoutMs), parsed as one framed response.
+bool readResponse(int fd, rpc::Response* r, int timeoutMs = 5000) {
+  std::string answer;
+  char buf[4096];
+  const auto end = Clock::now() + milliseconds(timeoutMs);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<milliseconds>(end - Clock::now()).count();
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) != 1) break;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  return answer.size() >= 4 && r->ParseFromString(answer.substr(4));
+}
+
+rpc::Request statusRequest() {
+  rpc::Request r;
+  r.set_version(1);
+  r.mutable_status();
+  return r;
+}
+
+// A truncated frame followed by shutdown(SHUT_WR): the client is told what was missing, rather
+// than getting a closed connection.
+TEST(Security, HalfClosedTruncatedFrameGetsItsError) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  const std::pair<std::string, std::string> cases[] = {
+      {std::string("\x10\x00\x00\x00" "ab", 6), "malformed request: truncated message: got 2 of 16 bytes"},
+      {std::string("\x10\x00", 2), "malformed request: truncated message: got 2 of the 4 length bytes"},
+      {"", "malformed request: no message: the connection closed before its first byte"}};
+  for (const auto& [bytes, error] : cases) {
+    const int fd = connectUnix(b.socket());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    ASSERT_EQ(::shutdown(fd, SHUT_WR), 0);
+    rpc::Response r;
+    EXPECT_TRUE(readResponse(fd, &r)) << error;
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.error(), error);
+    ::close(fd);
+  }
+  EXPECT_EQ(b.status().tenants(), 2u) << "still answering";
+}
+
+// Runs `cushare --socket SOCKET ARGS` as uid:gid in the background; its output goes to out.
+pid_t cliAs(uid_t uid, const std::string& socket, const std::string& args, const std::string& out) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
+    const std::string cmd = std::string(CLI_BIN) + " --socket " + socket + " " + args + " > " + out + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int exitOf(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Four users hold all 64 connection slots with silent connections. A fifth is told, in one line
+// and at once, that the broker is busy; the CLI tries again for about 2 s and then says so with
+// exit status 1, and succeeds when a slot frees up while it is trying.
+TEST(Security, FullSocketSaysBusyAndTheCliRetries) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  const std::string sock = b.socket();
+  const std::string outDir = b.dir() + "/cli";
+  ASSERT_EQ(::mkdir(outDir.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(outDir.c_str(), 0777), 0);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  std::vector<pid_t> hogs;
+  for (uid_t uid = 2001; uid <= 2004; ++uid) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
+      std::vector<int> fds;
+      for (int i = 0; i < 16; ++i) {
+        fds.push_back(connectUnix(sock));
+        if (fds.back() < 0) ::_exit(98);
+      }
+      (void)!::write(ready[1], "r", 1);
+      ::pause();
+      ::_exit(0);
+    }
+    hogs.push_back(pid);
+  }
+  for (size_t i = 0; i < hogs.size(); ++i) {
+    char c;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  }
+  // Queued behind the 64 (a listen backlog is first come, first served): refused with busy.
+  EXPECT_EQ(asUser(3000, 3000, {}, [&] {
+              rpc::Response r;
+              std::string err;
+              if (!rpc::call(sock, statusRequest(), &r, &err)) return 2;
+              return !r.ok() && r.busy() &&
+                             r.error() == "broker busy: all 64 connections are in use; try again shortly"
+                         ? 0
+                         : 1;
+            }),
+            0);
+  const std::string out = outDir + "/out.txt";
+  auto t0 = Clock::now();
+  EXPECT_EQ(exitOf(cliAs(3000, sock, "status", out)), 1);
+  const auto took = Clock::now() - t0;
+  EXPECT_GE(took, milliseconds(1500)) << "it retried";
+  EXPECT_LT(took, milliseconds(4000)) << "briefly";
+  EXPECT_NE(readFile(out).find("cushare: broker busy: all 64 connections are in use"), std::string::npos)
+      << readFile(out);
+  // A slot frees up while the CLI retries: it gets its answer.
+  const pid_t cli = cliAs(3000, sock, "status", out);
+  std::this_thread::sleep_for(milliseconds(300));
+  ::kill(hogs.back(), SIGKILL);
+  ::waitpid(hogs.back(), nullptr, 0);
+  hogs.pop_back();
+  EXPECT_EQ(exitOf(cli), 0) << readFile(out);
+  EXPECT_NE(readFile(out).find("ledger dir"), std::string::npos) << readFile(out);
+  for (pid_t pid : hogs) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  EXPECT_EQ(b.status().tenants(), 2u);
+}
+
+// One user sending requests as fast as it can from four processes (so always at its 16
+// connections), and connecting and hanging up as fast as it can from four more, delays another
+// user's answers by milliseconds, not seconds.
+TEST(Security, ARequestFloodDoesNotStarveOtherUsers) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  const std::string sock = b.socket();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  std::vector<pid_t> flood;
+  for (int i = 0; i < 8; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      if (::setgid(2000) != 0 || ::setuid(2000) != 0) ::_exit(99);
+      for (int n = 0;; ++n) {
+        if (i % 2 == 0) {
+          rpc::Response r;
+          std::string err;
+          rpc::call(sock, statusRequest(), &r, &err);
+        } else {
+          const int fd = connectUnix(sock);
+          if (fd >= 0) ::close(fd);
+        }
+        if (n == 20) (void)!::write(ready[1], "r", 1);
+      }
+    }
+    flood.push_back(pid);
+  }
+  for (size_t i = 0; i < flood.size(); ++i) {
+    char c;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  }
+  EXPECT_EQ(asUser(3000, 3000, {}, [&] {
+              auto worst = Clock::duration::zero();
+              for (int i = 0; i < 20; ++i) {
+                const auto t0 = Clock::now();
+                rpc::Response r;
+                std::string err;
+                if (!rpc::call(sock, statusRequest(), &r, &err) || !r.ok()) return 2;
+                worst = std::max(worst, Clock::now() - t0);
+              }
+              std::printf("worst answer under the flood: %lld ms\n",
+                          static_cast<long long>(std::chrono::duration_cast<milliseconds>(worst).count()));
+              std::fflush(stdout);  // the child ends in _exit
+              return worst < milliseconds(500) ? 0 : 1;
+            }),
+            0);
+  EXPECT_TRUE(b.setLimit("alpha", "256MiB").ok()) << "an administrator too";
+  for (pid_t pid : flood) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+}
+
+// A tenant writes another process's pid into its ledger slot: `cushare processes` does not name
+// that process as the tenant's. It names the process the kernel says holds the slot, and reports
+// the slot's claim as unverified.
+TEST(Security, ProcessesCannotBeMadeToNameAnotherProcess) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  Child alpha = b.tenantProcess("alpha");
+  ASSERT_EQ(alpha.ask("alloc " + std::to_string(64 * MiB)), "ok");
+  rpc::Request req;
+  req.set_version(1);
+  req.mutable_processes()->set_tenant("alpha");
+  rpc::ProcessesReply before = b.call(req).processes();
+  ASSERT_EQ(before.processes_size(), 1);
+  EXPECT_EQ(before.processes(0).pid(), alpha.pid());
+  EXPECT_EQ(before.processes(0).host_pid(), alpha.pid());
+  EXPECT_TRUE(before.processes(0).pid_verified());
+  // The raw write: pid[s] (offset 17536 + 4 s, docs/ledger-abi.md) of alpha's slot := the broker's.
+  const int fd = ::open((b.ledgerDir() + "/alpha.ledger").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  int slot = -1;
+  for (int s = 0; s < 128 && slot < 0; ++s) {
+    int32_t pid = 0;
+    ASSERT_EQ(::pread(fd, &pid, 4, 17536 + 4 * s), 4);
+    if (pid == alpha.pid()) slot = s;
+  }
+  ASSERT_GE(slot, 0);
+  const int32_t other = b.pid();
+  ASSERT_EQ(::pwrite(fd, &other, 4, 17536 + 4 * slot), 4);
+  ::close(fd);
+  rpc::ProcessesReply after = b.call(req).processes();
+  ASSERT_EQ(after.processes_size(), 1);
+  EXPECT_EQ(after.processes(0).pid(), b.pid()) << "the slot's claim, reported as a claim";
+  EXPECT_FALSE(after.processes(0).pid_verified());
+  EXPECT_EQ(after.processes(0).host_pid(), alpha.pid()) << "the real holder";
+  EXPECT_EQ(usedOn0(b.tenant("alpha")), 64 * MiB);
+  // The CLI's table names alpha's process; the broker's pid appears only as the slot's claim.
+  const std::string out = b.dir() + "/out.txt";
+  EXPECT_EQ(exitOf(cliAs(0, b.socket(), "processes", out)), 0);
+  const std::string table = readFile(out);
+  EXPECT_NE(table.find("alpha   " + std::to_string(alpha.pid()) + " (slot says " + std::to_string(b.pid()) + ")"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("alpha   " + std::to_string(b.pid()) + " "), std::string::npos) << table;
+}
+
 // ---- The CLI ----
 
 TEST(Cli, RunEnvAndTables) {
@@ -780,10 +1016,87 @@ TEST(Cli, RunEnvAndTables) {
   const std::string table = readFile(b.dir() + "/out.txt");
   EXPECT_NE(table.find("300 MiB*"), std::string::npos) << table;
   EXPECT_EQ(sh("--json tenants alpha"), 0);
-  EXPECT_NE(readFile(b.dir() + "/out.txt").find("\"limit_bytes\":\"314572800\""), std::string::npos);
+  const std::string json = readFile(b.dir() + "/out.txt");
+  EXPECT_NE(json.find("\"limit_bytes\":314572800,"), std::string::npos) << "a number, not a string: " << json;
+  EXPECT_NE(json.find("\"used_bytes\":0,"), std::string::npos) << json;
+  EXPECT_EQ(sh("tenants alpha --json"), 0) << "--json after the verb";
+  EXPECT_EQ(readFile(b.dir() + "/out.txt"), json);
+  EXPECT_EQ(sh("status --json"), 0);
+  EXPECT_NE(readFile(b.dir() + "/out.txt").find("\"config_generation\":1,"), std::string::npos)
+      << readFile(b.dir() + "/out.txt");
+  EXPECT_EQ(sh("processes --json"), 0);
+  EXPECT_EQ(readFile(b.dir() + "/out.txt"), "{\"processes\":[]}\n");
+  EXPECT_EQ(sh("tenants nosuch --json"), 1);
+  EXPECT_EQ(readFile(b.dir() + "/out.txt"), "{\"error\": \"no tenant 'nosuch' on this host\"}\n");
+  EXPECT_EQ(sh("run --tenant alpha -- echo --json"), 0) << "after --, the command's own argument";
+  EXPECT_EQ(readFile(b.dir() + "/out.txt"), "--json\n");
   EXPECT_EQ(sh("set-limit alpha --memory lots"), 2) << "refused before it is sent";
   EXPECT_EQ(sh("set-limit nosuch --memory 1GiB"), 1) << "refused by the broker";
   EXPECT_EQ(sh("frobnicate"), 2);
+}
+
+// A server on a socket its own user made, answering like a broker: the CLI does not believe it
+// unless told that the broker runs as that user.
+TEST(Cli, RefusesAFakeBrokerOfAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  // A directory of uid 2000's own, where it may listen (short: sockaddr_un holds 107 bytes).
+  const std::string dir = testDir(), evil = socketFor(dir) + ".d", path = evil + "/broker.sock";
+  std::filesystem::remove_all(evil);
+  ASSERT_EQ(::mkdir(evil.c_str(), 0755), 0);
+  ASSERT_EQ(::chown(evil.c_str(), 2000, 2000), 0);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t fake = ::fork();
+  if (fake == 0) {
+    if (::setgid(2000) != 0 || ::setuid(2000) != 0) ::_exit(99);
+    ::signal(SIGPIPE, SIG_IGN);  // a client that hangs up (as a distrustful one does) is no reason to die
+    const int l = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+    if (::bind(l, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(l, 8) != 0) ::_exit(98);
+    (void)!::write(ready[1], "r", 1);
+    for (;;) {
+      const int c = ::accept(l, nullptr, nullptr);
+      if (c < 0) continue;
+      uint32_t len = 0;
+      std::string payload;
+      if (::read(c, &len, 4) == 4 && len < 65536) {
+        payload.resize(len);
+        size_t got = 0;
+        for (ssize_t n; got < len && (n = ::read(c, payload.data() + got, len - got)) > 0;) got += static_cast<size_t>(n);
+      }
+      rpc::Response r;
+      r.set_ok(true);
+      r.mutable_status()->set_version("fake");
+      r.mutable_status()->set_pid(4242);
+      r.mutable_status()->set_ledger_dir("/tmp/not-the-ledgers");
+      const std::string bytes = rpc::frame(r);
+      (void)!::write(c, bytes.data(), bytes.size());
+      ::close(c);
+    }
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  const std::string out = dir + "/out.txt";
+  auto cli = [&](const std::string& args) {
+    const std::string cmd = std::string(CLI_BIN) + " " + args + " > " + out + " 2>&1";
+    const int st = std::system(cmd.c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  EXPECT_EQ(cli("--socket " + path + " status"), 1);
+  EXPECT_EQ(readFile(out), "cushare: not trusting the server at " + path + ": it runs as uid 2000 (pid " +
+                               std::to_string(fake) + "), not as root or as you (uid 0); if cushare-broker "
+                               "runs as that user, name it with --broker-user or CUSHARE_BROKER_USER\n");
+  EXPECT_EQ(cli("--socket " + path + " env --tenant alpha"), 1) << "no ledger_dir from it either";
+  EXPECT_EQ(readFile(out).find("CUSHARE_LEDGER_DIR"), std::string::npos) << readFile(out);
+  EXPECT_EQ(cli("--socket " + path + " --broker-user 2000 status"), 0) << readFile(out);
+  EXPECT_NE(readFile(out).find("pid 4242"), std::string::npos) << readFile(out);
+  EXPECT_EQ(cli("--socket " + path + " --broker-user nosuchuser status"), 2);
+  EXPECT_EQ(cli("--socket " + path + " status"), 1);
+  ::kill(fake, SIGKILL);
+  ::waitpid(fake, nullptr, 0);
+  std::filesystem::remove_all(evil);
 }
 
 // ---- Several devices (this suite runs with SIMGPU_DEVICES=2) ----

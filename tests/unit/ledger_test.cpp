@@ -219,6 +219,7 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       {"kLedgerMaxDevices", kLedgerMaxDevices},
       {"kLedgerMaxSlots", kLedgerMaxSlots},
       {"kLedgerSlotLockBase", static_cast<uint64_t>(kLedgerSlotLockBase)},
+      {"kLedgerSlotPidLockBase", static_cast<uint64_t>(kLedgerSlotPidLockBase)},
       {"header_size", sizeof(LedgerHeader)},
       {"kLedgerFileSize", kLedgerFileSize},
       {"kHostMagic", kHostMagic},
@@ -816,6 +817,49 @@ TEST(Ledger, ForkedChildGetsItsOwnSlot) {
   EXPECT_EQ(l->reapDead(), 1);
   EXPECT_EQ(l->used(dev), kMiB) << "the child's 2 MiB came back, the parent's 1 MiB stayed";
   freeShared(sh);
+}
+
+// The kernel names a slot's holder (its POSIX pid lock), whatever the slot's pid field says: a
+// process that writes another pid there is still the one named, and a dead one is named no more.
+TEST(Ledger, SlotHolderIsTheKernelsWordNotThePidField) {
+  TempDir tmp;
+  const std::string dir = tmp.ledgers();
+  auto l = mustOpen(dir, "holders");
+  ASSERT_NE(l, nullptr);
+  int report[2], hold[2];
+  ASSERT_EQ(::pipe(report), 0);
+  ASSERT_EQ(::pipe(hold), 0);
+  const pid_t child = spawn([&]() {
+    // The raw descriptor stays open: closing any descriptor of the file drops a process's POSIX
+    // locks (the holder would only read as unknown then).
+    const int raw = ::open((dir + "/holders.ledger").c_str(), O_RDWR);
+    std::string e;
+    auto c = Ledger::open(dir, "holders", &e);
+    if (raw < 0 || !c) return 11;
+    const int32_t again = c->slot(), fake = 1;  // init's pid, written raw into its own slot
+    if (::pwrite(raw, &fake, 4, kLedgerPidOffset + 4 * again) != 4) return 12;
+    (void)!::write(report[1], &again, sizeof again);
+    ::close(hold[1]);
+    char b;
+    while (::read(hold[0], &b, 1) > 0) {
+    }
+    return 0;
+  });
+  ::close(hold[0]);
+  int32_t slot = -1;
+  ASSERT_EQ(::read(report[0], &slot, sizeof slot), static_cast<ssize_t>(sizeof slot));
+  bool found = false;
+  for (const Ledger::SlotUsage& u : l->slots()) {
+    if (u.slot != slot) continue;
+    found = true;
+    EXPECT_EQ(u.pid, 1) << "the field says what the process wrote";
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(l->slotHolderPid(slot), child) << "the kernel says who holds the slot";
+  EXPECT_EQ(l->slotHolderPid(static_cast<int>(kLedgerMaxSlots) - 1), 0) << "a free slot";
+  ::close(hold[1]);
+  ASSERT_EQ(waitExit(child), 0);
+  EXPECT_EQ(l->slotHolderPid(slot), 0) << "a dead process holds nothing";
 }
 
 // A parent dies while its forked child (which never used the ledger) lives on: the child must not

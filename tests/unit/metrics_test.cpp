@@ -14,12 +14,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "config/config.h"
@@ -248,11 +250,16 @@ uint16_t portOf(const MetricsServer& server) {
   return static_cast<uint16_t>(std::stoi(a.substr(a.rfind(':') + 1)));
 }
 
-// A blocking client socket connected to 127.0.0.1:port; reads time out after 10 s.
-int connectTo(uint16_t port) {
+// A blocking client socket from source address `from` (any of 127/8) to 127.0.0.1:port; reads
+// time out after 10 s.
+int connectFrom(const char* from, uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   timeval tv{10, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from, &src.sin_addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src), 0) << std::strerror(errno);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -260,6 +267,8 @@ int connectTo(uint16_t port) {
   EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
   return fd;
 }
+
+int connectTo(uint16_t port) { return connectFrom("127.0.0.1", port); }
 
 // Everything the server sends until it closes (or the 10 s read timeout).
 std::string readAll(int fd) {
@@ -381,20 +390,104 @@ TEST_F(MetricsServerTest, SilentClientDoesNotBlockOthersAndIsDroppedAfter5s) {
   ::close(silent);
 }
 
-TEST_F(MetricsServerTest, AtMost64ConnectionsTheRestWaitInTheBacklog) {
+// How long one GET /metrics takes, from connect to the whole response; "" status on failure.
+std::chrono::milliseconds timedScrape(uint16_t port, std::string* status) {
+  const auto t0 = std::chrono::steady_clock::now();
+  *status = statusLine(roundTrip(port, "GET /metrics HTTP/1.1\r\n\r\n"));
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               t0);
+}
+
+// 64 connections that send half a request and wait (slow loris) hold every slot: a newcomer
+// displaces the oldest of them and is answered at once, not after their 5 s head timeout.
+TEST_F(MetricsServerTest, SilentConnectionsCannotStarveANewClient) {
   std::vector<int> idle;
-  for (int i = 0; i < 64; ++i) idle.push_back(connectTo(port_));
-  const int waiting = connectTo(port_);  // the kernel completes the handshake; not accepted yet
-  const std::string get = "GET /metrics HTTP/1.1\r\n\r\n";
-  ASSERT_EQ(::send(waiting, get.data(), get.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(get.size()));
-  pollfd p{waiting, POLLIN, 0};
-  EXPECT_EQ(::poll(&p, 1, 300), 0) << "answered while 64 connections were open";
-  ::close(idle.back());
-  idle.pop_back();
-  EXPECT_EQ(statusLine(readAll(waiting)), "HTTP/1.1 200 OK");
-  ::close(waiting);
+  for (int i = 0; i < 64; ++i) {
+    idle.push_back(connectTo(port_));
+    ::send(idle.back(), "GET /met", 8, MSG_NOSIGNAL);
+  }
+  for (int round = 0; round < 3; ++round) {
+    std::string status;
+    const auto took = timedScrape(port_, &status);
+    EXPECT_EQ(status, "HTTP/1.1 200 OK");
+    EXPECT_LT(took, std::chrono::milliseconds(500)) << "round " << round;
+  }
+  // The displaced ones were the oldest, closed without a response.
+  EXPECT_EQ(readAll(idle[0]), "");
   for (int fd : idle) ::close(fd);
+}
+
+// One address holds at most 16 connections: a 17th from it displaces its own oldest waiting
+// one, and a client of another address is never displaced by it.
+TEST_F(MetricsServerTest, OneAddressHoldsAtMost16Connections) {
+  std::vector<int> hog;
+  for (int i = 0; i < 40; ++i) {
+    hog.push_back(connectFrom("127.0.0.2", port_));
+    ::send(hog.back(), "GET /met", 8, MSG_NOSIGNAL);
+  }
+  const int other = connectFrom("127.0.0.3", port_);
+  ::send(other, "GET /met", 8, MSG_NOSIGNAL);
+  // Another 40 from the hog: none of them may displace 127.0.0.3's waiting connection.
+  for (int i = 0; i < 40; ++i) {
+    hog.push_back(connectFrom("127.0.0.2", port_));
+    ::send(hog.back(), "GET /met", 8, MSG_NOSIGNAL);
+  }
+  const std::string rest = "rics HTTP/1.1\r\n\r\n";
+  ASSERT_EQ(::send(other, rest.data(), rest.size(), MSG_NOSIGNAL), static_cast<ssize_t>(rest.size()));
+  EXPECT_EQ(statusLine(readAll(other)), "HTTP/1.1 200 OK");
+  ::close(other);
+  // Of the hog's 80, the first 64 were displaced, oldest first, at once (end of file, no
+  // response; not the 5 s head timeout); the last 16 are still open.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < hog.size(); ++i) {
+    pollfd p{hog[i], POLLIN, 0};
+    const bool closed = ::poll(&p, 1, i < 64 ? 1000 : 0) == 1 && readAll(hog[i]).empty();
+    EXPECT_EQ(closed, i < 64) << "connection " << i;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  for (int fd : hog) ::close(fd);
+}
+
+// A client that opens connections as fast as it can from four addresses (enough to fill all 64
+// slots) and leaves them silent, and one on the scraper's own address that sends whole requests
+// as fast as it can: every scrape is still answered, promptly.
+TEST_F(MetricsServerTest, FloodingClientsDoNotStarveAScraper) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> silentOpened{0}, floodServed{0};
+  std::vector<std::thread> attackers;
+  attackers.emplace_back([&] {
+    const char* const from[] = {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"};
+    std::deque<int> open;
+    for (int i = 0; !stop; ++i) {
+      open.push_back(connectFrom(from[i % 4], port_));
+      ::send(open.back(), "G", 1, MSG_NOSIGNAL);
+      ++silentOpened;
+      if (open.size() > 200) {
+        ::close(open.front());
+        open.pop_front();
+      }
+    }
+    for (int fd : open) ::close(fd);
+  });
+  attackers.emplace_back([&] {
+    while (!stop)
+      if (statusLine(roundTrip(port_, "GET /metrics HTTP/1.1\r\n\r\n")) == "HTTP/1.1 200 OK")
+        ++floodServed;
+  });
+  while (silentOpened < 400) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::chrono::milliseconds worst{0};
+  for (int i = 0; i < 10; ++i) {
+    std::string status;
+    worst = std::max(worst, timedScrape(port_, &status));
+    EXPECT_EQ(status, "HTTP/1.1 200 OK") << i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  stop = true;
+  for (std::thread& t : attackers) t.join();
+  EXPECT_LT(worst, std::chrono::milliseconds(500));
+  EXPECT_GT(floodServed, 0);
+  std::printf("worst scrape %lld ms under %d silent connections and %d flooding requests\n",
+              static_cast<long long>(worst.count()), silentOpened.load(), floodServed.load());
 }
 
 TEST_F(MetricsServerTest, StopIsPromptWithClientsConnectedAndIdempotent) {

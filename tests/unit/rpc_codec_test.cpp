@@ -406,10 +406,13 @@ TEST(RpcConvert, TenantsFilter) {
   EXPECT_EQ(none.tenants_size(), 0);
 }
 
+// The innermost-namespace pid of each host pid, as /proc would say (0: gone).
+int fakeInnermost(int hostPid) { return hostPid == 5000 ? 7 : hostPid == 5001 ? 5001 : 0; }
+
 TEST(RpcConvert, ProcessesListOnlyDevicesInUse) {
   const broker::BrokerSnapshot s = sampleSnapshot();
   ProcessesReply r;
-  EXPECT_TRUE(processesToProto(s, "", &r));
+  EXPECT_TRUE(processesToProto(s, "", fakeInnermost, &r));
   ASSERT_EQ(r.processes_size(), 3);  // every live process, even one without memory
   EXPECT_EQ(r.processes(0).tenant(), "team-a");
   EXPECT_EQ(r.processes(0).pid(), 100);
@@ -419,12 +422,44 @@ TEST(RpcConvert, ProcessesListOnlyDevicesInUse) {
   EXPECT_EQ(r.processes(2).usage_size(), 0);
 
   ProcessesReply b, none;
-  EXPECT_TRUE(processesToProto(s, "team-b", &b));
+  EXPECT_TRUE(processesToProto(s, "team-b", fakeInnermost, &b));
   EXPECT_EQ(b.processes_size(), 0);
-  EXPECT_FALSE(processesToProto(s, "nobody", &none));
+  EXPECT_FALSE(processesToProto(s, "nobody", fakeInnermost, &none));
+}
+
+// A slot's pid is verified only when the kernel's holder of the slot is that process (directly,
+// or through its pid namespace); a pid a tenant wrote into its slot is not.
+TEST(RpcConvert, ProcessPidsAreVerifiedAgainstTheKernelsHolder) {
+  broker::BrokerSnapshot s = sampleSnapshot();
+  s.tenants[0].processes = {{7, {0, 0}, 5000},      // in a container: 7 there, 5000 here
+                            {5001, {0, 0}, 5001},   // no namespace
+                            {1, {0, 0}, 5001},      // claims pid 1, held by 5001
+                            {5002, {0, 0}, 0}};     // no holder the kernel names
+  ProcessesReply r;
+  ASSERT_TRUE(processesToProto(s, "team-a", fakeInnermost, &r));
+  ASSERT_EQ(r.processes_size(), 4);
+  EXPECT_TRUE(r.processes(0).pid_verified());
+  EXPECT_EQ(r.processes(0).host_pid(), 5000);
+  EXPECT_TRUE(r.processes(1).pid_verified());
+  EXPECT_FALSE(r.processes(2).pid_verified());
+  EXPECT_EQ(r.processes(2).host_pid(), 5001);
+  EXPECT_FALSE(r.processes(3).pid_verified());
+  EXPECT_EQ(r.processes(3).host_pid(), 0);
 }
 
 // ---- the client against an in-process server -------------------------------------------------
+
+// A Unix stream socket listening at path (replacing a leftover file), with extra socket flags.
+int listenUnix(const std::string& path, int flags) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | flags, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  ::unlink(path.c_str());
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::listen(fd, 16), 0);
+  return fd;
+}
 
 // Listens on a fresh socket and answers one connection with `respond` (which gets the request
 // payload and returns the raw bytes to send back).
@@ -433,13 +468,7 @@ class FakeBroker {
   explicit FakeBroker(std::function<std::string(const std::string&)> respond)
       : path_(fs::temp_directory_path() /
               ("cushare-rpc-test-" + std::to_string(::getpid()) + "-" + std::to_string(next_++))) {
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path_.c_str());
-    ::unlink(path_.c_str());
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(::listen(fd_, 4), 0);
+    fd_ = listenUnix(path_, 0);
     thread_ = std::thread([this, respond] { serveOne(respond); });
   }
   ~FakeBroker() {
@@ -553,6 +582,82 @@ TEST(RpcCall, RequestOverTheMaximumIsNotSent) {
   std::string err;
   EXPECT_FALSE(call("/nonexistent/cushare.sock", r, &resp, &err));
   EXPECT_NE(err.find("more than the broker accepts (65536)"), std::string::npos) << err;
+}
+
+// A server that answers every connection at once with `answer` and closes, without reading the
+// request: as the broker does when it has no slot for a client.
+class RefusingServer {
+ public:
+  explicit RefusingServer(const Response& answer)
+      : path_(fs::temp_directory_path() / ("cushare-rpc-busy-" + std::to_string(::getpid()))) {
+    fd_ = listenUnix(path_, SOCK_NONBLOCK);
+    thread_ = std::thread([this, bytes = frame(answer)] {
+      while (!stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 20) != 1) continue;
+        const int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) continue;
+        ++connections_;
+        (void)!::send(c, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        ::close(c);
+      }
+    });
+  }
+  ~RefusingServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  int connections() const { return connections_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+Response busyAnswer() {
+  Response r;
+  r.set_ok(false);
+  r.set_busy(true);
+  r.set_error("broker busy: all 64 connections are in use; try again shortly");
+  return r;
+}
+
+// Without retries a busy answer is a refusal like any other, read even though the server closed
+// before (or while) the request was sent.
+TEST(RpcCall, BusyAnswerIsReadEvenIfTheServerClosedFirst) {
+  RefusingServer server(busyAnswer());
+  for (int i = 0; i < 20; ++i) {
+    Response resp;
+    std::string err;
+    ASSERT_TRUE(call(server.path(), statusRequest(), &resp, &err)) << err;
+    EXPECT_FALSE(resp.ok());
+    EXPECT_TRUE(resp.busy());
+    EXPECT_EQ(resp.error(), busyAnswer().error());
+  }
+}
+
+// With retries, a broker that stays busy is asked again with backoff until the time is up, then
+// reported busy in one line.
+TEST(RpcCall, BusyIsRetriedWithBackoffThenReported) {
+  RefusingServer server(busyAnswer());
+  CallOptions o;
+  o.busyRetryMs = 700;
+  Response resp;
+  std::string err;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(call(server.path(), statusRequest(), &resp, &err, o));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  // Tries at 0, 50, 150 and 350 ms, and a last one at 0.7 s (the 400 ms wait cut short).
+  EXPECT_EQ(err, busyAnswer().error() + " (still busy after 5 tries in 0.7 s)");
+  EXPECT_EQ(server.connections(), 5);
+  EXPECT_GE(took, std::chrono::milliseconds(700));
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
 }
 
 // ---- corpus ----------------------------------------------------------------------------------

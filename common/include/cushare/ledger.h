@@ -94,10 +94,16 @@ class Ledger {
   struct SlotUsage {
     int pid;
     uint64_t used[kLedgerMaxDevices];  // by device entry
+    int slot = -1;
   };
   // Every occupied slot (a live process, or a dead one not reaped yet) and what it holds on each
   // device entry. No system call: for the broker's scans.
   std::vector<SlotUsage> slots() const;
+  // The pid, in the caller's pid namespace, of the process the kernel reports holding slot's
+  // POSIX pid lock (kLedgerSlotPidLockBase); 0 when nobody visible holds it (a shim of an older
+  // version, a holder in a pid namespace the caller cannot see). Unlike pid[slot] a tenant cannot
+  // forge it: only a process with the ledger open can hold the lock. One fcntl(F_GETLK).
+  int slotHolderPid(int slot) const noexcept;
 
   // The entry of the device with this UUID, or -1 (never adds one).
   int findDevice(const uint8_t uuid[16]) const noexcept;

@@ -28,6 +28,12 @@ inline constexpr uint32_t kLedgerTenantBytes = 64;  // 63 characters + NUL, zero
 // A process slot s is owned by whoever holds an OFD write lock on byte kLedgerSlotLockBase + s of
 // the file. The byte lies past the end of the file: record locks do not need the bytes to exist.
 inline constexpr int64_t kLedgerSlotLockBase = int64_t{1} << 20;
+// The owner of slot s also holds a classic POSIX write lock (F_SETLK) on byte
+// kLedgerSlotPidLockBase + s. Unlike the OFD lock, the kernel reports a POSIX lock's holder pid
+// (F_GETLK), translated into the asker's pid namespace, so the broker can name the process that
+// really holds a slot instead of trusting pid[s], which the tenant can write. Informational only:
+// ownership and reaping rest on the OFD lock alone.
+inline constexpr int64_t kLedgerSlotPidLockBase = kLedgerSlotLockBase + kLedgerMaxSlots;
 
 inline constexpr uint64_t kLedgerNoLimit = UINT64_MAX;  // LedgerDevice::limit: no limit
 

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "simgpu/nvml.h"
+#include "cushare/nvml_api.h"
 
 namespace cushare::shim {
 

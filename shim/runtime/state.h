@@ -1,9 +1,12 @@
 // The shim's process state: configuration, the real driver, the tenant ledger and the devices
 // this process sees. Initialised in two phases, each exactly once:
-//  - process (at the first hooked call or cuInit): environment, real driver, ledger;
+//  - process (at the first hooked call, cuInit or nvmlInit): environment, real driver, ledger;
 //  - devices (after the real cuInit succeeded): UUIDs, ledger entries, per-device limits.
 // A failure in either is permanent and fails closed: cuInit and every memory hook return
 // CUDA_ERROR_NOT_INITIALIZED after one log line; the tenant is never silently unlimited.
+// A process that uses NVML before (or without) cuInit (nvidia-smi, pynvml) resolves the devices
+// NVML shows it one at a time, by UUID, to the same ledger entries and limits (nvmlDeviceView);
+// a failure there is permanent too and makes NVML's memory queries fail (NVML_ERROR_UNKNOWN).
 // Everything here is allocated once and never freed (cudart calls in during exit teardown).
 #pragma once
 
@@ -26,6 +29,13 @@ struct DeviceView {
   char uuid[48] = {};              // "GPU-..." as NVML reports it
 };
 
+// The devices an NVML-only process has looked at, by UUID (NVML's numbering is not CUDA's).
+// Entries are added under the init lock and published by the release store of nvmlCount.
+struct NvmlDevices {
+  std::atomic<int> count{0};
+  DeviceView devices[kMaxDevices];
+};
+
 struct ShimState {
   ShimConfig config;
   Ledger* ledger = nullptr;
@@ -35,6 +45,7 @@ struct ShimState {
   HostInfo host;  // when brokerManaged
   int deviceCount = 0;
   DeviceView devices[kMaxDevices];
+  NvmlDevices nvml;  // before cuInit only
 };
 
 // CUDA_SUCCESS once both phases are done; the failure otherwise (phase 2 not yet run reads as
@@ -46,8 +57,14 @@ CUresult processReady() noexcept;
 CUresult initDevices() noexcept;
 ShimState& state() noexcept;
 
+// The view of the device with this NVML UUID ("GPU-..."), for a process whose devices are not
+// ready (no cuInit yet): found or resolved like a CUDA device (ledger entry, limits). Null after
+// the one log line if that fails (and from then on).
+const DeviceView* nvmlDeviceView(const char* uuid) noexcept;
+
 // The limit in force for a device of this process: the lower of the environment's and the
 // ledger's (which a broker may change while the process runs).
-uint64_t effectiveLimit(int ordinal) noexcept;
+uint64_t effectiveLimit(const DeviceView& v) noexcept;
+inline uint64_t effectiveLimit(int ordinal) noexcept { return effectiveLimit(state().devices[ordinal]); }
 
 }  // namespace cushare::shim

@@ -44,6 +44,13 @@ struct LedgerOpenOptions {
   // The file's name in the directory; empty: "<tenant>.ledger". The broker keeps a removed
   // tenant's ledger under another name while its processes run.
   std::string fileName;
+  // Standalone shim: the limits come from the tenant's environment, per session. A process that
+  // finds no other live process of the tenant when it claims its slot (under the file's flock,
+  // dead ones reaped first) starts a new session: every device entry's limit becomes
+  // kLedgerLimitPending, and sessionDeviceIndex() sets it from the first process that resolves
+  // the device. So a limit raised in the environment applies once every process of the tenant has
+  // exited, and never while one still runs.
+  bool renewLimits = false;
 };
 
 class Ledger {
@@ -66,6 +73,10 @@ class Ledger {
   // The entry of the device with this UUID, added (under flock) with limitIfNew if missing.
   // Returns -1 with *err set if all kLedgerMaxDevices entries are taken.
   int deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err) noexcept;
+  // Standalone (see LedgerOpenOptions::renewLimits): as deviceIndex, and an entry whose limit is
+  // kLedgerLimitPending gets `limit` (under flock: the first process of a session to resolve the
+  // device sets it; later ones find it set).
+  int sessionDeviceIndex(const uint8_t uuid[16], uint64_t limit, std::string* err) noexcept;
   uint64_t limit(int dev) const noexcept;  // kLedgerNoLimit: none
   void setLimit(int dev, uint64_t bytes) noexcept;
 
@@ -131,7 +142,10 @@ class Ledger {
   int ensureSlotLocked(std::string* err) noexcept;  // opens fd_ and claims a slot if needed
   bool ensureFdLocked(std::string* err) noexcept;   // opens fd_ if needed (a forked child)
   int claimSlotLocked(std::string* err) noexcept;
-  int reapDeadLocked() noexcept;
+  // *othersAlive (optional): whether any other slot's owner is alive (every slot below slot_hwm
+  // is tried, not only the occupied ones).
+  int reapDeadLocked(bool* othersAlive = nullptr) noexcept;
+  int deviceIndexImpl(const uint8_t uuid[16], uint64_t limit, bool fillPending, std::string* err) noexcept;
   void forgetParentSlot() noexcept;  // in a forked child, from the atfork handler
 
   static void onForkPrepare() noexcept;

@@ -26,7 +26,8 @@ bool checkMemoryLimit(const std::string& value, std::string* err);
 // (build tree). With mustExist, the result is an absolute path.
 bool findShim(const std::string& given, bool mustExist, std::string* out, std::string* err);
 
-// CUSHARE_TENANT, CUSHARE_LEDGER_DIR, CUSHARE_MEMORY_LIMIT (when memory is not empty),
+// CUSHARE_TENANT, CUSHARE_LEDGER_DIR, CUSHARE_REQUIRE_BROKER=1, CUSHARE_MEMORY_LIMIT (the
+// broker's limits, lowered by `memory` when it is one size; a per-device `memory` as given),
 // CUSHARE_THREAD_PERCENTAGE and CUSHARE_PRIORITY (when the broker sets them), LD_PRELOAD.
 bool tenantEnvironment(const rpc::EnvReply& reply, const std::string& memory,
                        const std::string& shim, EnvVars* out, std::string* err);

@@ -72,11 +72,6 @@ void cpuRelax() noexcept {
 #endif
 }
 
-uint64_t saturatingAdd(uint64_t a, uint64_t b) noexcept {
-  uint64_t r;
-  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
-}
-
 int flockRetry(int fd, int op) noexcept {
   int r;
   do r = ::flock(fd, op);
@@ -577,30 +572,12 @@ int Ledger::deviceIndexImpl(const uint8_t uuid[16], uint64_t limitIfNew, bool fi
   return result;
 }
 
-uint64_t Ledger::limit(int dev) const noexcept {
-  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
-  return hdr_->devices[dev].limit.load(std::memory_order_acquire);
-}
-
 void Ledger::setLimit(int dev, uint64_t bytes) noexcept {
   if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return;
   hdr_->devices[dev].limit.store(bytes, std::memory_order_release);
 }
 
 // ---- Hot path: atomics only ----
-
-uint32_t Ledger::slotHwm() const noexcept {
-  // Clamped: the file is writable by every process of the tenant; never index past the table.
-  return std::min(hdr_->slot_hwm.load(kSeq), kLedgerMaxSlots);
-}
-
-uint64_t Ledger::sumUsed(int dev) const noexcept {
-  const uint32_t hwm = slotHwm();
-  const std::atomic<uint64_t>* row = &usedAt(dev, 0);
-  uint64_t sum = 0;
-  for (uint32_t s = 0; s < hwm; ++s) sum = saturatingAdd(sum, row[s].load(kSeq));
-  return sum;
-}
 
 bool Ledger::announceAndValidate(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept {
   std::atomic<uint64_t>& mine = usedAt(dev, slot);
@@ -671,11 +648,6 @@ void Ledger::release(int dev, uint64_t bytes) noexcept {
   while (!mine.compare_exchange_weak(cur, cur >= bytes ? cur - bytes : 0, kSeq,
                                      std::memory_order_relaxed)) {
   }
-}
-
-uint64_t Ledger::used(int dev) const noexcept {
-  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
-  return sumUsed(dev);
 }
 
 uint64_t Ledger::peak(int dev) const noexcept {

@@ -28,10 +28,11 @@ View tenantView(const DeviceView& d, uint64_t realTotal, uint64_t realFree) noex
   const uint64_t limit = effectiveLimit(d);
   if (limit == kUnlimited) return {realTotal, realFree};
   // Memory of the tenant's dead processes must not shrink the view until some allocation happens
-  // to be denied: return it first (a liveness check per occupied slot; this is not the
-  // allocation path).
-  if (state().ledger->used(d.ledgerIndex) > 0) state().ledger->reapDead();
-  const uint64_t used = state().ledger->used(d.ledgerIndex);
+  // to be denied: return it first when other processes hold any (a liveness check per occupied
+  // slot; this is not the allocation path).
+  Ledger& ledger = *state().ledger;
+  uint64_t used = ledger.used(d.ledgerIndex);
+  if (used > ledger.usedHere(d.ledgerIndex) && ledger.reapDead() > 0) used = ledger.used(d.ledgerIndex);
   const uint64_t total = limit < realTotal ? limit : realTotal;
   const uint64_t left = used >= total ? 0 : total - used;
   return {total, left < realFree ? left : realFree};

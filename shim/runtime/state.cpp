@@ -19,11 +19,16 @@
 extern char** environ;
 
 namespace cushare::shim {
-namespace {
-
+namespace detail {
 ShimState* gState = nullptr;  // leaked on purpose
-std::atomic<int> gProcessPhase{0};  // 0 not run, 1 ok, 2 failed
-std::atomic<int> gDevicePhase{0};
+constinit std::atomic<int> gProcessPhase{0};
+constinit std::atomic<int> gDevicePhase{0};
+}  // namespace detail
+using detail::gDevicePhase;
+using detail::gProcessPhase;
+using detail::gState;
+
+namespace {
 // Constant-initialised: hooks can run before this library's constructors (another library's
 // constructor calling CUDA, or cudart resolving entry points early).
 pthread_mutex_t gInitMutex = PTHREAD_MUTEX_INITIALIZER;
@@ -110,21 +115,10 @@ void runProcessInit() {
 
 }  // namespace
 
-ShimState& state() noexcept { return *gState; }
-
-CUresult processReady() noexcept {
-  int p = gProcessPhase.load(std::memory_order_acquire);
-  if (p == 0) {
-    InitLock g;
-    if (gProcessPhase.load(std::memory_order_acquire) == 0) runProcessInit();
-    p = gProcessPhase.load(std::memory_order_acquire);
-  }
-  return p == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
-}
-
-CUresult devicesReady() noexcept {
-  const int p = gDevicePhase.load(std::memory_order_acquire);
-  return p == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+CUresult detail::runProcessPhase() noexcept {
+  InitLock g;
+  if (gProcessPhase.load(std::memory_order_acquire) == 0) runProcessInit();
+  return gProcessPhase.load(std::memory_order_acquire) == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 namespace {
@@ -249,11 +243,6 @@ CUresult initDevices() noexcept {
   s.deviceCount = count;
   gDevicePhase.store(1, std::memory_order_release);
   return CUDA_SUCCESS;
-}
-
-uint64_t effectiveLimit(const DeviceView& v) noexcept {
-  const uint64_t ledgerLimit = gState->ledger->limit(v.ledgerIndex);
-  return v.envLimit < ledgerLimit ? v.envLimit : ledgerLimit;
 }
 
 }  // namespace cushare::shim

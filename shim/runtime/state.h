@@ -48,14 +48,27 @@ struct ShimState {
   NvmlDevices nvml;  // before cuInit only
 };
 
+// Read inline by every hooked call (the accessors below): one acquire load once initialised.
+namespace detail {
+extern ShimState* gState;               // set once phase 1 succeeded, never freed
+extern std::atomic<int> gProcessPhase;  // 0 not run, 1 ok, 2 failed
+extern std::atomic<int> gDevicePhase;   // the same for phase 2
+CUresult runProcessPhase() noexcept;    // processReady's first call
+}  // namespace detail
+
 // CUDA_SUCCESS once both phases are done; the failure otherwise (phase 2 not yet run reads as
 // CUDA_ERROR_NOT_INITIALIZED, which is also what the real driver answers before cuInit).
-CUresult devicesReady() noexcept;
+inline CUresult devicesReady() noexcept {
+  return detail::gDevicePhase.load(std::memory_order_acquire) == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
 // Runs phase 1 if needed; its result.
-CUresult processReady() noexcept;
+inline CUresult processReady() noexcept {
+  if (detail::gProcessPhase.load(std::memory_order_acquire) == 1) return CUDA_SUCCESS;
+  return detail::runProcessPhase();
+}
 // Runs phase 2 (after the real cuInit succeeded).
 CUresult initDevices() noexcept;
-ShimState& state() noexcept;
+inline ShimState& state() noexcept { return *detail::gState; }
 
 // The view of the device with this NVML UUID ("GPU-..."), for a process whose devices are not
 // ready (no cuInit yet): found or resolved like a CUDA device (ledger entry, limits). Null after
@@ -64,7 +77,10 @@ const DeviceView* nvmlDeviceView(const char* uuid) noexcept;
 
 // The limit in force for a device of this process: the lower of the environment's and the
 // ledger's (which a broker may change while the process runs).
-uint64_t effectiveLimit(const DeviceView& v) noexcept;
+inline uint64_t effectiveLimit(const DeviceView& v) noexcept {
+  const uint64_t ledgerLimit = state().ledger->limit(v.ledgerIndex);
+  return v.envLimit < ledgerLimit ? v.envLimit : ledgerLimit;
+}
 inline uint64_t effectiveLimit(int ordinal) noexcept { return effectiveLimit(state().devices[ordinal]); }
 
 }  // namespace cushare::shim

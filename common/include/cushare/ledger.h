@@ -77,7 +77,10 @@ class Ledger {
   // kLedgerLimitPending gets `limit` (under flock: the first process of a session to resolve the
   // device sets it; later ones find it set).
   int sessionDeviceIndex(const uint8_t uuid[16], uint64_t limit, std::string* err) noexcept;
-  uint64_t limit(int dev) const noexcept;  // kLedgerNoLimit: none
+  uint64_t limit(int dev) const noexcept {  // kLedgerNoLimit: none
+    if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
+    return hdr_->devices[dev].limit.load(std::memory_order_acquire);
+  }
   void setLimit(int dev, uint64_t bytes) noexcept;
 
   // Reserves bytes on dev for this process if everything the tenant holds stays <= limit.
@@ -88,7 +91,17 @@ class Ledger {
   void release(int dev, uint64_t bytes) noexcept;
 
   // What all slots hold on dev, in-flight intents and not-yet-reaped dead processes included.
-  uint64_t used(int dev) const noexcept;
+  // Inline, as limit(): both are on the hot path of the shim's hooks.
+  uint64_t used(int dev) const noexcept {
+    return static_cast<uint32_t>(dev) < kLedgerMaxDevices ? sumUsed(dev) : 0;
+  }
+  // What this process's own slot holds on dev (0 before it has a slot): used(dev) minus this is
+  // what the tenant's other processes, live or dead, hold.
+  uint64_t usedHere(int dev) const noexcept {
+    const int s = slot_.load(std::memory_order_acquire);
+    if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices || s < 0) return 0;
+    return usedAt(dev, s).load(std::memory_order_seq_cst);
+  }
   uint64_t peak(int dev) const noexcept;
   uint64_t denied(int dev) const noexcept;
 
@@ -130,8 +143,19 @@ class Ledger {
   std::atomic<uint64_t>& usedAt(int dev, int slot) const noexcept {
     return used_[static_cast<size_t>(dev) * kLedgerMaxSlots + static_cast<size_t>(slot)];
   }
-  uint32_t slotHwm() const noexcept;
-  uint64_t sumUsed(int dev) const noexcept;
+  uint32_t slotHwm() const noexcept {
+    // Clamped: the file is writable by every process of the tenant; never index past the table.
+    const uint32_t hwm = hdr_->slot_hwm.load(std::memory_order_seq_cst);
+    return hwm < kLedgerMaxSlots ? hwm : kLedgerMaxSlots;
+  }
+  uint64_t sumUsed(int dev) const noexcept {  // saturating
+    const uint32_t hwm = slotHwm();
+    const std::atomic<uint64_t>* row = &usedAt(dev, 0);
+    uint64_t sum = 0;
+    for (uint32_t s = 0; s < hwm; ++s)
+      if (__builtin_add_overflow(sum, row[s].load(std::memory_order_seq_cst), &sum)) return UINT64_MAX;
+    return sum;
+  }
   bool announceAndValidate(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept;
   bool reserveSlow(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept;
 

@@ -141,13 +141,13 @@ bool findShim(const std::string& given, bool mustExist, std::string* out, std::s
 }
 
 bool tenantEnvironment(const rpc::EnvReply& reply, const std::string& memory,
-                       const std::string& shim, EnvVars* out, std::string* err) {
+                       const std::string& shim, bool carryLimit, EnvVars* out, std::string* err) {
   // The broker answered: a process started with these variables must find it (a ledger directory
   // not mounted, or misspelt, fails closed rather than running standalone).
   EnvVars vars = {{"CUSHARE_TENANT", reply.tenant()},
                   {"CUSHARE_LEDGER_DIR", reply.ledger_dir()},
                   {"CUSHARE_REQUIRE_BROKER", "1"}};
-  if (const std::string limit = memoryLimit(reply, memory); !limit.empty())
+  if (const std::string limit = carryLimit ? memoryLimit(reply, memory) : memory; !limit.empty())
     vars.emplace_back("CUSHARE_MEMORY_LIMIT", limit);
   if (reply.has_thread_percentage())
     vars.emplace_back("CUSHARE_THREAD_PERCENTAGE", std::to_string(reply.thread_percentage()));

@@ -809,17 +809,33 @@ TEST(Cli, EnvCarriesTheLimitAndRequiresTheBroker) {
   EXPECT_EQ(sh("env --tenant alpha --memory 1GiB"), 0);
   env = readFile(b.dir() + "/out.txt");
   EXPECT_NE(env.find("\nCUSHARE_MEMORY_LIMIT=" + limit + "\n"), std::string::npos) << "never above the broker's: " << env;
+  // `cushare run` runs on this host, in the broker's directory: it requires the broker and does not
+  // carry the limit, which would cap live raises (--memory is still passed).
+  EXPECT_EQ(sh("run --tenant alpha -- sh -c 'echo ${CUSHARE_REQUIRE_BROKER}:${CUSHARE_MEMORY_LIMIT-unset}'"), 0);
+  EXPECT_EQ(readFile(b.dir() + "/out.txt"), "1:unset\n");
+  EXPECT_EQ(sh("env --tenant alpha"), 0);
+  env = readFile(b.dir() + "/out.txt");
 
+  // A container started with these variables, its ledger directory misspelt (or not mounted).
+  std::string vars;
+  const std::string lines = "\n" + env;
+  ASSERT_NE(lines.find("\nCUSHARE_REQUIRE_BROKER=1\n"), std::string::npos) << env;
+  for (const char* name : {"CUSHARE_TENANT", "CUSHARE_MEMORY_LIMIT", "LD_PRELOAD"}) {
+    const size_t at = lines.find(std::string("\n") + name + "=");
+    ASSERT_NE(at, std::string::npos) << name << " missing from: " << env;
+    vars += " " + lines.substr(at + 1, lines.find('\n', at + 1) - at - 1);
+  }
   const std::string typo = b.ledgerDir() + "-typo";
-  EXPECT_EQ(sh("run --tenant alpha -- env CUSHARE_LEDGER_DIR=" + typo + " " + WORKER_BIN + " < /dev/null"), 3);
+  vars += " CUSHARE_LEDGER_DIR=" + typo;
+  EXPECT_EQ(sh("run --tenant alpha -- env CUSHARE_REQUIRE_BROKER=1" + vars + " " + WORKER_BIN + " < /dev/null"), 3);
   const std::string refused = readFile(b.dir() + "/out.txt");
   EXPECT_NE(refused.find("CUSHARE_REQUIRE_BROKER=1, but no broker owns the ledger directory " + typo), std::string::npos)
       << refused;
   EXPECT_NE(refused.find("init-failed 3"), std::string::npos) << refused;
   // Without the switch the process runs standalone, still held to the broker's limit: it gets
   // exactly 512 MiB of the 4 GiB device, 64 MiB at a time.
-  EXPECT_EQ(sh("run --tenant alpha -- sh -c 'echo fill " + std::to_string(64 * MiB) +
-               " | env -u CUSHARE_REQUIRE_BROKER CUSHARE_LEDGER_DIR=" + typo + " " + WORKER_BIN + "'"),
+  EXPECT_EQ(sh("run --tenant alpha -- sh -c 'echo fill " + std::to_string(64 * MiB) + " | env -u CUSHARE_REQUIRE_BROKER" +
+               vars + " " + WORKER_BIN + "'"),
             0);
   const std::string filled = readFile(b.dir() + "/out.txt");
   EXPECT_NE(filled.find("held " + limit), std::string::npos) << filled;

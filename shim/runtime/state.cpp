@@ -116,8 +116,10 @@ void runProcessInit() {
 }  // namespace
 
 CUresult detail::runProcessPhase() noexcept {
-  InitLock g;
-  if (gProcessPhase.load(std::memory_order_acquire) == 0) runProcessInit();
+  if (gProcessPhase.load(std::memory_order_acquire) == 0) {  // a failed phase 1 takes no lock
+    InitLock g;
+    if (gProcessPhase.load(std::memory_order_acquire) == 0) runProcessInit();
+  }
   return gProcessPhase.load(std::memory_order_acquire) == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 

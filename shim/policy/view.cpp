@@ -47,7 +47,8 @@ const DeviceView* nvmlView(nvmlDevice_t device, nvmlReturn_t* r) noexcept {
     return nullptr;
   }
   for (char* p = uuid; *p; ++p) *p = static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
-  if (std::strncmp(uuid, "gpu-", 4) == 0) std::memcpy(uuid, "GPU-", 4);
+  if (std::strncmp(uuid, "gpu-", 4) != 0) return nullptr;  // a MIG instance: cushare limits GPUs only
+  std::memcpy(uuid, "GPU-", 4);
   if (devicesReady() == CUDA_SUCCESS) {
     for (int i = 0; i < state().deviceCount; ++i)
       if (std::strcmp(state().devices[i].uuid, uuid) == 0) return &state().devices[i];

@@ -23,18 +23,18 @@ export LD_LIBRARY_PATH="$build/lib/nulldriver"
 # Total instructions of one run (callgrind's "Collected" line): count CALLS HOLD [VAR=VALUE...]
 count() {
   local calls=$1 hold=$2; shift 2
+  rm -rf "$state/ledger"  # every run creates its ledger: the same start-up in all four
   env "$@" valgrind --tool=callgrind --callgrind-out-file="$state/cg.out" \
     "$build/perf/getinfo_loop" "$calls" "$hold" 2>&1 >/dev/null | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 for hold in 0 1048576; do
-  rm -rf "$state/ledger"
   shim=(LD_PRELOAD="$build/lib/libcushare.so" CUSHARE_TENANT=perf CUSHARE_MEMORY_LIMIT=8GiB
         CUSHARE_LEDGER_DIR="$state/ledger")
   b1=$(count "$n" "$hold" X=1); b2=$(count $((2 * n)) "$hold" X=1)
   w1=$(count "$n" "$hold" "${shim[@]}"); w2=$(count $((2 * n)) "$hold" "${shim[@]}")
   base=$(( (b2 - b1) / n )); with=$(( (w2 - w1) / n ))
-  printf 'cuMemGetInfo, holding %7d bytes: instructions per call without shim %d, with shim %d, added %d (target <= $max)\n' \
-    "$hold" "$base" "$with" $((with - base))
+  printf 'cuMemGetInfo, holding %7d bytes: instructions per call without shim %d, with shim %d, added %d (target <= %d)\n' \
+    "$hold" "$base" "$with" $((with - base)) "$max"
   if [ "$check" = --check ] && [ $((with - base)) -gt $max ]; then status=1; fi
 done
 exit $status

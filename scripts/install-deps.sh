@@ -9,7 +9,7 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler
   libunwind-dev
   libgtest-dev libgmock-dev googletest
-  libbenchmark-dev
+  libbenchmark-dev valgrind
   libyaml-dev
   clang libclang-rt-14-dev
 )

@@ -223,7 +223,10 @@ int reloadVerb(const Globals& g, const Verb&, const Args&) {
 
 // The environment of env and run: checks first (a typo or a missing shim fails before the broker
 // is asked), then the broker's settings for the tenant. Returns 0 or the exit code after a report.
-int tenantVars(const Globals& g, const Verb& v, const Args& a, bool shimMustExist, EnvVars* out) {
+// run: the shim must exist here, and the command runs on this host, in the broker's own ledger
+// directory, so the limit is not carried in the environment (it would cap live raises).
+int tenantVars(const Globals& g, const Verb& v, const Args& a, bool run, EnvVars* out) {
+  const bool shimMustExist = run;
   const std::string memory = a.get("--memory");
   std::string err, shim;
   if (!memory.empty() && !checkMemoryLimit(memory, &err)) return usageError(g, v, err);
@@ -232,7 +235,7 @@ int tenantVars(const Globals& g, const Verb& v, const Args& a, bool shimMustExis
   req.mutable_env()->set_tenant(a.get("--tenant"));
   rpc::Response resp;
   if (const int rc = exchange(g, req, rpc::Response::kEnv, &resp)) return rc;
-  if (!tenantEnvironment(resp.env(), memory, shim, out, &err)) return report(g, kExitFailed, err);
+  if (!tenantEnvironment(resp.env(), memory, shim, !run, out, &err)) return report(g, kExitFailed, err);
   return 0;
 }
 

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -93,6 +94,31 @@ bool checkNames(std::string* err) {
   return true;
 }
 
+// CUSHARE_MEMORY_LIMIT for the tenant: the broker's limit on each device, lowered by --memory when
+// that is one size. With the broker present it can only lower the broker's limits (the shim takes
+// the lower of the two); without one it is what holds. One size when every device has the same
+// limit, else GPU-<uuid>=BYTES for each limited device; "" when nothing is limited. A per-device
+// --memory (ordinals are the process's, unknown here) is passed as given.
+std::string memoryLimit(const rpc::EnvReply& reply, const std::string& memory) {
+  MemoryLimitSpec spec;
+  std::string ignored;
+  if (!memory.empty() && (!parseMemoryLimit(memory, &spec, &ignored) || spec.kind == MemoryLimitSpec::kPerDevice))
+    return memory;  // a malformed value is refused by checkLikeShim with the shim's message
+  std::vector<std::pair<std::string, uint64_t>> limits;
+  for (const rpc::TenantDevice& d : reply.devices()) {
+    uint64_t bytes = d.has_limit_bytes() ? d.limit_bytes() : kUnlimited;
+    if (spec.kind == MemoryLimitSpec::kAll && spec.all < bytes) bytes = spec.all;
+    limits.emplace_back(d.uuid(), bytes);
+  }
+  if (limits.empty()) return memory;
+  const bool same = std::all_of(limits.begin(), limits.end(), [&](const auto& l) { return l.second == limits[0].second; });
+  if (same) return limits[0].second == kUnlimited ? "" : std::to_string(limits[0].second);
+  std::string out;
+  for (const auto& [uuid, bytes] : limits)
+    if (bytes != kUnlimited) out += (out.empty() ? "" : ",") + uuid + "=" + std::to_string(bytes);
+  return out;
+}
+
 }  // namespace
 
 bool checkMemoryLimit(const std::string& value, std::string* err) {
@@ -115,9 +141,14 @@ bool findShim(const std::string& given, bool mustExist, std::string* out, std::s
 }
 
 bool tenantEnvironment(const rpc::EnvReply& reply, const std::string& memory,
-                       const std::string& shim, EnvVars* out, std::string* err) {
-  EnvVars vars = {{"CUSHARE_TENANT", reply.tenant()}, {"CUSHARE_LEDGER_DIR", reply.ledger_dir()}};
-  if (!memory.empty()) vars.emplace_back("CUSHARE_MEMORY_LIMIT", memory);
+                       const std::string& shim, bool carryLimit, EnvVars* out, std::string* err) {
+  // The broker answered: a process started with these variables must find it (a ledger directory
+  // not mounted, or misspelt, fails closed rather than running standalone).
+  EnvVars vars = {{"CUSHARE_TENANT", reply.tenant()},
+                  {"CUSHARE_LEDGER_DIR", reply.ledger_dir()},
+                  {"CUSHARE_REQUIRE_BROKER", "1"}};
+  if (const std::string limit = carryLimit ? memoryLimit(reply, memory) : memory; !limit.empty())
+    vars.emplace_back("CUSHARE_MEMORY_LIMIT", limit);
   if (reply.has_thread_percentage())
     vars.emplace_back("CUSHARE_THREAD_PERCENTAGE", std::to_string(reply.thread_percentage()));
   if (!reply.priority().empty()) vars.emplace_back("CUSHARE_PRIORITY", reply.priority());

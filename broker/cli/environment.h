@@ -26,10 +26,13 @@ bool checkMemoryLimit(const std::string& value, std::string* err);
 // (build tree). With mustExist, the result is an absolute path.
 bool findShim(const std::string& given, bool mustExist, std::string* out, std::string* err);
 
-// CUSHARE_TENANT, CUSHARE_LEDGER_DIR, CUSHARE_MEMORY_LIMIT (when memory is not empty),
+// CUSHARE_TENANT, CUSHARE_LEDGER_DIR, CUSHARE_REQUIRE_BROKER=1, CUSHARE_MEMORY_LIMIT,
 // CUSHARE_THREAD_PERCENTAGE and CUSHARE_PRIORITY (when the broker sets them), LD_PRELOAD.
+// CUSHARE_MEMORY_LIMIT: with carryLimit (`cushare env`: a container, where the ledger directory
+// may be missing), the broker's limits, lowered by `memory` when it is one size (a per-device
+// `memory` as given); without it (`cushare run`), `memory` when given.
 bool tenantEnvironment(const rpc::EnvReply& reply, const std::string& memory,
-                       const std::string& shim, EnvVars* out, std::string* err);
+                       const std::string& shim, bool carryLimit, EnvVars* out, std::string* err);
 
 // Sets vars in this process's environment (LD_PRELOAD goes in front of an inherited one; other
 // inherited variables stay), checks the result as the shim will, and execs command. Returns only

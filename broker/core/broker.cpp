@@ -521,8 +521,10 @@ bool Broker::env(const std::string& tenant, EnvInfo* out, std::string* err) cons
     e.source = t.source;
     e.threadPercentage = t.config.threadPercentage;
     e.priority = t.config.priority;
+    for (size_t d = 0; d < devices_.size(); ++d) e.limits.emplace_back(devices_[d].uuid, expectedLocked(t, d));
   } else if (!config_.unknownTenantsProfile.empty()) {
     e.source = "unknown-tenant";
+    for (size_t d = 0; d < devices_.size(); ++d) e.limits.emplace_back(devices_[d].uuid, unknownLimits_[d]);
     for (const Profile& p : config_.profiles) {
       if (p.name != config_.unknownTenantsProfile) continue;
       e.threadPercentage = p.threadPercentage;

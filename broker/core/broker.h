@@ -37,6 +37,7 @@ struct EnvInfo {
   std::string source;  // "config" or "unknown-tenant"
   std::optional<int> threadPercentage;
   Priority priority = Priority::kNormal;
+  std::vector<std::pair<std::string, uint64_t>> limits;  // per device: uuid, limit (kNoLimit: none)
 };
 
 // Who is asking, from the socket's peer credentials.

@@ -142,6 +142,12 @@ rpc::Response handle(Broker& b, const std::function<bool(std::string*)>& reload,
       out->set_source(e.source);
       if (e.threadPercentage) out->set_thread_percentage(*e.threadPercentage);
       out->set_priority(priorityName(e.priority));
+      for (size_t d = 0; d < e.limits.size(); ++d) {
+        rpc::TenantDevice* td = out->add_devices();
+        td->set_device(static_cast<int32_t>(d));
+        td->set_uuid(e.limits[d].first);
+        if (e.limits[d].second != kNoLimit) td->set_limit_bytes(e.limits[d].second);
+      }
       return r;
     }
     case rpc::Request::BODY_NOT_SET:

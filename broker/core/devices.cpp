@@ -3,7 +3,7 @@
 
 #include <dlfcn.h>
 
-#include "simgpu/nvml.h"
+#include "cushare/nvml_api.h"
 
 namespace cushare::broker {
 namespace {

@@ -72,11 +72,6 @@ void cpuRelax() noexcept {
 #endif
 }
 
-uint64_t saturatingAdd(uint64_t a, uint64_t b) noexcept {
-  uint64_t r;
-  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
-}
-
 int flockRetry(int fd, int op) noexcept {
   int r;
   do r = ::flock(fd, op);
@@ -345,7 +340,6 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
   if (map == MAP_FAILED) return fail(errnoText("cannot map ledger " + path, mapErrno), nullptr);
   if (unfinished) std::memset(map, 0, kLedgerFileSize);
   if (empty || unfinished) initialise(map, tenant);
-  flockRetry(fd, LOCK_UN);
 
   std::unique_ptr<Ledger> l(new Ledger);
   l->path_ = path;
@@ -358,12 +352,22 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
   l->fileIno_ = st.st_ino;
   l->registerSelf();
   if (!options.claimSlot) {
+    flockRetry(fd, LOCK_UN);
     l->observer_ = true;
     return l;
   }
+  // The slot is claimed under the flock too: of two processes that start at once, the second sees
+  // the first alive, so exactly one of them can start a new session (renewLimits).
   l->lockLocal();
   const int slot = l->claimSlotLocked(err);
+  bool othersAlive = true;
+  if (slot >= 0 && options.renewLimits) l->reapDeadLocked(&othersAlive);
+  if (!othersAlive) {
+    for (LedgerDevice& e : l->hdr_->devices)
+      if (e.state.load(std::memory_order_acquire) == kLedgerDeviceReady) e.limit.store(kLedgerLimitPending, kSeq);
+  }
   l->unlockLocal();
+  flockRetry(fd, LOCK_UN);
   if (slot < 0) return nullptr;
   return l;
 }
@@ -497,7 +501,8 @@ int Ledger::claimSlotLocked(std::string* err) noexcept {
   return -1;
 }
 
-int Ledger::reapDeadLocked() noexcept {
+int Ledger::reapDeadLocked(bool* othersAlive) noexcept {
+  if (othersAlive) *othersAlive = false;
   if (fd_ < 0) return 0;
   const int own = slot_.load(std::memory_order_relaxed);
   auto occupied = [&](uint32_t s) {
@@ -510,8 +515,11 @@ int Ledger::reapDeadLocked() noexcept {
   const uint32_t hwm = slotHwm();
   for (uint32_t s = 0; s < hwm; ++s) {
     // Our own lock byte would be "taken" again through our own description: never reap ourselves.
-    if (static_cast<int>(s) == own || !occupied(s)) continue;
-    if (tryLockSlot(fd_, s) != 1) continue;  // alive, or being claimed or reaped by another
+    if (static_cast<int>(s) == own || (!othersAlive && !occupied(s))) continue;
+    if (tryLockSlot(fd_, s) != 1) {  // alive, or being claimed or reaped by another
+      if (othersAlive) *othersAlive = true;
+      continue;
+    }
     // We hold a dead owner's lock: nobody else can claim or reap this slot until we unlock, so
     // its usage is returned exactly once. Re-check: another reaper may have finished just before.
     if (occupied(s)) {
@@ -535,15 +543,26 @@ int Ledger::reapDead() noexcept {
 // ---- Devices ----
 
 int Ledger::deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err) noexcept {
+  return deviceIndexImpl(uuid, limitIfNew, false, err);
+}
+
+int Ledger::sessionDeviceIndex(const uint8_t uuid[16], uint64_t limit, std::string* err) noexcept {
+  return deviceIndexImpl(uuid, limit, true, err);
+}
+
+int Ledger::deviceIndexImpl(const uint8_t uuid[16], uint64_t limitIfNew, bool fillPending,
+                            std::string* err) noexcept {
   auto find = [&]() { return findDevice(uuid); };
-  if (const int i = find(); i >= 0) return i;  // lock-free when known
+  auto pending = [&](int i) { return fillPending && limit(i) == kLedgerLimitPending; };
+  if (const int i = find(); i >= 0 && !pending(i)) return i;  // lock-free when known
   lockLocal();
   int result = -1;
   if (observer_ ? ensureFdLocked(err) : ensureSlotLocked(err) >= 0) {
     if (flockExclusive(fd_, observer_) != 0) {
       if (err) *err = errnoText("cannot flock ledger " + path_, errno);
     } else {
-      result = find();  // another process may have added it meanwhile
+      result = find();  // another process may have added it (or set its limit) meanwhile
+      if (result >= 0 && pending(result)) hdr_->devices[result].limit.store(limitIfNew, kSeq);
       for (uint32_t i = 0; result < 0 && i < kLedgerMaxDevices; ++i) {
         LedgerDevice& e = hdr_->devices[i];
         if (e.state.load(std::memory_order_acquire) != kLedgerDeviceFree) continue;
@@ -564,30 +583,12 @@ int Ledger::deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string
   return result;
 }
 
-uint64_t Ledger::limit(int dev) const noexcept {
-  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
-  return hdr_->devices[dev].limit.load(std::memory_order_acquire);
-}
-
 void Ledger::setLimit(int dev, uint64_t bytes) noexcept {
   if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return;
   hdr_->devices[dev].limit.store(bytes, std::memory_order_release);
 }
 
 // ---- Hot path: atomics only ----
-
-uint32_t Ledger::slotHwm() const noexcept {
-  // Clamped: the file is writable by every process of the tenant; never index past the table.
-  return std::min(hdr_->slot_hwm.load(kSeq), kLedgerMaxSlots);
-}
-
-uint64_t Ledger::sumUsed(int dev) const noexcept {
-  const uint32_t hwm = slotHwm();
-  const std::atomic<uint64_t>* row = &usedAt(dev, 0);
-  uint64_t sum = 0;
-  for (uint32_t s = 0; s < hwm; ++s) sum = saturatingAdd(sum, row[s].load(kSeq));
-  return sum;
-}
 
 bool Ledger::announceAndValidate(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept {
   std::atomic<uint64_t>& mine = usedAt(dev, slot);
@@ -597,10 +598,14 @@ bool Ledger::announceAndValidate(int dev, int slot, uint64_t bytes, uint64_t lim
     mine.fetch_sub(bytes, kSeq);  // (3) retract
     return false;
   }
+  // The peak records totals granted within the tenant's limit. A charge forced past it (limit
+  // kLedgerNoLimit: the driver took more than was reserved, e.g. a pool that grew by a large chunk,
+  // which its caller then undoes) is not a grant and never raises it.
   std::atomic<uint64_t>& peak = hdr_->devices[dev].peak;
   uint64_t p = peak.load(std::memory_order_relaxed);
-  while (sum > p && !peak.compare_exchange_weak(p, sum, std::memory_order_relaxed)) {
-  }
+  if (sum > p && sum <= hdr_->devices[dev].limit.load(std::memory_order_relaxed))
+    while (sum > p && !peak.compare_exchange_weak(p, sum, std::memory_order_relaxed)) {
+    }
   return true;
 }
 
@@ -654,11 +659,6 @@ void Ledger::release(int dev, uint64_t bytes) noexcept {
   while (!mine.compare_exchange_weak(cur, cur >= bytes ? cur - bytes : 0, kSeq,
                                      std::memory_order_relaxed)) {
   }
-}
-
-uint64_t Ledger::used(int dev) const noexcept {
-  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
-  return sumUsed(dev);
 }
 
 uint64_t Ledger::peak(int dev) const noexcept {

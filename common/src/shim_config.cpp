@@ -215,6 +215,14 @@ bool parseLogLevel(std::string_view text, LogLevel* out, std::string* reason) {
   return true;
 }
 
+bool parseRequireBroker(std::string_view text, bool* out, std::string* reason) {
+  if (text == "1" || text == "0") {
+    *out = text == "1";
+    return true;
+  }
+  return fail(reason, quote(text) + " is not 1 (refuse to run without a broker) or 0");
+}
+
 bool parseLedgerDir(std::string_view text, std::string* out, std::string* reason) {
   if (text.empty()) return fail(reason, "empty; unset the variable for /dev/shm/cushare");
   if (text.front() != '/') return fail(reason, "not an absolute path (it must start with '/')");
@@ -258,6 +266,7 @@ bool loadShimConfig(const std::function<const char*(const char*)>& getenv, ShimC
   if (get("CUSHARE_PRIORITY") && !parsePriority(v, &c.priority, &reason)) return bad();
   if (get("CUSHARE_LEDGER_DIR") && !parseLedgerDir(v, &c.ledgerDir, &reason)) return bad();
   if (get("CUSHARE_LOG_LEVEL") && !parseLogLevel(v, &c.logLevel, &reason)) return bad();
+  if (get("CUSHARE_REQUIRE_BROKER") && !parseRequireBroker(v, &c.requireBroker, &reason)) return bad();
   *out = std::move(c);
   return true;
 }
@@ -320,6 +329,37 @@ bool resolveMemoryLimits(const MemoryLimitSpec& spec, int deviceCount,
     }
   }
   *limits = std::move(r);
+  return true;
+}
+
+bool memoryLimitOfUuid(const MemoryLimitSpec& spec, const std::string& uuid, uint64_t* limit,
+                       std::string* error) {
+  *limit = spec.kind == MemoryLimitSpec::kAll ? spec.all : kUnlimited;
+  if (spec.kind != MemoryLimitSpec::kPerDevice) return true;
+  bool ordinals = false;
+  for (const MemoryLimitSpec::Entry& e : spec.entries) {
+    if (e.uuid == uuid) {
+      *limit = e.bytes;
+      return true;
+    }
+    ordinals = ordinals || e.uuid.empty();
+  }
+  if (ordinals && error)
+    *error = "cushare: CUSHARE_MEMORY_LIMIT names devices by ordinal, which cannot be matched to "
+             "NVML's device " + uuid + " before cuInit; name the devices by UUID (GPU-...=SIZE)";
+  return !ordinals;
+}
+
+bool parseGpuUuidBytes(std::string_view text, unsigned char bytes[16]) {
+  std::string u;
+  if (!parseGpuUuid(text, &u)) return false;
+  auto nibble = [](char c) { return isDigit(c) ? c - '0' : c - 'a' + 10; };
+  size_t i = 4;
+  for (int b = 0; b < 16; ++b) {
+    if (u[i] == '-') ++i;
+    bytes[b] = static_cast<unsigned char>(nibble(u[i]) << 4 | nibble(u[i + 1]));
+    i += 2;
+  }
   return true;
 }
 

@@ -3,7 +3,7 @@
 
 #include <cuda.h>
 
-#include "simgpu/nvml.h"
+#include "cushare/nvml_api.h"
 
 namespace cushare::shim {
 #define CUSHARE_DRIVER_HOOK(sym, base, ver, pt, params, args) CUresult hook_##sym params noexcept;

@@ -55,9 +55,8 @@ struct Entry {
   bool nvml;
 };
 
-// constinit: usable before any constructor runs (dlsym can be called that early).
-RealDriver gDriver;
-RealNvml gNvml;
+constinit RealDriver& gDriver = gRealDriver;  // short names for the tables below
+constinit RealNvml& gNvml = gRealNvml;
 // Serialises loading (dlsym's first hooked lookup, cuInit, NVML's first call can race). Recursive:
 // dlopen runs the library's constructors, which may call dlsym, which may come back here.
 pthread_mutex_t gLoadMutex = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
@@ -83,8 +82,8 @@ const Entry* entries(size_t* n) {
 
 }  // namespace
 
-RealDriver& realDriver() { return gDriver; }
-RealNvml& realNvml() { return gNvml; }
+constinit RealDriver gRealDriver;
+constinit RealNvml gRealNvml;
 
 void* wrapperForReal(void* realFn) noexcept {
   if (!realFn) return nullptr;

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "simgpu/nvml.h"
+#include "cushare/nvml_api.h"
 
 namespace cushare::shim {
 
@@ -51,8 +51,12 @@ struct RealNvml {
   nvmlReturn_t (*p_nvmlDeviceGetUUID)(nvmlDevice_t, char*, unsigned) = nullptr;
 };
 
-RealDriver& realDriver();
-RealNvml& realNvml();
+// constinit (every pointer null until loaded): usable before any constructor runs (dlsym can be
+// called that early). Inline accessors: they are on every hooked call.
+extern RealDriver gRealDriver;
+extern RealNvml gRealNvml;
+inline RealDriver& realDriver() { return gRealDriver; }
+inline RealNvml& realNvml() { return gRealNvml; }
 
 // The real dlsym (the shim exports its own).
 void* realDlsym(void* handle, const char* name) noexcept;

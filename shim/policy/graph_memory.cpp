@@ -116,7 +116,7 @@ CUresult chargeOnFirstUse(CUgraphExec exec) noexcept {
       for (size_t k = 0; k < i; ++k)
         if (per[k].first >= 0 && per[k].first < s.deviceCount)
           s.ledger->release(s.devices[per[k].first].ledgerIndex, per[k].second);
-      logLine(LogLevel::kWarn, "tenant %s device %d: graph launch needing %llu bytes of graph memory denied: %llu of %llu bytes in use",
+      logLine(LogLevel::kError, "tenant %s device %d: graph launch needing %llu bytes of graph memory denied: %llu of %llu bytes in use",
               s.config.tenant.c_str(), ordinal, static_cast<unsigned long long>(per[i].second),
               static_cast<unsigned long long>(s.ledger->used(s.devices[ordinal].ledgerIndex)),
               static_cast<unsigned long long>(limit));

@@ -15,7 +15,7 @@ namespace {
 
 CUresult refuse(std::atomic<bool>& said, const char* symbol) noexcept {
   if (!said.exchange(true, std::memory_order_relaxed))
-    logLine(LogLevel::kWarn,
+    logLine(LogLevel::kError,
             "tenant %s: %s (the first, 32-bit ABI) is refused: use the current ABI (%s_v2)",
             state().config.tenant.c_str(), symbol, symbol);
   return CUDA_ERROR_NOT_SUPPORTED;

@@ -43,11 +43,11 @@ CUresult currentOrdinal(int* ordinal) noexcept {
 void logDenied(int ordinal, uint64_t bytes, uint64_t limit) noexcept {
   const ShimState& s = state();
   const int idx = s.devices[ordinal].ledgerIndex;
-  logLine(LogLevel::kWarn,
+  logLine(LogLevel::kError,
           "tenant %s device %d (%s): allocation of %llu bytes denied: %llu of %llu bytes in use",
           s.config.tenant.c_str(), ordinal, s.devices[ordinal].uuid, static_cast<unsigned long long>(bytes),
           static_cast<unsigned long long>(s.ledger->used(idx)), static_cast<unsigned long long>(limit));
-  logStackRateLimited(LogLevel::kWarn);
+  logStackRateLimited(LogLevel::kError);
 }
 
 // Reserves bytes on the device; CUDA_ERROR_OUT_OF_MEMORY (and one log line) if over the limit.

@@ -143,10 +143,10 @@ CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CU
     d.p_cuMemPoolTrimTo(used, 0);
     settleAllPools();
     *dptr = 0;
-    logLine(LogLevel::kWarn, "tenant %s device %d: stream-ordered allocation of %llu bytes denied: the pool would hold more than the limit of %llu bytes",
-            state().config.tenant.c_str(), dev, static_cast<unsigned long long>(bytes),
+    logLine(LogLevel::kError, "tenant %s device %d: stream-ordered allocation of %llu bytes denied: the pool would hold more than the limit of %llu bytes",
+            state().config.tenant.c_str(), static_cast<int>(dev), static_cast<unsigned long long>(bytes),
             static_cast<unsigned long long>(effectiveLimit(dev)));
-    logStackRateLimited(LogLevel::kWarn);
+    logStackRateLimited(LogLevel::kError);
   }
   return r;
 }

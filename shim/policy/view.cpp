@@ -4,7 +4,12 @@
 //   total = min(limit, device total)
 //   free  = min(limit - tenant's use (never below 0), the device's real free memory)
 //   used  = total - free (NVML)
-// With no limit on a device every call passes through unchanged.
+// With no limit on a device every call passes through unchanged. NVML devices are matched by
+// UUID: to the process's CUDA devices once cuInit is done (a device CUDA does not show the process
+// passes through); before cuInit (an NVML-only process: nvidia-smi, pynvml) to the tenant's ledger
+// entry of that UUID directly (state.h, nvmlDeviceView), so every process of the tenant sees the
+// same numbers. If that fails (a configuration NVML cannot resolve, see memoryLimitOfUuid), the
+// memory queries fail with NVML_ERROR_UNKNOWN: never the whole device.
 #include <cstring>
 
 #include "interpose/hooks.h"
@@ -19,34 +24,39 @@ struct View {
 };
 
 // Applies the tenant's limit to the device's real numbers.
-View tenantView(int ordinal, uint64_t realTotal, uint64_t realFree) noexcept {
-  const uint64_t limit = effectiveLimit(ordinal);
+View tenantView(const DeviceView& d, uint64_t realTotal, uint64_t realFree) noexcept {
+  const uint64_t limit = effectiveLimit(d);
   if (limit == kUnlimited) return {realTotal, realFree};
-  const int idx = state().devices[ordinal].ledgerIndex;
   // Memory of the tenant's dead processes must not shrink the view until some allocation happens
-  // to be denied: return it first (a liveness check per occupied slot; this is not the
-  // allocation path).
-  if (state().ledger->used(idx) > 0) state().ledger->reapDead();
-  const uint64_t used = state().ledger->used(idx);
+  // to be denied: return it first when other processes hold any (a liveness check per occupied
+  // slot; this is not the allocation path).
+  Ledger& ledger = *state().ledger;
+  uint64_t used = ledger.used(d.ledgerIndex);
+  if (used > ledger.usedHere(d.ledgerIndex) && ledger.reapDead() > 0) used = ledger.used(d.ledgerIndex);
   const uint64_t total = limit < realTotal ? limit : realTotal;
   const uint64_t left = used >= total ? 0 : total - used;
   return {total, left < realFree ? left : realFree};
 }
 
-int ordinalOfUuid(const char* uuid) noexcept {
-  for (int i = 0; i < state().deviceCount; ++i)
-    if (std::strcmp(state().devices[i].uuid, uuid) == 0) return i;
-  return -1;
-}
-
-// NVML devices are matched to the process's CUDA devices by UUID (their numbering differs).
-int ordinalOfNvmlDevice(nvmlDevice_t device) noexcept {
-  if (devicesReady() != CUDA_SUCCESS || !realNvml().p_nvmlDeviceGetUUID) return -1;
-  char uuid[96] = {};
-  if (realNvml().p_nvmlDeviceGetUUID(device, uuid, sizeof uuid) != NVML_SUCCESS) return -1;
+// The view of an NVML device: nullptr with *r unchanged to pass through, nullptr with *r set to
+// fail the call.
+const DeviceView* nvmlView(nvmlDevice_t device, nvmlReturn_t* r) noexcept {
+  char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+  if (!realNvml().p_nvmlDeviceGetUUID || realNvml().p_nvmlDeviceGetUUID(device, uuid, sizeof uuid) != NVML_SUCCESS) {
+    *r = NVML_ERROR_UNKNOWN;  // a device the shim cannot tell the tenant's limit of
+    return nullptr;
+  }
   for (char* p = uuid; *p; ++p) *p = static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
-  if (std::strncmp(uuid, "gpu-", 4) == 0) std::memcpy(uuid, "GPU-", 4);
-  return ordinalOfUuid(uuid);
+  if (std::strncmp(uuid, "gpu-", 4) != 0) return nullptr;  // a MIG instance: cushare limits GPUs only
+  std::memcpy(uuid, "GPU-", 4);
+  if (devicesReady() == CUDA_SUCCESS) {
+    for (int i = 0; i < state().deviceCount; ++i)
+      if (std::strcmp(state().devices[i].uuid, uuid) == 0) return &state().devices[i];
+    return nullptr;
+  }
+  const DeviceView* v = nvmlDeviceView(uuid);
+  if (!v) *r = NVML_ERROR_UNKNOWN;
+  return v;
 }
 
 }  // namespace
@@ -57,7 +67,7 @@ CUresult hook_cuMemGetInfo_v2(size_t* free, size_t* total) noexcept {
   if (CUresult rr = devicesReady(); rr != CUDA_SUCCESS) return rr;
   CUdevice d;
   if (realDriver().p_cuCtxGetDevice(&d) != CUDA_SUCCESS || d < 0 || d >= state().deviceCount) return r;
-  const View v = tenantView(d, *total, *free);
+  const View v = tenantView(state().devices[d], *total, *free);
   *total = v.total;
   *free = v.free;
   return CUDA_SUCCESS;
@@ -76,27 +86,33 @@ CUresult hook_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) noexcept {
 namespace {
 // NVML's v1 and v2 memory structs share total/free/used; v2's `used` excludes `reserved`.
 template <typename Memory>
-void applyNvmlView(nvmlDevice_t device, Memory* memory, uint64_t reserved) noexcept {
-  const int ordinal = ordinalOfNvmlDevice(device);
-  if (ordinal < 0) return;
-  const View v = tenantView(ordinal, memory->total, memory->free);
+nvmlReturn_t applyNvmlView(nvmlDevice_t device, Memory* memory, uint64_t reserved) noexcept {
+  nvmlReturn_t r = NVML_SUCCESS;
+  const DeviceView* d = nvmlView(device, &r);
+  if (!d) return r;
+  const View v = tenantView(*d, memory->total, memory->free);
   const uint64_t taken = v.total - v.free;
   memory->total = v.total;
   memory->free = v.free;
   memory->used = taken - (reserved < taken ? reserved : 0);
+  return NVML_SUCCESS;
 }
 }  // namespace
 
 nvmlReturn_t hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) noexcept {
   const nvmlReturn_t r = realNvml().p_nvmlDeviceGetMemoryInfo(device, memory);
-  if (r == NVML_SUCCESS) applyNvmlView(device, memory, 0);
-  return r;
+  return r == NVML_SUCCESS ? applyNvmlView(device, memory, 0) : r;
 }
 
 nvmlReturn_t hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) noexcept {
   const nvmlReturn_t r = realNvml().p_nvmlDeviceGetMemoryInfo_v2(device, memory);
-  if (r == NVML_SUCCESS) applyNvmlView(device, memory, memory->reserved);
-  return r;
+  return r == NVML_SUCCESS ? applyNvmlView(device, memory, memory->reserved) : r;
 }
+
+// nvmlInit*: the wrapper has set up the process state (configuration, ledger) first, so a
+// configuration the shim refuses fails here, in NVML's terms, before anything is reported.
+nvmlReturn_t hook_nvmlInit_v2() noexcept { return realNvml().p_nvmlInit_v2(); }
+nvmlReturn_t hook_nvmlInit() noexcept { return realNvml().p_nvmlInit(); }
+nvmlReturn_t hook_nvmlInitWithFlags(unsigned int flags) noexcept { return realNvml().p_nvmlInitWithFlags(flags); }
 
 }  // namespace cushare::shim

@@ -63,6 +63,7 @@ spdlog::level::level_enum toSpdlog(LogLevel l) {
 }  // namespace
 
 void logLine(LogLevel level, const char* fmt, ...) noexcept {
+  if (static_cast<int>(level) > gLogLevel.load(std::memory_order_relaxed)) return;
   char buf[1024];
   va_list ap;
   va_start(ap, fmt);

@@ -1,6 +1,9 @@
 // The shim's log facade: one line per call, written with a single write(2) to stderr from a stack
 // buffer, so it is safe before main, inside a forked child and while cudart tears down (no
 // allocation, no locks, no static objects). Messages carry the "cushare:" prefix.
+// Every line goes through CUSHARE_LOG_LEVEL: a line above the level is dropped. What a tenant or
+// an operator must always see is logged at kError: a configuration refused (fail closed) and an
+// allocation denied by the limit (with its stack), so `CUSHARE_LOG_LEVEL=error` still shows both.
 #pragma once
 
 #include <atomic>
@@ -12,6 +15,7 @@ enum class LogLevel : int { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3, kTrace
 // Set once from CUSHARE_LOG_LEVEL at init; readable from any thread.
 inline std::atomic<int> gLogLevel{static_cast<int>(LogLevel::kWarn)};
 
+// One line, if level is within CUSHARE_LOG_LEVEL.
 void logLine(LogLevel level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
 // Logs the calling thread's stack (libunwind, local unwinding, symbol names via the unwinder),

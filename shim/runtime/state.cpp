@@ -19,11 +19,16 @@
 extern char** environ;
 
 namespace cushare::shim {
-namespace {
-
+namespace detail {
 ShimState* gState = nullptr;  // leaked on purpose
-std::atomic<int> gProcessPhase{0};  // 0 not run, 1 ok, 2 failed
-std::atomic<int> gDevicePhase{0};
+constinit std::atomic<int> gProcessPhase{0};
+constinit std::atomic<int> gDevicePhase{0};
+}  // namespace detail
+using detail::gDevicePhase;
+using detail::gProcessPhase;
+using detail::gState;
+
+namespace {
 // Constant-initialised: hooks can run before this library's constructors (another library's
 // constructor calling CUDA, or cudart resolving entry points early).
 pthread_mutex_t gInitMutex = PTHREAD_MUTEX_INITIALIZER;
@@ -46,7 +51,15 @@ bool openLedger(ShimState* s, std::string* err) {
   const int host = readHostSegment(dir, &s->host, err);
   if (host < 0) return false;
   if (host == 0) {
-    s->ledger = Ledger::open(dir, s->config.tenant, err).release();
+    if (s->config.requireBroker) {
+      *err = "CUSHARE_REQUIRE_BROKER=1, but no broker owns the ledger directory " + dir +
+             " (no host.segment there): mount the broker's ledger directory into the container, "
+             "with CUSHARE_LEDGER_DIR exactly as `cushare env` printed it";
+      return false;
+    }
+    LedgerOpenOptions o;
+    o.renewLimits = true;  // standalone: the environment sets the limits, per session
+    s->ledger = Ledger::open(dir, s->config.tenant, o, err).release();
     return s->ledger != nullptr;
   }
   s->brokerManaged = true;
@@ -102,21 +115,92 @@ void runProcessInit() {
 
 }  // namespace
 
-ShimState& state() noexcept { return *gState; }
-
-CUresult processReady() noexcept {
-  int p = gProcessPhase.load(std::memory_order_acquire);
-  if (p == 0) {
+CUresult detail::runProcessPhase() noexcept {
+  if (gProcessPhase.load(std::memory_order_acquire) == 0) {  // a failed phase 1 takes no lock
     InitLock g;
     if (gProcessPhase.load(std::memory_order_acquire) == 0) runProcessInit();
-    p = gProcessPhase.load(std::memory_order_acquire);
   }
-  return p == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+  return gProcessPhase.load(std::memory_order_acquire) == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-CUresult devicesReady() noexcept {
-  const int p = gDevicePhase.load(std::memory_order_acquire);
-  return p == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+namespace {
+
+// The ledger entry of the device with this UUID, and its limits, into *v (label names the device
+// in messages: "device 0", "NVML device GPU-..."). Standalone, the entry's limit is the
+// session's (see LedgerOpenOptions::renewLimits): this process's environment sets it if it is
+// the first of the session to get here; a higher limit asked for while the tenant's other
+// processes run is refused with a warning, a lower one applies to this process (effectiveLimit).
+// With a broker, a device entry the broker did not make (a device it does not know) starts at the
+// unknown-tenant profile's limit, or at zero: never at the environment's. Caller holds the init
+// lock.
+bool resolveDevice(ShimState& s, const uint8_t uuid[16], uint64_t envLimit, const std::string& label,
+                   DeviceView* v, std::string* err) {
+  int idx;
+  if (s.brokerManaged) {
+    const HostDevice* hd = s.host.device(uuid);
+    if (hd == nullptr)
+      logLine(LogLevel::kWarn, "cushare: %s (%s) is not known to this host's broker: nothing can be allocated on it",
+              label.c_str(), formatGpuUuid(uuid).c_str());
+    idx = s.ledger->deviceIndex(uuid, s.host.profileForUnknown && hd != nullptr ? hd->unknownLimit : 0, err);
+  } else {
+    idx = s.ledger->sessionDeviceIndex(uuid, envLimit, err);
+  }
+  if (idx < 0) {
+    *err = "cushare: tenant '" + s.config.tenant + "': " + *err;
+    return false;
+  }
+  v->ledgerIndex = idx;
+  v->envLimit = envLimit;
+  std::snprintf(v->uuid, sizeof v->uuid, "%s", formatGpuUuid(uuid).c_str());
+  const uint64_t inForce = s.ledger->limit(idx);
+  if (!s.brokerManaged && envLimit > inForce) {
+    const std::string asked = envLimit == kUnlimited ? std::string("no limit") : std::to_string(envLimit) + " bytes";
+    logLine(LogLevel::kWarn,
+            "cushare: tenant %s %s: CUSHARE_MEMORY_LIMIT asks for %s, but the tenant's running processes "
+            "use a limit of %llu bytes: refused, %llu bytes apply until every process of the tenant has exited",
+            s.config.tenant.c_str(), label.c_str(), asked.c_str(), static_cast<unsigned long long>(inForce),
+            static_cast<unsigned long long>(inForce));
+  }
+  return true;
+}
+
+std::atomic<bool> gNvmlViewFailed{false};
+
+}  // namespace
+
+const DeviceView* nvmlDeviceView(const char* uuid) noexcept {
+  NvmlDevices& n = gState->nvml;
+  const auto find = [&]() -> const DeviceView* {
+    const int count = n.count.load(std::memory_order_acquire);
+    for (int i = 0; i < count; ++i)
+      if (std::strcmp(n.devices[i].uuid, uuid) == 0) return &n.devices[i];
+    return nullptr;
+  };
+  if (const DeviceView* v = find()) return v;
+  if (gNvmlViewFailed.load(std::memory_order_acquire)) return nullptr;
+  InitLock g;
+  if (const DeviceView* v = find()) return v;
+  if (gNvmlViewFailed.load(std::memory_order_relaxed)) return nullptr;
+  ShimState& s = *gState;
+  std::string err;
+  uint8_t bytes[16];
+  uint64_t envLimit = kUnlimited;
+  const int count = n.count.load(std::memory_order_relaxed);
+  DeviceView* v = count < kMaxDevices ? &n.devices[count] : nullptr;
+  if (v == nullptr) {
+    err = "cushare: more than 64 devices are not supported";
+  } else if (!parseGpuUuidBytes(uuid, bytes)) {
+    err = std::string("cushare: NVML reports a device with an unreadable UUID '") + uuid + "'";
+  } else if (memoryLimitOfUuid(s.config.memory, uuid, &envLimit, &err) &&
+             resolveDevice(s, bytes, envLimit, std::string("NVML device ") + uuid, v, &err)) {
+    n.count.store(count + 1, std::memory_order_release);
+    CUSHARE_LOG(LogLevel::kInfo, "tenant %s NVML device %s: limit %llu bytes", s.config.tenant.c_str(), uuid,
+                static_cast<unsigned long long>(effectiveLimit(*v)));
+    return v;
+  }
+  logLine(LogLevel::kError, "%s (NVML memory queries fail)", err.c_str());
+  gNvmlViewFailed.store(true, std::memory_order_release);
+  return nullptr;
 }
 
 CUresult initDevices() noexcept {
@@ -154,32 +238,13 @@ CUresult initDevices() noexcept {
           &limits, &err))
     return fail(err);
   for (int i = 0; i < count; ++i) {
-    // With a broker, a device entry the broker did not make (a device it does not know) starts
-    // at the unknown-tenant profile's limit, or at zero: never at the environment's.
-    uint64_t limitIfNew = limits[i];
-    if (s.brokerManaged) {
-      const HostDevice* hd = s.host.device(uuids[i]);
-      limitIfNew = s.host.profileForUnknown && hd != nullptr ? hd->unknownLimit : 0;
-      if (hd == nullptr)
-        logLine(LogLevel::kWarn, "cushare: device %d (%s) is not known to this host's broker: nothing can be allocated on it",
-                i, s.devices[i].uuid);
-    }
-    const int idx = s.ledger->deviceIndex(uuids[i], limitIfNew, &err);
-    if (idx < 0) return fail("cushare: tenant '" + s.config.tenant + "': " + err);
-    s.devices[i].ledgerIndex = idx;
-    s.devices[i].envLimit = limits[i];
+    if (!resolveDevice(s, uuids[i], limits[i], "device " + std::to_string(i), &s.devices[i], &err)) return fail(err);
     CUSHARE_LOG(LogLevel::kInfo, "tenant %s device %d (%s): limit %llu bytes", s.config.tenant.c_str(), i,
                 s.devices[i].uuid, static_cast<unsigned long long>(effectiveLimit(i)));
   }
   s.deviceCount = count;
   gDevicePhase.store(1, std::memory_order_release);
   return CUDA_SUCCESS;
-}
-
-uint64_t effectiveLimit(int ordinal) noexcept {
-  const DeviceView& v = gState->devices[ordinal];
-  const uint64_t ledgerLimit = gState->ledger->limit(v.ledgerIndex);
-  return v.envLimit < ledgerLimit ? v.envLimit : ledgerLimit;
 }
 
 }  // namespace cushare::shim

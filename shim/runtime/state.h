@@ -1,9 +1,12 @@
 // The shim's process state: configuration, the real driver, the tenant ledger and the devices
 // this process sees. Initialised in two phases, each exactly once:
-//  - process (at the first hooked call or cuInit): environment, real driver, ledger;
+//  - process (at the first hooked call, cuInit or nvmlInit): environment, real driver, ledger;
 //  - devices (after the real cuInit succeeded): UUIDs, ledger entries, per-device limits.
 // A failure in either is permanent and fails closed: cuInit and every memory hook return
 // CUDA_ERROR_NOT_INITIALIZED after one log line; the tenant is never silently unlimited.
+// A process that uses NVML before (or without) cuInit (nvidia-smi, pynvml) resolves the devices
+// NVML shows it one at a time, by UUID, to the same ledger entries and limits (nvmlDeviceView);
+// a failure there is permanent too and makes NVML's memory queries fail (NVML_ERROR_UNKNOWN).
 // Everything here is allocated once and never freed (cudart calls in during exit teardown).
 #pragma once
 
@@ -26,6 +29,13 @@ struct DeviceView {
   char uuid[48] = {};              // "GPU-..." as NVML reports it
 };
 
+// The devices an NVML-only process has looked at, by UUID (NVML's numbering is not CUDA's).
+// Entries are added under the init lock and published by the release store of nvmlCount.
+struct NvmlDevices {
+  std::atomic<int> count{0};
+  DeviceView devices[kMaxDevices];
+};
+
 struct ShimState {
   ShimConfig config;
   Ledger* ledger = nullptr;
@@ -35,19 +45,42 @@ struct ShimState {
   HostInfo host;  // when brokerManaged
   int deviceCount = 0;
   DeviceView devices[kMaxDevices];
+  NvmlDevices nvml;  // before cuInit only
 };
+
+// Read inline by every hooked call (the accessors below): one acquire load once initialised.
+namespace detail {
+extern ShimState* gState;               // set once phase 1 succeeded, never freed
+extern std::atomic<int> gProcessPhase;  // 0 not run, 1 ok, 2 failed
+extern std::atomic<int> gDevicePhase;   // the same for phase 2
+CUresult runProcessPhase() noexcept;    // processReady's first call
+}  // namespace detail
 
 // CUDA_SUCCESS once both phases are done; the failure otherwise (phase 2 not yet run reads as
 // CUDA_ERROR_NOT_INITIALIZED, which is also what the real driver answers before cuInit).
-CUresult devicesReady() noexcept;
+inline CUresult devicesReady() noexcept {
+  return detail::gDevicePhase.load(std::memory_order_acquire) == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
 // Runs phase 1 if needed; its result.
-CUresult processReady() noexcept;
+inline CUresult processReady() noexcept {
+  if (detail::gProcessPhase.load(std::memory_order_acquire) == 1) return CUDA_SUCCESS;
+  return detail::runProcessPhase();
+}
 // Runs phase 2 (after the real cuInit succeeded).
 CUresult initDevices() noexcept;
-ShimState& state() noexcept;
+inline ShimState& state() noexcept { return *detail::gState; }
+
+// The view of the device with this NVML UUID ("GPU-..."), for a process whose devices are not
+// ready (no cuInit yet): found or resolved like a CUDA device (ledger entry, limits). Null after
+// the one log line if that fails (and from then on).
+const DeviceView* nvmlDeviceView(const char* uuid) noexcept;
 
 // The limit in force for a device of this process: the lower of the environment's and the
 // ledger's (which a broker may change while the process runs).
-uint64_t effectiveLimit(int ordinal) noexcept;
+inline uint64_t effectiveLimit(const DeviceView& v) noexcept {
+  const uint64_t ledgerLimit = state().ledger->limit(v.ledgerIndex);
+  return v.envLimit < ledgerLimit ? v.envLimit : ledgerLimit;
+}
+inline uint64_t effectiveLimit(int ordinal) noexcept { return effectiveLimit(state().devices[ordinal]); }
 
 }  // namespace cushare::shim

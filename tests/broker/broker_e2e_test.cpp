@@ -1099,6 +1099,62 @@ TEST(Cli, RefusesAFakeBrokerOfAnotherUser) {
   std::filesystem::remove_all(evil);
 }
 
+// `cushare env` carries the tenant's limit and requires the broker: a process started from its
+// variables without the broker's ledger directory (not mounted, or misspelt) fails closed and
+// says why; with the switch removed, the limit in the environment still holds on the device.
+TEST(Cli, EnvCarriesTheLimitAndRequiresTheBroker) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  auto sh = [&](const std::string& cmd) {
+    const std::string full = std::string(CLI_BIN) + " --socket " + b.socket() + " " + cmd + " > " + b.dir() +
+                             "/out.txt 2>&1";
+    const int st = std::system(full.c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  const std::string limit = std::to_string(512 * MiB);
+  EXPECT_EQ(sh("env --tenant alpha"), 0);
+  std::string env = readFile(b.dir() + "/out.txt");
+  EXPECT_NE(env.find("\nCUSHARE_MEMORY_LIMIT=" + limit + "\n"), std::string::npos) << env;
+  EXPECT_NE(env.find("\nCUSHARE_REQUIRE_BROKER=1\n"), std::string::npos) << env;
+  EXPECT_EQ(sh("env --tenant alpha --memory 128MiB"), 0);
+  env = readFile(b.dir() + "/out.txt");
+  EXPECT_NE(env.find("\nCUSHARE_MEMORY_LIMIT=" + std::to_string(128 * MiB) + "\n"), std::string::npos) << env;
+  EXPECT_EQ(sh("env --tenant alpha --memory 1GiB"), 0);
+  env = readFile(b.dir() + "/out.txt");
+  EXPECT_NE(env.find("\nCUSHARE_MEMORY_LIMIT=" + limit + "\n"), std::string::npos) << "never above the broker's: " << env;
+  // `cushare run` runs on this host, in the broker's directory: it requires the broker and does not
+  // carry the limit, which would cap live raises (--memory is still passed).
+  EXPECT_EQ(sh("run --tenant alpha -- sh -c 'echo ${CUSHARE_REQUIRE_BROKER}:${CUSHARE_MEMORY_LIMIT-unset}'"), 0);
+  EXPECT_EQ(readFile(b.dir() + "/out.txt"), "1:unset\n");
+  EXPECT_EQ(sh("env --tenant alpha"), 0);
+  env = readFile(b.dir() + "/out.txt");
+
+  // A container started with these variables, its ledger directory misspelt (or not mounted).
+  std::string vars;
+  const std::string lines = "\n" + env;
+  ASSERT_NE(lines.find("\nCUSHARE_REQUIRE_BROKER=1\n"), std::string::npos) << env;
+  for (const char* name : {"CUSHARE_TENANT", "CUSHARE_MEMORY_LIMIT", "LD_PRELOAD"}) {
+    const size_t at = lines.find(std::string("\n") + name + "=");
+    ASSERT_NE(at, std::string::npos) << name << " missing from: " << env;
+    vars += " " + lines.substr(at + 1, lines.find('\n', at + 1) - at - 1);
+  }
+  const std::string typo = b.ledgerDir() + "-typo";
+  vars += " CUSHARE_LEDGER_DIR=" + typo;
+  EXPECT_EQ(sh("run --tenant alpha -- env CUSHARE_REQUIRE_BROKER=1" + vars + " " + WORKER_BIN + " < /dev/null"), 3);
+  const std::string refused = readFile(b.dir() + "/out.txt");
+  EXPECT_NE(refused.find("CUSHARE_REQUIRE_BROKER=1, but no broker owns the ledger directory " + typo), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("init-failed 3"), std::string::npos) << refused;
+  // Without the switch the process runs standalone, still held to the broker's limit: it gets
+  // exactly 512 MiB of the 4 GiB device, 64 MiB at a time.
+  EXPECT_EQ(sh("run --tenant alpha -- sh -c 'echo fill " + std::to_string(64 * MiB) + " | env -u CUSHARE_REQUIRE_BROKER" +
+               vars + " " + WORKER_BIN + "'"),
+            0);
+  const std::string filled = readFile(b.dir() + "/out.txt");
+  EXPECT_NE(filled.find("held " + limit), std::string::npos) << filled;
+  EXPECT_EQ(b.status().tenants(), 2u) << "the broker answers";
+}
+
 // ---- Several devices (this suite runs with SIMGPU_DEVICES=2) ----
 
 TEST(Devices, PerDeviceLimitsAndLiveChangesOfOneDevice) {
@@ -1110,6 +1166,15 @@ TEST(Devices, PerDeviceLimitsAndLiveChangesOfOneDevice) {
   ASSERT_EQ(a.devices_size(), 2);
   EXPECT_EQ(a.devices(0).limit_bytes(), 256 * MiB);
   EXPECT_EQ(a.devices(1).limit_bytes(), 1024 * MiB) << "25% of 4 GiB";
+  // `cushare env` names each device's limit by UUID when they differ.
+  const std::string envCmd = std::string(CLI_BIN) + " --socket " + b.socket() + " env --tenant alpha > " + b.dir() + "/env.txt";
+  ASSERT_EQ(std::system(envCmd.c_str()), 0);
+  const rpc::StatusReply st = b.status();
+  EXPECT_NE(readFile(b.dir() + "/env.txt")
+                .find("\nCUSHARE_MEMORY_LIMIT=" + st.devices(0).uuid() + "=" + std::to_string(256 * MiB) + "," +
+                      st.devices(1).uuid() + "=" + std::to_string(1024 * MiB) + "\n"),
+            std::string::npos)
+      << readFile(b.dir() + "/env.txt");
   ASSERT_TRUE(b.setLimit("alpha", "512MiB", 1).ok());
   a = b.tenant("alpha");
   EXPECT_EQ(a.devices(0).limit_bytes(), 256 * MiB) << "device 0 untouched";

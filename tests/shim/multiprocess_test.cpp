@@ -31,6 +31,7 @@
 #include <cstring>
 #include <atomic>
 #include <deque>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <string>
@@ -232,7 +233,12 @@ int childObserve(size_t limit) {
 //   freeall                frees every pointer kept           -> "freeall <code>"
 //   wait                   reports "wait", then blocks on the control pipe
 // then reports "end" and blocks on the control pipe (EOF: exit 0 without freeing).
+//   stderr (first op only)  the shim's log lines go to the report pipe too, from before cuInit
 int childScript(int argc, char** argv, int first) {
+  if (first < argc && std::strcmp(argv[first], "stderr") == 0) {
+    dup2(kReportFd, STDERR_FILENO);
+    ++first;
+  }
   if (CUresult r = childInit(); r != CUDA_SUCCESS) {
     report("init " + std::to_string(r));
     return 1;
@@ -279,6 +285,35 @@ int childScript(int argc, char** argv, int first) {
   return 0;
 }
 
+// nvml [stderr]: a process that only uses NVML (nvidia-smi, pynvml), never cuInit: nvmlInit_v2 and
+// the memory of NVML device 0 through both ABIs. Reports "init <code>" and, if that succeeded,
+// "v1 <code> <total> <free> <used>" and "v2 <code> <total> <free> <used>"; then "end" and blocks
+// on the control pipe.
+int childNvml(int argc, char** argv) {
+  if (argc > 2 && std::strcmp(argv[2], "stderr") == 0) dup2(kReportFd, STDERR_FILENO);
+  const nvmlReturn_t r = nvmlInit_v2();
+  report("init " + std::to_string(r));
+  if (r == NVML_SUCCESS) {
+    nvmlDevice_t d;
+    if (nvmlDeviceGetHandleByIndex_v2(0, &d) != NVML_SUCCESS) {
+      report("bad handle");
+      return 1;
+    }
+    nvmlMemory_t m{};
+    const nvmlReturn_t r1 = nvmlDeviceGetMemoryInfo(d, &m);
+    report("v1 " + std::to_string(r1) + " " + std::to_string(m.total) + " " + std::to_string(m.free) + " " +
+           std::to_string(m.used));
+    nvmlMemory_v2_t m2{};
+    m2.version = nvmlMemory_v2;
+    const nvmlReturn_t r2 = nvmlDeviceGetMemoryInfo_v2(d, &m2);
+    report("v2 " + std::to_string(r2) + " " + std::to_string(m2.total) + " " + std::to_string(m2.free) + " " +
+           std::to_string(m2.used));
+  }
+  report("end");
+  awaitControl();
+  return 0;
+}
+
 int childMain(const std::string& mode, int argc, char** argv) {
   alarm(60);  // never outlive a broken test for long
   auto arg = [&](int i) { return i < argc ? std::string(argv[i]) : std::string(); };
@@ -287,6 +322,7 @@ int childMain(const std::string& mode, int argc, char** argv) {
                       std::strtoull(arg(4).c_str(), nullptr, 10), arg(5) == "1", std::atoi(arg(6).c_str()));
   if (mode == "observe") return childObserve(std::strtoull(arg(2).c_str(), nullptr, 10));
   if (mode == "script") return childScript(argc, argv, 2);
+  if (mode == "nvml") return childNvml(argc, argv);
   std::fprintf(stderr, "unknown child mode '%s'\n", mode.c_str());
   return 2;
 }
@@ -468,6 +504,44 @@ using ForkExec = Tenant;
 using KilledQuota = Tenant;
 // CUSHARE_TENANT=kv CUSHARE_MEMORY_LIMIT=512MiB SIMGPU_MEMORY=4GiB
 using KilledView = Tenant;
+// CUSHARE_TENANT=nv CUSHARE_MEMORY_LIMIT=512MiB SIMGPU_MEMORY=4GiB
+using NvmlView = Tenant;
+// CUSHARE_TENANT=sa CUSHARE_MEMORY_LIMIT=256MiB SIMGPU_MEMORY=4GiB (children use other tenants)
+using Standalone = Tenant;
+using Logging = Tenant;
+
+// Every line a child reports up to and including the first that starts with `last` (or EOF).
+std::vector<std::string> linesUntil(Child& c, const std::string& last) {
+  std::vector<std::string> lines;
+  for (std::string l = c.readLine(); !l.empty(); l = c.readLine()) {
+    lines.push_back(l);
+    if (l.rfind(last, 0) == 0) break;
+  }
+  return lines;
+}
+
+bool anyContains(const std::vector<std::string>& lines, const std::string& what) {
+  return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(what) != l.npos; });
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const std::string& l : lines) out += l + "\n";
+  return out;
+}
+
+// The device's own accounting (simgpu's NVML without the shim): what it holds in use.
+size_t deviceUsed() {
+  Child observer;
+  spawn(&observer, "nvml", {}, {"LD_PRELOAD"});
+  unsigned long long total = 0, free = 0, used = 0;
+  observer.readLine();  // init
+  EXPECT_EQ(3, std::sscanf(observer.readLine().c_str(), "v1 0 %llu %llu %llu", &total, &free, &used));
+  EXPECT_EQ(4096 * kMiB, total) << "the observer must see the whole device";
+  observer.closeControl();
+  observer.wait();
+  return used;
+}
 
 // ---------------------------------------------------------------------------------------------
 // 8 processes of one tenant race for its 512 MiB for about 2 s. Checked from three sides: each
@@ -737,6 +811,159 @@ TEST_F(KilledView, ViewDoesNotCountKilledProcesses) {
   ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&p, limit_));
   ASSERT_EQ(CUDA_SUCCESS, cuMemFree(p));
   EXPECT_EQ(limit_, freeMem());
+}
+
+// An NVML-only process of the tenant (nvidia-smi or a framework's pynvml start-up check: never
+// cuInit) sees the tenant's view while another process of the tenant holds memory: the limit as
+// total, the tenant's use as used, the rest as free; through both ABIs. Without the shim's NVML
+// set-up it saw the whole device.
+TEST_F(NvmlView, NvmlOnlyProcessSeesTheTenantView) {
+  CUdeviceptr held = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&held, 200 * kMiB));
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, "nvml", {}));
+  const std::string total = std::to_string(limit_), used = std::to_string(200 * kMiB),
+                    free = std::to_string(limit_ - 200 * kMiB);
+  EXPECT_EQ("init 0", c.readLine());
+  EXPECT_EQ("v1 0 " + total + " " + free + " " + used, c.readLine());
+  EXPECT_EQ("v2 0 " + total + " " + free + " " + used, c.readLine());
+  EXPECT_EQ("end", c.readLine());
+  c.closeControl();
+  EXPECT_TRUE(exitedOk(c.wait()));
+  EXPECT_GE(deviceUsed(), 200 * kMiB) << "the device itself holds the parent's memory";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(held));
+
+  // The first process of a tenant may be an NVML-only one: its environment sets the limit.
+  Child first;
+  ASSERT_NO_FATAL_FAILURE(spawn(&first, "nvml", {}, {"CUSHARE_TENANT=nv-first", "CUSHARE_MEMORY_LIMIT=300MiB"}));
+  const std::string t300 = std::to_string(300 * kMiB);
+  EXPECT_EQ("init 0", first.readLine());
+  EXPECT_EQ("v1 0 " + t300 + " " + t300 + " 0", first.readLine());
+  EXPECT_EQ("v2 0 " + t300 + " " + t300 + " 0", first.readLine());
+  first.closeControl();
+  EXPECT_TRUE(exitedOk(first.wait()));
+}
+
+// A configuration the shim refuses fails NVML too, at nvmlInit, with the shim's line; and one NVML
+// cannot resolve without CUDA (limits by CUDA ordinal) fails the memory queries: never the whole
+// device.
+TEST_F(NvmlView, BadConfigurationFailsInNvmlTerms) {
+  Child bad;
+  ASSERT_NO_FATAL_FAILURE(spawn(&bad, "nvml", {"stderr"}, {"CUSHARE_MEMORY_LIMIT=lots"}));
+  const auto lines = linesUntil(bad, "end");
+  EXPECT_TRUE(anyContains(lines, "invalid CUSHARE_MEMORY_LIMIT='lots'")) << joined(lines);
+  EXPECT_TRUE(anyContains(lines, "init " + std::to_string(NVML_ERROR_UNKNOWN))) << joined(lines);
+  bad.closeControl();
+  bad.wait();
+
+  Child ordinal;
+  ASSERT_NO_FATAL_FAILURE(spawn(&ordinal, "nvml", {"stderr"}, {"CUSHARE_TENANT=nv-ordinal", "CUSHARE_MEMORY_LIMIT=0=128MiB"}));
+  const auto ol = linesUntil(ordinal, "end");
+  EXPECT_TRUE(anyContains(ol, "names devices by ordinal")) << joined(ol);
+  const std::string unknown = std::to_string(NVML_ERROR_UNKNOWN);
+  EXPECT_TRUE(anyContains(ol, "v1 " + unknown + " ")) << joined(ol);
+  EXPECT_TRUE(anyContains(ol, "v2 " + unknown + " ")) << joined(ol);
+  ordinal.closeControl();
+  ordinal.wait();
+}
+
+// `cushare env` output used without the broker's ledger directory (not mounted, or misspelt):
+// with CUSHARE_REQUIRE_BROKER=1 the process fails closed and says why; without it, the
+// environment's limit still holds (standalone).
+TEST_F(Standalone, RequireBrokerFailsClosedWithoutTheBrokersDirectory) {
+  const char* dir = std::getenv("CUSHARE_LEDGER_DIR");
+  ASSERT_NE(nullptr, dir);
+  const std::string typo = std::string(dir) + "-typo";
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"stderr", "alloc:" + std::to_string(64 * kMiB)},
+                                {"CUSHARE_TENANT=rb", "CUSHARE_LEDGER_DIR=" + typo, "CUSHARE_REQUIRE_BROKER=1"}));
+  const auto lines = linesUntil(c, "init");
+  EXPECT_TRUE(anyContains(lines, "CUSHARE_REQUIRE_BROKER=1, but no broker owns the ledger directory " + typo))
+      << joined(lines);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ("init " + std::to_string(CUDA_ERROR_NOT_INITIALIZED), lines.back()) << joined(lines);
+  c.wait();
+  EXPECT_NE(0, access(typo.c_str(), F_OK)) << "the shim created the misspelt directory";
+
+  Child e;
+  const std::string over = std::to_string(128 * kMiB + kMiB), at = std::to_string(128 * kMiB);
+  ASSERT_NO_FATAL_FAILURE(spawn(&e, "script", {"alloc:" + over, "alloc:" + at, "info", "wait"},
+                                {"CUSHARE_TENANT=rb", "CUSHARE_LEDGER_DIR=" + typo, "CUSHARE_MEMORY_LIMIT=128MiB"}));
+  EXPECT_EQ("alloc 2", e.readLine()) << "the environment's limit did not hold without the ledger directory";
+  EXPECT_EQ("alloc 0", e.readLine());
+  EXPECT_EQ("info 0 " + at, e.readLine());
+  EXPECT_EQ("wait", e.readLine());
+  const size_t onDevice = deviceUsed();
+  EXPECT_GE(onDevice, 128 * kMiB);
+  EXPECT_LT(onDevice, 128 * kMiB + kMiB) << "the device holds more than the environment's limit";
+  e.closeControl();
+  e.wait();
+  std::filesystem::remove_all(typo);
+}
+
+// Standalone, the limit belongs to the tenant's session: a process started while another lives
+// cannot raise it (refused with a warning) but may lower it for itself; once every process exited
+// (or was killed), the next one's CUSHARE_MEMORY_LIMIT applies.
+TEST_F(Standalone, TheNextSessionTakesTheNewLimit) {
+  const std::string t256 = std::to_string(256 * kMiB), t128 = std::to_string(128 * kMiB),
+                    t512 = std::to_string(512 * kMiB), t1g = std::to_string(1024 * kMiB);
+  Child a;
+  ASSERT_NO_FATAL_FAILURE(spawn(&a, "script", {"info", "wait", "info"}, {"CUSHARE_TENANT=sess", "CUSHARE_MEMORY_LIMIT=256MiB"}));
+  EXPECT_EQ("info " + t256 + " " + t256, a.readLine());
+  EXPECT_EQ("wait", a.readLine());
+
+  Child higher;
+  ASSERT_NO_FATAL_FAILURE(spawn(&higher, "script", {"stderr", "info", "alloc:" + std::to_string(300 * kMiB)},
+                                {"CUSHARE_TENANT=sess", "CUSHARE_MEMORY_LIMIT=512MiB"}));
+  const auto hl = linesUntil(higher, "alloc");
+  EXPECT_TRUE(anyContains(hl, "asks for " + t512 + " bytes, but the tenant's running processes use a limit of " + t256))
+      << joined(hl);
+  EXPECT_TRUE(anyContains(hl, "info " + t256 + " " + t256)) << joined(hl);
+  EXPECT_EQ("alloc 2", hl.back()) << "a raised limit applied while the tenant's first process lives";
+  higher.closeControl();
+  higher.wait();
+
+  Child lower;
+  ASSERT_NO_FATAL_FAILURE(spawn(&lower, "script", {"info", "alloc:" + std::to_string(200 * kMiB)},
+                                {"CUSHARE_TENANT=sess", "CUSHARE_MEMORY_LIMIT=128MiB"}));
+  EXPECT_EQ("info " + t128 + " " + t128, lower.readLine());
+  EXPECT_EQ("alloc 2", lower.readLine()) << "a lower limit must apply to its own process";
+  lower.closeControl();
+  lower.wait();
+  a.send('g');
+  EXPECT_EQ("info " + t256 + " " + t256, a.readLine()) << "the lower limit leaked to the others";
+  a.closeControl();
+  EXPECT_TRUE(exitedOk(a.wait()));
+
+  // Everyone exited: the next process's limit is the tenant's.
+  Child next;
+  ASSERT_NO_FATAL_FAILURE(spawn(&next, "script", {"info", "alloc:" + std::to_string(400 * kMiB)},
+                                {"CUSHARE_TENANT=sess", "CUSHARE_MEMORY_LIMIT=512MiB"}));
+  EXPECT_EQ("info " + t512 + " " + t512, next.readLine()) << "the previous session's limit stuck";
+  EXPECT_EQ("alloc 0", next.readLine());
+  EXPECT_EQ("end", next.readLine());
+  // Killed with -9 while holding memory: its session ends too, and its memory comes back.
+  next.kill9();
+  next.wait();
+  Child after;
+  ASSERT_NO_FATAL_FAILURE(spawn(&after, "script", {"info"}, {"CUSHARE_TENANT=sess", "CUSHARE_MEMORY_LIMIT=1GiB"}));
+  EXPECT_EQ("info " + t1g + " " + t1g, after.readLine());
+  after.closeControl();
+  EXPECT_TRUE(exitedOk(after.wait()));
+}
+
+// CUSHARE_LOG_LEVEL=error keeps what an operator must see: a denial, with its allocation site.
+TEST_F(Logging, DenialsShowAtLogLevelError) {
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"stderr", "alloc:" + std::to_string(limit_ + 1)},
+                                {"CUSHARE_LOG_LEVEL=error", "CUSHARE_TENANT=quiet"}));
+  const auto lines = linesUntil(c, "alloc");
+  EXPECT_TRUE(anyContains(lines, "allocation of " + std::to_string(limit_ + 1) + " bytes denied")) << joined(lines);
+  EXPECT_TRUE(anyContains(lines, "  #0 ")) << "no allocation site with the denial:\n" << joined(lines);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ("alloc 2", lines.back());
+  c.closeControl();
+  c.wait();
 }
 
 }  // namespace

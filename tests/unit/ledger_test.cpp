@@ -222,6 +222,7 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       {"kLedgerSlotPidLockBase", static_cast<uint64_t>(kLedgerSlotPidLockBase)},
       {"header_size", sizeof(LedgerHeader)},
       {"kLedgerFileSize", kLedgerFileSize},
+      {"kLedgerLimitPending", kLedgerLimitPending},
       {"kHostMagic", kHostMagic},
       {"kHostVersion", kHostVersion},
       {"kHostMaxDevices", kHostMaxDevices},
@@ -537,6 +538,30 @@ TEST(Ledger, ReservesExactlyUpToTheLimit) {
   EXPECT_EQ(l->used(dev), (uint64_t{1} << 50) + 4 * kMiB);
 }
 
+// The peak is what was granted within the limit: a charge forced past it (a pool that grew by
+// more than was reserved, undone right after) never shows as a peak above the limit.
+TEST(Ledger, PeakNeverRecordsAboveTheLimit) {
+  TempDir tmp;
+  auto l = mustOpen(tmp.ledgers(), "peak");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  const int dev = l->deviceIndex(kUuidA, 10 * kMiB, &err);
+  ASSERT_GE(dev, 0) << err;
+  ASSERT_TRUE(l->reserve(dev, 9 * kMiB, l->limit(dev)));
+  EXPECT_EQ(l->peak(dev), 9 * kMiB);
+  ASSERT_TRUE(l->reserve(dev, 3 * kMiB, kLedgerNoLimit));  // forced: the driver took more
+  EXPECT_EQ(l->used(dev), 12 * kMiB);
+  EXPECT_EQ(l->peak(dev), 9 * kMiB) << "a forced charge past the limit raised the peak";
+  l->release(dev, 3 * kMiB);  // undone
+  ASSERT_TRUE(l->reserve(dev, kMiB, l->limit(dev)));
+  EXPECT_EQ(l->peak(dev), 10 * kMiB) << "a grant up to the limit raises the peak";
+  // With no limit at all every total is a grant.
+  auto u = mustOpen(tmp.ledgers(), "unlimited");
+  const int ud = u->deviceIndex(kUuidA, kLedgerNoLimit, &err);
+  ASSERT_TRUE(u->reserve(ud, uint64_t{1} << 40, kLedgerNoLimit));
+  EXPECT_EQ(u->peak(ud), uint64_t{1} << 40);
+}
+
 TEST(Ledger, ThreadsOfOneProcessShareItsSlotExactly) {
   TempDir tmp;
   auto l = mustOpen(tmp.ledgers(), "threads");
@@ -775,6 +800,99 @@ TEST(Ledger, ClaimingADeadSlotReturnsItsLeftovers) {
   EXPECT_EQ(l->used(dev), 0u);
   EXPECT_EQ(l->reapDead(), 0);
   EXPECT_TRUE(l->reserve(dev, 100 * kMiB, 100 * kMiB));
+}
+
+// Standalone sessions (LedgerOpenOptions::renewLimits): the environment's limit of the tenant's
+// first live process sets the device's limit; while a process of the tenant lives, a later one
+// cannot change it; once all have exited (or were killed), the next one sets it again.
+std::unique_ptr<Ledger> openSession(const std::string& dir, const std::string& tenant) {
+  LedgerOpenOptions o;
+  o.renewLimits = true;
+  std::string err;
+  auto l = Ledger::open(dir, tenant, o, &err);
+  EXPECT_NE(l, nullptr) << err;
+  return l;
+}
+
+uint64_t sessionLimit(Ledger& l, uint64_t wanted) {
+  std::string err;
+  const int dev = l.sessionDeviceIndex(kUuidA, wanted, &err);
+  EXPECT_GE(dev, 0) << err;
+  return dev >= 0 ? l.limit(dev) : 0;
+}
+
+TEST(LedgerSession, TheNextSessionsLimitAppliesOnlyOnceAllProcessesExited) {
+  TempDir tmp;
+  auto a = openSession(tmp.ledgers(), "sess");
+  EXPECT_EQ(sessionLimit(*a, 10 * kMiB), 10 * kMiB);
+  {
+    auto b = openSession(tmp.ledgers(), "sess");  // a lives: same session
+    EXPECT_EQ(sessionLimit(*b, 20 * kMiB), 10 * kMiB) << "a higher limit took over while a process lives";
+    EXPECT_EQ(sessionLimit(*b, 5 * kMiB), 10 * kMiB) << "a lower one applies to its process only";
+  }
+  a.reset();  // every process has exited
+  auto c = openSession(tmp.ledgers(), "sess");
+  EXPECT_EQ(sessionLimit(*c, 20 * kMiB), 20 * kMiB) << "the limit of the tenant's previous session stuck";
+  c.reset();
+  auto d = openSession(tmp.ledgers(), "sess");
+  EXPECT_EQ(sessionLimit(*d, kLedgerNoLimit), kLedgerNoLimit);
+  // A process killed with -9 ends its session too.
+  d.reset();
+  const std::string dir = tmp.ledgers();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t pid = spawn([&]() {
+    auto k = openSession(dir, "sess");
+    if (sessionLimit(*k, 7 * kMiB) != 7 * kMiB || !k->reserve(0, kMiB, 7 * kMiB)) return 1;
+    (void)!::write(ready[1], "r", 1);
+    ::pause();
+    return 0;
+  });
+  char c1 = 0;
+  ASSERT_EQ(::read(ready[0], &c1, 1), 1);
+  auto e = openSession(dir, "sess");
+  EXPECT_EQ(sessionLimit(*e, 30 * kMiB), 7 * kMiB) << "the killed process is still alive here";
+  e.reset();
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  auto f = openSession(dir, "sess");
+  EXPECT_EQ(sessionLimit(*f, 30 * kMiB), 30 * kMiB) << "a killed process's session did not end";
+  EXPECT_EQ(f->used(0), 0u) << "the killed process's usage was not reaped";
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+// Processes that start at the same instant, each asking for its own limit, after a session with
+// another limit: exactly one of them sets the new session's limit and all of them see it.
+TEST(LedgerSession, ConcurrentStartsAgreeOnOneNewLimit) {
+  TempDir tmp;
+  const std::string dir = tmp.ledgers();
+  openSession(dir, "race")->sessionDeviceIndex(kUuidA, 999 * kMiB, nullptr);  // a previous session
+  constexpr int kProcs = 8;
+  struct Seen {
+    std::atomic<int> go{0};
+    std::atomic<int> resolved{0};
+    std::atomic<uint64_t> limit[kProcs];
+  };
+  Seen* sh = sharedObject<Seen>();
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kProcs; ++i)
+    pids.push_back(spawn([&, i]() {
+      while (sh->go.load() == 0) std::this_thread::yield();
+      auto l = openSession(dir, "race");
+      if (!l) return 1;
+      sh->limit[i].store(sessionLimit(*l, (i + 1) * kMiB));
+      sh->resolved.fetch_add(1);
+      while (sh->resolved.load() < kProcs) std::this_thread::yield();  // all alive till all resolved
+      return 0;
+    }));
+  sh->go.store(1);
+  for (pid_t p : pids) EXPECT_EQ(waitExit(p), 0);
+  const uint64_t first = sh->limit[0].load();
+  EXPECT_GE(first, kMiB);
+  EXPECT_LE(first, kProcs * kMiB) << "the previous session's limit stuck, or a pending limit was read";
+  for (int i = 0; i < kProcs; ++i) EXPECT_EQ(sh->limit[i].load(), first) << "process " << i;
+  freeShared(sh);
 }
 
 struct ForkShared {

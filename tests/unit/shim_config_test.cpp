@@ -370,6 +370,34 @@ TEST(MemoryLimitResolve, FormatGpuUuidMatchesTheParsedForm) {
   EXPECT_EQ(parseOk(formatGpuUuid(bytes) + "=1G").entries[0].uuid, kUuidB);
 }
 
+// An NVML-only process resolves one device by UUID; ordinals cannot be matched without CUDA.
+TEST(MemoryLimitOfUuid, ResolvesByUuidAndFailsClosedOnOrdinals) {
+  uint64_t l = 0;
+  std::string err;
+  EXPECT_TRUE(memoryLimitOfUuid(parseOk("8GiB"), kUuidB, &l, &err));
+  EXPECT_EQ(l, 8 * kGiB);
+  EXPECT_TRUE(memoryLimitOfUuid(MemoryLimitSpec{}, kUuidB, &l, &err));
+  EXPECT_EQ(l, kUnlimited);
+  EXPECT_TRUE(memoryLimitOfUuid(parseOk(std::string(kUuidB) + "=1GiB"), kUuidB, &l, &err));
+  EXPECT_EQ(l, kGiB);
+  EXPECT_TRUE(memoryLimitOfUuid(parseOk(std::string(kUuidA) + "=1GiB"), kUuidB, &l, &err));
+  EXPECT_EQ(l, kUnlimited) << "a device the list does not name has no limit";
+  EXPECT_TRUE(memoryLimitOfUuid(parseOk("0=2GiB," + std::string(kUuidB) + "=1GiB"), kUuidB, &l, &err));
+  EXPECT_EQ(l, kGiB) << "named by UUID: the ordinals do not matter";
+  EXPECT_FALSE(memoryLimitOfUuid(parseOk("0=2GiB"), kUuidB, &l, &err));
+  EXPECT_NE(err.find("names devices by ordinal"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos);
+}
+
+TEST(MemoryLimitOfUuid, ParseGpuUuidBytesIsTheReverseOfFormat) {
+  unsigned char bytes[16] = {};
+  ASSERT_TRUE(parseGpuUuidBytes("GPU-5E1A90C0-0001-4000-8000-0000000000AB", bytes));
+  EXPECT_EQ(formatGpuUuid(bytes), kUuidB);
+  EXPECT_FALSE(parseGpuUuidBytes("GPU-5e1a90c0-0001-4000-8000-0000000000a", bytes));
+  EXPECT_FALSE(parseGpuUuidBytes("MIG-5e1a90c0-0001-4000-8000-0000000000ab", bytes));
+  EXPECT_FALSE(parseGpuUuidBytes("GPU-5e1a90c000014000-8000-0000000000ab--", bytes));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The whole configuration
 
@@ -523,6 +551,17 @@ TEST(ShimConfig, LogLevel) {
   EXPECT_NE(e.find("did you mean 'warn'?"), std::string::npos) << e;
   e = loadError("CUSHARE_LOG_LEVEL", "warning");
   EXPECT_NE(e.find("'warning' is not one of"), std::string::npos) << e;
+}
+
+TEST(ShimConfig, RequireBroker) {
+  ShimConfig c;
+  EXPECT_FALSE(c.requireBroker);
+  EXPECT_EQ(loadError("CUSHARE_REQUIRE_BROKER", "1", &c), "");
+  EXPECT_TRUE(c.requireBroker);
+  EXPECT_EQ(loadError("CUSHARE_REQUIRE_BROKER", "0", &c), "");
+  EXPECT_FALSE(c.requireBroker);
+  for (const char* bad : {"yes", "true", "", " 1", "2"})
+    EXPECT_NE(loadError("CUSHARE_REQUIRE_BROKER", bad).find("invalid CUSHARE_REQUIRE_BROKER"), std::string::npos) << bad;
 }
 
 TEST(ShimConfig, ErrorIsOneLineEvenForHostileValues) {

@@ -44,6 +44,13 @@ struct LedgerOpenOptions {
   // The file's name in the directory; empty: "<tenant>.ledger". The broker keeps a removed
   // tenant's ledger under another name while its processes run.
   std::string fileName;
+  // Standalone shim: the limits come from the tenant's environment, per session. A process that
+  // finds no other live process of the tenant when it claims its slot (under the file's flock,
+  // dead ones reaped first) starts a new session: every device entry's limit becomes
+  // kLedgerLimitPending, and sessionDeviceIndex() sets it from the first process that resolves
+  // the device. So a limit raised in the environment applies once every process of the tenant has
+  // exited, and never while one still runs.
+  bool renewLimits = false;
 };
 
 class Ledger {
@@ -66,7 +73,14 @@ class Ledger {
   // The entry of the device with this UUID, added (under flock) with limitIfNew if missing.
   // Returns -1 with *err set if all kLedgerMaxDevices entries are taken.
   int deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err) noexcept;
-  uint64_t limit(int dev) const noexcept;  // kLedgerNoLimit: none
+  // Standalone (see LedgerOpenOptions::renewLimits): as deviceIndex, and an entry whose limit is
+  // kLedgerLimitPending gets `limit` (under flock: the first process of a session to resolve the
+  // device sets it; later ones find it set).
+  int sessionDeviceIndex(const uint8_t uuid[16], uint64_t limit, std::string* err) noexcept;
+  uint64_t limit(int dev) const noexcept {  // kLedgerNoLimit: none
+    if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
+    return hdr_->devices[dev].limit.load(std::memory_order_acquire);
+  }
   void setLimit(int dev, uint64_t bytes) noexcept;
 
   // Reserves bytes on dev for this process if everything the tenant holds stays <= limit.
@@ -77,7 +91,17 @@ class Ledger {
   void release(int dev, uint64_t bytes) noexcept;
 
   // What all slots hold on dev, in-flight intents and not-yet-reaped dead processes included.
-  uint64_t used(int dev) const noexcept;
+  // Inline, as limit(): both are on the hot path of the shim's hooks.
+  uint64_t used(int dev) const noexcept {
+    return static_cast<uint32_t>(dev) < kLedgerMaxDevices ? sumUsed(dev) : 0;
+  }
+  // What this process's own slot holds on dev (0 before it has a slot): used(dev) minus this is
+  // what the tenant's other processes, live or dead, hold.
+  uint64_t usedHere(int dev) const noexcept {
+    const int s = slot_.load(std::memory_order_acquire);
+    if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices || s < 0) return 0;
+    return usedAt(dev, s).load(std::memory_order_seq_cst);
+  }
   uint64_t peak(int dev) const noexcept;
   uint64_t denied(int dev) const noexcept;
 
@@ -125,8 +149,19 @@ class Ledger {
   std::atomic<uint64_t>& usedAt(int dev, int slot) const noexcept {
     return used_[static_cast<size_t>(dev) * kLedgerMaxSlots + static_cast<size_t>(slot)];
   }
-  uint32_t slotHwm() const noexcept;
-  uint64_t sumUsed(int dev) const noexcept;
+  uint32_t slotHwm() const noexcept {
+    // Clamped: the file is writable by every process of the tenant; never index past the table.
+    const uint32_t hwm = hdr_->slot_hwm.load(std::memory_order_seq_cst);
+    return hwm < kLedgerMaxSlots ? hwm : kLedgerMaxSlots;
+  }
+  uint64_t sumUsed(int dev) const noexcept {  // saturating
+    const uint32_t hwm = slotHwm();
+    const std::atomic<uint64_t>* row = &usedAt(dev, 0);
+    uint64_t sum = 0;
+    for (uint32_t s = 0; s < hwm; ++s)
+      if (__builtin_add_overflow(sum, row[s].load(std::memory_order_seq_cst), &sum)) return UINT64_MAX;
+    return sum;
+  }
   bool announceAndValidate(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept;
   bool reserveSlow(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept;
 
@@ -137,7 +172,10 @@ class Ledger {
   int ensureSlotLocked(std::string* err) noexcept;  // opens fd_ and claims a slot if needed
   bool ensureFdLocked(std::string* err) noexcept;   // opens fd_ if needed (a forked child)
   int claimSlotLocked(std::string* err) noexcept;
-  int reapDeadLocked() noexcept;
+  // *othersAlive (optional): whether any other slot's owner is alive (every slot below slot_hwm
+  // is tried, not only the occupied ones).
+  int reapDeadLocked(bool* othersAlive = nullptr) noexcept;
+  int deviceIndexImpl(const uint8_t uuid[16], uint64_t limit, bool fillPending, std::string* err) noexcept;
   void forgetParentSlot() noexcept;  // in a forked child, from the atfork handler
 
   static void onForkPrepare() noexcept;

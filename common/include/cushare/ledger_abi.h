@@ -36,6 +36,11 @@ inline constexpr int64_t kLedgerSlotLockBase = int64_t{1} << 20;
 inline constexpr int64_t kLedgerSlotPidLockBase = kLedgerSlotLockBase + kLedgerMaxSlots;
 
 inline constexpr uint64_t kLedgerNoLimit = UINT64_MAX;  // LedgerDevice::limit: no limit
+// LedgerDevice::limit in a standalone ledger (no broker): a new session of the tenant began (its
+// first live process opened the ledger) and the first process that resolves the device sets the
+// limit from its environment. Zero, so that any reader that did not resolve it is denied, never
+// unlimited. A broker's ledger never holds it with this meaning (there 0 is a limit of 0 bytes).
+inline constexpr uint64_t kLedgerLimitPending = 0;
 
 // LedgerDevice::state
 inline constexpr uint32_t kLedgerDeviceFree = 0;
@@ -47,7 +52,7 @@ inline constexpr uint32_t kLedgerDeviceReady = 2;  // 1 is reserved (never writt
 struct LedgerDevice {
   uint8_t uuid[16];              // written before state becomes ready, constant afterwards
   std::atomic<uint64_t> limit;   // bytes; kLedgerNoLimit = none. The broker may change it live
-  std::atomic<uint64_t> peak;    // highest sum a successful reservation observed (<= its limit)
+  std::atomic<uint64_t> peak;    // highest sum a granted reservation observed, never > limit
   std::atomic<uint64_t> denied;  // reservations refused
   std::atomic<uint32_t> state;   // kLedgerDeviceFree or kLedgerDeviceReady
   uint32_t reserved0;

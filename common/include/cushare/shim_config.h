@@ -48,6 +48,9 @@ struct ShimConfig {
   Priority priority = Priority::kNormal;
   std::string ledgerDir = "/dev/shm/cushare";
   LogLevel logLevel = LogLevel::kWarn;
+  // CUSHARE_REQUIRE_BROKER=1: refuse to run standalone (no broker's host segment in ledgerDir),
+  // e.g. because the ledger directory was not mounted or its name is misspelt.
+  bool requireBroker = false;
 };
 
 inline constexpr uint64_t kUnlimited = UINT64_MAX;
@@ -70,6 +73,13 @@ bool resolveMemoryLimits(const MemoryLimitSpec& spec, int deviceCount,
                          const std::function<bool(int, std::string*)>& uuidOf,
                          std::vector<uint64_t>* limits, std::string* error);
 
+// The limit of one device named by its UUID ("GPU-<lower-case hex>"), for a process that sees its
+// devices through NVML only (no cuInit, so no CUDA ordinals): kUnlimited where the spec does not
+// name it. Fails closed, with *error set to one line, when the spec names devices by ordinal and
+// not this one by UUID: ordinals are CUDA's numbering, which NVML cannot reproduce.
+bool memoryLimitOfUuid(const MemoryLimitSpec& spec, const std::string& uuid, uint64_t* limit,
+                       std::string* error);
+
 // Parsers of single values, shared with the broker. Each returns false with *reason set to a
 // specific reason that quotes the offending part (without the "cushare: invalid ..." prefix).
 bool parseMemoryLimit(std::string_view text, MemoryLimitSpec* out, std::string* reason);
@@ -78,18 +88,22 @@ bool parseThreadPercentage(std::string_view text, int* out, std::string* reason)
 bool parsePriority(std::string_view text, Priority* out, std::string* reason);
 bool parseLedgerDir(std::string_view text, std::string* out, std::string* reason);
 bool parseLogLevel(std::string_view text, LogLevel* out, std::string* reason);
+bool parseRequireBroker(std::string_view text, bool* out, std::string* reason);  // "1" or "0"
 
 // Every variable loadShimConfig reads. isShimVariable lets the shim find a misspelt CUSHARE_*
 // name in the environment (a typo such as CUSHARE_MEMORY_LIMT would otherwise mean no limit).
 inline constexpr const char* kShimVariables[] = {
     "CUSHARE_TENANT",   "CUSHARE_MEMORY_LIMIT", "CUSHARE_THREAD_PERCENTAGE",
     "CUSHARE_PRIORITY", "CUSHARE_LEDGER_DIR",   "CUSHARE_LOG_LEVEL",
+    "CUSHARE_REQUIRE_BROKER",
 };
 bool isShimVariable(std::string_view name);
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" in lower case, from the 16 bytes of a CUuuid or an
 // NVML UUID, as nvidia-smi prints it.
 std::string formatGpuUuid(const unsigned char bytes[16]);
+// The reverse: "GPU-" and 32 hex digits grouped 8-4-4-4-12, any case, to 16 bytes.
+bool parseGpuUuidBytes(std::string_view text, unsigned char bytes[16]);
 
 const char* priorityName(Priority p);  // "high", "normal", "low"
 const char* logLevelName(LogLevel l);  // "error", "warn", "info", "debug", "trace"

@@ -1,0 +1,48 @@
+// The part of NVIDIA's NVML API that the shim and the broker use, declared here so that the
+// product depends on NVML's ABI only, never on simgpu (its test double) or on an nvml.h the build
+// machine may lack. Names, values and layouts are NVIDIA's (NVML API version 12, from the public
+// documentation); both take NVML's entry points with dlsym, so no function is declared.
+//
+// Rules: add only what cushare calls; keep every value and layout exactly NVIDIA's (they are the
+// ABI of the libnvidia-ml.so.1 loaded at run time). A translation unit that already has NVIDIA's
+// header or simgpu's (tests) gets theirs: the declarations below are then skipped.
+#pragma once
+
+#if !defined(__nvml_nvml_h__) && !defined(SIMGPU_NVML_H)
+
+extern "C" {
+
+typedef enum nvmlReturn_enum {
+  NVML_SUCCESS = 0,
+  NVML_ERROR_UNINITIALIZED = 1,
+  NVML_ERROR_INVALID_ARGUMENT = 2,
+  NVML_ERROR_NOT_SUPPORTED = 3,
+  NVML_ERROR_NOT_FOUND = 6,
+  NVML_ERROR_INSUFFICIENT_SIZE = 7,
+  NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+  NVML_ERROR_UNKNOWN = 999
+} nvmlReturn_t;
+
+#define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
+
+typedef struct nvmlDevice_st* nvmlDevice_t;
+
+// total = free + used
+typedef struct nvmlMemory_st {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+} nvmlMemory_t;
+
+// version must be nvmlMemory_v2 (sizeof | 2 << 24)
+typedef struct nvmlMemory_v2_st {
+  unsigned int version;
+  unsigned long long total;
+  unsigned long long reserved;
+  unsigned long long free;
+  unsigned long long used;
+} nvmlMemory_v2_t;
+
+}  // extern "C"
+
+#endif

@@ -2,14 +2,18 @@
 #include "core/broker.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <set>
 
 #include "core/bus_guard.h"
 #include "core/devices.h"
@@ -22,8 +26,61 @@ namespace {
 
 constexpr char kLedgerSuffix[] = ".ledger";
 constexpr char kRemovedSuffix[] = ".removed";  // a removed tenant's ledger while its processes run
+// A former ledger renamed away because another user owned it: "<name>.ledger.replaced.<n>".
+constexpr char kReplacedInfix[] = ".replaced.";
+constexpr int kMaxReplaced = 64;  // former ledgers of one tenant alive at a time
 
 std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+std::string octal(unsigned mode) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%04o", mode);
+  return b;
+}
+
+std::string dirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+// Refuses a place whose directories would let another user replace what the broker keeps there.
+// Every existing directory above path must belong to root or the broker's user and may be
+// writable by others only with the sticky bit (like /dev/shm or /tmp); with strict, the directory
+// holding path may not be writable by others at all (in a sticky one, another user could create
+// the name first). Directories still missing are created by the broker itself.
+bool checkParents(const std::string& path, const std::string& what, bool strict, std::string* err) {
+  const std::string holder = dirOf(path);
+  for (size_t i = 1; i <= holder.size(); ++i) {
+    if (i < holder.size() && holder[i] != '/') continue;
+    const std::string d = i == 1 && holder.size() == 1 ? "/" : holder.substr(0, i);
+    struct stat st;
+    if (::stat(d.c_str(), &st) != 0) {
+      if (errno == ENOENT) return true;  // created by the broker, below
+      *err = sysErr("cannot access " + d + " (above " + what + " " + path + ")");
+      return false;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      *err = what + " " + path + " cannot be created: " + d + " is not a directory";
+      return false;
+    }
+    const bool others = (st.st_mode & 022) != 0;
+    std::string why;
+    if (st.st_uid != 0 && st.st_uid != ::geteuid())
+      why = "belongs to uid " + std::to_string(st.st_uid);
+    else if (others && (d == holder && strict))
+      why = "is writable by other users (mode " + octal(st.st_mode & 07777) + ")";
+    else if (others && (st.st_mode & S_ISVTX) == 0)
+      why = "is writable by other users without the sticky bit (mode " + octal(st.st_mode & 07777) + ")";
+    if (!why.empty()) {
+      *err = what + " " + path + " refused: the directory " + d + " " + why +
+             ", so another user could replace it; use a directory only root or the broker's user can write "
+             "(e.g. under /run/cushare, mode 0755)";
+      return false;
+    }
+    if (d == holder) break;
+  }
+  return true;
+}
 
 std::string describeLimit(uint64_t v) { return v == kNoLimit ? "none" : formatSize(v); }
 
@@ -38,6 +95,16 @@ bool makeParents(const std::string& path, std::string* err) {
     }
   }
   return true;
+}
+
+// How the broker opens a ledger it did not create: an observer (no slot), never creating anything.
+LedgerOpenOptions observing(const std::string& fileName) {
+  LedgerOpenOptions o;
+  o.createDir = false;
+  o.createFile = false;
+  o.claimSlot = false;
+  o.fileName = fileName;
+  return o;
 }
 
 // The settings of a tenant admitted under the unknown-tenant profile.
@@ -99,9 +166,18 @@ bool Broker::limitsFor(const Config& c, const MemorySpec& spec, std::vector<uint
 }
 
 uint64_t Broker::expectedLocked(const TenantState& t, size_t device) const {
+  uint64_t v = t.configured[device];
   if (auto it = overrides_.find(t.name); it != overrides_.end())
-    if (auto d = it->second.find(devices_[device].uuid); d != it->second.end()) return d->second;
-  return t.configured[device];
+    if (auto d = it->second.find(devices_[device].uuid); d != it->second.end()) v = d->second;
+  return device < t.ceiling.size() ? std::min(v, t.ceiling[device]) : v;
+}
+
+uint64_t Broker::ledgerLimitLocked(const TenantState& t, size_t device) const {
+  const uint64_t v = expectedLocked(t, device);
+  if (v == kNoLimit) return v;
+  uint64_t charged = 0;
+  for (const TenantState::Shadow& sh : t.shadows) charged += sh.charge[device];
+  return charged >= v ? 0 : v - charged;
 }
 
 std::map<std::string, std::vector<uint64_t>> Broker::effectiveLimitsLocked(
@@ -119,20 +195,52 @@ std::map<std::string, std::vector<uint64_t>> Broker::effectiveLimitsLocked(
 
 // The configuration checks the configured limits; live overrides must fit beside them too.
 bool Broker::checkEffective(const Config& c, const std::map<std::string, std::vector<uint64_t>>& limits,
-                            std::string* err) const {
+                            const std::vector<uint64_t>& unknown, std::string* err) const {
   for (size_t d = 0; d < devices_.size(); ++d) {
     unsigned __int128 sum = 0;
     for (const Tenant& t : c.tenants) {
       const uint64_t v = limits.at(t.name)[d];
       if (v != kNoLimit) sum += v;
     }
+    // The unknown tenants' pool (checkAgainstDevices refuses a profile without a limit).
+    if (!c.unknownTenantsProfile.empty() && unknown[d] != kNoLimit)
+      sum += static_cast<unsigned __int128>(unknown[d]) * c.maxUnknownTenants;
     if (sum > devices_[d].totalBytes) {
       *err = "the limits on device " + std::to_string(d) + " (" + devices_[d].uuid + ") would add up to " +
              formatSize(static_cast<uint64_t>(std::min<unsigned __int128>(sum, UINT64_MAX))) +
              ", more than its " + formatSize(devices_[d].totalBytes) +
-             " (live limits set with cushare set-limit count too; see cushare tenants)";
+             " (live limits set with cushare set-limit count too, and the unknown tenants' pool; see cushare tenants)";
       return false;
     }
+  }
+  return true;
+}
+
+bool Broker::checkPlaces(const Config& c, std::string* err) const {
+  const std::string& dir = c.ledgerDir;
+  if (!checkParents(dir, "ledger_dir", /*strict=*/false, err) ||
+      !checkParents(c.stateFile, "state_file", /*strict=*/true, err) ||
+      !checkParents(c.socket, "socket", /*strict=*/true, err))
+    return false;
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) == 0) {
+    // Another user's (whatever it is) is moved aside at start; the broker's own must be a directory.
+    if (st.st_uid == ::geteuid() && !S_ISDIR(st.st_mode)) {
+      *err = "ledger_dir " + dir + " is not a directory";
+      return false;
+    }
+    return true;
+  }
+  // Missing: the nearest existing directory above it must let the broker create it.
+  std::string above = dirOf(dir);
+  while (::stat(above.c_str(), &st) != 0 && errno == ENOENT && above != "/") above = dirOf(above);
+  if (::stat(above.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *err = "ledger_dir " + dir + " cannot be created: " + above + " is not a directory";
+    return false;
+  }
+  if (::faccessat(AT_FDCWD, above.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+    *err = sysErr("ledger_dir " + dir + " cannot be created in " + above);
+    return false;
   }
   return true;
 }
@@ -149,14 +257,33 @@ bool Broker::prepareDirectory(const Config& c, std::string* err) {
     *err = sysErr("cannot access ledger_dir " + dir);
     return false;
   }
-  if (!S_ISDIR(st.st_mode)) {
-    *err = "ledger_dir " + dir + " is not a directory";
-    return false;
-  }
   if (st.st_uid != ::geteuid()) {
-    *err = "ledger_dir " + dir + " belongs to uid " + std::to_string(st.st_uid) +
-           ", not to the broker's user (uid " + std::to_string(::geteuid()) +
-           "): tenants could replace the ledgers; remove it or give it to the broker's user";
+    // Created by someone else before the broker (a tenant, a standalone shim): tenants could
+    // replace the ledgers in it. Swapped atomically with a fresh directory of the broker's, never
+    // entered, followed or read; what it holds stays, unread, under the other name.
+    std::string aside = dir + ".untrusted-XXXXXX";
+    const bool made = ::mkdtemp(aside.data()) != nullptr;
+    const bool swapped = made && ::renameat2(AT_FDCWD, aside.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0;
+    const int e = errno;
+    if (!swapped) {
+      if (made) ::rmdir(aside.c_str());
+      errno = e;
+      *err = sysErr("ledger_dir " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+                    ", not to the broker's user (uid " + std::to_string(::geteuid()) +
+                    "), and could not be moved aside") +
+             "; move it away yourself (mv " + dir + " " + dir + ".old) and start the broker again";
+      return false;
+    }
+    CUSHARE_BLOG(warn, "ledger_dir {} belonged to uid {} (created before the broker by someone else): moved "
+                 "aside, unread, to {}; a fresh one is used (remove the old one when you have looked at it)",
+                 dir, st.st_uid, aside);
+    if (::lstat(dir.c_str(), &st) != 0) {
+      *err = sysErr("cannot access ledger_dir " + dir);
+      return false;
+    }
+  }
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+    *err = "ledger_dir " + dir + " is not a directory of the broker's user";
     return false;
   }
   // 0711 until the host segment is written (start() then opens it to unknown tenants if
@@ -166,7 +293,19 @@ bool Broker::prepareDirectory(const Config& c, std::string* err) {
     *err = sysErr("cannot set the mode of ledger_dir " + dir);
     return false;
   }
-  return makeParents(c.stateFile, err);
+  if (!makeParents(c.stateFile, err) || !makeParents(c.socket, err)) return false;
+  // Checked again now that every directory exists: one created by someone else meanwhile is refused.
+  return checkPlaces(c, err);
+}
+
+bool Broker::loadStateFor(const Config& c, BrokerState* s, std::string* err) const {
+  if (!loadState(c.stateFile, s, err)) return false;
+  if (!s->ledgerDir.empty() && s->ledgerDir != c.ledgerDir) {
+    *err = "state_file " + c.stateFile + " belongs to the broker of ledger_dir " + s->ledgerDir + ", not " +
+           c.ledgerDir + ": its live limits are not this broker's; give this broker a state_file of its own";
+    return false;
+  }
+  return true;
 }
 
 void Broker::openLedgerLocked(TenantState* t) {
@@ -178,8 +317,10 @@ void Broker::openLedgerLocked(TenantState* t) {
     // A link or anything else planted under a ledger's name: never follow or reuse it.
     CUSHARE_BLOG(warn, "tenant {}: {} is not a regular file: removing it", t->name, path);
     ::unlink(path.c_str());
-  } else if (!exists && ::lstat(removed.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-    // A tenant removed earlier is configured again: its running processes' ledger comes back.
+  } else if (!exists && ::lstat(removed.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+             keptFileLocked(t->name, name + kRemovedSuffix, st)) {
+    // A tenant removed earlier is configured again: its running processes' ledger comes back
+    // (only the file the broker renamed itself, as the state file recorded it).
     ::rename(removed.c_str(), path.c_str());
   }
   LedgerOpenOptions o;
@@ -195,12 +336,26 @@ void Broker::openLedgerLocked(TenantState* t) {
 }
 
 // Gives a configured tenant's ledger the owner and mode of the configuration, through the broker's
-// own descriptor. A file someone else created first (another user, with unknown tenants admitted)
-// or that belonged to the tenant's former uid is taken over, not replaced: processes that had it
-// open stay in the tenant's accounting instead of getting a second budget.
+// own descriptor. A file another user owns (created first while unknown tenants are admitted, or
+// under the tenant's former uid) is not handed over, since its creator keeps a writable descriptor:
+// it is renamed away (its processes stay charged to the tenant, see supersedeLocked) and a fresh
+// ledger takes its name.
 void Broker::ownLocked(TenantState* t) {
   if (!t->ledger) return;
-  const int uid = t->config.uid ? static_cast<int>(*t->config.uid) : static_cast<int>(::geteuid());
+  const uid_t want = t->config.uid ? static_cast<uid_t>(*t->config.uid) : ::geteuid();
+  struct stat st;
+  // Bounded: another user may create the name again between the rename and the creation.
+  for (int attempt = 0; t->ledger && t->ledger->fileStat(&st) && st.st_uid != want; ++attempt) {
+    if (attempt == 3) {
+      t->ledger.reset();
+      noteError(t, "its ledger " + ledgerDir_ + "/" + t->fileName + " keeps being created by uid " +
+                       std::to_string(st.st_uid) + " instead of the tenant's user; it is tried again at the next scan");
+      return;
+    }
+    supersedeLocked(t, st.st_uid);
+  }
+  if (!t->ledger) return;
+  const int uid = static_cast<int>(want);
   const int gid = t->config.gid ? static_cast<int>(*t->config.gid) : -1;
   bool changed = false;
   std::string err;
@@ -210,8 +365,94 @@ void Broker::ownLocked(TenantState* t) {
     return;
   }
   if (changed)
-    CUSHARE_BLOG(warn, "tenant {}: {} given to uid {}{} (it had another owner or mode)", t->name,
-                 t->ledger->path(), uid, gid >= 0 ? " gid " + std::to_string(gid) : "");
+    CUSHARE_BLOG(warn, "tenant {}: {} given group {} and mode {} (it had another group or mode)", t->name,
+                 t->ledger->path(), gid, t->config.gid ? "0660" : "0600");
+}
+
+void Broker::supersedeLocked(TenantState* t, uid_t foundOwner) {
+  const std::string path = ledgerDir_ + "/" + t->fileName;
+  std::string aside;
+  int renameErrno = 0;
+  for (int k = 1; k <= kMaxReplaced; ++k) {
+    const std::string name = t->name + kLedgerSuffix + kReplacedInfix + std::to_string(k);
+    bool used = false;
+    for (const TenantState::Shadow& sh : t->shadows) used = used || sh.fileName == name;
+    if (used) continue;
+    if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, (ledgerDir_ + "/" + name).c_str(), RENAME_NOREPLACE) == 0) {
+      aside = name;
+      break;
+    }
+    renameErrno = errno;
+    if (errno != EEXIST) break;
+  }
+  if (aside.empty()) {
+    t->ledger.reset();
+    errno = renameErrno;
+    noteError(t, sysErr("its ledger " + path + " belongs to uid " + std::to_string(foundOwner) +
+                        " and cannot be moved aside") + "; it is tried again at the next scan");
+    return;
+  }
+  CUSHARE_BLOG(warn, "tenant {}: {} belonged to uid {}, not the tenant's user: renamed to {} and replaced by a "
+               "fresh ledger; what its processes hold counts against the tenant until they exit",
+               t->name, path, foundOwner, aside);
+  attachShadowLocked(t, std::move(t->ledger), aside);
+  stateDirty_ = true;
+  openLedgerLocked(t);
+}
+
+void Broker::attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const std::string& fileName) {
+  TenantState::Shadow sh;
+  sh.fileName = fileName;
+  sh.charge.assign(devices_.size(), 0);
+  // What its processes hold now, at most the tenant's whole limit; from now on they cannot grow:
+  // every device entry gets that as its limit (a device they have not used yet gets 0).
+  const bool ok = guarded([&] {
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      uint8_t uuid[16];
+      parseGpuUuid(devices_[d].uuid, uuid);
+      std::string err;
+      const int e = l->deviceIndex(uuid, 0, &err);
+      if (e < 0) continue;
+      sh.charge[d] = std::min(l->used(e), expectedLocked(*t, d));
+      l->setLimit(e, sh.charge[d]);
+    }
+  });
+  if (!ok) {
+    // Unreadable (truncated by its creator): its processes lose their mapping's backing anyway.
+    CUSHARE_BLOG(warn, "tenant {}: its former ledger {} is unreadable; not charged", t->name, fileName);
+    return;
+  }
+  sh.ledger = std::move(l);
+  t->shadows.push_back(std::move(sh));
+}
+
+// Each tick: what a former ledger's processes hold only shrinks (charge and limit follow it down);
+// once its last process is gone it is deleted and no longer charged.
+void Broker::watchShadowsLocked(TenantState* t) {
+  for (auto it = t->shadows.begin(); it != t->shadows.end();) {
+    TenantState::Shadow& sh = *it;
+    bool empty = false;
+    const bool ok = guarded([&] {
+      sh.ledger->reapDead();
+      empty = sh.ledger->slots().empty();
+      for (size_t d = 0; d < devices_.size() && !empty; ++d) {
+        uint8_t uuid[16];
+        parseGpuUuid(devices_[d].uuid, uuid);
+        const int e = sh.ledger->findDevice(uuid);
+        sh.charge[d] = std::min(sh.charge[d], e >= 0 ? sh.ledger->used(e) : 0);
+        if (e >= 0 && sh.ledger->limit(e) != sh.charge[d]) sh.ledger->setLimit(e, sh.charge[d]);
+      }
+    });
+    if (ok && !empty) {
+      ++it;
+      continue;
+    }
+    CUSHARE_BLOG(info, "tenant {}: former ledger {} {}", t->name, sh.fileName,
+                 ok ? "has no process left: deleted, no longer charged" : "became unreadable: no longer charged");
+    if (ok) ::unlink((ledgerDir_ + "/" + sh.fileName).c_str());
+    it = t->shadows.erase(it);
+    stateDirty_ = true;
+  }
 }
 
 void Broker::noteError(TenantState* t, const std::string& err) {
@@ -225,7 +466,7 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   t->entry.assign(devices_.size(), -1);
   const bool ok = guarded([&] {
     for (size_t d = 0; d < devices_.size(); ++d) {
-      const uint64_t want = expectedLocked(*t, d);
+      const uint64_t want = ledgerLimitLocked(*t, d);
       // Looked up each time, not cached: a tenant may rewrite its entries (the UUID included).
       uint8_t uuid[16];
       parseGpuUuid(devices_[d].uuid, uuid);
@@ -256,38 +497,103 @@ void Broker::faultLocked(TenantState* t) {
   noteError(t, "its ledger " + ledgerDir_ + "/" + t->fileName +
                    " became unreadable (truncated by a process of the tenant?); it is opened again at the next scan");
 }
-bool Broker::writeHostLocked(std::string* err) {
+bool Broker::writeHostLocked(std::string* err) { return writeHostFor(config_, unknownLimits_, generation_, err); }
+
+bool Broker::writeHostFor(const Config& c, const std::vector<uint64_t>& unknown, uint64_t generation,
+                          std::string* err) const {
   HostInfo h;
   h.brokerPid = static_cast<uint32_t>(::getpid());
-  h.configGeneration = generation_;
-  h.profileForUnknown = !config_.unknownTenantsProfile.empty();
-  h.unknownProfile = config_.unknownTenantsProfile;
+  h.configGeneration = generation;
+  h.profileForUnknown = !c.unknownTenantsProfile.empty();
+  h.unknownProfile = c.unknownTenantsProfile;
   for (size_t d = 0; d < devices_.size(); ++d) {
     HostDevice hd;
     parseGpuUuid(devices_[d].uuid, hd.uuid);
     hd.capacity = devices_[d].totalBytes;
-    hd.unknownLimit = h.profileForUnknown ? unknownLimits_[d] : 0;
+    hd.unknownLimit = h.profileForUnknown ? unknown[d] : 0;
     h.devices.push_back(hd);
   }
   return writeHostSegment(ledgerDir_, h, err);
 }
 
-void Broker::adoptLocked(const std::string& name, const std::string& fileName) {
+bool Broker::keptFileLocked(const std::string& tenant, const std::string& file, const struct stat& st) const {
+  for (const KeptFile& f : state_.files)
+    if (f.tenant == tenant && f.file == file && f.dev == static_cast<uint64_t>(st.st_dev) &&
+        f.ino == static_cast<uint64_t>(st.st_ino))
+      return true;
+  return false;
+}
+
+void Broker::ceilingFromRecordLocked(TenantState* t, bool required) {
+  const auto rec = state_.last.find(t->name);
+  const bool have = rec != state_.last.end();
+  if (!have && !required) return;
+  t->ceiling.assign(devices_.size(), kNoLimit);
+  const bool ok = guarded([&] {
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      uint64_t last = kNoLimit;
+      bool known = false;
+      if (have)
+        if (auto v = rec->second.find(devices_[d].uuid); v != rec->second.end()) last = v->second, known = true;
+      uint8_t uuid[16];
+      parseGpuUuid(devices_[d].uuid, uuid);
+      const int e = t->ledger->findDevice(uuid);
+      // No record and no entry: nothing says what it may have there, so nothing.
+      const uint64_t now = e >= 0 ? t->ledger->limit(e) : known ? last : 0;
+      t->ceiling[d] = std::min(last, now);
+    }
+  });
+  if (!ok) faultLocked(t);
+}
+
+void Broker::refuseUnknownLocked(const std::string& name, const std::string& file, const struct stat& st,
+                                 const std::string& why) {
+  refused_[file] = static_cast<uint64_t>(st.st_ino);
+  ++unknownRefused_;
+  CUSHARE_BLOG(warn, "ledger {} (uid {}): refused, {}; not adopted (its processes get no memory) until the "
+               "file is removed", file, st.st_uid, why);
+  if (file != name + kLedgerSuffix) return;
+  // The shim created it with the unknown-tenant profile's limit: set every device to 0, once,
+  // through a descriptor held only for this.
+  std::string err;
+  auto l = Ledger::open(ledgerDir_, name, observing(file), &err);
+  if (!l) return;
+  guarded([&] {
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      uint8_t uuid[16];
+      parseGpuUuid(devices_[d].uuid, uuid);
+      const int e = l->deviceIndex(uuid, 0, &err);
+      if (e >= 0) l->setLimit(e, 0);
+    }
+  });
+}
+
+void Broker::adoptLocked(const std::string& name, const std::string& fileName, const struct stat& st) {
+  const bool removedFile = fileName != name + kLedgerSuffix;
+  const bool admitted = !config_.unknownTenantsProfile.empty() && !removedFile;
+  if (admitted) {
+    uint32_t all = 0, mine = 0;
+    for (const auto& [n, t] : tenants_) {
+      if (t->source != "unknown-tenant") continue;
+      ++all;
+      mine += t->owner == st.st_uid ? 1 : 0;
+    }
+    if (all >= config_.maxUnknownTenants)
+      return refuseUnknownLocked(name, fileName, st, "max_unknown_tenants (" + std::to_string(config_.maxUnknownTenants) + ") reached");
+    if (mine >= config_.maxUnknownTenantsPerUid)
+      return refuseUnknownLocked(name, fileName, st, "max_unknown_tenants_per_uid (" +
+                                 std::to_string(config_.maxUnknownTenantsPerUid) + ") reached for uid " +
+                                 std::to_string(st.st_uid));
+  }
   auto t = std::make_unique<TenantState>();
   t->name = name;
   t->fileName = fileName;
-  const bool removedFile = fileName != name + kLedgerSuffix;
-  const bool admitted = !config_.unknownTenantsProfile.empty() && !removedFile;
+  t->owner = st.st_uid;
   t->source = admitted ? "unknown-tenant" : "removed";
   t->configured = admitted ? unknownLimits_ : std::vector<uint64_t>(devices_.size(), kNoLimit);
   if (admitted) t->config = unknownTenantConfig(config_, name);
-  LedgerOpenOptions o;
-  o.createDir = false;
-  o.createFile = false;
-  o.claimSlot = false;
-  o.fileName = fileName;
   std::string err;
-  t->ledger = Ledger::open(ledgerDir_, name, o, &err);
+  t->ledger = Ledger::open(ledgerDir_, name, observing(fileName), &err);
   if (!t->ledger) {
     // Not retried until the file changes name or the broker restarts: logged once.
     if (adoptErrors_[fileName] != err) CUSHARE_BLOG(error, "ledger {}: {}", fileName, err);
@@ -295,14 +601,19 @@ void Broker::adoptLocked(const std::string& name, const std::string& fileName) {
     return;
   }
   adoptErrors_.erase(fileName);
+  // A tenant that left the configuration keeps at most what it last had (the state file's record,
+  // and its ledger's limit); a removed one with neither gets nothing new.
+  ceilingFromRecordLocked(t.get(), /*required=*/!admitted);
+  if (!t->ledger) return;
   if (admitted) {
     CUSHARE_BLOG(info, "tenant {}: adopted (unknown tenant, profile {})", name, config_.unknownTenantsProfile);
-    applyLimitsLocked(t.get());
   } else if (!removedFile) {
     retireLocked(t.get());
   }
+  applyLimitsLocked(t.get());
   tenants_[name] = std::move(t);
 }
+
 void Broker::retireLocked(TenantState* t) {
   if (t->source != "removed")
     CUSHARE_BLOG(info, "tenant {}: removed; its running processes keep their ledger until they exit", t->name);
@@ -310,9 +621,51 @@ void Broker::retireLocked(TenantState* t) {
   // Renamed, not unlinked: new processes are refused (no file by the tenant's name), and if the
   // tenant is configured again the same file, with its running processes, comes back.
   const std::string path = ledgerDir_ + "/" + t->name + kLedgerSuffix;
-  if (t->fileName == t->name + kLedgerSuffix && ::rename(path.c_str(), (path + kRemovedSuffix).c_str()) == 0)
+  if (t->fileName == t->name + kLedgerSuffix && ::rename(path.c_str(), (path + kRemovedSuffix).c_str()) == 0) {
     t->fileName += kRemovedSuffix;
+    stateDirty_ = true;  // a renamed file is trusted again after a restart only if recorded
+  }
 }
+
+BrokerState Broker::stateLocked(const Config& c, const Overrides& o,
+                                const std::map<std::string, std::vector<uint64_t>>& effective) const {
+  BrokerState s;
+  s.ledgerDir = c.ledgerDir;
+  s.limits = o;
+  for (const auto& [name, limits] : effective)
+    for (size_t d = 0; d < devices_.size(); ++d) s.last[name][devices_[d].uuid] = limits[d];
+  for (const auto& [name, t] : tenants_) {
+    if (!effective.count(name) && !t->ceiling.empty())
+      for (size_t d = 0; d < devices_.size(); ++d) s.last[name][devices_[d].uuid] = t->ceiling[d];
+    struct stat st;
+    if (t->ledger && t->fileName != name + kLedgerSuffix && t->ledger->fileStat(&st))
+      s.files.push_back({name, t->fileName, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+    for (const TenantState::Shadow& sh : t->shadows)
+      if (sh.ledger->fileStat(&st))
+        s.files.push_back({name, sh.fileName, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+  }
+  return s;
+}
+
+std::map<std::string, std::vector<uint64_t>> Broker::configuredLocked() const {
+  std::map<std::string, std::vector<uint64_t>> configured;
+  for (const auto& [name, ts] : tenants_)
+    if (ts->source == "config") configured[name] = ts->configured;
+  return configured;
+}
+
+bool Broker::saveStateLocked(std::string* err) {
+  const BrokerState s = stateLocked(config_, overrides_, effectiveLimitsLocked(config_, configuredLocked(), overrides_));
+  stateDirty_ = false;
+  if (s == state_) return true;
+  if (!saveState(config_.stateFile, s, err)) {
+    stateDirty_ = true;
+    return false;
+  }
+  state_ = s;
+  return true;
+}
+
 // Reads and checks the configuration file: everything start, check and reload need before they
 // may change anything.
 bool Broker::prepare(Prepared* out, std::string* err) const {
@@ -329,10 +682,10 @@ bool Broker::prepare(Prepared* out, std::string* err) const {
 
 bool Broker::check(std::string* err) const {
   Prepared p;
-  Overrides o;
-  if (!prepare(&p, err) || !loadOverrides(p.config.stateFile, &o, err)) return false;
+  BrokerState st;
+  if (!prepare(&p, err) || !checkPlaces(p.config, err) || !loadStateFor(p.config, &st, err)) return false;
   std::lock_guard<std::mutex> g(mu_);
-  return checkEffective(p.config, effectiveLimitsLocked(p.config, p.configured, o), err);
+  return checkEffective(p.config, effectiveLimitsLocked(p.config, p.configured, st.limits), p.unknown, err);
 }
 
 bool Broker::start(std::string* err) {
@@ -342,10 +695,11 @@ bool Broker::start(std::string* err) {
   std::optional<gid_t>& admin = p.adminGid;
   std::map<std::string, std::vector<uint64_t>>& configured = p.configured;
   std::vector<uint64_t>& unknown = p.unknown;
-  Overrides o;
-  if (!loadOverrides(c.stateFile, &o, err)) return false;
+  BrokerState state;
+  if (!checkPlaces(c, err) || !loadStateFor(c, &state, err)) return false;
+  Overrides o = state.limits;
   dropStaleOverrides(c, configured, &o);
-  if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), err)) return false;
+  if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), unknown, err)) return false;
   if (!prepareDirectory(c, err)) return false;
 
   std::lock_guard<std::mutex> g(mu_);
@@ -354,6 +708,7 @@ bool Broker::start(std::string* err) {
   ledgerDir_ = c.ledgerDir;
   overrides_ = std::move(o);
   unknownLimits_ = unknown;
+  state_ = std::move(state);  // the records of the last run, for the ledgers found below
   generation_ = 1;
   for (const Tenant& t : c.tenants) {
     auto ts = std::make_unique<TenantState>();
@@ -367,7 +722,7 @@ bool Broker::start(std::string* err) {
     tenants_[t.name] = std::move(ts);
   }
   tickLocked(true);  // adopts (or retires) the ledgers of tenants not in the configuration
-  if (!writeHostLocked(err)) return false;
+  if (!saveStateLocked(err) || !writeHostLocked(err)) return false;
   if (::chmod(ledgerDir_.c_str(), directoryMode(c)) != 0) {
     *err = sysErr("cannot set the mode of ledger_dir " + ledgerDir_);
     return false;
@@ -406,14 +761,35 @@ bool Broker::reload(std::string* err) {
   }
   Overrides o = overrides_;
   dropStaleOverrides(c, configured, &o);
-  if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), &why)) {
+  const auto effective = effectiveLimitsLocked(c, configured, o);
+  if (!checkEffective(c, effective, unknown, &why)) {
     g.unlock();
     return refuse(why);
   }
-  if (o != overrides_ && !saveOverrides(c.stateFile, o, &why)) {
+  // Tenants leaving the configuration keep at most what they have now (with the live limits and
+  // ceilings in force before this reload).
+  std::map<std::string, std::vector<uint64_t>> leaving;
+  for (const auto& [name, t] : tenants_) {
+    if (t->source != "config" || configured.count(name)) continue;
+    for (size_t d = 0; d < devices_.size(); ++d) leaving[name].push_back(expectedLocked(*t, d));
+  }
+  BrokerState next = stateLocked(c, o, effective);
+  for (const auto& [name, limits] : leaving)
+    for (size_t d = 0; d < devices_.size(); ++d) next.last[name][devices_[d].uuid] = limits[d];
+  const BrokerState before = state_;
+  if (next != before && !saveState(c.stateFile, next, &why)) {
     g.unlock();
     return refuse(why);
   }
+  // The host segment before anything else changes: a reload whose segment cannot be written is
+  // refused as a whole (the state file is put back), so shims and broker never disagree.
+  if (!writeHostFor(c, unknown, generation_ + 1, &why)) {
+    std::string back;
+    if (next != before && !saveState(c.stateFile, before, &back)) CUSHARE_BLOG(error, "{}", back);
+    g.unlock();
+    return refuse("the host segment could not be written: " + why);
+  }
+  state_ = next;
 
   // Committed from here on: nothing below can refuse the configuration.
   config_ = c;
@@ -424,11 +800,16 @@ bool Broker::reload(std::string* err) {
   if (::chmod(ledgerDir_.c_str(), directoryMode(c)) != 0)
     CUSHARE_BLOG(error, "cannot set the mode of ledger_dir {}: {}", ledgerDir_, std::strerror(errno));
   // Tenants no longer configured: admitted under the unknown-tenant profile if there is one,
-  // otherwise removed.
+  // otherwise removed; either way never above what they had.
   for (auto& [name, t] : tenants_) {
+    if (auto l = leaving.find(name); l != leaving.end()) {
+      if (t->ceiling.empty()) t->ceiling.assign(devices_.size(), kNoLimit);
+      for (size_t d = 0; d < devices_.size(); ++d) t->ceiling[d] = std::min(t->ceiling[d], l->second[d]);
+    }
     if (t->source == "removed" || configured.count(name)) continue;
     if (c.unknownTenantsProfile.empty()) {
       retireLocked(t.get());
+      applyLimitsLocked(t.get());
       continue;
     }
     t->source = "unknown-tenant";
@@ -442,6 +823,7 @@ bool Broker::reload(std::string* err) {
     slot->name = ct.name;
     slot->config = ct;
     slot->configured = configured.at(ct.name);
+    slot->ceiling.clear();  // configured again: the configuration says what it gets
     // An unknown tenant's ledger, or a removed tenant's, is kept (with its running processes) and
     // taken over; a removed one gets its name back.
     const std::string path = ledgerDir_ + "/" + ct.name + kLedgerSuffix;
@@ -459,7 +841,7 @@ bool Broker::reload(std::string* err) {
     if (slot->ledger) slot->error.clear();
     applyLimitsLocked(slot.get());
   }
-  if (!writeHostLocked(&why)) CUSHARE_BLOG(error, "{}", why);
+  if (!saveStateLocked(&why)) CUSHARE_BLOG(error, "{}", why);
   CUSHARE_BLOG(info, "configuration reloaded: generation {}, {} tenants", generation_, c.tenants.size());
   return true;
 }
@@ -492,6 +874,12 @@ bool Broker::setLimit(const std::string& tenant, int device, std::optional<Memor
       continue;
     }
     const uint64_t bytes = bytesOn(*amount, dev.totalBytes);
+    // An unknown tenant's share is its place in the unknown tenants' pool: lower only.
+    if (t.source != "config" && bytes > t.configured[static_cast<size_t>(d)]) {
+      *err = "tenant '" + tenant + "' is not configured: its limit can be lowered, not raised above its " +
+             describeLimit(t.configured[static_cast<size_t>(d)]) + " (configure it to give it more)";
+      return false;
+    }
     if (bytes > dev.totalBytes) {
       *err = "a limit of " + formatSize(bytes) + " is more than device " + std::to_string(d) + "'s " +
              formatSize(dev.totalBytes);
@@ -500,11 +888,12 @@ bool Broker::setLimit(const std::string& tenant, int device, std::optional<Memor
     o[tenant][dev.uuid] = bytes;
   }
   if (o.count(tenant) && o[tenant].empty()) o.erase(tenant);
-  std::map<std::string, std::vector<uint64_t>> configured;
-  for (const auto& [name, ts] : tenants_)
-    if (ts->source == "config") configured[name] = ts->configured;
-  if (!checkEffective(config_, effectiveLimitsLocked(config_, configured, o), err)) return false;
-  if (!saveOverrides(config_.stateFile, o, err)) return false;
+  const auto configured = configuredLocked();
+  const auto effective = effectiveLimitsLocked(config_, configured, o);
+  if (!checkEffective(config_, effective, unknownLimits_, err)) return false;
+  BrokerState next = stateLocked(config_, o, effective);
+  if (next != state_ && !saveState(config_.stateFile, next, err)) return false;
+  state_ = std::move(next);
   overrides_ = std::move(o);
   applyLimitsLocked(&t);
   return true;
@@ -586,6 +975,24 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
     s.devices.clear();
     s.processes.clear();
   }
+  // Former ledgers still charged to it: their usage is the tenant's (its ledger's limit is lowered
+  // by as much), and their processes are its processes.
+  for (TenantDeviceSnapshot& td : s.devices)
+    for (const TenantState::Shadow& sh : t.shadows) {
+      const uint64_t c = sh.charge[static_cast<size_t>(td.device)];
+      td.used += c;
+      if (td.limit != kNoLimit) td.limit += c;
+    }
+  for (const TenantState::Shadow& sh : t.shadows)
+    guarded([&] {
+      for (const Ledger::SlotUsage& u : sh.ledger->slots()) {
+        if (u.pid == 0) continue;
+        ProcessSnapshot p;
+        p.pid = u.pid;
+        p.used.assign(devices_.size(), 0);
+        s.processes.push_back(std::move(p));
+      }
+    });
   s.error = t.error;
   return s;
 }
@@ -604,6 +1011,7 @@ BrokerSnapshot Broker::snapshot() {
   s.metricsAddress = metricsAddress_;
   s.reapedProcesses = reaped_;
   s.reloadsRefused = reloadsRefused_;
+  s.ledgersRefused = unknownRefused_;
   for (const DeviceInfo& d : devices_) s.devices.push_back({d.ordinal, d.uuid, d.totalBytes, 0});
   auto add = [&](TenantState& t) {
     TenantSnapshot ts = tenantSnapshotLocked(&t);
@@ -649,28 +1057,85 @@ int Broker::tickLocked(bool scanDirectory) {
       it = tenants_.erase(it);
       continue;
     }
+    watchShadowsLocked(&t);
     applyLimitsLocked(&t, /*watchdog=*/true);  // removed tenants too: their processes still run
     ++it;
   }
-  if (scanDirectory) {
-    if (DIR* d = ::opendir(ledgerDir_.c_str())) {
-      while (const dirent* e = ::readdir(d)) {
-        const std::string file = e->d_name;
-        std::string name = file;
-        for (const char* suffix : {kRemovedSuffix, kLedgerSuffix}) {
-          const size_t n = std::strlen(suffix);
-          if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0) name.resize(name.size() - n);
-        }
-        if (name == file || name + kRemovedSuffix == file) continue;  // not <name>.ledger[.removed]
-        if (tenants_.count(name) || !Ledger::validTenantName(name, nullptr)) continue;
-        adoptLocked(name, file);
-      }
-      ::closedir(d);
-    }
+  if (scanDirectory) scanLocked();
+  if (stateDirty_) {
+    std::string err;
+    if (!saveStateLocked(&err)) CUSHARE_BLOG(error, "{}", err);  // retried at the next tick
   }
   if (reaped > 0) CUSHARE_BLOG(debug, "returned the usage of {} dead processes", reaped);
   reaped_ += static_cast<uint64_t>(reaped);
   return reaped;
+}
+
+// The ledger files in the directory: adopts new ones (within the unknown tenants' caps), trusts
+// renamed ones only as the state file recorded them, and forgets what is gone.
+void Broker::scanLocked() {
+  DIR* dir = ::opendir(ledgerDir_.c_str());
+  if (dir == nullptr) return;
+  std::set<std::string> seen;
+  std::vector<std::pair<std::string, std::string>> former;  // tenant, <tenant>.ledger.replaced.N
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string file = e->d_name;
+    const size_t at = file.find(kLedgerSuffix);
+    if (at == std::string::npos || at == 0) continue;
+    const std::string name = file.substr(0, at), rest = file.substr(at + std::strlen(kLedgerSuffix));
+    const bool replaced = rest.rfind(kReplacedInfix, 0) == 0 && rest.size() > std::strlen(kReplacedInfix);
+    if ((!rest.empty() && rest != kRemovedSuffix && !replaced) || !Ledger::validTenantName(name, nullptr)) continue;
+    seen.insert(file);
+    if (tenants_.count(name) && (!replaced || tenants_[name]->fileName == file)) continue;
+    struct stat st;
+    if (::fstatat(::dirfd(dir), file.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (auto r = refused_.find(file); r != refused_.end()) {
+      if (r->second == static_cast<uint64_t>(st.st_ino)) continue;  // refused already
+      refused_.erase(r);
+    }
+    if (replaced) {
+      former.emplace_back(name, file);
+    } else if (rest.empty() || keptFileLocked(name, file, st)) {
+      adoptLocked(name, file, st);
+    } else {
+      refuseUnknownLocked(name, file, st, "a renamed ledger the broker has no record of");
+    }
+  }
+  // Former ledgers of a tenant (renamed away because another user owned them) are charged to it
+  // again after a restart, if the state file recorded them.
+  for (const auto& [name, file] : former) {
+    auto it = tenants_.find(name);
+    bool known = false;
+    if (it != tenants_.end())
+      for (const TenantState::Shadow& sh : it->second->shadows) known = known || sh.fileName == file;
+    if (known) continue;
+    struct stat st;
+    if (::fstatat(::dirfd(dir), file.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (it == tenants_.end() || !keptFileLocked(name, file, st)) {
+      refuseUnknownLocked(name, file, st, it == tenants_.end() ? "a former ledger of a tenant the broker no longer has"
+                                                               : "a renamed ledger the broker has no record of");
+      continue;
+    }
+    std::string err;
+    if (auto l = Ledger::open(ledgerDir_, name, observing(file), &err)) {
+      CUSHARE_BLOG(info, "tenant {}: former ledger {} found again; what its processes hold counts against the tenant",
+                   name, file);
+      attachShadowLocked(it->second.get(), std::move(l), file);
+      applyLimitsLocked(it->second.get());
+      stateDirty_ = true;
+    } else {
+      CUSHARE_BLOG(error, "ledger {}: {}", file, err);
+    }
+  }
+  ::closedir(dir);
+  // Forget what is gone: refusals and errors by name, and unknown tenants whose file was removed.
+  for (auto r = refused_.begin(); r != refused_.end();) r = seen.count(r->first) ? std::next(r) : refused_.erase(r);
+  for (auto r = adoptErrors_.begin(); r != adoptErrors_.end();) r = seen.count(r->first) ? std::next(r) : adoptErrors_.erase(r);
+  for (auto it = tenants_.begin(); it != tenants_.end();) {
+    const bool gone = it->second->source == "unknown-tenant" && !seen.count(it->second->fileName);
+    if (gone) CUSHARE_BLOG(info, "tenant {}: its ledger file was removed; forgotten", it->first);
+    it = gone ? tenants_.erase(it) : std::next(it);
+  }
 }
 
 std::vector<int> Broker::pids() {

@@ -815,6 +815,8 @@ bool Broker::reload(std::string* err) {
     t->source = "unknown-tenant";
     t->config = unknownTenantConfig(c, name);
     t->configured = unknown;
+    struct stat st;
+    if (t->ledger && t->ledger->fileStat(&st)) t->owner = st.st_uid;  // counted per uid from now on
     applyLimitsLocked(t.get());
   }
   for (const Tenant& ct : c.tenants) {
@@ -1054,6 +1056,7 @@ int Broker::tickLocked(bool scanDirectory) {
         CUSHARE_BLOG(info, "tenant {}: removed, last process gone", t.name);
         if (t.fileName != t.name + kLedgerSuffix) ::unlink((ledgerDir_ + "/" + t.fileName).c_str());
       }
+      stateDirty_ = true;  // its records (last limit, renamed file) go too
       it = tenants_.erase(it);
       continue;
     }

@@ -8,8 +8,9 @@
 //   restores it if anyone else changed it (a tenant can write its own ledger).
 // - A configuration change (start, reload) is all or nothing: everything that can fail is checked
 //   before the first ledger, limit or file is touched.
-// - The host segment is written after the ledgers it implies exist, so a shim that sees a broker
-//   also finds its tenant's ledger.
+// - The host segment is written at start after the ledgers it implies exist, so a shim that sees a
+//   broker also finds its tenant's ledger. On reload it is written before anything else changes
+//   (it names no tenant): a reload whose segment cannot be written is refused as a whole.
 // - Nothing a tenant process holds is ever lost: removed tenants' ledgers are unlinked (new
 //   processes are refused) but kept open and reaped until their last process is gone.
 // - No configuration step raises a running process's limit by taking its tenant out: a tenant

@@ -718,6 +718,9 @@ bool Broker::start(std::string* err) {
     ts->configured = configured[t.name];
     openLedgerLocked(ts.get());
     ownLocked(ts.get());
+    // Its former ledgers still in use are charged before its limit is written (no window).
+    for (const KeptFile& f : state_.files)
+      if (f.tenant == t.name && f.file.find(kReplacedInfix) != std::string::npos) reattachLocked(ts.get(), f.file);
     applyLimitsLocked(ts.get());
     tenants_[t.name] = std::move(ts);
   }
@@ -1074,6 +1077,27 @@ int Broker::tickLocked(bool scanDirectory) {
   return reaped;
 }
 
+// A former ledger of t found in the directory: charged to t again if it is the file the state
+// file recorded (or already is). False: not one of t's.
+bool Broker::reattachLocked(TenantState* t, const std::string& file) {
+  for (const TenantState::Shadow& sh : t->shadows)
+    if (sh.fileName == file) return true;
+  struct stat st;
+  if (::lstat((ledgerDir_ + "/" + file).c_str(), &st) != 0 || !keptFileLocked(t->name, file, st)) return false;
+  std::string err;
+  auto l = Ledger::open(ledgerDir_, t->name, observing(file), &err);
+  if (!l) {
+    CUSHARE_BLOG(error, "ledger {}: {}", file, err);
+    return true;  // recorded, unusable now: tried again at the next scan
+  }
+  CUSHARE_BLOG(info, "tenant {}: former ledger {} found again; what its processes hold counts against the tenant",
+               t->name, file);
+  attachShadowLocked(t, std::move(l), file);
+  applyLimitsLocked(t);
+  stateDirty_ = true;
+  return true;
+}
+
 // The ledger files in the directory: adopts new ones (within the unknown tenants' caps), trusts
 // renamed ones only as the state file recorded them, and forgets what is gone.
 void Broker::scanLocked() {
@@ -1108,27 +1132,11 @@ void Broker::scanLocked() {
   // again after a restart, if the state file recorded them.
   for (const auto& [name, file] : former) {
     auto it = tenants_.find(name);
-    bool known = false;
-    if (it != tenants_.end())
-      for (const TenantState::Shadow& sh : it->second->shadows) known = known || sh.fileName == file;
-    if (known) continue;
     struct stat st;
+    if (it != tenants_.end() && reattachLocked(it->second.get(), file)) continue;
     if (::fstatat(::dirfd(dir), file.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (it == tenants_.end() || !keptFileLocked(name, file, st)) {
-      refuseUnknownLocked(name, file, st, it == tenants_.end() ? "a former ledger of a tenant the broker no longer has"
-                                                               : "a renamed ledger the broker has no record of");
-      continue;
-    }
-    std::string err;
-    if (auto l = Ledger::open(ledgerDir_, name, observing(file), &err)) {
-      CUSHARE_BLOG(info, "tenant {}: former ledger {} found again; what its processes hold counts against the tenant",
-                   name, file);
-      attachShadowLocked(it->second.get(), std::move(l), file);
-      applyLimitsLocked(it->second.get());
-      stateDirty_ = true;
-    } else {
-      CUSHARE_BLOG(error, "ledger {}: {}", file, err);
-    }
+    refuseUnknownLocked(name, file, st, it == tenants_.end() ? "a former ledger of a tenant the broker no longer has"
+                                                             : "a renamed ledger the broker has no record of");
   }
   ::closedir(dir);
   // Forget what is gone: refusals and errors by name, and unknown tenants whose file was removed.

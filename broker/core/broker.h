@@ -151,6 +151,7 @@ class Broker {
   void supersedeLocked(TenantState* t, uid_t foundOwner);
   void watchShadowsLocked(TenantState* t);
   void attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const std::string& fileName);
+  bool reattachLocked(TenantState* t, const std::string& file);
   // The ceiling of a tenant that is no longer configured, found at start: the lower of the last
   // configured limit (state file) and its ledger's.
   void ceilingFromRecordLocked(TenantState* t, bool required);

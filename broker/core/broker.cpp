@@ -990,11 +990,19 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
     }
   for (const TenantState::Shadow& sh : t.shadows)
     guarded([&] {
+      std::vector<int> entry(devices_.size(), -1);
+      for (size_t d = 0; d < devices_.size(); ++d) {
+        uint8_t uuid[16];
+        parseGpuUuid(devices_[d].uuid, uuid);
+        entry[d] = sh.ledger->findDevice(uuid);
+      }
       for (const Ledger::SlotUsage& u : sh.ledger->slots()) {
         if (u.pid == 0) continue;
         ProcessSnapshot p;
         p.pid = u.pid;
         p.used.assign(devices_.size(), 0);
+        for (size_t d = 0; d < devices_.size(); ++d)
+          if (entry[d] >= 0) p.used[d] = u.used[entry[d]];
         s.processes.push_back(std::move(p));
       }
     });

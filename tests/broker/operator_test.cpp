@@ -278,6 +278,7 @@ TEST(Operator, LedgerOfAnotherUserIsReplacedAndItsUsageStillCounts) {
   EXPECT_EQ(own.ask(fill()), held(320)) << "512 MiB in all, the squatter's 192 MiB included";
   EXPECT_EQ(squatter.ask("alloc " + std::to_string(64 * MiB)), "oom");
   EXPECT_EQ(deviceUsed() - base, 512 * MiB);
+  EXPECT_EQ(b.tenant("delta").processes(), 2u) << "the squatter's process is listed with the tenant's";
   // A restart finds the renamed ledger again (the state file recorded it): still charged.
   b.stop();
   ASSERT_TRUE(b.startWithFile()) << b.log();

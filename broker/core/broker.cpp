@@ -497,10 +497,20 @@ void Broker::faultLocked(TenantState* t) {
   noteError(t, "its ledger " + ledgerDir_ + "/" + t->fileName +
                    " became unreadable (truncated by a process of the tenant?); it is opened again at the next scan");
 }
+uint32_t Broker::unknownAdoptedLocked() const {
+  uint32_t n = 0;
+  for (const auto& [name, t] : tenants_) n += t->source == "unknown-tenant" ? 1 : 0;
+  return n;
+}
+
 bool Broker::writeHostLocked(std::string* err) { return writeHostFor(config_, unknownLimits_, generation_, err); }
 
+// While max_unknown_tenants are adopted the segment offers new unknown tenants no memory (limit
+// 0): a shim creating one more ledger then denies its allocations at once, before the broker's
+// scan refuses the file.
 bool Broker::writeHostFor(const Config& c, const std::vector<uint64_t>& unknown, uint64_t generation,
-                          std::string* err) const {
+                          std::string* err) {
+  const bool full = unknownAdoptedLocked() >= c.maxUnknownTenants;
   HostInfo h;
   h.brokerPid = static_cast<uint32_t>(::getpid());
   h.configGeneration = generation;
@@ -510,10 +520,15 @@ bool Broker::writeHostFor(const Config& c, const std::vector<uint64_t>& unknown,
     HostDevice hd;
     parseGpuUuid(devices_[d].uuid, hd.uuid);
     hd.capacity = devices_[d].totalBytes;
-    hd.unknownLimit = h.profileForUnknown ? unknown[d] : 0;
+    hd.unknownLimit = h.profileForUnknown && !full ? unknown[d] : 0;
     h.devices.push_back(hd);
   }
-  return writeHostSegment(ledgerDir_, h, err);
+  if (!writeHostSegment(ledgerDir_, h, err)) return false;
+  if (full != unknownFull_ && h.profileForUnknown)
+    CUSHARE_BLOG(info, "unknown tenants: {} max_unknown_tenants ({}); new ones get {}", full ? "at" : "below again",
+                 c.maxUnknownTenants, full ? "no memory until one goes" : "the profile's limits");
+  unknownFull_ = full;
+  return true;
 }
 
 bool Broker::keptFileLocked(const std::string& tenant, const std::string& file, const struct stat& st) const {
@@ -1075,7 +1090,14 @@ int Broker::tickLocked(bool scanDirectory) {
     applyLimitsLocked(&t, /*watchdog=*/true);  // removed tenants too: their processes still run
     ++it;
   }
-  if (scanDirectory) scanLocked();
+  if (scanDirectory) {
+    scanLocked();
+    std::string err;
+    if (!config_.unknownTenantsProfile.empty() &&
+        (unknownAdoptedLocked() >= config_.maxUnknownTenants) != unknownFull_ &&
+        !writeHostLocked(&err))
+      CUSHARE_BLOG(error, "{}", err);  // tried again at the next scan
+  }
   if (stateDirty_) {
     std::string err;
     if (!saveStateLocked(&err)) CUSHARE_BLOG(error, "{}", err);  // retried at the next tick

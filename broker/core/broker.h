@@ -165,8 +165,9 @@ class Broker {
   // watchdog: a difference is someone else's change (logged as a warning), not the broker's.
   void applyLimitsLocked(TenantState* t, bool watchdog = false);
   bool writeHostLocked(std::string* err);
+  uint32_t unknownAdoptedLocked() const;
   bool writeHostFor(const Config& c, const std::vector<uint64_t>& unknown, uint64_t generation,
-                    std::string* err) const;
+                    std::string* err);
   void adoptLocked(const std::string& tenant, const std::string& fileName, const struct stat& st);
   void retireLocked(TenantState* t);
   TenantSnapshot tenantSnapshotLocked(TenantState* t);
@@ -193,6 +194,7 @@ class Broker {
   uint64_t unknownRefused_ = 0;   // counter: unknown-tenant ledgers refused (caps)
   BrokerState state_;             // as last written to the state file
   bool stateDirty_ = false;       // the state file is behind (a shadow came or went)
+  bool unknownFull_ = false;      // the host segment offers new unknown tenants nothing (caps reached)
   std::string metricsAddress_;
   uint64_t reaped_ = 0;
   uint64_t reloadsRefused_ = 0;

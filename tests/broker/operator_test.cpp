@@ -23,6 +23,7 @@
 #include <functional>
 #include <thread>
 
+#include "cushare/host_segment.h"
 #include "cushare/ledger.h"
 #include "harness.h"
 #include "simgpu/nvml.h"
@@ -115,6 +116,14 @@ std::string metrics(Broker& b) {
   }
   ::close(fd);
   return body;
+}
+
+// What the host segment offers a new unknown tenant on device 0.
+uint64_t hostUnknownLimit(const Broker& b) {
+  HostInfo h;
+  std::string err;
+  if (readHostSegment(b.ledgerDir(), &h, &err) != 1 || h.devices.empty()) return UINT64_MAX - 1;
+  return h.devices[0].unknownLimit;
 }
 
 std::string held(uint64_t mib) { return "held " + std::to_string(mib * MiB); }
@@ -343,9 +352,13 @@ TEST(Operator, UnknownTenantsAreCappedAndForgottenWhenTheirFilesGo) {
       << metrics(b).substr(0, 400);
   EXPECT_EQ(b.status().tenants(), 3u) << "alpha and two of uid 2000's";
   EXPECT_LE(openDescriptors(b.pid()), fds + 2 + 2) << "two adopted ledgers; nothing kept for the refused";
-  // Another user gets the last place; a third finds the pool full.
+  // Another user gets the last place; a third finds the pool full: from then on the host segment
+  // offers new unknown tenants no memory, so even before the broker refuses its file a new one
+  // cannot allocate.
+  EXPECT_EQ(hostUnknownLimit(b), 64 * MiB);
   ASSERT_EQ(runAs(2001, [&] { return ::close(::open((b.ledgerDir() + "/v.ledger").c_str(), O_RDWR | O_CREAT, 0600)); }), 0);
   ASSERT_TRUE(waitFor([&] { return b.tenant("v").source() == "unknown-tenant"; })) << b.log();
+  ASSERT_TRUE(waitFor([&] { return hostUnknownLimit(b) == 0; })) << b.log();
   std::string first;
   Child late = workerAs(b, 2002, "w", &first);
   ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
@@ -362,6 +375,7 @@ TEST(Operator, UnknownTenantsAreCappedAndForgottenWhenTheirFilesGo) {
             0);
   ASSERT_TRUE(waitFor([&] { return b.status().tenants() == 2u; })) << "alpha and v";
   EXPECT_LE(openDescriptors(b.pid()), fds + 1 + 2);
+  EXPECT_TRUE(waitFor([&] { return hostUnknownLimit(b) == 64 * MiB; })) << "places free again";
   EXPECT_EQ(b.tenant("u0").source(), "");
 }
 

@@ -365,8 +365,8 @@ void Broker::ownLocked(TenantState* t) {
     return;
   }
   if (changed)
-    CUSHARE_BLOG(warn, "tenant {}: {} given group {} and mode {} (it had another group or mode)", t->name,
-                 t->ledger->path(), gid, t->config.gid ? "0660" : "0600");
+    CUSHARE_BLOG(warn, "tenant {}: {} given mode {}{} (it had another group or mode)", t->name, t->ledger->path(),
+                 t->config.gid ? "0660" : "0600", gid >= 0 ? " and group " + std::to_string(gid) : "");
 }
 
 void Broker::supersedeLocked(TenantState* t, uid_t foundOwner) {

@@ -302,26 +302,73 @@ TEST(Operator, LedgerOfAnotherUserIsReplacedAndItsUsageStillCounts) {
   EXPECT_EQ(deviceUsed() - base, 512 * MiB);
 }
 
-// A renamed-ledger name planted by a user is not trusted: it is not charged to the tenant.
-TEST(Operator, PlantedFormerLedgerIsNotCharged) {
+// A process of uid that holds `bytes` on device 0 in <dir>/<file> (a ledger of tenant), created as
+// an attacker would, until the returned pipe is closed.
+int holdInPlantedLedger(uid_t uid, const std::string& dir, const std::string& tenant, const std::string& file,
+                        const std::string& deviceUuid, uint64_t bytes) {
+  int ready[2], hold[2];
+  if (::pipe(ready) != 0 || ::pipe(hold) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(hold[1]);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
+    LedgerOpenOptions o;
+    o.createDir = false;
+    o.fileName = file;
+    std::string err;
+    auto l = Ledger::open(dir, tenant, o, &err);
+    uint8_t uuid[16] = {};
+    const std::string hex = [&] {
+      std::string h;
+      for (char c : deviceUuid.substr(4)) if (c != '-') h += c;
+      return h;
+    }();
+    for (int i = 0; i < 16; ++i) uuid[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    const int e = l ? l->deviceIndex(uuid, kLedgerNoLimit, &err) : -1;
+    const char ok = e >= 0 && l->reserve(e, bytes, kLedgerNoLimit) ? 'y' : 'n';
+    (void)!::write(ready[1], &ok, 1);
+    char c;
+    (void)!::read(hold[0], &c, 1);  // until the test closes its end
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  ::close(hold[0]);
+  char ok = 'n';
+  (void)!::read(ready[0], &ok, 1);
+  ::close(ready[0]);
+  if (ok != 'y') {
+    ::close(hold[1]);
+    return -1;
+  }
+  return hold[1];
+}
+
+// Renamed-ledger names planted by a user, with a live process claiming usage in them, are not
+// trusted: not charged to the tenant (".replaced.N"), not given a tenant's name (".removed").
+TEST(Operator, PlantedFormerLedgersAreNotCharged) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
   Broker b(testDir());
-  ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
-                      "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
-      << b.log();
-  ASSERT_EQ(runAs(kOther, [&] {
-              LedgerOpenOptions o;
-              o.createDir = o.claimSlot = false;
-              o.fileName = "alpha.ledger.replaced.1";
-              std::string err;
-              auto l = Ledger::open(b.ledgerDir(), "alpha", o, &err);
-              return l ? 0 : 1;
-            }),
-            0);
+  const std::string config = "unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                             "tenants:\n  - {name: alpha, memory: 512MiB}\n";
+  ASSERT_TRUE(b.start(config)) << b.log();
+  const std::string uuid = b.status().devices(0).uuid();
+  const int a = holdInPlantedLedger(kOther, b.ledgerDir(), "alpha", "alpha.ledger.replaced.1", uuid, 384 * MiB);
+  const int g = holdInPlantedLedger(kOther, b.ledgerDir(), "gamma", "gamma.ledger.removed", uuid, 384 * MiB);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(g, 0);
   ASSERT_TRUE(waitFor([&] { return b.log().find("alpha.ledger.replaced.1 (uid 2000): refused") != std::string::npos; }))
       << b.log();
+  rewriteConfig(b, config + "  - {name: gamma, memory: 512MiB}\n");
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  EXPECT_TRUE(fs::exists(b.ledgerDir() + "/gamma.ledger.removed")) << "not given gamma's name";
+  EXPECT_EQ(usedOn0(b.tenant("alpha")), 0u);
+  EXPECT_EQ(usedOn0(b.tenant("gamma")), 0u);
   Child alpha = b.tenantProcess("alpha");
   EXPECT_EQ(alpha.ask(fill()), held(512));
+  Child gamma = b.tenantProcess("gamma");
+  EXPECT_EQ(gamma.ask(fill()), held(512));
+  ::close(a);
+  ::close(g);
 }
 
 // ---- Unknown tenants: pool, caps, forgetting ----

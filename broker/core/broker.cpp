@@ -449,7 +449,7 @@ void Broker::watchShadowsLocked(TenantState* t) {
     }
     CUSHARE_BLOG(info, "tenant {}: former ledger {} {}", t->name, sh.fileName,
                  ok ? "has no process left: deleted, no longer charged" : "became unreadable: no longer charged");
-    if (ok) ::unlink((ledgerDir_ + "/" + sh.fileName).c_str());
+    if (ok && !sh.fileName.empty()) ::unlink((ledgerDir_ + "/" + sh.fileName).c_str());
     it = t->shadows.erase(it);
     stateDirty_ = true;
   }
@@ -656,7 +656,7 @@ BrokerState Broker::stateLocked(const Config& c, const Overrides& o,
     if (t->ledger && t->fileName != name + kLedgerSuffix && t->ledger->fileStat(&st))
       s.files.push_back({name, t->fileName, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
     for (const TenantState::Shadow& sh : t->shadows)
-      if (sh.ledger->fileStat(&st))
+      if (!sh.fileName.empty() && sh.ledger->fileStat(&st))
         s.files.push_back({name, sh.fileName, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
   }
   return s;
@@ -1167,6 +1167,25 @@ void Broker::scanLocked() {
     if (::fstatat(::dirfd(dir), file.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     refuseUnknownLocked(name, file, st, it == tenants_.end() ? "a former ledger of a tenant the broker no longer has"
                                                              : "a renamed ledger the broker has no record of");
+  }
+  // An unknown tenant's file replaced under its name (its owner may unlink it in the sticky
+  // directory, and a shim then creates a new one): the new file is its ledger from now on, and
+  // what the old one's processes still hold is charged against it, never a second budget.
+  for (auto& [name, t] : tenants_) {
+    struct stat now, mine;
+    if (t->source != "unknown-tenant" || !t->ledger || t->fileName != name + kLedgerSuffix ||
+        ::fstatat(::dirfd(dir), t->fileName.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(now.st_mode) ||
+        !t->ledger->fileStat(&mine) || (now.st_dev == mine.st_dev && now.st_ino == mine.st_ino))
+      continue;
+    std::string err;
+    auto fresh = Ledger::open(ledgerDir_, name, observing(t->fileName), &err);
+    if (!fresh) continue;  // tried again at the next scan
+    CUSHARE_BLOG(warn, "tenant {}: its ledger file was replaced (by uid {}); what the old one's processes hold "
+                 "still counts against it until they exit", name, now.st_uid);
+    attachShadowLocked(t.get(), std::move(t->ledger), "");  // nameless: not found again after a restart
+    t->ledger = std::move(fresh);
+    t->owner = now.st_uid;
+    applyLimitsLocked(t.get());
   }
   ::closedir(dir);
   // Forget what is gone: refusals and errors by name, and unknown tenants whose file was removed.

@@ -108,12 +108,13 @@ class Broker {
     // (kNoLimit: none; empty while configured). Never raised while the tenant is not configured.
     std::vector<uint64_t> ceiling;
     uid_t owner = 0;  // the ledger file's owner (unknown tenants are counted per uid)
-    // A former ledger of this tenant, renamed away because another user owned it, while processes
-    // still use it: what they hold (charge, per device; only ever lowered) counts against the
-    // tenant's limit, and they may not grow.
+    // A former ledger of this tenant, renamed away because another user owned it (or, for an
+    // unknown tenant, replaced under its name), while processes still use it: what they hold
+    // (charge, per device; only ever lowered) counts against the tenant's limit, and they may not
+    // grow.
     struct Shadow {
       std::unique_ptr<Ledger> ledger;
-      std::string fileName;
+      std::string fileName;  // "<name>.ledger.replaced.<n>"; empty: it has no name any more
       std::vector<uint64_t> charge;
     };
     std::vector<Shadow> shadows;

@@ -373,6 +373,35 @@ TEST(Operator, PlantedFormerLedgersAreNotCharged) {
 
 // ---- Unknown tenants: pool, caps, forgetting ----
 
+// An unknown tenant that removes its ledger file (it owns it, in the sticky directory) and starts
+// again does not get a second budget: what the old file's processes hold still counts.
+TEST(Operator, UnknownTenantRecreatingItsLedgerGetsNoSecondBudget) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const uint64_t base = deviceUsed();
+  ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                      "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
+      << b.log();
+  std::string first;
+  Child old = workerAs(b, kOther, "zeta", &first);
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  ASSERT_EQ(old.ask("alloc " + std::to_string(192 * MiB)), "ok");
+  ASSERT_TRUE(waitFor([&] { return b.tenant("zeta").source() == "unknown-tenant"; }));
+  ASSERT_EQ(runAs(kOther, [&] { return ::unlink((b.ledgerDir() + "/zeta.ledger").c_str()); }), 0);
+  Child again = workerAs(b, kOther, "zeta", &first);
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  ASSERT_TRUE(waitFor([&] { return b.log().find("tenant zeta: its ledger file was replaced (by uid 2000)") !=
+                                   std::string::npos; }))
+      << b.log();
+  EXPECT_EQ(again.ask(fill()), held(64)) << "256 MiB in all, the old file's 192 MiB included";
+  EXPECT_EQ(usedOn0(b.tenant("zeta")), 256 * MiB);
+  EXPECT_EQ(deviceUsed() - base, 256 * MiB);
+  old.kill(SIGKILL);
+  old.wait();
+  ASSERT_TRUE(waitFor([&] { return usedOn0(b.tenant("zeta")) == 64 * MiB; })) << usedOn0(b.tenant("zeta"));
+  EXPECT_EQ(again.ask(fill()), held(256));
+}
+
 TEST(Operator, UnknownTenantsAreCappedAndForgottenWhenTheirFilesGo) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
   Broker b(testDir());

@@ -86,6 +86,16 @@ bool waitFor(const std::function<bool()>& cond, int ms = 5000) {
   return true;
 }
 
+// A process of uid 2000 running tenant as an unknown tenant, holding mib MiB, once adopted.
+Child unknownHolding(Broker& b, const std::string& tenant, uint64_t mib) {
+  std::string first;
+  Child c = workerAs(b, kOther, tenant, &first);
+  EXPECT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  EXPECT_EQ(c.ask("alloc " + std::to_string(mib * MiB)), "ok");
+  EXPECT_TRUE(waitFor([&] { return b.tenant(tenant).source() == "unknown-tenant"; }));
+  return c;
+}
+
 void rewriteConfig(const Broker& b, const std::string& body) {
   std::ofstream(b.dir() + "/config.yaml") << brokerConfig(b.dir(), body);
 }
@@ -260,11 +270,8 @@ TEST(Operator, LedgerOfAnotherUserIsReplacedAndItsUsageStillCounts) {
                       "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
       << b.log();
   // uid 2000 runs "delta" as an unknown tenant and holds 192 MiB.
+  Child squatter = unknownHolding(b, "delta", 192);
   std::string first;
-  Child squatter = workerAs(b, kOther, "delta", &first);
-  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
-  ASSERT_EQ(squatter.ask("alloc " + std::to_string(192 * MiB)), "ok");
-  ASSERT_TRUE(waitFor([&] { return b.tenant("delta").source() == "unknown-tenant"; }));
   struct stat before;
   ASSERT_EQ(::stat((b.ledgerDir() + "/delta.ledger").c_str(), &before), 0);
   EXPECT_EQ(before.st_uid, kOther);
@@ -382,11 +389,8 @@ TEST(Operator, UnknownTenantRecreatingItsLedgerGetsNoSecondBudget) {
   ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
                       "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
       << b.log();
+  Child old = unknownHolding(b, "zeta", 192);
   std::string first;
-  Child old = workerAs(b, kOther, "zeta", &first);
-  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
-  ASSERT_EQ(old.ask("alloc " + std::to_string(192 * MiB)), "ok");
-  ASSERT_TRUE(waitFor([&] { return b.tenant("zeta").source() == "unknown-tenant"; }));
   ASSERT_EQ(runAs(kOther, [&] { return ::unlink((b.ledgerDir() + "/zeta.ledger").c_str()); }), 0);
   Child again = workerAs(b, kOther, "zeta", &first);
   ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");

@@ -594,7 +594,8 @@ void Broker::adoptLocked(const std::string& name, const std::string& fileName, c
       mine += t->owner == st.st_uid ? 1 : 0;
     }
     if (all >= config_.maxUnknownTenants)
-      return refuseUnknownLocked(name, fileName, st, "max_unknown_tenants (" + std::to_string(config_.maxUnknownTenants) + ") reached");
+      return refuseUnknownLocked(name, fileName, st,
+                                 "max_unknown_tenants (" + std::to_string(config_.maxUnknownTenants) + ") reached");
     if (mine >= config_.maxUnknownTenantsPerUid)
       return refuseUnknownLocked(name, fileName, st, "max_unknown_tenants_per_uid (" +
                                  std::to_string(config_.maxUnknownTenantsPerUid) + ") reached for uid " +
@@ -670,7 +671,8 @@ std::map<std::string, std::vector<uint64_t>> Broker::configuredLocked() const {
 }
 
 bool Broker::saveStateLocked(std::string* err) {
-  const BrokerState s = stateLocked(config_, overrides_, effectiveLimitsLocked(config_, configuredLocked(), overrides_));
+  const BrokerState s =
+      stateLocked(config_, overrides_, effectiveLimitsLocked(config_, configuredLocked(), overrides_));
   stateDirty_ = false;
   if (s == state_) return true;
   if (!saveState(config_.stateFile, s, err)) {
@@ -1190,7 +1192,8 @@ void Broker::scanLocked() {
   ::closedir(dir);
   // Forget what is gone: refusals and errors by name, and unknown tenants whose file was removed.
   for (auto r = refused_.begin(); r != refused_.end();) r = seen.count(r->first) ? std::next(r) : refused_.erase(r);
-  for (auto r = adoptErrors_.begin(); r != adoptErrors_.end();) r = seen.count(r->first) ? std::next(r) : adoptErrors_.erase(r);
+  for (auto r = adoptErrors_.begin(); r != adoptErrors_.end();)
+    r = seen.count(r->first) ? std::next(r) : adoptErrors_.erase(r);
   for (auto it = tenants_.begin(); it != tenants_.end();) {
     const bool gone = it->second->source == "unknown-tenant" && !seen.count(it->second->fileName);
     if (gone) CUSHARE_BLOG(info, "tenant {}: its ledger file was removed; forgotten", it->first);

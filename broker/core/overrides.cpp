@@ -56,7 +56,8 @@ bool readOwnFile(const std::string& path, std::string* text, bool* missing, std:
   }
   ::close(fd);
   if (why.empty()) return true;
-  *err = path + ": " + why + " (the state file must be the broker's own; remove it to fall back to the configured limits)";
+  *err = path + ": " + why +
+         " (the state file must be the broker's own; remove it to fall back to the configured limits)";
   return false;
 }
 
@@ -141,7 +142,8 @@ bool saveState(const std::string& path, const BrokerState& s, std::string* err) 
   for (const auto& [tenant, devices] : s.last)
     for (const auto& [uuid, bytes] : devices)
       text << "last " << tenant << " " << uuid << " " << (bytes == kNone ? "none" : std::to_string(bytes)) << "\n";
-  for (const KeptFile& f : s.files) text << "file " << f.tenant << " " << f.file << " " << f.dev << " " << f.ino << "\n";
+  for (const KeptFile& f : s.files)
+    text << "file " << f.tenant << " " << f.file << " " << f.dev << " " << f.ino << "\n";
   const std::string data = text.str();
   const std::string tmp = path + ".tmp";
   ::unlink(tmp.c_str());

@@ -701,6 +701,10 @@ bool Broker::check(std::string* err) const {
   Prepared p;
   BrokerState st;
   if (!prepare(&p, err) || !checkPlaces(p.config, err) || !loadStateFor(p.config, &st, err)) return false;
+  struct stat ls;
+  if (::lstat(p.config.ledgerDir.c_str(), &ls) == 0 && ls.st_uid != ::geteuid())
+    CUSHARE_BLOG(warn, "ledger_dir {} belongs to uid {}: the broker will move it aside, unread, when it starts",
+                 p.config.ledgerDir, ls.st_uid);
   std::lock_guard<std::mutex> g(mu_);
   return checkEffective(p.config, effectiveLimitsLocked(p.config, p.configured, st.limits), p.unknown, err);
 }

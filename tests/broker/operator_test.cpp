@@ -96,6 +96,15 @@ Child unknownHolding(Broker& b, const std::string& tenant, uint64_t mib) {
   return c;
 }
 
+// cushare-broker --check on <dir>/config.yaml: its exit status; what it wrote is in <dir>/check.log.
+int runCheck(const std::string& dir) {
+  ::unlink((dir + "/check.log").c_str());
+  Child c = Child::spawn({BROKER_BIN, "--config", dir + "/config.yaml", "--check"}, {{"LD_PRELOAD", ""}},
+                         dir + "/check.log");
+  const int status = c.wait();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 void rewriteConfig(const Broker& b, const std::string& body) {
   std::ofstream(b.dir() + "/config.yaml") << brokerConfig(b.dir(), body);
 }
@@ -192,7 +201,12 @@ TEST(Operator, LedgerDirPlantedAsALinkIsMovedAside) {
   ASSERT_EQ(runAs(kOther, [&] { return ::symlink(target.c_str(), b.ledgerDir().c_str()); }), 0);
   ASSERT_EQ(::chmod(b.dir().c_str(), 0755), 0);
   ASSERT_EQ(::mkdir(target.c_str(), 0777), 0);
-  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: 512MiB}\n")) << b.log();
+  rewriteConfig(b, "tenants:\n  - {name: alpha, memory: 512MiB}\n");
+  EXPECT_EQ(runCheck(b.dir()), 0);
+  EXPECT_NE(fileText(b.dir() + "/check.log").find("belongs to uid 2000: the broker will move it aside, unread"),
+            std::string::npos)
+      << fileText(b.dir() + "/check.log");
+  ASSERT_TRUE(b.startWithFile()) << b.log();
   struct stat st;
   ASSERT_EQ(::lstat(b.ledgerDir().c_str(), &st), 0);
   EXPECT_TRUE(S_ISDIR(st.st_mode)) << "a directory of the broker's, not the link";
@@ -478,11 +492,9 @@ TEST(Operator, StateFileAndSocketInDirectoriesOthersCanWriteAreRefused) {
   ::chmod(sockDir.c_str(), 0777);
   std::ofstream(b.dir() + "/config.yaml") << "ledger_dir: " << b.ledgerDir() << "\nsocket: " << sockDir
                                           << "/b.sock\nstate_file: " << b.dir() << "/broker.state\nmetrics_listen: off\n";
-  Child check = Child::spawn({BROKER_BIN, "--config", b.dir() + "/config.yaml", "--check"}, {{"LD_PRELOAD", ""}},
-                             b.dir() + "/check.log");
-  const int status = check.wait();
+  const int status = runCheck(b.dir());
   ::rmdir(sockDir.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+  EXPECT_EQ(status, 1);
   EXPECT_NE(fileText(b.dir() + "/check.log").find("socket " + sockDir + "/b.sock refused: the directory " + sockDir +
                                                   " is writable by other users (mode 0777)"),
             std::string::npos)
@@ -543,10 +555,7 @@ TEST(Operator, CheckTellsWhetherTheLedgerDirCanBeCreated) {
   auto check = [&](const std::string& ledgerDir) {
     std::ofstream(dir + "/config.yaml") << "ledger_dir: " << ledgerDir << "\nsocket: " << socketFor(dir)
                                         << "\nstate_file: " << dir << "/broker.state\nmetrics_listen: off\n";
-    Child c = Child::spawn({BROKER_BIN, "--config", dir + "/config.yaml", "--check"}, {{"LD_PRELOAD", ""}},
-                           dir + "/check.log");
-    const int status = c.wait();
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return runCheck(dir);
   };
   EXPECT_EQ(check(dir + "/plain/ledgers"), 1);
   EXPECT_NE(fileText(dir + "/check.log").find("ledger_dir " + dir + "/plain/ledgers cannot be created: " + dir +

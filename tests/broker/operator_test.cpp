@@ -22,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <thread>
+#include <tuple>
 
 #include "cushare/host_segment.h"
 #include "cushare/ledger.h"
@@ -252,26 +253,36 @@ TEST(Operator, RemovedTenantNeverGetsAHigherLimit) {
 // Removed while the broker was down: the restarted broker keeps the limit it last applied (the
 // state file), even if the tenant raised its own ledger's limit meanwhile.
 TEST(Operator, TenantRemovedWhileTheBrokerWasDownKeepsItsLimit) {
-  Broker b(testDir());
-  const uint64_t base = deviceUsed();
-  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: 512MiB}\n  - {name: beta, memory: 256MiB}\n")) << b.log();
-  Child alpha = b.tenantProcess("alpha");
-  ASSERT_EQ(alpha.ask("alloc " + std::to_string(64 * MiB)), "ok");
-  b.stop();
-  {
-    LedgerOpenOptions o;
-    o.createDir = o.createFile = o.claimSlot = false;
-    std::string err;
-    auto l = Ledger::open(b.ledgerDir(), "alpha", o, &err);
-    ASSERT_TRUE(l) << err;
-    l->setLimit(0, kLedgerNoLimit);  // the tenant raises its own limit while nobody watches
+  const std::string root = testDir();
+  // Restarted without alpha: unknown tenants refused (alpha is removed), or admitted under a
+  // profile of 1 GiB (alpha is an unknown tenant, still held to 512 MiB).
+  for (const auto& [name, unknown, source] :
+       {std::tuple<std::string, std::string, std::string>{"refused", "", "removed"},
+        {"admitted", "unknown_tenants: big\nmax_unknown_tenants: 2\nprofiles:\n  big: {memory: 1GiB}\n",
+         "unknown-tenant"}}) {
+    SCOPED_TRACE(name);
+    Broker b(root + "/" + name);
+    fs::create_directories(b.dir());
+    const uint64_t base = deviceUsed();
+    ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: 512MiB}\n  - {name: beta, memory: 256MiB}\n")) << b.log();
+    Child alpha = b.tenantProcess("alpha");
+    ASSERT_EQ(alpha.ask("alloc " + std::to_string(64 * MiB)), "ok");
+    b.stop();
+    {
+      LedgerOpenOptions o;
+      o.createDir = o.createFile = o.claimSlot = false;
+      std::string err;
+      auto l = Ledger::open(b.ledgerDir(), "alpha", o, &err);
+      ASSERT_TRUE(l) << err;
+      l->setLimit(0, kLedgerNoLimit);  // the tenant raises its own limit while nobody watches
+    }
+    rewriteConfig(b, unknown + "tenants:\n  - {name: beta, memory: 256MiB}\n");
+    ASSERT_TRUE(b.startWithFile()) << b.log();
+    EXPECT_EQ(b.tenant("alpha").source(), source);
+    EXPECT_EQ(limitOn0(b.tenant("alpha")), 512 * MiB);
+    EXPECT_EQ(alpha.ask(fill()), held(512)) << "not unlimited, not the profile's 1 GiB";
+    EXPECT_EQ(deviceUsed() - base, 512 * MiB);
   }
-  rewriteConfig(b, "tenants:\n  - {name: beta, memory: 256MiB}\n");
-  ASSERT_TRUE(b.startWithFile()) << b.log();
-  EXPECT_EQ(b.tenant("alpha").source(), "removed");
-  EXPECT_EQ(limitOn0(b.tenant("alpha")), 512 * MiB);
-  EXPECT_EQ(alpha.ask(fill()), held(512)) << "not unlimited";
-  EXPECT_EQ(deviceUsed() - base, 512 * MiB);
 }
 
 // ---- A ledger another user created for a name that becomes a tenant ----

@@ -127,10 +127,6 @@ class Broker {
     std::vector<uint64_t> unknown;  // per device: the unknown-tenant profile's limit
   };
   bool prepare(Prepared* out, std::string* err) const;
-  // The places of the ledgers, the state file and the socket, without touching anything: for
-  // start and --check.
-  bool checkPlaces(const Config& c, std::string* err) const;
-  bool prepareDirectory(const Config& c, std::string* err);
   bool loadStateFor(const Config& c, BrokerState* s, std::string* err) const;
   // The state file as it should be now (live limits o, the configuration's effective limits).
   BrokerState stateLocked(const Config& c, const Overrides& o,

@@ -17,6 +17,7 @@
 
 #include "core/bus_guard.h"
 #include "core/devices.h"
+#include "core/ledger_files.h"
 #include "core/log.h"
 #include "core/places.h"
 #include "cushare/host_segment.h"
@@ -25,25 +26,9 @@
 namespace cushare::broker {
 namespace {
 
-constexpr char kLedgerSuffix[] = ".ledger";
-constexpr char kRemovedSuffix[] = ".removed";  // a removed tenant's ledger while its processes run
-// A former ledger renamed away because another user owned it: "<name>.ledger.replaced.<n>".
-constexpr char kReplacedInfix[] = ".replaced.";
-constexpr int kMaxReplaced = 64;  // former ledgers of one tenant alive at a time
-
 std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 std::string describeLimit(uint64_t v) { return v == kNoLimit ? "none" : formatSize(v); }
-
-// How the broker opens a ledger it did not create: an observer (no slot), never creating anything.
-LedgerOpenOptions observing(const std::string& fileName) {
-  LedgerOpenOptions o;
-  o.createDir = false;
-  o.createFile = false;
-  o.claimSlot = false;
-  o.fileName = fileName;
-  return o;
-}
 
 // The settings of a tenant admitted under the unknown-tenant profile.
 Tenant unknownTenantConfig(const Config& c, const std::string& name) {
@@ -154,16 +139,6 @@ bool Broker::checkEffective(const Config& c, const std::map<std::string, std::ve
   return true;
 }
 
-bool Broker::loadStateFor(const Config& c, BrokerState* s, std::string* err) const {
-  if (!loadState(c.stateFile, s, err)) return false;
-  if (!s->ledgerDir.empty() && s->ledgerDir != c.ledgerDir) {
-    *err = "state_file " + c.stateFile + " belongs to the broker of ledger_dir " + s->ledgerDir + ", not " +
-           c.ledgerDir + ": its live limits are not this broker's; give this broker a state_file of its own";
-    return false;
-  }
-  return true;
-}
-
 void Broker::openLedgerLocked(TenantState* t) {
   const std::string name = t->name + kLedgerSuffix;
   const std::string path = ledgerDir_ + "/" + name, removed = path + kRemovedSuffix;
@@ -223,92 +198,6 @@ void Broker::ownLocked(TenantState* t) {
   if (changed)
     CUSHARE_BLOG(warn, "tenant {}: {} given mode {}{} (it had another group or mode)", t->name, t->ledger->path(),
                  t->config.gid ? "0660" : "0600", gid >= 0 ? " and group " + std::to_string(gid) : "");
-}
-
-void Broker::supersedeLocked(TenantState* t, uid_t foundOwner) {
-  const std::string path = ledgerDir_ + "/" + t->fileName;
-  std::string aside;
-  int renameErrno = 0;
-  for (int k = 1; k <= kMaxReplaced; ++k) {
-    const std::string name = t->name + kLedgerSuffix + kReplacedInfix + std::to_string(k);
-    bool used = false;
-    for (const TenantState::Shadow& sh : t->shadows) used = used || sh.fileName == name;
-    if (used) continue;
-    if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, (ledgerDir_ + "/" + name).c_str(), RENAME_NOREPLACE) == 0) {
-      aside = name;
-      break;
-    }
-    renameErrno = errno;
-    if (errno != EEXIST) break;
-  }
-  if (aside.empty()) {
-    t->ledger.reset();
-    errno = renameErrno;
-    noteError(t, sysErr("its ledger " + path + " belongs to uid " + std::to_string(foundOwner) +
-                        " and cannot be moved aside") + "; it is tried again at the next scan");
-    return;
-  }
-  CUSHARE_BLOG(warn, "tenant {}: {} belonged to uid {}, not the tenant's user: renamed to {} and replaced by a "
-               "fresh ledger; what its processes hold counts against the tenant until they exit",
-               t->name, path, foundOwner, aside);
-  attachShadowLocked(t, std::move(t->ledger), aside);
-  stateDirty_ = true;
-  openLedgerLocked(t);
-}
-
-void Broker::attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const std::string& fileName) {
-  TenantState::Shadow sh;
-  sh.fileName = fileName;
-  sh.charge.assign(devices_.size(), 0);
-  // What its processes hold now, at most the tenant's whole limit; from now on they cannot grow:
-  // every device entry gets that as its limit (a device they have not used yet gets 0).
-  const bool ok = guarded([&] {
-    for (size_t d = 0; d < devices_.size(); ++d) {
-      uint8_t uuid[16];
-      parseGpuUuid(devices_[d].uuid, uuid);
-      std::string err;
-      const int e = l->deviceIndex(uuid, 0, &err);
-      if (e < 0) continue;
-      sh.charge[d] = std::min(l->used(e), expectedLocked(*t, d));
-      l->setLimit(e, sh.charge[d]);
-    }
-  });
-  if (!ok) {
-    // Unreadable (truncated by its creator): its processes lose their mapping's backing anyway.
-    CUSHARE_BLOG(warn, "tenant {}: its former ledger {} is unreadable; not charged", t->name, fileName);
-    return;
-  }
-  sh.ledger = std::move(l);
-  t->shadows.push_back(std::move(sh));
-}
-
-// Each tick: what a former ledger's processes hold only shrinks (charge and limit follow it down);
-// once its last process is gone it is deleted and no longer charged.
-void Broker::watchShadowsLocked(TenantState* t) {
-  for (auto it = t->shadows.begin(); it != t->shadows.end();) {
-    TenantState::Shadow& sh = *it;
-    bool empty = false;
-    const bool ok = guarded([&] {
-      sh.ledger->reapDead();
-      empty = sh.ledger->slots().empty();
-      for (size_t d = 0; d < devices_.size() && !empty; ++d) {
-        uint8_t uuid[16];
-        parseGpuUuid(devices_[d].uuid, uuid);
-        const int e = sh.ledger->findDevice(uuid);
-        sh.charge[d] = std::min(sh.charge[d], e >= 0 ? sh.ledger->used(e) : 0);
-        if (e >= 0 && sh.ledger->limit(e) != sh.charge[d]) sh.ledger->setLimit(e, sh.charge[d]);
-      }
-    });
-    if (ok && !empty) {
-      ++it;
-      continue;
-    }
-    CUSHARE_BLOG(info, "tenant {}: former ledger {} {}", t->name, sh.fileName,
-                 ok ? "has no process left: deleted, no longer charged" : "became unreadable: no longer charged");
-    if (ok && !sh.fileName.empty()) ::unlink((ledgerDir_ + "/" + sh.fileName).c_str());
-    it = t->shadows.erase(it);
-    stateDirty_ = true;
-  }
 }
 
 void Broker::noteError(TenantState* t, const std::string& err) {
@@ -385,36 +274,6 @@ bool Broker::writeHostFor(const Config& c, const std::vector<uint64_t>& unknown,
                  c.maxUnknownTenants, full ? "no memory until one goes" : "the profile's limits");
   unknownFull_ = full;
   return true;
-}
-
-bool Broker::keptFileLocked(const std::string& tenant, const std::string& file, const struct stat& st) const {
-  for (const KeptFile& f : state_.files)
-    if (f.tenant == tenant && f.file == file && f.dev == static_cast<uint64_t>(st.st_dev) &&
-        f.ino == static_cast<uint64_t>(st.st_ino))
-      return true;
-  return false;
-}
-
-void Broker::ceilingFromRecordLocked(TenantState* t, bool required) {
-  const auto rec = state_.last.find(t->name);
-  const bool have = rec != state_.last.end();
-  if (!have && !required) return;
-  t->ceiling.assign(devices_.size(), kNoLimit);
-  const bool ok = guarded([&] {
-    for (size_t d = 0; d < devices_.size(); ++d) {
-      uint64_t last = kNoLimit;
-      bool known = false;
-      if (have)
-        if (auto v = rec->second.find(devices_[d].uuid); v != rec->second.end()) last = v->second, known = true;
-      uint8_t uuid[16];
-      parseGpuUuid(devices_[d].uuid, uuid);
-      const int e = t->ledger->findDevice(uuid);
-      // No record and no entry: nothing says what it may have there, so nothing.
-      const uint64_t now = e >= 0 ? t->ledger->limit(e) : known ? last : 0;
-      t->ceiling[d] = std::min(last, now);
-    }
-  });
-  if (!ok) faultLocked(t);
 }
 
 void Broker::refuseUnknownLocked(const std::string& name, const std::string& file, const struct stat& st,
@@ -497,46 +356,6 @@ void Broker::retireLocked(TenantState* t) {
     t->fileName += kRemovedSuffix;
     stateDirty_ = true;  // a renamed file is trusted again after a restart only if recorded
   }
-}
-
-BrokerState Broker::stateLocked(const Config& c, const Overrides& o,
-                                const std::map<std::string, std::vector<uint64_t>>& effective) const {
-  BrokerState s;
-  s.ledgerDir = c.ledgerDir;
-  s.limits = o;
-  for (const auto& [name, limits] : effective)
-    for (size_t d = 0; d < devices_.size(); ++d) s.last[name][devices_[d].uuid] = limits[d];
-  for (const auto& [name, t] : tenants_) {
-    if (!effective.count(name) && !t->ceiling.empty())
-      for (size_t d = 0; d < devices_.size(); ++d) s.last[name][devices_[d].uuid] = t->ceiling[d];
-    struct stat st;
-    if (t->ledger && t->fileName != name + kLedgerSuffix && t->ledger->fileStat(&st))
-      s.files.push_back({name, t->fileName, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
-    for (const TenantState::Shadow& sh : t->shadows)
-      if (!sh.fileName.empty() && sh.ledger->fileStat(&st))
-        s.files.push_back({name, sh.fileName, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
-  }
-  return s;
-}
-
-std::map<std::string, std::vector<uint64_t>> Broker::configuredLocked() const {
-  std::map<std::string, std::vector<uint64_t>> configured;
-  for (const auto& [name, ts] : tenants_)
-    if (ts->source == "config") configured[name] = ts->configured;
-  return configured;
-}
-
-bool Broker::saveStateLocked(std::string* err) {
-  const BrokerState s =
-      stateLocked(config_, overrides_, effectiveLimitsLocked(config_, configuredLocked(), overrides_));
-  stateDirty_ = false;
-  if (s == state_) return true;
-  if (!saveState(config_.stateFile, s, err)) {
-    stateDirty_ = true;
-    return false;
-  }
-  state_ = s;
-  return true;
 }
 
 // Reads and checks the configuration file: everything start, check and reload need before they
@@ -967,27 +786,6 @@ int Broker::tickLocked(bool scanDirectory) {
   if (reaped > 0) CUSHARE_BLOG(debug, "returned the usage of {} dead processes", reaped);
   reaped_ += static_cast<uint64_t>(reaped);
   return reaped;
-}
-
-// A former ledger of t found in the directory: charged to t again if it is the file the state
-// file recorded (or already is). False: not one of t's.
-bool Broker::reattachLocked(TenantState* t, const std::string& file) {
-  for (const TenantState::Shadow& sh : t->shadows)
-    if (sh.fileName == file) return true;
-  struct stat st;
-  if (::lstat((ledgerDir_ + "/" + file).c_str(), &st) != 0 || !keptFileLocked(t->name, file, st)) return false;
-  std::string err;
-  auto l = Ledger::open(ledgerDir_, t->name, observing(file), &err);
-  if (!l) {
-    CUSHARE_BLOG(error, "ledger {}: {}", file, err);
-    return true;  // recorded, unusable now: tried again at the next scan
-  }
-  CUSHARE_BLOG(info, "tenant {}: former ledger {} found again; what its processes hold counts against the tenant",
-               t->name, file);
-  attachShadowLocked(t, std::move(l), file);
-  applyLimitsLocked(t);
-  stateDirty_ = true;
-  return true;
 }
 
 // The ledger files in the directory: adopts new ones (within the unknown tenants' caps), trusts

@@ -21,6 +21,7 @@ using yaml::Node;
 
 constexpr size_t kMaxSocketPath = 107;  // sizeof(sockaddr_un::sun_path) - 1
 constexpr size_t kMaxGroupName = 32;
+constexpr int64_t kMaxUnknownTenants = 65536;  // a bound on the counts, far above any real host
 
 SourceMark sourceMark(yaml::Mark m) { return SourceMark{m.line, m.column}; }
 yaml::Mark yamlMark(SourceMark m) { return yaml::Mark{m.line, m.column}; }
@@ -76,7 +77,8 @@ std::string listOf(const std::vector<std::string>& names) {
 
 const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "metrics_listen",
                                            "unknown_tenants", "admin_group", "state_file",
-                                           "profiles",        "tenants"};
+                                           "profiles",        "tenants",     "max_unknown_tenants",
+                                           "max_unknown_tenants_per_uid"};
 const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority"};
 const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
                                               "priority", "uid",     "gid"};
@@ -189,6 +191,13 @@ class Parser {
       }
       unknownTenantsMark_ = v.mark;
       return name(v, path, "'refuse' or the name of a profile", &c->unknownTenantsProfile);
+    }
+    if (k == "max_unknown_tenants" || k == "max_unknown_tenants_per_uid") {
+      if (!scalar(v, path, "a count", &text)) return false;
+      int64_t n = 0;
+      if (!parseInt(text, 0, kMaxUnknownTenants, &n, &reason)) return fail(v.mark, path, reason);
+      (k == "max_unknown_tenants" ? c->maxUnknownTenants : c->maxUnknownTenantsPerUid) = static_cast<uint32_t>(n);
+      return true;
     }
     if (k == "admin_group") {
       if (!scalar(v, path, "a group name", &text)) return false;
@@ -639,6 +648,37 @@ bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& de
                 sizeText(limits[d]));
       return false;
     }
+  }
+  // The unknown tenants' pool: at most max_unknown_tenants of them, each at the profile's limit.
+  const Profile* unknown = nullptr;
+  for (const Profile& p : config.profiles)
+    if (p.name == config.unknownTenantsProfile) unknown = &p;
+  if (unknown == nullptr || config.maxUnknownTenants == 0) return true;
+  if (!resolveImpl(config, unknown->memory, devices, &limits, &entryOf, error)) return false;
+  const bool own = unknown->memory.kind != MemorySpec::kNone;
+  const SourceMark at = own ? unknown->memory.mark : unknown->mark;
+  const std::string path = own ? unknown->memory.path : "profiles." + unknown->name;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    const std::string who = "the unknown_tenants profile " + quote(unknown->name);
+    if (limits[d] == kUnlimited) {
+      if (error)
+        *error = yaml::errorLine(config.file, yamlMark(at), path,
+                                 who + " has no memory limit on device " + deviceName(devices[d]) +
+                                     ": unknown tenants could take the configured tenants' memory; give it one");
+      return false;
+    }
+    const unsigned __int128 pool = static_cast<unsigned __int128>(limits[d]) * config.maxUnknownTenants;
+    if (sum[d] + pool <= devices[d].totalBytes) continue;
+    const unsigned __int128 all = sum[d] + pool;
+    if (error)
+      *error = yaml::errorLine(
+          config.file, yamlMark(at), path,
+          who + ": its pool of max_unknown_tenants (" + std::to_string(config.maxUnknownTenants) + ") x " +
+              sizeText(limits[d]) + " brings the memory limits on device " + deviceName(devices[d]) +
+              " to " + sizeText(all > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(all)) +
+              ", over the device's total of " + sizeText(devices[d].totalBytes) +
+              "; lower max_unknown_tenants or the profile's memory");
+    return false;
   }
   return true;
 }

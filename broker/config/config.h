@@ -84,6 +84,11 @@ struct Config {
   uint16_t metricsPort = 9464;            // 0: any free port (cushare status shows which)
   std::string stateFile = "/run/cushare/broker.state";  // live limits (set-limit) kept here
   std::string unknownTenantsProfile;  // empty: refuse unknown tenants
+  // Unknown tenants the broker admits at a time, in all and per uid (the owner of the ledger
+  // file). Their pool, max_unknown_tenants times the profile's memory, is admitted beside the
+  // configured tenants' limits.
+  uint32_t maxUnknownTenants = 8;
+  uint32_t maxUnknownTenantsPerUid = 4;
   std::string adminGroup;             // empty: only root may change things
   std::vector<Profile> profiles;      // in the order written
   std::vector<Tenant> tenants;        // in the order written; names unique
@@ -117,7 +122,9 @@ bool resolveMemory(const Config& config, const MemorySpec& spec,
 // Resolves every tenant's memory on every device and refuses a configuration in which the sum of
 // the tenants' limits on a device exceeds its total (exactly full is accepted), naming the tenant
 // whose limit makes the sum overflow and the device. Tenants without a limit on a device do not
-// count. Also fails as resolveMemory does.
+// count. With an unknown-tenant profile, its pool (max_unknown_tenants times the profile's memory)
+// counts beside them, and a profile without a limit on a device is refused. Also fails as
+// resolveMemory does.
 bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& devices,
                          std::string* error);
 

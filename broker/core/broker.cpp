@@ -2,43 +2,33 @@
 #include "core/broker.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <set>
 
 #include "core/bus_guard.h"
 #include "core/devices.h"
+#include "core/ledger_files.h"
 #include "core/log.h"
+#include "core/places.h"
 #include "cushare/host_segment.h"
 #include "cushare/parse.h"
 
 namespace cushare::broker {
 namespace {
 
-constexpr char kLedgerSuffix[] = ".ledger";
-constexpr char kRemovedSuffix[] = ".removed";  // a removed tenant's ledger while its processes run
-
 std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 std::string describeLimit(uint64_t v) { return v == kNoLimit ? "none" : formatSize(v); }
-
-// mkdir -p for the directories above path (mode 0755); the last component is left to the caller.
-bool makeParents(const std::string& path, std::string* err) {
-  for (size_t i = 1; i < path.size(); ++i) {
-    if (path[i] != '/') continue;
-    const std::string p = path.substr(0, i);
-    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) {
-      *err = sysErr("cannot create directory " + p);
-      return false;
-    }
-  }
-  return true;
-}
 
 // The settings of a tenant admitted under the unknown-tenant profile.
 Tenant unknownTenantConfig(const Config& c, const std::string& name) {
@@ -99,9 +89,18 @@ bool Broker::limitsFor(const Config& c, const MemorySpec& spec, std::vector<uint
 }
 
 uint64_t Broker::expectedLocked(const TenantState& t, size_t device) const {
+  uint64_t v = t.configured[device];
   if (auto it = overrides_.find(t.name); it != overrides_.end())
-    if (auto d = it->second.find(devices_[device].uuid); d != it->second.end()) return d->second;
-  return t.configured[device];
+    if (auto d = it->second.find(devices_[device].uuid); d != it->second.end()) v = d->second;
+  return device < t.ceiling.size() ? std::min(v, t.ceiling[device]) : v;
+}
+
+uint64_t Broker::ledgerLimitLocked(const TenantState& t, size_t device) const {
+  const uint64_t v = expectedLocked(t, device);
+  if (v == kNoLimit) return v;
+  uint64_t charged = 0;
+  for (const TenantState::Shadow& sh : t.shadows) charged += sh.charge[device];
+  return charged >= v ? 0 : v - charged;
 }
 
 std::map<std::string, std::vector<uint64_t>> Broker::effectiveLimitsLocked(
@@ -119,54 +118,25 @@ std::map<std::string, std::vector<uint64_t>> Broker::effectiveLimitsLocked(
 
 // The configuration checks the configured limits; live overrides must fit beside them too.
 bool Broker::checkEffective(const Config& c, const std::map<std::string, std::vector<uint64_t>>& limits,
-                            std::string* err) const {
+                            const std::vector<uint64_t>& unknown, std::string* err) const {
   for (size_t d = 0; d < devices_.size(); ++d) {
     unsigned __int128 sum = 0;
     for (const Tenant& t : c.tenants) {
       const uint64_t v = limits.at(t.name)[d];
       if (v != kNoLimit) sum += v;
     }
+    // The unknown tenants' pool (checkAgainstDevices refuses a profile without a limit).
+    if (!c.unknownTenantsProfile.empty() && unknown[d] != kNoLimit)
+      sum += static_cast<unsigned __int128>(unknown[d]) * c.maxUnknownTenants;
     if (sum > devices_[d].totalBytes) {
       *err = "the limits on device " + std::to_string(d) + " (" + devices_[d].uuid + ") would add up to " +
              formatSize(static_cast<uint64_t>(std::min<unsigned __int128>(sum, UINT64_MAX))) +
              ", more than its " + formatSize(devices_[d].totalBytes) +
-             " (live limits set with cushare set-limit count too; see cushare tenants)";
+             " (live limits set with cushare set-limit count too, and the unknown tenants' pool; see cushare tenants)";
       return false;
     }
   }
   return true;
-}
-
-bool Broker::prepareDirectory(const Config& c, std::string* err) {
-  const std::string& dir = c.ledgerDir;
-  if (!makeParents(dir, err)) return false;
-  if (::mkdir(dir.c_str(), 0711) != 0 && errno != EEXIST) {
-    *err = sysErr("cannot create ledger_dir " + dir);
-    return false;
-  }
-  struct stat st;
-  if (::lstat(dir.c_str(), &st) != 0) {
-    *err = sysErr("cannot access ledger_dir " + dir);
-    return false;
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    *err = "ledger_dir " + dir + " is not a directory";
-    return false;
-  }
-  if (st.st_uid != ::geteuid()) {
-    *err = "ledger_dir " + dir + " belongs to uid " + std::to_string(st.st_uid) +
-           ", not to the broker's user (uid " + std::to_string(::geteuid()) +
-           "): tenants could replace the ledgers; remove it or give it to the broker's user";
-    return false;
-  }
-  // 0711 until the host segment is written (start() then opens it to unknown tenants if
-  // configured): a tenant must never be able to plant a host segment of its own.
-  const mode_t mode = 0711;
-  if ((st.st_mode & 07777) != mode && ::chmod(dir.c_str(), mode) != 0) {
-    *err = sysErr("cannot set the mode of ledger_dir " + dir);
-    return false;
-  }
-  return makeParents(c.stateFile, err);
 }
 
 void Broker::openLedgerLocked(TenantState* t) {
@@ -178,8 +148,10 @@ void Broker::openLedgerLocked(TenantState* t) {
     // A link or anything else planted under a ledger's name: never follow or reuse it.
     CUSHARE_BLOG(warn, "tenant {}: {} is not a regular file: removing it", t->name, path);
     ::unlink(path.c_str());
-  } else if (!exists && ::lstat(removed.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-    // A tenant removed earlier is configured again: its running processes' ledger comes back.
+  } else if (!exists && ::lstat(removed.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+             keptFileLocked(t->name, name + kRemovedSuffix, st)) {
+    // A tenant removed earlier is configured again: its running processes' ledger comes back
+    // (only the file the broker renamed itself, as the state file recorded it).
     ::rename(removed.c_str(), path.c_str());
   }
   LedgerOpenOptions o;
@@ -195,12 +167,26 @@ void Broker::openLedgerLocked(TenantState* t) {
 }
 
 // Gives a configured tenant's ledger the owner and mode of the configuration, through the broker's
-// own descriptor. A file someone else created first (another user, with unknown tenants admitted)
-// or that belonged to the tenant's former uid is taken over, not replaced: processes that had it
-// open stay in the tenant's accounting instead of getting a second budget.
+// own descriptor. A file another user owns (created first while unknown tenants are admitted, or
+// under the tenant's former uid) is not handed over, since its creator keeps a writable descriptor:
+// it is renamed away (its processes stay charged to the tenant, see supersedeLocked) and a fresh
+// ledger takes its name.
 void Broker::ownLocked(TenantState* t) {
   if (!t->ledger) return;
-  const int uid = t->config.uid ? static_cast<int>(*t->config.uid) : static_cast<int>(::geteuid());
+  const uid_t want = t->config.uid ? static_cast<uid_t>(*t->config.uid) : ::geteuid();
+  struct stat st;
+  // Bounded: another user may create the name again between the rename and the creation.
+  for (int attempt = 0; t->ledger && t->ledger->fileStat(&st) && st.st_uid != want; ++attempt) {
+    if (attempt == 3) {
+      t->ledger.reset();
+      noteError(t, "its ledger " + ledgerDir_ + "/" + t->fileName + " keeps being created by uid " +
+                       std::to_string(st.st_uid) + " instead of the tenant's user; it is tried again at the next scan");
+      return;
+    }
+    supersedeLocked(t, st.st_uid);
+  }
+  if (!t->ledger) return;
+  const int uid = static_cast<int>(want);
   const int gid = t->config.gid ? static_cast<int>(*t->config.gid) : -1;
   bool changed = false;
   std::string err;
@@ -210,8 +196,8 @@ void Broker::ownLocked(TenantState* t) {
     return;
   }
   if (changed)
-    CUSHARE_BLOG(warn, "tenant {}: {} given to uid {}{} (it had another owner or mode)", t->name,
-                 t->ledger->path(), uid, gid >= 0 ? " gid " + std::to_string(gid) : "");
+    CUSHARE_BLOG(warn, "tenant {}: {} given mode {}{} (it had another group or mode)", t->name, t->ledger->path(),
+                 t->config.gid ? "0660" : "0600", gid >= 0 ? " and group " + std::to_string(gid) : "");
 }
 
 void Broker::noteError(TenantState* t, const std::string& err) {
@@ -225,7 +211,7 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   t->entry.assign(devices_.size(), -1);
   const bool ok = guarded([&] {
     for (size_t d = 0; d < devices_.size(); ++d) {
-      const uint64_t want = expectedLocked(*t, d);
+      const uint64_t want = ledgerLimitLocked(*t, d);
       // Looked up each time, not cached: a tenant may rewrite its entries (the UUID included).
       uint8_t uuid[16];
       parseGpuUuid(devices_[d].uuid, uuid);
@@ -256,38 +242,89 @@ void Broker::faultLocked(TenantState* t) {
   noteError(t, "its ledger " + ledgerDir_ + "/" + t->fileName +
                    " became unreadable (truncated by a process of the tenant?); it is opened again at the next scan");
 }
-bool Broker::writeHostLocked(std::string* err) {
+uint32_t Broker::unknownAdoptedLocked() const {
+  uint32_t n = 0;
+  for (const auto& [name, t] : tenants_) n += t->source == "unknown-tenant" ? 1 : 0;
+  return n;
+}
+
+bool Broker::writeHostLocked(std::string* err) { return writeHostFor(config_, unknownLimits_, generation_, err); }
+
+// While max_unknown_tenants are adopted the segment offers new unknown tenants no memory (limit
+// 0): a shim creating one more ledger then denies its allocations at once, before the broker's
+// scan refuses the file.
+bool Broker::writeHostFor(const Config& c, const std::vector<uint64_t>& unknown, uint64_t generation,
+                          std::string* err) {
+  const bool full = unknownAdoptedLocked() >= c.maxUnknownTenants;
   HostInfo h;
   h.brokerPid = static_cast<uint32_t>(::getpid());
-  h.configGeneration = generation_;
-  h.profileForUnknown = !config_.unknownTenantsProfile.empty();
-  h.unknownProfile = config_.unknownTenantsProfile;
+  h.configGeneration = generation;
+  h.profileForUnknown = !c.unknownTenantsProfile.empty();
+  h.unknownProfile = c.unknownTenantsProfile;
   for (size_t d = 0; d < devices_.size(); ++d) {
     HostDevice hd;
     parseGpuUuid(devices_[d].uuid, hd.uuid);
     hd.capacity = devices_[d].totalBytes;
-    hd.unknownLimit = h.profileForUnknown ? unknownLimits_[d] : 0;
+    hd.unknownLimit = h.profileForUnknown && !full ? unknown[d] : 0;
     h.devices.push_back(hd);
   }
-  return writeHostSegment(ledgerDir_, h, err);
+  if (!writeHostSegment(ledgerDir_, h, err)) return false;
+  if (full != unknownFull_ && h.profileForUnknown)
+    CUSHARE_BLOG(info, "unknown tenants: {} max_unknown_tenants ({}); new ones get {}", full ? "at" : "below again",
+                 c.maxUnknownTenants, full ? "no memory until one goes" : "the profile's limits");
+  unknownFull_ = full;
+  return true;
 }
 
-void Broker::adoptLocked(const std::string& name, const std::string& fileName) {
+void Broker::refuseUnknownLocked(const std::string& name, const std::string& file, const struct stat& st,
+                                 const std::string& why) {
+  refused_[file] = static_cast<uint64_t>(st.st_ino);
+  ++unknownRefused_;
+  CUSHARE_BLOG(warn, "ledger {} (uid {}): refused, {}; not adopted (its processes get no memory) until the "
+               "file is removed", file, st.st_uid, why);
+  if (file != name + kLedgerSuffix) return;
+  // The shim created it with the unknown-tenant profile's limit: set every device to 0, once,
+  // through a descriptor held only for this.
+  std::string err;
+  auto l = Ledger::open(ledgerDir_, name, observing(file), &err);
+  if (!l) return;
+  guarded([&] {
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      uint8_t uuid[16];
+      parseGpuUuid(devices_[d].uuid, uuid);
+      const int e = l->deviceIndex(uuid, 0, &err);
+      if (e >= 0) l->setLimit(e, 0);
+    }
+  });
+}
+
+void Broker::adoptLocked(const std::string& name, const std::string& fileName, const struct stat& st) {
+  const bool removedFile = fileName != name + kLedgerSuffix;
+  const bool admitted = !config_.unknownTenantsProfile.empty() && !removedFile;
+  if (admitted) {
+    uint32_t all = 0, mine = 0;
+    for (const auto& [n, t] : tenants_) {
+      if (t->source != "unknown-tenant") continue;
+      ++all;
+      mine += t->owner == st.st_uid ? 1 : 0;
+    }
+    if (all >= config_.maxUnknownTenants)
+      return refuseUnknownLocked(name, fileName, st,
+                                 "max_unknown_tenants (" + std::to_string(config_.maxUnknownTenants) + ") reached");
+    if (mine >= config_.maxUnknownTenantsPerUid)
+      return refuseUnknownLocked(name, fileName, st, "max_unknown_tenants_per_uid (" +
+                                 std::to_string(config_.maxUnknownTenantsPerUid) + ") reached for uid " +
+                                 std::to_string(st.st_uid));
+  }
   auto t = std::make_unique<TenantState>();
   t->name = name;
   t->fileName = fileName;
-  const bool removedFile = fileName != name + kLedgerSuffix;
-  const bool admitted = !config_.unknownTenantsProfile.empty() && !removedFile;
+  t->owner = st.st_uid;
   t->source = admitted ? "unknown-tenant" : "removed";
   t->configured = admitted ? unknownLimits_ : std::vector<uint64_t>(devices_.size(), kNoLimit);
   if (admitted) t->config = unknownTenantConfig(config_, name);
-  LedgerOpenOptions o;
-  o.createDir = false;
-  o.createFile = false;
-  o.claimSlot = false;
-  o.fileName = fileName;
   std::string err;
-  t->ledger = Ledger::open(ledgerDir_, name, o, &err);
+  t->ledger = Ledger::open(ledgerDir_, name, observing(fileName), &err);
   if (!t->ledger) {
     // Not retried until the file changes name or the broker restarts: logged once.
     if (adoptErrors_[fileName] != err) CUSHARE_BLOG(error, "ledger {}: {}", fileName, err);
@@ -295,14 +332,19 @@ void Broker::adoptLocked(const std::string& name, const std::string& fileName) {
     return;
   }
   adoptErrors_.erase(fileName);
+  // A tenant that left the configuration keeps at most what it last had (the state file's record,
+  // and its ledger's limit); a removed one with neither gets nothing new.
+  ceilingFromRecordLocked(t.get(), /*required=*/!admitted);
+  if (!t->ledger) return;
   if (admitted) {
     CUSHARE_BLOG(info, "tenant {}: adopted (unknown tenant, profile {})", name, config_.unknownTenantsProfile);
-    applyLimitsLocked(t.get());
   } else if (!removedFile) {
     retireLocked(t.get());
   }
+  applyLimitsLocked(t.get());
   tenants_[name] = std::move(t);
 }
+
 void Broker::retireLocked(TenantState* t) {
   if (t->source != "removed")
     CUSHARE_BLOG(info, "tenant {}: removed; its running processes keep their ledger until they exit", t->name);
@@ -310,9 +352,12 @@ void Broker::retireLocked(TenantState* t) {
   // Renamed, not unlinked: new processes are refused (no file by the tenant's name), and if the
   // tenant is configured again the same file, with its running processes, comes back.
   const std::string path = ledgerDir_ + "/" + t->name + kLedgerSuffix;
-  if (t->fileName == t->name + kLedgerSuffix && ::rename(path.c_str(), (path + kRemovedSuffix).c_str()) == 0)
+  if (t->fileName == t->name + kLedgerSuffix && ::rename(path.c_str(), (path + kRemovedSuffix).c_str()) == 0) {
     t->fileName += kRemovedSuffix;
+    stateDirty_ = true;  // a renamed file is trusted again after a restart only if recorded
+  }
 }
+
 // Reads and checks the configuration file: everything start, check and reload need before they
 // may change anything.
 bool Broker::prepare(Prepared* out, std::string* err) const {
@@ -329,10 +374,14 @@ bool Broker::prepare(Prepared* out, std::string* err) const {
 
 bool Broker::check(std::string* err) const {
   Prepared p;
-  Overrides o;
-  if (!prepare(&p, err) || !loadOverrides(p.config.stateFile, &o, err)) return false;
+  BrokerState st;
+  if (!prepare(&p, err) || !checkPlaces(p.config, err) || !loadStateFor(p.config, &st, err)) return false;
+  struct stat ls;
+  if (::lstat(p.config.ledgerDir.c_str(), &ls) == 0 && ls.st_uid != ::geteuid())
+    CUSHARE_BLOG(warn, "ledger_dir {} belongs to uid {}: the broker will move it aside, unread, when it starts",
+                 p.config.ledgerDir, ls.st_uid);
   std::lock_guard<std::mutex> g(mu_);
-  return checkEffective(p.config, effectiveLimitsLocked(p.config, p.configured, o), err);
+  return checkEffective(p.config, effectiveLimitsLocked(p.config, p.configured, st.limits), p.unknown, err);
 }
 
 bool Broker::start(std::string* err) {
@@ -342,11 +391,12 @@ bool Broker::start(std::string* err) {
   std::optional<gid_t>& admin = p.adminGid;
   std::map<std::string, std::vector<uint64_t>>& configured = p.configured;
   std::vector<uint64_t>& unknown = p.unknown;
-  Overrides o;
-  if (!loadOverrides(c.stateFile, &o, err)) return false;
+  BrokerState state;
+  if (!checkPlaces(c, err) || !loadStateFor(c, &state, err)) return false;
+  Overrides o = state.limits;
   dropStaleOverrides(c, configured, &o);
-  if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), err)) return false;
-  if (!prepareDirectory(c, err)) return false;
+  if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), unknown, err)) return false;
+  if (!prepareLedgerDir(c, err)) return false;
 
   std::lock_guard<std::mutex> g(mu_);
   config_ = c;
@@ -354,6 +404,7 @@ bool Broker::start(std::string* err) {
   ledgerDir_ = c.ledgerDir;
   overrides_ = std::move(o);
   unknownLimits_ = unknown;
+  state_ = std::move(state);  // the records of the last run, for the ledgers found below
   generation_ = 1;
   for (const Tenant& t : c.tenants) {
     auto ts = std::make_unique<TenantState>();
@@ -363,11 +414,14 @@ bool Broker::start(std::string* err) {
     ts->configured = configured[t.name];
     openLedgerLocked(ts.get());
     ownLocked(ts.get());
+    // Its former ledgers still in use are charged before its limit is written (no window).
+    for (const KeptFile& f : state_.files)
+      if (f.tenant == t.name && f.file.find(kReplacedInfix) != std::string::npos) reattachLocked(ts.get(), f.file);
     applyLimitsLocked(ts.get());
     tenants_[t.name] = std::move(ts);
   }
   tickLocked(true);  // adopts (or retires) the ledgers of tenants not in the configuration
-  if (!writeHostLocked(err)) return false;
+  if (!saveStateLocked(err) || !writeHostLocked(err)) return false;
   if (::chmod(ledgerDir_.c_str(), directoryMode(c)) != 0) {
     *err = sysErr("cannot set the mode of ledger_dir " + ledgerDir_);
     return false;
@@ -406,14 +460,35 @@ bool Broker::reload(std::string* err) {
   }
   Overrides o = overrides_;
   dropStaleOverrides(c, configured, &o);
-  if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), &why)) {
+  const auto effective = effectiveLimitsLocked(c, configured, o);
+  if (!checkEffective(c, effective, unknown, &why)) {
     g.unlock();
     return refuse(why);
   }
-  if (o != overrides_ && !saveOverrides(c.stateFile, o, &why)) {
+  // Tenants leaving the configuration keep at most what they have now (with the live limits and
+  // ceilings in force before this reload).
+  std::map<std::string, std::vector<uint64_t>> leaving;
+  for (const auto& [name, t] : tenants_) {
+    if (t->source != "config" || configured.count(name)) continue;
+    for (size_t d = 0; d < devices_.size(); ++d) leaving[name].push_back(expectedLocked(*t, d));
+  }
+  BrokerState next = stateLocked(c, o, effective);
+  for (const auto& [name, limits] : leaving)
+    for (size_t d = 0; d < devices_.size(); ++d) next.last[name][devices_[d].uuid] = limits[d];
+  const BrokerState before = state_;
+  if (next != before && !saveState(c.stateFile, next, &why)) {
     g.unlock();
     return refuse(why);
   }
+  // The host segment before anything else changes: a reload whose segment cannot be written is
+  // refused as a whole (the state file is put back), so shims and broker never disagree.
+  if (!writeHostFor(c, unknown, generation_ + 1, &why)) {
+    std::string back;
+    if (next != before && !saveState(c.stateFile, before, &back)) CUSHARE_BLOG(error, "{}", back);
+    g.unlock();
+    return refuse("the host segment could not be written: " + why);
+  }
+  state_ = next;
 
   // Committed from here on: nothing below can refuse the configuration.
   config_ = c;
@@ -424,16 +499,23 @@ bool Broker::reload(std::string* err) {
   if (::chmod(ledgerDir_.c_str(), directoryMode(c)) != 0)
     CUSHARE_BLOG(error, "cannot set the mode of ledger_dir {}: {}", ledgerDir_, std::strerror(errno));
   // Tenants no longer configured: admitted under the unknown-tenant profile if there is one,
-  // otherwise removed.
+  // otherwise removed; either way never above what they had.
   for (auto& [name, t] : tenants_) {
+    if (auto l = leaving.find(name); l != leaving.end()) {
+      if (t->ceiling.empty()) t->ceiling.assign(devices_.size(), kNoLimit);
+      for (size_t d = 0; d < devices_.size(); ++d) t->ceiling[d] = std::min(t->ceiling[d], l->second[d]);
+    }
     if (t->source == "removed" || configured.count(name)) continue;
     if (c.unknownTenantsProfile.empty()) {
       retireLocked(t.get());
+      applyLimitsLocked(t.get());
       continue;
     }
     t->source = "unknown-tenant";
     t->config = unknownTenantConfig(c, name);
     t->configured = unknown;
+    struct stat st;
+    if (t->ledger && t->ledger->fileStat(&st)) t->owner = st.st_uid;  // counted per uid from now on
     applyLimitsLocked(t.get());
   }
   for (const Tenant& ct : c.tenants) {
@@ -442,6 +524,7 @@ bool Broker::reload(std::string* err) {
     slot->name = ct.name;
     slot->config = ct;
     slot->configured = configured.at(ct.name);
+    slot->ceiling.clear();  // configured again: the configuration says what it gets
     // An unknown tenant's ledger, or a removed tenant's, is kept (with its running processes) and
     // taken over; a removed one gets its name back.
     const std::string path = ledgerDir_ + "/" + ct.name + kLedgerSuffix;
@@ -459,7 +542,7 @@ bool Broker::reload(std::string* err) {
     if (slot->ledger) slot->error.clear();
     applyLimitsLocked(slot.get());
   }
-  if (!writeHostLocked(&why)) CUSHARE_BLOG(error, "{}", why);
+  if (!saveStateLocked(&why)) CUSHARE_BLOG(error, "{}", why);
   CUSHARE_BLOG(info, "configuration reloaded: generation {}, {} tenants", generation_, c.tenants.size());
   return true;
 }
@@ -492,6 +575,12 @@ bool Broker::setLimit(const std::string& tenant, int device, std::optional<Memor
       continue;
     }
     const uint64_t bytes = bytesOn(*amount, dev.totalBytes);
+    // An unknown tenant's share is its place in the unknown tenants' pool: lower only.
+    if (t.source != "config" && bytes > t.configured[static_cast<size_t>(d)]) {
+      *err = "tenant '" + tenant + "' is not configured: its limit can be lowered, not raised above its " +
+             describeLimit(t.configured[static_cast<size_t>(d)]) + " (configure it to give it more)";
+      return false;
+    }
     if (bytes > dev.totalBytes) {
       *err = "a limit of " + formatSize(bytes) + " is more than device " + std::to_string(d) + "'s " +
              formatSize(dev.totalBytes);
@@ -500,11 +589,12 @@ bool Broker::setLimit(const std::string& tenant, int device, std::optional<Memor
     o[tenant][dev.uuid] = bytes;
   }
   if (o.count(tenant) && o[tenant].empty()) o.erase(tenant);
-  std::map<std::string, std::vector<uint64_t>> configured;
-  for (const auto& [name, ts] : tenants_)
-    if (ts->source == "config") configured[name] = ts->configured;
-  if (!checkEffective(config_, effectiveLimitsLocked(config_, configured, o), err)) return false;
-  if (!saveOverrides(config_.stateFile, o, err)) return false;
+  const auto configured = configuredLocked();
+  const auto effective = effectiveLimitsLocked(config_, configured, o);
+  if (!checkEffective(config_, effective, unknownLimits_, err)) return false;
+  BrokerState next = stateLocked(config_, o, effective);
+  if (next != state_ && !saveState(config_.stateFile, next, err)) return false;
+  state_ = std::move(next);
   overrides_ = std::move(o);
   applyLimitsLocked(&t);
   return true;
@@ -589,6 +679,32 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
     s.devices.clear();
     s.processes.clear();
   }
+  // Former ledgers still charged to it: their usage is the tenant's (its ledger's limit is lowered
+  // by as much), and their processes are its processes.
+  for (TenantDeviceSnapshot& td : s.devices)
+    for (const TenantState::Shadow& sh : t.shadows) {
+      const uint64_t c = sh.charge[static_cast<size_t>(td.device)];
+      td.used += c;
+      if (td.limit != kNoLimit) td.limit += c;
+    }
+  for (const TenantState::Shadow& sh : t.shadows)
+    guarded([&] {
+      std::vector<int> entry(devices_.size(), -1);
+      for (size_t d = 0; d < devices_.size(); ++d) {
+        uint8_t uuid[16];
+        parseGpuUuid(devices_[d].uuid, uuid);
+        entry[d] = sh.ledger->findDevice(uuid);
+      }
+      for (const Ledger::SlotUsage& u : sh.ledger->slots()) {
+        if (u.pid == 0) continue;
+        ProcessSnapshot p;
+        p.pid = u.pid;
+        p.used.assign(devices_.size(), 0);
+        for (size_t d = 0; d < devices_.size(); ++d)
+          if (entry[d] >= 0) p.used[d] = u.used[entry[d]];
+        s.processes.push_back(std::move(p));
+      }
+    });
   s.error = t.error;
   return s;
 }
@@ -607,6 +723,7 @@ BrokerSnapshot Broker::snapshot() {
   s.metricsAddress = metricsAddress_;
   s.reapedProcesses = reaped_;
   s.reloadsRefused = reloadsRefused_;
+  s.ledgersRefused = unknownRefused_;
   for (const DeviceInfo& d : devices_) s.devices.push_back({d.ordinal, d.uuid, d.totalBytes, 0});
   auto add = [&](TenantState& t) {
     TenantSnapshot ts = tenantSnapshotLocked(&t);
@@ -649,31 +766,100 @@ int Broker::tickLocked(bool scanDirectory) {
         CUSHARE_BLOG(info, "tenant {}: removed, last process gone", t.name);
         if (t.fileName != t.name + kLedgerSuffix) ::unlink((ledgerDir_ + "/" + t.fileName).c_str());
       }
+      stateDirty_ = true;  // its records (last limit, renamed file) go too
       it = tenants_.erase(it);
       continue;
     }
+    watchShadowsLocked(&t);
     applyLimitsLocked(&t, /*watchdog=*/true);  // removed tenants too: their processes still run
     ++it;
   }
   if (scanDirectory) {
-    if (DIR* d = ::opendir(ledgerDir_.c_str())) {
-      while (const dirent* e = ::readdir(d)) {
-        const std::string file = e->d_name;
-        std::string name = file;
-        for (const char* suffix : {kRemovedSuffix, kLedgerSuffix}) {
-          const size_t n = std::strlen(suffix);
-          if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0) name.resize(name.size() - n);
-        }
-        if (name == file || name + kRemovedSuffix == file) continue;  // not <name>.ledger[.removed]
-        if (tenants_.count(name) || !Ledger::validTenantName(name, nullptr)) continue;
-        adoptLocked(name, file);
-      }
-      ::closedir(d);
-    }
+    scanLocked();
+    std::string err;
+    if (!config_.unknownTenantsProfile.empty() &&
+        (unknownAdoptedLocked() >= config_.maxUnknownTenants) != unknownFull_ &&
+        !writeHostLocked(&err))
+      CUSHARE_BLOG(error, "{}", err);  // tried again at the next scan
+  }
+  if (stateDirty_) {
+    std::string err;
+    if (!saveStateLocked(&err)) CUSHARE_BLOG(error, "{}", err);  // retried at the next tick
   }
   if (reaped > 0) CUSHARE_BLOG(debug, "returned the usage of {} dead processes", reaped);
   reaped_ += static_cast<uint64_t>(reaped);
   return reaped;
+}
+
+// The ledger files in the directory: adopts new ones (within the unknown tenants' caps), trusts
+// renamed ones only as the state file recorded them, and forgets what is gone.
+void Broker::scanLocked() {
+  DIR* dir = ::opendir(ledgerDir_.c_str());
+  if (dir == nullptr) return;
+  std::set<std::string> seen;
+  std::vector<std::pair<std::string, std::string>> former;  // tenant, <tenant>.ledger.replaced.N
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string file = e->d_name;
+    const size_t at = file.find(kLedgerSuffix);
+    if (at == std::string::npos || at == 0) continue;
+    const std::string name = file.substr(0, at), rest = file.substr(at + std::strlen(kLedgerSuffix));
+    const bool replaced = rest.rfind(kReplacedInfix, 0) == 0 && rest.size() > std::strlen(kReplacedInfix);
+    if ((!rest.empty() && rest != kRemovedSuffix && !replaced) || !Ledger::validTenantName(name, nullptr)) continue;
+    seen.insert(file);
+    if (tenants_.count(name) && (!replaced || tenants_[name]->fileName == file)) continue;
+    struct stat st;
+    if (::fstatat(::dirfd(dir), file.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (auto r = refused_.find(file); r != refused_.end()) {
+      if (r->second == static_cast<uint64_t>(st.st_ino)) continue;  // refused already
+      refused_.erase(r);
+    }
+    if (replaced) {
+      former.emplace_back(name, file);
+    } else if (rest.empty() || keptFileLocked(name, file, st)) {
+      adoptLocked(name, file, st);
+    } else {
+      refuseUnknownLocked(name, file, st, "a renamed ledger the broker has no record of");
+    }
+  }
+  // Former ledgers of a tenant (renamed away because another user owned them) are charged to it
+  // again after a restart, if the state file recorded them.
+  for (const auto& [name, file] : former) {
+    auto it = tenants_.find(name);
+    struct stat st;
+    if (it != tenants_.end() && reattachLocked(it->second.get(), file)) continue;
+    if (::fstatat(::dirfd(dir), file.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    refuseUnknownLocked(name, file, st, it == tenants_.end() ? "a former ledger of a tenant the broker no longer has"
+                                                             : "a renamed ledger the broker has no record of");
+  }
+  // An unknown tenant's file replaced under its name (its owner may unlink it in the sticky
+  // directory, and a shim then creates a new one): the new file is its ledger from now on, and
+  // what the old one's processes still hold is charged against it, never a second budget.
+  for (auto& [name, t] : tenants_) {
+    struct stat now, mine;
+    if (t->source != "unknown-tenant" || !t->ledger || t->fileName != name + kLedgerSuffix ||
+        ::fstatat(::dirfd(dir), t->fileName.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(now.st_mode) ||
+        !t->ledger->fileStat(&mine) || (now.st_dev == mine.st_dev && now.st_ino == mine.st_ino))
+      continue;
+    std::string err;
+    auto fresh = Ledger::open(ledgerDir_, name, observing(t->fileName), &err);
+    if (!fresh) continue;  // tried again at the next scan
+    CUSHARE_BLOG(warn, "tenant {}: its ledger file was replaced (by uid {}); what the old one's processes hold "
+                 "still counts against it until they exit", name, now.st_uid);
+    attachShadowLocked(t.get(), std::move(t->ledger), "");  // nameless: not found again after a restart
+    t->ledger = std::move(fresh);
+    t->owner = now.st_uid;
+    applyLimitsLocked(t.get());
+  }
+  ::closedir(dir);
+  // Forget what is gone: refusals and errors by name, and unknown tenants whose file was removed.
+  for (auto r = refused_.begin(); r != refused_.end();) r = seen.count(r->first) ? std::next(r) : refused_.erase(r);
+  for (auto r = adoptErrors_.begin(); r != adoptErrors_.end();)
+    r = seen.count(r->first) ? std::next(r) : adoptErrors_.erase(r);
+  for (auto it = tenants_.begin(); it != tenants_.end();) {
+    const bool gone = it->second->source == "unknown-tenant" && !seen.count(it->second->fileName);
+    if (gone) CUSHARE_BLOG(info, "tenant {}: its ledger file was removed; forgotten", it->first);
+    it = gone ? tenants_.erase(it) : std::next(it);
+  }
 }
 
 std::vector<int> Broker::pids() {

@@ -8,12 +8,23 @@
 //   restores it if anyone else changed it (a tenant can write its own ledger).
 // - A configuration change (start, reload) is all or nothing: everything that can fail is checked
 //   before the first ledger, limit or file is touched.
-// - The host segment is written after the ledgers it implies exist, so a shim that sees a broker
-//   also finds its tenant's ledger.
+// - The host segment is written at start after the ledgers it implies exist, so a shim that sees a
+//   broker also finds its tenant's ledger. On reload it is written before anything else changes
+//   (it names no tenant): a reload whose segment cannot be written is refused as a whole.
 // - Nothing a tenant process holds is ever lost: removed tenants' ledgers are unlinked (new
 //   processes are refused) but kept open and reaped until their last process is gone.
+// - No configuration step raises a running process's limit by taking its tenant out: a tenant
+//   that leaves the configuration keeps at most the limit it last had (its ceiling), also across
+//   restarts (the state file records it).
+// - A tenant's ledger is owned by its configured user. One found with another owner is renamed
+//   away (never handed over: its creator keeps a writable descriptor) and replaced; what its
+//   processes hold stays charged to the tenant until they exit (shadows), never a second budget.
+// - Unknown tenants are bounded: at most max_unknown_tenants of them (and per uid) hold a
+//   descriptor and a mapping; the others' files are refused, remembered by name only while they
+//   exist.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -94,6 +105,20 @@ class Broker {
     std::string fileName;    // in ledger_dir: "<name>.ledger", or "<name>.ledger.removed"
     std::vector<int> entry;  // per device: the ledger's device entry (refreshed every tick)
     std::string error;
+    // Per device: the most its processes may have now that the configuration no longer lists it
+    // (kNoLimit: none; empty while configured). Never raised while the tenant is not configured.
+    std::vector<uint64_t> ceiling;
+    uid_t owner = 0;  // the ledger file's owner (unknown tenants are counted per uid)
+    // A former ledger of this tenant, renamed away because another user owned it (or, for an
+    // unknown tenant, replaced under its name), while processes still use it: what they hold
+    // (charge, per device; only ever lowered) counts against the tenant's limit, and they may not
+    // grow.
+    struct Shadow {
+      std::unique_ptr<Ledger> ledger;
+      std::string fileName;  // "<name>.ledger.replaced.<n>"; empty: it has no name any more
+      std::vector<uint64_t> charge;
+    };
+    std::vector<Shadow> shadows;
   };
 
   struct Prepared {
@@ -103,16 +128,34 @@ class Broker {
     std::vector<uint64_t> unknown;  // per device: the unknown-tenant profile's limit
   };
   bool prepare(Prepared* out, std::string* err) const;
-  bool prepareDirectory(const Config& c, std::string* err);
+  bool loadStateFor(const Config& c, BrokerState* s, std::string* err) const;
+  // The state file as it should be now (live limits o, the configuration's effective limits).
+  BrokerState stateLocked(const Config& c, const Overrides& o,
+                          const std::map<std::string, std::vector<uint64_t>>& effective) const;
+  bool saveStateLocked(std::string* err);
+  std::map<std::string, std::vector<uint64_t>> configuredLocked() const;  // config tenants' limits
   bool resolveAdmin(const Config& c, std::optional<gid_t>* gid, std::string* err) const;
   bool limitsFor(const Config& c, const MemorySpec& spec, std::vector<uint64_t>* out,
                  std::string* err) const;
+  // unknown: the unknown-tenant profile's limit per device (its pool counts beside the tenants).
   bool checkEffective(const Config& c, const std::map<std::string, std::vector<uint64_t>>& limits,
-                      std::string* err) const;
+                      const std::vector<uint64_t>& unknown, std::string* err) const;
   std::map<std::string, std::vector<uint64_t>> effectiveLimitsLocked(
       const Config& c, const std::map<std::string, std::vector<uint64_t>>& configured,
       const Overrides& o) const;
   uint64_t expectedLocked(const TenantState& t, size_t device) const;
+  // What the tenant's own ledger may hold: expected less its shadows' charge.
+  uint64_t ledgerLimitLocked(const TenantState& t, size_t device) const;
+  void supersedeLocked(TenantState* t, uid_t foundOwner);
+  void watchShadowsLocked(TenantState* t);
+  void attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const std::string& fileName);
+  bool reattachLocked(TenantState* t, const std::string& file);
+  // The ceiling of a tenant that is no longer configured, found at start: the lower of the last
+  // configured limit (state file) and its ledger's.
+  void ceilingFromRecordLocked(TenantState* t, bool required);
+  bool keptFileLocked(const std::string& tenant, const std::string& file, const struct stat& st) const;
+  void refuseUnknownLocked(const std::string& name, const std::string& file, const struct stat& st,
+                           const std::string& why);
   void openLedgerLocked(TenantState* t);
   void ownLocked(TenantState* t);
   void noteError(TenantState* t, const std::string& err);
@@ -120,10 +163,14 @@ class Broker {
   // watchdog: a difference is someone else's change (logged as a warning), not the broker's.
   void applyLimitsLocked(TenantState* t, bool watchdog = false);
   bool writeHostLocked(std::string* err);
-  void adoptLocked(const std::string& tenant, const std::string& fileName);
+  uint32_t unknownAdoptedLocked() const;
+  bool writeHostFor(const Config& c, const std::vector<uint64_t>& unknown, uint64_t generation,
+                    std::string* err);
+  void adoptLocked(const std::string& tenant, const std::string& fileName, const struct stat& st);
   void retireLocked(TenantState* t);
   TenantSnapshot tenantSnapshotLocked(TenantState* t);
   int tickLocked(bool scanDirectory);
+  void scanLocked();
 
   const std::string configPath_;
   const std::vector<DeviceInfo> devices_;
@@ -139,6 +186,13 @@ class Broker {
   std::map<std::string, std::unique_ptr<TenantState>> tenants_;  // by name
   std::vector<uint64_t> unknownLimits_;                          // per device
   std::map<std::string, std::string> adoptErrors_;  // file -> why it could not be adopted (logged once)
+  // Ledger files of unknown tenants beyond the caps, or renamed files the broker does not know:
+  // file name -> inode, forgotten when the file goes.
+  std::map<std::string, uint64_t> refused_;
+  uint64_t unknownRefused_ = 0;   // counter: unknown-tenant ledgers refused (caps)
+  BrokerState state_;             // as last written to the state file
+  bool stateDirty_ = false;       // the state file is behind (a shadow came or went)
+  bool unknownFull_ = false;      // the host segment offers new unknown tenants nothing (caps reached)
   std::string metricsAddress_;
   uint64_t reaped_ = 0;
   uint64_t reloadsRefused_ = 0;

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "core/devices.h"
@@ -19,26 +19,79 @@ namespace cushare::broker {
 namespace {
 
 constexpr char kHeader[] = "cushare-broker-state 1";
+constexpr uint64_t kNone = UINT64_MAX;
 
-}  // namespace
+std::string octal(unsigned mode) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%04o", mode);
+  return b;
+}
 
-bool loadOverrides(const std::string& path, Overrides* out, std::string* err) {
-  std::ifstream in(path);
-  if (!in) {
-    if (errno == ENOENT) {
-      out->clear();
-      return true;
-    }
+// The whole file, opened without following a link, if it is the broker's own: a state file
+// someone else wrote could hand a tenant another limit.
+bool readOwnFile(const std::string& path, std::string* text, bool* missing, std::string* err) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  *missing = fd < 0 && errno == ENOENT;
+  if (fd < 0) {
+    if (*missing) return true;
     *err = path + ": cannot read: " + std::strerror(errno);
     return false;
   }
-  Overrides o;
+  struct stat st;
+  std::string why;
+  if (::fstat(fd, &st) != 0)
+    why = std::string("cannot stat: ") + std::strerror(errno);
+  else if (!S_ISREG(st.st_mode))
+    why = "not a regular file";
+  else if (st.st_uid != ::geteuid())
+    why = "belongs to uid " + std::to_string(st.st_uid) + ", not to the broker's user (uid " +
+          std::to_string(::geteuid()) + ")";
+  else if ((st.st_mode & 022) != 0)
+    why = "writable by other users (mode " + octal(st.st_mode & 07777) + ")";
+  char buf[65536];
+  for (ssize_t n = 0; why.empty() && (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) why = std::string("cannot read: ") + std::strerror(errno);
+    else text->append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (why.empty()) return true;
+  *err = path + ": " + why +
+         " (the state file must be the broker's own; remove it to fall back to the configured limits)";
+  return false;
+}
+
+}  // namespace
+
+bool loadState(const std::string& path, BrokerState* out, std::string* err) {
+  std::string text;
+  bool missing = false;
+  if (!readOwnFile(path, &text, &missing, err)) return false;
+  if (missing) {
+    *out = BrokerState();
+    return true;
+  }
+  BrokerState s;
+  std::istringstream in(text);
   std::string line;
   int n = 0;
   auto bad = [&](const std::string& why) {
     *err = path + ":" + std::to_string(n) + ": " + why +
            " (written by the broker; remove the file to fall back to the configured limits)";
     return false;
+  };
+  auto uuidField = [&](std::string* uuid) {
+    uint8_t raw[16];
+    if (!parseGpuUuid(*uuid, raw)) return bad("'" + printable(*uuid, 64) + "' is not a GPU UUID");
+    *uuid = formatGpuUuid(raw);  // the one spelling the broker compares (a hand edit may differ)
+    return true;
+  };
+  auto number = [&](const std::string& text, const char* what, uint64_t* v) {
+    int64_t x = 0;
+    std::string why;
+    if (!parseInt(text, 0, INT64_MAX, &x, &why)) return bad(std::string(what) + ": " + why);
+    *v = static_cast<uint64_t>(x);
+    return true;
   };
   while (std::getline(in, line)) {
     ++n;
@@ -47,30 +100,50 @@ bool loadOverrides(const std::string& path, Overrides* out, std::string* err) {
       continue;
     }
     if (line.empty() || line[0] == '#') continue;
+    if (line.rfind("ledger_dir ", 0) == 0) {
+      s.ledgerDir = line.substr(std::strlen("ledger_dir "));
+      continue;
+    }
     std::istringstream fields(line);
-    std::string verb, tenant, uuid, bytes, extra;
-    fields >> verb >> tenant >> uuid >> bytes;
-    if (verb != "limit" || bytes.empty() || (fields >> extra))
-      return bad("expected 'limit <tenant> <GPU-uuid> <bytes>'");
+    std::string verb, tenant, a, b, c, extra;
+    fields >> verb >> tenant >> a >> b;
+    if (verb == "file") fields >> c;
     std::string why;
-    if (!Ledger::validTenantName(tenant, &why)) return bad(why);
-    uint8_t raw[16];
-    if (!parseGpuUuid(uuid, raw)) return bad("'" + printable(uuid, 64) + "' is not a GPU UUID");
-    uuid = formatGpuUuid(raw);  // the one spelling the broker compares (a hand edit may differ)
-    int64_t v = 0;
-    if (!parseInt(bytes, 0, INT64_MAX, &v, &why)) return bad("bytes: " + why);
-    o[tenant][uuid] = static_cast<uint64_t>(v);
+    if (verb == "limit" || verb == "last") {
+      if (b.empty() || (fields >> extra)) return bad("expected '" + verb + " <tenant> <GPU-uuid> <bytes>'");
+      if (!Ledger::validTenantName(tenant, &why)) return bad(why);
+      if (!uuidField(&a)) return false;
+      uint64_t v = kNone;
+      if ((verb == "limit" || b != "none") && !number(b, "bytes", &v)) return false;
+      (verb == "limit" ? s.limits : s.last)[tenant][a] = v;
+    } else if (verb == "file") {
+      if (c.empty() || (fields >> extra)) return bad("expected 'file <tenant> <file> <dev> <ino>'");
+      if (!Ledger::validTenantName(tenant, &why)) return bad(why);
+      if (a.rfind(tenant + ".ledger.", 0) != 0 || a.find('/') != std::string::npos)
+        return bad("'" + printable(a, 64) + "' is not a ledger of tenant " + tenant);
+      KeptFile f{tenant, a, 0, 0};
+      if (!number(b, "dev", &f.dev) || !number(c, "ino", &f.ino)) return false;
+      s.files.push_back(f);
+    } else {
+      return bad("expected 'limit <tenant> <GPU-uuid> <bytes>'");
+    }
   }
   if (n == 0) return bad("empty file");
-  *out = std::move(o);
+  *out = std::move(s);
   return true;
 }
 
-bool saveOverrides(const std::string& path, const Overrides& o, std::string* err) {
+bool saveState(const std::string& path, const BrokerState& s, std::string* err) {
   std::ostringstream text;
-  text << kHeader << "\n# live limits set with `cushare set-limit`; written by cushare-broker\n";
-  for (const auto& [tenant, devices] : o)
+  text << kHeader << "\n# written by cushare-broker: live limits (cushare set-limit), limits in force\n";
+  if (!s.ledgerDir.empty()) text << "ledger_dir " << s.ledgerDir << "\n";
+  for (const auto& [tenant, devices] : s.limits)
     for (const auto& [uuid, bytes] : devices) text << "limit " << tenant << " " << uuid << " " << bytes << "\n";
+  for (const auto& [tenant, devices] : s.last)
+    for (const auto& [uuid, bytes] : devices)
+      text << "last " << tenant << " " << uuid << " " << (bytes == kNone ? "none" : std::to_string(bytes)) << "\n";
+  for (const KeptFile& f : s.files)
+    text << "file " << f.tenant << " " << f.file << " " << f.dev << " " << f.ino << "\n";
   const std::string data = text.str();
   const std::string tmp = path + ".tmp";
   ::unlink(tmp.c_str());

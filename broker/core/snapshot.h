@@ -63,6 +63,7 @@ struct BrokerSnapshot {
   std::vector<TenantSnapshot> tenants;  // configured first (config order), then the others by name
   uint64_t reapedProcesses = 0;    // dead processes whose usage the broker returned (counter)
   uint64_t reloadsRefused = 0;     // counter
+  uint64_t ledgersRefused = 0;     // counter: ledger files not adopted (unknown-tenant caps, unknown renamed files)
 };
 
 }  // namespace cushare::broker

@@ -101,6 +101,10 @@ void renderBroker(const BrokerSnapshot& s, Writer& w) {
   w.family("cushare_broker_reloads_refused_total", kCounter,
            "Configuration reloads refused; the running configuration was kept.");
   w.sample({}, s.reloadsRefused);
+  w.family("cushare_broker_ledgers_refused_total", kCounter,
+           "Ledger files the broker refused to adopt: unknown tenants beyond max_unknown_tenants or "
+           "max_unknown_tenants_per_uid, renamed ledgers it has no record of.");
+  w.sample({}, s.ledgersRefused);
 }
 
 void renderDevices(const BrokerSnapshot& s, Writer& w) {

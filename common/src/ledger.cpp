@@ -723,6 +723,8 @@ bool Ledger::deviceUuid(int dev, uint8_t uuid[16]) const noexcept {
   return true;
 }
 
+bool Ledger::fileStat(struct stat* st) const noexcept { return fd_ >= 0 && ::fstat(fd_, st) == 0; }
+
 bool Ledger::setOwner(int uid, int gid, unsigned mode, bool* changed, std::string* err) noexcept {
   *changed = false;
   lockLocal();

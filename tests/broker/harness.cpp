@@ -150,9 +150,11 @@ int Child::wait(int timeoutMs) {
 }
 
 std::string socketFor(const std::string& dir) {
-  // sockaddr_un holds 107 bytes: a short name derived from the test's directory.
-  char name[64];
-  std::snprintf(name, sizeof name, "/tmp/cushare-test-%016zx.sock", std::hash<std::string>()(dir));
+  // sockaddr_un holds 107 bytes: a short name derived from the test's directory, in a directory
+  // only root can write (the broker refuses a socket in one others can write, such as /tmp).
+  ::mkdir("/tmp/cushare-test-sockets", 0755);
+  char name[80];
+  std::snprintf(name, sizeof name, "/tmp/cushare-test-sockets/%016zx.sock", std::hash<std::string>()(dir));
   return name;
 }
 

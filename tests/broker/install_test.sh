@@ -18,7 +18,10 @@ done
 
 export LD_LIBRARY_PATH="$prefix/lib/cushare/simgpu"
 export SIMGPU_STATE_DIR="$work/simgpu" SIMGPU_MEMORY=2GiB
-sock="/tmp/cushare-install-test-$$.sock"
+# The socket's directory must be writable by the broker's user only (the broker refuses /tmp itself).
+sockdir="/tmp/cushare-install-test-$$"
+mkdir -m 0755 "$sockdir"
+sock="$sockdir/broker.sock"
 cat >"$work/broker.yaml" <<YAML
 ledger_dir: $work/ledgers
 socket: $sock
@@ -30,7 +33,7 @@ YAML
 "$prefix/bin/cushare-broker" --config "$work/broker.yaml" --check
 "$prefix/bin/cushare-broker" --config "$work/broker.yaml" 2>"$work/broker.log" &
 broker=$!
-trap 'kill $broker 2>/dev/null; rm -f "$sock"' EXIT
+trap 'kill $broker 2>/dev/null; rm -rf "$sockdir"' EXIT
 export CUSHARE_SOCKET="$sock"
 i=0
 until "$prefix/bin/cushare" status >/dev/null 2>&1; do

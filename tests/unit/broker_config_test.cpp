@@ -427,6 +427,41 @@ TEST(BrokerConfig, CapacityNamesTheTenantWhoseProfileOverflows) {
       << e;
 }
 
+TEST(BrokerConfig, CapacityCountsTheUnknownTenantsPool) {
+  const Config d = parseOk("{}\n");
+  EXPECT_EQ(d.maxUnknownTenants, 8u);
+  EXPECT_EQ(d.maxUnknownTenantsPerUid, 4u);
+  const Config c = parseOk("max_unknown_tenants: 3\nmax_unknown_tenants_per_uid: 1\n");
+  EXPECT_EQ(c.maxUnknownTenants, 3u);
+  EXPECT_EQ(c.maxUnknownTenantsPerUid, 1u);
+  EXPECT_NE(parseError("max_unknown_tenants: -1\n").find("b.yaml:1:22: max_unknown_tenants: "), std::string::npos);
+  EXPECT_NE(parseError("max_unknown_tenants_per_uid: many\n").find("max_unknown_tenants_per_uid"), std::string::npos);
+  // 2 x 4 GiB configured + 2 x 4 GiB of unknown tenants fill the 16 GiB device exactly; one more
+  // unknown tenant would take the configured tenants' memory. (Device 1, 8 GiB: its own map.)
+  const std::string fits =
+      "unknown_tenants: guest\nmax_unknown_tenants: 2\nprofiles:\n  guest: {memory: {0: 4GiB, 1: 1GiB}}\n"
+      "tenants:\n  - {name: a, memory: {0: 4GiB, 1: 1GiB}}\n  - {name: b, memory: {0: 4GiB, 1: 1GiB}}\n";
+  EXPECT_EQ(capacityError(fits, twoDevices()), "");
+  std::string over = fits;
+  over.replace(over.find("max_unknown_tenants: 2"), 22, "max_unknown_tenants: 3");
+  const std::string e = capacityError(over, twoDevices());
+  EXPECT_EQ(e.rfind("b.yaml:4:19: profiles.guest.memory: the unknown_tenants profile 'guest': its pool of "
+                    "max_unknown_tenants (3) x 4294967296 bytes (4 GiB) brings the memory limits on device 0",
+                    0),
+            0u)
+      << e;
+  EXPECT_NE(e.find("lower max_unknown_tenants or the profile's memory"), std::string::npos) << e;
+  // A profile without a limit would let unknown tenants take everything.
+  const std::string none = capacityError("unknown_tenants: guest\nprofiles:\n  guest: {priority: low}\n", twoDevices());
+  EXPECT_NE(none.find("profiles.guest: the unknown_tenants profile 'guest' has no memory limit on device 0"),
+            std::string::npos)
+      << none;
+  EXPECT_EQ(capacityError("unknown_tenants: guest\nmax_unknown_tenants: 0\nprofiles:\n  guest: {priority: low}\n",
+                          twoDevices()),
+            "")
+      << "no unknown tenant admitted: no pool";
+}
+
 TEST(BrokerConfig, CapacityRefusesDevicesThatDoNotExist) {
   EXPECT_EQ(capacityError("tenants:\n  - {name: a, memory: {2: 1GiB}}\n", twoDevices()),
             "b.yaml:2:24: tenants[0].memory.2: no device '2' on this host (devices: 0 "

@@ -115,32 +115,60 @@ TEST(HostSegment, RefusedUnlessOwnedByTheDirectorysOwner) {
   }
 }
 
-TEST(Overrides, RoundTripAndDamage) {
+TEST(BrokerState, RoundTripAndDamage) {
   const std::string dir = freshDir("overrides");
   const std::string path = dir + "/state";
-  broker::Overrides o, got;
+  broker::BrokerState o, got;
   std::string err;
-  ASSERT_TRUE(broker::loadOverrides(path, &got, &err)) << "missing: empty";
-  EXPECT_TRUE(got.empty());
-  o["alpha"]["GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"] = 123456789;
-  ASSERT_TRUE(broker::saveOverrides(path, o, &err)) << err;
-  ASSERT_TRUE(broker::loadOverrides(path, &got, &err)) << err;
+  ASSERT_TRUE(broker::loadState(path, &got, &err)) << "missing: empty";
+  EXPECT_TRUE(got.limits.empty());
+  o.ledgerDir = "/dev/shm/cushare with space";
+  o.limits["alpha"]["GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"] = 123456789;
+  o.last["beta"]["GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"] = UINT64_MAX;
+  o.last["beta"]["GPU-00010203-0405-0607-0809-0a0b0c0d0e10"] = 42;
+  o.files.push_back({"beta", "beta.ledger.removed", 7, 99});
+  ASSERT_TRUE(broker::saveState(path, o, &err)) << err;
+  ASSERT_TRUE(broker::loadState(path, &got, &err)) << err;
   EXPECT_EQ(got, o);
   std::ofstream(path, std::ios::trunc) << "cushare-broker-state 1\nlimit alpha GPU-000102030405060708090A0B0C0D0E0F 7\n";
-  ASSERT_TRUE(broker::loadOverrides(path, &got, &err)) << err;
-  EXPECT_EQ(got["alpha"].count("GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"), 1u) << "normalised spelling";
+  ASSERT_TRUE(broker::loadState(path, &got, &err)) << err;
+  EXPECT_EQ(got.limits["alpha"].count("GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"), 1u) << "normalised spelling";
+  EXPECT_EQ(got.ledgerDir, "") << "a file of an earlier version";
   const std::pair<std::string, std::string> bad[] = {
       {"garbage\n", ":1: expected the header"},
       {"cushare-broker-state 1\nlimit alpha GPU-zz 5\n", ":2: 'GPU-zz' is not a GPU UUID"},
       {"cushare-broker-state 1\nlimit a/b GPU-00010203-0405-0607-0809-0a0b0c0d0e0f 5\n", ":2: tenant name"},
       {"cushare-broker-state 1\nlimit alpha GPU-00010203-0405-0607-0809-0a0b0c0d0e0f -5\n", ":2: bytes"},
       {"cushare-broker-state 1\nlimit alpha GPU-00010203-0405-0607-0809-0a0b0c0d0e0f 5 6\n", ":2: expected 'limit"},
+      {"cushare-broker-state 1\nlast alpha GPU-00010203-0405-0607-0809-0a0b0c0d0e0f lots\n", ":2: bytes"},
+      {"cushare-broker-state 1\nfile alpha ../beta.ledger 1 2\n", ":2: '../beta.ledger' is not a ledger of tenant alpha"},
+      {"cushare-broker-state 1\nfile alpha alpha.ledger.removed 1\n", ":2: expected 'file"},
       {"", ":0: empty file"},
   };
   for (const auto& [text, want] : bad) {
     std::ofstream(path, std::ios::trunc) << text;
-    EXPECT_FALSE(broker::loadOverrides(path, &got, &err)) << text;
+    EXPECT_FALSE(broker::loadState(path, &got, &err)) << text;
     EXPECT_NE(err.find(want), std::string::npos) << err;
+  }
+}
+
+// A state file someone else could have written is refused: it would set a tenant's limits.
+TEST(BrokerState, OnlyTheBrokersOwnFile) {
+  const std::string dir = freshDir("state-owner");
+  const std::string path = dir + "/state";
+  broker::BrokerState s;
+  std::string err;
+  ASSERT_TRUE(broker::saveState(path, s, &err)) << err;
+  ASSERT_EQ(::chmod(path.c_str(), 0666), 0);
+  EXPECT_FALSE(broker::loadState(path, &s, &err));
+  EXPECT_NE(err.find("writable by other users (mode 0666)"), std::string::npos) << err;
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink(path.c_str(), (dir + "/link").c_str()), 0);
+  EXPECT_FALSE(broker::loadState(dir + "/link", &s, &err)) << "never followed";
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(path.c_str(), 1000, 1000), 0);
+    EXPECT_FALSE(broker::loadState(path, &s, &err));
+    EXPECT_NE(err.find("belongs to uid 1000"), std::string::npos) << err;
   }
 }
 

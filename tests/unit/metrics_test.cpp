@@ -115,6 +115,7 @@ BrokerSnapshot twoTenants() {
   s.startedAt = 1733150000.25;
   s.reapedProcesses = 7;
   s.reloadsRefused = 1;
+  s.ledgersRefused = 298;
   s.devices = {{0, kUuid, 16 * kGiB, 768 * kMiB}};
   TenantSnapshot alpha;
   alpha.name = "alpha";
@@ -157,6 +158,9 @@ cushare_broker_reaped_processes_total 7
 # HELP cushare_broker_reloads_refused_total Configuration reloads refused; the running configuration was kept.
 # TYPE cushare_broker_reloads_refused_total counter
 cushare_broker_reloads_refused_total 1
+# HELP cushare_broker_ledgers_refused_total Ledger files the broker refused to adopt: unknown tenants beyond max_unknown_tenants or max_unknown_tenants_per_uid, renamed ledgers it has no record of.
+# TYPE cushare_broker_ledgers_refused_total counter
+cushare_broker_ledgers_refused_total 298
 # HELP cushare_device_memory_capacity_bytes Device memory of the GPU, bytes.
 # TYPE cushare_device_memory_capacity_bytes gauge
 cushare_device_memory_capacity_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 17179869184
@@ -211,7 +215,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 16u);
+    EXPECT_EQ(helps.size(), 17u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

@@ -27,6 +27,8 @@
 
 #include "cushare/ledger_abi.h"
 
+struct stat;
+
 namespace cushare {
 
 // How Ledger::open treats a missing directory or file, and whether the caller takes a slot.
@@ -138,6 +140,9 @@ class Ledger {
   // (never by path: the directory may be writable by tenants). Refuses a file that is not a
   // regular file with exactly one link. *changed tells whether anything was different.
   bool setOwner(int uid, int gid, unsigned mode, bool* changed, std::string* err) noexcept;
+
+  // fstat of the file through this process's own descriptor (false without one).
+  bool fileStat(struct stat* st) const noexcept;
 
   const std::string& path() const { return path_; }
   // This process's slot, or -1 in a forked child that has not used the ledger yet.

@@ -1,0 +1,167 @@
+// See places.h.
+#include "core/places.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/log.h"
+
+namespace cushare::broker {
+namespace {
+
+std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+std::string octal(unsigned mode) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%04o", mode);
+  return b;
+}
+
+std::string dirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+// Refuses a place whose directories would let another user replace what the broker keeps there.
+// Every existing directory above path must belong to root or the broker's user and may be
+// writable by others only with the sticky bit (like /dev/shm or /tmp); with strict, the directory
+// holding path may not be writable by others at all (in a sticky one, another user could create
+// the name first). Directories still missing are created by the broker itself.
+bool checkParents(const std::string& path, const std::string& what, bool strict, std::string* err) {
+  const std::string holder = dirOf(path);
+  for (size_t i = 1; i <= holder.size(); ++i) {
+    if (i < holder.size() && holder[i] != '/') continue;
+    const std::string d = i == 1 && holder.size() == 1 ? "/" : holder.substr(0, i);
+    struct stat st;
+    if (::stat(d.c_str(), &st) != 0) {
+      if (errno == ENOENT) return true;  // created by the broker, below
+      *err = sysErr("cannot access " + d + " (above " + what + " " + path + ")");
+      return false;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      *err = what + " " + path + " cannot be created: " + d + " is not a directory";
+      return false;
+    }
+    const bool others = (st.st_mode & 022) != 0;
+    std::string why;
+    if (st.st_uid != 0 && st.st_uid != ::geteuid())
+      why = "belongs to uid " + std::to_string(st.st_uid);
+    else if (others && (d == holder && strict))
+      why = "is writable by other users (mode " + octal(st.st_mode & 07777) + ")";
+    else if (others && (st.st_mode & S_ISVTX) == 0)
+      why = "is writable by other users without the sticky bit (mode " + octal(st.st_mode & 07777) + ")";
+    if (!why.empty()) {
+      *err = what + " " + path + " refused: the directory " + d + " " + why +
+             ", so another user could replace it; use a directory only root or the broker's user can write "
+             "(e.g. under /run/cushare, mode 0755)";
+      return false;
+    }
+    if (d == holder) break;
+  }
+  return true;
+}
+
+// mkdir -p for the directories above path (mode 0755); the last component is left to the caller.
+bool makeParents(const std::string& path, std::string* err) {
+  for (size_t i = 1; i < path.size(); ++i) {
+    if (path[i] != '/') continue;
+    const std::string p = path.substr(0, i);
+    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) {
+      *err = sysErr("cannot create directory " + p);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool checkPlaces(const Config& c, std::string* err) {
+  const std::string& dir = c.ledgerDir;
+  if (!checkParents(dir, "ledger_dir", /*strict=*/false, err) ||
+      !checkParents(c.stateFile, "state_file", /*strict=*/true, err) ||
+      !checkParents(c.socket, "socket", /*strict=*/true, err))
+    return false;
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) == 0) {
+    // Another user's (whatever it is) is moved aside at start; the broker's own must be a directory.
+    if (st.st_uid == ::geteuid() && !S_ISDIR(st.st_mode)) {
+      *err = "ledger_dir " + dir + " is not a directory";
+      return false;
+    }
+    return true;
+  }
+  // Missing: the nearest existing directory above it must let the broker create it.
+  std::string above = dirOf(dir);
+  while (::stat(above.c_str(), &st) != 0 && errno == ENOENT && above != "/") above = dirOf(above);
+  if (::stat(above.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *err = "ledger_dir " + dir + " cannot be created: " + above + " is not a directory";
+    return false;
+  }
+  if (::faccessat(AT_FDCWD, above.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+    *err = sysErr("ledger_dir " + dir + " cannot be created in " + above);
+    return false;
+  }
+  return true;
+}
+
+bool prepareLedgerDir(const Config& c, std::string* err) {
+  const std::string& dir = c.ledgerDir;
+  if (!makeParents(dir, err)) return false;
+  if (::mkdir(dir.c_str(), 0711) != 0 && errno != EEXIST) {
+    *err = sysErr("cannot create ledger_dir " + dir);
+    return false;
+  }
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) {
+    *err = sysErr("cannot access ledger_dir " + dir);
+    return false;
+  }
+  if (st.st_uid != ::geteuid()) {
+    // Created by someone else before the broker (a tenant, a standalone shim): tenants could
+    // replace the ledgers in it. Swapped atomically with a fresh directory of the broker's, never
+    // entered, followed or read; what it holds stays, unread, under the other name.
+    std::string aside = dir + ".untrusted-XXXXXX";
+    const bool made = ::mkdtemp(aside.data()) != nullptr;
+    const bool swapped = made && ::renameat2(AT_FDCWD, aside.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0;
+    const int e = errno;
+    if (!swapped) {
+      if (made) ::rmdir(aside.c_str());
+      errno = e;
+      *err = sysErr("ledger_dir " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+                    ", not to the broker's user (uid " + std::to_string(::geteuid()) +
+                    "), and could not be moved aside") +
+             "; move it away yourself (mv " + dir + " " + dir + ".old) and start the broker again";
+      return false;
+    }
+    CUSHARE_BLOG(warn, "ledger_dir {} belonged to uid {} (created before the broker by someone else): moved "
+                 "aside, unread, to {}; a fresh one is used (remove the old one when you have looked at it)",
+                 dir, st.st_uid, aside);
+    if (::lstat(dir.c_str(), &st) != 0) {
+      *err = sysErr("cannot access ledger_dir " + dir);
+      return false;
+    }
+  }
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+    *err = "ledger_dir " + dir + " is not a directory of the broker's user";
+    return false;
+  }
+  // 0711 until the host segment is written (start() then opens it to unknown tenants if
+  // configured): a tenant must never be able to plant a host segment of its own.
+  const mode_t mode = 0711;
+  if ((st.st_mode & 07777) != mode && ::chmod(dir.c_str(), mode) != 0) {
+    *err = sysErr("cannot set the mode of ledger_dir " + dir);
+    return false;
+  }
+  if (!makeParents(c.stateFile, err) || !makeParents(c.socket, err)) return false;
+  // Checked again now that every directory exists: one created by someone else meanwhile is refused.
+  return checkPlaces(c, err);
+}
+
+}  // namespace cushare::broker

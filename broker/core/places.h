@@ -1,0 +1,26 @@
+// The places where the broker keeps what others must not replace: ledger_dir, the state file, the
+// control socket (docs/broker-configuration.md, "Places").
+//
+// Invariants:
+// - Every existing directory above them belongs to root or the broker's user and is writable by
+//   others only with the sticky bit; the directories holding the state file and the socket are
+//   not writable by others at all.
+// - ledger_dir is a directory of the broker's user, mode 0711 when prepared. Whatever another user
+//   put at its path first is never entered, read or followed: it is swapped aside atomically.
+#pragma once
+
+#include <string>
+
+#include "config/config.h"
+
+namespace cushare::broker {
+
+// Checks the places without touching anything (start, --check): one line on failure, naming the
+// path, the directory at fault and what to do.
+bool checkPlaces(const Config& c, std::string* err);
+
+// Creates ledger_dir (and the directories above it, the state file's and the socket's), moving
+// aside, unread, anything of another user found at its path, and checks the places again.
+bool prepareLedgerDir(const Config& c, std::string* err);
+
+}  // namespace cushare::broker

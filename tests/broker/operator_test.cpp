@@ -1,0 +1,584 @@
+// End-to-end tests of operator mistakes and of what unknown users can do before and around the
+// broker: a ledger directory someone else created first, tenants taken out of the configuration,
+// a ledger another user created for a name that becomes a tenant, floods of unknown-tenant
+// ledgers, state file and socket places, a host segment that cannot be written, --check. Users
+// are separate uids (fork + setuid, or setpriv for tenant processes); the limits are judged by the
+// device's own accounting (simgpu's NVML) as well as the broker's.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <thread>
+#include <tuple>
+
+#include "cushare/host_segment.h"
+#include "cushare/ledger.h"
+#include "harness.h"
+#include "simgpu/nvml.h"
+
+namespace cushare::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+constexpr uid_t kOther = 2000;  // a user that is not the broker's and not a tenant's
+
+std::string fileText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Runs fn in a child process as uid/gid; its exit status.
+int runAs(uid_t uid, const std::function<int()>& fn) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
+    ::_exit(fn());
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+// A tenant process (tenant_worker under the shim) run as uid; its first line in *first.
+Child workerAs(const Broker& b, uid_t uid, const std::string& tenant, std::string* first) {
+  Child c = Child::spawn({"/usr/bin/setpriv", "--reuid=" + std::to_string(uid), "--regid=" + std::to_string(uid),
+                          "--clear-groups", WORKER_BIN},
+                         {{"LD_PRELOAD", SHIM_LIB},
+                          {"CUSHARE_TENANT", tenant},
+                          {"CUSHARE_LEDGER_DIR", b.ledgerDir()},
+                          {"CUSHARE_LOG_LEVEL", "error"}},
+                         b.dir() + "/tenants.log");
+  *first = c.readLine();
+  return c;
+}
+
+// Device memory in use, as the device itself counts it (every process, with or without the shim).
+uint64_t deviceUsed() {
+  nvmlDevice_t d;
+  nvmlMemory_t m{};
+  if (nvmlInit_v2() != NVML_SUCCESS || nvmlDeviceGetHandleByIndex_v2(0, &d) != NVML_SUCCESS ||
+      nvmlDeviceGetMemoryInfo(d, &m) != NVML_SUCCESS)
+    return UINT64_MAX;
+  nvmlShutdown();
+  return m.used;
+}
+
+bool waitFor(const std::function<bool()>& cond, int ms = 5000) {
+  const auto start = Clock::now();
+  while (!cond()) {
+    if (Clock::now() - start > std::chrono::milliseconds(ms)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// A process of uid 2000 running tenant as an unknown tenant, holding mib MiB, once adopted.
+Child unknownHolding(Broker& b, const std::string& tenant, uint64_t mib) {
+  std::string first;
+  Child c = workerAs(b, kOther, tenant, &first);
+  EXPECT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  EXPECT_EQ(c.ask("alloc " + std::to_string(mib * MiB)), "ok");
+  EXPECT_TRUE(waitFor([&] { return b.tenant(tenant).source() == "unknown-tenant"; }));
+  return c;
+}
+
+// cushare-broker --check on <dir>/config.yaml: its exit status; what it wrote is in <dir>/check.log.
+int runCheck(const std::string& dir) {
+  ::unlink((dir + "/check.log").c_str());
+  Child c = Child::spawn({BROKER_BIN, "--config", dir + "/config.yaml", "--check"}, {{"LD_PRELOAD", ""}},
+                         dir + "/check.log");
+  const int status = c.wait();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void rewriteConfig(const Broker& b, const std::string& body) {
+  std::ofstream(b.dir() + "/config.yaml") << brokerConfig(b.dir(), body);
+}
+
+int openDescriptors(pid_t pid) {
+  int n = 0;
+  if (DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str())) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+std::string metrics(Broker& b) {
+  const std::string addr = b.status().metrics_address();
+  const size_t colon = addr.rfind(':');
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
+  std::string body;
+  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+      ::write(fd, get.data(), get.size()) == static_cast<ssize_t>(get.size())) {
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) body.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return body;
+}
+
+// What the host segment offers a new unknown tenant on device 0.
+uint64_t hostUnknownLimit(const Broker& b) {
+  HostInfo h;
+  std::string err;
+  if (readHostSegment(b.ledgerDir(), &h, &err) != 1 || h.devices.empty()) return UINT64_MAX - 1;
+  return h.devices[0].unknownLimit;
+}
+
+std::string held(uint64_t mib) { return "held " + std::to_string(mib * MiB); }
+std::string fill() { return "fill " + std::to_string(64 * MiB); }
+
+// ---- The ledger directory, created first by someone else ----
+
+// A user creates the ledger directory before the broker starts, with a link where a ledger will be,
+// a host segment of its own and a fake ledger. The broker swaps it aside unread and starts on a
+// fresh one of its own; the link's target is untouched.
+TEST(Operator, LedgerDirCreatedFirstByAnotherUserIsMovedAside) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const std::string victim = b.dir() + "/victim";
+  std::ofstream(victim) << "precious";
+  const std::string dir = b.ledgerDir();
+  // Its parent is writable by everyone for a moment (as /dev/shm always is, with the sticky bit).
+  ASSERT_EQ(::chmod(b.dir().c_str(), 01777), 0);
+  ASSERT_EQ(runAs(kOther, [&] {
+              if (::mkdir(dir.c_str(), 0777) != 0 || ::chmod(dir.c_str(), 0777) != 0) return 1;
+              if (::symlink(victim.c_str(), (dir + "/alpha.ledger").c_str()) != 0) return 2;
+              std::ofstream(dir + "/host.segment") << "planted";
+              std::ofstream(dir + "/beta.ledger") << "not a ledger";
+              return 0;
+            }),
+            0);
+  ASSERT_EQ(::chmod(b.dir().c_str(), 0755), 0);  // the state file's directory must be the broker's alone
+  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: 512MiB}\n  - {name: beta, memory: 256MiB}\n")) << b.log();
+  struct stat st;
+  ASSERT_EQ(::lstat(dir.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_mode & 07777, 0711u);
+  ASSERT_EQ(::lstat((dir + "/host.segment").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u) << "the broker's own segment";
+  EXPECT_EQ(fileText(victim), "precious") << "the planted link was never followed";
+  std::string aside;
+  for (const auto& e : fs::directory_iterator(b.dir()))
+    if (e.path().filename().string().rfind("ledgers.untrusted-", 0) == 0) aside = e.path();
+  ASSERT_FALSE(aside.empty()) << "the old directory is kept, unread";
+  EXPECT_EQ(fileText(aside + "/host.segment"), "planted");
+  EXPECT_NE(b.log().find("belonged to uid 2000 (created before the broker by someone else): moved aside"),
+            std::string::npos)
+      << b.log();
+  Child alpha = b.tenantProcess("alpha");
+  EXPECT_EQ(alpha.ask(fill()), held(512));
+  EXPECT_EQ(b.tenant("beta").source(), "config");
+}
+
+// The same with a link planted as the ledger directory itself.
+TEST(Operator, LedgerDirPlantedAsALinkIsMovedAside) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const std::string target = b.dir() + "/theirs";
+  ASSERT_EQ(::chmod(b.dir().c_str(), 01777), 0);
+  ASSERT_EQ(runAs(kOther, [&] { return ::symlink(target.c_str(), b.ledgerDir().c_str()); }), 0);
+  ASSERT_EQ(::chmod(b.dir().c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(target.c_str(), 0777), 0);
+  rewriteConfig(b, "tenants:\n  - {name: alpha, memory: 512MiB}\n");
+  EXPECT_EQ(runCheck(b.dir()), 0);
+  EXPECT_NE(fileText(b.dir() + "/check.log").find("belongs to uid 2000: the broker will move it aside, unread"),
+            std::string::npos)
+      << fileText(b.dir() + "/check.log");
+  ASSERT_TRUE(b.startWithFile()) << b.log();
+  struct stat st;
+  ASSERT_EQ(::lstat(b.ledgerDir().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode)) << "a directory of the broker's, not the link";
+  EXPECT_FALSE(fs::exists(target + "/alpha.ledger")) << "nothing created through the link";
+}
+
+// ---- Tenants taken out of the configuration ----
+
+// A tenant with a live limit below its configured one is removed from the configuration while a
+// process of it holds memory; admitted again under a larger unknown-tenant profile it keeps the
+// lower limit, and so after a restart without it. The device counts exactly that much.
+TEST(Operator, RemovedTenantNeverGetsAHigherLimit) {
+  Broker b(testDir());
+  const uint64_t base = deviceUsed();
+  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: 512MiB}\n  - {name: beta, memory: 256MiB}\n")) << b.log();
+  Child alpha = b.tenantProcess("alpha");
+  ASSERT_EQ(alpha.ask("alloc " + std::to_string(128 * MiB)), "ok");
+  ASSERT_TRUE(b.setLimit("alpha", "256MiB").ok());
+  // Reload: alpha is no longer listed; unknown tenants get 1 GiB.
+  rewriteConfig(b, "unknown_tenants: big\nmax_unknown_tenants: 2\nprofiles:\n  big: {memory: 1GiB}\n"
+                   "tenants:\n  - {name: beta, memory: 256MiB}\n");
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  EXPECT_EQ(b.tenant("alpha").source(), "unknown-tenant");
+  EXPECT_EQ(limitOn0(b.tenant("alpha")), 256 * MiB);
+  EXPECT_EQ(alpha.ask(fill()), held(256)) << "not the profile's 1 GiB";
+  EXPECT_EQ(deviceUsed() - base, 256 * MiB);
+  // Reload again, unknown tenants refused: removed, still 256 MiB.
+  rewriteConfig(b, "tenants:\n  - {name: beta, memory: 256MiB}\n");
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  EXPECT_EQ(b.tenant("alpha").source(), "removed");
+  EXPECT_EQ(alpha.ask("alloc " + std::to_string(64 * MiB)), "oom");
+  ASSERT_EQ(alpha.ask("freeall"), "ok");
+  ASSERT_EQ(alpha.ask("alloc " + std::to_string(128 * MiB)), "ok");
+  // Restart: the removed tenant's ledger is found again with its limit, not unlimited.
+  b.stop();
+  ASSERT_TRUE(b.startWithFile()) << b.log();
+  EXPECT_EQ(b.tenant("alpha").source(), "removed");
+  EXPECT_EQ(limitOn0(b.tenant("alpha")), 256 * MiB);
+  EXPECT_EQ(alpha.ask(fill()), held(256));
+  EXPECT_EQ(deviceUsed() - base, 256 * MiB);
+}
+
+// Removed while the broker was down: the restarted broker keeps the limit it last applied (the
+// state file), even if the tenant raised its own ledger's limit meanwhile.
+TEST(Operator, TenantRemovedWhileTheBrokerWasDownKeepsItsLimit) {
+  const std::string root = testDir();
+  // Restarted without alpha: unknown tenants refused (alpha is removed), or admitted under a
+  // profile of 1 GiB (alpha is an unknown tenant, still held to 512 MiB).
+  for (const auto& [name, unknown, source] :
+       {std::tuple<std::string, std::string, std::string>{"refused", "", "removed"},
+        {"admitted", "unknown_tenants: big\nmax_unknown_tenants: 2\nprofiles:\n  big: {memory: 1GiB}\n",
+         "unknown-tenant"}}) {
+    SCOPED_TRACE(name);
+    Broker b(root + "/" + name);
+    fs::create_directories(b.dir());
+    const uint64_t base = deviceUsed();
+    ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: 512MiB}\n  - {name: beta, memory: 256MiB}\n")) << b.log();
+    Child alpha = b.tenantProcess("alpha");
+    ASSERT_EQ(alpha.ask("alloc " + std::to_string(64 * MiB)), "ok");
+    b.stop();
+    {
+      LedgerOpenOptions o;
+      o.createDir = o.createFile = o.claimSlot = false;
+      std::string err;
+      auto l = Ledger::open(b.ledgerDir(), "alpha", o, &err);
+      ASSERT_TRUE(l) << err;
+      l->setLimit(0, kLedgerNoLimit);  // the tenant raises its own limit while nobody watches
+    }
+    rewriteConfig(b, unknown + "tenants:\n  - {name: beta, memory: 256MiB}\n");
+    ASSERT_TRUE(b.startWithFile()) << b.log();
+    EXPECT_EQ(b.tenant("alpha").source(), source);
+    EXPECT_EQ(limitOn0(b.tenant("alpha")), 512 * MiB);
+    EXPECT_EQ(alpha.ask(fill()), held(512)) << "not unlimited, not the profile's 1 GiB";
+    EXPECT_EQ(deviceUsed() - base, 512 * MiB);
+  }
+}
+
+// ---- A ledger another user created for a name that becomes a tenant ----
+
+TEST(Operator, LedgerOfAnotherUserIsReplacedAndItsUsageStillCounts) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const uint64_t base = deviceUsed();
+  ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                      "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
+      << b.log();
+  // uid 2000 runs "delta" as an unknown tenant and holds 192 MiB.
+  Child squatter = unknownHolding(b, "delta", 192);
+  std::string first;
+  struct stat before;
+  ASSERT_EQ(::stat((b.ledgerDir() + "/delta.ledger").c_str(), &before), 0);
+  EXPECT_EQ(before.st_uid, kOther);
+  // The operator now configures delta for uid 1000.
+  const std::string withDelta = "unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                                "tenants:\n  - {name: alpha, memory: 512MiB}\n  - {name: delta, memory: 512MiB, uid: 1000}\n";
+  rewriteConfig(b, withDelta);
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  struct stat after;
+  ASSERT_EQ(::stat((b.ledgerDir() + "/delta.ledger").c_str(), &after), 0);
+  EXPECT_EQ(after.st_uid, 1000u) << "a fresh ledger of the tenant's user";
+  EXPECT_NE(after.st_ino, before.st_ino) << "replaced, not handed over";
+  ASSERT_EQ(::stat((b.ledgerDir() + "/delta.ledger.replaced.1").c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);
+  EXPECT_EQ(usedOn0(b.tenant("delta")), 192 * MiB) << "the squatter's usage still counts";
+  EXPECT_EQ(limitOn0(b.tenant("delta")), 512 * MiB);
+  // The tenant's own processes get what is left; the squatter cannot grow.
+  Child own = workerAs(b, 1000, "delta", &first);
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  EXPECT_EQ(own.ask(fill()), held(320)) << "512 MiB in all, the squatter's 192 MiB included";
+  EXPECT_EQ(squatter.ask("alloc " + std::to_string(64 * MiB)), "oom");
+  EXPECT_EQ(deviceUsed() - base, 512 * MiB);
+  EXPECT_EQ(b.tenant("delta").processes(), 2u) << "the squatter's process is listed with the tenant's";
+  // A restart finds the renamed ledger again (the state file recorded it): still charged.
+  b.stop();
+  ASSERT_TRUE(b.startWithFile()) << b.log();
+  EXPECT_EQ(usedOn0(b.tenant("delta")), 512 * MiB) << b.log();
+  EXPECT_EQ(own.ask("alloc " + std::to_string(64 * MiB)), "oom");
+  // Once the squatter exits, its share comes back to the tenant.
+  squatter.kill(SIGKILL);
+  squatter.wait();
+  ASSERT_TRUE(waitFor([&] { return usedOn0(b.tenant("delta")) == 320 * MiB; })) << usedOn0(b.tenant("delta"));
+  EXPECT_FALSE(fs::exists(b.ledgerDir() + "/delta.ledger.replaced.1"));
+  EXPECT_EQ(own.ask(fill()), held(512));
+  EXPECT_EQ(deviceUsed() - base, 512 * MiB);
+}
+
+// A process of uid that holds `bytes` on device 0 in <dir>/<file> (a ledger of tenant), created as
+// an attacker would, until the returned pipe is closed.
+int holdInPlantedLedger(uid_t uid, const std::string& dir, const std::string& tenant, const std::string& file,
+                        const std::string& deviceUuid, uint64_t bytes) {
+  int ready[2], hold[2];
+  if (::pipe(ready) != 0 || ::pipe(hold) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(hold[1]);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
+    LedgerOpenOptions o;
+    o.createDir = false;
+    o.fileName = file;
+    std::string err;
+    auto l = Ledger::open(dir, tenant, o, &err);
+    uint8_t uuid[16] = {};
+    const std::string hex = [&] {
+      std::string h;
+      for (char c : deviceUuid.substr(4)) if (c != '-') h += c;
+      return h;
+    }();
+    for (int i = 0; i < 16; ++i) uuid[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    const int e = l ? l->deviceIndex(uuid, kLedgerNoLimit, &err) : -1;
+    const char ok = e >= 0 && l->reserve(e, bytes, kLedgerNoLimit) ? 'y' : 'n';
+    (void)!::write(ready[1], &ok, 1);
+    char c;
+    (void)!::read(hold[0], &c, 1);  // until the test closes its end
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  ::close(hold[0]);
+  char ok = 'n';
+  (void)!::read(ready[0], &ok, 1);
+  ::close(ready[0]);
+  if (ok != 'y') {
+    ::close(hold[1]);
+    return -1;
+  }
+  return hold[1];
+}
+
+// Renamed-ledger names planted by a user, with a live process claiming usage in them, are not
+// trusted: not charged to the tenant (".replaced.N"), not given a tenant's name (".removed").
+TEST(Operator, PlantedFormerLedgersAreNotCharged) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const std::string config = "unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                             "tenants:\n  - {name: alpha, memory: 512MiB}\n";
+  ASSERT_TRUE(b.start(config)) << b.log();
+  const std::string uuid = b.status().devices(0).uuid();
+  const int a = holdInPlantedLedger(kOther, b.ledgerDir(), "alpha", "alpha.ledger.replaced.1", uuid, 384 * MiB);
+  const int g = holdInPlantedLedger(kOther, b.ledgerDir(), "gamma", "gamma.ledger.removed", uuid, 384 * MiB);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(g, 0);
+  ASSERT_TRUE(waitFor([&] { return b.log().find("alpha.ledger.replaced.1 (uid 2000): refused") != std::string::npos; }))
+      << b.log();
+  rewriteConfig(b, config + "  - {name: gamma, memory: 512MiB}\n");
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  EXPECT_TRUE(fs::exists(b.ledgerDir() + "/gamma.ledger.removed")) << "not given gamma's name";
+  EXPECT_EQ(usedOn0(b.tenant("alpha")), 0u);
+  EXPECT_EQ(usedOn0(b.tenant("gamma")), 0u);
+  Child alpha = b.tenantProcess("alpha");
+  EXPECT_EQ(alpha.ask(fill()), held(512));
+  Child gamma = b.tenantProcess("gamma");
+  EXPECT_EQ(gamma.ask(fill()), held(512));
+  ::close(a);
+  ::close(g);
+}
+
+// ---- Unknown tenants: pool, caps, forgetting ----
+
+// An unknown tenant that removes its ledger file (it owns it, in the sticky directory) and starts
+// again does not get a second budget: what the old file's processes hold still counts.
+TEST(Operator, UnknownTenantRecreatingItsLedgerGetsNoSecondBudget) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const uint64_t base = deviceUsed();
+  ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                      "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
+      << b.log();
+  Child old = unknownHolding(b, "zeta", 192);
+  std::string first;
+  ASSERT_EQ(runAs(kOther, [&] { return ::unlink((b.ledgerDir() + "/zeta.ledger").c_str()); }), 0);
+  Child again = workerAs(b, kOther, "zeta", &first);
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  ASSERT_TRUE(waitFor([&] { return b.log().find("tenant zeta: its ledger file was replaced (by uid 2000)") !=
+                                   std::string::npos; }))
+      << b.log();
+  EXPECT_EQ(again.ask(fill()), held(64)) << "256 MiB in all, the old file's 192 MiB included";
+  EXPECT_EQ(usedOn0(b.tenant("zeta")), 256 * MiB);
+  EXPECT_EQ(deviceUsed() - base, 256 * MiB);
+  old.kill(SIGKILL);
+  old.wait();
+  ASSERT_TRUE(waitFor([&] { return usedOn0(b.tenant("zeta")) == 64 * MiB; })) << usedOn0(b.tenant("zeta"));
+  EXPECT_EQ(again.ask(fill()), held(256));
+}
+
+TEST(Operator, UnknownTenantsAreCappedAndForgottenWhenTheirFilesGo) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("unknown_tenants: small\nmax_unknown_tenants: 3\nmax_unknown_tenants_per_uid: 2\n"
+                      "profiles:\n  small: {memory: 64MiB}\ntenants:\n  - {name: alpha, memory: 512MiB}\n"))
+      << b.log();
+  ASSERT_TRUE(waitFor([&] { return b.status().tenants() == 1u; }));
+  const int fds = openDescriptors(b.pid());
+  // uid 2000 floods the directory with ledger files, as the shim would create them.
+  constexpr int kFiles = 300;
+  ASSERT_EQ(runAs(kOther, [&] {
+              for (int i = 0; i < kFiles; ++i) {
+                const std::string p = b.ledgerDir() + "/u" + std::to_string(i) + ".ledger";
+                const int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+                if (fd < 0) return 1;
+                ::close(fd);
+              }
+              return 0;
+            }),
+            0);
+  ASSERT_TRUE(waitFor([&] { return metrics(b).find("cushare_broker_ledgers_refused_total " +
+                                                   std::to_string(kFiles - 2) + "\n") != std::string::npos; },
+                      20000))
+      << metrics(b).substr(0, 400);
+  EXPECT_EQ(b.status().tenants(), 3u) << "alpha and two of uid 2000's";
+  EXPECT_LE(openDescriptors(b.pid()), fds + 2 + 2) << "two adopted ledgers; nothing kept for the refused";
+  // Another user gets the last place; a third finds the pool full: from then on the host segment
+  // offers new unknown tenants no memory, so even before the broker refuses its file a new one
+  // cannot allocate.
+  EXPECT_EQ(hostUnknownLimit(b), 64 * MiB);
+  ASSERT_EQ(runAs(2001, [&] { return ::close(::open((b.ledgerDir() + "/v.ledger").c_str(), O_RDWR | O_CREAT, 0600)); }), 0);
+  ASSERT_TRUE(waitFor([&] { return b.tenant("v").source() == "unknown-tenant"; })) << b.log();
+  ASSERT_TRUE(waitFor([&] { return hostUnknownLimit(b) == 0; })) << b.log();
+  std::string first;
+  Child late = workerAs(b, 2002, "w", &first);
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  ASSERT_TRUE(waitFor([&] { return b.log().find("ledger w.ledger (uid 2002): refused, max_unknown_tenants (3) reached") !=
+                                   std::string::npos; }))
+      << b.log();
+  EXPECT_EQ(late.ask("alloc " + std::to_string(2 * MiB)), "oom") << "refused: no memory";
+  EXPECT_EQ(b.status().tenants(), 4u);
+  // uid 2000 removes its files: forgotten, and the broker still answers.
+  ASSERT_EQ(runAs(kOther, [&] {
+              for (int i = 0; i < kFiles; ++i) ::unlink((b.ledgerDir() + "/u" + std::to_string(i) + ".ledger").c_str());
+              return 0;
+            }),
+            0);
+  ASSERT_TRUE(waitFor([&] { return b.status().tenants() == 2u; })) << "alpha and v";
+  EXPECT_LE(openDescriptors(b.pid()), fds + 1 + 2);
+  EXPECT_TRUE(waitFor([&] { return hostUnknownLimit(b) == 64 * MiB; })) << "places free again";
+  EXPECT_EQ(b.tenant("u0").source(), "");
+}
+
+// ---- State file and socket ----
+
+TEST(Operator, StateFileAndSocketInDirectoriesOthersCanWriteAreRefused) {
+  Broker b(testDir());
+  const std::string shared = b.dir() + "/shared";
+  ASSERT_EQ(::mkdir(shared.c_str(), 01777), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  std::ofstream(b.dir() + "/config.yaml") << "ledger_dir: " << b.ledgerDir() << "\nsocket: " << b.socket()
+                                          << "\nstate_file: " << shared << "/broker.state\nmetrics_listen: off\n";
+  EXPECT_FALSE(b.startWithFile());
+  EXPECT_NE(b.log().find("state_file " + shared + "/broker.state refused: the directory " + shared +
+                         " is writable by other users (mode 1777)"),
+            std::string::npos)
+      << b.log();
+  const std::string sockDir = "/tmp/cushare-test-open-" + std::to_string(::getpid());
+  ::mkdir(sockDir.c_str(), 0777);
+  ::chmod(sockDir.c_str(), 0777);
+  std::ofstream(b.dir() + "/config.yaml") << "ledger_dir: " << b.ledgerDir() << "\nsocket: " << sockDir
+                                          << "/b.sock\nstate_file: " << b.dir() << "/broker.state\nmetrics_listen: off\n";
+  const int status = runCheck(b.dir());
+  ::rmdir(sockDir.c_str());
+  EXPECT_EQ(status, 1);
+  EXPECT_NE(fileText(b.dir() + "/check.log").find("socket " + sockDir + "/b.sock refused: the directory " + sockDir +
+                                                  " is writable by other users (mode 0777)"),
+            std::string::npos)
+      << fileText(b.dir() + "/check.log");
+}
+
+// Two brokers, one state file: the second (another ledger_dir) must not take the first's live limits.
+TEST(Operator, StateFileBelongsToItsLedgerDirectory) {
+  Broker first(testDir());
+  ASSERT_TRUE(first.start("tenants:\n  - {name: alpha, memory: 512MiB}\n")) << first.log();
+  ASSERT_TRUE(first.setLimit("alpha", "3GiB").ok());
+  Broker second(first.dir() + "/second");
+  fs::create_directories(second.dir());
+  std::ofstream(second.dir() + "/config.yaml")
+      << "ledger_dir: " << second.ledgerDir() << "\nsocket: " << second.socket() << "\nstate_file: " << first.dir()
+      << "/broker.state\nmetrics_listen: off\ntenants:\n  - {name: alpha, memory: 512MiB}\n";
+  EXPECT_FALSE(second.startWithFile());
+  EXPECT_NE(second.log().find("state_file " + first.dir() + "/broker.state belongs to the broker of ledger_dir " +
+                              first.ledgerDir() + ", not " + second.ledgerDir()),
+            std::string::npos)
+      << second.log();
+  EXPECT_FALSE(fs::exists(second.ledgerDir() + "/alpha.ledger")) << "refused before touching anything";
+  EXPECT_EQ(limitOn0(first.tenant("alpha")), 3072 * MiB);
+}
+
+// ---- Reload and --check ----
+
+TEST(Operator, ReloadThatCannotWriteTheHostSegmentChangesNothing) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: 512MiB}\n")) << b.log();
+  ASSERT_TRUE(b.setLimit("alpha", "384MiB").ok());
+  const std::string state = fileText(b.dir() + "/broker.state");
+  const std::string seg = b.ledgerDir() + "/host.segment";
+  ASSERT_EQ(::unlink(seg.c_str()), 0);
+  ASSERT_EQ(::mkdir(seg.c_str(), 0755), 0);
+  std::ofstream(seg + "/x") << "in the way";
+  rewriteConfig(b, "unknown_tenants: small\nprofiles:\n  small: {memory: 64MiB}\ntenants:\n  - {name: beta, memory: 1GiB}\n");
+  const rpc::Response r = b.reload();
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("reload refused, the running configuration is unchanged: the host segment could not be written"),
+            std::string::npos)
+      << r.error();
+  EXPECT_EQ(b.status().config_generation(), 1u);
+  EXPECT_EQ(b.status().reloads_refused(), 1u);
+  EXPECT_EQ(b.tenant("alpha").source(), "config");
+  EXPECT_EQ(b.tenant("beta").source(), "");
+  EXPECT_EQ(limitOn0(b.tenant("alpha")), 384 * MiB);
+  EXPECT_EQ(fileText(b.dir() + "/broker.state"), state) << "the state file is put back";
+  fs::remove_all(seg);
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  EXPECT_EQ(b.status().config_generation(), 2u);
+  EXPECT_TRUE(fs::is_regular_file(seg));
+}
+
+TEST(Operator, CheckTellsWhetherTheLedgerDirCanBeCreated) {
+  const std::string dir = testDir();
+  std::ofstream(dir + "/plain") << "a file";
+  auto check = [&](const std::string& ledgerDir) {
+    std::ofstream(dir + "/config.yaml") << "ledger_dir: " << ledgerDir << "\nsocket: " << socketFor(dir)
+                                        << "\nstate_file: " << dir << "/broker.state\nmetrics_listen: off\n";
+    return runCheck(dir);
+  };
+  EXPECT_EQ(check(dir + "/plain/ledgers"), 1);
+  EXPECT_NE(fileText(dir + "/check.log").find("ledger_dir " + dir + "/plain/ledgers cannot be created: " + dir +
+                                              "/plain is not a directory"),
+            std::string::npos)
+      << fileText(dir + "/check.log");
+  EXPECT_EQ(check(dir + "/plain"), 1);
+  EXPECT_NE(fileText(dir + "/check.log").find("ledger_dir " + dir + "/plain is not a directory"), std::string::npos)
+      << fileText(dir + "/check.log");
+  EXPECT_EQ(check(dir + "/new/ledgers"), 0) << fileText(dir + "/check.log");
+  EXPECT_FALSE(fs::exists(dir + "/new")) << "--check creates nothing";
+}
+
+}  // namespace
+}  // namespace cushare::test

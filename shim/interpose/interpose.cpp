@@ -3,11 +3,13 @@
 //  2. cuGetProcAddress / _v2 (cudart, cudaGetDriverEntryPoint): the real driver answers the
 //     request (so the ABI and stream variant are exactly the driver's choice) and the shim swaps
 //     the answer for its wrapper when that real function is one it hooks;
-//  3. dlsym (cudart's own dlsym of cuGetProcAddress_v2, cuBLASLt and cuFFT looking up ~90 names
-//     on their handle to libcuda): the shim's dlsym swaps hooked answers the same way and leaves
-//     every other lookup to the real dlsym, called so that RTLD_NEXT keeps meaning "after the
-//     caller" (dlsym.S).
+//  3. dlsym and dlvsym (cudart's own dlsym of cuGetProcAddress_v2, cuBLASLt and cuFFT looking up
+//     ~90 names on their handle to libcuda): the shim swaps hooked answers the same way, answers
+//     for the process's driver when a handle holds a second copy of it, and leaves every other
+//     lookup to the real function, called so that RTLD_NEXT keeps meaning "after the caller"
+//     (dlsym_x86_64.S). Road 4, dlmopen into another link-map namespace: namespaces.cpp.
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 
 #include <cstring>
@@ -171,41 +173,118 @@ bool loadRealNvml() noexcept {
 
 }  // namespace cushare::shim
 
-// ---- road 3: dlsym ----
-// The real dlsym, resolved lazily (dlsym can be called before this library's constructors).
+// ---- road 3: dlsym and dlvsym ----
+// The real dlsym and dlvsym, resolved lazily (dlsym can be called before this library's
+// constructors). The shim defines both, and every reference to either, versioned or not, binds to
+// the shim's own (an unversioned definition satisfies versioned references): glibc's dlvsym is
+// found in libc.so.6's own symbol table (GNU hash), and the real dlsym through it as before.
 extern "C" {
 __attribute__((visibility("hidden"))) void* cushare_real_dlsym = nullptr;
+__attribute__((visibility("hidden"))) void* cushare_real_dlvsym = nullptr;
 }
 
 namespace cushare::shim {
+namespace {
+CUSHARE_NO_SANITIZE void* libcSymbol(const char* name) noexcept {
+  void* h = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+  link_map* lm = nullptr;
+  if (!h || dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !lm) return nullptr;
+  dlclose(h);
+  const ElfW(Sym)* symtab = nullptr;
+  const char* strtab = nullptr;
+  const uint32_t* hash = nullptr;
+  // ld.so has relocated these entries in place (x86-64: the dynamic section is writable).
+  for (const ElfW(Dyn)* d = lm->l_ld; d->d_tag != DT_NULL; ++d) {
+    if (d->d_tag == DT_SYMTAB) symtab = reinterpret_cast<const ElfW(Sym)*>(d->d_un.d_ptr);
+    if (d->d_tag == DT_STRTAB) strtab = reinterpret_cast<const char*>(d->d_un.d_ptr);
+    if (d->d_tag == DT_GNU_HASH) hash = reinterpret_cast<const uint32_t*>(d->d_un.d_ptr);
+  }
+  if (!symtab || !strtab || !hash) return nullptr;
+  const uint32_t nBuckets = hash[0], symOffset = hash[1], bloomWords = hash[2];
+  const uint32_t* buckets = reinterpret_cast<const uint32_t*>(reinterpret_cast<const ElfW(Addr)*>(hash + 4) + bloomWords);
+  const uint32_t* chain = buckets + nBuckets;
+  uint32_t h32 = 5381;
+  for (const char* c = name; *c; ++c) h32 = h32 * 33 + static_cast<unsigned char>(*c);
+  for (uint32_t i = buckets[h32 % nBuckets]; i >= symOffset; ++i) {
+    const uint32_t ch = chain[i - symOffset];
+    if ((ch | 1) == (h32 | 1) && symtab[i].st_value && std::strcmp(strtab + symtab[i].st_name, name) == 0)
+      return reinterpret_cast<void*>(lm->l_addr + symtab[i].st_value);
+    if (ch & 1) break;
+  }
+  return nullptr;
+}
+}  // namespace
+
 CUSHARE_NO_SANITIZE void* realDlsym(void* handle, const char* name) noexcept {
   if (!cushare_real_dlsym) {
-    void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    auto dlvsymFn = reinterpret_cast<void* (*)(void*, const char*, const char*)>(libcSymbol("dlvsym"));
+    __atomic_store_n(&cushare_real_dlvsym, reinterpret_cast<void*>(dlvsymFn), __ATOMIC_RELEASE);
+    void* p = dlvsymFn(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!p) p = dlvsymFn(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
     __atomic_store_n(&cushare_real_dlsym, p, __ATOMIC_RELEASE);
   }
   return reinterpret_cast<void* (*)(void*, const char*)>(cushare_real_dlsym)(handle, name);
 }
+
+CUSHARE_NO_SANITIZE void* realDlvsym(void* handle, const char* name, const char* version) noexcept {
+  if (!cushare_real_dlvsym) realDlsym(RTLD_DEFAULT, "dlsym");  // resolves both
+  return reinterpret_cast<void* (*)(void*, const char*, const char*)>(cushare_real_dlvsym)(handle, name, version);
+}
+
+namespace {
+// A driver API (cuXxx) or NVML (nvmlXxx) entry point's name: not cudart's cudaXxx, cuBLAS's
+// cublasXxx or any other library's "cu" names.
+bool entryPointName(const char* name) noexcept {
+  if (name[0] == 'c' && name[1] == 'u') return name[2] >= 'A' && name[2] <= 'Z';
+  return std::strncmp(name, "nvml", 4) == 0 && name[4] >= 'A' && name[4] <= 'Z';
+}
+
+// What the shim answers for a lookup of `name` on `handle`, `lookup` being the real dlsym or
+// dlvsym for this call; null leaves the answer to glibc.
+//  - A hooked name that would resolve to the real function (or to the shim's own export, which
+//    RTLD_DEFAULT finds first): the shim's wrapper.
+//  - On a library handle, a driver or NVML entry point that resolves to another definition than
+//    the process's driver (a second copy of libcuda loaded under another name or path, or into
+//    another link-map namespace, namespaces.cpp): the process's own entry point, the shim's
+//    wrapper where hooked. A second copy of the driver never answers: its allocations would be
+//    invisible to the shim.
+template <typename Lookup>
+CUSHARE_NO_SANITIZE void* answerLookup(void* handle, const char* name, Lookup lookup) noexcept {
+  if (!name || !entryPointName(name)) return nullptr;
+  void* wrapper = wrapperForSymbol(name);
+  const bool libraryHandle = handle != RTLD_DEFAULT && handle != RTLD_NEXT;
+  if (!wrapper && !libraryHandle) return nullptr;
+  void* found = lookup(handle == RTLD_NEXT ? RTLD_DEFAULT : handle, name);
+  if (!found) return nullptr;  // glibc says so itself, with its own dlerror
+  if (found == wrapper) return wrapper;
+  const bool nvml = name[0] == 'n';
+  std::string ignored;
+  const bool loaded = nvml ? loadRealNvml() : loadRealDriver(&ignored);
+  void* answer = nullptr;
+  if (wrapper && wrapperForReal(found) == wrapper) {
+    answer = wrapper;
+  } else if (libraryHandle && loaded) {
+    void* own = realDlsym(nvml ? realNvml().handle : realDriver().handle, name);
+    if (own != found) answer = wrapper ? wrapper : own;
+  }
+  dlerror();  // loading or the lookups above may have left an error; this lookup succeeded
+  return answer;
+}
+}  // namespace
 }  // namespace cushare::shim
 
-// Called by the dlsym trampoline (dlsym.S) with the caller's arguments: the shim's wrapper if the
-// name is a hooked symbol and the lookup would have found the real one, else null (the
-// trampoline then tail-jumps to the real dlsym, so the caller's RTLD_NEXT position is kept).
+// Called by the dlsym and dlvsym trampolines (dlsym_x86_64.S) with the caller's arguments: the
+// shim's answer, or null (the trampoline then tail-jumps to the real function, so the caller's
+// RTLD_NEXT position is kept).
 extern "C" __attribute__((visibility("hidden"))) CUSHARE_NO_SANITIZE void* cushare_dlsym_intercept(void* handle,
                                                                                              const char* name) {
   if (!cushare_real_dlsym) cushare::shim::realDlsym(RTLD_DEFAULT, "dlsym");  // resolve it, result unused
-  if (!name || ((name[0] != 'c' || name[1] != 'u') && std::strncmp(name, "nvml", 4) != 0)) return nullptr;
-  void* wrapper = cushare::shim::wrapperForSymbol(name);
-  if (!wrapper) return nullptr;
-  // Ask the real dlsym what this handle resolves the name to; substitute only a hooked real
-  // function (or our own wrapper, which RTLD_DEFAULT finds first).
-  void* found = cushare::shim::realDlsym(handle == RTLD_NEXT ? RTLD_DEFAULT : handle, name);
-  if (!found) return nullptr;
-  if (found == wrapper) return wrapper;
-  std::string ignored;
-  if (name[0] == 'c') cushare::shim::loadRealDriver(&ignored);
-  else cushare::shim::loadRealNvml();
-  if (cushare::shim::wrapperForReal(found) != wrapper) return nullptr;
-  dlerror();  // loading may have left an error from an optional lookup; this lookup succeeded
-  return wrapper;
+  return cushare::shim::answerLookup(handle, name, [](void* h, const char* n) { return cushare::shim::realDlsym(h, n); });
+}
+
+extern "C" __attribute__((visibility("hidden"))) CUSHARE_NO_SANITIZE void* cushare_dlvsym_intercept(
+    void* handle, const char* name, const char* version) {
+  if (!cushare_real_dlvsym) cushare::shim::realDlsym(RTLD_DEFAULT, "dlsym");  // resolves both
+  return cushare::shim::answerLookup(
+      handle, name, [version](void* h, const char* n) { return cushare::shim::realDlvsym(h, n, version); });
 }

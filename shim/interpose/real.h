@@ -58,8 +58,9 @@ extern RealNvml gRealNvml;
 inline RealDriver& realDriver() { return gRealDriver; }
 inline RealNvml& realNvml() { return gRealNvml; }
 
-// The real dlsym (the shim exports its own).
+// The real dlsym and dlvsym (the shim exports its own).
 void* realDlsym(void* handle, const char* name) noexcept;
+void* realDlvsym(void* handle, const char* name, const char* version) noexcept;
 
 // Loads libcuda.so.1 and resolves every hooked and needed symbol. Idempotent.
 bool loadRealDriver(std::string* error) noexcept;

@@ -541,6 +541,130 @@ TEST_F(Attack, LegacyFirstAbisAreRefusedOnEveryRoad) {
   dlclose(h);
 }
 
+// ---- the driver loaded a second time (issue 16) ----
+// A preloaded library is not loaded into a new link-map namespace: a tenant that dlmopen()s the
+// driver there would hold a copy the shim never sees. Each attack allocates all it can, in 64 MiB
+// steps, through dlsym on the handle dlmopen gave it (the real driver-API sequence); what it holds
+// on the device must stay within the limit.
+void fillThroughHandle(void* h, std::vector<CUdeviceptr>* got) {
+  using Init = CUresult (*)(unsigned);
+  using Retain = CUresult (*)(CUcontext*, CUdevice);
+  using SetCurrent = CUresult (*)(CUcontext);
+  using Alloc = CUresult (*)(CUdeviceptr*, size_t);
+  auto init = reinterpret_cast<Init>(dlsym(h, "cuInit"));
+  auto retain = reinterpret_cast<Retain>(dlsym(h, "cuDevicePrimaryCtxRetain"));
+  auto setCurrent = reinterpret_cast<SetCurrent>(dlsym(h, "cuCtxSetCurrent"));
+  auto alloc = reinterpret_cast<Alloc>(dlsym(h, "cuMemAlloc_v2"));
+  ASSERT_TRUE(init && retain && setCurrent && alloc) << dlerror();
+  CU_ASSERT(init(0));
+  CUcontext ctx = nullptr;
+  CU_ASSERT(retain(&ctx, 0));
+  CU_ASSERT(setCurrent(ctx));
+  CUdeviceptr p = 0;
+  while (got->size() < 80 && alloc(&p, 64 * kMiB) == CUDA_SUCCESS) got->push_back(p);
+}
+
+// Frees through the same handle (the copy that allocated, whichever it is) and unloads it.
+void releaseThroughHandle(void* h, const std::vector<CUdeviceptr>& got) {
+  auto memFree = reinterpret_cast<CUresult (*)(CUdeviceptr)>(dlsym(h, "cuMemFree_v2"));
+  ASSERT_NE(nullptr, memFree);
+  for (CUdeviceptr p : got) EXPECT_EQ(CUDA_SUCCESS, memFree(p));
+  auto release = reinterpret_cast<CUresult (*)(CUdevice)>(dlsym(h, "cuDevicePrimaryCtxRelease_v2"));
+  if (release) release(0);
+  dlclose(h);
+}
+
+class SecondDriver : public Attack {
+ protected:
+  void loadAndFill(const std::string& file) {
+    void* h = dlmopen(LM_ID_NEWLM, file.c_str(), RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(nullptr, h) << dlerror();
+    std::vector<CUdeviceptr> got;
+    fillThroughHandle(h, &got);
+    EXPECT_LE(held(0, base0_), kAttackLimit) << file << ": a second copy of the driver escaped the limit";
+    EXPECT_EQ(kAttackLimit / (64 * kMiB), got.size()) << file << ": the limit, not the device, stopped it";
+    releaseThroughHandle(h, got);
+    EXPECT_EQ(0u, held(0, base0_));
+  }
+};
+
+TEST_F(SecondDriver, DlmopenBySonameStaysWithinTheLimit) { loadAndFill("libcuda.so.1"); }
+
+TEST_F(SecondDriver, DlmopenByAbsolutePathStaysWithinTheLimit) { loadAndFill(CUSHARE_SIMGPU_CUDA_PATH); }
+
+// The driver copied under another name, and reached through a symbolic link of a third name: found
+// by what it exports, not by its name.
+TEST_F(SecondDriver, DlmopenOfARenamedCopyStaysWithinTheLimit) {
+  char dir[] = "/tmp/cushare-renamed-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(dir));
+  const std::string copy = std::string(dir) + "/libnotcuda.so", link = std::string(dir) + "/libother.so";
+  ASSERT_EQ(0, std::system(("cp " + std::string(CUSHARE_SIMGPU_CUDA_PATH) + " " + copy).c_str()));
+  ASSERT_EQ(0, symlink(copy.c_str(), link.c_str()));
+  loadAndFill(copy);
+  loadAndFill(link);
+  unlink(link.c_str());
+  unlink(copy.c_str());
+  rmdir(dir);
+}
+
+// The same copy reached with a plain dlopen under its other name (base namespace): dlsym on its
+// handle answers with the process's own driver too.
+TEST_F(SecondDriver, DlopenOfARenamedCopyStaysWithinTheLimit) {
+  char dir[] = "/tmp/cushare-renamed-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(dir));
+  const std::string copy = std::string(dir) + "/libnotcuda.so";
+  ASSERT_EQ(0, std::system(("cp " + std::string(CUSHARE_SIMGPU_CUDA_PATH) + " " + copy).c_str()));
+  void* h = dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(nullptr, h) << dlerror();
+  std::vector<CUdeviceptr> got;
+  fillThroughHandle(h, &got);
+  EXPECT_LE(held(0, base0_), kAttackLimit);
+  releaseThroughHandle(h, got);
+  unlink(copy.c_str());
+  rmdir(dir);
+}
+
+// A library linked against the driver brings a copy of it into the new namespace as a dependency,
+// where its own calls bind to that copy: refused, with a dlerror that says why. A namespace
+// without the driver is none of the shim's business.
+TEST_F(SecondDriver, DlmopenOfALibraryThatNeedsTheDriverIsRefused) {
+  void* h = dlmopen(LM_ID_NEWLM, CUSHARE_DRIVER_USER_PATH, RTLD_NOW | RTLD_LOCAL);
+  const char* err = dlerror();
+  EXPECT_EQ(nullptr, h);
+  ASSERT_NE(nullptr, err);
+  EXPECT_NE(nullptr, std::strstr(err, "the CUDA driver in another link-map namespace is refused")) << err;
+  if (h) {
+    auto alloc = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(dlsym(h, "cushare_test_driver_user_alloc"));
+    CUdeviceptr p = 0;
+    while (alloc && alloc(&p, 64 * kMiB) == CUDA_SUCCESS) {
+    }
+    EXPECT_LE(held(0, base0_), kAttackLimit);
+  }
+  void* m = dlmopen(LM_ID_NEWLM, "libm.so.6", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(nullptr, m) << dlerror();
+  Lmid_t ns = LM_ID_BASE;
+  ASSERT_EQ(0, dlinfo(m, RTLD_DI_LMID, &ns));
+  EXPECT_NE(LM_ID_BASE, ns);
+  dlclose(m);
+}
+
+// NVML loaded a second time shows the tenant's view, like the process's own.
+TEST_F(SecondDriver, DlmopenOfNvmlShowsTheTenantView) {
+  void* h = dlmopen(LM_ID_NEWLM, "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(nullptr, h) << dlerror();
+  auto init = reinterpret_cast<nvmlReturn_t (*)()>(dlsym(h, "nvmlInit_v2"));
+  auto byIndex = reinterpret_cast<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(dlsym(h, "nvmlDeviceGetHandleByIndex_v2"));
+  auto info = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>(dlsym(h, "nvmlDeviceGetMemoryInfo"));
+  ASSERT_TRUE(init && byIndex && info) << dlerror();
+  ASSERT_EQ(NVML_SUCCESS, init());
+  nvmlDevice_t d;
+  ASSERT_EQ(NVML_SUCCESS, byIndex(0, &d));
+  nvmlMemory_t m;
+  ASSERT_EQ(NVML_SUCCESS, info(d, &m));
+  EXPECT_EQ(kAttackLimit, m.total);
+  dlclose(h);
+}
+
 // ---- shareable VMM memory (same environment as Attack, its own process: what a process exports
 // stays charged until it exits) ----
 using Shareable = Attack;

@@ -665,6 +665,28 @@ TEST_F(SecondDriver, DlmopenOfNvmlShowsTheTenantView) {
   dlclose(h);
 }
 
+// dlvsym on the process's own handle to the driver answers the shim's wrapper, as dlsym does.
+// glibc's dlvsym finds versioned definitions only, so this runs on a build of simgpu's driver
+// whose exports carry a version (shim_driver_test_versioned_driver).
+using VersionedDriver = Attack;
+
+TEST_F(VersionedDriver, DlvsymOnTheDriverHandleStaysWithinTheLimit) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(nullptr, h);
+  auto alloc = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(dlvsym(h, "cuMemAlloc_v2", "CUSHARE_TEST_1"));
+  ASSERT_NE(nullptr, alloc) << dlerror() << " (not the versioned driver?)";
+  std::vector<CUdeviceptr> got;
+  CUdeviceptr p = 0;
+  while (got.size() < 80 && alloc(&p, 64 * kMiB) == CUDA_SUCCESS) got.push_back(p);
+  EXPECT_LE(held(0, base0_), kAttackLimit) << "dlvsym handed out the driver's own cuMemAlloc_v2";
+  EXPECT_EQ(kAttackLimit / (64 * kMiB), got.size());
+  for (CUdeviceptr q : got) CU_ASSERT(cuMemFree(q));
+  // Unhooked names and unknown versions keep glibc's answers.
+  EXPECT_EQ(dlsym(h, "cuStreamCreate"), dlvsym(h, "cuStreamCreate", "CUSHARE_TEST_1"));
+  EXPECT_EQ(nullptr, dlvsym(h, "cuMemAlloc_v2", "NO_SUCH_VERSION"));
+  dlclose(h);
+}
+
 // ---- shareable VMM memory (same environment as Attack, its own process: what a process exports
 // stays charged until it exits) ----
 using Shareable = Attack;

@@ -15,8 +15,11 @@
 // linker.
 #include <dlfcn.h>
 #include <link.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "interpose/real.h"
 #include "runtime/log.h"
@@ -34,6 +37,31 @@ void* realDlmopenFn() noexcept {
     __atomic_store_n(&real, p, __ATOMIC_RELEASE);
   }
   return p;
+}
+
+// glibc searches for a bare library name along the calling object's RPATH and RUNPATH, which it
+// finds from the return address: the shim's C code calling glibc would search along the shim's.
+// So the caller's search path (without the system directories, which come after ld.so.cache and
+// are the same for everyone) is walked here first, and a hit is loaded by its path.
+bool findAlongCallersPath(const char* file, void* caller, std::string* path) noexcept {
+  Dl_info info;
+  link_map* map = nullptr;
+  if (!dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) || !map) return false;
+  Dl_serinfo size;
+  if (dlinfo(map, RTLD_DI_SERINFOSIZE, &size) != 0) return false;
+  std::vector<char> buffer(size.dls_size);
+  auto* list = reinterpret_cast<Dl_serinfo*>(buffer.data());
+  *list = size;
+  if (dlinfo(map, RTLD_DI_SERINFO, list) != 0) return false;
+  for (unsigned i = 0; i < list->dls_cnt; ++i) {
+    if (list->dls_serpath[i].dls_flags & LA_SER_DEFAULT) continue;
+    std::string candidate = std::string(list->dls_serpath[i].dls_name) + "/" + file;
+    if (access(candidate.c_str(), F_OK) == 0) {
+      *path = std::move(candidate);
+      return true;
+    }
+  }
+  return false;
 }
 
 enum class Found { kNone, kOwn, kDependency };
@@ -81,7 +109,9 @@ extern "C" __attribute__((visibility("hidden"))) void* cushare_dlmopen_other(Lmi
                                                                            int mode) noexcept {
   using namespace cushare::shim;
   auto real = reinterpret_cast<void* (*)(Lmid_t, const char*, int)>(realDlmopenFn());
-  void* h = real(nsid, file, mode);
+  std::string path;  // jumped to from dlmopen: the return address is the caller's
+  const bool bare = file && !std::strchr(file, '/');
+  void* h = real(nsid, bare && findAlongCallersPath(file, __builtin_return_address(0), &path) ? path.c_str() : file, mode);
   if (!h) return nullptr;  // glibc's own error
   const Found driver = definedIn(h, "cuInit");
   const Found nvml = definedIn(h, "nvmlInit");

@@ -248,8 +248,12 @@ bool entryPointName(const char* name) noexcept {
 //    another link-map namespace, namespaces.cpp): the process's own entry point, the shim's
 //    wrapper where hooked. A second copy of the driver never answers: its allocations would be
 //    invisible to the shim.
+//  - dlmopen, on any handle (a libc handle, or dlvsym, which skips the shim's unversioned export):
+//    the shim's, which alone keeps the driver out of other namespaces (namespaces.cpp).
 template <typename Lookup>
 CUSHARE_NO_SANITIZE void* answerLookup(void* handle, const char* name, Lookup lookup) noexcept {
+  if (name && std::strcmp(name, "dlmopen") == 0)
+    return lookup(handle == RTLD_NEXT ? RTLD_DEFAULT : handle, name) ? reinterpret_cast<void*>(&dlmopen) : nullptr;
   if (!name || !entryPointName(name)) return nullptr;
   void* wrapper = wrapperForSymbol(name);
   const bool libraryHandle = handle != RTLD_DEFAULT && handle != RTLD_NEXT;

@@ -655,6 +655,21 @@ TEST_F(SecondDriver, DlmopenOfAnyOtherLibraryIsRefused) {
   EXPECT_EQ(before, loadedObjects()) << "something was mapped into another namespace";
 }
 
+// glibc's own dlmopen reached through the loader (dlvsym skips the shim's unversioned export; a
+// handle to the C library finds the C library's): the shim's answers instead.
+TEST_F(SecondDriver, GlibcsDlmopenIsNotHandedOut) {
+  using Dlmopen = void* (*)(Lmid_t, const char*, int);
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(nullptr, libc);
+  for (void* fn : {dlvsym(RTLD_DEFAULT, "dlmopen", "GLIBC_2.34"), dlvsym(libc, "dlmopen", "GLIBC_2.34"),
+                   dlsym(libc, "dlmopen"), dlsym(RTLD_NEXT, "dlmopen")}) {
+    ASSERT_NE(nullptr, fn);
+    EXPECT_EQ(reinterpret_cast<void*>(&dlmopen), fn);
+    EXPECT_EQ(nullptr, reinterpret_cast<Dlmopen>(fn)(LM_ID_NEWLM, "libm.so.6", RTLD_NOW)) << "glibc's dlmopen";
+  }
+  dlclose(libc);
+}
+
 // NVML loaded a second time shows the tenant's view, like the process's own.
 TEST_F(SecondDriver, DlmopenOfNvmlShowsTheTenantView) {
   void* h = dlmopen(LM_ID_NEWLM, "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);

@@ -9,6 +9,7 @@
 //     lookup to the real function, called so that RTLD_NEXT keeps meaning "after the caller"
 //     (dlsym_x86_64.S). Road 4, dlmopen into another link-map namespace: namespaces.cpp.
 #include <dlfcn.h>
+#include <gnu/libc-version.h>
 #include <link.h>
 #include <pthread.h>
 
@@ -186,10 +187,13 @@ __attribute__((visibility("hidden"))) void* cushare_real_dlvsym = nullptr;
 namespace cushare::shim {
 namespace {
 CUSHARE_NO_SANITIZE void* libcSymbol(const char* name) noexcept {
-  void* h = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+  // libc's link map, from a function only libc defines (no dlopen: this runs inside sanitizer
+  // runtimes' start-up, whose dlopen interceptor is not ready).
+  Dl_info info;
   link_map* lm = nullptr;
-  if (!h || dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !lm) return nullptr;
-  dlclose(h);
+  if (!dladdr1(reinterpret_cast<void*>(&gnu_get_libc_version), &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP) ||
+      !lm)
+    return nullptr;
   const ElfW(Sym)* symtab = nullptr;
   const char* strtab = nullptr;
   const uint32_t* hash = nullptr;

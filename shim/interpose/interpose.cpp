@@ -191,7 +191,8 @@ CUSHARE_NO_SANITIZE void* libcSymbol(const char* name) noexcept {
   // runtimes' start-up, whose dlopen interceptor is not ready).
   Dl_info info;
   link_map* lm = nullptr;
-  if (!dladdr1(reinterpret_cast<void*>(&gnu_get_libc_version), &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP) ||
+  if (!dladdr1(reinterpret_cast<void*>(&gnu_get_libc_version), &info, reinterpret_cast<void**>(&lm),
+               RTLD_DL_LINKMAP) ||
       !lm)
     return nullptr;
   const ElfW(Sym)* symtab = nullptr;
@@ -205,13 +206,15 @@ CUSHARE_NO_SANITIZE void* libcSymbol(const char* name) noexcept {
   }
   if (!symtab || !strtab || !hash) return nullptr;
   const uint32_t nBuckets = hash[0], symOffset = hash[1], bloomWords = hash[2];
-  const uint32_t* buckets = reinterpret_cast<const uint32_t*>(reinterpret_cast<const ElfW(Addr)*>(hash + 4) + bloomWords);
+  const uint32_t* buckets =
+      reinterpret_cast<const uint32_t*>(reinterpret_cast<const ElfW(Addr)*>(hash + 4) + bloomWords);
   const uint32_t* chain = buckets + nBuckets;
   uint32_t h32 = 5381;
   for (const char* c = name; *c; ++c) h32 = h32 * 33 + static_cast<unsigned char>(*c);
   for (uint32_t i = buckets[h32 % nBuckets]; i >= symOffset; ++i) {
     const uint32_t ch = chain[i - symOffset];
-    if ((ch | 1) == (h32 | 1) && symtab[i].st_value && std::strcmp(strtab + symtab[i].st_name, name) == 0)
+    if ((ch | 1) == (h32 | 1) && symtab[i].st_value &&
+        std::strcmp(strtab + symtab[i].st_name, name) == 0)
       return reinterpret_cast<void*>(lm->l_addr + symtab[i].st_value);
     if (ch & 1) break;
   }
@@ -221,7 +224,8 @@ CUSHARE_NO_SANITIZE void* libcSymbol(const char* name) noexcept {
 
 CUSHARE_NO_SANITIZE void* realDlsym(void* handle, const char* name) noexcept {
   if (!cushare_real_dlsym) {
-    auto dlvsymFn = reinterpret_cast<void* (*)(void*, const char*, const char*)>(libcSymbol("dlvsym"));
+    auto dlvsymFn =
+        reinterpret_cast<void* (*)(void*, const char*, const char*)>(libcSymbol("dlvsym"));
     __atomic_store_n(&cushare_real_dlvsym, reinterpret_cast<void*>(dlvsymFn), __ATOMIC_RELEASE);
     void* p = dlvsymFn(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (!p) p = dlvsymFn(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
@@ -232,7 +236,8 @@ CUSHARE_NO_SANITIZE void* realDlsym(void* handle, const char* name) noexcept {
 
 CUSHARE_NO_SANITIZE void* realDlvsym(void* handle, const char* name, const char* version) noexcept {
   if (!cushare_real_dlvsym) realDlsym(RTLD_DEFAULT, "dlsym");  // resolves both
-  return reinterpret_cast<void* (*)(void*, const char*, const char*)>(cushare_real_dlvsym)(handle, name, version);
+  return reinterpret_cast<void* (*)(void*, const char*, const char*)>(cushare_real_dlvsym)(
+      handle, name, version);
 }
 
 namespace {
@@ -257,7 +262,9 @@ bool entryPointName(const char* name) noexcept {
 template <typename Lookup>
 CUSHARE_NO_SANITIZE void* answerLookup(void* handle, const char* name, Lookup lookup) noexcept {
   if (name && std::strcmp(name, "dlmopen") == 0)
-    return lookup(handle == RTLD_NEXT ? RTLD_DEFAULT : handle, name) ? reinterpret_cast<void*>(&dlmopen) : nullptr;
+    return lookup(handle == RTLD_NEXT ? RTLD_DEFAULT : handle, name)
+               ? reinterpret_cast<void*>(&dlmopen)
+               : nullptr;
   if (!name || !entryPointName(name)) return nullptr;
   void* wrapper = wrapperForSymbol(name);
   const bool libraryHandle = handle != RTLD_DEFAULT && handle != RTLD_NEXT;
@@ -287,12 +294,14 @@ CUSHARE_NO_SANITIZE void* answerLookup(void* handle, const char* name, Lookup lo
 extern "C" __attribute__((visibility("hidden"))) CUSHARE_NO_SANITIZE void* cushare_dlsym_intercept(void* handle,
                                                                                              const char* name) {
   if (!cushare_real_dlsym) cushare::shim::realDlsym(RTLD_DEFAULT, "dlsym");  // resolve it, result unused
-  return cushare::shim::answerLookup(handle, name, [](void* h, const char* n) { return cushare::shim::realDlsym(h, n); });
+  return cushare::shim::answerLookup(
+      handle, name, [](void* h, const char* n) { return cushare::shim::realDlsym(h, n); });
 }
 
 extern "C" __attribute__((visibility("hidden"))) CUSHARE_NO_SANITIZE void* cushare_dlvsym_intercept(
     void* handle, const char* name, const char* version) {
   if (!cushare_real_dlvsym) cushare::shim::realDlsym(RTLD_DEFAULT, "dlsym");  // resolves both
-  return cushare::shim::answerLookup(
-      handle, name, [version](void* h, const char* n) { return cushare::shim::realDlvsym(h, n, version); });
+  return cushare::shim::answerLookup(handle, name, [version](void* h, const char* n) {
+    return cushare::shim::realDlvsym(h, n, version);
+  });
 }

@@ -49,7 +49,8 @@ void* realDlmopenFn() noexcept {
 bool findAlongCallersPath(const char* file, void* caller, std::string* path) noexcept {
   Dl_info info;
   link_map* map = nullptr;
-  if (!dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) || !map) return false;
+  if (!dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) || !map)
+    return false;
   Dl_serinfo size;
   if (dlinfo(map, RTLD_DI_SERINFOSIZE, &size) != 0) return false;
   std::vector<char> buffer(size.dls_size);
@@ -84,9 +85,9 @@ Library libraryAt(const char* path) noexcept {
   const auto* base = static_cast<const char*>(map);
   const size_t size = static_cast<size_t>(st.st_size);
   const auto* eh = reinterpret_cast<const ElfW(Ehdr)*>(base);
-  const bool elf = std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == ELFCLASS64 &&
-                   eh->e_shentsize == sizeof(ElfW(Shdr)) && eh->e_shoff < size &&
-                   eh->e_shnum <= (size - eh->e_shoff) / sizeof(ElfW(Shdr));
+  const bool elf = std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 &&
+                   eh->e_ident[EI_CLASS] == ELFCLASS64 && eh->e_shentsize == sizeof(ElfW(Shdr)) &&
+                   eh->e_shoff < size && eh->e_shnum <= (size - eh->e_shoff) / sizeof(ElfW(Shdr));
   const auto* sh = elf ? reinterpret_cast<const ElfW(Shdr)*>(base + eh->e_shoff) : nullptr;
   for (unsigned i = 0; sh && i < eh->e_shnum && kind == Library::kOther; ++i) {
     if (sh[i].sh_type != SHT_DYNSYM || sh[i].sh_link >= eh->e_shnum) continue;
@@ -102,7 +103,8 @@ Library libraryAt(const char* path) noexcept {
       const size_t room = strs.sh_size - syms[k].st_name;
       if (strnlen(n, room) == room) continue;
       if (std::strcmp(n, "cuInit") == 0) kind = Library::kDriver;
-      if (std::strcmp(n, "nvmlInit") == 0 || std::strcmp(n, "nvmlInit_v2") == 0) kind = Library::kNvml;
+      if (std::strcmp(n, "nvmlInit") == 0 || std::strcmp(n, "nvmlInit_v2") == 0)
+        kind = Library::kNvml;
       if (kind != Library::kOther) break;
     }
   }
@@ -113,14 +115,15 @@ Library libraryAt(const char* path) noexcept {
 // Leaves a dlerror message for a refused load: glibc keeps the message of the last failed call, so
 // the shim fails one whose message names the reason (a path that cannot exist).
 void failWithReason() noexcept {
-  const char* path = "/proc/self/cushare: loading into another link-map namespace is refused (only the "
-                     "CUDA driver and NVML, answered with the process's own)";
+  const char* path =
+      "/proc/self/cushare: loading into another link-map namespace is refused (only the "
+      "CUDA driver and NVML, answered with the process's own)";
   if (void* h = dlopen(path, RTLD_LAZY)) dlclose(h);
 }
 
 void* refuse(const char* file, const char* why) noexcept {
-  CUSHARE_LOG(LogLevel::kError, "dlmopen of %s into another link-map namespace refused: %s", file ? file : "(null)",
-              why);
+  CUSHARE_LOG(LogLevel::kError, "dlmopen of %s into another link-map namespace refused: %s",
+              file ? file : "(null)", why);
   failWithReason();
   return nullptr;
 }
@@ -130,13 +133,15 @@ void* refuse(const char* file, const char* why) noexcept {
 
 // Where the shim's dlmopen goes (dlsym_x86_64.S): glibc's for the base namespace, the check below
 // for any other.
-extern "C" __attribute__((visibility("hidden"))) void* cushare_dlmopen_route(Lmid_t nsid, const char*, int) {
+extern "C" __attribute__((visibility("hidden"))) void* cushare_dlmopen_route(Lmid_t nsid,
+                                                                             const char*, int) {
   if (nsid == LM_ID_BASE) return cushare::shim::realDlmopenFn();
   return reinterpret_cast<void*>(&cushare_dlmopen_other);
 }
 
-extern "C" __attribute__((visibility("hidden"))) void* cushare_dlmopen_other(Lmid_t, const char* file,
-                                                                           int) noexcept {
+extern "C" __attribute__((visibility("hidden"))) void* cushare_dlmopen_other(Lmid_t,
+                                                                             const char* file,
+                                                                             int) noexcept {
   using namespace cushare::shim;
   if (!file) return refuse(file, "no file named");
   // Jumped to from dlmopen: the return address is the caller's, whose search path a bare name
@@ -145,21 +150,29 @@ extern "C" __attribute__((visibility("hidden"))) void* cushare_dlmopen_other(Lmi
   Library kind = Library::kOther;
   const char* base = std::strrchr(file, '/');
   base = base ? base + 1 : file;
-  if (std::strncmp(base, "libcuda.so", 10) == 0 && (base[10] == '\0' || base[10] == '.')) kind = Library::kDriver;
-  if (std::strncmp(base, "libnvidia-ml.so", 15) == 0 && (base[15] == '\0' || base[15] == '.')) kind = Library::kNvml;
+  if (std::strncmp(base, "libcuda.so", 10) == 0 && (base[10] == '\0' || base[10] == '.'))
+    kind = Library::kDriver;
+  if (std::strncmp(base, "libnvidia-ml.so", 15) == 0 && (base[15] == '\0' || base[15] == '.'))
+    kind = Library::kNvml;
   if (kind == Library::kOther) {
-    if (std::strchr(file, '/')) kind = libraryAt(file);
-    else if (findAlongCallersPath(file, __builtin_return_address(0), &path)) kind = libraryAt(path.c_str());
+    if (std::strchr(file, '/'))
+      kind = libraryAt(file);
+    else if (findAlongCallersPath(file, __builtin_return_address(0), &path))
+      kind = libraryAt(path.c_str());
   }
   if (kind == Library::kOther)
-    return refuse(file, "only the CUDA driver and NVML are loaded there (answered with the process's own); "
-                        "the shim cannot follow any other library into another namespace");
+    return refuse(
+        file,
+        "only the CUDA driver and NVML are loaded there (answered with the process's own); "
+        "the shim cannot follow any other library into another namespace");
   std::string error;
   const bool isDriver = kind == Library::kDriver;
   if (isDriver ? !loadRealDriver(&error) : !loadRealNvml())
-    return refuse(file, isDriver ? error.c_str() : "the process's own NVML (libnvidia-ml.so.1) cannot be loaded");
+    return refuse(file, isDriver ? error.c_str()
+                                 : "the process's own NVML (libnvidia-ml.so.1) cannot be loaded");
   void* own = dlopen(isDriver ? "libcuda.so.1" : "libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
-  CUSHARE_LOG(LogLevel::kInfo, "dlmopen of %s into another link-map namespace answered with the process's %s",
-              file, isDriver ? "CUDA driver" : "NVML");
+  CUSHARE_LOG(LogLevel::kInfo,
+              "dlmopen of %s into another link-map namespace answered with the process's %s", file,
+              isDriver ? "CUDA driver" : "NVML");
   return own;
 }

@@ -4,6 +4,7 @@
 // so; the shim must refuse the load.
 #include <cuda.h>
 
-extern "C" __attribute__((visibility("default"))) CUresult cushare_test_driver_user_alloc(CUdeviceptr* p, size_t bytes) {
+extern "C" __attribute__((visibility("default"))) CUresult cushare_test_driver_user_alloc(
+    CUdeviceptr* p, size_t bytes) {
   return cuMemAlloc(p, bytes);
 }

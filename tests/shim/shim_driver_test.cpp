@@ -582,8 +582,10 @@ class SecondDriver : public Attack {
     ASSERT_NE(nullptr, h) << dlerror();
     std::vector<CUdeviceptr> got;
     fillThroughHandle(h, &got);
-    EXPECT_LE(held(0, base0_), kAttackLimit) << file << ": a second copy of the driver escaped the limit";
-    EXPECT_EQ(kAttackLimit / (64 * kMiB), got.size()) << file << ": the limit, not the device, stopped it";
+    EXPECT_LE(held(0, base0_), kAttackLimit)
+        << file << ": a second copy of the driver escaped the limit";
+    EXPECT_EQ(kAttackLimit / (64 * kMiB), got.size())
+        << file << ": the limit, not the device, stopped it";
     releaseThroughHandle(h, got);
     EXPECT_EQ(0u, held(0, base0_));
   }
@@ -591,14 +593,17 @@ class SecondDriver : public Attack {
 
 TEST_F(SecondDriver, DlmopenBySonameStaysWithinTheLimit) { loadAndFill("libcuda.so.1"); }
 
-TEST_F(SecondDriver, DlmopenByAbsolutePathStaysWithinTheLimit) { loadAndFill(CUSHARE_SIMGPU_CUDA_PATH); }
+TEST_F(SecondDriver, DlmopenByAbsolutePathStaysWithinTheLimit) {
+  loadAndFill(CUSHARE_SIMGPU_CUDA_PATH);
+}
 
 // The driver copied under another name, and reached through a symbolic link of a third name: found
 // by what it exports, not by its name.
 TEST_F(SecondDriver, DlmopenOfARenamedCopyStaysWithinTheLimit) {
   char dir[] = "/tmp/cushare-renamed-XXXXXX";
   ASSERT_NE(nullptr, mkdtemp(dir));
-  const std::string copy = std::string(dir) + "/libnotcuda.so", link = std::string(dir) + "/libother.so";
+  const std::string copy = std::string(dir) + "/libnotcuda.so",
+                    link = std::string(dir) + "/libother.so";
   ASSERT_EQ(0, std::system(("cp " + std::string(CUSHARE_SIMGPU_CUDA_PATH) + " " + copy).c_str()));
   ASSERT_EQ(0, symlink(copy.c_str(), link.c_str()));
   loadAndFill(copy);
@@ -632,19 +637,23 @@ TEST_F(SecondDriver, DlopenOfARenamedCopyStaysWithinTheLimit) {
 // searches for the caller), a driver user or not.
 int loadedObjects() {
   int n = 0;
-  dl_iterate_phdr([](dl_phdr_info*, size_t, void* count) { return ++*static_cast<int*>(count), 0; }, &n);
+  dl_iterate_phdr([](dl_phdr_info*, size_t, void* count) { return ++*static_cast<int*>(count), 0; },
+                  &n);
   return n;
 }
 
 TEST_F(SecondDriver, DlmopenOfAnyOtherLibraryIsRefused) {
   const int before = loadedObjects();
-  for (const char* file : {CUSHARE_DRIVER_USER_PATH, "libcushare_driver_user.so", "libm.so.6", "libcushare_rtld_next_a.so"}) {
+  for (const char* file : {CUSHARE_DRIVER_USER_PATH, "libcushare_driver_user.so", "libm.so.6",
+                           "libcushare_rtld_next_a.so"}) {
     void* h = dlmopen(LM_ID_NEWLM, file, RTLD_NOW | RTLD_LOCAL);
     const char* err = dlerror();
     EXPECT_EQ(nullptr, h) << file;
     ASSERT_NE(nullptr, err) << file;
-    EXPECT_NE(nullptr, std::strstr(err, "loading into another link-map namespace is refused")) << err;
-    if (auto alloc = h ? reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(dlsym(h, "cushare_test_driver_user_alloc"))
+    EXPECT_NE(nullptr, std::strstr(err, "loading into another link-map namespace is refused"))
+        << err;
+    if (auto alloc = h ? reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(
+                             dlsym(h, "cushare_test_driver_user_alloc"))
                        : nullptr) {
       CUdeviceptr p = 0;
       for (int i = 0; i < 80 && alloc(&p, 64 * kMiB) == CUDA_SUCCESS; ++i) {
@@ -661,11 +670,13 @@ TEST_F(SecondDriver, GlibcsDlmopenIsNotHandedOut) {
   using Dlmopen = void* (*)(Lmid_t, const char*, int);
   void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
   ASSERT_NE(nullptr, libc);
-  for (void* fn : {dlvsym(RTLD_DEFAULT, "dlmopen", "GLIBC_2.34"), dlvsym(libc, "dlmopen", "GLIBC_2.34"),
-                   dlsym(libc, "dlmopen"), dlsym(RTLD_NEXT, "dlmopen")}) {
+  for (void* fn :
+       {dlvsym(RTLD_DEFAULT, "dlmopen", "GLIBC_2.34"), dlvsym(libc, "dlmopen", "GLIBC_2.34"),
+        dlsym(libc, "dlmopen"), dlsym(RTLD_NEXT, "dlmopen")}) {
     ASSERT_NE(nullptr, fn);
     EXPECT_EQ(reinterpret_cast<void*>(&dlmopen), fn);
-    EXPECT_EQ(nullptr, reinterpret_cast<Dlmopen>(fn)(LM_ID_NEWLM, "libm.so.6", RTLD_NOW)) << "glibc's dlmopen";
+    EXPECT_EQ(nullptr, reinterpret_cast<Dlmopen>(fn)(LM_ID_NEWLM, "libm.so.6", RTLD_NOW))
+        << "glibc's dlmopen";
   }
   dlclose(libc);
 }
@@ -675,8 +686,10 @@ TEST_F(SecondDriver, DlmopenOfNvmlShowsTheTenantView) {
   void* h = dlmopen(LM_ID_NEWLM, "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(nullptr, h) << dlerror();
   auto init = reinterpret_cast<nvmlReturn_t (*)()>(dlsym(h, "nvmlInit_v2"));
-  auto byIndex = reinterpret_cast<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(dlsym(h, "nvmlDeviceGetHandleByIndex_v2"));
-  auto info = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>(dlsym(h, "nvmlDeviceGetMemoryInfo"));
+  auto byIndex = reinterpret_cast<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(
+      dlsym(h, "nvmlDeviceGetHandleByIndex_v2"));
+  auto info = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>(
+      dlsym(h, "nvmlDeviceGetMemoryInfo"));
   ASSERT_TRUE(init && byIndex && info) << dlerror();
   ASSERT_EQ(NVML_SUCCESS, init());
   nvmlDevice_t d;
@@ -695,7 +708,8 @@ using VersionedDriver = Attack;
 TEST_F(VersionedDriver, DlvsymOnTheDriverHandleStaysWithinTheLimit) {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   ASSERT_NE(nullptr, h);
-  auto alloc = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(dlvsym(h, "cuMemAlloc_v2", "CUSHARE_TEST_1"));
+  auto alloc = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(
+      dlvsym(h, "cuMemAlloc_v2", "CUSHARE_TEST_1"));
   ASSERT_NE(nullptr, alloc) << dlerror() << " (not the versioned driver?)";
   std::vector<CUdeviceptr> got;
   CUdeviceptr p = 0;

@@ -186,6 +186,15 @@ __attribute__((visibility("hidden"))) void* cushare_real_dlvsym = nullptr;
 
 namespace cushare::shim {
 namespace {
+// Whether a starts with (whole: equals) b. The lookup path compares names with this, not with
+// libc's string functions: sanitizer runtimes look functions up through dlsym before their own
+// strcmp interceptor can call the real one.
+CUSHARE_NO_SANITIZE bool startsWith(const char* a, const char* b, bool whole = false) noexcept {
+  for (; *b; ++a, ++b)
+    if (*a != *b) return false;
+  return !whole || *a == '\0';
+}
+
 CUSHARE_NO_SANITIZE void* libcSymbol(const char* name) noexcept {
   // libc's link map, from a function only libc defines (no dlopen: this runs inside sanitizer
   // runtimes' start-up, whose dlopen interceptor is not ready).
@@ -214,7 +223,7 @@ CUSHARE_NO_SANITIZE void* libcSymbol(const char* name) noexcept {
   for (uint32_t i = buckets[h32 % nBuckets]; i >= symOffset; ++i) {
     const uint32_t ch = chain[i - symOffset];
     if ((ch | 1) == (h32 | 1) && symtab[i].st_value &&
-        std::strcmp(strtab + symtab[i].st_name, name) == 0)
+        startsWith(strtab + symtab[i].st_name, name, true))
       return reinterpret_cast<void*>(lm->l_addr + symtab[i].st_value);
     if (ch & 1) break;
   }
@@ -243,9 +252,9 @@ CUSHARE_NO_SANITIZE void* realDlvsym(void* handle, const char* name, const char*
 namespace {
 // A driver API (cuXxx) or NVML (nvmlXxx) entry point's name: not cudart's cudaXxx, cuBLAS's
 // cublasXxx or any other library's "cu" names.
-bool entryPointName(const char* name) noexcept {
+CUSHARE_NO_SANITIZE bool entryPointName(const char* name) noexcept {
   if (name[0] == 'c' && name[1] == 'u') return name[2] >= 'A' && name[2] <= 'Z';
-  return std::strncmp(name, "nvml", 4) == 0 && name[4] >= 'A' && name[4] <= 'Z';
+  return startsWith(name, "nvml") && name[4] >= 'A' && name[4] <= 'Z';
 }
 
 // What the shim answers for a lookup of `name` on `handle`, `lookup` being the real dlsym or
@@ -261,7 +270,7 @@ bool entryPointName(const char* name) noexcept {
 //    the shim's, which alone keeps the driver out of other namespaces (namespaces.cpp).
 template <typename Lookup>
 CUSHARE_NO_SANITIZE void* answerLookup(void* handle, const char* name, Lookup lookup) noexcept {
-  if (name && std::strcmp(name, "dlmopen") == 0)
+  if (name && startsWith(name, "dlmopen", true))
     return lookup(handle == RTLD_NEXT ? RTLD_DEFAULT : handle, name)
                ? reinterpret_cast<void*>(&dlmopen)
                : nullptr;

@@ -266,15 +266,23 @@ CUSHARE_NO_SANITIZE bool entryPointName(const char* name) noexcept {
 //    another link-map namespace, namespaces.cpp): the process's own entry point, the shim's
 //    wrapper where hooked. A second copy of the driver never answers: its allocations would be
 //    invisible to the shim.
-//  - dlmopen, on any handle (a libc handle, or dlvsym, which skips the shim's unversioned export):
-//    the shim's, which alone keeps the driver out of other namespaces (namespaces.cpp).
+//  - The loader's own dlsym, dlvsym and dlmopen, on any handle (a C-library handle, or dlvsym,
+//    which skips the shim's unversioned exports): the shim's. glibc's would look the driver up,
+//    or load it into another namespace, past the shim.
+CUSHARE_NO_SANITIZE void* loaderFunction(const char* name) noexcept {
+  if (name[0] != 'd' || name[1] != 'l') return nullptr;
+  if (startsWith(name, "dlsym", true)) return reinterpret_cast<void*>(&dlsym);
+  if (startsWith(name, "dlvsym", true)) return reinterpret_cast<void*>(&dlvsym);
+  if (startsWith(name, "dlmopen", true)) return reinterpret_cast<void*>(&dlmopen);
+  return nullptr;
+}
+
 template <typename Lookup>
 CUSHARE_NO_SANITIZE void* answerLookup(void* handle, const char* name, Lookup lookup) noexcept {
-  if (name && startsWith(name, "dlmopen", true))
-    return lookup(handle == RTLD_NEXT ? RTLD_DEFAULT : handle, name)
-               ? reinterpret_cast<void*>(&dlmopen)
-               : nullptr;
-  if (!name || !entryPointName(name)) return nullptr;
+  if (!name) return nullptr;
+  if (void* own = loaderFunction(name))
+    return lookup(handle == RTLD_NEXT ? RTLD_DEFAULT : handle, name) ? own : nullptr;
+  if (!entryPointName(name)) return nullptr;
   void* wrapper = wrapperForSymbol(name);
   const bool libraryHandle = handle != RTLD_DEFAULT && handle != RTLD_NEXT;
   if (!wrapper && !libraryHandle) return nullptr;

@@ -16,9 +16,8 @@
 //  (c) dlsym road: dlsym on a libcuda.so.1 handle (RTLD_NOLOAD and a fresh dlopen) and on the
 //      program's handle gives the wrapper, where glibc alone gives the real function;
 //  (d) NVML entries likewise, on a libnvidia-ml.so.1 handle.
-// The oracle for "what would glibc's dlsym answer" is glibc's dlsym itself, reached with dlvsym:
-// the shim's dlvsym leaves a name that is no driver or NVML entry point to glibc's, and a
-// versioned dlvsym lookup skips the shim's unversioned dlsym.
+// The oracle for "what would glibc's dlsym answer" is glibc's dlsym itself, found in the C
+// library's own symbol table (every lookup of dlsym through the loader answers the shim's).
 //
 // RTLD_NEXT, as the shim defines it (checked below): for a hooked name it gives the shim's wrapper
 // whoever asks. From the test executable that is also glibc's own answer (the preloaded shim comes
@@ -228,11 +227,11 @@ World gather() {
   if (!findLoaded("libcuda.so", &w.cuda, &w.error) ||
       !findLoaded("libnvidia-ml.so", &w.nvml, &w.error))
     return w;
-  void* d = dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34");
-  if (!d) d = dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5");
-  w.glibcDlsym = reinterpret_cast<DlsymFn>(d);
+  LoadedObject libc;
+  if (!findLoaded("libc.so.6", &libc, &w.error)) return w;
+  w.glibcDlsym = reinterpret_cast<DlsymFn>(libc.address("dlsym"));
   if (!w.glibcDlsym) {
-    w.error = "cannot reach glibc's dlsym through dlvsym";
+    w.error = libc.path + " does not define dlsym";
     return w;
   }
   w.realProcV2 = reinterpret_cast<ProcV2>(w.glibcDlsym(w.cudaHandle, "cuGetProcAddress_v2"));

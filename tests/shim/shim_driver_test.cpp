@@ -664,12 +664,16 @@ TEST_F(SecondDriver, DlmopenOfAnyOtherLibraryIsRefused) {
   EXPECT_EQ(before, loadedObjects()) << "something was mapped into another namespace";
 }
 
-// glibc's own dlmopen reached through the loader (dlvsym skips the shim's unversioned export; a
-// handle to the C library finds the C library's): the shim's answers instead.
-TEST_F(SecondDriver, GlibcsDlmopenIsNotHandedOut) {
+// The loader's own functions reached through the loader (dlvsym skips the shim's unversioned
+// exports; a handle to the C library finds the C library's): the shim's answer instead, so
+// glibc's dlsym cannot hand out the driver's cuMemAlloc_v2 and glibc's dlmopen cannot load into
+// another namespace.
+TEST_F(SecondDriver, TheLoadersOwnFunctionsAreTheShims) {
+  using Dlsym = void* (*)(void*, const char*);
   using Dlmopen = void* (*)(Lmid_t, const char*, int);
   void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
-  ASSERT_NE(nullptr, libc);
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_TRUE(libc && cuda);
   for (void* fn :
        {dlvsym(RTLD_DEFAULT, "dlmopen", "GLIBC_2.34"), dlvsym(libc, "dlmopen", "GLIBC_2.34"),
         dlsym(libc, "dlmopen"), dlsym(RTLD_NEXT, "dlmopen")}) {
@@ -678,6 +682,23 @@ TEST_F(SecondDriver, GlibcsDlmopenIsNotHandedOut) {
     EXPECT_EQ(nullptr, reinterpret_cast<Dlmopen>(fn)(LM_ID_NEWLM, "libm.so.6", RTLD_NOW))
         << "glibc's dlmopen";
   }
+  EXPECT_EQ(reinterpret_cast<void*>(&dlvsym), dlvsym(RTLD_DEFAULT, "dlvsym", "GLIBC_2.34"));
+  EXPECT_EQ(reinterpret_cast<void*>(&dlvsym), dlsym(libc, "dlvsym"));
+  for (void* fn : {dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34"),
+                   dlvsym(libc, "dlsym", "GLIBC_2.2.5"), dlsym(libc, "dlsym")}) {
+    ASSERT_NE(nullptr, fn);
+    EXPECT_EQ(reinterpret_cast<void*>(&dlsym), fn);
+    auto alloc = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(
+        reinterpret_cast<Dlsym>(fn)(cuda, "cuMemAlloc_v2"));
+    ASSERT_NE(nullptr, alloc);
+    std::vector<CUdeviceptr> got;
+    CUdeviceptr p = 0;
+    while (got.size() < 80 && alloc(&p, 64 * kMiB) == CUDA_SUCCESS) got.push_back(p);
+    EXPECT_LE(held(0, base0_), kAttackLimit)
+        << "glibc's dlsym handed out the driver's cuMemAlloc_v2";
+    for (CUdeviceptr q : got) CU_ASSERT(cuMemFree(q));
+  }
+  dlclose(cuda);
   dlclose(libc);
 }
 

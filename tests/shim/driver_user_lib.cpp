@@ -1,6 +1,6 @@
 // A library linked against the driver (as a tenant's own CUDA library is): loaded into another
 // link-map namespace with dlmopen, it brings a copy of libcuda there as a dependency, whose calls
-// the shim in the base namespace would never see. shim_driver_test's Attack.Dlmopen* tests load it
+// the shim in the base namespace would never see. SecondDriver.DlmopenOfAnyOtherLibraryIsRefused loads it
 // so; the shim must refuse the load.
 #include <cuda.h>
 

@@ -544,6 +544,37 @@ size_t deviceUsed() {
   return used;
 }
 
+// Every churning child reports "done <granted> <denied>" and exits 0; together they allocated a
+// lot and were denied at least once (the race reached the limit).
+void expectChurnsDone(std::vector<Child>& kids) {
+  long granted = 0, denied = 0;
+  for (size_t i = 0; i < kids.size(); ++i) {
+    const std::string line = kids[i].readLine();
+    long g = -1, d = -1;
+    EXPECT_EQ(2, std::sscanf(line.c_str(), "done %ld %ld", &g, &d)) << "child " << i << ": '" << line << "'";
+    granted += g;
+    denied += d;
+    const int status = kids[i].wait();
+    EXPECT_TRUE(exitedOk(status)) << "child " << i << ": " << statusText(status);
+  }
+  EXPECT_GT(granted, 100) << "the children hardly allocated";
+  EXPECT_GT(denied, 0) << "no allocation was ever denied: the race never reached the limit";
+}
+
+// Stops the observer: the device it watched never held more than limit, and came near it.
+void expectObservedWithin(Child& observer, size_t limit, unsigned long long minSamples) {
+  observer.send('q');
+  const std::string seen = observer.readLine();
+  unsigned long long maxUsed = 0, total = 0, obsSamples = 0, over = 0;
+  ASSERT_EQ(4, std::sscanf(seen.c_str(), "max %llu total %llu samples %llu over %llu", &maxUsed, &total, &obsSamples, &over))
+      << seen;
+  EXPECT_EQ(0u, over) << "the device held more than the tenant's limit in " << over << " of " << obsSamples << " samples";
+  EXPECT_LE(maxUsed, limit) << "the device held " << maxUsed << " bytes for a tenant limited to " << limit;
+  EXPECT_GT(maxUsed, limit / 2) << "the observer never saw the tenant near its limit";
+  EXPECT_GT(obsSamples, minSamples) << "the observer hardly sampled";
+  EXPECT_TRUE(exitedOk(observer.wait()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8 processes of one tenant race for its 512 MiB for about 2 s. Checked from three sides: each
 // child's own view after every grant, the parent's view sampled every millisecond, and the
@@ -596,29 +627,8 @@ TEST_F(Race, EightProcessesNeverExceedTheLimit) {
   EXPECT_LE(boardMax, limit_) << "over-commit: the tenant's processes held " << boardMax << " bytes at once";
   EXPECT_GT(boardMax, limit_ / 2) << "the children never came near the limit together";
 
-  long granted = 0, denied = 0;
-  for (int i = 0; i < kChildren; ++i) {
-    const std::string line = kids[i].readLine();
-    long g = -1, d = -1;
-    EXPECT_EQ(2, std::sscanf(line.c_str(), "done %ld %ld", &g, &d)) << "child " << i << ": '" << line << "'";
-    granted += g;
-    denied += d;
-    const int status = kids[i].wait();
-    EXPECT_TRUE(exitedOk(status)) << "child " << i << ": " << statusText(status);
-  }
-  EXPECT_GT(granted, 100) << "the children hardly allocated";
-  EXPECT_GT(denied, 0) << "no allocation was ever denied: the race never reached the limit";
-
-  observer.send('q');
-  const std::string seen = observer.readLine();
-  unsigned long long maxUsed = 0, total = 0, obsSamples = 0, over = 0;
-  ASSERT_EQ(4, std::sscanf(seen.c_str(), "max %llu total %llu samples %llu over %llu", &maxUsed, &total, &obsSamples, &over))
-      << seen;
-  EXPECT_EQ(0u, over) << "the device held more than the tenant's limit in " << over << " of " << obsSamples << " samples";
-  EXPECT_LE(maxUsed, limit_) << "the device held " << maxUsed << " bytes for a tenant limited to " << limit_;
-  EXPECT_GT(maxUsed, limit_ / 2) << "the observer never saw the tenant near its limit";
-  EXPECT_GT(obsSamples, 200u) << "the observer hardly sampled";
-  EXPECT_TRUE(exitedOk(observer.wait()));
+  ASSERT_NO_FATAL_FAILURE(expectChurnsDone(kids));
+  ASSERT_NO_FATAL_FAILURE(expectObservedWithin(observer, limit_, 200));
 
   // Everything came back: the children freed what they held and exited.
   EXPECT_EQ(0u, boardSum(board));
@@ -1128,26 +1138,8 @@ TEST(Visibility, RaceAcrossNumberingsOfOneDevice) {
   close(boardFd);
   for (Child& k : kids) ASSERT_EQ("ready", k.readLine());
   for (Child& k : kids) k.send('g');
-  long granted = 0, denied = 0;
-  for (int i = 0; i < kChildren; ++i) {
-    const std::string line = kids[i].readLine();
-    long g = -1, d = -1;
-    EXPECT_EQ(2, std::sscanf(line.c_str(), "done %ld %ld", &g, &d)) << "child " << i << ": '" << line << "'";
-    granted += g;
-    denied += d;
-    EXPECT_TRUE(exitedOk(kids[i].wait())) << "child " << i;
-  }
-  EXPECT_GT(granted, 100) << "the children hardly allocated";
-  EXPECT_GT(denied, 0) << "the race never reached the limit";
-  observer.send('q');
-  const std::string seen = observer.readLine();
-  unsigned long long maxUsed = 0, total = 0, samples = 0, over = 0;
-  ASSERT_EQ(4, std::sscanf(seen.c_str(), "max %llu total %llu samples %llu over %llu", &maxUsed, &total, &samples, &over))
-      << seen;
-  EXPECT_EQ(0u, over) << "host device 1 held more than the tenant's limit in " << over << " of " << samples << " samples";
-  EXPECT_LE(maxUsed, limit);
-  EXPECT_GT(maxUsed, limit / 2) << "the observer never saw the tenant near its limit";
-  EXPECT_TRUE(exitedOk(observer.wait()));
+  ASSERT_NO_FATAL_FAILURE(expectChurnsDone(kids));
+  ASSERT_NO_FATAL_FAILURE(expectObservedWithin(observer, limit, 100));
   EXPECT_EQ(0u, cushare::test::deviceUsed(0)) << "an allocation landed on host device 0";
   EXPECT_EQ(0u, cushare::test::deviceUsed(1));
   munmap(board, sizeof(Board) * kBoardSlots);

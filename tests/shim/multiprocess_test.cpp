@@ -1048,6 +1048,24 @@ TEST(Visibility, EachProcessIsLimitedOnTheHostDeviceBehindItsOrdinal) {
   }
   EXPECT_EQ(0u, deviceUsed(0));
 
+  // The NVML view (a process that only uses NVML): NVML ignores CUDA_VISIBLE_DEVICES, so its
+  // device 0 is host device 0 (256 MiB) under CUDA_VISIBLE_DEVICES=1, and host device 1 (512 MiB,
+  // A's 512 MiB in use) in a container of host device 1.
+  const std::vector<std::pair<EnvEdits, std::string>> nvmlViews = {
+      {{"CUDA_VISIBLE_DEVICES=1"}, "v1 0 " + std::to_string(256 * kMiB) + " " + std::to_string(256 * kMiB) + " 0"},
+      {{"SIMGPU_CONTAINER_DEVICES=1"}, "v1 0 " + std::to_string(512 * kMiB) + " 0 " + std::to_string(512 * kMiB)},
+  };
+  for (const auto& [e, want] : nvmlViews) {
+    Child c;
+    ASSERT_NO_FATAL_FAILURE(spawn(&c, "nvml", {}, e));
+    EXPECT_EQ("init 0", c.readLine()) << e[0];
+    EXPECT_EQ(want, c.readLine()) << e[0];
+    EXPECT_EQ(0u, c.readLine().rfind("v2 0 ", 0)) << e[0];
+    EXPECT_EQ("end", c.readLine()) << e[0];
+    c.closeControl();
+    EXPECT_TRUE(exitedOk(c.wait())) << e[0];
+  }
+
   // No device at all (empty list, a repeated device): cuInit fails as the real driver's does.
   for (const char* v : {"CUDA_VISIBLE_DEVICES=", "CUDA_VISIBLE_DEVICES=1,1"}) {
     Child c;

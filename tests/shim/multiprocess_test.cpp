@@ -231,6 +231,7 @@ int childObserve(size_t limit) {
 //   alloc:<bytes>          cuMemAlloc, keeps the pointer      -> "alloc <code>"
 //   retry:<bytes>:<ms>     cuMemAlloc until it succeeds or ms passed (1 ms apart) -> "alloc <code>"
 //   info                   cuMemGetInfo                       -> "info <free> <total>"
+//   total                  cuDeviceTotalMem of device 0       -> "total <bytes>"
 //   freeall                frees every pointer kept           -> "freeall <code>"
 //   wait                   reports "wait", then blocks on the control pipe
 // then reports "end" and blocks on the control pipe (EOF: exit 0 without freeing).
@@ -267,6 +268,10 @@ int childScript(int argc, char** argv, int first) {
       size_t f = 0, t = 0;
       const CUresult r = cuMemGetInfo(&f, &t);
       report(r == CUDA_SUCCESS ? "info " + std::to_string(f) + " " + std::to_string(t) : "info error " + std::to_string(r));
+    } else if (op == "total") {
+      size_t t = 0;
+      const CUresult r = cuDeviceTotalMem(&t, 0);
+      report(r == CUDA_SUCCESS ? "total " + std::to_string(t) : "total error " + std::to_string(r));
     } else if (op == "freeall") {
       CUresult r = CUDA_SUCCESS;
       for (CUdeviceptr p : held)
@@ -1019,9 +1024,10 @@ TEST(Visibility, EachProcessIsLimitedOnTheHostDeviceBehindItsOrdinal) {
   };
   for (const EnvEdits& e : host1) {
     Child c;
-    ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"alloc:" + std::to_string(kMiB), "info"}, e));
+    ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"alloc:" + std::to_string(kMiB), "info", "total"}, e));
     EXPECT_EQ(oom, c.readLine()) << e[0];
     EXPECT_EQ("info 0 " + std::to_string(512 * kMiB), c.readLine()) << e[0];
+    EXPECT_EQ("total " + std::to_string(512 * kMiB), c.readLine()) << e[0];
     EXPECT_EQ("end", c.readLine()) << e[0];
     c.closeControl();
     EXPECT_TRUE(exitedOk(c.wait())) << e[0];

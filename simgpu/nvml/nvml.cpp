@@ -60,8 +60,8 @@ nvmlReturn_t build(Globals& s) {
     return NVML_ERROR_UNKNOWN;
   }
   // The container's devices (all the host's outside one), numbered from 0; CUDA_VISIBLE_DEVICES
-  // does not apply to NVML.
-  auto* devs = new nvmlDevice_st[cfg.containerCount > 0 ? cfg.containerCount : 1]();  // leaked: handles point into it forever
+  // does not apply to NVML. Leaked: handles point into it forever.
+  auto* devs = new nvmlDevice_st[cfg.containerCount > 0 ? cfg.containerCount : 1]();
   for (int i = 0; i < cfg.containerCount; ++i) {
     const int d = cfg.container[i];
     nvmlDevice_st& r = devs[i];

@@ -97,8 +97,11 @@ bool checkNames(std::string* err) {
 // CUSHARE_MEMORY_LIMIT for the tenant: the broker's limit on each device, lowered by --memory when
 // that is one size. With the broker present it can only lower the broker's limits (the shim takes
 // the lower of the two); without one it is what holds. One size when every device has the same
-// limit, else GPU-<uuid>=BYTES for each limited device; "" when nothing is limited. A per-device
-// --memory (ordinals are the process's, unknown here) is passed as given.
+// limit, else GPU-<uuid>=BYTES for every device of the host, an unlimited one with the largest
+// size (2^64-1, which is no limit): a process that sees only some of them (a container's subset,
+// CUDA_VISIBLE_DEVICES) finds each of its devices named, which the shim requires when the list
+// names devices it cannot see. "" when nothing is limited. A per-device --memory (ordinals are the
+// process's, unknown here) is passed as given.
 std::string memoryLimit(const rpc::EnvReply& reply, const std::string& memory) {
   MemoryLimitSpec spec;
   std::string ignored;
@@ -114,8 +117,7 @@ std::string memoryLimit(const rpc::EnvReply& reply, const std::string& memory) {
   const bool same = std::all_of(limits.begin(), limits.end(), [&](const auto& l) { return l.second == limits[0].second; });
   if (same) return limits[0].second == kUnlimited ? "" : std::to_string(limits[0].second);
   std::string out;
-  for (const auto& [uuid, bytes] : limits)
-    if (bytes != kUnlimited) out += (out.empty() ? "" : ",") + uuid + "=" + std::to_string(bytes);
+  for (const auto& [uuid, bytes] : limits) out += (out.empty() ? "" : ",") + uuid + "=" + std::to_string(bytes);
   return out;
 }
 

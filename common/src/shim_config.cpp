@@ -287,6 +287,7 @@ bool resolveMemoryLimits(const MemoryLimitSpec& spec, int deviceCount,
     std::vector<std::string> uuids;
     std::vector<int> unreadable;
     std::vector<int> namedBy(n, -1);  // index of the entry that set each device's limit
+    std::string unseen;               // the first UUID that matches no visible device
     for (size_t i = 0; i < spec.entries.size(); ++i) {
       const MemoryLimitSpec::Entry& e = spec.entries[i];
       int dev = -1;
@@ -309,12 +310,12 @@ bool resolveMemoryLimits(const MemoryLimitSpec& spec, int deviceCount,
         }
         for (size_t d = 0; d < uuids.size(); ++d)
           if (uuids[d] == e.uuid) dev = static_cast<int>(d);
-        if (dev < 0) {
-          std::string why = "unknown device " + e.uuid + ": no visible device has this UUID";
-          if (!unreadable.empty())
-            why += " (the UUID of device " + std::to_string(unreadable.front()) +
-                   " could not be read)";
-          return failLine(why);
+        if (dev < 0 && !unreadable.empty())
+          return failLine("unknown device " + e.uuid + ": no visible device has this UUID (the UUID of device " +
+                          std::to_string(unreadable.front()) + " could not be read)");
+        if (dev < 0) {  // a device this process cannot see (judged below, once all are matched)
+          if (unseen.empty()) unseen = e.uuid;
+          continue;
         }
       }
       if (namedBy[dev] >= 0) {
@@ -327,6 +328,14 @@ bool resolveMemoryLimits(const MemoryLimitSpec& spec, int deviceCount,
       namedBy[dev] = static_cast<int>(i);
       r[dev] = e.bytes;
     }
+    // A UUID of a device the process cannot see (CUDA_VISIBLE_DEVICES, a container's subset) is
+    // harmless while every device it does see has its limit; otherwise it may be a mistyped
+    // UUID whose device would silently go unlimited.
+    for (size_t d = 0; d < n && !unseen.empty(); ++d)
+      if (namedBy[d] < 0)
+        return failLine("unknown device " + unseen + ": no visible device has this UUID, and device " +
+                        std::to_string(d) + (uuids.empty() || uuids[d].empty() ? "" : " (" + uuids[d] + ")") +
+                        " is not named (a mistyped UUID must not leave a device unlimited)");
   }
   *limits = std::move(r);
   return true;

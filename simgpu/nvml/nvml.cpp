@@ -59,10 +59,14 @@ nvmlReturn_t build(Globals& s) {
     reportOnce(s, err);
     return NVML_ERROR_UNKNOWN;
   }
-  auto* devs = new nvmlDevice_st[cfg.deviceCount]();  // leaked: handles point into it forever
-  for (int d = 0; d < cfg.deviceCount; ++d) {
-    nvmlDevice_st& r = devs[d];
-    r.ordinal = d;
+  // The container's devices (all the host's outside one), numbered from 0; CUDA_VISIBLE_DEVICES
+  // does not apply to NVML. Leaked: handles point into it forever.
+  auto* devs = new nvmlDevice_st[cfg.containerCount > 0 ? cfg.containerCount : 1]();
+  for (int i = 0; i < cfg.containerCount; ++i) {
+    const int d = cfg.container[i];
+    nvmlDevice_st& r = devs[i];
+    r.ordinal = i;
+    r.host = d;
     r.pciBus = devicePciBus(d);
     std::snprintf(r.name, sizeof r.name, "%s", cfg.name.c_str());
     std::snprintf(r.uuid, sizeof r.uuid, "%s", deviceUuidString(d).c_str());
@@ -72,7 +76,7 @@ nvmlReturn_t build(Globals& s) {
   }
   s.devs = devs;
   s.st = st;
-  s.count = cfg.deviceCount;
+  s.count = cfg.containerCount;
   s.built = true;
   return NVML_SUCCESS;
 }

@@ -193,12 +193,13 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t han
   return NVML_SUCCESS;
 }
 
-// The N of /dev/nvidiaN: the ordinal, as on a machine whose GPUs enumerate in PCI order.
+// The N of /dev/nvidiaN: the host index (simgpu's GPUs enumerate in PCI order), which a container
+// keeps for the nodes it is given.
 SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t handle, unsigned int* minorNumber) {
   nvmlDevice_st* d;
   if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
   if (!minorNumber) return NVML_ERROR_INVALID_ARGUMENT;
-  *minorNumber = static_cast<unsigned>(d->ordinal);
+  *minorNumber = static_cast<unsigned>(d->host);
   return NVML_SUCCESS;
 }
 

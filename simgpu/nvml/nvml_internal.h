@@ -21,7 +21,8 @@
 #define SIMGPU_NVML_API extern "C" __attribute__((visibility("default")))
 
 struct nvmlDevice_st {
-  int ordinal;
+  int ordinal;  // NVML's index: the position among the devices this process (container) sees
+  int host;     // the host device behind it: identity, /dev/nvidiaN, the shared state's index
   unsigned pciBus;
   char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
   char uuid[NVML_DEVICE_UUID_BUFFER_SIZE];

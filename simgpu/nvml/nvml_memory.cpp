@@ -42,7 +42,7 @@ nvmlReturn_t computeProcesses(nvmlDevice_t handle, unsigned int* infoCount, Info
   // One snapshot of every slot, so the count we report and the entries we write agree.
   simgpu::SharedState::ProcUsage found[simgpu::kMaxSlots];
   int total = 0;
-  const int n = state()->processes(d->ordinal, found, simgpu::kMaxSlots, &total);
+  const int n = state()->processes(d->host, found, simgpu::kMaxSlots, &total);
   if (static_cast<unsigned>(n) > *infoCount) {
     *infoCount = static_cast<unsigned>(n);
     return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -68,7 +68,7 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t handle, nvmlMe
   if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
   if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
   unsigned long long total, used;
-  readMemory(d->ordinal, &total, &used);
+  readMemory(d->host, &total, &used);
   memory->total = total;
   memory->used = used;
   memory->free = total - used;
@@ -81,7 +81,7 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t handle, nvm
   if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
   if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
   unsigned long long total, used;
-  readMemory(d->ordinal, &total, &used);
+  readMemory(d->host, &total, &used);
   memory->total = total;
   memory->reserved = 0;
   memory->used = used;

@@ -1,6 +1,7 @@
 // SIMGPU_* environment parsing and stable device identities.
 #include "config.h"
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
@@ -8,6 +9,53 @@
 #include "cushare/parse.h"
 
 namespace simgpu {
+
+namespace {
+
+bool equalsNoCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i])))
+      return false;
+  return true;
+}
+
+// SIMGPU_CONTAINER_DEVICES: comma-separated host indices or full UUIDs (any case), each at most
+// once; empty: a container given no GPU. Stored in host order, as the driver and NVML inside a
+// container enumerate the device nodes they were given, whatever order the runtime listed them in.
+bool parseContainerDevices(std::string_view v, Config* c, std::string* why) {
+  bool given[kMaxDevices] = {};
+  while (!v.empty()) {
+    const size_t comma = v.find(',');
+    std::string_view item = v.substr(0, comma);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    int dev = -1;
+    if (item.size() > 4 && equalsNoCase(item.substr(0, 4), "GPU-")) {
+      for (int d = 0; d < c->deviceCount && dev < 0; ++d)
+        if (equalsNoCase(item, deviceUuidString(d))) dev = d;
+      if (dev < 0) return *why = "no host device has UUID '" + std::string(item) + "'", false;
+    } else {
+      int64_t n;
+      if (!cushare::parseInt(item, 0, c->deviceCount - 1, &n, why))
+        return *why = "'" + std::string(item) + "' is neither a host device index (0.." +
+                      std::to_string(c->deviceCount - 1) + ") nor a full GPU UUID",
+               false;
+      dev = static_cast<int>(n);
+    }
+    if (given[dev]) return *why = "device " + std::to_string(dev) + " is listed twice", false;
+    given[dev] = true;
+    if (comma == std::string_view::npos) break;
+    v.remove_prefix(comma + 1);
+    if (v.empty()) return *why = "ends with ','", false;
+  }
+  c->containerCount = 0;
+  for (int d = 0; d < c->deviceCount; ++d)
+    if (given[d]) c->container[c->containerCount++] = d;
+  return true;
+}
+
+}  // namespace
 
 bool loadConfig(Config* c, std::string* error) {
   auto bad = [&](const char* var, const char* value, const std::string& why) {
@@ -20,6 +68,10 @@ bool loadConfig(Config* c, std::string* error) {
     if (!cushare::parseInt(v, 1, kMaxDevices, &n, &why)) return bad("SIMGPU_DEVICES", v, why);
     c->deviceCount = static_cast<int>(n);
   }
+  c->containerCount = c->deviceCount;
+  for (int d = 0; d < c->deviceCount; ++d) c->container[d] = d;
+  if (const char* v = std::getenv("SIMGPU_CONTAINER_DEVICES"))
+    if (!parseContainerDevices(v, c, &why)) return bad("SIMGPU_CONTAINER_DEVICES", v, why);
   for (int d = 0; d < kMaxDevices; ++d) c->memory[d] = 16ull << 30;
   if (const char* v = std::getenv("SIMGPU_MEMORY")) {
     std::string_view rest(v);
@@ -69,6 +121,50 @@ bool loadConfig(Config* c, std::string* error) {
       return bad("SIMGPU_TRACE", v, "expected 0 or 1");
   }
   return true;
+}
+
+int visibleDevices(const Config& c, const char* visible, int out[kMaxDevices]) {
+  // The driver's enumeration order: simgpu's devices are equally fast, so FASTEST_FIRST (the
+  // default) and PCI_BUS_ID agree, and CUDA_DEVICE_ORDER changes nothing here.
+  if (!visible) {
+    for (int i = 0; i < c.containerCount; ++i) out[i] = c.container[i];
+    return c.containerCount;
+  }
+  std::string_view rest(visible);
+  int n = 0;
+  bool byUuid = false;
+  while (n < kMaxDevices) {
+    const size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.remove_prefix(1);
+    // An entry names a device by index (strtoul-like: optional '+', the leading digits, anything
+    // after them ignored) or by a prefix of its UUID including "GPU-". The first entry decides
+    // which; an entry of the other kind ends the list like an invalid one.
+    const bool uuid = item.substr(0, 4) == "GPU-";
+    if (n == 0) byUuid = uuid;
+    int dev = -1;
+    if (uuid && byUuid) {
+      for (int i = 0; i < c.containerCount; ++i)
+        if (deviceUuidString(c.container[i]).compare(0, item.size(), item) == 0) {
+          if (dev >= 0) return n;  // ambiguous prefix: the list ends here
+          dev = c.container[i];
+        }
+    } else if (!uuid && !byUuid) {
+      if (!item.empty() && item.front() == '+') item.remove_prefix(1);
+      size_t digits = 0;
+      uint64_t index = 0;
+      while (digits < item.size() && std::isdigit(static_cast<unsigned char>(item[digits])) && index < kMaxDevices)
+        index = index * 10 + static_cast<uint64_t>(item[digits++] - '0');
+      if (digits > 0 && index < static_cast<uint64_t>(c.containerCount)) dev = c.container[index];
+    }
+    if (dev < 0) return n;  // invalid, unknown, or of the other kind: the list ends here
+    for (int i = 0; i < n; ++i)
+      if (out[i] == dev) return 0;  // a repeated device: no device at all
+    out[n++] = dev;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return n;
 }
 
 void deviceUuid(int ordinal, unsigned char out[16]) {

@@ -16,11 +16,25 @@ struct Config {
   std::string name;                    // SIMGPU_NAME
   std::string stateDir;                // SIMGPU_STATE_DIR
   bool trace = false;                  // SIMGPU_TRACE=1
+  // SIMGPU_CONTAINER_DEVICES: the host devices a container runtime gave this process, as host
+  // indices in host (PCI bus) order; every host device when unset. The driver and NVML see only
+  // these, numbered from 0; identities (UUID, PCI bus id) and the shared state stay the host's.
+  int containerCount = 0;
+  int container[kMaxDevices] = {};
 };
 
 // Parses the environment. On invalid input returns false and sets *error to one line naming the
 // variable, its value and what is expected.
 bool loadConfig(Config* out, std::string* error);
+
+// The devices the driver enumerates, as host indices in its order: the container's devices in
+// CUDA_DEVICE_ORDER order (simgpu's devices are equally fast, so FASTEST_FIRST and PCI_BUS_ID
+// both give host order), then narrowed and reordered by CUDA_VISIBLE_DEVICES (`visible`; null when
+// unset) with the real driver's rules (docs/simgpu.md, "Device visibility"): indices or GPU UUID
+// prefixes, the list ending at the first invalid, unknown or ambiguous entry, a repeated device
+// leaving no device at all. Returns the number written to out; never fails (as the real driver,
+// an unusable value hides devices rather than refusing to start).
+int visibleDevices(const Config& c, const char* visible, int out[kMaxDevices]);
 
 // Stable identity of simulated device `ordinal`: a UUID derived from the ordinal (the same in
 // every process and run) and PCI location 0000:<0x18+ordinal>:00.0.

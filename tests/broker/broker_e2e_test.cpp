@@ -25,6 +25,7 @@
 
 #include "harness.h"
 #include "cushare/ledger.h"
+#include "simgpu/nvml.h"
 #include "rpc/codec.h"
 
 namespace cushare::test {
@@ -1192,5 +1193,66 @@ TEST(Devices, PerDeviceLimitsAndLiveChangesOfOneDevice) {
   EXPECT_FALSE(b.tenant("alpha").devices(1).overridden());
 }
 
+
+// Bytes in use on host device `index`, as the device itself counts them: simgpu's NVML in this
+// process, which sees the whole host (no container, and NVML ignores CUDA_VISIBLE_DEVICES).
+uint64_t hostUsed(unsigned index) {
+  nvmlDevice_t d;
+  nvmlMemory_t m{};
+  if (nvmlInit_v2() != NVML_SUCCESS) return UINT64_MAX;
+  const bool ok = nvmlDeviceGetHandleByIndex_v2(index, &d) == NVML_SUCCESS && nvmlDeviceGetMemoryInfo(d, &m) == NVML_SUCCESS;
+  nvmlShutdown();
+  return ok ? m.used : UINT64_MAX;
+}
+
+// Processes of a tenant that see the host's two devices (2 GiB and 4 GiB) renumbered: a container
+// given only host device 1, CUDA_VISIBLE_DEVICES=1,0, and `cushare env`'s list inside such a
+// container. The broker's limits, configured by host index, land on the physical device behind
+// the process's ordinal 0, judged by the device's own count; `cushare env`'s list names every host
+// device, so a container that sees only an unlimited one starts, and sees that device whole.
+TEST(Devices, LimitsFollowThePhysicalDeviceWhateverTheNumbering) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: {0: 256MiB, 1: 25%}}\n  - {name: beta, memory: {0: 128MiB}}\n"))
+      << b.log();
+  const rpc::StatusReply st = b.status();
+  ASSERT_EQ(st.devices_size(), 2);
+  const std::string uuid0 = st.devices(0).uuid(), uuid1 = st.devices(1).uuid();
+  auto envLimitOf = [&](const std::string& tenant) {
+    const std::string out = b.dir() + "/env-" + tenant + ".txt";
+    const std::string cmd = std::string(CLI_BIN) + " --socket " + b.socket() + " env --tenant " + tenant + " > " + out;
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+    const std::string text = readFile(out);
+    const std::string key = "\nCUSHARE_MEMORY_LIMIT=";
+    const size_t at = text.find(key);
+    return at == std::string::npos ? std::string() : text.substr(at + key.size(), text.find('\n', at + key.size()) - at - key.size());
+  };
+  const std::string alphaList = envLimitOf("alpha"), betaList = envLimitOf("beta");
+  EXPECT_EQ(alphaList, uuid0 + "=" + std::to_string(256 * MiB) + "," + uuid1 + "=" + std::to_string(1024 * MiB));
+  EXPECT_EQ(betaList, uuid0 + "=" + std::to_string(128 * MiB) + "," + uuid1 + "=18446744073709551615");
+
+  const std::vector<std::map<std::string, std::string>> host1Views = {
+      {{"SIMGPU_CONTAINER_DEVICES", "1"}},
+      {{"CUDA_VISIBLE_DEVICES", "1,0"}},
+      {{"SIMGPU_CONTAINER_DEVICES", uuid1}, {"CUSHARE_MEMORY_LIMIT", alphaList}},
+  };
+  for (const auto& view : host1Views) {
+    SCOPED_TRACE(view.begin()->first + "=" + view.begin()->second);
+    Child p = b.tenantProcess("alpha", view);
+    EXPECT_EQ(p.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(1024 * MiB)) << "host device 1's limit";
+    EXPECT_EQ(hostUsed(1), 1024 * MiB);
+    EXPECT_EQ(hostUsed(0), 0u);
+    EXPECT_EQ(b.tenant("alpha").devices(1).used_bytes(), 1024 * MiB);
+    EXPECT_EQ(p.ask("freeall"), "ok");
+    EXPECT_EQ(hostUsed(1), 0u);
+  }
+  // beta: limited on host device 0 only. Its list in a container of host device 0, and of host
+  // device 1 (unlimited there: the whole 4 GiB device).
+  Child on0 = b.tenantProcess("beta", {{"SIMGPU_CONTAINER_DEVICES", "0"}, {"CUSHARE_MEMORY_LIMIT", betaList}});
+  EXPECT_EQ(on0.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(128 * MiB));
+  EXPECT_EQ(hostUsed(0), 128 * MiB);
+  Child on1 = b.tenantProcess("beta", {{"SIMGPU_CONTAINER_DEVICES", "1"}, {"CUSHARE_MEMORY_LIMIT", betaList}});
+  EXPECT_EQ(on1.ask("info"), "free " + std::to_string(4096 * MiB) + " total " + std::to_string(4096 * MiB));
+  EXPECT_EQ(b.status().tenants(), 2u) << "the broker answers";
+}
 }  // namespace
 }  // namespace cushare::test

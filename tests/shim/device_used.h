@@ -15,7 +15,8 @@
 
 namespace cushare::test {
 
-// Bytes in use on simulated device dev, all processes together; UINT64_MAX if unreadable.
+// Bytes in use on simulated host device dev (the host index, whatever ordinal a process sees it
+// under), all processes together; UINT64_MAX if unreadable.
 inline uint64_t deviceUsed(int dev) {
   const char* dir = std::getenv("SIMGPU_STATE_DIR");
   if (!dir) return UINT64_MAX;

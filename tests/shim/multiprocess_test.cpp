@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "device_used.h"
 #include "simgpu/nvml.h"
 
 extern char** environ;
@@ -230,6 +231,7 @@ int childObserve(size_t limit) {
 //   alloc:<bytes>          cuMemAlloc, keeps the pointer      -> "alloc <code>"
 //   retry:<bytes>:<ms>     cuMemAlloc until it succeeds or ms passed (1 ms apart) -> "alloc <code>"
 //   info                   cuMemGetInfo                       -> "info <free> <total>"
+//   total                  cuDeviceTotalMem of device 0       -> "total <bytes>"
 //   freeall                frees every pointer kept           -> "freeall <code>"
 //   wait                   reports "wait", then blocks on the control pipe
 // then reports "end" and blocks on the control pipe (EOF: exit 0 without freeing).
@@ -266,6 +268,10 @@ int childScript(int argc, char** argv, int first) {
       size_t f = 0, t = 0;
       const CUresult r = cuMemGetInfo(&f, &t);
       report(r == CUDA_SUCCESS ? "info " + std::to_string(f) + " " + std::to_string(t) : "info error " + std::to_string(r));
+    } else if (op == "total") {
+      size_t t = 0;
+      const CUresult r = cuDeviceTotalMem(&t, 0);
+      report(r == CUDA_SUCCESS ? "total " + std::to_string(t) : "total error " + std::to_string(r));
     } else if (op == "freeall") {
       CUresult r = CUDA_SUCCESS;
       for (CUdeviceptr p : held)
@@ -543,6 +549,37 @@ size_t deviceUsed() {
   return used;
 }
 
+// Every churning child reports "done <granted> <denied>" and exits 0; together they allocated a
+// lot and were denied at least once (the race reached the limit).
+void expectChurnsDone(std::vector<Child>& kids) {
+  long granted = 0, denied = 0;
+  for (size_t i = 0; i < kids.size(); ++i) {
+    const std::string line = kids[i].readLine();
+    long g = -1, d = -1;
+    EXPECT_EQ(2, std::sscanf(line.c_str(), "done %ld %ld", &g, &d)) << "child " << i << ": '" << line << "'";
+    granted += g;
+    denied += d;
+    const int status = kids[i].wait();
+    EXPECT_TRUE(exitedOk(status)) << "child " << i << ": " << statusText(status);
+  }
+  EXPECT_GT(granted, 100) << "the children hardly allocated";
+  EXPECT_GT(denied, 0) << "no allocation was ever denied: the race never reached the limit";
+}
+
+// Stops the observer: the device it watched never held more than limit, and came near it.
+void expectObservedWithin(Child& observer, size_t limit, unsigned long long minSamples) {
+  observer.send('q');
+  const std::string seen = observer.readLine();
+  unsigned long long maxUsed = 0, total = 0, obsSamples = 0, over = 0;
+  ASSERT_EQ(4, std::sscanf(seen.c_str(), "max %llu total %llu samples %llu over %llu", &maxUsed, &total, &obsSamples, &over))
+      << seen;
+  EXPECT_EQ(0u, over) << "the device held more than the tenant's limit in " << over << " of " << obsSamples << " samples";
+  EXPECT_LE(maxUsed, limit) << "the device held " << maxUsed << " bytes for a tenant limited to " << limit;
+  EXPECT_GT(maxUsed, limit / 2) << "the observer never saw the tenant near its limit";
+  EXPECT_GT(obsSamples, minSamples) << "the observer hardly sampled";
+  EXPECT_TRUE(exitedOk(observer.wait()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8 processes of one tenant race for its 512 MiB for about 2 s. Checked from three sides: each
 // child's own view after every grant, the parent's view sampled every millisecond, and the
@@ -595,29 +632,8 @@ TEST_F(Race, EightProcessesNeverExceedTheLimit) {
   EXPECT_LE(boardMax, limit_) << "over-commit: the tenant's processes held " << boardMax << " bytes at once";
   EXPECT_GT(boardMax, limit_ / 2) << "the children never came near the limit together";
 
-  long granted = 0, denied = 0;
-  for (int i = 0; i < kChildren; ++i) {
-    const std::string line = kids[i].readLine();
-    long g = -1, d = -1;
-    EXPECT_EQ(2, std::sscanf(line.c_str(), "done %ld %ld", &g, &d)) << "child " << i << ": '" << line << "'";
-    granted += g;
-    denied += d;
-    const int status = kids[i].wait();
-    EXPECT_TRUE(exitedOk(status)) << "child " << i << ": " << statusText(status);
-  }
-  EXPECT_GT(granted, 100) << "the children hardly allocated";
-  EXPECT_GT(denied, 0) << "no allocation was ever denied: the race never reached the limit";
-
-  observer.send('q');
-  const std::string seen = observer.readLine();
-  unsigned long long maxUsed = 0, total = 0, obsSamples = 0, over = 0;
-  ASSERT_EQ(4, std::sscanf(seen.c_str(), "max %llu total %llu samples %llu over %llu", &maxUsed, &total, &obsSamples, &over))
-      << seen;
-  EXPECT_EQ(0u, over) << "the device held more than the tenant's limit in " << over << " of " << obsSamples << " samples";
-  EXPECT_LE(maxUsed, limit_) << "the device held " << maxUsed << " bytes for a tenant limited to " << limit_;
-  EXPECT_GT(maxUsed, limit_ / 2) << "the observer never saw the tenant near its limit";
-  EXPECT_GT(obsSamples, 200u) << "the observer hardly sampled";
-  EXPECT_TRUE(exitedOk(observer.wait()));
+  ASSERT_NO_FATAL_FAILURE(expectChurnsDone(kids));
+  ASSERT_NO_FATAL_FAILURE(expectObservedWithin(observer, limit_, 200));
 
   // Everything came back: the children freed what they held and exited.
   EXPECT_EQ(0u, boardSum(board));
@@ -968,6 +984,190 @@ TEST_F(Logging, DenialsShowAtLogLevelError) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Device visibility: processes of one tenant that number the host's devices differently
+// (CUDA_VISIBLE_DEVICES by index, reordered, by UUID, cut short by an invalid entry; a container's
+// subset, SIMGPU_CONTAINER_DEVICES) share one budget per physical device. Judged by simgpu's own
+// per-device count (device_used.h). Host: SIMGPU_DEVICES=2 SIMGPU_MEMORY=1GiB,2GiB.
+
+constexpr const char* kHostUuid0 = "GPU-5e1a90c0-513d-4b1e-8a7f-2c6100000000";
+constexpr const char* kHostUuid1 = "GPU-5e1a90c0-513d-4b1e-8a7f-2c6100000001";
+
+std::string errCode(CUresult r) { return std::to_string(static_cast<int>(r)); }
+
+// CUSHARE_TENANT=vis CUSHARE_MEMORY_LIMIT=<host 0's UUID>=256MiB,<host 1's UUID>=512MiB: one list
+// for every process, whatever it sees.
+TEST(Visibility, EachProcessIsLimitedOnTheHostDeviceBehindItsOrdinal) {
+  using cushare::test::deviceUsed;
+  const std::string oom = "alloc " + errCode(CUDA_ERROR_OUT_OF_MEMORY), ok = "alloc 0";
+
+  // Sees host device 1 only, as its device 0: host 1's limit (512 MiB), not host 0's.
+  Child a;
+  ASSERT_NO_FATAL_FAILURE(spawn(&a, "script", {"alloc:" + std::to_string(512 * kMiB), "alloc:" + std::to_string(kMiB),
+                                              "info", "wait", "freeall"},
+                                {"CUDA_VISIBLE_DEVICES=1"}));
+  EXPECT_EQ(ok, a.readLine());
+  EXPECT_EQ(oom, a.readLine());
+  EXPECT_EQ("info 0 " + std::to_string(512 * kMiB), a.readLine());
+  EXPECT_EQ("wait", a.readLine());
+  EXPECT_EQ(512 * kMiB, deviceUsed(1));
+  EXPECT_EQ(0u, deviceUsed(0));
+
+  // Every other numbering of host device 1 finds its budget spent.
+  const std::vector<EnvEdits> host1 = {
+      {"CUDA_VISIBLE_DEVICES=1,0"},
+      {std::string("CUDA_VISIBLE_DEVICES=") + kHostUuid1},
+      {"CUDA_VISIBLE_DEVICES=1,7,0"},  // the list ends at 7: only host device 1
+      {std::string("SIMGPU_CONTAINER_DEVICES=") + kHostUuid1},
+      {"SIMGPU_CONTAINER_DEVICES=1,0", "CUDA_VISIBLE_DEVICES=1,0"},
+  };
+  for (const EnvEdits& e : host1) {
+    Child c;
+    ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"alloc:" + std::to_string(kMiB), "info", "total"}, e));
+    EXPECT_EQ(oom, c.readLine()) << e[0];
+    EXPECT_EQ("info 0 " + std::to_string(512 * kMiB), c.readLine()) << e[0];
+    EXPECT_EQ("total " + std::to_string(512 * kMiB), c.readLine()) << e[0];
+    EXPECT_EQ("end", c.readLine()) << e[0];
+    c.closeControl();
+    EXPECT_TRUE(exitedOk(c.wait())) << e[0];
+  }
+  EXPECT_EQ(512 * kMiB, deviceUsed(1)) << "a process charged host device 1 beyond the tenant's limit";
+
+  // Host device 0, by UUID and inside a container of both: its own 256 MiB, untouched by the above.
+  const std::vector<EnvEdits> host0 = {{std::string("CUDA_VISIBLE_DEVICES=") + kHostUuid0},
+                                       {"SIMGPU_CONTAINER_DEVICES=0", "CUDA_VISIBLE_DEVICES=0"}};
+  for (const EnvEdits& e : host0) {
+    Child c;
+    ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"alloc:" + std::to_string(256 * kMiB), "alloc:" + std::to_string(kMiB),
+                                                "wait", "freeall"}, e));
+    EXPECT_EQ(ok, c.readLine()) << e[0];
+    EXPECT_EQ(oom, c.readLine()) << e[0];
+    EXPECT_EQ("wait", c.readLine()) << e[0];
+    EXPECT_EQ(256 * kMiB, deviceUsed(0)) << e[0];
+    EXPECT_EQ(512 * kMiB, deviceUsed(1)) << e[0];
+    c.send('f');
+    EXPECT_EQ("freeall 0", c.readLine()) << e[0];
+    EXPECT_EQ("end", c.readLine()) << e[0];
+    c.closeControl();
+    EXPECT_TRUE(exitedOk(c.wait())) << e[0];
+  }
+  EXPECT_EQ(0u, deviceUsed(0));
+
+  // The NVML view (a process that only uses NVML): NVML ignores CUDA_VISIBLE_DEVICES, so its
+  // device 0 is host device 0 (256 MiB) under CUDA_VISIBLE_DEVICES=1, and host device 1 (512 MiB,
+  // A's 512 MiB in use) in a container of host device 1.
+  const std::vector<std::pair<EnvEdits, std::string>> nvmlViews = {
+      {{"CUDA_VISIBLE_DEVICES=1"}, "v1 0 " + std::to_string(256 * kMiB) + " " + std::to_string(256 * kMiB) + " 0"},
+      {{"SIMGPU_CONTAINER_DEVICES=1"}, "v1 0 " + std::to_string(512 * kMiB) + " 0 " + std::to_string(512 * kMiB)},
+  };
+  for (const auto& [e, want] : nvmlViews) {
+    Child c;
+    ASSERT_NO_FATAL_FAILURE(spawn(&c, "nvml", {}, e));
+    EXPECT_EQ("init 0", c.readLine()) << e[0];
+    EXPECT_EQ(want, c.readLine()) << e[0];
+    EXPECT_EQ(0u, c.readLine().rfind("v2 0 ", 0)) << e[0];
+    EXPECT_EQ("end", c.readLine()) << e[0];
+    c.closeControl();
+    EXPECT_TRUE(exitedOk(c.wait())) << e[0];
+  }
+
+  // No device at all (empty list, a repeated device): cuInit fails as the real driver's does.
+  for (const char* v : {"CUDA_VISIBLE_DEVICES=", "CUDA_VISIBLE_DEVICES=1,1"}) {
+    Child c;
+    ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"alloc:1"}, {v}));
+    EXPECT_EQ("init " + errCode(CUDA_ERROR_NO_DEVICE), c.readLine()) << v;
+    EXPECT_FALSE(exitedOk(c.wait())) << v;
+  }
+
+  // Once A frees, a process in a container of host device 1 gets the whole 512 MiB.
+  a.send('f');
+  EXPECT_EQ("freeall 0", a.readLine());
+  Child d;
+  ASSERT_NO_FATAL_FAILURE(
+      spawn(&d, "script", {"alloc:" + std::to_string(512 * kMiB), "wait", "freeall"}, {"SIMGPU_CONTAINER_DEVICES=1"}));
+  EXPECT_EQ(ok, d.readLine());
+  EXPECT_EQ("wait", d.readLine());
+  EXPECT_EQ(512 * kMiB, deviceUsed(1));
+  d.send('f');
+  EXPECT_EQ("freeall 0", d.readLine());
+  EXPECT_EQ("end", d.readLine());
+  d.closeControl();
+  EXPECT_TRUE(exitedOk(d.wait()));
+  a.closeControl();
+  EXPECT_TRUE(exitedOk(a.wait()));
+  EXPECT_EQ(0u, deviceUsed(1));
+}
+
+// Per-ordinal limits are the process's own ordinals: under CUDA_VISIBLE_DEVICES=1,0, `0=` is host
+// device 1. A list naming an ordinal the process does not have fails cuInit, never runs unlimited.
+TEST(Visibility, OrdinalLimitsAreTheProcessOwnNumbering) {
+  using cushare::test::deviceUsed;
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, "script", {"alloc:" + std::to_string(101 * kMiB), "alloc:" + std::to_string(100 * kMiB),
+                                              "wait", "freeall"},
+                                {"CUSHARE_TENANT=vis-ordinal", "CUSHARE_MEMORY_LIMIT=0=100MiB,1=1GiB", "CUDA_VISIBLE_DEVICES=1,0"}));
+  EXPECT_EQ("alloc " + errCode(CUDA_ERROR_OUT_OF_MEMORY), c.readLine());
+  EXPECT_EQ("alloc 0", c.readLine());
+  EXPECT_EQ("wait", c.readLine());
+  EXPECT_EQ(100 * kMiB, deviceUsed(1));
+  EXPECT_EQ(0u, deviceUsed(0));
+  c.send('f');
+  EXPECT_EQ("freeall 0", c.readLine());
+  EXPECT_EQ("end", c.readLine());
+  c.closeControl();
+  EXPECT_TRUE(exitedOk(c.wait()));
+
+  Child bad;
+  ASSERT_NO_FATAL_FAILURE(spawn(&bad, "script", {"alloc:1"},
+                                {"CUSHARE_TENANT=vis-ordinal", "CUSHARE_MEMORY_LIMIT=0=100MiB,1=1GiB", "CUDA_VISIBLE_DEVICES=1"}));
+  EXPECT_EQ("init " + errCode(CUDA_ERROR_NOT_INITIALIZED), bad.readLine());
+  EXPECT_FALSE(exitedOk(bad.wait()));
+  // A UUID list that leaves a visible device unnamed while naming one it cannot see: refused too.
+  Child typo;
+  ASSERT_NO_FATAL_FAILURE(spawn(&typo, "script", {"alloc:1"},
+                                {"CUSHARE_TENANT=vis-ordinal", std::string("CUSHARE_MEMORY_LIMIT=") + kHostUuid0 + "=100MiB",
+                                 "CUDA_VISIBLE_DEVICES=1"}));
+  EXPECT_EQ("init " + errCode(CUDA_ERROR_NOT_INITIALIZED), typo.readLine());
+  EXPECT_FALSE(exitedOk(typo.wait()));
+}
+
+// CUSHARE_TENANT=visrace CUSHARE_MEMORY_LIMIT=512MiB: 8 processes race for host device 1, which
+// each numbers its own way; an observer in a container of host device 1 (so its NVML index 0 is
+// that device) samples simgpu's NVML without the shim. The device never holds more than the limit.
+TEST(Visibility, RaceAcrossNumberingsOfOneDevice) {
+  const size_t limit = envLimit();
+  ASSERT_EQ(512 * kMiB, limit);
+  Child observer;
+  ASSERT_NO_FATAL_FAILURE(spawn(&observer, "observe", {std::to_string(limit)}, {"LD_PRELOAD", "SIMGPU_CONTAINER_DEVICES=1"}));
+  const std::string ready = observer.readLine();
+  ASSERT_EQ("ready " + std::to_string(2048 * kMiB), ready) << "the observer must see host device 1 (2 GiB)";
+
+  const int boardFd = memfd_create("cushare-test-board", MFD_CLOEXEC);
+  ASSERT_GE(boardFd, 0);
+  ASSERT_EQ(0, ftruncate(boardFd, sizeof(Board) * kBoardSlots));
+  Board* board = mapBoard(boardFd);
+  ASSERT_NE(nullptr, board);
+  const std::vector<EnvEdits> numberings = {
+      {"CUDA_VISIBLE_DEVICES=1"},
+      {"CUDA_VISIBLE_DEVICES=1,0"},
+      {std::string("CUDA_VISIBLE_DEVICES=") + kHostUuid1 + "," + kHostUuid0},
+      {"SIMGPU_CONTAINER_DEVICES=1"},
+  };
+  constexpr int kChildren = 8;
+  std::vector<Child> kids(kChildren);
+  for (int i = 0; i < kChildren; ++i)
+    ASSERT_NO_FATAL_FAILURE(spawn(&kids[i], "churn", {"1500", std::to_string(2000 + i), "4", "1", std::to_string(i)},
+                                  numberings[i % numberings.size()], boardFd));
+  close(boardFd);
+  for (Child& k : kids) ASSERT_EQ("ready", k.readLine());
+  for (Child& k : kids) k.send('g');
+  ASSERT_NO_FATAL_FAILURE(expectChurnsDone(kids));
+  ASSERT_NO_FATAL_FAILURE(expectObservedWithin(observer, limit, 100));
+  EXPECT_EQ(0u, cushare::test::deviceUsed(0)) << "an allocation landed on host device 0";
+  EXPECT_EQ(0u, cushare::test::deviceUsed(1));
+  munmap(board, sizeof(Board) * kBoardSlots);
+}
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strncmp(argv[1], "--child=", 8) == 0) return childMain(argv[1] + 8, argc, argv);

@@ -335,6 +335,25 @@ TEST(MemoryLimitResolve, UnknownUuidFails) {
   EXPECT_EQ(e.find("could not be read"), std::string::npos) << e;
 }
 
+// A list shared by processes that see different subsets (CUDA_VISIBLE_DEVICES, containers): the
+// UUIDs of devices a process cannot see are harmless while every device it sees is named.
+TEST(MemoryLimitResolve, HiddenDeviceUuidAcceptedWhenEveryVisibleDeviceIsNamed) {
+  Devices d{{kUuidB}};  // the process sees only B
+  EXPECT_EQ(resolveOk(parseOk(std::string(kUuidA) + "=1G," + kUuidB + "=2G"), &d),
+            (std::vector<uint64_t>{2 * kGiB}));
+  EXPECT_EQ(resolveOk(parseOk(std::string(kUuidA) + "=1G,0=3G"), &d), (std::vector<uint64_t>{3 * kGiB}));
+  // Nothing visible: nothing to leave unlimited.
+  Devices none;
+  EXPECT_TRUE(resolveOk(parseOk(std::string(kUuidA) + "=1G"), &none).empty());
+}
+
+TEST(MemoryLimitResolve, UnknownUuidWithAnUnnamedVisibleDeviceFails) {
+  Devices d{{kUuidA, kUuidB}};
+  const std::string e = resolveError(std::string("GPU-00000000-0000-0000-0000-000000000000=1G,") + kUuidA + "=1G", &d);
+  EXPECT_NE(e.find("unknown device GPU-00000000-0000-0000-0000-000000000000"), std::string::npos) << e;
+  EXPECT_NE(e.find(std::string("device 1 (") + kUuidB + ") is not named"), std::string::npos) << e;
+}
+
 TEST(MemoryLimitResolve, UnreadableUuidFailsClosed) {
   Devices d{{kUuidA, ""}};  // device 1's UUID cannot be read
   const std::string e = resolveError(std::string(kUuidB) + "=1G", &d);

@@ -67,8 +67,10 @@ bool loadShimConfig(const std::function<const char*(const char*)>& getenv, ShimC
 // (kNone everywhere; kPerDevice for the devices it leaves out). uuidOf(ordinal, &uuid) gives a
 // device's UUID in the "GPU-<lower-case hex>" form (see formatGpuUuid) or returns false if it
 // cannot be read; it is called only when the spec names a device by UUID. Fails closed, with
-// *error set to one line naming CUSHARE_MEMORY_LIMIT, for an ordinal >= deviceCount, a UUID that
-// matches no visible device, or a device named twice (once by ordinal, once by UUID).
+// *error set to one line naming CUSHARE_MEMORY_LIMIT, for an ordinal >= deviceCount, a device
+// named twice (once by ordinal, once by UUID), or a UUID that matches no visible device while some
+// visible device is not named (a UUID of a device hidden from this process by CUDA_VISIBLE_DEVICES
+// or a container is accepted when every visible device has its limit).
 bool resolveMemoryLimits(const MemoryLimitSpec& spec, int deviceCount,
                          const std::function<bool(int, std::string*)>& uuidOf,
                          std::vector<uint64_t>* limits, std::string* error);

@@ -50,6 +50,11 @@ struct Driver {
   std::atomic<int> initState{0};  // 0 not yet, 1 ok, 2 failed
   CUresult initResult = CUDA_SUCCESS;
   Context* primary[kMaxDevices] = {};
+  // The devices this process sees (visibleDevices: container, CUDA_DEVICE_ORDER,
+  // CUDA_VISIBLE_DEVICES), fixed by cuInit: a CUdevice is an index into `visible`, which holds
+  // host indices. Everything host-wide (the shared state, sizes, UUIDs, PCI ids) is by host index.
+  int visibleCount = 0;
+  int visible[kMaxDevices] = {};
 };
 Driver& drv();
 bool traceOn();
@@ -145,6 +150,8 @@ CUresult retainPrimary(int dev, Context** out);
 void setCurrent(Context* c);
 int deviceCount();
 bool validDevice(CUdevice d);
+// The host index behind a valid device of this process.
+inline int hostDevice(CUdevice d) { return drv().visible[d]; }
 
 // ---------------------------------------------------------------------------------------------
 // Memory registry: every range of simulated device memory (and registered/pinned host memory).

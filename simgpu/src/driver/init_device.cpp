@@ -62,7 +62,7 @@ bool handleIs(const void* h, HandleType t) {
   return it != handles().map.end() && it->second == t;
 }
 
-int deviceCount() { return drv().cfg.deviceCount; }
+int deviceCount() { return drv().visibleCount; }
 bool validDevice(CUdevice d) { return d >= 0 && d < deviceCount(); }
 
 namespace {
@@ -98,13 +98,19 @@ void doInit() {
     d.initState.store(2, std::memory_order_release);
     return;
   }
+  d.visibleCount = visibleDevices(d.cfg, std::getenv("CUDA_VISIBLE_DEVICES"), d.visible);
+  if (d.visibleCount == 0) {  // as the real driver: nothing to initialise
+    d.initResult = CUDA_ERROR_NO_DEVICE;
+    d.initState.store(2, std::memory_order_release);
+    return;
+  }
   loadKernelLibraries();
   d.initState.store(1, std::memory_order_release);
 }
 }  // namespace
 
-bool deviceReserve(int dev, uint64_t bytes) { return drv().state->reserve(dev, bytes); }
-void deviceRelease(int dev, uint64_t bytes) { drv().state->release(dev, bytes); }
+bool deviceReserve(int dev, uint64_t bytes) { return drv().state->reserve(hostDevice(dev), bytes); }
+void deviceRelease(int dev, uint64_t bytes) { drv().state->release(hostDevice(dev), bytes); }
 
 }  // namespace simgpu
 
@@ -158,7 +164,7 @@ CU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   API_ENTER(bytes, dev);
   if (!bytes) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  *bytes = drv().cfg.memory[dev];
+  *bytes = drv().cfg.memory[hostDevice(dev)];
   return CUDA_SUCCESS;
 }
 
@@ -166,7 +172,7 @@ CU_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   API_ENTER(uuid, dev);
   if (!uuid) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  deviceUuid(dev, reinterpret_cast<unsigned char*>(uuid->bytes));
+  deviceUuid(hostDevice(dev), reinterpret_cast<unsigned char*>(uuid->bytes));
   return CUDA_SUCCESS;
 }
 extern "C" SIMGPU_EXPORT CUresult simgpu_cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) __asm__("cuDeviceGetUuid");
@@ -182,7 +188,7 @@ CU_EXPORT CUresult cuDeviceGetPCIBusId(char* busId, int len, CUdevice dev) {
   if (!busId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
   // The driver's form has a 4-digit domain ("0000:18:00.0"); NVML's has 8 digits.
-  std::snprintf(busId, static_cast<size_t>(len), "0000:%02x:00.0", devicePciBus(dev));
+  std::snprintf(busId, static_cast<size_t>(len), "0000:%02x:00.0", devicePciBus(hostDevice(dev)));
   return CUDA_SUCCESS;
 }
 
@@ -194,7 +200,7 @@ CU_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice* dev, const char* busId) {
       std::sscanf(busId, "%x:%x.%x", &bus, &device, &fn) != 3)
     return CUDA_ERROR_INVALID_VALUE;
   for (int d = 0; d < deviceCount(); ++d)
-    if (devicePciBus(d) == bus && domain == 0 && device == 0) {
+    if (devicePciBus(hostDevice(d)) == bus && domain == 0 && device == 0) {
       *dev = d;
       return CUDA_SUCCESS;
     }
@@ -236,7 +242,7 @@ bool deviceAttribute(CUdevice_attribute a, int dev, int* out) {
     case CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: v = 512; break;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = static_cast<int>(devicePciBus(dev)); break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = static_cast<int>(devicePciBus(hostDevice(dev))); break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = 2619000; break;
@@ -262,7 +268,7 @@ bool deviceAttribute(CUdevice_attribute a, int dev, int* out) {
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = 233472; break;
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = 65536; break;
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: v = dev; break;
+    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: v = hostDevice(dev); break;
     case CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: v = 2; break;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: v = 1; break;

@@ -189,7 +189,8 @@ CU_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   CU_TRY(requireContext(&c));
   SharedState* s = drv().state;
   s->reap();
-  const uint64_t cap = s->capacity(c->device), used = s->used(c->device);
+  const int host = hostDevice(c->device);
+  const uint64_t cap = s->capacity(host), used = s->used(host);
   *total = cap;
   *free = used >= cap ? 0 : cap - used;
   return CUDA_SUCCESS;

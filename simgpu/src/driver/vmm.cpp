@@ -87,7 +87,7 @@ CU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* out, size_t size, c
   if (!validDevice(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
   auto* h = new VmmHandle;
   if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-    h->fd = drv().state->reserveShared(prop->location.id, size, &h->sharedId);
+    h->fd = drv().state->reserveShared(hostDevice(prop->location.id), size, &h->sharedId);
     if (h->fd < 0) {
       delete h;
       return CUDA_ERROR_OUT_OF_MEMORY;
@@ -283,6 +283,14 @@ CU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* 
   int dev;
   const int fd = drv().state->openShared(src, &id, &dev);  // its own lock keeps the memory alive
   if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  int ordinal = -1;  // the host device's ordinal in this process, which may not see it
+  for (int i = 0; i < deviceCount() && ordinal < 0; ++i)
+    if (hostDevice(i) == dev) ordinal = i;
+  if (ordinal < 0) {
+    close(fd);
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  dev = ordinal;
   const off_t size = lseek(fd, 0, SEEK_END);
   if (size <= 0) {
     close(fd);

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# On a host with a real NVIDIA GPU: measures what docs/simgpu.md marks [unverified] and compares
+# simgpu with the real driver, without and with libcushare.so preloaded.
+#   usage: perf/gpu_check.sh [--no-build] [build dir]   (default: build)
+# Builds (unless --no-build) the shim and perf/visibility_probe, then runs the probe for each
+# CUDA_VISIBLE_DEVICES value below, once against the real driver and once against simgpu set up
+# with as many devices as the host has (UUIDs are written as {U0}, {U1}, ... and replaced by each
+# side's own), both with CUDA_DEVICE_ORDER=PCI_BUS_ID so that indices are nvidia-smi's. The
+# probe's devices are printed as host indices. Then the same with the shim preloaded (a 1 GiB
+# limit): the devices seen must not change, and on each visible device 1 GiB is granted and one
+# more byte denied. Prints one line per case and "DIFFERENT" where simgpu and the driver disagree;
+# exits 1 if any case differs, 0 otherwise. Needs nvidia-smi; changes nothing on the host (the
+# shim's ledger and simgpu's state live in a temporary directory). The test suite's end-to-end
+# tests judge limits by simgpu's own count, so they run on simgpu only; these probe runs are their
+# counterpart against the real driver.
+set -uo pipefail
+build_it=1
+if [ "${1:-}" = --no-build ]; then build_it=0; shift; fi
+build=${1:-build}
+command -v nvidia-smi >/dev/null || { echo "gpu_check: nvidia-smi not found: not a GPU host" >&2; exit 2; }
+if [ "$build_it" = 1 ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+    cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml >/dev/null ||
+    { echo "gpu_check: build failed" >&2; exit 2; }
+fi
+probe="$build/perf/visibility_probe"
+shim="$build/lib/libcushare.so"
+tmp=$(mktemp -d /tmp/cushare-gpu-check.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
+
+mapfile -t real_uuids < <(nvidia-smi --query-gpu=uuid --format=csv,noheader | tr -d ' ')
+n=${#real_uuids[@]}
+[ "$n" -ge 1 ] || { echo "gpu_check: nvidia-smi lists no GPU" >&2; exit 2; }
+echo "host: $n GPU(s); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+
+# simgpu with as many devices; its UUIDs in host order.
+sim() { env LD_LIBRARY_PATH="$build/lib/simgpu" SIMGPU_DEVICES="$n" SIMGPU_STATE_DIR="$tmp/simgpu" "$@"; }
+mapfile -t sim_uuids < <(sim env -u CUDA_VISIBLE_DEVICES "$probe" | sed -n 's/.*uuids=\([^ ]*\).*/\1/p' | tr ',' '\n')
+[ "${#sim_uuids[@]}" = "$n" ] || { echo "gpu_check: simgpu does not show $n devices" >&2; exit 2; }
+
+# A probe line with its UUIDs turned into host indices of that side.
+indices() {  # $1: line, rest: that side's UUIDs in host order
+  local line=$1; shift
+  local list u i k found out=()
+  list=$(sed -n 's/.*uuids=\([^ ]*\).*/\1/p' <<<"$line")
+  IFS=, read -ra seen <<<"$list"
+  for u in "${seen[@]}"; do
+    k=0 found=?
+    for i in "$@"; do [ "$i" = "$u" ] && found=$k; k=$((k + 1)); done
+    out+=("$found")
+  done
+  echo "$(sed 's/ uuids=[^ ]*//' <<<"$line") devices=$(IFS=,; echo "${out[*]}")"
+}
+# The shortest prefix of $1 (at least GPU- and 8 digits) that no other UUID of the side starts with.
+unique_prefix() {
+  local u=$1; shift
+  local len o clash
+  for ((len = 12; len < ${#u}; len++)); do
+    clash=0
+    for o in "$@"; do [ "$o" != "$u" ] && [ "${o:0:len}" = "${u:0:len}" ] && clash=1; done
+    [ "$clash" = 0 ] && { echo "${u:0:len}"; return; }
+  done
+  echo "$u"
+}
+# A case's value for one side: {U<i>} device i's UUID, {P<i>} its shortest unique prefix, {X<i>}
+# it with upper-case hex, {N<i>} it without GPU-, {C} the prefix devices 0 and 1 share (ambiguous).
+subst() {  # $1: value; rest: that side's UUIDs in host order
+  local v=$1; shift
+  local k=0 u c=""
+  for u in "$@"; do
+    v=${v//\{U$k\}/$u}
+    v=${v//\{P$k\}/$(unique_prefix "$u" "$@")}
+    v=${v//\{X$k\}/GPU-$(tr a-f A-F <<<"${u#GPU-}")}
+    v=${v//\{N$k\}/${u#GPU-}}
+    k=$((k + 1))
+  done
+  if [ $# -ge 2 ]; then
+    local a=$1 b=$2 i=0
+    while [ "$i" -lt "${#a}" ] && [ "${a:i:1}" = "${b:i:1}" ]; do i=$((i + 1)); done
+    c=${a:0:i}
+  fi
+  echo "${v//\{C\}/$c}"
+}
+
+cases=("<unset>" "" "0" "+0" " 0" "0abc" "0,-1" "0,0" "{U0}" "{P0}" "{X0}" "{N0}" "0,{U0}" "{U0},0" "MIG-{U0}" "GPU-")
+if [ "$n" -ge 2 ]; then cases+=("1" "1,0" "1,1" "0,1,0" "1,7,0" "1,{U0}" "{U1},{U0}" "{U1},1" "{P1},{P0}" "{C}"); fi
+
+differ=0
+run_cases() {  # $1: label, rest: extra env for both sides
+  local label=$1; shift
+  local c v_real v_sim real simg
+  for c in "${cases[@]}"; do
+    if [ "$c" = "<unset>" ]; then
+      real=$(env -u CUDA_VISIBLE_DEVICES "$@" "$probe" "${allocs[@]}" 2>/dev/null)
+      simg=$(sim env -u CUDA_VISIBLE_DEVICES "$@" "$probe" "${allocs[@]}" 2>/dev/null)
+    else
+      v_real=$(subst "$c" "${real_uuids[@]}")
+      v_sim=$(subst "$c" "${sim_uuids[@]}")
+      real=$(env "$@" CUDA_VISIBLE_DEVICES="$v_real" "$probe" "${allocs[@]}" 2>/dev/null)
+      simg=$(sim env "$@" CUDA_VISIBLE_DEVICES="$v_sim" "$probe" "${allocs[@]}" 2>/dev/null)
+    fi
+    real=$(indices "$real" "${real_uuids[@]}")
+    simg=$(indices "$simg" "${sim_uuids[@]}")
+    local mark=""
+    if [ "$real" != "$simg" ]; then mark="   DIFFERENT (simgpu: $simg)"; differ=$((differ + 1)); fi
+    printf '%-8s CUDA_VISIBLE_DEVICES=%-14s driver: %s%s\n' "$label" "'$c'" "$real" "$mark"
+  done
+}
+
+allocs=()
+run_cases "no shim"
+allocs=($((1 << 30)) 1)
+run_cases "shim" LD_PRELOAD="$shim" CUSHARE_TENANT=gpucheck CUSHARE_MEMORY_LIMIT=1GiB \
+  CUSHARE_LEDGER_DIR="$tmp/ledger" CUSHARE_LOG_LEVEL=error
+echo "codes: 0 success, 2 out of memory, 3 not initialized, 100 no device. {U0}: device 0's UUID,"
+echo "{P0}: its shortest unique prefix, {X0}: it in upper case, {N0}: it without GPU-, {C}: the"
+echo "prefix devices 0 and 1 share."
+echo "gpu_check: $differ case(s) where simgpu differs from the driver"
+[ "$differ" = 0 ]

@@ -563,7 +563,22 @@ void Daemon::onSignal() {
       conns_[cl].server = 0;
     }
     if (it->conn) closeConn(it->conn);
-    servers_.erase(it);
+    if (it->state == ServerState::kInitializing && !it->quitting) {
+      // It never started (its binary missing or failing): its waiting clients are refused
+      // rather than started a server for again and again.
+      logControl("Server " + std::to_string(pid) + " failed to start");
+      const uid_t uid = it->uid;
+      for (auto p = pending_.begin(); p != pending_.end();) {
+        const uint64_t cl = *p;
+        if (conns_[cl].uid != uid) {
+          ++p;
+          continue;
+        }
+        p = pending_.erase(p);
+        refuse(cl, 805);  // CUDA_ERROR_MPS_CONNECTION_FAILED
+      }
+    }
+    servers_.erase(std::find_if(servers_.begin(), servers_.end(), [&](const Server& s) { return s.pid == pid; }));
   }
   schedule();
 }

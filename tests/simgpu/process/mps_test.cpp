@@ -175,7 +175,7 @@ class Mps : public ::testing::Test {
       std::vector<char*> argv{const_cast<char*>("nvidia-cuda-mps-control")};
       for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      execv((kBin + "/nvidia-cuda-mps-control").c_str(), argv.data());
+      execv(controlPath_.c_str(), argv.data());
       _exit(127);
     }
     ::close(in[0]);
@@ -302,6 +302,7 @@ class Mps : public ::testing::Test {
 
   std::string root_, pipe_, log_;
   bool started_ = false;
+  std::string controlPath_ = kBin + "/nvidia-cuda-mps-control";
   pid_t daemonPid_ = 0;  // our descendant: this test is its subreaper
   std::vector<Child> children_;  // reserved so references stay valid
  public:
@@ -510,6 +511,17 @@ TEST_F(Mps, AKilledClientIsReapedAndItsMemoryReturned) {
   Child& b = spawn();
   EXPECT_EQ(line(b), "attached 0 132");  // the server goes on
   EXPECT_EQ(serverPid(), srv);
+}
+
+TEST_F(Mps, AServerThatCannotStartRefusesItsClientsInsteadOfRespawning) {
+  // The daemon alone, without the server binary beside it.
+  controlPath_ = root_ + "/nvidia-cuda-mps-control";
+  ASSERT_EQ(system(("cp " + kBin + "/nvidia-cuda-mps-control " + controlPath_).c_str()), 0);
+  startDaemon();
+  Child& a = spawn();
+  EXPECT_EQ(line(a), "attached " + std::to_string(CUDA_ERROR_MPS_CONNECTION_FAILED) + " 132");
+  EXPECT_TRUE(waitFor([&] { return logHas("control.log", "failed to start"); }));
+  EXPECT_EQ(serverPid(), "");
 }
 
 TEST_F(Mps, AClientOfAnotherUserWaitsUntilTheServersClientsExit) {

@@ -401,8 +401,9 @@ void Daemon::clientHello(uint64_t id, const std::vector<std::string>& w) {
   if (w.size() >= 3 && w[2] != "-") parseCount(w[2].c_str(), 0, 1, &c.envPriority);
   const std::string who = "NEW CLIENT " + std::to_string(c.pid) + " from user " + std::to_string(c.uid) + ": ";
   Server* s = current();
-  if (s && s->uid == c.uid && s->state == ServerState::kFault) {
-    logControl(who + "Server is in FAULT state, refusing the client");
+  if (s && s->uid == c.uid && (s->state == ServerState::kFault || s->terminating > 0)) {
+    logControl(who + (s->terminating ? "a client is being terminated" : "Server is in FAULT state") +
+               ", refusing the client");
     refuse(id, 807);  // CUDA_ERROR_MPS_SERVER_NOT_READY
     return;
   }
@@ -454,7 +455,7 @@ void Daemon::schedule() {
         const uint64_t id = *it;
         it = pending_.erase(it);
         admit(id, *s);
-      } else if (s->state == ServerState::kFault) {
+      } else if (s->state == ServerState::kFault || s->terminating > 0) {
         const uint64_t id = *it;
         it = pending_.erase(it);
         refuse(id, 807);

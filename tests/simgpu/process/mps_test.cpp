@@ -161,6 +161,11 @@ class Mps : public ::testing::Test {
   // Runs nvidia-cuda-mps-control with args, input on stdin (closed afterwards).
   Result run(const std::vector<std::string>& args, const std::string& input,
              const std::vector<std::string>& env = {}) {
+    return runProgram(controlPath_, args, input, env);
+  }
+  // Runs program with args, input on stdin (closed afterwards); its output and exit status.
+  static Result runProgram(const std::string& program, const std::vector<std::string>& args,
+                           const std::string& input, const std::vector<std::string>& env) {
     int in[2], out[2], err[2];
     EXPECT_EQ(pipe(in), 0);
     EXPECT_EQ(pipe(out), 0);
@@ -172,10 +177,10 @@ class Mps : public ::testing::Test {
       dup2(err[1], 2);
       for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) ::close(fd);
       for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-      std::vector<char*> argv{const_cast<char*>("nvidia-cuda-mps-control")};
+      std::vector<char*> argv{const_cast<char*>(program.c_str())};
       for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      execv(controlPath_.c_str(), argv.data());
+      execv(program.c_str(), argv.data());
       _exit(127);
     }
     ::close(in[0]);
@@ -402,6 +407,15 @@ TEST_F(Mps, ClientsAttachToOneServerWithThePercentageCapInTheirAttribute) {
   EXPECT_EQ(e->sm_cap, 14u);
   EXPECT_EQ(e->thread_pct_x10, 100u);
   EXPECT_EQ(e->state.load(), simgpu::kMpsActive);
+}
+
+TEST_F(Mps, AnNvccBuiltProgramIsAClientThroughCudart) {
+  startDaemon();
+  control("set_default_active_thread_percentage 25\nset_default_device_pinned_mem_limit 0 1G");
+  // cudaGetDeviceProperties, the attribute, then 768 MiB twice: the second is beyond 1 GiB.
+  const Result r = runProgram(SIMGPU_MPS_CUDART_CLIENT, {std::to_string(768 * kMiB)}, "", {});
+  EXPECT_EQ(r.out, "0 34 34 0 2\n") << r.err;  // 2: cudaErrorMemoryAllocation
+  EXPECT_TRUE(waitFor([&] { return logHas("server.log", "disconnected"); }));
 }
 
 TEST_F(Mps, ClientEnvironmentOnlyLowersThePercentage) {

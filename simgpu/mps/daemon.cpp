@@ -1,4 +1,5 @@
-// The simulated MPS control daemon: one process per pipe directory, a single-threaded poll loop
+// The simulated MPS control daemon (its commands: commands.cpp; its state: daemon_impl.h): one
+// process per pipe directory, a single-threaded poll loop
 // over <pipe>/control (SOCK_SEQPACKET, protocol in src/mps/mps_protocol.h). It keeps what the real
 // daemon keeps (docs/simgpu.md, "MPS"; sources in shared/docs/mps-facts.md):
 // - the defaults (active thread percentage, pinned memory limits per device identifier, client
@@ -13,6 +14,7 @@
 // terminate_client gets its one answer when the client acknowledges or hangs up, whichever is
 // first; every peer's pid and uid come from SO_PEERCRED.
 #include "daemon.h"
+#include "daemon_impl.h"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -46,93 +48,6 @@
 namespace simgpu::mps {
 namespace {
 
-constexpr int kDefaultMaxClients = 48;  // per server, CUDA 13.0 (mps-facts.md: 60 in newer docs)
-
-enum class Kind { kUnknown, kUi, kClient, kServer };
-enum class ServerState { kInitializing, kActive, kFault };
-
-struct Conn {
-  int fd = -1;
-  Kind kind = Kind::kUnknown;
-  pid_t pid = 0;
-  uid_t uid = 0;
-  // client
-  double envPct = -1;   // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, -1: unset
-  int envPriority = -1;  // CUDA_MPS_CLIENT_PRIORITY, -1: unset
-  pid_t server = 0;     // admitted to this server
-  int contextId = 0;
-  double pct = 100;
-  int priority = 0;
-  uint64_t terminatingUi = 0;  // the UI waiting for terminate_client's answer
-};
-
-struct Server {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  ServerState state = ServerState::kInitializing;
-  uint64_t conn = 0;  // its connection, once it said hello
-  double pct = 100;   // for its next clients
-  std::map<int, uint64_t> limits;  // device ordinal -> bytes, for its next clients
-  int nextContextId = 0;
-  int terminating = 0;  // terminate_client in progress: new clients are refused
-  bool quitting = false;
-  std::vector<uint64_t> clients;
-};
-
-const char* stateName(ServerState s) {
-  switch (s) {
-    case ServerState::kInitializing: return "INITIALIZING";
-    case ServerState::kActive: return "ACTIVE";
-    case ServerState::kFault: return "FAULT";
-  }
-  return "?";
-}
-
-class Daemon {
- public:
-  explicit Daemon(const DaemonOptions& o) : opt_(o) {}
-  int run(int readyFd);
-
- private:
-  bool start(std::string* error);
-  void loop();
-  void accept();
-  void onMessage(uint64_t id, const std::string& msg);
-  void onHangup(uint64_t id);
-  void onSignal();
-  std::string command(Conn& ui, uint64_t uiId, const std::string& line, bool* deferred);
-  void clientHello(uint64_t id, const std::vector<std::string>& w);
-  void schedule();
-  void admit(uint64_t id, Server& s);
-  void refuse(uint64_t id, int code);
-  void startServer(uid_t uid);
-  void stopServer(Server& s);
-  void clientGone(Conn& c, uint64_t id);
-  Server* current();
-  Server* server(pid_t pid);
-  void send(uint64_t id, const std::string& msg);
-  void closeConn(uint64_t id);
-  void logControl(const std::string& msg);
-  void logServer(pid_t pid, const std::string& msg);
-  std::map<int, uint64_t> resolveLimits() const;
-  void shutdown();
-
-  DaemonOptions opt_;
-  int listenFd_ = -1, sigFd_ = -1, lockFd_ = -1;
-  FILE* controlLog_ = nullptr;
-  FILE* serverLog_ = nullptr;
-  std::string serverPath_;
-  int maxClients_ = kDefaultMaxClients;
-  double defaultPct_ = 100;
-  int defaultPriority_ = 0;
-  std::vector<std::pair<std::string, uint64_t>> defaultLimits_;  // in the order they were set
-  std::map<uint64_t, Conn> conns_;
-  uint64_t nextConn_ = 1;
-  std::deque<uint64_t> pending_;
-  std::vector<Server> servers_;
-  bool quit_ = false;
-};
-
 std::string timestamp() {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -156,6 +71,8 @@ void writeLog(FILE* f, const char* who, pid_t pid, const std::string& msg, bool 
     std::fflush(stdout);
   }
 }
+
+}  // namespace
 
 void Daemon::logControl(const std::string& msg) { writeLog(controlLog_, "Control", getpid(), msg, opt_.foreground); }
 void Daemon::logServer(pid_t pid, const std::string& msg) { writeLog(serverLog_, "Server", pid, msg, false); }
@@ -584,132 +501,6 @@ void Daemon::onSignal() {
   schedule();
 }
 
-std::string Daemon::command(Conn& ui, uint64_t uiId, const std::string& line, bool* deferred) {
-  (void)ui;
-  const std::vector<std::string> w = words(line);
-  if (w.empty()) return "";
-  const std::string& cmd = w[0];
-  auto srvArg = [&](size_t i) -> Server* {
-    int pid = 0;
-    if (w.size() <= i || !parseCount(w[i].c_str(), 1, 1 << 30, &pid)) return nullptr;
-    Server* s = server(pid);
-    return s && !s->quitting ? s : nullptr;
-  };
-  auto noServer = [&](size_t i) { return "Server " + (w.size() > i ? w[i] : std::string()) + " not found"; };
-  if (cmd == "get_server_list" && w.size() == 1) {
-    std::string out;
-    for (auto& s : servers_)
-      if (!s.quitting) out += (out.empty() ? "" : "\n") + std::to_string(s.pid);
-    return out;
-  }
-  if (cmd == "start_server" && w.size() == 3 && w[1] == "-uid") {
-    int uid = 0;
-    if (!parseCount(w[2].c_str(), 0, 1 << 30, &uid)) return "Invalid uid " + w[2];
-    if (!current()) startServer(static_cast<uid_t>(uid));
-    return "";
-  }
-  if (cmd == "get_server_status" && w.size() == 2) {
-    Server* s = srvArg(1);
-    return s ? stateName(s->state) : noServer(1);
-  }
-  if (cmd == "get_client_list" && w.size() == 2) {
-    Server* s = srvArg(1);
-    if (!s) return noServer(1);
-    std::string out;
-    for (uint64_t id : s->clients) out += (out.empty() ? "" : "\n") + std::to_string(conns_[id].pid);
-    return out;
-  }
-  if (cmd == "set_default_active_thread_percentage" && w.size() == 2) {
-    if (!parsePercentage(w[1].c_str(), &defaultPct_)) return "Invalid percentage " + w[1];
-    return formatPercentage(defaultPct_);
-  }
-  if (cmd == "get_default_active_thread_percentage" && w.size() == 1) return formatPercentage(defaultPct_);
-  if (cmd == "set_active_thread_percentage" && w.size() == 3) {
-    Server* s = srvArg(1);
-    if (!s) return noServer(1);
-    if (!parsePercentage(w[2].c_str(), &s->pct)) return "Invalid percentage " + w[2];
-    return formatPercentage(s->pct);
-  }
-  if (cmd == "get_active_thread_percentage" && w.size() == 2) {
-    Server* s = srvArg(1);
-    return s ? formatPercentage(s->pct) : noServer(1);
-  }
-  if (cmd == "set_default_device_pinned_mem_limit" && w.size() == 3) {
-    uint64_t bytes = 0;
-    if (!parseMemLimit(w[2], &bytes)) return "Invalid memory limit " + w[2];
-    defaultLimits_.erase(std::remove_if(defaultLimits_.begin(), defaultLimits_.end(),
-                                        [&](auto& e) { return e.first == w[1]; }),
-                         defaultLimits_.end());
-    defaultLimits_.emplace_back(w[1], bytes);
-    return "";
-  }
-  if (cmd == "get_default_device_pinned_mem_limit" && w.size() == 2) {
-    for (auto& [dev, bytes] : defaultLimits_)
-      if (dev == w[1]) return formatMemLimit(bytes);
-    return formatMemLimit(0);
-  }
-  if (cmd == "set_device_pinned_mem_limit" && w.size() == 4) {
-    Server* s = srvArg(1);
-    if (!s) return noServer(1);
-    uint64_t bytes = 0;
-    int dev = -1;
-    if (!parseMemLimit(w[3], &bytes)) return "Invalid memory limit " + w[3];
-    if (!parseCount(w[2].c_str(), 0, kMaxDevices - 1, &dev))
-      for (int d = 0; d < kMaxDevices; ++d)
-        if (deviceUuidString(d) == w[2]) dev = d;
-    if (dev >= 0) s->limits[dev] = bytes;
-    return "";
-  }
-  if (cmd == "get_device_pinned_mem_limit" && w.size() == 3) {
-    Server* s = srvArg(1);
-    if (!s) return noServer(1);
-    int dev = -1;
-    if (!parseCount(w[2].c_str(), 0, kMaxDevices - 1, &dev))
-      for (int d = 0; d < kMaxDevices; ++d)
-        if (deviceUuidString(d) == w[2]) dev = d;
-    auto it = s->limits.find(dev);
-    return formatMemLimit(it == s->limits.end() ? 0 : it->second);
-  }
-  if (cmd == "set_default_client_priority" && w.size() == 2) {
-    if (!parseCount(w[1].c_str(), 0, 1, &defaultPriority_)) return "Invalid priority " + w[1];
-    return "";
-  }
-  if (cmd == "get_default_client_priority" && w.size() == 1) return std::to_string(defaultPriority_);
-  if (cmd == "terminate_client" && w.size() == 3) {
-    Server* s = srvArg(1);
-    if (!s) return noServer(1);
-    int pid = 0;
-    parseCount(w[2].c_str(), 1, 1 << 30, &pid);
-    for (uint64_t id : s->clients) {
-      Conn& c = conns_[id];
-      if (c.pid != pid || c.terminatingUi) continue;
-      c.terminatingUi = uiId;
-      ++s->terminating;
-      send(id, "terminate");
-      *deferred = true;
-      return "";
-    }
-    return "Client " + w[2] + " not found";
-  }
-  if (cmd == "ps" && (w.size() == 1 || (w.size() == 3 && w[1] == "-p"))) {
-    int only = 0;
-    if (w.size() == 3 && !parseCount(w[2].c_str(), 1, 1 << 30, &only)) return "Invalid pid " + w[2];
-    std::string out = "PID ID SERVER DEVICE NAMESPACE COMMAND";
-    for (auto& s : servers_)
-      for (uint64_t id : s.clients) {
-        const Conn& c = conns_[id];
-        if (only && c.pid != only) continue;
-        out += "\n" + std::to_string(c.pid) + " " + std::to_string(c.contextId) + " " + std::to_string(s.pid) + " " +
-               deviceUuidString(0).substr(0, 22) + " " + pidNamespace(c.pid) + " " + processCommand(c.pid);
-      }
-    return out;
-  }
-  if (cmd == "quit" && w.size() == 1) {
-    quit_ = true;
-    return "";
-  }
-  return "Unrecognized command: " + line;
-}
 
 void Daemon::shutdown() {
   logControl("Exiting control daemon");
@@ -733,8 +524,6 @@ void Daemon::shutdown() {
   ::unlink((opt_.pipeDir + "/" + kMpsPidFile).c_str());
   ::close(listenFd_);
 }
-
-}  // namespace
 
 int runDaemon(const DaemonOptions& options, int readyFd) {
   Daemon d(options);

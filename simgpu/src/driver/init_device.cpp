@@ -101,7 +101,9 @@ void doInit() {
   }
   loadKernelLibraries();
   mpsAttach(d.cfg);  // a client of the simulated MPS if a control daemon answers
-  d.initState.store(1, std::memory_order_release);
+  // Not over a sticky MPS error (terminated or faulted) the client may already have received.
+  int notYet = 0;
+  d.initState.compare_exchange_strong(notYet, 1, std::memory_order_release);
 }
 }  // namespace
 

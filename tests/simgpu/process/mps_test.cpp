@@ -367,6 +367,18 @@ TEST_F(Mps, ControlDaemonTranscript) {
   EXPECT_EQ(run({}, "get_server_list").rc, 1);
 }
 
+TEST_F(Mps, ForegroundDaemonAlsoLogsToStdout) {
+  Result fg;
+  std::thread daemon([&] { fg = runProgram(controlPath_, {"-f"}, "", {}); });
+  EXPECT_TRUE(waitFor([&] { return run({}, "get_default_active_thread_percentage").out == "100.0\n"; }));
+  EXPECT_EQ(run({}, "quit").rc, 0);
+  daemon.join();
+  EXPECT_EQ(fg.rc, 0);
+  EXPECT_NE(fg.out.find("] Starting control daemon using socket " + pipe_ + "/control\n"), std::string::npos) << fg.out;
+  EXPECT_NE(fg.out.find("] Cmd:get_default_active_thread_percentage\n"), std::string::npos) << fg.out;
+  EXPECT_EQ(fg.out, logText("control.log"));
+}
+
 TEST_F(Mps, ClientsAttachToOneServerWithThePercentageCapInTheirAttribute) {
   startDaemon();
   control("set_default_active_thread_percentage 25");

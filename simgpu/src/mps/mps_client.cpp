@@ -30,6 +30,10 @@ std::atomic<CUresult> gContextStatus{CUDA_SUCCESS};
 std::atomic<CUresult> gSticky{CUDA_SUCCESS};
 std::atomic<uint64_t> gUsed[kMaxDevices];
 std::atomic<int> gFd{-1};
+// What the daemon sends a client is short ("ok" with 16 limits at most); cuInit may run on a
+// thread with a small stack, so no 64 KiB buffer here.
+constexpr size_t kClientMessage = 4096;
+MpsTable* gTable = nullptr;  // never unmapped: gEntry points into it until exit
 MpsClientEntry* gEntry = nullptr;
 
 // A count with an optional binary unit: "1G", "512MB", "512M", "1048576".
@@ -78,7 +82,7 @@ void setSticky(CUresult r) {
 }
 
 void listen(int fd) {
-  char buf[kMpsMaxMessage];
+  char buf[kClientMessage];
   for (;;) {
     const ssize_t n = recv(fd, buf, sizeof buf, 0);
     if (n <= 0) return;  // the daemon went away (quit): work already granted goes on
@@ -155,7 +159,7 @@ void mpsAttach(const Config& cfg) {
     }
   }
   const std::string hello = "client " + pct + " " + prio;
-  char buf[kMpsMaxMessage];
+  char buf[kClientMessage];
   ssize_t n = send(fd, hello.data(), hello.size(), MSG_NOSIGNAL);
   if (n == static_cast<ssize_t>(hello.size())) n = recv(fd, buf, sizeof buf, 0);  // waits while pending
   if (n <= 0) {
@@ -191,7 +195,7 @@ void mpsAttach(const Config& cfg) {
     if (envLimits[d] && (gInfo.pinnedLimit[d] == 0 || envLimits[d] < gInfo.pinnedLimit[d]))
       gInfo.pinnedLimit[d] = envLimits[d];
   std::string err;
-  if (MpsTable* t = MpsTable::open(cfg.stateDir, &err)) {
+  if (MpsTable* t = gTable = MpsTable::open(cfg.stateDir, &err)) {
     MpsClientEntry e{};
     e.server_pid = gInfo.serverPid;
     e.uid = gInfo.uid;

@@ -23,7 +23,7 @@
 
 namespace simgpu {
 
-inline constexpr size_t kMpsMaxMessage = 4096;
+inline constexpr size_t kMpsMaxMessage = 65536;  // `ps` of 1024 clients fits
 inline constexpr const char* kMpsDefaultPipeDir = "/tmp/nvidia-mps";
 inline constexpr const char* kMpsDefaultLogDir = "/var/log/nvidia-mps";
 inline constexpr const char* kMpsControlSocket = "control";

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "driver.h"
+#include "mps_client.h"
 
 namespace simgpu {
 namespace {
@@ -73,6 +74,7 @@ Context* primaryContext(int dev) {
 }
 
 CUresult retainPrimary(int dev, Context** out) {
+  CU_TRY(mpsContextStatus());  // an MPS client the daemon refused gets no context
   Context* p = primaryContext(dev);
   std::lock_guard g(ctxMutex());
   ++p->refs;
@@ -156,6 +158,7 @@ namespace {
 CUresult createContext(CUcontext* pctx, unsigned flags, CUdevice dev) {
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  CU_TRY(mpsContextStatus());
   Context* c = newContext(dev, false, flags);
   c->refs = 1;
   c->active = true;
@@ -415,7 +418,7 @@ CU_EXPORT CUresult cuCtxGetExecAffinity(CUexecAffinityParam* p, CUexecAffinityTy
   if (!p) return CUDA_ERROR_INVALID_VALUE;
   if (type != CU_EXEC_AFFINITY_TYPE_SM_COUNT) return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
   p->type = type;
-  p->param.smCount.val = drv().cfg.smCount;
+  p->param.smCount.val = static_cast<unsigned>(mpsVisibleSms(static_cast<int>(drv().cfg.smCount)));
   return CUDA_SUCCESS;
 }
 

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "driver.h"
+#include "mps_client.h"
 
 namespace simgpu {
 
@@ -105,12 +106,24 @@ void doInit() {
     return;
   }
   loadKernelLibraries();
-  d.initState.store(1, std::memory_order_release);
+  mpsAttach(d.cfg);  // a client of the simulated MPS if a control daemon answers
+  // Not over a sticky MPS error (terminated or faulted) the client may already have received.
+  int notYet = 0;
+  d.initState.compare_exchange_strong(notYet, 1, std::memory_order_release);
 }
 }  // namespace
 
-bool deviceReserve(int dev, uint64_t bytes) { return drv().state->reserve(hostDevice(dev), bytes); }
-void deviceRelease(int dev, uint64_t bytes) { drv().state->release(hostDevice(dev), bytes); }
+// An MPS client's pinned memory limit is checked first: beyond it, out of memory.
+bool deviceReserve(int dev, uint64_t bytes) {
+  if (!mpsReserve(dev, bytes)) return false;
+  if (drv().state->reserve(hostDevice(dev), bytes)) return true;
+  mpsRelease(dev, bytes);
+  return false;
+}
+void deviceRelease(int dev, uint64_t bytes) {
+  drv().state->release(hostDevice(dev), bytes);
+  mpsRelease(dev, bytes);
+}
 
 }  // namespace simgpu
 
@@ -227,7 +240,7 @@ bool deviceAttribute(CUdevice_attribute a, int dev, int* out) {
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1980000; break;
     case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; break;
     case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = static_cast<int>(c.smCount); break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = mpsVisibleSms(static_cast<int>(c.smCount)); break;
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = CU_COMPUTEMODE_DEFAULT; break;
     case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: v = 131072; break;

@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "driver.h"
+#include "mps_client.h"
 
 namespace simgpu {
 namespace {
@@ -22,6 +23,7 @@ struct VmmHandle {
   int device = 0;
   uint64_t accounted = 0;  // this process's count; 0 for shareable memory (counted in its entry)
   uint64_t sharedId = 0;   // shareable memory's entry, or 0
+  uint64_t mpsCharged = 0;  // shareable memory this process made, against its MPS pinned limit
   int refs = 1;            // cuMemCreate / import / retain; cuMemRelease drops one
   int maps = 0;
   CUmemAllocationProp prop = {};
@@ -47,6 +49,7 @@ void maybeFree(VmmHandle* h) {
   close(h->fd);  // drops this handle's lock on shareable memory
   if (h->accounted) deviceRelease(h->device, h->accounted);
   if (h->sharedId) drv().state->reapShared(h->sharedId);  // gone unless an exported descriptor lives
+  if (h->mpsCharged) mpsRelease(h->device, h->mpsCharged);
   handleRemove(h);
   delete h;
 }
@@ -87,11 +90,18 @@ CU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* out, size_t size, c
   if (!validDevice(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
   auto* h = new VmmHandle;
   if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-    h->fd = drv().state->reserveShared(hostDevice(prop->location.id), size, &h->sharedId);
-    if (h->fd < 0) {
+    // Counted in a shared entry rather than through deviceReserve: the MPS limit is checked here.
+    if (!mpsReserve(prop->location.id, size)) {
       delete h;
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    h->fd = drv().state->reserveShared(hostDevice(prop->location.id), size, &h->sharedId);
+    if (h->fd < 0) {
+      mpsRelease(prop->location.id, size);
+      delete h;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    h->mpsCharged = size;
   } else {
     if (!deviceReserve(prop->location.id, size)) {
       delete h;

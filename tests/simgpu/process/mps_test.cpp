@@ -1,0 +1,582 @@
+// The simulated NVIDIA MPS end to end: the real binaries (nvidia-cuda-mps-control -d, the control
+// client on stdin, the server it starts) and simgpu processes that become its clients through the
+// driver API, as a CUDA program does.
+//
+// Each test starts its own daemon in a private pipe and log directory (a short path under /tmp:
+// a Unix socket path has 107 bytes) and quits it at the end. The parent never initialises CUDA;
+// clients are this executable started again with `--child` (fork + exec, optionally setuid), and
+// talk through fixed descriptors: 3 the report pipe (lines the child writes), 4 the command pipe
+// (lines the parent writes; EOF: the child exits). What a test asserts comes from the daemon's
+// answers and logs, the client's own CUDA results, and simgpu's device accounting read by an
+// observer process that is not a client.
+#include <cuda.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "mps_table.h"
+
+extern "C" void simgpu_debug_fault(int error);
+
+namespace {
+
+constexpr int kReportFd = 3;
+constexpr int kControlFd = 4;
+constexpr size_t kMiB = size_t{1} << 20;
+const std::string kBin = SIMGPU_MPS_BIN;
+
+// ---------------------------------------------------------------------------------------------
+// Child side: attach (cuInit + the primary context, as cudart does), then obey commands.
+void report(const std::string& line) {
+  const std::string l = line + "\n";
+  (void)!write(kReportFd, l.data(), l.size());
+}
+
+int visibleSms() {
+  int sms = -1;
+  cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
+  return sms;
+}
+
+int childMain() {
+  CUresult r = cuInit(0);
+  CUcontext ctx = nullptr;
+  if (r == CUDA_SUCCESS) r = cuDevicePrimaryCtxRetain(&ctx, 0);
+  if (r == CUDA_SUCCESS) r = cuCtxSetCurrent(ctx);
+  report("attached " + std::to_string(r) + " " + std::to_string(visibleSms()));
+  FILE* in = fdopen(kControlFd, "r");
+  char line[256];
+  while (in && std::fgets(line, sizeof line, in)) {
+    std::istringstream cmd(line);
+    std::string op;
+    cmd >> op;
+    if (op == "alloc") {
+      size_t bytes = 0;
+      cmd >> bytes;
+      CUdeviceptr p = 0;
+      report("alloc " + std::to_string(cuMemAlloc(&p, bytes)));
+    } else if (op == "vmm") {  // shareable (exportable) physical memory, counted apart
+      size_t bytes = 0;
+      cmd >> bytes;
+      CUmemAllocationProp prop{};
+      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      prop.location.id = 0;
+      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      CUmemGenericAllocationHandle h = 0;
+      report("vmm " + std::to_string(cuMemCreate(&h, bytes, &prop, 0)));
+    } else if (op == "sync") {
+      report("sync " + std::to_string(cuCtxSynchronize()));
+    } else if (op == "sms") {
+      CUexecAffinityParam a{};
+      const CUresult ar = cuCtxGetExecAffinity(&a, CU_EXEC_AFFINITY_TYPE_SM_COUNT);
+      report("sms " + std::to_string(visibleSms()) + " " + std::to_string(ar == CUDA_SUCCESS ? a.param.smCount.val : 0));
+    } else if (op == "used") {
+      size_t free = 0, total = 0;
+      const CUresult ur = cuMemGetInfo(&free, &total);
+      report("used " + std::to_string(ur) + " " + std::to_string(total - free));
+    } else if (op == "fault") {
+      simgpu_debug_fault(CUDA_ERROR_ILLEGAL_ADDRESS);
+      report("faulted");
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parent side
+struct Child {
+  pid_t pid = -1;
+  int report = -1;  // read end
+  int control = -1;  // write end
+  std::string pending;
+};
+
+template <typename F>
+bool waitFor(F cond, int ms = 10000) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a condition with a deadline
+  }
+  return true;
+}
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string readAll(int fd) {
+  std::string s;
+  char b[4096];
+  ssize_t n;
+  while ((n = read(fd, b, sizeof b)) > 0) s.append(b, static_cast<size_t>(n));
+  ::close(fd);
+  return s;
+}
+
+class Mps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/simgpu-mps-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    chmod(root_.c_str(), 0755);
+    pipe_ = root_ + "/pipe";
+    log_ = root_ + "/log";
+    setenv("CUDA_MPS_PIPE_DIRECTORY", pipe_.c_str(), 1);
+    setenv("CUDA_MPS_LOG_DIRECTORY", log_.c_str(), 1);
+  }
+
+  void TearDown() override {
+    for (Child& c : children_) stop(c);
+    if (started_) {
+      control("quit");
+      int status = 0;
+      EXPECT_EQ(waitpid(daemonPid_, &status, 0), daemonPid_) << "the daemon did not quit";
+    }
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {  // servers a quitting daemon left to us
+    }
+    (void)!system(("rm -rf " + root_).c_str());
+  }
+
+  // Runs nvidia-cuda-mps-control with args, input on stdin (closed afterwards).
+  Result run(const std::vector<std::string>& args, const std::string& input,
+             const std::vector<std::string>& env = {}) {
+    return runProgram(controlPath_, args, input, env);
+  }
+  // Runs program with args, input on stdin (closed afterwards); its output and exit status.
+  static Result runProgram(const std::string& program, const std::vector<std::string>& args,
+                           const std::string& input, const std::vector<std::string>& env) {
+    int in[2], out[2], err[2];
+    EXPECT_EQ(pipe(in), 0);
+    EXPECT_EQ(pipe(out), 0);
+    EXPECT_EQ(pipe(err), 0);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) ::close(fd);
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      std::vector<char*> argv{const_cast<char*>(program.c_str())};
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(program.c_str(), argv.data());
+      _exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    ::close(err[1]);
+    (void)!write(in[1], input.data(), input.size());
+    ::close(in[1]);
+    Result r;
+    r.out = readAll(out[0]);
+    r.err = readAll(err[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  }
+  std::string control(const std::string& commands) { return run({}, commands).out; }
+
+  void startDaemon(const std::vector<std::string>& env = {}) {
+    const Result r = run({"-d"}, "", env);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    started_ = true;
+    std::ifstream pf(pipe_ + "/nvidia-cuda-mps-control.pid");
+    pf >> daemonPid_;
+    ASSERT_GT(daemonPid_, 0);
+  }
+
+  Child& spawn(const std::vector<std::string>& env = {}, uid_t uid = 0) {
+    int rep[2], ctl[2];
+    EXPECT_EQ(pipe2(rep, O_CLOEXEC), 0);
+    EXPECT_EQ(pipe2(ctl, O_CLOEXEC), 0);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(rep[1], kReportFd);
+      dup2(ctl[0], kControlFd);
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      if (uid != 0 && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(126);
+      execl("/proc/self/exe", "mps_child", "--child", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    ::close(rep[1]);
+    ::close(ctl[0]);
+    Child c;
+    c.pid = pid;
+    c.report = rep[0];
+    c.control = ctl[1];
+    children_.push_back(c);
+    return children_.back();
+  }
+
+  // The child's next report line ("" on timeout or EOF).
+  static std::string line(Child& c, int ms = 10000) {
+    for (;;) {
+      const size_t nl = c.pending.find('\n');
+      if (nl != std::string::npos) {
+        std::string l = c.pending.substr(0, nl);
+        c.pending.erase(0, nl + 1);
+        return l;
+      }
+      pollfd p{c.report, POLLIN, 0};
+      if (poll(&p, 1, ms) <= 0) return "";
+      char b[256];
+      const ssize_t n = read(c.report, b, sizeof b);
+      if (n <= 0) return "";
+      c.pending.append(b, static_cast<size_t>(n));
+    }
+  }
+  static std::string ask(Child& c, const std::string& cmd) {
+    const std::string l = cmd + "\n";
+    (void)!write(c.control, l.data(), l.size());
+    return line(c);
+  }
+  // Closes its command pipe (the child exits normally) and reaps it.
+  static void stop(Child& c) {
+    if (c.pid <= 0) return;
+    ::close(c.control);
+    ::close(c.report);
+    int status;
+    waitpid(c.pid, &status, 0);
+    c.pid = -1;
+  }
+
+  std::string logText(const char* name) {
+    std::ifstream f(log_ + "/" + name);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  bool logHas(const char* name, const std::string& text) { return logText(name).find(text) != std::string::npos; }
+  // The one live server's pid (as get_server_list says).
+  std::string serverPid() {
+    std::string s = control("get_server_list");
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  // Device memory used on device 0 as simgpu counts it, read by a process that is not a client.
+  uint64_t deviceUsed() {
+    Child& o = spawn({"CUDA_MPS_PIPE_DIRECTORY=/nonexistent"});
+    EXPECT_EQ(line(o), "attached 0 132");
+    std::istringstream in(ask(o, "used"));
+    std::string word;
+    int r = -1;
+    uint64_t used = 0;
+    in >> word >> r >> used;
+    EXPECT_EQ(r, 0);
+    stop(o);
+    return used;
+  }
+
+  // A daemon and two attached clients of its one server; returns the server's pid ("" on failure).
+  std::tuple<std::string, Child*, Child*> daemonWithTwoClients() {
+    startDaemon();
+    Child* a = &spawn();
+    Child* b = &spawn();
+    const bool ok = line(*a) == "attached 0 132" && line(*b) == "attached 0 132";
+    return {ok ? serverPid() : "", a, b};
+  }
+  // pid's entry in the host-wide client table (what the device-time engine reads).
+  static const simgpu::MpsClientEntry* tableEntry(pid_t pid) {
+    std::string err;
+    static simgpu::MpsTable* t = simgpu::MpsTable::open(std::getenv("SIMGPU_STATE_DIR"), &err);
+    EXPECT_NE(t, nullptr) << err;
+    return t ? t->find(pid) : nullptr;
+  }
+
+  std::string root_, pipe_, log_;
+  bool started_ = false;
+  std::string controlPath_ = kBin + "/nvidia-cuda-mps-control";
+  pid_t daemonPid_ = 0;  // our descendant: this test is its subreaper
+  std::vector<Child> children_;  // reserved so references stay valid
+ public:
+  Mps() { children_.reserve(128); }
+};
+
+// ---------------------------------------------------------------------------------------------
+TEST_F(Mps, NoDaemonAnswersWithExitStatusOneAndProcessesAreNotClients) {
+  const Result r = run({}, "get_server_list\n");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "Cannot find MPS control daemon process\n");
+  Child& c = spawn();
+  EXPECT_EQ(line(c), "attached 0 132");  // a plain simgpu process: the whole device
+}
+
+TEST_F(Mps, ControlDaemonTranscript) {
+  startDaemon();
+  // The pid file holds the daemon's pid, a live process; a second daemon is refused.
+  const pid_t daemonPid = daemonPid_;
+  EXPECT_EQ(kill(daemonPid, 0), 0);
+  const Result again = run({"-d"}, "");
+  EXPECT_EQ(again.rc, 1);
+  EXPECT_EQ(again.err, "An instance of this daemon is already running\n");
+
+  // Commands one per line; the last one without its newline (as the k8s device plugin sends).
+  const Result r = run({}, "get_default_active_thread_percentage\nset_default_active_thread_percentage 25\n"
+                           "get_server_list\nset_default_device_pinned_mem_limit 0 10G\n"
+                           "get_default_device_pinned_mem_limit 0\nset_default_device_pinned_mem_limit 0 1044M\n"
+                           "get_default_device_pinned_mem_limit 0\nset_default_client_priority 1\n"
+                           "get_default_client_priority\nget_default_active_thread_percentage");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "100.0\n25.0\n10G\n1G\n1\n25.0\n");  // get_server_list: empty, no server yet
+
+  // The daemon logs the UI's hang-up once it sees it, maybe after the control client exited.
+  ASSERT_TRUE(waitFor([&] { return logHas("control.log", "UI closed"); }));
+  const std::string log = logText("control.log");
+  const std::string prefix = "Control " + std::string(5 - std::to_string(daemonPid).size(), ' ') +
+                             std::to_string(daemonPid) + "] ";
+  for (const std::string& l :
+       {"Starting control daemon using socket " + pipe_ + "/control",
+        "To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY=" + pipe_,
+        std::string("Accepting connection..."), std::string("NEW UI"),
+        std::string("Cmd:set_default_active_thread_percentage 25"), std::string("25.0"), std::string("UI closed")})
+    EXPECT_NE(log.find(prefix + l + "\n"), std::string::npos) << l << "\n" << log;
+  // set_default_device_pinned_mem_limit prints nothing: the next line is the next command.
+  EXPECT_NE(log.find("Cmd:set_default_device_pinned_mem_limit 0 10G\n"), std::string::npos);
+  EXPECT_NE(log.find("] Cmd:get_default_device_pinned_mem_limit 0\n"), std::string::npos);
+
+  // quit: the daemon goes, its socket and pid file with it, and then nothing answers.
+  EXPECT_EQ(run({}, "quit").rc, 0);
+  int status = -1;
+  ASSERT_EQ(waitpid(daemonPid, &status, 0), daemonPid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_NE(access((pipe_ + "/control").c_str(), F_OK), 0);
+  EXPECT_NE(access((pipe_ + "/nvidia-cuda-mps-control.pid").c_str(), F_OK), 0);
+  started_ = false;
+  EXPECT_EQ(run({}, "get_server_list").rc, 1);
+}
+
+TEST_F(Mps, ForegroundDaemonAlsoLogsToStdout) {
+  Result fg;
+  std::thread daemon([&] { fg = runProgram(controlPath_, {"-f"}, "", {}); });
+  EXPECT_TRUE(waitFor([&] { return run({}, "get_default_active_thread_percentage").out == "100.0\n"; }));
+  EXPECT_EQ(run({}, "quit").rc, 0);
+  daemon.join();
+  EXPECT_EQ(fg.rc, 0);
+  EXPECT_NE(fg.out.find("] Starting control daemon using socket " + pipe_ + "/control\n"), std::string::npos) << fg.out;
+  EXPECT_NE(fg.out.find("] Cmd:get_default_active_thread_percentage\n"), std::string::npos) << fg.out;
+  EXPECT_EQ(fg.out, logText("control.log"));
+}
+
+TEST_F(Mps, ClientsAttachToOneServerWithThePercentageCapInTheirAttribute) {
+  startDaemon();
+  control("set_default_active_thread_percentage 25");
+  Child& a = spawn();
+  // ceil(25 % x 132) = 33 SMs, rounded up to a TPC: 34.
+  EXPECT_EQ(line(a), "attached 0 34");
+  EXPECT_EQ(ask(a, "sms"), "sms 34 34");  // the attribute and the context's execution affinity
+  const std::string srv = serverPid();
+  ASSERT_FALSE(srv.empty());
+  EXPECT_EQ(control("get_server_status " + srv), "ACTIVE\n");
+  EXPECT_EQ(control("get_client_list " + srv), std::to_string(a.pid) + "\n");
+  EXPECT_EQ(control("get_active_thread_percentage " + srv), "25.0\n");
+  EXPECT_TRUE(logHas("control.log", "NEW CLIENT " + std::to_string(a.pid) +
+                                        " from user 0: Server is not ready, push client to pending list"));
+  EXPECT_TRUE(logHas("control.log", "Starting new server " + srv + " for user 0"));
+  EXPECT_TRUE(logHas("control.log", "NEW SERVER " + srv + ": Ready"));
+  EXPECT_TRUE(logHas("server.log", "Server " + srv + "] Active Threads Percentage set to 25.0"));
+  EXPECT_TRUE(logHas("server.log", "Client {PID: " + std::to_string(a.pid) + ", Context ID: 0} connected"));
+
+  // A new default is for the next server only; the running server's percentage is for its next
+  // clients only; a client keeps what it got.
+  control("set_default_active_thread_percentage 50");
+  Child& b = spawn();
+  EXPECT_EQ(line(b), "attached 0 34");
+  EXPECT_TRUE(logHas("control.log", "NEW CLIENT " + std::to_string(b.pid) + " from user 0: Server already exists"));
+  EXPECT_EQ(control("set_active_thread_percentage " + srv + " 10"), "10.0\n");
+  Child& c = spawn();
+  EXPECT_EQ(line(c), "attached 0 14");  // ceil(13.2) = 14
+  EXPECT_EQ(ask(a, "sms"), "sms 34 34");
+
+  // ps lists the clients with their server; the host-wide table says the same to the engine.
+  const std::string ps = control("ps");
+  EXPECT_EQ(ps.rfind("PID ID SERVER DEVICE NAMESPACE COMMAND\n", 0), 0u) << ps;
+  EXPECT_NE(ps.find(std::to_string(c.pid) + " 2 " + srv + " GPU-"), std::string::npos) << ps;
+  const simgpu::MpsClientEntry* e = tableEntry(c.pid);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(std::to_string(e->server_pid), srv);
+  EXPECT_EQ(e->sm_cap, 14u);
+  EXPECT_EQ(e->thread_pct_x10, 100u);
+  EXPECT_EQ(e->state.load(), simgpu::kMpsActive);
+}
+
+TEST_F(Mps, AnNvccBuiltProgramIsAClientThroughCudart) {
+  startDaemon();
+  control("set_default_active_thread_percentage 25\nset_default_device_pinned_mem_limit 0 1G");
+  // cudaGetDeviceProperties, the attribute, then 768 MiB twice: the second is beyond 1 GiB.
+  const Result r = runProgram(SIMGPU_MPS_CUDART_CLIENT, {std::to_string(768 * kMiB)}, "", {});
+  EXPECT_EQ(r.out, "0 34 34 0 2\n") << r.err;  // 2: cudaErrorMemoryAllocation
+  EXPECT_TRUE(waitFor([&] { return logHas("server.log", "disconnected"); }));
+}
+
+TEST_F(Mps, ClientEnvironmentOnlyLowersThePercentage) {
+  startDaemon();
+  control("set_default_active_thread_percentage 25");
+  Child& low = spawn({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10"});
+  EXPECT_EQ(line(low), "attached 0 14");
+  Child& high = spawn({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=80"});
+  EXPECT_EQ(line(high), "attached 0 34");  // ineffective above the server's 25 %
+  Child& bad = spawn({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=lots"});
+  EXPECT_EQ(line(bad), "attached " + std::to_string(CUDA_ERROR_MPS_CONNECTION_FAILED) + " 132");
+}
+
+TEST_F(Mps, PinnedMemoryLimitIsOutOfMemoryOnTheDevicesCount) {
+  startDaemon();
+  control("set_default_device_pinned_mem_limit 0 1G");
+  const uint64_t before = deviceUsed();
+  Child& a = spawn();
+  ASSERT_EQ(line(a), "attached 0 132");
+  EXPECT_EQ(ask(a, "alloc " + std::to_string(768 * kMiB)), "alloc 0");
+  EXPECT_EQ(ask(a, "alloc " + std::to_string(512 * kMiB)), "alloc 2");  // CUDA_ERROR_OUT_OF_MEMORY
+  EXPECT_EQ(ask(a, "alloc " + std::to_string(256 * kMiB)), "alloc 0");  // exactly 1 GiB
+  EXPECT_EQ(ask(a, "alloc 256"), "alloc 2");
+  EXPECT_EQ(deviceUsed() - before, 1024 * kMiB);
+  // The client's own limit lowers the server's; above it, it is ineffective.
+  Child& low = spawn({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=512M"});
+  ASSERT_EQ(line(low), "attached 0 132");
+  EXPECT_EQ(ask(low, "alloc " + std::to_string(768 * kMiB)), "alloc 2");
+  EXPECT_EQ(ask(low, "alloc " + std::to_string(512 * kMiB)), "alloc 0");
+  Child& high = spawn({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G"});
+  ASSERT_EQ(line(high), "attached 0 132");
+  EXPECT_EQ(ask(high, "alloc " + std::to_string(1536 * kMiB)), "alloc 2");
+  EXPECT_EQ(deviceUsed() - before, 1536 * kMiB);
+  // A per-server limit applies to that server's next clients, and may be higher.
+  const std::string srv = serverPid();
+  control("set_device_pinned_mem_limit " + srv + " 0 2G");
+  EXPECT_EQ(control("get_device_pinned_mem_limit " + srv + " 0"), "2G\n");
+  Child& next = spawn();
+  ASSERT_EQ(line(next), "attached 0 132");
+  EXPECT_EQ(ask(next, "alloc " + std::to_string(1536 * kMiB)), "alloc 0");
+  // Shareable VMM memory counts against the same limit.
+  EXPECT_EQ(ask(next, "vmm " + std::to_string(1024 * kMiB)), "vmm 2");
+  EXPECT_EQ(ask(next, "vmm " + std::to_string(512 * kMiB)), "vmm 0");
+  EXPECT_EQ(ask(next, "alloc 256"), "alloc 2");
+  EXPECT_EQ(deviceUsed() - before, 3584 * kMiB);
+}
+
+TEST_F(Mps, FortyEightClientsAndNoMore) {
+  startDaemon();
+  std::vector<Child*> clients;
+  for (int i = 0; i < 48; ++i) clients.push_back(&spawn());
+  for (Child* c : clients) ASSERT_EQ(line(*c), "attached 0 132");
+  Child& extra = spawn();
+  EXPECT_EQ(line(extra), "attached " + std::to_string(CUDA_ERROR_MPS_MAX_CLIENTS_REACHED) + " 132");
+  const std::string srv = serverPid();
+  stop(*clients[0]);
+  ASSERT_TRUE(waitFor([&] { return control("get_client_list " + srv).find(std::to_string(clients[0]->pid)) == std::string::npos; }));
+  Child& again = spawn();
+  EXPECT_EQ(line(again), "attached 0 132");
+}
+
+TEST_F(Mps, AClientFaultPutsTheServerInFaultUntilItsClientsExit) {
+  const auto [srv, pa, pb] = daemonWithTwoClients();
+  ASSERT_FALSE(srv.empty());
+  Child &a = *pa, &b = *pb;
+  EXPECT_EQ(ask(a, "fault"), "faulted");
+  EXPECT_EQ(ask(a, "sync"), "sync " + std::to_string(CUDA_ERROR_ILLEGAL_ADDRESS));
+  // The other client of the server gets the error too.
+  ASSERT_TRUE(waitFor([&] { return ask(b, "sync") == "sync " + std::to_string(CUDA_ERROR_ILLEGAL_ADDRESS); }));
+  EXPECT_EQ(control("get_server_status " + srv), "FAULT\n");
+  Child& refused = spawn();
+  EXPECT_EQ(line(refused), "attached " + std::to_string(CUDA_ERROR_MPS_SERVER_NOT_READY) + " 132");
+  stop(a);
+  stop(b);
+  ASSERT_TRUE(waitFor([&] { return control("get_server_status " + srv) == "ACTIVE\n"; }));
+  Child& c = spawn();
+  EXPECT_EQ(line(c), "attached 0 132");
+  EXPECT_EQ(ask(c, "sync"), "sync 0");
+}
+
+TEST_F(Mps, TerminateClientLeavesItTheStickyError) {
+  const auto [srv, pa, pb] = daemonWithTwoClients();
+  ASSERT_FALSE(srv.empty());
+  Child &a = *pa, &b = *pb;
+  EXPECT_EQ(control("terminate_client " + srv + " " + std::to_string(a.pid)), "0\n");
+  EXPECT_EQ(ask(a, "sync"), "sync " + std::to_string(CUDA_ERROR_MPS_CLIENT_TERMINATED));
+  EXPECT_EQ(ask(a, "alloc 256"), "alloc " + std::to_string(CUDA_ERROR_MPS_CLIENT_TERMINATED));
+  EXPECT_EQ(ask(b, "sync"), "sync 0");  // the others are untouched
+  ASSERT_NE(tableEntry(a.pid), nullptr);
+  EXPECT_EQ(tableEntry(a.pid)->state.load(), simgpu::kMpsTerminated);
+  EXPECT_EQ(control("terminate_client " + srv + " 1"), "Client 1 not found\n");
+}
+
+TEST_F(Mps, AKilledClientIsReapedAndItsMemoryReturned) {
+  startDaemon();
+  const uint64_t before = deviceUsed();
+  Child& a = spawn();
+  ASSERT_EQ(line(a), "attached 0 132");
+  EXPECT_EQ(ask(a, "alloc " + std::to_string(256 * kMiB)), "alloc 0");
+  const std::string srv = serverPid();
+  const pid_t pid = a.pid;
+  kill(pid, SIGKILL);
+  stop(a);
+  ASSERT_TRUE(waitFor([&] { return control("get_client_list " + srv).empty(); }));
+  EXPECT_TRUE(logHas("server.log", "Client {PID: " + std::to_string(pid) + ", Context ID: 0} disconnected"));
+  EXPECT_EQ(deviceUsed(), before);
+  Child& b = spawn();
+  EXPECT_EQ(line(b), "attached 0 132");  // the server goes on
+  EXPECT_EQ(serverPid(), srv);
+}
+
+TEST_F(Mps, AServerThatCannotStartRefusesItsClientsInsteadOfRespawning) {
+  // The daemon alone, without the server binary beside it.
+  controlPath_ = root_ + "/nvidia-cuda-mps-control";
+  ASSERT_EQ(system(("cp " + kBin + "/nvidia-cuda-mps-control " + controlPath_).c_str()), 0);
+  startDaemon();
+  Child& a = spawn();
+  EXPECT_EQ(line(a), "attached " + std::to_string(CUDA_ERROR_MPS_CONNECTION_FAILED) + " 132");
+  EXPECT_TRUE(waitFor([&] { return logHas("control.log", "failed to start"); }));
+  EXPECT_EQ(serverPid(), "");
+}
+
+TEST_F(Mps, AClientOfAnotherUserWaitsUntilTheServersClientsExit) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as uid 1000";
+  startDaemon();
+  Child& root = spawn();
+  ASSERT_EQ(line(root), "attached 0 132");
+  const std::string first = serverPid();
+  Child& user = spawn({}, 1000);
+  EXPECT_TRUE(waitFor([&] {
+    return logHas("control.log", "NEW CLIENT " + std::to_string(user.pid) +
+                                     " from user 1000: Server is not ready, push client to pending list");
+  }));
+  EXPECT_EQ(line(user, 200), "");  // pending: cuInit has not returned
+  stop(root);
+  EXPECT_EQ(line(user), "attached 0 132");
+  EXPECT_TRUE(waitFor([&] { return logHas("control.log", "Server " + first + " exited with status 0"); }));
+  const std::string second = serverPid();
+  EXPECT_NE(second, first);
+  EXPECT_TRUE(logHas("control.log", "Starting new server " + second + " for user 1000"));
+  EXPECT_EQ(control("get_client_list " + second), std::to_string(user.pid) + "\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "--child") == 0) return childMain();
+  // The daemon detaches (-d) from its starter; as its subreaper this test reaps it when it quits.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -28,6 +29,15 @@
 #include "cushare/ledger_abi.h"
 
 namespace cushare {
+
+// A file's identity: st_dev, st_ino.
+struct FileId {
+  uint64_t dev;
+  uint64_t ino;
+};
+// The index of the first of files that process pid (in this process's pid namespace) maps, read
+// from /proc/<pid>/maps; -1 if none, or the process is gone. No allocation.
+int mappedFileOf(int pid, const FileId* files, size_t n) noexcept;
 
 // How Ledger::open treats a missing directory or file, and whether the caller takes a slot.
 struct LedgerOpenOptions {
@@ -44,6 +54,9 @@ struct LedgerOpenOptions {
   // The file's name in the directory; empty: "<tenant>.ledger". The broker keeps a removed
   // tenant's ledger under another name while its processes run.
   std::string fileName;
+  // Observers never wait for the file's flock (a tenant's process may hold it forever): when it is
+  // held, open() fails at once and sets *busy (if given), and the caller may wait and retry.
+  bool* busy = nullptr;
 };
 
 class Ledger {
@@ -64,8 +77,10 @@ class Ledger {
   Ledger& operator=(const Ledger&) = delete;
 
   // The entry of the device with this UUID, added (under flock) with limitIfNew if missing.
-  // Returns -1 with *err set if all kLedgerMaxDevices entries are taken.
-  int deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err) noexcept;
+  // Returns -1 with *err set if all kLedgerMaxDevices entries are taken, or (an observer, which
+  // never waits) if another process holds the flock: then *busy is set too, if given.
+  int deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err,
+                  bool* busy = nullptr) noexcept;
   uint64_t limit(int dev) const noexcept;  // kLedgerNoLimit: none
   void setLimit(int dev, uint64_t bytes) noexcept;
 
@@ -81,8 +96,12 @@ class Ledger {
   uint64_t peak(int dev) const noexcept;
   uint64_t denied(int dev) const noexcept;
 
-  // Returns dead processes' usage; the number of dead slots reaped.
+  // Returns dead processes' usage; the number of dead slots reaped. A slot is dead when its lock
+  // is free and its process no longer maps this ledger (a live process that closed its descriptor
+  // keeps its slot). alsoLive: the caller knows more live processes (the broker: pids of other
+  // pid namespaces); kept: the pids of slots kept for a live process although their lock was free.
   int reapDead() noexcept;
+  int reapDead(const std::function<bool(int32_t pid)>* alsoLive, std::vector<int32_t>* kept) noexcept;
 
   struct ProcUsage {
     int pid;
@@ -96,13 +115,29 @@ class Ledger {
     uint64_t used[kLedgerMaxDevices];  // by device entry
   };
   // Every occupied slot (a live process, or a dead one not reaped yet) and what it holds on each
-  // device entry. No system call: for the broker's scans.
+  // device entry, the observer's own charge slot excluded. No system call: for the broker's scans.
   std::vector<SlotUsage> slots() const;
 
   // The entry of the device with this UUID, or -1 (never adds one).
   int findDevice(const uint8_t uuid[16]) const noexcept;
   // The UUID of entry dev, if it is in use.
   bool deviceUuid(int dev, uint8_t uuid[16]) const noexcept;
+  // Writes back the UUID of entry dev (in use), which a process of the tenant rewrote: processes
+  // keep using the entry they found at start, so the entry, not a new one, must name the device.
+  void restoreDeviceUuid(int dev, const uint8_t uuid[16]) noexcept;
+
+  // Observers (the broker) only: bytes the observer charges the tenant on entry dev beyond what
+  // the processes' slots show (memory the device holds for the tenant that its ledger hides). Kept
+  // in a slot of the observer's own, which it holds locked like a process, so every reservation's
+  // sum includes it; claimed on first use. False if no slot could be claimed.
+  bool setCharge(int dev, uint64_t bytes) noexcept;
+  uint64_t charge(int dev) const noexcept;
+  // The observer's slot (-1: none yet): not a process of the tenant.
+  int chargeSlot() const noexcept { return observer_ ? slot_.load(std::memory_order_acquire) : -1; }
+  // The mapped file's identity (st_dev, st_ino) and its number of hard links now (-1: unknown).
+  uint64_t fileDev() const noexcept { return fileDev_; }
+  uint64_t fileIno() const noexcept { return fileIno_; }
+  int links() const noexcept;
 
   // Gives the file this owner, group (-1: leave) and mode, through this process's own descriptor
   // (never by path: the directory may be writable by tenants). Refuses a file that is not a
@@ -131,7 +166,8 @@ class Ledger {
   int ensureSlotLocked(std::string* err) noexcept;  // opens fd_ and claims a slot if needed
   bool ensureFdLocked(std::string* err) noexcept;   // opens fd_ if needed (a forked child)
   int claimSlotLocked(std::string* err) noexcept;
-  int reapDeadLocked() noexcept;
+  int reapDeadLocked(const std::function<bool(int32_t)>* alsoLive, std::vector<int32_t>* kept) noexcept;
+  bool unlockedButLiveLocked(uint32_t slot, const std::function<bool(int32_t)>* alsoLive) noexcept;
   void forgetParentSlot() noexcept;  // in a forked child, from the atfork handler
 
   static void onForkPrepare() noexcept;

@@ -206,16 +206,19 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         continue;
       }
       tamperLocked(&t, "hidden");
+      std::vector<Ledger::SlotUsage> slots;
+      if (!guarded([&] { slots = t.ledger->slots(); })) {
+        faultLocked(&t);
+        break;
+      }
       std::string who;
       for (const auto& [pid, p] : deviceProcesses_) {
         if (p.tenant != name) continue;
         const auto it = onDevice[d].find(pid);
         const uint64_t onDev = it == onDevice[d].end() ? 0 : it->second;
         uint64_t inSlot = 0;
-        guarded([&] {
-          for (const Ledger::SlotUsage& u : t.ledger->slots())
-            if (u.pid == p.nsPid && t.entry[d] >= 0) inSlot += u.used[t.entry[d]];
-        });
+        for (const Ledger::SlotUsage& u : slots)
+          if (u.pid == p.nsPid && t.entry[d] >= 0) inSlot += u.used[t.entry[d]];
         if (onDev <= inSlot) continue;
         who += "; pid " + std::to_string(pid) + (p.nsPid != pid ? " (" + std::to_string(p.nsPid) + " in its pid namespace)" : "") +
                ": " + formatSize(onDev) + " on the device, " + formatSize(inSlot) + " in its ledger slot";

@@ -118,7 +118,9 @@ void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevic
     const int i = mappedFileOf(pid, files.data(), files.size());
     if (i < 0) {
       if (first)
-        CUSHARE_BLOG(info, "process {} holds device memory and maps no tenant's ledger: not a cushare tenant's process",
+        CUSHARE_BLOG(info,
+                     "process {} holds device memory and maps no tenant's ledger: not a cushare "
+                     "tenant's process",
                      pid);
       continue;
     }
@@ -161,8 +163,8 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
     t.hiddenSeenBefore.resize(kLedgerMaxDevices, 0);
     if (!t.ledger || t.entry.size() != n) continue;
     const auto b = before.find(name), a = after.find(name);
-    const bool measured = b != before.end() && a != after.end() && b->second.ledger == t.ledger.get() &&
-                          a->second.ledger == t.ledger.get();
+    const bool measured = b != before.end() && a != after.end() &&
+                          b->second.ledger == t.ledger.get() && a->second.ledger == t.ledger.get();
     std::vector<uint64_t> held(n, 0), allowed(n, 0);  // what the device holds for the tenant
     for (const auto& [pid, p] : deviceProcesses_) {
       if (p.tenant != name) continue;
@@ -197,12 +199,15 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
       continue;
     }
     if (!charged && t.error.empty())
-      CUSHARE_BLOG(error, "tenant {}: memory hidden from its ledger cannot be charged: all {} process slots are held",
+      CUSHARE_BLOG(error,
+                   "tenant {}: memory hidden from its ledger cannot be charged: all {} process "
+                   "slots are held",
                    name, kLedgerMaxSlots);
     for (size_t d = 0; d < n; ++d) {
       if ((was[d] == 0) == (t.hidden[d] == 0)) continue;
       if (t.hidden[d] == 0) {
-        CUSHARE_BLOG(info, "tenant {} device {}: no memory hidden from its ledger any more", name, d);
+        CUSHARE_BLOG(info, "tenant {} device {}: no memory hidden from its ledger any more", name,
+                     d);
         continue;
       }
       tamperLocked(&t, "hidden");
@@ -220,10 +225,14 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         for (const Ledger::SlotUsage& u : slots)
           if (u.pid == p.nsPid && t.entry[d] >= 0) inSlot += u.used[t.entry[d]];
         if (onDev <= inSlot) continue;
-        who += "; pid " + std::to_string(pid) + (p.nsPid != pid ? " (" + std::to_string(p.nsPid) + " in its pid namespace)" : "") +
-               ": " + formatSize(onDev) + " on the device, " + formatSize(inSlot) + " in its ledger slot";
+        who += "; pid " + std::to_string(pid) +
+               (p.nsPid != pid ? " (" + std::to_string(p.nsPid) + " in its pid namespace)" : "") +
+               ": " + formatSize(onDev) + " on the device, " + formatSize(inSlot) +
+               " in its ledger slot";
       }
-      CUSHARE_BLOG(warn, "tenant {} device {}: its processes hold {} on the device, {} more than its ledger shows{}; "
+      CUSHARE_BLOG(warn,
+                   "tenant {} device {}: its processes hold {} on the device, {} more than its "
+                   "ledger shows{}; "
                    "charged to the tenant (counted in its usage) while the device holds it",
                    name, d, formatSize(held[d]), formatSize(t.hidden[d]), who);
     }

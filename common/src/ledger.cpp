@@ -533,7 +533,9 @@ int Ledger::claimSlotLocked(std::string* err) noexcept {
     // Ours now. A previous owner that died and was not reaped yet left its usage: return it.
     for (uint32_t d = 0; d < kLedgerMaxDevices; ++d)
       usedAt(static_cast<int>(d), slot).store(0, kSeq);
-    pid_[s].store(pid, kSeq);
+    // An observer's slot holds a charge, not a process: pid 0, so that process lists leave it out
+    // (its lock still keeps it from being claimed or reaped).
+    pid_[s].store(observer_ ? 0 : pid, kSeq);
     // Raise slot_hwm past us before our first announce (the correctness argument needs it).
     uint32_t hwm = hdr_->slot_hwm.load(kSeq);
     while (hwm < s + 1 && !hdr_->slot_hwm.compare_exchange_weak(hwm, s + 1, kSeq)) {

@@ -129,7 +129,8 @@ class Ledger {
   // Observers (the broker) only: bytes the observer charges the tenant on entry dev beyond what
   // the processes' slots show (memory the device holds for the tenant that its ledger hides). Kept
   // in a slot of the observer's own, which it holds locked like a process, so every reservation's
-  // sum includes it; claimed on first use. False if no slot could be claimed.
+  // sum includes it; claimed on first use, with pid 0 (no process: process lists leave it out).
+  // False if no slot could be claimed.
   bool setCharge(int dev, uint64_t bytes) noexcept;
   uint64_t charge(int dev) const noexcept;
   // The observer's slot (-1: none yet): not a process of the tenant.

@@ -870,7 +870,7 @@ TEST(Tamper, HeldLedgerLockCostsOneBoundedWaitOutsideTheBrokersLock) {
   }
   std::sort(ms.begin(), ms.end());
   const double p90 = ms[ms.size() * 9 / 10];
-  EXPECT_LT(p90, 30.0) << "status round trip while a tenant holds its ledger's flock (90th percentile, "
+  EXPECT_LT(p90, 50.0) << "status round trip while a tenant holds its ledger's flock (90th percentile, "
                        << ms.size() << " calls, max " << ms.back() << " ms)";
   const std::string err = b.tenant("alpha").error();
   EXPECT_NE(err.find("is locked (flock) by another process for more than 100 ms"), std::string::npos) << err;

@@ -90,6 +90,10 @@ struct Config {
   uint32_t maxUnknownTenants = 8;
   uint32_t maxUnknownTenantsPerUid = 4;
   std::string adminGroup;             // empty: only root may change things
+  // Device memory a process may hold beyond what its tenant's ledger counts before the broker
+  // charges it as hidden from the ledger (NVML's per-process figure includes the CUDA context and
+  // module images, which the limit does not count).
+  uint64_t hiddenMemoryAllowance = uint64_t{512} << 20;
   std::vector<Profile> profiles;      // in the order written
   std::vector<Tenant> tenants;        // in the order written; names unique
 };

@@ -4,16 +4,19 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <set>
+#include <functional>
 
 #include "core/bus_guard.h"
 #include "core/devices.h"
@@ -25,6 +28,35 @@
 
 namespace cushare::broker {
 namespace {
+
+// The one bounded wait per tick for ledgers whose flock another process holds (a tenant's process
+// holds it for microseconds while it initialises; a hostile one may hold it forever).
+constexpr auto kFlockWait = std::chrono::milliseconds(100);
+constexpr char kLockPending[] = "its ledger is locked (flock) by another process; the broker retries";
+
+// Waits, together and at most kFlockWait, until no other process holds the flock of these files.
+void waitForFlocks(const std::vector<std::string>& paths) {
+  std::vector<int> fds;
+  for (const std::string& p : paths) {
+    const int fd = ::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) fds.push_back(fd);
+    else if (fd >= 0) ::close(fd);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kFlockWait;
+  while (!fds.empty() && std::chrono::steady_clock::now() < deadline) {
+    for (auto it = fds.begin(); it != fds.end();) {
+      if (::flock(*it, LOCK_SH | LOCK_NB) != 0) {
+        ++it;
+        continue;
+      }
+      ::close(*it);  // drops the shared lock too
+      it = fds.erase(it);
+    }
+    if (!fds.empty()) ::usleep(1000);
+  }
+  for (int fd : fds) ::close(fd);
+}
 
 std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -160,10 +192,29 @@ void Broker::openLedgerLocked(TenantState* t) {
   o.ownerUid = t->config.uid ? static_cast<int>(*t->config.uid) : -1;
   o.ownerGid = t->config.gid ? static_cast<int>(*t->config.gid) : -1;
   o.mode = t->config.gid ? 0660 : 0600;
+  bool busy = false;
+  o.busy = &busy;
   std::string err;
   t->ledger = Ledger::open(ledgerDir_, t->name, o, &err);
   t->fileName = name;
-  if (!t->ledger) noteError(t, err);
+  t->entryDevice.clear();
+  t->lockBusy = busy;
+  if (busy) {
+    if (!t->lockHeld) t->error = kLockPending;  // reported after the tick's bounded wait
+  } else if (!t->ledger) {
+    t->lockHeld = false;
+    noteError(t, err);
+  } else {
+    t->lockHeld = false;
+    claimChargeLocked(t);
+  }
+}
+
+// The broker's own slot in the ledger, for the memory it charges (hidden_memory.cpp), taken as soon
+// as the ledger is open: before the first reaping, which would otherwise take a slot an earlier
+// mapping of the same file left with the broker's pid for a live process's.
+void Broker::claimChargeLocked(TenantState* t) {
+  if (t->ledger && !guarded([&] { t->ledger->setCharge(0, t->ledger->charge(0)); })) faultLocked(t);
 }
 
 // Gives a configured tenant's ledger the owner and mode of the configuration, through the broker's
@@ -205,40 +256,95 @@ void Broker::noteError(TenantState* t, const std::string& err) {
   t->error = err;
 }
 // Makes sure every device has its entry and the limit the broker expects there. A limit someone
-// else wrote (a tenant can write its own ledger) is put back, with a warning.
+// else wrote (a tenant can write its own ledger) is put back, with a warning; so is the UUID of an
+// entry the broker saw naming a device (the tenant's running processes keep using the entry they
+// found at start, so a renamed entry would escape its device's limit). An entry naming no device of
+// this host gets limit 0: nothing can be allocated through it. Success clears the tenant's error
+// (only this function reports errors while the ledger is open).
 void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   if (!t->ledger) return;
   t->entry.assign(devices_.size(), -1);
+  std::vector<std::array<uint8_t, 16>> uuids(devices_.size());
+  for (size_t d = 0; d < devices_.size(); ++d) parseGpuUuid(devices_[d].uuid, uuids[d].data());
+  auto deviceOf = [&](const uint8_t* u) {
+    for (size_t d = 0; d < devices_.size(); ++d)
+      if (std::memcmp(u, uuids[d].data(), 16) == 0) return static_cast<int>(d);
+    return -1;
+  };
+  bool failed = false, busy = false;
   const bool ok = guarded([&] {
-    for (size_t d = 0; d < devices_.size(); ++d) {
-      const uint64_t want = ledgerLimitLocked(*t, d);
-      // Looked up each time, not cached: a tenant may rewrite its entries (the UUID included).
-      uint8_t uuid[16];
-      parseGpuUuid(devices_[d].uuid, uuid);
-      std::string err;
-      t->entry[d] = t->ledger->deviceIndex(uuid, want, &err);
-      if (t->entry[d] < 0) {
-        noteError(t, err);
-        return;
+    auto enforce = [&](int e, const std::string& what, uint64_t want) {
+      const uint64_t have = t->ledger->limit(e);
+      if (have == want) return;
+      t->ledger->setLimit(e, want);
+      if (watchdog) {
+        tamperLocked(t, "limit");
+        CUSHARE_BLOG(warn, "tenant {} {}: the limit in its ledger was changed to {} outside the broker; restored to {}",
+                     t->name, what, describeLimit(have), describeLimit(want));
+      } else {
+        CUSHARE_BLOG(info, "tenant {} {}: limit {} (was {})", t->name, what, describeLimit(want), describeLimit(have));
       }
-      const uint64_t have = t->ledger->limit(t->entry[d]);
-      if (have == want) continue;
-      t->ledger->setLimit(t->entry[d], want);
-      if (watchdog)
-        CUSHARE_BLOG(warn, "tenant {} device {}: the limit in its ledger was changed to {} outside the broker; restored to {}",
-                     t->name, d, describeLimit(have), describeLimit(want));
-      else
-        CUSHARE_BLOG(info, "tenant {} device {}: limit {} (was {})", t->name, d, describeLimit(want), describeLimit(have));
+    };
+    for (int e = 0; e < static_cast<int>(kLedgerMaxDevices); ++e) {
+      uint8_t have[16];
+      if (!t->ledger->deviceUuid(e, have)) continue;
+      int d = deviceOf(have);
+      if (auto known = t->entryDevice.find(e); known != t->entryDevice.end() && d != static_cast<int>(known->second)) {
+        d = static_cast<int>(known->second);
+        t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
+        tamperLocked(t, "uuid");
+        CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; restored to {}",
+                     t->name, e, devices_[static_cast<size_t>(d)].uuid);
+      }
+      if (d < 0) {
+        if (t->ledger->limit(e) != 0) {
+          t->ledger->setLimit(e, 0);
+          tamperLocked(t, "uuid");
+          CUSHARE_BLOG(warn, "tenant {}: ledger entry {} names no device of this host: its limit is set to 0", t->name, e);
+        }
+        continue;
+      }
+      const size_t dev = static_cast<size_t>(d);
+      t->entryDevice[e] = dev;
+      if (t->entry[dev] < 0) t->entry[dev] = e;  // the first, as processes find it (Ledger::findDevice)
+      enforce(e, "device " + std::to_string(d), ledgerLimitLocked(*t, dev));
+    }
+    for (size_t d = 0; d < devices_.size() && !failed; ++d) {
+      if (t->entry[d] >= 0) continue;
+      std::string err;
+      t->entry[d] = t->ledger->deviceIndex(uuids[d].data(), ledgerLimitLocked(*t, d), &err, &busy);
+      if (t->entry[d] < 0) {
+        failed = true;
+        if (!busy) noteError(t, err);
+        continue;
+      }
+      t->entryDevice[t->entry[d]] = d;
+      enforce(t->entry[d], "device " + std::to_string(d), ledgerLimitLocked(*t, d));
     }
   });
-  if (!ok) faultLocked(t);
+  if (!ok) {
+    faultLocked(t);
+    return;
+  }
+  t->lockBusy = busy;
+  if (busy) {
+    if (!t->lockHeld) t->error = kLockPending;  // reported after the tick's bounded wait
+    return;
+  }
+  t->lockHeld = false;
+  if (failed) return;
+  if (!t->error.empty()) CUSHARE_BLOG(info, "tenant {}: ledger {} is usable again", t->name, t->ledger->path());
+  t->error.clear();
 }
+
+void Broker::tamperLocked(TenantState* t, const std::string& kind) { ++t->tamper[kind]; }
 
 // A ledger whose mapping faulted (its file was truncated): drop the mapping; the next scan opens
 // the file again (and refuses it, or finds it re-initialised, like any ledger).
 void Broker::faultLocked(TenantState* t) {
   t->ledger.reset();
   t->entry.clear();
+  t->entryDevice.clear();
   noteError(t, "its ledger " + ledgerDir_ + "/" + t->fileName +
                    " became unreadable (truncated by a process of the tenant?); it is opened again at the next scan");
 }
@@ -298,7 +404,8 @@ void Broker::refuseUnknownLocked(const std::string& name, const std::string& fil
   });
 }
 
-void Broker::adoptLocked(const std::string& name, const std::string& fileName, const struct stat& st) {
+void Broker::adoptLocked(const std::string& name, const std::string& fileName, const struct stat& st,
+                         std::vector<std::string>* busy) {
   const bool removedFile = fileName != name + kLedgerSuffix;
   const bool admitted = !config_.unknownTenantsProfile.empty() && !removedFile;
   if (admitted) {
@@ -323,8 +430,15 @@ void Broker::adoptLocked(const std::string& name, const std::string& fileName, c
   t->source = admitted ? "unknown-tenant" : "removed";
   t->configured = admitted ? unknownLimits_ : std::vector<uint64_t>(devices_.size(), kNoLimit);
   if (admitted) t->config = unknownTenantConfig(config_, name);
+  LedgerOpenOptions o = observing(fileName);
+  bool locked = false;
+  o.busy = &locked;
   std::string err;
-  t->ledger = Ledger::open(ledgerDir_, name, observing(fileName), &err);
+  t->ledger = Ledger::open(ledgerDir_, name, o, &err);
+  if (locked && busy != nullptr && adoptErrors_.count(fileName) == 0) {
+    busy->push_back(ledgerDir_ + "/" + fileName);  // being initialised, probably: wait once first
+    return;
+  }
   if (!t->ledger) {
     // Not retried until the file changes name or the broker restarts: logged once.
     if (adoptErrors_[fileName] != err) CUSHARE_BLOG(error, "ledger {}: {}", fileName, err);
@@ -335,6 +449,7 @@ void Broker::adoptLocked(const std::string& name, const std::string& fileName, c
   // A tenant that left the configuration keeps at most what it last had (the state file's record,
   // and its ledger's limit); a removed one with neither gets nothing new.
   ceilingFromRecordLocked(t.get(), /*required=*/!admitted);
+  claimChargeLocked(t.get());
   if (!t->ledger) return;
   if (admitted) {
     CUSHARE_BLOG(info, "tenant {}: adopted (unknown tenant, profile {})", name, config_.unknownTenantsProfile);
@@ -420,7 +535,8 @@ bool Broker::start(std::string* err) {
     applyLimitsLocked(ts.get());
     tenants_[t.name] = std::move(ts);
   }
-  tickLocked(true);  // adopts (or retires) the ledgers of tenants not in the configuration
+  std::vector<std::string> busy;  // retried by the reaper's first tick, after its bounded wait
+  tickLocked(true, &busy);  // adopts (or retires) the ledgers of tenants not in the configuration
   if (!saveStateLocked(err) || !writeHostLocked(err)) return false;
   if (::chmod(ledgerDir_.c_str(), directoryMode(c)) != 0) {
     *err = sysErr("cannot set the mode of ledger_dir " + ledgerDir_);
@@ -644,6 +760,7 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
   s.threadPercentage = t.config.threadPercentage;
   s.priority = t.config.priority;
   s.ledgerPath = ledgerDir_ + "/" + t.fileName;
+  s.tamper = t.tamper;
   if (!t.ledger) {
     s.error = t.error;
     return s;
@@ -661,6 +778,7 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
       td.peak = t.ledger->peak(e);
       td.denied = t.ledger->denied(e);
       td.overridden = ov != overrides_.end() && ov->second.count(devices_[d].uuid) != 0;
+      td.hidden = d < t.hidden.size() ? t.hidden[d] : 0;
       s.devices.push_back(td);
     }
     for (const Ledger::SlotUsage& u : t.ledger->slots()) {
@@ -738,28 +856,73 @@ BrokerSnapshot Broker::snapshot() {
 }
 
 int Broker::tick(bool scanDirectory) {
+  // The device's own accounting, read without the broker's lock (NVML may take milliseconds),
+  // between two reads of what the ledgers show (hidden_memory.cpp says why).
+  std::map<std::string, ShownSums> before, after;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    before = shownLocked();
+  }
+  std::vector<std::map<int, uint64_t>> onDevice;
+  std::string err;
+  const bool device = processMemory(devices_.size(), &onDevice, &err);
+  std::vector<std::string> busy;
+  int reaped = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    after = shownLocked();
+    if (!device && deviceError_ != err)
+      CUSHARE_BLOG(error, "the device's per-process memory cannot be read, hidden memory goes unnoticed: {}", err);
+    deviceError_ = device ? "" : err;
+    ++ticks_;
+    if (device) attributeLocked(onDevice);
+    reaped = tickLocked(scanDirectory, &busy);
+    if (device && busy.empty()) checkHiddenLocked(onDevice, before, after);
+  }
+  if (busy.empty()) return reaped;
+  // Ledgers whose flock another process holds: one bounded wait for all of them, then once more.
+  waitForFlocks(busy);
   std::lock_guard<std::mutex> g(mu_);
-  return tickLocked(scanDirectory);
+  reaped += tickLocked(scanDirectory, nullptr);
+  if (device) checkHiddenLocked(onDevice, before, after);
+  return reaped;
 }
 
-int Broker::tickLocked(bool scanDirectory) {
+int Broker::tickLocked(bool scanDirectory, std::vector<std::string>* busy) {
   int reaped = 0;
   for (auto it = tenants_.begin(); it != tenants_.end();) {
     TenantState& t = *it->second;
-    if (!t.ledger && t.source == "config" && scanDirectory) {
+    if (!t.ledger && t.source == "config" && (scanDirectory || t.lockBusy)) {
       openLedgerLocked(&t);  // a ledger that failed before (damaged, locked, truncated): again
       ownLocked(&t);
-      if (t.ledger) {
-        CUSHARE_BLOG(info, "tenant {}: ledger {} is usable again", t.name, t.ledger->path());
-        t.error.clear();
-      }
     }
     bool empty = false;
+    std::vector<int32_t> kept;
+    const std::function<bool(int32_t)> live = [&](int32_t pid) { return liveElsewhereLocked(t, pid); };
     if (t.ledger && !guarded([&] {
-          reaped += t.ledger->reapDead();
+          reaped += t.ledger->reapDead(&live, &kept);
           empty = t.ledger->slots().empty();
         }))
       faultLocked(&t);
+    for (int32_t pid : kept)
+      if (t.keptPids[pid]++ == 0) {
+        tamperLocked(&t, "descriptor");
+        CUSHARE_BLOG(warn, "tenant {}: process {} let go of its ledger slot's lock (closed its descriptor) but still runs "
+                     "with the ledger mapped: its slot and usage are kept until it exits", t.name, pid);
+      }
+    for (auto k = t.keptPids.begin(); k != t.keptPids.end();)
+      k = std::find(kept.begin(), kept.end(), k->first) == kept.end() ? t.keptPids.erase(k) : std::next(k);
+    if (t.ledger && scanDirectory) {
+      // A hard link elsewhere changes nothing for the broker (it holds the file open), but says a
+      // process of the tenant is up to something.
+      const int links = t.ledger->links();
+      if (links > 1 && links != t.links) {
+        tamperLocked(&t, "link");
+        CUSHARE_BLOG(warn, "tenant {}: its ledger {} has {} hard links (made by a process of the tenant?); still managed",
+                     t.name, t.ledger->path(), links);
+      }
+      if (links > 0) t.links = links;
+    }
     if (t.source != "config" && (!t.ledger || (t.source == "removed" && empty))) {
       // Gone with its last process, or unusable: forget it (a scan adopts what is still there).
       if (t.source == "removed" && t.ledger) {
@@ -772,10 +935,18 @@ int Broker::tickLocked(bool scanDirectory) {
     }
     watchShadowsLocked(&t);
     applyLimitsLocked(&t, /*watchdog=*/true);  // removed tenants too: their processes still run
+    if (t.lockBusy && busy != nullptr && !t.lockHeld) {
+      busy->push_back(ledgerDir_ + "/" + t.fileName);
+    } else if (t.lockBusy && !t.lockHeld) {
+      t.lockHeld = true;
+      t.error.clear();
+      noteError(&t, "its ledger " + ledgerDir_ + "/" + t.fileName + " is locked (flock) by another process for more than " +
+                        std::to_string(kFlockWait.count()) + " ms (a process of the tenant?); the broker retries every tick");
+    }
     ++it;
   }
   if (scanDirectory) {
-    scanLocked();
+    scanLocked(busy);
     std::string err;
     if (!config_.unknownTenantsProfile.empty() &&
         (unknownAdoptedLocked() >= config_.maxUnknownTenants) != unknownFull_ &&
@@ -793,7 +964,7 @@ int Broker::tickLocked(bool scanDirectory) {
 
 // The ledger files in the directory: adopts new ones (within the unknown tenants' caps), trusts
 // renamed ones only as the state file recorded them, and forgets what is gone.
-void Broker::scanLocked() {
+void Broker::scanLocked(std::vector<std::string>* busy) {
   DIR* dir = ::opendir(ledgerDir_.c_str());
   if (dir == nullptr) return;
   std::set<std::string> seen;
@@ -816,7 +987,7 @@ void Broker::scanLocked() {
     if (replaced) {
       former.emplace_back(name, file);
     } else if (rest.empty() || keptFileLocked(name, file, st)) {
-      adoptLocked(name, file, st);
+      adoptLocked(name, file, st, busy);
     } else {
       refuseUnknownLocked(name, file, st, "a renamed ledger the broker has no record of");
     }

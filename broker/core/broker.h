@@ -22,11 +22,18 @@
 // - Unknown tenants are bounded: at most max_unknown_tenants of them (and per uid) hold a
 //   descriptor and a mapping; the others' files are refused, remembered by name only while they
 //   exist.
+// - A tenant's ledger is written by its processes, so nothing in it is trusted: the broker touches
+//   a ledger's mapping only inside guarded() (a truncated file faults), never waits for a ledger's
+//   flock under mu_ (one bounded wait per tick, outside it), and every tick compares each tenant's
+//   ledger with the device's own per-process accounting (NVML) and charges, in a slot of its own
+//   in the ledger, what the device holds for the tenant beyond what the ledger shows
+//   (hidden_memory.cpp).
 #pragma once
 
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -83,8 +90,9 @@ class Broker {
   BrokerSnapshot snapshot();
 
   // Housekeeping, from the reaper: returns dead processes' usage, adopts ledgers that appeared in
-  // the directory, restores tampered limits, drops removed tenants with no process left. Returns
-  // the number of processes reaped.
+  // the directory, restores tampered limits, charges memory hidden from the ledgers, drops removed
+  // tenants with no process left. Returns the number of processes reaped. Waits (at most once,
+  // about 100 ms, without holding the broker's lock) for ledgers whose flock another process holds.
   int tick(bool scanDirectory);
   // The pids in every ledger's slots, for the reaper's pidfds.
   std::vector<int> pids();
@@ -119,6 +127,25 @@ class Broker {
       std::vector<uint64_t> charge;
     };
     std::vector<Shadow> shadows;
+    // The ledger's flock was found held by another process: retried after one bounded wait per
+    // tick (lockBusy), then reported as an error and retried without waiting (lockHeld).
+    bool lockBusy = false, lockHeld = false;
+    std::map<int, size_t> entryDevice;    // ledger entry -> the device it was seen naming
+    // per ledger entry: what the last two checks found hidden (a charge must persist, see
+    // hidden_memory.cpp)
+    std::vector<uint64_t> hiddenSeen, hiddenSeenBefore;
+    std::vector<uint64_t> hidden;         // per device: what the broker charges now
+    std::map<std::string, uint64_t> tamper;  // kind -> count (see TenantSnapshot::tamper)
+    std::map<int32_t, uint64_t> keptPids; // slot pid -> times kept although its lock was free
+    int links = 1;                        // hard links of the ledger file, last seen
+  };
+
+  // What the broker learned about a process the device reports (host pid).
+  struct DeviceProcess {
+    uint64_t startTime = 0;  // /proc/<pid>/stat: with the pid, the process's identity
+    std::string tenant;      // "" until attributed: the tenant whose ledger it maps (sticky)
+    int32_t nsPid = 0;       // its pid in its own (innermost) pid namespace: what its slot records
+    uint64_t lastLook = 0;   // the tick it was last looked for in /proc (unattributed ones)
   };
 
   struct Prepared {
@@ -166,11 +193,27 @@ class Broker {
   uint32_t unknownAdoptedLocked() const;
   bool writeHostFor(const Config& c, const std::vector<uint64_t>& unknown, uint64_t generation,
                     std::string* err);
-  void adoptLocked(const std::string& tenant, const std::string& fileName, const struct stat& st);
+  void adoptLocked(const std::string& tenant, const std::string& fileName, const struct stat& st,
+                   std::vector<std::string>* busy);
   void retireLocked(TenantState* t);
   TenantSnapshot tenantSnapshotLocked(TenantState* t);
-  int tickLocked(bool scanDirectory);
-  void scanLocked();
+  // busy: ledgers found flock-held, to wait for once (nullptr: the wait is over, report them).
+  int tickLocked(bool scanDirectory, std::vector<std::string>* busy);
+  void tamperLocked(TenantState* t, const std::string& kind);
+  void claimChargeLocked(TenantState* t);
+  // hidden_memory.cpp: attributes the device's processes to tenants and charges hidden memory.
+  // What a tenant's ledger slots show per entry (the broker's charge slot left out).
+  struct ShownSums {
+    const Ledger* ledger = nullptr;
+    std::array<uint64_t, kLedgerMaxDevices> bytes{};
+  };
+  std::map<std::string, ShownSums> shownLocked();
+  void checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
+                         const std::map<std::string, ShownSums>& before,
+                         const std::map<std::string, ShownSums>& after);
+  void attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevice);
+  bool liveElsewhereLocked(const TenantState& t, int32_t slotPid) const;
+  void scanLocked(std::vector<std::string>* busy);
 
   const std::string configPath_;
   const std::vector<DeviceInfo> devices_;
@@ -196,6 +239,9 @@ class Broker {
   std::string metricsAddress_;
   uint64_t reaped_ = 0;
   uint64_t reloadsRefused_ = 0;
+  std::map<int, DeviceProcess> deviceProcesses_;  // host pid -> (the device's processes only)
+  uint64_t ticks_ = 0;
+  std::string deviceError_;  // the device's per-process accounting could not be read (logged once)
 };
 
 }  // namespace cushare::broker

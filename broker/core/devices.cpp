@@ -23,6 +23,8 @@ struct Nvml {
   nvmlReturn_t (*handle)(unsigned, nvmlDevice_t*) = nullptr;
   nvmlReturn_t (*uuid)(nvmlDevice_t, char*, unsigned) = nullptr;
   nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  nvmlReturn_t (*compute)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;
+  nvmlReturn_t (*mps)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;
   const char* (*errorString)(nvmlReturn_t) = nullptr;
 
   std::string describe(nvmlReturn_t r) const {
@@ -37,7 +39,61 @@ bool bind(void* lib, const char* name, F* out, std::string* err) {
   return *out != nullptr;
 }
 
+// One NVML process list (the buffer protocol: grow and ask again while it is too small), added
+// to out.
+nvmlReturn_t addProcesses(nvmlReturn_t (*list)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*), nvmlDevice_t h,
+                          std::map<int, uint64_t>* out) {
+  std::vector<nvmlProcessInfo_t> infos(64);
+  for (;;) {
+    unsigned n = static_cast<unsigned>(infos.size());
+    const nvmlReturn_t r = list(h, &n, infos.data());
+    if (r == NVML_ERROR_INSUFFICIENT_SIZE && n > infos.size()) {
+      infos.resize(n + 16);
+      continue;
+    }
+    if (r != NVML_SUCCESS) return r;
+    for (unsigned i = 0; i < n && i < infos.size(); ++i)
+      if (infos[i].usedGpuMemory != static_cast<unsigned long long>(NVML_VALUE_NOT_AVAILABLE))
+        (*out)[static_cast<int>(infos[i].pid)] += infos[i].usedGpuMemory;
+    return NVML_SUCCESS;
+  }
+}
+
 }  // namespace
+
+bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err) {
+  // Loaded and started once, never shut down: the broker asks every tick.
+  static Nvml n;
+  static std::string loadError = [] {
+    std::string e;
+    n.lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (n.lib == nullptr) return std::string("cannot load NVML (libnvidia-ml.so.1): ") + ::dlerror();
+    if (!bind(n.lib, "nvmlInit_v2", &n.init, &e) || !bind(n.lib, "nvmlDeviceGetHandleByIndex_v2", &n.handle, &e) ||
+        !bind(n.lib, "nvmlDeviceGetComputeRunningProcesses_v3", &n.compute, &e))
+      return e;
+    bind(n.lib, "nvmlDeviceGetMPSComputeRunningProcesses_v3", &n.mps, &e);  // optional: MPS clients
+    bind(n.lib, "nvmlErrorString", &n.errorString, &e);
+    if (nvmlReturn_t r = n.init(); r != NVML_SUCCESS) return "NVML failed to start: " + n.describe(r);
+    return std::string();
+  }();
+  if (!loadError.empty()) {
+    *err = loadError;
+    return false;
+  }
+  std::vector<std::map<int, uint64_t>> result(devices);
+  for (size_t i = 0; i < devices; ++i) {
+    nvmlDevice_t h;
+    nvmlReturn_t r = n.handle(static_cast<unsigned>(i), &h);
+    if (r == NVML_SUCCESS) r = addProcesses(n.compute, h, &result[i]);
+    if (r == NVML_SUCCESS && n.mps != nullptr) r = addProcesses(n.mps, h, &result[i]);
+    if (r != NVML_SUCCESS) {
+      *err = "NVML cannot list the processes of device " + std::to_string(i) + ": " + n.describe(r);
+      return false;
+    }
+  }
+  *out = std::move(result);
+  return true;
+}
 
 bool parseGpuUuid(const std::string& text, uint8_t out[16]) {
   if (text.rfind("GPU-", 0) != 0) return false;

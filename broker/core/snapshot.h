@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ struct TenantDeviceSnapshot {
   uint64_t peak = 0;
   uint64_t denied = 0;        // allocations refused (a counter)
   bool overridden = false;    // limit set live by set-limit
+  uint64_t hidden = 0;        // bytes the device holds for the tenant beyond its ledger, charged
+                              // by the broker (included in used)
 };
 
 struct ProcessSnapshot {
@@ -47,6 +50,10 @@ struct TenantSnapshot {
   std::string error;            // non-empty: the broker cannot manage this tenant's ledger
   std::vector<TenantDeviceSnapshot> devices;   // one per broker device (empty when error)
   std::vector<ProcessSnapshot> processes;      // live processes
+  // Changes to its ledger a process of the tenant made that the broker undid or charged, by kind:
+  // "hidden" (memory on the device its ledger did not show), "limit", "uuid" (a device entry
+  // rewritten), "descriptor" (a live process's slot unlocked), "link" (hard links to the ledger).
+  std::map<std::string, uint64_t> tamper;
 };
 
 struct BrokerSnapshot {

@@ -146,6 +146,11 @@ void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {
       {"cushare_tenant_allocations_denied_total", kCounter,
        "Allocations refused because they would exceed the tenant's limit.",
        [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> { return d.denied; }},
+      {"cushare_tenant_hidden_bytes", kGauge,
+       "Device memory the tenant's processes hold beyond what its ledger shows (NVML per-process "
+       "accounting), charged to the tenant by the broker; included in "
+       "cushare_tenant_memory_used_bytes.",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> { return d.hidden; }},
       {"cushare_tenant_memory_limit_overridden", kGauge,
        "1 when the limit was set live (cushare set-limit) rather than by the configuration.",
        [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> {
@@ -179,6 +184,11 @@ void renderTenants(const BrokerSnapshot& s, Writer& w) {
            "otherwise.");
   for (const TenantSnapshot& t : s.tenants)
     if (!t.error.empty()) w.sample({{"tenant", t.name}}, 1);
+  w.family("cushare_tenant_tamper_total", kCounter,
+           "Changes a process of the tenant made to its ledger that the broker undid or charged, "
+           "by kind: hidden, limit, uuid, descriptor, link.");
+  for (const TenantSnapshot& t : s.tenants)
+    for (const auto& [kind, n] : t.tamper) w.sample({{"tenant", t.name}, {"kind", kind}}, n);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,15 +81,49 @@ int flockRetry(int fd, int op) noexcept {
 }
 
 // The exclusive flock of the init path. A tenant process holds it for microseconds; an observer
-// (the broker, which serves every tenant) must never wait on it without bound, since a hostile
-// process of a tenant could hold it forever: it gives up after about 100 ms (EWOULDBLOCK).
-int flockExclusive(int fd, bool bounded) noexcept {
-  if (!bounded) return flockRetry(fd, LOCK_EX);
-  for (int i = 0;; ++i) {
-    if (flockRetry(fd, LOCK_EX | LOCK_NB) == 0) return 0;
-    if (errno != EWOULDBLOCK || i == 100) return -1;
-    ::usleep(1000);
+// (the broker, which serves every tenant) never waits on it, since a hostile process of a tenant
+// could hold it forever: it tries once and fails with EWOULDBLOCK (*busy set), and the broker waits
+// for the lock, bounded, outside its own lock (Broker::tick), before trying again.
+int flockExclusive(int fd, bool observer, bool* busy) noexcept {
+  if (!observer) return flockRetry(fd, LOCK_EX);
+  const int r = flockRetry(fd, LOCK_EX | LOCK_NB);
+  if (r != 0 && errno == EWOULDBLOCK && busy != nullptr) *busy = true;
+  return r;
+}
+
+}  // namespace
+
+int mappedFileOf(int pid, const FileId* files, size_t n) noexcept {
+  if (pid <= 0) return -1;
+  char path[40];
+  std::snprintf(path, sizeof(path), "/proc/%d/maps", pid);
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return -1;
+  char line[512];
+  int found = -1;
+  while (found < 0 && std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned major = 0, minor = 0;
+    unsigned long long inode = 0;
+    // address perms offset major:minor inode [path]
+    if (std::sscanf(line, "%*s %*s %*s %x:%x %llu", &major, &minor, &inode) == 3 && inode != 0)
+      for (size_t i = 0; found < 0 && i < n; ++i)
+        if (files[i].ino == inode && files[i].dev == makedev(major, minor)) found = static_cast<int>(i);
+    // The rest of a line longer than the buffer (a long path): skip it.
+    while (std::strchr(line, '\n') == nullptr && std::fgets(line, sizeof(line), f) != nullptr) {
+    }
   }
+  std::fclose(f);
+  return found;
+}
+
+namespace {
+
+// A slot whose lock is free but whose process still maps the ledger belongs to a live process
+// that closed its descriptor (by mistake, or to have its usage reaped while it keeps the memory):
+// never reaped. A dead process (or a zombie) maps nothing.
+bool mapsFile(int32_t pid, uint64_t dev, uint64_t ino) noexcept {
+  const FileId id{dev, ino};
+  return mappedFileOf(pid, &id, 1) == 0;
 }
 
 // A record lock of the one byte at `byte` (all the ledger's locks are one byte past the end).
@@ -199,16 +234,36 @@ std::string checkHeader(const unsigned char* raw, uint64_t fileBytes, const std:
   return "";
 }
 
-// Writes a fresh header into a zero-filled mapping; the magic goes last.
-void initialise(void* base, const std::string& tenant) {
-  auto* h = static_cast<LedgerHeader*>(base);
-  h->version = kLedgerVersion;
-  h->header_size = sizeof(LedgerHeader);
-  h->file_size = kLedgerFileSize;
-  h->max_devices = kLedgerMaxDevices;
-  h->max_slots = kLedgerMaxSlots;
-  std::memcpy(h->tenant, tenant.data(), tenant.size());  // validated: < kLedgerTenantBytes
-  std::atomic_ref<uint64_t>(h->magic).store(kLedgerMagic, std::memory_order_release);
+bool writeAll(int fd, const void* data, size_t n, off_t at) {
+  for (size_t done = 0; done < n;) {
+    const ssize_t w = ::pwrite(fd, static_cast<const char*>(data) + done, n - done, at + static_cast<off_t>(done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Writes a fresh, zeroed ledger through the descriptor, the magic last. Never through a mapping:
+// the file is writable by the tenant's processes, which may truncate it at any moment, and a store
+// into a mapping past the end of the file raises SIGBUS (in the broker, outside any guard); a
+// write() just extends the file again.
+bool initialise(int fd, const std::string& tenant) {
+  static constexpr unsigned char kZeros[4096] = {};
+  for (size_t at = 0; at < kLedgerFileSize; at += sizeof(kZeros))
+    if (!writeAll(fd, kZeros, std::min(sizeof(kZeros), kLedgerFileSize - at), static_cast<off_t>(at))) return false;
+  alignas(8) unsigned char raw[sizeof(LedgerHeader)] = {};
+  auto put = [&](size_t offset, const void* v, size_t n) { std::memcpy(raw + offset, v, n); };
+  const uint32_t version = kLedgerVersion, headerSize = sizeof(LedgerHeader);
+  const uint64_t fileSize = kLedgerFileSize, magic = kLedgerMagic;
+  const uint32_t maxDevices = kLedgerMaxDevices, maxSlots = kLedgerMaxSlots;
+  put(offsetof(LedgerHeader, version), &version, 4);
+  put(offsetof(LedgerHeader, header_size), &headerSize, 4);
+  put(offsetof(LedgerHeader, file_size), &fileSize, 8);
+  put(offsetof(LedgerHeader, max_devices), &maxDevices, 4);
+  put(offsetof(LedgerHeader, max_slots), &maxSlots, 4);
+  put(offsetof(LedgerHeader, tenant), tenant.data(), tenant.size());  // validated: < kLedgerTenantBytes
+  return writeAll(fd, raw, sizeof(raw), 0) && writeAll(fd, &magic, sizeof(magic), 0);
 }
 
 }  // namespace
@@ -286,7 +341,7 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
 
   // Creation and validation are serialised by flock on the file (init path only). Whoever holds
   // it first initialises; every later opener validates the finished header under the same lock.
-  if (flockExclusive(fd, !options.claimSlot) != 0)
+  if (flockExclusive(fd, !options.claimSlot, options.busy) != 0)
     return fail(errnoText("cannot flock ledger " + path, errno), nullptr);
   struct stat st;
   if (::fstat(fd, &st) != 0) return fail(errnoText("cannot stat ledger " + path, errno), nullptr);
@@ -311,6 +366,7 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
     // write through the mapping; this fails here, with ENOSPC, instead.
     if (const int e = ::posix_fallocate(fd, 0, kLedgerFileSize); e != 0)
       return fail(errnoText("cannot allocate ledger " + path, e), nullptr);
+    if (!initialise(fd, tenant)) return fail(errnoText("cannot write ledger " + path, errno), nullptr);
   } else {
     if (std::string why = checkHeader(raw, bytes, tenant); !why.empty())
       return fail("ledger " + path + ": " + why +
@@ -338,8 +394,6 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
   const int mapErrno = errno;
   ::close(mapFd);  // the mapping keeps what it needs
   if (map == MAP_FAILED) return fail(errnoText("cannot map ledger " + path, mapErrno), nullptr);
-  if (unfinished) std::memset(map, 0, kLedgerFileSize);
-  if (empty || unfinished) initialise(map, tenant);
 
   std::unique_ptr<Ledger> l(new Ledger);
   l->path_ = path;
@@ -361,7 +415,7 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
   l->lockLocal();
   const int slot = l->claimSlotLocked(err);
   bool othersAlive = true;
-  if (slot >= 0 && options.renewLimits) l->reapDeadLocked(&othersAlive);
+  if (slot >= 0 && options.renewLimits) l->reapDeadLocked(nullptr, nullptr, &othersAlive);
   if (!othersAlive) {
     for (LedgerDevice& e : l->hdr_->devices)
       if (e.state.load(std::memory_order_acquire) == kLedgerDeviceReady) e.limit.store(kLedgerLimitPending, kSeq);
@@ -375,7 +429,10 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
 Ledger::~Ledger() {
   unregisterSelf();
   const int s = slot_.load(kSeq);
-  if (s >= 0) {
+  // An observer's charge slot is left to the reapers (its lock goes with fd_): an observer never
+  // writes the mapping outside its own guard (the broker drops a ledger whose file was truncated,
+  // and a store here would fault).
+  if (s >= 0 && !observer_) {
     // Return what this process still holds, as if it had died (the counters are the truth, so the
     // order is: usage, then pid, then the lock).
     for (uint32_t d = 0; d < kLedgerMaxDevices; ++d) usedAt(static_cast<int>(d), s).store(0, kSeq);
@@ -482,11 +539,17 @@ int Ledger::claimSlotLocked(std::string* err) noexcept {
       return -1;
     }
     if (r == 0) continue;  // a live process's slot
+    if (unlockedButLiveLocked(s, nullptr)) {  // a live process that closed its descriptor
+      unlockSlot(fd_, s);
+      continue;
+    }
     const int slot = static_cast<int>(s);
     // Ours now. A previous owner that died and was not reaped yet left its usage: return it.
     for (uint32_t d = 0; d < kLedgerMaxDevices; ++d)
       usedAt(static_cast<int>(d), slot).store(0, kSeq);
-    pid_[s].store(pid, kSeq);
+    // An observer's slot holds a charge, not a process: pid 0, so that process lists leave it out
+    // (its lock still keeps it from being claimed or reaped).
+    pid_[s].store(observer_ ? 0 : pid, kSeq);
     lockSlotPid(fd_, s);
     // Raise slot_hwm past us before our first announce (the correctness argument needs it).
     uint32_t hwm = hdr_->slot_hwm.load(kSeq);
@@ -501,7 +564,27 @@ int Ledger::claimSlotLocked(std::string* err) noexcept {
   return -1;
 }
 
-int Ledger::reapDeadLocked(bool* othersAlive) noexcept {
+// A slot is live while its process lives, not only while its lock is held: a slot whose lock we
+// just took but whose process still maps this ledger (it closed its descriptor) is kept, unless
+// another slot with the same pid is locked (then that one is the process's, and this one a dead
+// process's whose pid was reused).
+bool Ledger::unlockedButLiveLocked(uint32_t s, const std::function<bool(int32_t)>* alsoLive) noexcept {
+  const int32_t pid = pid_[s].load(kSeq);
+  if (pid == 0 || !(mapsFile(pid, fileDev_, fileIno_) || (alsoLive != nullptr && (*alsoLive)(pid)))) return false;
+  const int own = slot_.load(std::memory_order_relaxed);
+  const uint32_t hwm = slotHwm();
+  for (uint32_t o = 0; o < hwm; ++o) {
+    if (o == s || pid_[o].load(kSeq) != pid) continue;
+    if (static_cast<int>(o) == own) return false;
+    const int r = tryLockSlot(fd_, o);
+    if (r == 1) unlockSlot(fd_, o);
+    if (r == 0) return false;
+  }
+  return true;
+}
+
+int Ledger::reapDeadLocked(const std::function<bool(int32_t)>* alsoLive, std::vector<int32_t>* kept,
+                           bool* othersAlive) noexcept {
   if (othersAlive) *othersAlive = false;
   if (fd_ < 0) return 0;
   const int own = slot_.load(std::memory_order_relaxed);
@@ -520,6 +603,12 @@ int Ledger::reapDeadLocked(bool* othersAlive) noexcept {
       if (othersAlive) *othersAlive = true;
       continue;
     }
+    if (unlockedButLiveLocked(s, alsoLive)) {
+      unlockSlot(fd_, s);
+      if (kept != nullptr) kept->push_back(pid_[s].load(kSeq));
+      if (othersAlive) *othersAlive = true;
+      continue;
+    }
     // We hold a dead owner's lock: nobody else can claim or reap this slot until we unlock, so
     // its usage is returned exactly once. Re-check: another reaper may have finished just before.
     if (occupied(s)) {
@@ -533,32 +622,35 @@ int Ledger::reapDeadLocked(bool* othersAlive) noexcept {
   return reaped;
 }
 
-int Ledger::reapDead() noexcept {
+int Ledger::reapDead() noexcept { return reapDead(nullptr, nullptr); }
+
+int Ledger::reapDead(const std::function<bool(int32_t)>* alsoLive, std::vector<int32_t>* kept) noexcept {
   lockLocal();
-  const int n = (observer_ ? ensureFdLocked(nullptr) : ensureSlotLocked(nullptr) >= 0) ? reapDeadLocked() : 0;
+  const bool ready = observer_ ? ensureFdLocked(nullptr) : ensureSlotLocked(nullptr) >= 0;
+  const int n = ready ? reapDeadLocked(alsoLive, kept) : 0;
   unlockLocal();
   return n;
 }
 
 // ---- Devices ----
 
-int Ledger::deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err) noexcept {
-  return deviceIndexImpl(uuid, limitIfNew, false, err);
+int Ledger::deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err, bool* busy) noexcept {
+  return deviceIndexImpl(uuid, limitIfNew, false, err, busy);
 }
 
 int Ledger::sessionDeviceIndex(const uint8_t uuid[16], uint64_t limit, std::string* err) noexcept {
-  return deviceIndexImpl(uuid, limit, true, err);
+  return deviceIndexImpl(uuid, limit, true, err, nullptr);
 }
 
 int Ledger::deviceIndexImpl(const uint8_t uuid[16], uint64_t limitIfNew, bool fillPending,
-                            std::string* err) noexcept {
+                            std::string* err, bool* busy) noexcept {
   auto find = [&]() { return findDevice(uuid); };
   auto pending = [&](int i) { return fillPending && limit(i) == kLedgerLimitPending; };
   if (const int i = find(); i >= 0 && !pending(i)) return i;  // lock-free when known
   lockLocal();
   int result = -1;
   if (observer_ ? ensureFdLocked(err) : ensureSlotLocked(err) >= 0) {
-    if (flockExclusive(fd_, observer_) != 0) {
+    if (flockExclusive(fd_, observer_, busy) != 0) {
       if (err) *err = errnoText("cannot flock ledger " + path_, errno);
     } else {
       result = find();  // another process may have added it (or set its limit) meanwhile
@@ -686,7 +778,9 @@ std::vector<Ledger::ProcUsage> Ledger::processes(int dev) {
 std::vector<Ledger::SlotUsage> Ledger::slots() const {
   std::vector<SlotUsage> out;
   const uint32_t hwm = slotHwm();
+  const int own = chargeSlot();
   for (uint32_t s = 0; s < hwm; ++s) {
+    if (static_cast<int>(s) == own) continue;
     SlotUsage u{pid_[s].load(kSeq), {}, static_cast<int>(s)};
     bool any = u.pid != 0;
     for (uint32_t d = 0; d < kLedgerMaxDevices; ++d) {
@@ -715,6 +809,38 @@ int Ledger::findDevice(const uint8_t uuid[16]) const noexcept {
   return -1;
 }
 
+void Ledger::restoreDeviceUuid(int dev, const uint8_t uuid[16]) noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return;
+  LedgerDevice& e = hdr_->devices[dev];
+  if (e.state.load(std::memory_order_acquire) == kLedgerDeviceReady) std::memcpy(e.uuid, uuid, sizeof(e.uuid));
+}
+
+bool Ledger::setCharge(int dev, uint64_t bytes) noexcept {
+  if (!observer_ || static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return false;
+  lockLocal();
+  int s = slot_.load(std::memory_order_relaxed);
+  if (s < 0 && ensureFdLocked(nullptr)) s = claimSlotLocked(nullptr);
+  unlockLocal();
+  if (s < 0) return false;
+  // The tenant can write the whole file, slot_hwm included: the sums must still reach this slot.
+  uint32_t hwm = hdr_->slot_hwm.load(kSeq);
+  while (hwm < static_cast<uint32_t>(s) + 1 && !hdr_->slot_hwm.compare_exchange_weak(hwm, static_cast<uint32_t>(s) + 1, kSeq)) {
+  }
+  usedAt(dev, s).store(bytes, kSeq);
+  return true;
+}
+
+uint64_t Ledger::charge(int dev) const noexcept {
+  const int s = slot_.load(std::memory_order_acquire);
+  if (!observer_ || s < 0 || static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return 0;
+  return usedAt(dev, s).load(kSeq);
+}
+
+int Ledger::links() const noexcept {
+  struct stat st;
+  return fd_ >= 0 && ::fstat(fd_, &st) == 0 ? static_cast<int>(st.st_nlink) : -1;
+}
+
 bool Ledger::deviceUuid(int dev, uint8_t uuid[16]) const noexcept {
   if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return false;
   const LedgerDevice& e = hdr_->devices[dev];
@@ -736,9 +862,11 @@ bool Ledger::setOwner(int uid, int gid, unsigned mode, bool* changed, std::strin
     if (haveFd) *err = errnoText("cannot stat ledger " + path_, errno);
     return false;
   }
-  if (!S_ISREG(st.st_mode) || st.st_nlink != 1) {
-    *err = "ledger " + path_ + " is not a regular file with one link (" + std::to_string(st.st_nlink) +
-           " links): refused";
+  // Extra hard links are no reason to refuse: the descriptor is the file this process validated
+  // as the tenant's ledger, and refusing would let a tenant stop the broker from managing its
+  // ledger with one link(2) (the broker reports links(), see Broker::tickLocked).
+  if (!S_ISREG(st.st_mode)) {
+    *err = "ledger " + path_ + " is not a regular file: refused";
     return false;
   }
   const bool ownerDiffers = (uid >= 0 && st.st_uid != static_cast<uid_t>(uid)) ||

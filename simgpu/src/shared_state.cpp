@@ -30,6 +30,20 @@ std::string errnoText(const char* what, const std::string& path) {
   return std::string(what) + " " + path + ": " + std::strerror(errno);
 }
 
+// The pid NVML reports for this process. A real driver reports the host's pid whatever pid
+// namespace (container) the process runs in; simgpu reports the pid the /proc mounted in the
+// process shows for it (/proc/self names that pid): the host's when a process runs in a pid
+// namespace of its own with the host's /proc (unshare --pid --fork), as tests of the broker's
+// container handling do; getpid() otherwise.
+int32_t reportedPid() {
+  char buf[32];
+  const ssize_t n = ::readlink("/proc/self", buf, sizeof(buf) - 1);
+  if (n <= 0) return static_cast<int32_t>(getpid());
+  buf[n] = '\0';
+  const long v = std::strtol(buf, nullptr, 10);
+  return v > 0 ? static_cast<int32_t>(v) : static_cast<int32_t>(getpid());
+}
+
 std::mutex& claimMutex() {
   static std::mutex* m = new std::mutex;  // leaked: used until the very end of the process
   return *m;
@@ -243,8 +257,8 @@ int SharedState::ownFd() {
 bool SharedState::claimSlot() {
   // Caller holds claimMutex().
   if (ownFd() < 0) return false;
-  const int pid = getpid();
   if (slot_ >= 0) return true;
+  const int32_t pid = reportedPid();
   for (int i = 0; i < kMaxSlots; ++i) {
     if (!tryLockSlot(i, fd_)) continue;
     reapSlot(i);  // a dead owner's leftovers, if any

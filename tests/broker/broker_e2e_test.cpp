@@ -43,6 +43,19 @@ const std::string kTwoTenants =
     "  - {name: alpha, memory: 512MiB, thread_percentage: 30, priority: high}\n"
     "  - {name: beta, profile: balanced}\n";
 
+// The tenant's ledger, opened as the broker does (no slot): to look at it or write it as a process
+// of the tenant could.
+std::unique_ptr<Ledger> observe(const std::string& dir, const std::string& tenant) {
+  std::string err;
+  LedgerOpenOptions o;
+  o.createFile = false;
+  o.createDir = false;
+  o.claimSlot = false;
+  auto ledger = Ledger::open(dir, tenant, o, &err);
+  EXPECT_TRUE(ledger) << err;
+  return ledger;
+}
+
 // ---- Ledgers, admission, the environment ----
 
 TEST(Basics, CreatesLedgersAndHostSegment) {
@@ -140,21 +153,7 @@ TEST(Basics, MetricsEndpoint) {
   ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
   Child alpha = b.tenantProcess("alpha");
   ASSERT_EQ(alpha.ask("alloc " + std::to_string(96 * MiB)), "ok");
-  const std::string addr = b.status().metrics_address();
-  const size_t colon = addr.rfind(':');
-  ASSERT_NE(colon, std::string::npos) << addr;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
-  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
-  ASSERT_EQ(::write(fd, get.data(), get.size()), static_cast<ssize_t>(get.size()));
-  std::string body;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) body.append(buf, static_cast<size_t>(n));
-  ::close(fd);
+  const std::string body = b.metrics();
   EXPECT_EQ(body.find(" 200 OK\r\n"), 8u) << body.substr(0, 200);
   EXPECT_NE(body.find("cushare_tenant_memory_used_bytes{tenant=\"alpha\",device=\"0\"} " +
                       std::to_string(96 * MiB) + "\n"),
@@ -591,13 +590,8 @@ TEST(Security, OtherUsersCannotOpenALedgerOrChangeLimits) {
 TEST(Security, ALimitRewrittenInTheLedgerIsRestored) {
   Broker b(testDir());
   ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
-  std::string err;
-  LedgerOpenOptions o;
-  o.createFile = false;
-  o.createDir = false;
-  o.claimSlot = false;
-  auto ledger = Ledger::open(b.ledgerDir(), "alpha", o, &err);
-  ASSERT_TRUE(ledger) << err;
+  auto ledger = observe(b.ledgerDir(), "alpha");
+  ASSERT_TRUE(ledger);
   ledger->setLimit(0, 4096 * MiB);
   const auto start = Clock::now();
   while (ledger->limit(0) != 512 * MiB && Clock::now() - start < std::chrono::seconds(2))
@@ -756,6 +750,322 @@ TEST(Security, SilentClientsBlockNeitherRequestsNorReaping) {
   EXPECT_EQ(usedOn0(b.tenant("alpha")), 0u);
   for (int fd : idle) ::close(fd);
 }
+// ---- Tamper: a hostile tenant against the broker and its own ledger ----
+
+// Waits until pred() holds or timeout passes; whether it held.
+template <class F>
+bool waitFor(F pred, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  const auto end = Clock::now() + timeout;
+  while (!pred()) {
+    if (Clock::now() > end) return false;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return true;
+}
+
+// Writes bytes at offset of a file, as a tenant's process can write its own ledger.
+void rawWrite(const std::string& path, size_t offset, const void* data, size_t n) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::pwrite(fd, data, n, static_cast<off_t>(offset)), static_cast<ssize_t>(n));
+  ::close(fd);
+}
+
+// A forked process, killed (SIGKILL) and waited for when this goes, however the test ends.
+class Forked {
+ public:
+  explicit Forked(pid_t pid) : pid_(pid) {}
+  ~Forked() { stop(); }
+  Forked(const Forked&) = delete;
+  Forked& operator=(const Forked&) = delete;
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_;
+};
+
+// A process of the tenant (uid 1000) truncating path in a tight loop until stopped.
+pid_t truncateLoop(const std::string& path) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgid(1000) != 0 || ::setuid(1000) != 0) ::_exit(99);
+    for (;;) (void)!::truncate(path.c_str(), 0);
+  }
+  return pid;
+}
+
+// The sum of what the device holds for these pids (simgpu's own accounting).
+uint64_t deviceHeld(const std::vector<int>& pids) {
+  const std::map<int, uint64_t> held = deviceMemoryOn0();
+  uint64_t sum = 0;
+  for (int p : pids)
+    if (auto it = held.find(p); it != held.end()) sum += it->second;
+  return sum;
+}
+
+// simgpu counts nothing the shim does not (no context memory): no allowance for it.
+const std::string kAlphaBeta =
+    "hidden_memory_allowance: 0\n"
+    "tenants:\n  - {name: alpha, memory: 256MiB, uid: 1000}\n  - {name: beta, memory: 256MiB}\n";
+
+// A process of the tenant truncating its ledger in a tight loop, from before the broker starts
+// (the broker creates the file under attack) and across a restart (the broker opens a file under
+// attack): the broker never dies (SIGBUS), answers, and manages the other tenant; when the loop
+// stops, alpha's ledger is usable again and its error is gone.
+TEST(Tamper, LedgerTruncatedInALoopCannotKillTheBroker) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  ASSERT_EQ(::mkdir(b.ledgerDir().c_str(), 0711), 0);
+  const std::string alphaLedger = b.ledgerDir() + "/alpha.ledger";
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "the broker creates the ledger under attack" : "the broker opens it under attack");
+    Forked attacker(truncateLoop(alphaLedger));
+    ASSERT_TRUE(round == 0 ? b.start(kAlphaBeta) : b.startWithFile()) << b.log();
+    Child beta = b.tenantProcess("beta");
+    const auto until = Clock::now() + std::chrono::seconds(2);  // a few directory scans
+    while (Clock::now() < until) {
+      ASSERT_EQ(b.status().tenants(), 2u) << "the broker must keep answering\n" << b.log();
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    EXPECT_EQ(beta.ask("fill " + std::to_string(16 * MiB)), "held " + std::to_string(256 * MiB)) << "beta is managed";
+    EXPECT_EQ(usedOn0(b.tenant("beta")), 256 * MiB);
+    attacker.stop();
+    EXPECT_TRUE(waitFor([&] { return b.tenant("alpha").error().empty() && limitOn0(b.tenant("alpha")) == 256 * MiB; }))
+        << b.tenant("alpha").error() << "\n" << b.log();
+    ASSERT_EQ(::kill(b.pid(), 0), 0);
+    EXPECT_EQ(b.stop(), 0) << b.log();
+  }
+}
+
+// A process of the tenant that holds its ledger's flock forever (and removes its device entry so
+// that the broker needs that lock every tick): the control socket answers promptly all along (the
+// broker never waits under its lock, and waits at most once per tick), the other tenant is
+// managed, alpha's error says why; it goes when the lock is released.
+TEST(Tamper, HeldLedgerLockCostsOneBoundedWaitOutsideTheBrokersLock) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  const std::string alphaLedger = b.ledgerDir() + "/alpha.ledger";
+  int pipeFds[2];
+  ASSERT_EQ(::pipe(pipeFds), 0);
+  const pid_t holderPid = ::fork();
+  if (holderPid == 0) {
+    if (::setgid(1000) != 0 || ::setuid(1000) != 0) ::_exit(99);
+    const int fd = ::open(alphaLedger.c_str(), O_RDWR);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(98);
+    const uint32_t freeState = 0;
+    (void)!::pwrite(fd, &freeState, 4, offsetof(LedgerHeader, devices) + offsetof(LedgerDevice, state));
+    (void)!::write(pipeFds[1], "x", 1);
+    for (;;) ::pause();
+  }
+  Forked holder(holderPid);
+  char c;
+  ASSERT_EQ(::read(pipeFds[0], &c, 1), 1);
+  std::vector<double> ms;
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  while (Clock::now() < until) {
+    const auto t0 = Clock::now();
+    ASSERT_EQ(b.status().tenants(), 2u) << b.log();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  std::sort(ms.begin(), ms.end());
+  const double p90 = ms[ms.size() * 9 / 10];
+  EXPECT_LT(p90, 50.0) << "status round trip while a tenant holds its ledger's flock (90th percentile, "
+                       << ms.size() << " calls, max " << ms.back() << " ms)";
+  const std::string err = b.tenant("alpha").error();
+  EXPECT_NE(err.find("is locked (flock) by another process for more than 100 ms"), std::string::npos) << err;
+  Child beta = b.tenantProcess("beta");
+  EXPECT_EQ(beta.ask("fill " + std::to_string(16 * MiB)), "held " + std::to_string(256 * MiB)) << "beta is managed";
+  EXPECT_NE(b.metrics().find("cushare_tenant_ledger_error{tenant=\"alpha\"} 1\n"), std::string::npos);
+  holder.stop();
+  EXPECT_TRUE(waitFor([&] { return b.tenant("alpha").error().empty(); })) << b.tenant("alpha").error();
+  EXPECT_EQ(limitOn0(b.tenant("alpha")), 256 * MiB);
+  EXPECT_EQ(b.metrics().find("cushare_tenant_ledger_error{tenant=\"alpha\"}"), std::string::npos) << "the error is gone";
+  EXPECT_NE(b.log().find("tenant alpha: ledger " + alphaLedger + " is usable again"), std::string::npos) << b.log();
+  ::close(pipeFds[0]);
+  ::close(pipeFds[1]);
+}
+
+// A process zeroes every usage counter of its ledger (a raw write) and allocates past the limit.
+// The device's own accounting shows it: the broker charges the difference, so the tenant's usage
+// shows what the device holds, every further allocation of the tenant is denied, and the device
+// never holds more than it did when the broker found out. Zeroing again (the charge included)
+// changes nothing for long: the charge is re-asserted every tick.
+TEST(Tamper, ZeroedCountersAreFoundInTheDevicesAccounting) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(a.ask("zero"), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok") << "the shim believes the ledger";
+  const uint64_t atDetection = deviceHeld({a.pid()});
+  EXPECT_EQ(atDetection, 400 * MiB);
+  ASSERT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 400 * MiB; })) << usedOn0(b.tenant("alpha")) << "\n" << b.log();
+  EXPECT_EQ(a.ask("alloc " + std::to_string(1 * MiB)), "oom");
+  Child a2 = b.tenantProcess("alpha");
+  EXPECT_EQ(a2.ask("alloc " + std::to_string(1 * MiB)), "oom") << "every process of the tenant";
+  EXPECT_EQ(deviceHeld({a.pid(), a2.pid()}), atDetection);
+  const std::string line = "tenant alpha device 0: its processes hold 400 MiB on the device, 200 MiB more than its ledger shows; pid " +
+                           std::to_string(a.pid()) + ": 400 MiB on the device, 200 MiB in its ledger slot";
+  EXPECT_NE(b.log().find(line), std::string::npos) << b.log();
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"alpha\",device=\"0\"} " + std::to_string(200 * MiB) + "\n"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"hidden\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"beta\",device=\"0\"} 0\n"), std::string::npos) << m;
+  // Again, the broker's charge zeroed too: re-asserted.
+  ASSERT_EQ(a.ask("zero"), "ok");
+  EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 400 * MiB; }, milliseconds(1000)));
+  EXPECT_EQ(a.ask("alloc " + std::to_string(1 * MiB)), "oom");
+  EXPECT_EQ(deviceHeld({a.pid(), a2.pid()}), atDetection);
+  // Freed: nothing hidden any more, the tenant can allocate again.
+  ASSERT_EQ(a.ask("freeall"), "ok");
+  EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 0; })) << usedOn0(b.tenant("alpha"));
+  EXPECT_EQ(a2.ask("alloc " + std::to_string(256 * MiB)), "ok");
+}
+
+// Honest processes allocating and freeing as fast as they can are never charged, with no
+// allowance at all: the ledger and the device are read at different instants, and the check
+// must not take an allocation in flight for hidden memory.
+TEST(Tamper, HonestChurnIsNeverChargedAsHidden) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  std::vector<Child> churners;
+  for (int i = 0; i < 4; ++i) churners.push_back(b.tenantProcess("alpha"));
+  for (Child& c : churners) ASSERT_TRUE(c.send("churn " + std::to_string(4 * MiB) + " 8 2000"));
+  const auto until = Clock::now() + std::chrono::milliseconds(1900);
+  int looks = 0;
+  while (Clock::now() < until) {
+    const std::string m = b.metrics();
+    ASSERT_EQ(m.find("kind=\"hidden\""), std::string::npos) << m;
+    ASSERT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"alpha\",device=\"0\"} 0\n"), std::string::npos) << m;
+    ++looks;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  uint64_t held = 0;
+  for (Child& c : churners) {
+    const std::string r = c.readLine(60000);
+    ASSERT_EQ(r.rfind("churned ", 0), 0u) << r;
+    EXPECT_GT(field(r, 1), 100u) << "churned enough to matter: " << r;
+    held += field(r, 4);
+  }
+  EXPECT_EQ(usedOn0(b.tenant("alpha")), held);
+  EXPECT_GT(looks, 20);
+}
+
+// The same attack from a process in a pid namespace of its own (a container): its slot records
+// its namespace's pid, the device reports the host's; the broker maps one to the other.
+TEST(Tamper, HiddenMemoryIsFoundAcrossPidNamespaces) {
+  if (::geteuid() != 0) GTEST_SKIP() << "pid namespaces need root (CI runs as root)";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  Child a = b.tenantProcessIn({"/usr/bin/unshare", "--pid", "--fork"}, "alpha");
+  const std::string pidLine = a.ask("pid");
+  ASSERT_EQ(pidLine.rfind("pid ", 0), 0u) << pidLine;
+  const int nsPid = std::stoi(pidLine.substr(4));
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  // The device reports a host pid that is not the pid the process sees.
+  int hostPid = 0;
+  for (const auto& [pid, bytes] : deviceMemoryOn0())
+    if (bytes == 200 * MiB) hostPid = pid;
+  ASSERT_NE(hostPid, 0);
+  ASSERT_NE(hostPid, nsPid);
+  ASSERT_EQ(a.ask("zero"), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 400 * MiB; })) << b.log();
+  EXPECT_EQ(a.ask("alloc " + std::to_string(1 * MiB)), "oom");
+  EXPECT_EQ(deviceHeld({hostPid}), 400 * MiB);
+  EXPECT_NE(b.log().find("pid " + std::to_string(hostPid) + " (" + std::to_string(nsPid) + " in its pid namespace): 400 MiB on the device, 200 MiB in its ledger slot"),
+            std::string::npos) << b.log();
+}
+
+// A process closes its ledger descriptor, which lets go of its slot's lock: the broker's reaper
+// (and the other processes' reapers) must not take that for death while the process lives. Its
+// usage stays in the ledger, the other processes of the tenant are held to the limit; once it
+// exits, its usage is returned.
+TEST(Tamper, ClosedLedgerDescriptorDoesNotReturnALiveProcesssUsage) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(a.ask("closeledger"), "closed 1");
+  ASSERT_TRUE(waitFor([&] { return b.metrics().find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"descriptor\"} 1\n") != std::string::npos; }))
+      << b.log();
+  EXPECT_EQ(usedOn0(b.tenant("alpha")), 200 * MiB) << "a live process's slot is never reaped";
+  Child a2 = b.tenantProcess("alpha");
+  EXPECT_EQ(a2.ask("alloc " + std::to_string(100 * MiB)), "oom");
+  EXPECT_EQ(deviceHeld({a.pid(), a2.pid()}), 200 * MiB);
+  EXPECT_NE(b.log().find("tenant alpha: process " + std::to_string(a.pid()) + " let go of its ledger slot's lock"),
+            std::string::npos) << b.log();
+  a.kill(SIGKILL);
+  a.wait();
+  EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 0; })) << "returned once it is gone";
+  EXPECT_EQ(a2.ask("alloc " + std::to_string(256 * MiB)), "ok");
+}
+
+// A process rewrites the UUID and the limit of the device entry its tenant's processes use: the
+// broker writes both back (a new entry for the device would leave the running processes on the
+// renamed one, unwatched), and the limit holds on the device.
+TEST(Tamper, RewrittenDeviceUuidAndLimitAreRestored) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  const size_t entry0 = offsetof(LedgerHeader, devices);
+  uint8_t uuid[16];
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_EQ(::pread(fd, uuid, 16, static_cast<off_t>(entry0 + offsetof(LedgerDevice, uuid))), 16);
+    ::close(fd);
+  }
+  const uint8_t garbage[16] = {0xde, 0xad, 0xbe, 0xef};
+  const uint64_t huge = 64ull << 30;
+  rawWrite(path, entry0 + offsetof(LedgerDevice, uuid), garbage, 16);
+  rawWrite(path, entry0 + offsetof(LedgerDevice, limit), &huge, 8);
+  auto ledger = observe(b.ledgerDir(), "alpha");
+  ASSERT_TRUE(ledger);
+  EXPECT_TRUE(waitFor([&] {
+    uint8_t now[16];
+    return ledger->deviceUuid(0, now) && std::memcmp(now, uuid, 16) == 0 && ledger->limit(0) == 256 * MiB;
+  })) << b.log();
+  EXPECT_EQ(ledger->findDevice(uuid), 0) << "no second entry for the device";
+  EXPECT_EQ(a.ask("alloc " + std::to_string(300 * MiB)), "oom");
+  EXPECT_EQ(a.ask("fill " + std::to_string(16 * MiB)), "held " + std::to_string(256 * MiB));
+  EXPECT_EQ(deviceHeld({a.pid()}), 256 * MiB);
+  EXPECT_NE(b.log().find("tenant alpha: the device UUID of ledger entry 0 was rewritten outside the broker"), std::string::npos)
+      << b.log();
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"uuid\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
+}
+
+// A hard link to the ledger (made by the tenant's user, anywhere on the same filesystem) must not
+// make the broker let go of it, at a restart or a reload: the limit is still restored.
+TEST(Tamper, HardLinkDoesNotStopTheBrokerWatching) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  ASSERT_EQ(::link(path.c_str(), (b.dir() + "/alpha.link").c_str()), 0);
+  ASSERT_EQ(b.stop(), 0);
+  ASSERT_TRUE(b.startWithFile()) << b.log();
+  ASSERT_TRUE(b.reload().ok());
+  EXPECT_EQ(b.tenant("alpha").error(), "");
+  const uint64_t huge = 64ull << 30;
+  rawWrite(path, offsetof(LedgerHeader, devices) + offsetof(LedgerDevice, limit), &huge, 8);
+  EXPECT_TRUE(waitFor([&] { return b.log().find("the limit in its ledger was changed to 64 GiB outside the broker; restored to 256 MiB") != std::string::npos; }))
+      << b.log();
+  Child a = b.tenantProcess("alpha");
+  EXPECT_EQ(a.ask("fill " + std::to_string(16 * MiB)), "held " + std::to_string(256 * MiB));
+  EXPECT_TRUE(waitFor([&] { return b.metrics().find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"link\"} 1\n") != std::string::npos; }))
+      << b.metrics();
+}
+
 
 // Everything the broker sends on fd until it closes (or timeoutMs), parsed as one framed response.
 bool readResponse(int fd, rpc::Response* r, int timeoutMs = 5000) {

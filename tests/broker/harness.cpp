@@ -1,7 +1,10 @@
 // See harness.h.
 #include "harness.h"
 
+#include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -21,6 +24,7 @@
 #include <thread>
 
 #include "rpc/codec.h"
+#include "simgpu/nvml.h"
 
 extern char** environ;
 
@@ -254,12 +258,23 @@ rpc::Response Broker::reload() {
 
 Child Broker::tenantProcess(const std::string& tenant, const std::map<std::string, std::string>& env,
                             std::string* first) {
+  return tenantProcessWith({}, tenant, env, first);
+}
+
+Child Broker::tenantProcessIn(const std::vector<std::string>& wrapper, const std::string& tenant) {
+  return tenantProcessWith(wrapper, tenant, {}, nullptr);
+}
+
+Child Broker::tenantProcessWith(const std::vector<std::string>& wrapper, const std::string& tenant,
+                                const std::map<std::string, std::string>& env, std::string* first) {
   std::map<std::string, std::string> e = {{"LD_PRELOAD", SHIM_LIB},
                                           {"CUSHARE_TENANT", tenant},
                                           {"CUSHARE_LEDGER_DIR", ledgerDir()},
                                           {"CUSHARE_LOG_LEVEL", "error"}};
   for (const auto& [k, v] : env) e[k] = v;
-  Child c = Child::spawn({WORKER_BIN}, e, dir_ + "/tenants.log");
+  std::vector<std::string> argv = wrapper;
+  argv.push_back(WORKER_BIN);
+  Child c = Child::spawn(argv, e, dir_ + "/tenants.log");
   const std::string line = c.readLine();
   if (first != nullptr) *first = line;
   else EXPECT_EQ(line, "ready") << "tenant " << tenant << ": see " << dir_ << "/tenants.log";
@@ -274,6 +289,44 @@ int connectUnix(const std::string& path) {
   if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) return fd;
   if (fd >= 0) ::close(fd);
   return -1;
+}
+
+std::string Broker::metrics() {
+  const std::string addr = status().metrics_address();
+  const size_t colon = addr.rfind(':');
+  if (colon == std::string::npos) return "";
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
+  std::string body;
+  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+      ::write(fd, get.data(), get.size()) == static_cast<ssize_t>(get.size())) {
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) body.append(buf, static_cast<size_t>(n));
+  }
+  if (fd >= 0) ::close(fd);
+  return body;
+}
+
+std::map<int, uint64_t> deviceMemoryOn0() {
+  using Init = nvmlReturn_t (*)();
+  using Handle = nvmlReturn_t (*)(unsigned, nvmlDevice_t*);
+  using List = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*);
+  static void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  std::map<int, uint64_t> out;
+  if (lib == nullptr) return out;
+  static const bool started = reinterpret_cast<Init>(::dlsym(lib, "nvmlInit_v2"))() == NVML_SUCCESS;
+  auto handle = reinterpret_cast<Handle>(::dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+  auto list = reinterpret_cast<List>(::dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"));
+  nvmlDevice_t h;
+  nvmlProcessInfo_t infos[256];
+  unsigned n = 256;
+  if (!started || handle(0, &h) != NVML_SUCCESS || list(h, &n, infos) != NVML_SUCCESS) return out;
+  for (unsigned i = 0; i < n; ++i) out[static_cast<int>(infos[i].pid)] += infos[i].usedGpuMemory;
+  return out;
 }
 
 uint64_t usedOn0(const rpc::Tenant& t) { return t.devices_size() ? t.devices(0).used_bytes() : UINT64_MAX; }

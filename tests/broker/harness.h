@@ -76,19 +76,29 @@ class Broker {
   rpc::Tenant tenant(const std::string& name);
   rpc::Response setLimit(const std::string& tenant, const std::string& memory, int device = -1);
   rpc::Response reload();
+  // The metrics endpoint's whole answer (status line, headers, body); "" if it cannot be reached.
+  std::string metrics();
 
   // A tenant process under the shim, ready for commands (its first line was "ready"), or one
   // whose first line is returned in *first (when not null) for tests of refusals.
   Child tenantProcess(const std::string& tenant, const std::map<std::string, std::string>& env = {},
                       std::string* first = nullptr);
+  // The same, started through a wrapper command (e.g. {"unshare", "--pid", "--fork"}).
+  Child tenantProcessIn(const std::vector<std::string>& wrapper, const std::string& tenant);
 
  private:
+  Child tenantProcessWith(const std::vector<std::string>& wrapper, const std::string& tenant,
+                          const std::map<std::string, std::string>& env, std::string* first);
+
   std::string dir_;
   Child proc_;
 };
 
 // A connected Unix stream socket to path, or -1.
 int connectUnix(const std::string& path);
+
+// The device's own accounting (simgpu's NVML): bytes each process (host pid) holds on device 0.
+std::map<int, uint64_t> deviceMemoryOn0();
 
 uint64_t usedOn0(const rpc::Tenant& t);
 uint64_t limitOn0(const rpc::Tenant& t);

@@ -10,8 +10,20 @@
 //   held                 -> "held TOTAL"
 //   info                 -> "free FREE total TOTAL" (cuMemGetInfo: the tenant's view)
 //   quit                 -> frees everything and exits 0
+// Attacks on its own ledger ($CUSHARE_LEDGER_DIR/$CUSHARE_TENANT.ledger), as a hostile tenant
+// would make them, behind the shim's back:
+//   zero                 -> writes zeros over every usage counter of the file (raw pwrite): "ok"
+//   closeledger          -> closes every descriptor of the ledger file it has: "closed N"
+//   pid                  -> "pid PID" (getpid(): in its own pid namespace)
 // At start it prints "ready", or "init-failed CODE" and exits 3 when cuInit or the context fails.
 #include <cuda.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "cushare/ledger_abi.h"
 
 #include <chrono>
 #include <cstdint>
@@ -25,6 +37,33 @@
 namespace {
 
 std::vector<std::pair<CUdeviceptr, uint64_t>> gHeld;
+
+std::string ledgerPath() {
+  const char* dir = std::getenv("CUSHARE_LEDGER_DIR");
+  const char* tenant = std::getenv("CUSHARE_TENANT");
+  return std::string(dir ? dir : "") + "/" + (tenant ? tenant : "default") + ".ledger";
+}
+
+bool zeroCounters() {
+  const int fd = ::open(ledgerPath().c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const std::vector<char> zeros(cushare::kLedgerUsedBytes, 0);
+  const bool ok = ::pwrite(fd, zeros.data(), zeros.size(), cushare::kLedgerUsedOffset) ==
+                  static_cast<ssize_t>(zeros.size());
+  ::close(fd);
+  return ok;
+}
+
+int closeLedger() {
+  const std::string want = std::filesystem::canonical(ledgerPath()).string();
+  int closed = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (!ec && target.string() == want && ::close(std::stoi(e.path().filename().string())) == 0) ++closed;
+  }
+  return closed;
+}
 
 uint64_t heldBytes() {
   uint64_t t = 0;
@@ -98,6 +137,12 @@ int main() {
       size_t f = 0, t = 0;
       cuMemGetInfo(&f, &t);
       say("free " + std::to_string(f) + " total " + std::to_string(t));
+    } else if (cmd == "zero") {
+      say(zeroCounters() ? "ok" : "failed");
+    } else if (cmd == "closeledger") {
+      say("closed " + std::to_string(closeLedger()));
+    } else if (cmd == "pid") {
+      say("pid " + std::to_string(::getpid()));
     } else if (cmd == "quit") {
       break;
     } else {

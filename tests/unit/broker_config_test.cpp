@@ -116,12 +116,14 @@ TEST(BrokerConfig, DefaultsAndOptionalForms) {
   EXPECT_EQ(d.metricsPort, 9464);
   EXPECT_EQ(d.unknownTenantsProfile, "");
   EXPECT_EQ(d.adminGroup, "");
+  EXPECT_EQ(d.hiddenMemoryAllowance, 512 * kMiB);
   EXPECT_TRUE(d.profiles.empty());
   EXPECT_TRUE(d.tenants.empty());
 
   const Config c = parseOk(
       "ledger_dir: /srv/ledgers/\n"
       "metrics_listen: '[::1]:1'\n"
+      "hidden_memory_allowance: 0\n"
       "unknown_tenants: guest\n"
       "profiles:\n"
       "  guest:\n"
@@ -134,6 +136,7 @@ TEST(BrokerConfig, DefaultsAndOptionalForms) {
   EXPECT_EQ(c.metricsHost, "::1");
   EXPECT_EQ(c.metricsPort, 1);
   EXPECT_EQ(c.unknownTenantsProfile, "guest");
+  EXPECT_EQ(c.hiddenMemoryAllowance, 0u);
   ASSERT_EQ(c.tenants.size(), 1u);
   const Tenant& t = c.tenants[0];
   EXPECT_EQ(t.gid, 42u);
@@ -146,7 +149,7 @@ TEST(BrokerConfig, DefaultsAndOptionalForms) {
   EXPECT_EQ(t.memory.entries[1].ordinal, -1);
   EXPECT_EQ(t.memory.entries[1].uuid, kUuidB);  // normalised to lower case
   EXPECT_EQ(t.memory.entries[1].amount.milliPercent, 500u);
-  EXPECT_EQ(t.memory.entries[1].mark.line, 10);
+  EXPECT_EQ(t.memory.entries[1].mark.line, 11);
   EXPECT_EQ(t.memory.entries[1].mark.column, 23);
 }
 
@@ -212,6 +215,7 @@ TEST(BrokerConfig, RefusesWithFileLineColumnAndFieldPath) {
        "b.yaml:1:1: ", "the top level must be a map of settings (key: value), found a list"},
       {"hello\n", "b.yaml:1:1: ", "the top level must be a map"},
       {"socket:\n", "b.yaml:1:8: socket: ", "expected an absolute path, found an empty value"},
+      {"hidden_memory_allowance: lots\n", "b.yaml:1:26: hidden_memory_allowance: ", ""},
       {"socket: ''\n", "b.yaml:1:9: socket: ", "found an empty value"},
       // duplicates
       {"socket: /a\nsocket: /b\n",

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -1034,6 +1035,149 @@ TEST(Ledger, DeadParentIsReapedWhileItsForkedChildLives) {
   EXPECT_EQ(l->used(dev), 4 * kMiB);
   EXPECT_EQ(l->reapDead(), 1);
   EXPECT_EQ(l->used(dev), 0u);
+}
+
+// Observers (the broker) open ledgers a tenant's processes can truncate at any moment: open() must
+// create and initialise a file without a store through the mapping (this process has no SIGBUS
+// handler: a fault kills the test).
+TEST(Ledger, OpenNeverStoresThroughTheMappingOfAFileBeingTruncated) {
+  TempDir tmp;
+  const std::string dir = tmp.ledgers(), path = dir + "/trunc.ledger";
+  ASSERT_TRUE(mustOpen(dir, "trunc"));
+  std::atomic<bool> stop{false};
+  std::thread attacker([&] {
+    while (!stop.load()) (void)!::truncate(path.c_str(), 0);
+  });
+  LedgerOpenOptions o;
+  o.createDir = false;
+  o.claimSlot = false;
+  int opened = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::string err;
+    opened += Ledger::open(dir, "trunc", o, &err) != nullptr;  // refused when truncated midway
+  }
+  stop.store(true);
+  attacker.join();
+  EXPECT_GT(opened, 0);
+}
+
+// A process holding a ledger's flock forever cannot make an observer wait: it fails at once and
+// says the lock was busy (the broker then waits once per tick, outside its own lock).
+TEST(Ledger, ObserverNeverWaitsForTheFlock) {
+  TempDir tmp;
+  const std::string dir = tmp.ledgers();
+  ASSERT_TRUE(mustOpen(dir, "locked"));
+  const int fd = ::open((dir + "/locked.ledger").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  LedgerOpenOptions o;
+  o.createDir = false;
+  o.claimSlot = false;
+  bool busy = false;
+  o.busy = &busy;
+  std::string err;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(Ledger::open(dir, "locked", o, &err), nullptr);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(20));
+  EXPECT_TRUE(busy) << err;
+  ::flock(fd, LOCK_UN);
+  busy = false;
+  auto observer = Ledger::open(dir, "locked", o, &err);
+  ASSERT_TRUE(observer) << err;
+  EXPECT_FALSE(busy);
+  // Adding a device entry needs the flock too.
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  EXPECT_EQ(observer->deviceIndex(kUuidB, 1, &err, &busy), -1);
+  EXPECT_TRUE(busy);
+  ::close(fd);
+  busy = false;
+  EXPECT_GE(observer->deviceIndex(kUuidB, 1, &err, &busy), 0) << err;
+  EXPECT_FALSE(busy);
+}
+
+// A live process that closes its ledger descriptor lets go of its slot's lock. Neither a reaper
+// nor a new process may take that for death: its usage stays until it exits.
+TEST(Ledger, LiveProcessThatClosedItsDescriptorKeepsItsSlot) {
+  TempDir tmp;
+  const std::string dir = tmp.ledgers(), path = dir + "/closer.ledger";
+  auto l = mustOpen(dir, "closer");
+  ASSERT_NE(l, nullptr);
+  std::string err;
+  const int dev = l->deviceIndex(kUuidA, 100 * kMiB, &err);
+  int ready[2], hold[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(hold), 0);
+  const pid_t pid = spawn([&]() {
+    ::close(hold[1]);  // so that the parent's close is an end of file here
+    std::string e;
+    auto mine = Ledger::open(dir, "closer", &e);
+    if (!mine || !mine->reserve(dev, 60 * kMiB, 100 * kMiB)) return 1;
+    // Every descriptor of the ledger file goes (the slot's lock with it); the mapping stays.
+    const std::string want = std::filesystem::canonical(path).string();
+    for (const auto& fdEntry : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      if (std::filesystem::read_symlink(fdEntry.path(), ec).string() == want)
+        ::close(std::stoi(fdEntry.path().filename().string()));
+    }
+    char c = 'x';
+    (void)!::write(ready[1], &c, 1);
+    (void)!::read(hold[0], &c, 1);
+    ::_exit(0);
+  });
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  std::vector<int32_t> kept;
+  EXPECT_EQ(l->reapDead(nullptr, &kept), 0);
+  EXPECT_EQ(kept, std::vector<int32_t>{pid});
+  EXPECT_EQ(l->used(dev), 60 * kMiB);
+  EXPECT_FALSE(l->reserve(dev, 50 * kMiB, 100 * kMiB)) << "the live process's 60 MiB still count";
+  auto newcomer = mustOpen(dir, "closer");
+  ASSERT_NE(newcomer, nullptr);
+  EXPECT_EQ(l->used(dev), 60 * kMiB) << "a new process does not claim the live process's slot";
+  ::close(hold[1]);
+  ASSERT_EQ(waitExit(pid), 0);
+  EXPECT_EQ(l->reapDead(), 1);
+  EXPECT_EQ(l->used(dev), 0u);
+  for (int fd : {ready[0], ready[1], hold[0]}) ::close(fd);
+}
+
+// An observer's charge (memory the device holds for the tenant that its ledger does not show) is
+// part of every reservation's sum, survives a tenant lowering slot_hwm when re-asserted, and is
+// never reaped while the observer lives.
+TEST(Ledger, ObserverChargeCountsInEveryReservation) {
+  TempDir tmp;
+  const std::string dir = tmp.ledgers();
+  auto tenant = mustOpen(dir, "charged");
+  ASSERT_NE(tenant, nullptr);
+  std::string err;
+  const int dev = tenant->deviceIndex(kUuidA, 100 * kMiB, &err);
+  LedgerOpenOptions o;
+  o.createDir = false;
+  o.claimSlot = false;
+  auto observer = Ledger::open(dir, "charged", o, &err);
+  ASSERT_TRUE(observer) << err;
+  EXPECT_EQ(observer->chargeSlot(), -1);
+  ASSERT_TRUE(observer->setCharge(dev, 70 * kMiB));
+  EXPECT_GE(observer->chargeSlot(), 0);
+  EXPECT_EQ(observer->charge(dev), 70 * kMiB);
+  // The one process is the tenant's: the charge slot is not a process, not even in the tenant's
+  // own lists.
+  ASSERT_EQ(observer->slots().size(), 1u);
+  EXPECT_EQ(observer->slots()[0].pid, static_cast<int>(::getpid()));
+  ASSERT_EQ(tenant->processes(dev).size(), 1u);
+  EXPECT_EQ(tenant->processes(dev)[0].bytes, 0u);
+  EXPECT_EQ(tenant->used(dev), 70 * kMiB);
+  EXPECT_FALSE(tenant->reserve(dev, 40 * kMiB, 100 * kMiB));
+  EXPECT_TRUE(tenant->reserve(dev, 30 * kMiB, 100 * kMiB));
+  EXPECT_EQ(tenant->reapDead(), 0) << "the observer's slot is held";
+  // The tenant hides the charge by lowering slot_hwm; re-asserting raises it again.
+  const int fd = ::open((dir + "/charged.ledger").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  writeAt<uint32_t>(offsetof(LedgerHeader, slot_hwm), 0)(fd);
+  ::close(fd);
+  EXPECT_EQ(tenant->used(dev), 0u) << "hidden";
+  ASSERT_TRUE(observer->setCharge(dev, 70 * kMiB));
+  EXPECT_EQ(tenant->used(dev), 100 * kMiB);
 }
 
 }  // namespace

@@ -106,8 +106,8 @@ TEST(ExpositionValidator, RejectsWhatTheFormatForbids) {
 
 // ---- Rendering ----
 
-// Two tenants on one device: alpha with a limit (set live) and a peak past 2^53, beta unlimited;
-// gamma's ledger cannot be opened.
+// Two tenants on one device: alpha with a limit (set live), a peak past 2^53 and memory it hid
+// from its ledger, beta unlimited; gamma's ledger cannot be opened.
 BrokerSnapshot twoTenants() {
   BrokerSnapshot s;
   s.version = "0.1.0";
@@ -122,7 +122,9 @@ BrokerSnapshot twoTenants() {
   alpha.source = "config";
   alpha.priority = Priority::kHigh;
   alpha.devices = {{0, kUuid, 512 * kMiB, 1 * kGiB, (1ull << 53) + 1, 3, true}};
+  alpha.devices[0].hidden = 64 * kMiB;
   alpha.processes = {{10, {256 * kMiB}}, {11, {256 * kMiB}}};
+  alpha.tamper = {{"hidden", 2}, {"limit", 1}};
   TenantSnapshot beta;
   beta.name = "beta";
   beta.profile = "balanced";
@@ -182,6 +184,10 @@ cushare_tenant_memory_peak_bytes{tenant="beta",device="0"} 268435456
 # TYPE cushare_tenant_allocations_denied_total counter
 cushare_tenant_allocations_denied_total{tenant="alpha",device="0"} 3
 cushare_tenant_allocations_denied_total{tenant="beta",device="0"} 0
+# HELP cushare_tenant_hidden_bytes Device memory the tenant's processes hold beyond what its ledger shows (NVML per-process accounting), charged to the tenant by the broker; included in cushare_tenant_memory_used_bytes.
+# TYPE cushare_tenant_hidden_bytes gauge
+cushare_tenant_hidden_bytes{tenant="alpha",device="0"} 67108864
+cushare_tenant_hidden_bytes{tenant="beta",device="0"} 0
 # HELP cushare_tenant_memory_limit_overridden 1 when the limit was set live (cushare set-limit) rather than by the configuration.
 # TYPE cushare_tenant_memory_limit_overridden gauge
 cushare_tenant_memory_limit_overridden{tenant="alpha",device="0"} 1
@@ -199,6 +205,10 @@ cushare_tenant_info{tenant="gamma",profile="",source="config",priority="low"} 1
 # HELP cushare_tenant_ledger_error 1 for a tenant whose ledger the broker cannot manage (see cushare status); absent otherwise.
 # TYPE cushare_tenant_ledger_error gauge
 cushare_tenant_ledger_error{tenant="gamma"} 1
+# HELP cushare_tenant_tamper_total Changes a process of the tenant made to its ledger that the broker undid or charged, by kind: hidden, limit, uuid, descriptor, link.
+# TYPE cushare_tenant_tamper_total counter
+cushare_tenant_tamper_total{tenant="alpha",kind="hidden"} 2
+cushare_tenant_tamper_total{tenant="alpha",kind="limit"} 1
 )";
   const std::string text = renderMetrics(twoTenants());
   EXPECT_EQ(text, expected);
@@ -215,7 +225,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 17u);
+    EXPECT_EQ(helps.size(), 19u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,6 +31,15 @@
 struct stat;
 
 namespace cushare {
+
+// A file's identity: st_dev, st_ino.
+struct FileId {
+  uint64_t dev;
+  uint64_t ino;
+};
+// The index of the first of files that process pid (in this process's pid namespace) maps, read
+// from /proc/<pid>/maps; -1 if none, or the process is gone. No allocation.
+int mappedFileOf(int pid, const FileId* files, size_t n) noexcept;
 
 // How Ledger::open treats a missing directory or file, and whether the caller takes a slot.
 struct LedgerOpenOptions {
@@ -53,6 +63,9 @@ struct LedgerOpenOptions {
   // the device. So a limit raised in the environment applies once every process of the tenant has
   // exited, and never while one still runs.
   bool renewLimits = false;
+  // Observers never wait for the file's flock (a tenant's process may hold it forever): when it is
+  // held, open() fails at once and sets *busy (if given), and the caller may wait and retry.
+  bool* busy = nullptr;
 };
 
 class Ledger {
@@ -73,8 +86,10 @@ class Ledger {
   Ledger& operator=(const Ledger&) = delete;
 
   // The entry of the device with this UUID, added (under flock) with limitIfNew if missing.
-  // Returns -1 with *err set if all kLedgerMaxDevices entries are taken.
-  int deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err) noexcept;
+  // Returns -1 with *err set if all kLedgerMaxDevices entries are taken, or (an observer, which
+  // never waits) if another process holds the flock: then *busy is set too, if given.
+  int deviceIndex(const uint8_t uuid[16], uint64_t limitIfNew, std::string* err,
+                  bool* busy = nullptr) noexcept;
   // Standalone (see LedgerOpenOptions::renewLimits): as deviceIndex, and an entry whose limit is
   // kLedgerLimitPending gets `limit` (under flock: the first process of a session to resolve the
   // device sets it; later ones find it set).
@@ -107,8 +122,12 @@ class Ledger {
   uint64_t peak(int dev) const noexcept;
   uint64_t denied(int dev) const noexcept;
 
-  // Returns dead processes' usage; the number of dead slots reaped.
+  // Returns dead processes' usage; the number of dead slots reaped. A slot is dead when its lock
+  // is free and its process no longer maps this ledger (a live process that closed its descriptor
+  // keeps its slot). alsoLive: the caller knows more live processes (the broker: pids of other
+  // pid namespaces); kept: the pids of slots kept for a live process although their lock was free.
   int reapDead() noexcept;
+  int reapDead(const std::function<bool(int32_t pid)>* alsoLive, std::vector<int32_t>* kept) noexcept;
 
   struct ProcUsage {
     int pid;
@@ -123,7 +142,7 @@ class Ledger {
     int slot = -1;
   };
   // Every occupied slot (a live process, or a dead one not reaped yet) and what it holds on each
-  // device entry. No system call: for the broker's scans.
+  // device entry, the observer's own charge slot excluded. No system call: for the broker's scans.
   std::vector<SlotUsage> slots() const;
   // The pid, in the caller's pid namespace, of the process the kernel reports holding slot's
   // POSIX pid lock (kLedgerSlotPidLockBase); 0 when nobody visible holds it (a shim of an older
@@ -135,6 +154,23 @@ class Ledger {
   int findDevice(const uint8_t uuid[16]) const noexcept;
   // The UUID of entry dev, if it is in use.
   bool deviceUuid(int dev, uint8_t uuid[16]) const noexcept;
+  // Writes back the UUID of entry dev (in use), which a process of the tenant rewrote: processes
+  // keep using the entry they found at start, so the entry, not a new one, must name the device.
+  void restoreDeviceUuid(int dev, const uint8_t uuid[16]) noexcept;
+
+  // Observers (the broker) only: bytes the observer charges the tenant on entry dev beyond what
+  // the processes' slots show (memory the device holds for the tenant that its ledger hides). Kept
+  // in a slot of the observer's own, which it holds locked like a process, so every reservation's
+  // sum includes it; claimed on first use, with pid 0 (no process: process lists leave it out).
+  // False if no slot could be claimed.
+  bool setCharge(int dev, uint64_t bytes) noexcept;
+  uint64_t charge(int dev) const noexcept;
+  // The observer's slot (-1: none yet): not a process of the tenant.
+  int chargeSlot() const noexcept { return observer_ ? slot_.load(std::memory_order_acquire) : -1; }
+  // The mapped file's identity (st_dev, st_ino) and its number of hard links now (-1: unknown).
+  uint64_t fileDev() const noexcept { return fileDev_; }
+  uint64_t fileIno() const noexcept { return fileIno_; }
+  int links() const noexcept;
 
   // Gives the file this owner, group (-1: leave) and mode, through this process's own descriptor
   // (never by path: the directory may be writable by tenants). Refuses a file that is not a
@@ -179,8 +215,11 @@ class Ledger {
   int claimSlotLocked(std::string* err) noexcept;
   // *othersAlive (optional): whether any other slot's owner is alive (every slot below slot_hwm
   // is tried, not only the occupied ones).
-  int reapDeadLocked(bool* othersAlive = nullptr) noexcept;
-  int deviceIndexImpl(const uint8_t uuid[16], uint64_t limit, bool fillPending, std::string* err) noexcept;
+  int reapDeadLocked(const std::function<bool(int32_t)>* alsoLive, std::vector<int32_t>* kept,
+                     bool* othersAlive = nullptr) noexcept;
+  bool unlockedButLiveLocked(uint32_t slot, const std::function<bool(int32_t)>* alsoLive) noexcept;
+  int deviceIndexImpl(const uint8_t uuid[16], uint64_t limit, bool fillPending, std::string* err,
+                      bool* busy) noexcept;
   void forgetParentSlot() noexcept;  // in a forked child, from the atfork handler
 
   static void onForkPrepare() noexcept;

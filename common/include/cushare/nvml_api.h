@@ -43,6 +43,18 @@ typedef struct nvmlMemory_v2_st {
   unsigned long long used;
 } nvmlMemory_v2_t;
 
+// Written by nvmlDeviceGetComputeRunningProcesses_v3 and nvmlDeviceGetMPSComputeRunningProcesses_v3
+// (the broker's cross-check against the device's per-process accounting). usedGpuMemory is
+// NVML_VALUE_NOT_AVAILABLE where the driver cannot tell; the instance ids are 0xFFFFFFFF without MIG.
+typedef struct nvmlProcessInfo_st {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+#define NVML_VALUE_NOT_AVAILABLE (-1)
+
 }  // extern "C"
 
 #endif

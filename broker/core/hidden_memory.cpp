@@ -1,0 +1,242 @@
+// Memory a tenant hides from its ledger, found in the device's own accounting and charged.
+//
+// A tenant's processes can write their ledger: zero their counters, lower slot_hwm, close the
+// descriptor that holds their slot's lock (so a reaper zeroes it), and then allocate past the
+// limit through the shim, which believes the ledger. The device cannot be fooled: every tick the
+// broker reads NVML's per-process used memory (host pids), attributes each process to the tenant
+// whose ledger file it maps (/proc/<pid>/maps, by device and inode; sticky for the process's
+// life, so unmapping later hides nothing), and for each device entry of the tenant's ledger
+// writes into the broker's own slot of that ledger (Ledger::setCharge) what the device holds for
+// the tenant beyond what the processes' slots show and the configured per-process allowance
+// (hidden_memory_allowance: NVML counts the CUDA context and module images, the limit does not).
+// Every reservation's sum includes that slot, so the tenant's admission sees its real total and
+// denies what would pass the limit. The slot is rewritten every tick (the tenant can zero it).
+//
+// No false charge for an honest tenant: its slots never show less than the device holds (the
+// shim reserves before the driver allocates and releases after it frees), but the ledger and the
+// device cannot be read at one instant. So the ledger is read just before and just after NVML and
+// the larger sum is taken (an allocation made, or a free done, in between is in one of them), and
+// an amount is charged only when three consecutive ticks found it (the smallest of the three): a
+// short allocation that lived entirely between the two reads of one tick is not seen in the next.
+// A real hidden amount stays until it is freed, so it is charged within three ticks (150 ms).
+//
+// Pid namespaces: NVML reports host pids and the broker reads the host's /proc, so containers
+// change nothing for attribution. A slot records its process's pid in the process's own
+// namespace; the broker maps it through /proc/<pid>/status NSpid (the innermost pid) when it
+// decides whether a slot with a free lock still has a live process (liveElsewhereLocked).
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "core/broker.h"
+#include "core/bus_guard.h"
+#include "core/log.h"
+#include "cushare/parse.h"
+
+namespace cushare::broker {
+namespace {
+
+// An unattributed process (one that maps no tenant's ledger) is looked for again this often, in
+// ticks: it may map one later, or never (a GPU process that does not run under cushare).
+constexpr uint64_t kLookEveryTicks = 20;
+
+// The process's start time (/proc/<pid>/stat field 22, clock ticks since boot); 0 if it is gone or
+// not visible from the broker's pid namespace. With the pid, it names one process.
+uint64_t startTimeOf(int pid) {
+  char path[40], buf[1024];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return 0;
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command may contain spaces and parentheses
+  if (p == nullptr) return 0;
+  // After ") ": field 3 (state) ... field 22 (starttime).
+  unsigned long long start = 0;
+  int field = 2;
+  for (const char* c = p + 1; *c != '\0'; ++c) {
+    if (*c != ' ') continue;
+    if (++field == 22) {
+      start = std::strtoull(c + 1, nullptr, 10);
+      break;
+    }
+  }
+  return start;
+}
+
+// The process's pid in its innermost pid namespace (the last NSpid field): what the shim records
+// in its slot. 0 if unknown.
+int32_t innermostPidOf(int pid) {
+  char path[40], line[256];
+  std::snprintf(path, sizeof(path), "/proc/%d/status", pid);
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return 0;
+  int32_t last = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, "NSpid:", 6) != 0) continue;
+    for (char* c = line + 6; *c != '\0';) {
+      char* end;
+      const long v = std::strtol(c, &end, 10);
+      if (end == c) break;
+      last = static_cast<int32_t>(v);
+      c = end;
+    }
+    break;
+  }
+  std::fclose(f);
+  return last;
+}
+
+}  // namespace
+
+void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevice) {
+  std::set<int> reported;
+  for (const auto& m : onDevice)
+    for (const auto& [pid, bytes] : m) reported.insert(pid);
+  for (auto it = deviceProcesses_.begin(); it != deviceProcesses_.end();)
+    it = reported.count(it->first) ? std::next(it) : deviceProcesses_.erase(it);
+  std::vector<FileId> files;
+  std::vector<std::string> owners;
+  for (const auto& [name, t] : tenants_) {
+    if (!t->ledger) continue;
+    files.push_back({t->ledger->fileDev(), t->ledger->fileIno()});
+    owners.push_back(name);
+  }
+  for (int pid : reported) {
+    const uint64_t start = startTimeOf(pid);
+    DeviceProcess& p = deviceProcesses_[pid];
+    if (p.startTime != start) {  // a new process, or the pid reused
+      p = DeviceProcess();
+      p.startTime = start;
+    }
+    if (start == 0 || !p.tenant.empty()) continue;
+    const bool first = p.lastLook == 0;
+    if (!first && ticks_ - p.lastLook < kLookEveryTicks) continue;
+    p.lastLook = ticks_;
+    const int i = mappedFileOf(pid, files.data(), files.size());
+    if (i < 0) {
+      if (first)
+        CUSHARE_BLOG(info,
+                     "process {} holds device memory and maps no tenant's ledger: not a cushare "
+                     "tenant's process",
+                     pid);
+      continue;
+    }
+    p.tenant = owners[static_cast<size_t>(i)];
+    p.nsPid = innermostPidOf(pid);
+  }
+}
+
+bool Broker::liveElsewhereLocked(const TenantState& t, int32_t slotPid) const {
+  for (const auto& [pid, p] : deviceProcesses_)
+    if (p.tenant == t.name && p.nsPid == slotPid && startTimeOf(pid) == p.startTime) return true;
+  return false;
+}
+
+std::map<std::string, Broker::ShownSums> Broker::shownLocked() {
+  std::map<std::string, ShownSums> out;
+  for (auto& [name, t] : tenants_) {
+    if (!t->ledger) continue;
+    ShownSums& s = out[name];
+    s.ledger = t->ledger.get();
+    if (!guarded([&] {
+          for (const Ledger::SlotUsage& u : t->ledger->slots())  // the broker's own slot left out
+            for (uint32_t e = 0; e < kLedgerMaxDevices; ++e) s.bytes[e] += u.used[e];
+        })) {
+      out.erase(name);
+      faultLocked(t.get());
+    }
+  }
+  return out;
+}
+
+void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
+                               const std::map<std::string, ShownSums>& before,
+                               const std::map<std::string, ShownSums>& after) {
+  const size_t n = devices_.size();
+  for (auto& [name, tp] : tenants_) {
+    TenantState& t = *tp;
+    t.hidden.resize(n, 0);
+    t.hiddenSeen.resize(kLedgerMaxDevices, 0);
+    t.hiddenSeenBefore.resize(kLedgerMaxDevices, 0);
+    if (!t.ledger || t.entry.size() != n) continue;
+    const auto b = before.find(name), a = after.find(name);
+    const bool measured = b != before.end() && a != after.end() &&
+                          b->second.ledger == t.ledger.get() && a->second.ledger == t.ledger.get();
+    std::vector<uint64_t> held(n, 0), allowed(n, 0);  // what the device holds for the tenant
+    for (const auto& [pid, p] : deviceProcesses_) {
+      if (p.tenant != name) continue;
+      for (size_t d = 0; d < n; ++d) {
+        const auto it = onDevice[d].find(pid);
+        if (it == onDevice[d].end()) continue;
+        held[d] += it->second;
+        allowed[d] += config_.hiddenMemoryAllowance;
+      }
+    }
+    const std::vector<uint64_t> was = t.hidden;
+    bool charged = true;
+    const bool ok = guarded([&] {
+      for (const auto& [e, d] : t.entryDevice) {
+        const size_t i = static_cast<size_t>(e);
+        uint64_t charge = t.ledger->charge(e);  // not measured this tick: kept as it was
+        if (measured) {
+          const uint64_t shown = std::max(b->second.bytes[i], a->second.bytes[i]);
+          const uint64_t explained = shown + allowed[d];
+          const uint64_t found = held[d] > explained ? held[d] - explained : 0;
+          charge = std::min({found, t.hiddenSeen[i], t.hiddenSeenBefore[i]});
+          t.hiddenSeenBefore[i] = t.hiddenSeen[i];
+          t.hiddenSeen[i] = found;
+        }
+        // Written every tick, changed or not: a process of the tenant can zero it.
+        charged &= t.ledger->setCharge(e, charge);
+        if (e == t.entry[d]) t.hidden[d] = charge;
+      }
+    });
+    if (!ok) {
+      faultLocked(&t);
+      continue;
+    }
+    if (!charged && t.error.empty())
+      CUSHARE_BLOG(error,
+                   "tenant {}: memory hidden from its ledger cannot be charged: all {} process "
+                   "slots are held",
+                   name, kLedgerMaxSlots);
+    for (size_t d = 0; d < n; ++d) {
+      if ((was[d] == 0) == (t.hidden[d] == 0)) continue;
+      if (t.hidden[d] == 0) {
+        CUSHARE_BLOG(info, "tenant {} device {}: no memory hidden from its ledger any more", name,
+                     d);
+        continue;
+      }
+      tamperLocked(&t, "hidden");
+      std::vector<Ledger::SlotUsage> slots;
+      if (!guarded([&] { slots = t.ledger->slots(); })) {
+        faultLocked(&t);
+        break;
+      }
+      std::string who;
+      for (const auto& [pid, p] : deviceProcesses_) {
+        if (p.tenant != name) continue;
+        const auto it = onDevice[d].find(pid);
+        const uint64_t onDev = it == onDevice[d].end() ? 0 : it->second;
+        uint64_t inSlot = 0;
+        for (const Ledger::SlotUsage& u : slots)
+          if (u.pid == p.nsPid && t.entry[d] >= 0) inSlot += u.used[t.entry[d]];
+        if (onDev <= inSlot) continue;
+        who += "; pid " + std::to_string(pid) +
+               (p.nsPid != pid ? " (" + std::to_string(p.nsPid) + " in its pid namespace)" : "") +
+               ": " + formatSize(onDev) + " on the device, " + formatSize(inSlot) +
+               " in its ledger slot";
+      }
+      CUSHARE_BLOG(warn,
+                   "tenant {} device {}: its processes hold {} on the device, {} more than its "
+                   "ledger shows{}; "
+                   "charged to the tenant (counted in its usage) while the device holds it",
+                   name, d, formatSize(held[d]), formatSize(t.hidden[d]), who);
+    }
+  }
+}
+
+}  // namespace cushare::broker

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cost_table.h"
 #include "shared_state.h"
 
 namespace simgpu {
@@ -16,6 +17,13 @@ struct Config {
   std::string name;                    // SIMGPU_NAME
   std::string stateDir;                // SIMGPU_STATE_DIR
   bool trace = false;                  // SIMGPU_TRACE=1
+  // Device time (engine.h): SIMGPU_KERNEL_COSTS, SIMGPU_TIME_SCALE, SIMGPU_TIME_SLICE_US,
+  // SIMGPU_SWITCH_US.
+  CostTable costs;
+  std::string costsPath;
+  double timeScale = 1.0;              // real ns per device ns (>1 stretches device time)
+  uint64_t sliceNs = 2'000'000;        // time slice between contexts (a guess)
+  uint64_t switchNs = 25'000;          // context switch cost (a guess)
 };
 
 // Parses the environment. On invalid input returns false and sets *error to one line naming the

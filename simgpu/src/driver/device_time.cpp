@@ -48,7 +48,10 @@ uint64_t realNs() {
 void runner(DeviceEngine* d) {
   std::unique_lock l(d->mu);
   for (;;) {
-    d->engine->advanceTo(std::max(d->engine->now(), deviceNowNs()));
+    // Only to the events that are due: the engine's clock then stays at the last one, so a
+    // stream that continues from that point (its next kernel) starts exactly there.
+    const uint64_t due = deviceNowNs();
+    for (uint64_t next; (next = d->engine->nextEventTime()) <= due;) d->engine->advanceTo(next);
     d->done.notify_all();
     const uint64_t next = d->engine->nextEventTime();
     if (next == UINT64_MAX) {
@@ -69,7 +72,6 @@ void ensureEngine(DeviceEngine& d) {
     p.sliceNs = drv().cfg.sliceNs;
     p.switchNs = drv().cfg.switchNs;
     d.engine = new Engine(p, [&d](uint64_t id, uint64_t end) { d.finished[id] = end; });
-    d.engine->advanceTo(deviceNowNs());
   }
   if (!d.runnerStarted) {
     d.runnerStarted = true;

@@ -79,7 +79,8 @@ void parseElf(const char* e, size_t n, ImageInfo* out) {
   std::map<uint32_t, std::string> functionsBySymbol;
   for (int i = 0; i < eh.e_shnum; ++i) {
     const Elf64_Shdr s = sh(i);
-    if (s.sh_name >= strs.sh_size || s.sh_offset + s.sh_size > n) continue;
+    if (s.sh_name >= strs.sh_size) continue;
+    if (s.sh_type != SHT_NOBITS && s.sh_offset + s.sh_size > n) continue;  // NOBITS (shared memory) has no bytes
     const char* name = e + strs.sh_offset + s.sh_name;
     if (std::strncmp(name, ".nv.info.", 9) == 0) {
       std::vector<ParamInfo>& params = out->kernels[name + 9];

@@ -82,7 +82,16 @@ bool Engine::othersWaiting(uint64_t g) const {
   return false;
 }
 
+void Engine::setWindow(uint64_t start, uint64_t end) {
+  winStart_ = start;
+  winEnd_ = end;
+}
+
 void Engine::schedule() {
+  if (!windowOpen()) {
+    if (now_ >= winEnd_ && runningTotal_) preemptGroup(0, true);  // the process's window closed
+    return;
+  }
   if (switchEnd_ > now_) return;  // a switch is in progress
   const bool activeBusy = haveActive_ && groupHasWork(active_);
   if (activeBusy && (now_ < sliceEnd_ || !othersWaiting(active_))) {
@@ -116,14 +125,14 @@ void Engine::schedule() {
   sliceEnd_ = std::max(now_, switchEnd_) + p_.sliceNs;
 }
 
-void Engine::preemptGroup(uint64_t g) {
+void Engine::preemptGroup(uint64_t g, bool all) {
   std::vector<Run> keep;
   while (!runs_.empty()) {
     Run r = runs_.top();
     runs_.pop();
     Kernel& k = kernels_.at(r.kernel);
     Ctx& c = ctxs_[k.ctx];
-    if (c.group != g) {
+    if (c.group != g && !all) {
       keep.push_back(r);
       continue;
     }
@@ -140,7 +149,7 @@ void Engine::preemptGroup(uint64_t g) {
 }
 
 void Engine::dispatch() {
-  if (!haveActive_ || switchEnd_ > now_) return;
+  if (!haveActive_ || switchEnd_ > now_ || !windowOpen()) return;
   std::vector<Kernel*> order;
   for (auto& [id, k] : kernels_)
     if (k.waitingBlocks && ctxs_[k.ctx].group == active_) order.push_back(&k);
@@ -243,13 +252,17 @@ uint64_t Engine::nextEventTime() const {
   uint64_t t = runs_.empty() ? kNever : runs_.top().end;
   if (switchEnd_ > now_) t = std::min(t, switchEnd_);
   if (haveActive_ && othersWaiting(active_)) t = std::min(t, std::max(sliceEnd_, now_));
+  if (!kernels_.empty()) {
+    if (now_ < winStart_) t = std::min(t, winStart_);
+    else if (now_ < winEnd_ && winEnd_ != kNever) t = std::min(t, winEnd_);
+  }
   return t;
 }
 
 void Engine::account(uint64_t dt) {
   if (dt == 0) return;
   if (runningTotal_) deviceBusyNs_ += dt;
-  const bool switching = switchEnd_ > now_;
+  const bool switching = switchEnd_ > now_ || !windowOpen();
   for (Ctx& c : ctxs_) {
     c.stats.busySmNs += static_cast<uint64_t>(c.smsUsed) * dt;
     if (c.runningBlocks) c.stats.busyNs += dt;

@@ -86,6 +86,13 @@ class Engine {
   // no blocks, completes at once (the driver refuses such launches before they get here).
   uint64_t submit(int ctx, int streamPriority, const KernelShape& k);
 
+  // The process-wide gate of cross-process time slicing: blocks dispatch only while now() is in
+  // [start, end); at `end` every running block is saved (as at a slice's end) and resumes in the
+  // next window. Default: always open.
+  void setWindow(uint64_t start, uint64_t end);
+  uint64_t windowEnd() const { return winEnd_; }
+  bool windowOpen() const { return now_ >= winStart_ && now_ < winEnd_; }
+
   // Runs the model up to time t (>= now()).
   void advanceTo(uint64_t t);
   uint64_t now() const { return now_; }
@@ -147,7 +154,7 @@ class Engine {
   uint32_t fits(const Sm& sm, const KernelShape& s) const;
   void take(uint32_t sm, Kernel& k, Ctx& c, uint32_t n, uint64_t durNs);
   void release(const Run& r, Kernel& k, Ctx& c);
-  void preemptGroup(uint64_t g);
+  void preemptGroup(uint64_t g, bool all = false);
   void account(uint64_t dt);
   void finishIfDone(uint64_t id);
 
@@ -168,6 +175,8 @@ class Engine {
   uint64_t sliceEnd_ = 0;
   uint64_t switchEnd_ = 0;     // no dispatch before this (a switch in progress)
   uint64_t rrCursor_ = 0;      // round-robin: the next group to consider after `active_`
+  uint64_t winStart_ = 0;
+  uint64_t winEnd_ = UINT64_MAX;
   uint64_t deviceBusyNs_ = 0;
   uint64_t switches_ = 0;
   uint64_t runningTotal_ = 0;

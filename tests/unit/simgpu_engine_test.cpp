@@ -195,6 +195,23 @@ TEST(SimgpuEngine, AKernelThatCannotFitCompletesAtOnce) {
   EXPECT_TRUE(r.e.idle());
 }
 
+TEST(SimgpuEngine, AClosedWindowSavesRunningBlocksAndCountsAsSlicedOut) {
+  Rig r(params(1));
+  const int c = r.e.addContext(1);
+  r.e.setWindow(0, 1 * kMs);  // another process takes the device at 1 ms...
+  const uint64_t k = r.e.submit(c, 0, shape(1, 1024, 3 * kMs));
+  r.e.advanceTo(2 * kMs);
+  EXPECT_EQ(r.e.smsInUse(c), 0u);
+  r.e.setWindow(3 * kMs, 4 * kMs);  // ...and gives it back for [3, 4) ms, then from 5 ms on
+  r.e.advanceTo(4500 * kUs);
+  EXPECT_EQ(r.end.count(k), 0u);
+  r.e.setWindow(5 * kMs, UINT64_MAX);
+  r.run();
+  EXPECT_EQ(r.end[k], 6 * kMs);  // 1 + 1 + 1 ms of running
+  EXPECT_EQ(r.e.stats(c).busyNs, 3 * kMs);
+  EXPECT_EQ(r.e.stats(c).slicedOutNs, 3 * kMs);
+}
+
 TEST(SimgpuCostTable, SourceNamesDropReturnTypeAndParameters) {
   EXPECT_EQ(kernelSourceName("_Z5heavyPfi"), "heavy");
   EXPECT_EQ(kernelSourceName("_ZN2ns4spinIfEEvPT_x"), "ns::spin<float>");

@@ -85,6 +85,8 @@ bool Engine::othersWaiting(uint64_t g) const {
 void Engine::setWindow(uint64_t start, uint64_t end) {
   winStart_ = start;
   winEnd_ = end;
+  schedule();  // an open window dispatches at once
+  dispatch();
 }
 
 void Engine::schedule() {

@@ -302,7 +302,10 @@ struct KernelParams {
   bool extraBuffer = false;  // args[0] is a packed CU_LAUNCH_PARAM_BUFFER
   bool forGraph = false;     // a graph node: arguments must be copied, there is no fallback
   uint64_t blockNs = 0;      // each block's modelled time, fixed at launch (the cost rule)
+  bool queued = false;       // counted by deviceKernelQueued (a stream launch, not a graph node)
 };
+// A kernel was queued on a stream of device dev: its process wants the device (time slicing).
+void deviceKernelQueued(int dev);
 // Whether one block of f with this shape fits an empty SM (else the launch is out of resources).
 bool blockFitsSm(const Function* f, const unsigned block[3], unsigned sharedMem);
 // Runs k's blocks on the device engine and waits, in the calling stream worker, until they end.

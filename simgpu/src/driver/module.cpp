@@ -277,12 +277,16 @@ CUresult launchKernel(Stream* s, Function* f, const unsigned grid[3], const unsi
     return submitAndWait(s, std::move(now));
   }
   if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return submit(s, std::move(op));
+  k->queued = true;  // counted below once queued (the worker may take it first: the count dips)
+  const int device = k->device;
   op.run = [k] {
     const CUresult r = runKernelCopy(*k);
     delete k;
     return r;
   };
-  return submit(s, std::move(op));
+  const CUresult r = submit(s, std::move(op));
+  if (r == CUDA_SUCCESS) deviceKernelQueued(device);
+  return r;
 }
 
 }  // namespace simgpu

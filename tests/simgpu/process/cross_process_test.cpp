@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "simgpu/nvml.h"
 #include "timeslice_board.h"
 
 namespace {
@@ -393,12 +394,41 @@ long long elapsedUs(Child& c) {
   return line.size() > 8 ? std::atoll(line.c_str() + 8) : -1;
 }
 
-TEST(TimeSlicing, AloneAProcessRunsUninterrupted) {
+TEST(TimeSlicing, AloneAProcessRunsUninterruptedAndNvmlSeesIt) {
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t dev;
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &dev), NVML_SUCCESS);
+  nvmlUtilization_t util = {};
   Child c;
   ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hog", "20"}));
   ASSERT_EQ(c.readLine(), "ready");
+  ASSERT_EQ(nvmlDeviceGetUtilizationRates(dev, &util), NVML_SUCCESS);  // the period starts here
+  EXPECT_EQ(util.gpu, 0u);
   c.send('g');
   EXPECT_NEAR(elapsedUs(c), 20'000, 1'000);  // 20 ms of blocks, plus the host's launch gaps
+  ASSERT_EQ(nvmlDeviceGetUtilizationRates(dev, &util), NVML_SUCCESS);
+  EXPECT_GT(util.gpu, 10u) << "20 ms of kernels in a period of a few tens of ms";
+  unsigned n = 0;
+  EXPECT_EQ(nvmlDeviceGetProcessUtilization(dev, nullptr, &n, 0), NVML_ERROR_INSUFFICIENT_SIZE);
+  ASSERT_GE(n, 1u);
+  std::vector<nvmlProcessUtilizationSample_t> samples(n);
+  ASSERT_EQ(nvmlDeviceGetProcessUtilization(dev, samples.data(), &n, 0), NVML_SUCCESS);
+  bool seen = false;
+  for (unsigned i = 0; i < n; ++i)
+    if (samples[i].pid == static_cast<unsigned>(c.pid)) seen = samples[i].smUtil > 0;
+  EXPECT_TRUE(seen) << "the hog's own utilisation";
+  // simgpu-smi --json: the same ground truth for scripts.
+  FILE* smi = popen(SIMGPU_SMI " --json", "r");
+  ASSERT_TRUE(smi);
+  char buf[8192] = {};
+  const size_t got = fread(buf, 1, sizeof buf - 1, smi);
+  pclose(smi);
+  const std::string json(buf, got);
+  EXPECT_NE(json.find("{\"pid\": " + std::to_string(c.pid) + ", \"busy_ns\": 20000000, \"busy_sm_ns\": 20000000, "
+                      "\"blocks\": 20, \"kernels\": 20, \"sliced_out_ns\": 0}"),
+            std::string::npos)
+      << json;
+  nvmlShutdown();
   simgpu::Board* b = board();
   ASSERT_TRUE(b);
   const simgpu::BoardSlot* s = slotOf(b, c.pid);

@@ -141,25 +141,34 @@ void publishStats(DeviceEngine& d) {
   s.updatedNs.store(d.engine->now(), std::memory_order_release);
 }
 
+// Caller holds d.mu. One step of the device: the board first (so a window renewed late still
+// joins the previous one seamlessly), then the engine only to the events that are due (its clock
+// then stays at the last one, so a stream that continues from that point starts exactly there).
+// Returns the device time of the next thing to do. Run by the runner thread, and by a worker
+// waiting for its kernel (which saves a thread hop per kernel).
+uint64_t step(DeviceEngine& d) {
+  const uint64_t due = deviceNowNs();
+  uint64_t look = arbitrate(d, due);
+  for (uint64_t next; (next = d.engine->nextEventTime()) <= due;) d.engine->advanceTo(next);
+  if (d.board && d.engine->idle() && d.queued.load() == 0) look = std::min(look, arbitrate(d, due));
+  publishStats(d);
+  d.done.notify_all();
+  return std::min(look, d.engine->nextEventTime());
+}
+
+std::chrono::steady_clock::time_point realTimeOf(uint64_t deviceNs) {
+  const double real = static_cast<double>(deviceNs) * drv().cfg.timeScale;
+  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(static_cast<uint64_t>(real) + 1));
+}
+
 void runner(DeviceEngine* d) {
   std::unique_lock l(d->mu);
   for (;;) {
-    // Only to the events that are due: the engine's clock then stays at the last one, so a
-    // stream that continues from that point (its next kernel) starts exactly there. The board
-    // is consulted first, so a window renewed late still joins the previous one seamlessly.
-    const uint64_t due = deviceNowNs();
-    uint64_t look = arbitrate(*d, due);
-    for (uint64_t next; (next = d->engine->nextEventTime()) <= due;) d->engine->advanceTo(next);
-    if (d->board && d->engine->idle() && d->queued.load() == 0) look = std::min(look, arbitrate(*d, due));
-    publishStats(*d);
-    d->done.notify_all();
-    const uint64_t next = std::min(look, d->engine->nextEventTime());
+    const uint64_t next = step(*d);
     if (next == kNever) {
       d->wake.wait(l);
     } else {
-      const double real = static_cast<double>(next) * drv().cfg.timeScale;
-      d->wake.wait_until(l, std::chrono::steady_clock::time_point(
-                                std::chrono::nanoseconds(static_cast<uint64_t>(real) + 1)));
+      d->wake.wait_until(l, realTimeOf(next));
     }
   }
 }
@@ -293,7 +302,12 @@ void deviceExecute(const KernelParams& k) {
   if (tlsStreamNs > d.engine->now()) d.engine->advanceTo(tlsStreamNs);
   const uint64_t id = d.engine->submit(it->second, streamPriority, kernelShape(k));
   d.wake.notify_one();
-  d.done.wait(l, [&] { return d.finished.count(id) != 0; });
+  while (d.finished.count(id) == 0) {
+    const uint64_t next = step(d);
+    if (d.finished.count(id)) break;
+    if (next == kNever) d.done.wait(l);
+    else d.done.wait_until(l, realTimeOf(next));
+  }
   tlsStreamNs = std::max(tlsStreamNs, d.finished[id]);
   d.finished.erase(id);
 }

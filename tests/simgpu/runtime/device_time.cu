@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "cuda_check.h"
 #include "simgpu/simgpu.h"
@@ -157,4 +158,28 @@ TEST(DeviceTime, StreamsOfOneContextRunSideBySide) {
   EXPECT_FLOAT_EQ(ms, 5.0f) << "side by side, not one after the other (10 ms)";
   CUDA_EXPECT(cudaStreamDestroy(s1));
   CUDA_EXPECT(cudaStreamDestroy(s2));
+}
+
+TEST(DeviceTime, StreamPriorityOrdersWaitingBlocksNotRunningOnes) {
+  if (!onSimgpu()) GTEST_SKIP();
+  cudaStream_t fill, low, high;
+  CUDA_ASSERT(cudaStreamCreateWithPriority(&fill, cudaStreamNonBlocking, 0));
+  CUDA_ASSERT(cudaStreamCreateWithPriority(&low, cudaStreamNonBlocking, 0));
+  CUDA_ASSERT(cudaStreamCreateWithPriority(&high, cudaStreamNonBlocking, -5));
+  cudaEvent_t filled, lowDone, highDone;
+  for (cudaEvent_t* e : {&filled, &lowDone, &highDone}) CUDA_ASSERT(cudaEventCreate(e));
+  hog<<<8, 1024, 0, fill>>>(nullptr, 20'000'000);  // fills the 4 SMs for 20 ms
+  CUDA_ASSERT(cudaEventRecord(filled, fill));
+  hog<<<8, 1024, 0, low>>>(nullptr, 1'000'000);   // waits, submitted first...
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  hog<<<8, 1024, 0, high>>>(nullptr, 1'000'000);  // ...this one, higher priority, goes first
+  CUDA_ASSERT(cudaEventRecord(lowDone, low));
+  CUDA_ASSERT(cudaEventRecord(highDone, high));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  float h = 0, l = 0;
+  CUDA_ASSERT(cudaEventElapsedTime(&h, filled, highDone));
+  CUDA_ASSERT(cudaEventElapsedTime(&l, filled, lowDone));
+  EXPECT_FLOAT_EQ(h, 1.0f);
+  EXPECT_FLOAT_EQ(l, 2.0f);
+  for (cudaStream_t s : {fill, low, high}) CUDA_EXPECT(cudaStreamDestroy(s));
 }

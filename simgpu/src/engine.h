@@ -2,7 +2,7 @@
 //
 // Pure logic with an explicit clock: nothing here reads the wall clock, sleeps or takes a lock.
 // The caller owns time: it submits kernels at now() and moves time forward with advanceTo(t);
-// in the driver a runner thread does that against the steady clock (engine_runner.h), in unit
+// in the driver device_time.cpp does that against the steady clock, in unit
 // tests the test does it (the virtual clock). Deterministic: the same calls give the same times.
 //
 // What is modelled (docs/simgpu.md, "Device time"):

@@ -9,8 +9,13 @@
 // when the engine says, and an event is stamped with that position, not with the moment the
 // worker thread woke up, so event times are exact to the model.
 //
-// Invariants: the engine is only touched under g.mu; the runner never sleeps past the engine's
-// next event; the engine is never destroyed (cudart tears down after our destructors).
+// Processes take turns on the device through its time-slice board (timeslice_board.h): the
+// engine's window is open only while this process holds the board. The device is stepped (board,
+// then due events) by a runner thread and by any worker waiting for its kernel.
+//
+// Invariants: the engine is only touched under d.mu; nobody sleeps past the engine's next event
+// or the board's next decision; the engine is never destroyed (cudart tears down after our
+// destructors).
 #include <unistd.h>
 
 #include <chrono>

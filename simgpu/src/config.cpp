@@ -85,6 +85,11 @@ bool loadConfig(Config* c, std::string* error) {
     if (!cushare::parseInt(v, 1, 10'000'000, &n, &why)) return bad("SIMGPU_TIME_SLICE_US", v, why);
     c->sliceNs = static_cast<uint64_t>(n) * 1000;
   }
+  if (const char* v = std::getenv("SIMGPU_TEST_SM_CAP")) {
+    int64_t n;
+    if (!cushare::parseInt(v, 1, 1024, &n, &why)) return bad("SIMGPU_TEST_SM_CAP", v, why);
+    c->testSmCap = static_cast<uint32_t>(n);
+  }
   if (const char* v = std::getenv("SIMGPU_SWITCH_US")) {
     int64_t n;
     if (!cushare::parseInt(v, 0, 1'000'000, &n, &why)) return bad("SIMGPU_SWITCH_US", v, why);

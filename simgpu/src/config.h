@@ -24,6 +24,7 @@ struct Config {
   double timeScale = 1.0;              // real ns per device ns (>1 stretches device time)
   uint64_t sliceNs = 2'000'000;        // time slice between contexts (a guess)
   uint64_t switchNs = 25'000;          // context switch cost (a guess)
+  uint32_t testSmCap = 0;              // SIMGPU_TEST_SM_CAP: tests only, until MPS sets caps (0: none)
 };
 
 // Parses the environment. On invalid input returns false and sets *error to one line naming the

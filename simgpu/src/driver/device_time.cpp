@@ -258,6 +258,7 @@ EngineContextParams engineContextParams(const Context* c) {
   // parameters (../notes: mps-engine-interface). Without MPS every context is its own group.
   EngineContextParams p;
   p.group = c->id;
+  p.smCap = drv().cfg.testSmCap;  // tests of the cap's effect in a real program, until MPS sets it
   return p;
 }
 

@@ -183,3 +183,15 @@ TEST(DeviceTime, StreamPriorityOrdersWaitingBlocksNotRunningOnes) {
   EXPECT_FLOAT_EQ(l, 2.0f);
   for (cudaStream_t s : {fill, low, high}) CUDA_EXPECT(cudaStreamDestroy(s));
 }
+
+// Registered with SIMGPU_TEST_SM_CAP=2 (the cap an MPS client gets; the test-only variable stands
+// in until the simulated MPS sets it): the context's blocks occupy at most 2 of the 4 SMs.
+TEST(DeviceTime, SmCapHalvesTheWave) {
+  if (!onSimgpu() || !std::getenv("SIMGPU_TEST_SM_CAP")) GTEST_SKIP() << "registered with SIMGPU_TEST_SM_CAP=2";
+  cudaStream_t s;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // 1024 threads per block: 2 per SM, 4 per wave on 2 SMs (8 without the cap).
+  EXPECT_FLOAT_EQ(timed(s, [&] { fixed<float><<<4, 1024, 0, s>>>(nullptr); }), 0.1f);
+  EXPECT_FLOAT_EQ(timed(s, [&] { fixed<float><<<8, 1024, 0, s>>>(nullptr); }), 0.2f);
+  CUDA_EXPECT(cudaStreamDestroy(s));
+}

@@ -166,12 +166,17 @@ TEST(DeviceTime, StreamPriorityOrdersWaitingBlocksNotRunningOnes) {
   CUDA_ASSERT(cudaStreamCreateWithPriority(&fill, cudaStreamNonBlocking, 0));
   CUDA_ASSERT(cudaStreamCreateWithPriority(&low, cudaStreamNonBlocking, 0));
   CUDA_ASSERT(cudaStreamCreateWithPriority(&high, cudaStreamNonBlocking, -5));
-  cudaEvent_t filled, lowDone, highDone;
-  for (cudaEvent_t* e : {&filled, &lowDone, &highDone}) CUDA_ASSERT(cudaEventCreate(e));
+  cudaEvent_t before, filled, lowDone, highDone;
+  for (cudaEvent_t* e : {&before, &filled, &lowDone, &highDone}) CUDA_ASSERT(cudaEventCreate(e));
+  // Streams reach simgpu's engine through their own worker threads: wait until the fill stream's
+  // worker has passed `before` (it then hands the fill kernel over within microseconds), so the
+  // other kernels find the SMs full, as they would behind a GPU's in-order launch queue.
+  CUDA_ASSERT(cudaEventRecord(before, fill));
   hog<<<8, 1024, 0, fill>>>(nullptr, 20'000'000);  // fills the 4 SMs for 20 ms
   CUDA_ASSERT(cudaEventRecord(filled, fill));
+  CUDA_ASSERT(cudaEventSynchronize(before));
   hog<<<8, 1024, 0, low>>>(nullptr, 1'000'000);   // waits, submitted first...
-  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(cudaStreamQuery(low), cudaErrorNotReady);
   hog<<<8, 1024, 0, high>>>(nullptr, 1'000'000);  // ...this one, higher priority, goes first
   CUDA_ASSERT(cudaEventRecord(lowDone, low));
   CUDA_ASSERT(cudaEventRecord(highDone, high));

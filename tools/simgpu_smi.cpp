@@ -1,12 +1,63 @@
 // simgpu-smi: lists the GPUs NVML reports with their memory and compute processes, like a tiny
-// nvidia-smi. It uses only the NVML API, so it works on simgpu's NVML and on a real one.
+// nvidia-smi. The listing uses only the NVML API, so it works on simgpu's NVML and on a real one.
+//
+// `simgpu-smi --json`: simgpu's ground truth for tests, one JSON object: per device, NVML's memory
+// and, from the device's time-slice board (timeslice_board.h), the context switches and per
+// process what its engine really ran: busy_ns (time with its blocks running), busy_sm_ns (SM-time),
+// blocks, kernels, sliced_out_ns (time it had work while another process held the device).
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <cstring>
+#include <string>
 
+#include "config.h"
 #include "simgpu/nvml.h"
+#include "timeslice_board.h"
 
-int main() {
+namespace {
+
+int printJson(unsigned count) {
+  simgpu::Config cfg;
+  std::string err;
+  if (!simgpu::loadConfig(&cfg, &err)) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    return 1;
+  }
+  std::printf("{\"devices\": [");
+  for (unsigned i = 0; i < count; ++i) {
+    nvmlDevice_t dev;
+    if (nvmlDeviceGetHandleByIndex_v2(i, &dev) != NVML_SUCCESS) continue;
+    nvmlMemory_t mem = {};
+    nvmlDeviceGetMemoryInfo(dev, &mem);
+    simgpu::Board* b = simgpu::openBoard(cfg.stateDir, static_cast<int>(i), &err);
+    std::printf("%s{\"index\": %u, \"memory_used\": %llu, \"switches\": %llu, \"processes\": [", i ? ", " : "", i,
+                static_cast<unsigned long long>(mem.used),
+                static_cast<unsigned long long>(b ? b->switches.load() : 0));
+    bool first = true;
+    if (b)
+      for (const simgpu::BoardSlot& s : b->slot) {
+        const int32_t pid = s.pid.load();
+        if (!simgpu::pidAlive(pid)) continue;
+        std::printf("%s{\"pid\": %d, \"busy_ns\": %llu, \"busy_sm_ns\": %llu, \"blocks\": %llu, \"kernels\": %llu, "
+                    "\"sliced_out_ns\": %llu}",
+                    first ? "" : ", ", pid, static_cast<unsigned long long>(s.busyNs.load()),
+                    static_cast<unsigned long long>(s.busySmNs.load()),
+                    static_cast<unsigned long long>(s.blocksRun.load()),
+                    static_cast<unsigned long long>(s.kernelsRun.load()),
+                    static_cast<unsigned long long>(s.slicedOutNs.load()));
+        first = false;
+      }
+    std::printf("]}");
+  }
+  std::printf("]}\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
   nvmlReturn_t r = nvmlInit_v2();
   if (r != NVML_SUCCESS) {
     std::fprintf(stderr, "simgpu-smi: nvmlInit failed: %s\n", nvmlErrorString(r));
@@ -14,6 +65,11 @@ int main() {
   }
   unsigned count = 0;
   nvmlDeviceGetCount_v2(&count);
+  if (json) {
+    const int rc = printJson(count);
+    nvmlShutdown();
+    return rc;
+  }
   for (unsigned i = 0; i < count; ++i) {
     nvmlDevice_t dev;
     if (nvmlDeviceGetHandleByIndex_v2(i, &dev) != NVML_SUCCESS) continue;
@@ -22,8 +78,11 @@ int main() {
     nvmlDeviceGetUUID(dev, uuid, sizeof uuid);
     nvmlMemory_t mem = {};
     nvmlDeviceGetMemoryInfo(dev, &mem);
-    std::printf("GPU %u  %-34s %s\n       memory %8llu MiB used / %8llu MiB total\n", i, name, uuid,
-                static_cast<unsigned long long>(mem.used >> 20), static_cast<unsigned long long>(mem.total >> 20));
+    nvmlUtilization_t util = {};
+    nvmlDeviceGetUtilizationRates(dev, &util);
+    std::printf("GPU %u  %-34s %s\n       memory %8llu MiB used / %8llu MiB total, gpu %u %%\n", i, name, uuid,
+                static_cast<unsigned long long>(mem.used >> 20), static_cast<unsigned long long>(mem.total >> 20),
+                util.gpu);
     nvmlProcessInfo_t procs[64];
     unsigned n = 64;
     if (nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, procs) == NVML_SUCCESS)

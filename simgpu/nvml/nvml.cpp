@@ -73,6 +73,9 @@ nvmlReturn_t build(Globals& s) {
     std::snprintf(r.serial, sizeof r.serial, "165202200%04d", d);
     std::snprintf(r.busId, sizeof r.busId, NVML_DEVICE_PCI_BUS_ID_FMT, 0u, r.pciBus, 0u);
     std::snprintf(r.busIdLegacy, sizeof r.busIdLegacy, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, 0u, r.pciBus, 0u);
+    std::string boardErr;
+    r.board = openBoard(cfg.stateDir, d, &boardErr);  // null: utilisation reads 0
+    r.timeScale = cfg.timeScale;
   }
   s.devs = devs;
   s.st = st;

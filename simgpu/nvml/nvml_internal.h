@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "shared_state.h"
+#include "timeslice_board.h"
 
 // Every NVML entry point: C linkage and default visibility (the target builds hidden by default).
 #define SIMGPU_NVML_API extern "C" __attribute__((visibility("default")))
@@ -29,6 +30,8 @@ struct nvmlDevice_st {
   char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE];
   char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];            // "00000000:18:00.0"
   char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];   // "0000:18:00.0"
+  simgpu::Board* board;  // the device's time-slice board: what the engines ran (null if unavailable)
+  double timeScale;      // SIMGPU_TIME_SCALE: device time = CLOCK_MONOTONIC / timeScale
 };
 
 namespace simgpu::nvml {

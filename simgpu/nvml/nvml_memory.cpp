@@ -120,12 +120,3 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevi
   return noProcesses(handle, infoCount);
 }
 
-// Always idle until simgpu has a timing model to derive busy time from.
-SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t handle, nvmlUtilization_t* utilization) {
-  nvmlDevice_st* d;
-  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
-  if (!utilization) return NVML_ERROR_INVALID_ARGUMENT;
-  utilization->gpu = 0;
-  utilization->memory = 0;
-  return NVML_SUCCESS;
-}

@@ -120,6 +120,33 @@ bool loadConfig(Config* c, std::string* error) {
     else
       return bad("SIMGPU_TRACE", v, "expected 0 or 1");
   }
+  if (const char* v = std::getenv("SIMGPU_KERNEL_COSTS")) {
+    if (v[0] != '/') return bad("SIMGPU_KERNEL_COSTS", v, "must be an absolute path to a cost table");
+    if (!loadCostTable(v, &c->costs, &why)) return bad("SIMGPU_KERNEL_COSTS", v, why);
+    c->costsPath = v;
+  }
+  if (const char* v = std::getenv("SIMGPU_TIME_SCALE")) {
+    char* end = nullptr;
+    const double d = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(d >= 0.01 && d <= 1000))
+      return bad("SIMGPU_TIME_SCALE", v, "expected a number from 0.01 to 1000 (real time per device time)");
+    c->timeScale = d;
+  }
+  if (const char* v = std::getenv("SIMGPU_TIME_SLICE_US")) {
+    int64_t n;
+    if (!cushare::parseInt(v, 1, 10'000'000, &n, &why)) return bad("SIMGPU_TIME_SLICE_US", v, why);
+    c->sliceNs = static_cast<uint64_t>(n) * 1000;
+  }
+  if (const char* v = std::getenv("SIMGPU_TEST_SM_CAP")) {
+    int64_t n;
+    if (!cushare::parseInt(v, 1, 1024, &n, &why)) return bad("SIMGPU_TEST_SM_CAP", v, why);
+    c->testSmCap = static_cast<uint32_t>(n);
+  }
+  if (const char* v = std::getenv("SIMGPU_SWITCH_US")) {
+    int64_t n;
+    if (!cushare::parseInt(v, 0, 1'000'000, &n, &why)) return bad("SIMGPU_SWITCH_US", v, why);
+    c->switchNs = static_cast<uint64_t>(n) * 1000;
+  }
   return true;
 }
 

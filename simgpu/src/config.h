@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cost_table.h"
 #include "shared_state.h"
 
 namespace simgpu {
@@ -21,6 +22,14 @@ struct Config {
   // these, numbered from 0; identities (UUID, PCI bus id) and the shared state stay the host's.
   int containerCount = 0;
   int container[kMaxDevices] = {};
+  // Device time (engine.h): SIMGPU_KERNEL_COSTS, SIMGPU_TIME_SCALE, SIMGPU_TIME_SLICE_US,
+  // SIMGPU_SWITCH_US.
+  CostTable costs;
+  std::string costsPath;
+  double timeScale = 1.0;              // real ns per device ns (>1 stretches device time)
+  uint64_t sliceNs = 2'000'000;        // time slice between contexts (a guess)
+  uint64_t switchNs = 25'000;          // context switch cost (a guess)
+  uint32_t testSmCap = 0;              // SIMGPU_TEST_SM_CAP: tests only, until MPS sets caps (0: none)
 };
 
 // Parses the environment. On invalid input returns false and sets *error to one line naming the

@@ -218,6 +218,15 @@ typedef struct nvmlUtilization_st {
   unsigned int memory; /* percent of the sample period with device memory being read or written */
 } nvmlUtilization_t;
 
+typedef struct nvmlProcessUtilizationSample_st {
+  unsigned int pid;
+  unsigned long long timeStamp; /* when the sample was taken, in microseconds */
+  unsigned int smUtil;          /* percent of the period with this process's kernels running */
+  unsigned int memUtil;
+  unsigned int encUtil;
+  unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
 /* total = free + used */
 typedef struct nvmlMemory_st {
   unsigned long long total;
@@ -414,6 +423,8 @@ nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
                                                         unsigned int* infoCount,
                                                         nvmlProcessInfo_t* infos);
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization);
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,
+                                             unsigned int* processSamplesCount, unsigned long long lastSeenTimeStamp);
 
 /* ---- topology and interconnect ------------------------------------------------------------ */
 nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize,

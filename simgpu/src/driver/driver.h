@@ -197,7 +197,7 @@ struct Event {
   bool recorded = false;
   Stream* stream = nullptr;  // where it was last recorded
   uint64_t seq = 0;          // the record operation's sequence number on that stream
-  std::atomic<double> timeMs{0};  // when the record operation executed
+  std::atomic<double> timeMs{0};  // device time (ms) at which the record operation executed
   // Capture: the nodes that the record point depends on, when recorded in a capturing stream.
   Graph* captureGraph = nullptr;
   Stream* captureOrigin = nullptr;
@@ -223,6 +223,7 @@ struct Stream {
   std::atomic<uint64_t> completed{0};   // written under the progress mutex
   int workerGen = -1;                   // fork generation the worker was started in
   CUresult error = CUDA_SUCCESS;        // first asynchronous failure, reported at synchronisation
+  std::atomic<uint64_t> lastDoneNs{0};  // device time its last completed operation ended (worker)
   bool blocking() const { return (flags & CU_STREAM_NON_BLOCKING) == 0; }
 };
 // Stream bookkeeping
@@ -237,7 +238,22 @@ struct PerThreadStreamScope {
   ~PerThreadStreamScope();
   bool prev;
 };
-double nowMs();
+
+// Device time (device_time.cpp, engine.h). deviceNowNs: CLOCK_MONOTONIC / SIMGPU_TIME_SCALE.
+uint64_t deviceNowNs();
+// In a stream worker: the device time the executing operation has reached. streamExecBegin marks
+// the start of an operation of s at ns; a wait moves the position forward with AtLeast.
+void streamExecBegin(const struct Stream* s, uint64_t ns);
+uint64_t streamPositionNs();
+void streamPositionAtLeast(uint64_t ns);
+// How a context appears to the engine: its time-slice group, SM cap (0: all) and client priority.
+struct EngineContextParams {
+  uint64_t group = 0;
+  uint32_t smCap = 0;
+  int clientPriority = 0;
+};
+EngineContextParams engineContextParams(const struct Context* c);
+inline constexpr uint32_t kReservedSharedPerBlock = 1024;  // shared memory the system keeps per block (cc 8.0+)
 
 // An operation on a stream. `run` performs it; returns the CUDA status of doing so.
 struct Op {
@@ -275,6 +291,12 @@ struct Function {
   int sharedSizeBytes = 0;
   int maxDynamicShared = 48 * 1024;
   bool nonPortableClusters = false;
+  // Device time: registers per thread and static shared memory from the cubin (0: unknown), and
+  // the cost rule that matched (SIMGPU_KERNEL_COSTS): a fixed block time or a parameter's value.
+  uint32_t registers = 0;
+  uint32_t staticShared = 0;
+  uint64_t blockNs = 0;
+  int costParam = -1;
   CUfunction asFunction() { return reinterpret_cast<CUfunction>(this); }
 };
 struct KernelParams {
@@ -286,7 +308,15 @@ struct KernelParams {
   std::vector<void*> argPtrs;
   bool extraBuffer = false;  // args[0] is a packed CU_LAUNCH_PARAM_BUFFER
   bool forGraph = false;     // a graph node: arguments must be copied, there is no fallback
+  uint64_t blockNs = 0;      // each block's modelled time, fixed at launch (the cost rule)
+  bool queued = false;       // counted by deviceKernelQueued (a stream launch, not a graph node)
 };
+// A kernel was queued on a stream of device dev: its process wants the device (time slicing).
+void deviceKernelQueued(int dev);
+// Whether one block of f with this shape fits an empty SM (else the launch is out of resources).
+bool blockFitsSm(const Function* f, const unsigned block[3], unsigned sharedMem);
+// Runs k's blocks on the device engine and waits, in the calling stream worker, until they end.
+void deviceExecute(const KernelParams& k);
 // Copies a launch's arguments into k (for graphs); runs a kernel from such a copy.
 CUresult copyKernelArgs(KernelParams* k, void** params, void** extra);
 CUresult runKernelCopy(KernelParams& k);

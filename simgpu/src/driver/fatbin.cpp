@@ -2,7 +2,9 @@
 // (magic, version, header size, payload size) followed by entries, each with its own header
 // (kind 2 = ELF cubin, payload size at +8, header size at +4). Cubin kernels carry their
 // parameters in ".nv.info.<kernel>" sections as EIATTR_KPARAM_INFO (0x17) records: ordinal at
-// +4, offset at +6, and the size in bits 18..31 of the word at +8.
+// +4, offset at +6, and the size in bits 18..31 of the word at +8. Register counts are in the
+// module-wide ".nv.info" section as EIATTR_REGCOUNT (0x2f) records {symbol index, registers};
+// static shared memory is the size of the ".nv.shared.<kernel>" section.
 #include "fatbin.h"
 
 #include <elf.h>
@@ -15,12 +17,30 @@ namespace {
 constexpr uint32_t kWrapperMagic = 0x466243b1;
 constexpr uint32_t kFatbinMagic = 0xBA55ED50;
 constexpr uint8_t kKparamInfo = 0x17;
+constexpr uint8_t kRegCount = 0x2f;
 
 template <typename T>
 T load(const char* p) {
   T v;
   std::memcpy(&v, p, sizeof v);
   return v;
+}
+
+// Module-wide .nv.info: register counts by symbol index.
+void parseModuleInfo(const char* p, size_t n, std::map<uint32_t, uint32_t>* regs) {
+  size_t i = 0;
+  while (i + 4 <= n) {
+    const uint8_t fmt = static_cast<uint8_t>(p[i]);
+    const uint8_t attr = static_cast<uint8_t>(p[i + 1]);
+    if (fmt != 0x04) {
+      i += 4;
+      continue;
+    }
+    const uint16_t sz = load<uint16_t>(p + i + 2);
+    if (i + 4 + sz > n) return;
+    if (attr == kRegCount && sz >= 8) (*regs)[load<uint32_t>(p + i + 4)] = load<uint32_t>(p + i + 8);
+    i += 4 + sz;
+  }
 }
 
 void parseNvInfo(const char* p, size_t n, std::vector<ParamInfo>* params) {
@@ -55,14 +75,21 @@ void parseElf(const char* e, size_t n, ImageInfo* out) {
   auto sh = [&](int i) { return load<Elf64_Shdr>(e + eh.e_shoff + static_cast<size_t>(i) * sizeof(Elf64_Shdr)); };
   const Elf64_Shdr strs = sh(eh.e_shstrndx);
   if (strs.sh_offset + strs.sh_size > n) return;
+  std::map<uint32_t, uint32_t> regsBySymbol;
+  std::map<uint32_t, std::string> functionsBySymbol;
   for (int i = 0; i < eh.e_shnum; ++i) {
     const Elf64_Shdr s = sh(i);
-    if (s.sh_name >= strs.sh_size || s.sh_offset + s.sh_size > n) continue;
+    if (s.sh_name >= strs.sh_size) continue;
+    if (s.sh_type != SHT_NOBITS && s.sh_offset + s.sh_size > n) continue;  // NOBITS (shared memory) has no bytes
     const char* name = e + strs.sh_offset + s.sh_name;
     if (std::strncmp(name, ".nv.info.", 9) == 0) {
       std::vector<ParamInfo>& params = out->kernels[name + 9];
       params.clear();
       parseNvInfo(e + s.sh_offset, s.sh_size, &params);
+    } else if (std::strcmp(name, ".nv.info") == 0) {
+      parseModuleInfo(e + s.sh_offset, s.sh_size, &regsBySymbol);
+    } else if (std::strncmp(name, ".nv.shared.", 11) == 0 && std::strncmp(name, ".nv.shared.reserved", 19) != 0) {
+      out->resources[name + 11].staticShared = static_cast<uint32_t>(s.sh_size);
     } else if (s.sh_type == SHT_SYMTAB && s.sh_entsize == sizeof(Elf64_Sym) && s.sh_link < eh.e_shnum) {
       const Elf64_Shdr symstr = sh(static_cast<int>(s.sh_link));
       if (symstr.sh_offset + symstr.sh_size > n) continue;
@@ -71,11 +98,14 @@ void parseElf(const char* e, size_t n, ImageInfo* out) {
         if (sym.st_name >= symstr.sh_size) continue;
         const char* sn = e + symstr.sh_offset + sym.st_name;
         if (ELF64_ST_TYPE(sym.st_info) == STT_OBJECT && *sn) out->globals[sn] = sym.st_size;
+        if (ELF64_ST_TYPE(sym.st_info) == STT_FUNC && *sn) functionsBySymbol[static_cast<uint32_t>(k)] = sn;
         if (ELF64_ST_TYPE(sym.st_info) == STT_FUNC && *sn && ELF64_ST_BIND(sym.st_info) == STB_GLOBAL)
           out->kernels.try_emplace(sn);
       }
     }
   }
+  for (const auto& [sym, regs] : regsBySymbol)
+    if (auto f = functionsBySymbol.find(sym); f != functionsBySymbol.end()) out->resources[f->second].registers = regs;
 }
 
 void parseFatbin(const char* f, ImageInfo* out) {

@@ -15,8 +15,15 @@
 
 namespace simgpu {
 
+// What a kernel asks of an SM, from its cubin (for occupancy).
+struct KernelResources {
+  uint32_t registers = 0;     // per thread (EIATTR_REGCOUNT in .nv.info); 0 unknown
+  uint32_t staticShared = 0;  // bytes of the .nv.shared.<kernel> section (the reserved 1 KiB included)
+};
+
 struct ImageInfo {
   std::map<std::string, std::vector<ParamInfo>> kernels;  // by mangled name, params by ordinal
+  std::map<std::string, KernelResources> resources;       // by mangled name, where the cubin says
   std::map<std::string, size_t> globals;                  // object symbols and their sizes
 };
 

@@ -181,6 +181,7 @@ CUresult runNode(GraphNode* n, Stream* s) {
       return setMemory(n->memset);
     case CU_GRAPH_NODE_TYPE_HOST:
       n->host.fn(n->host.userData);
+      streamPositionAtLeast(deviceNowNs());  // the stream waited for the host function
       return CUDA_SUCCESS;
     case CU_GRAPH_NODE_TYPE_GRAPH:
       return runGraphNodes(topoSort(n->child->nodes), s);
@@ -200,7 +201,7 @@ CUresult runNode(GraphNode* n, Stream* s) {
     case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
       if (n->event) {
         n->event->recorded = true;
-        n->event->timeMs = nowMs();
+        n->event->timeMs = static_cast<double>(streamPositionNs()) / 1e6;
       }
       return CUDA_SUCCESS;
     default:

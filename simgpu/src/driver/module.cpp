@@ -1,6 +1,7 @@
 // Modules and libraries (loaded, never compiled: kernels are found by name), functions and
 // kernels, module globals backed by memory, and kernel launch. A launch runs the kernel's host
-// body if the program supplies one (see simgpu.h) and otherwise completes doing nothing.
+// body if the program supplies one (see simgpu.h), then takes the device time the engine models
+// for its blocks (device_time.cpp): the block time comes from the cost table, fixed at launch.
 #include <dlfcn.h>
 #include <sys/mman.h>
 
@@ -80,6 +81,15 @@ CUresult getFunction(Module* m, const char* name, Function** out) {
       f->params = k->second;
       f->paramsKnown = true;
     }
+    if (auto r = m->info.resources.find(name); r != m->info.resources.end()) {
+      f->registers = r->second.registers;
+      f->staticShared = r->second.staticShared;
+    }
+    f->blockNs = kDefaultBlockNs;
+    if (const CostRule* rule = drv().cfg.costs.match(name)) {
+      f->blockNs = rule->blockNs;
+      f->costParam = rule->param;
+    }
     it = m->functions.emplace(name, f).first;
     handleAdd(f, HandleType::kFunction);
   }
@@ -122,8 +132,49 @@ Module* moduleOf(void* h, HandleType t) { return handleGet<Module>(h, t); }
 
 }  // namespace
 
+void runHostBody(const KernelParams& k, void** params, void** extra);
+
+namespace {
+// The block time of a launch: the cost rule's, or the integer value of the parameter it names
+// (read from the caller's arguments, so only at launch). A parameter simgpu cannot locate (no
+// layout, out of range) leaves the default.
+uint64_t launchBlockNs(const Function* f, void** params, void** extra) {
+  if (f->costParam < 0) return f->blockNs;
+  const size_t i = static_cast<size_t>(f->costParam);
+  if (!f->paramsKnown || i >= f->params.size()) return kDefaultBlockNs;
+  const ParamInfo& p = f->params[i];
+  const char* src = nullptr;
+  if (params) {
+    src = static_cast<const char*>(params[i]);
+  } else if (extra) {
+    const char* buf = nullptr;
+    size_t size = 0;
+    for (int j = 0; extra[j] != CU_LAUNCH_PARAM_END; j += 2) {
+      if (extra[j] == CU_LAUNCH_PARAM_BUFFER_POINTER) buf = static_cast<const char*>(extra[j + 1]);
+      else if (extra[j] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<size_t*>(extra[j + 1]);
+    }
+    if (buf && p.offset + p.size <= size) src = buf + p.offset;
+  }
+  if (!src) return kDefaultBlockNs;
+  int64_t v = 0;
+  switch (p.size) {
+    case 1: v = *reinterpret_cast<const int8_t*>(src); break;
+    case 2: { int16_t x; std::memcpy(&x, src, 2); v = x; break; }
+    case 4: { int32_t x; std::memcpy(&x, src, 4); v = x; break; }
+    case 8: std::memcpy(&v, src, 8); break;
+    default: return kDefaultBlockNs;
+  }
+  return v < 0 ? 0 : static_cast<uint64_t>(v);
+}
+}  // namespace
+
 CUresult runKernel(const KernelParams& k, void** params, void** extra) {
-  if (!k.fn->hostFn) return CUDA_SUCCESS;
+  if (k.fn->hostFn) runHostBody(k, params, extra);
+  deviceExecute(k);
+  return CUDA_SUCCESS;
+}
+
+void runHostBody(const KernelParams& k, void** params, void** extra) {
   simgpu_launch l;
   l.name = k.fn->name.c_str();
   for (int i = 0; i < 3; ++i) {
@@ -135,13 +186,13 @@ CUresult runKernel(const KernelParams& k, void** params, void** extra) {
   l.params = params;
   l.extra = extra;
   reinterpret_cast<simgpu_host_kernel>(k.fn->hostFn)(&l);
-  return CUDA_SUCCESS;
 }
 
 CUresult copyKernelArgs(KernelParams* k, void** params, void** extra) {
   // A graph must own copies of the arguments: the caller's storage is gone after the call.
   Function* f = k->fn;
   k->args.clear();
+  k->blockNs = launchBlockNs(f, params, extra);
   if (extra) {
     // {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END}
     const void* buf = nullptr;
@@ -192,6 +243,7 @@ CUresult launchKernel(Stream* s, Function* f, const unsigned grid[3], const unsi
     return CUDA_ERROR_INVALID_VALUE;
   if (sharedMem > 232448) return CUDA_ERROR_INVALID_VALUE;
   if (params && extra) return CUDA_ERROR_INVALID_VALUE;
+  if (!blockFitsSm(f, block, sharedMem)) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
   auto* k = new KernelParams;
   k->fn = f;
   for (int i = 0; i < 3; ++i) {
@@ -218,18 +270,23 @@ CUresult launchKernel(Stream* s, Function* f, const unsigned grid[3], const unsi
     }
     direct.sharedMem = sharedMem;
     direct.device = s->ctx->device;
+    direct.blockNs = launchBlockNs(f, params, extra);
     Op now;
     now.type = Op::kKernel;
     now.run = [&direct, params, extra] { return runKernel(direct, params, extra); };
     return submitAndWait(s, std::move(now));
   }
   if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return submit(s, std::move(op));
+  k->queued = true;  // counted below once queued (the worker may take it first: the count dips)
+  const int device = k->device;
   op.run = [k] {
     const CUresult r = runKernelCopy(*k);
     delete k;
     return r;
   };
-  return submit(s, std::move(op));
+  const CUresult r = submit(s, std::move(op));
+  if (r == CUDA_SUCCESS) deviceKernelQueued(device);
+  return r;
 }
 
 }  // namespace simgpu

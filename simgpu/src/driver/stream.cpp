@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <thread>
 
@@ -17,11 +18,6 @@ thread_local Stream* tlsPerThreadStream[kMaxDevices];
 
 PerThreadStreamScope::PerThreadStreamScope() : prev(tlsPerThreadDefault) { tlsPerThreadDefault = true; }
 PerThreadStreamScope::~PerThreadStreamScope() { tlsPerThreadDefault = prev; }
-
-double nowMs() {
-  using namespace std::chrono;
-  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
-}
 
 CUresult resolveStream(CUstream h, Stream** out) {
   const uintptr_t v = reinterpret_cast<uintptr_t>(h);
@@ -112,7 +108,14 @@ uint64_t lastSubmitted(Stream* s) {
 // Queues on s a wait until `other` has completed operation `seq`.
 void enqueueWaitFor(Stream* s, Stream* other, uint64_t seq) {
   if (other == s || other->completed.load(std::memory_order_acquire) >= seq) return;
-  enqueue(s, [other, seq] { waitStream(other, seq); });
+  const uint64_t t0 = deviceNowNs();
+  enqueue(s, [s, other, seq, t0] {
+    streamExecBegin(s, std::max(t0, s->lastDoneNs.load(std::memory_order_relaxed)));
+    waitStream(other, seq);
+    // Where the other stream has got to (at least the awaited point): this stream continues there.
+    streamPositionAtLeast(other->lastDoneNs.load(std::memory_order_acquire));
+    s->lastDoneNs.store(streamPositionNs(), std::memory_order_release);
+  });
 }
 
 // The legacy stream waits for all blocking streams of its context, and they wait for it.
@@ -150,8 +153,13 @@ CUresult submit(Stream* s, Op&& op, uint64_t* seq) {
   if (s == s->ctx->legacy && anyGlobalCaptureActive()) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   implicitOrder(s);
   auto run = std::move(op.run);
-  const uint64_t n = enqueue(s, [s, run = std::move(run)] {
+  const uint64_t t0 = deviceNowNs();
+  const uint64_t n = enqueue(s, [s, t0, run = std::move(run)] {
+    // The operation starts on the device when it was submitted or when the stream's previous
+    // one ended, whichever is later; a kernel moves the position to its modelled end.
+    streamExecBegin(s, std::max(t0, s->lastDoneNs.load(std::memory_order_relaxed)));
     const CUresult r = run ? run() : CUDA_SUCCESS;
+    s->lastDoneNs.store(streamPositionNs(), std::memory_order_release);
     if (r != CUDA_SUCCESS) {
       std::lock_guard l(s->qmu);
       if (s->error == CUDA_SUCCESS) s->error = r;
@@ -364,6 +372,7 @@ CU_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void* userData) {
   op.host.userData = userData;
   op.run = [fn, userData] {
     fn(userData);
+    streamPositionAtLeast(deviceNowNs());  // the stream waited for the host function
     return CUDA_SUCCESS;
   };
   return submit(s, std::move(op));
@@ -379,6 +388,7 @@ CU_EXPORT CUresult cuStreamAddCallback(CUstream h, CUstreamCallback cb, void* us
   op.type = Op::kHost;
   op.run = [cb, userData, h] {
     cb(h, CUDA_SUCCESS, userData);
+    streamPositionAtLeast(deviceNowNs());
     return CUDA_SUCCESS;
   };
   return submit(s, std::move(op));
@@ -482,7 +492,7 @@ CUresult recordEvent(Event* e, Stream* s) {
   Op op;
   op.type = Op::kEventRecord;
   op.run = [e] {
-    e->timeMs.store(nowMs());
+    e->timeMs.store(static_cast<double>(streamPositionNs()) / 1e6);
     return CUDA_SUCCESS;
   };
   uint64_t seq = 0;
@@ -542,7 +552,9 @@ CU_EXPORT CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) 
   if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
   if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
   if (!eventDone(a) || !eventDone(b)) return CUDA_ERROR_NOT_READY;
-  *ms = static_cast<float>(b->timeMs.load() - a->timeMs.load());
+  // Quantised to 0.5 us, the resolution NVIDIA documents for event timing.
+  const double halfUs = std::round((b->timeMs.load() - a->timeMs.load()) * 2000.0);
+  *ms = static_cast<float>(halfUs / 2000.0);
   return CUDA_SUCCESS;
 }
 extern "C" SIMGPU_EXPORT CUresult simgpu_cuEventElapsedTime(float* ms, CUevent a, CUevent b) __asm__("cuEventElapsedTime");

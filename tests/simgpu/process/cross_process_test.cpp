@@ -25,6 +25,9 @@
 #include <thread>
 #include <vector>
 
+#include "simgpu/nvml.h"
+#include "timeslice_board.h"
+
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
@@ -88,12 +91,44 @@ int childRace(size_t chunk) {
   return 0;
 }
 
+// hog <kernels>: queue that many slice_hog kernels (1 block of 1024 threads; the cost table says
+// how long) between two events once the parent says go, then report "elapsed <device us>".
+int childHog(size_t kernels) {
+  CUresult r = childInit();
+  static const char kPtx[] = ".version 8.0\n.target sm_90\n.address_size 64\n";  // names nothing: any kernel loads
+  CUmodule m = nullptr;
+  CUfunction f = nullptr;
+  CUstream s = nullptr;
+  CUevent a = nullptr, b = nullptr;
+  if (r == CUDA_SUCCESS) r = cuModuleLoadData(&m, kPtx);
+  if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&f, m, "slice_hog");
+  if (r == CUDA_SUCCESS) r = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  if (r == CUDA_SUCCESS) r = cuEventCreate(&a, 0);
+  if (r == CUDA_SUCCESS) r = cuEventCreate(&b, 0);
+  if (r != CUDA_SUCCESS) {
+    report("err " + std::to_string(static_cast<int>(r)));
+    return 1;
+  }
+  report("ready");
+  if (awaitControl() != 'g') return 0;
+  cuEventRecord(a, s);
+  for (size_t i = 0; i < kernels && r == CUDA_SUCCESS; ++i) r = cuLaunchKernel(f, 1, 1, 1, 1024, 1, 1, 0, s, nullptr, nullptr);
+  cuEventRecord(b, s);
+  float ms = -1;
+  if (r == CUDA_SUCCESS) r = cuEventSynchronize(b);
+  if (r == CUDA_SUCCESS) r = cuEventElapsedTime(&ms, a, b);
+  report(r == CUDA_SUCCESS ? "elapsed " + std::to_string(static_cast<long long>(ms * 1000)) : "err " + std::to_string(static_cast<int>(r)));
+  awaitControl();  // quit
+  return 0;
+}
+
 int childMain(int argc, char** argv) {
   alarm(60);  // never outlive a broken test for long
   const std::string mode = argc > 2 ? argv[2] : "";
   const size_t bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 0;
   if (mode == "hold") return childHold(bytes);
   if (mode == "race") return childRace(bytes);
+  if (mode == "hog") return childHog(bytes);
   std::fprintf(stderr, "unknown child mode '%s'\n", mode.c_str());
   return 2;
 }
@@ -336,6 +371,116 @@ TEST_F(DeviceFull, RacingChildrenNeverOvercommit) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Time slicing between processes (registered with slices.costs: slice_hog blocks last 1 ms, and
+// 2 ms slices). Ground truth: the device's time-slice board, which each process's engine fills.
+simgpu::Board* board() {
+  std::string err;
+  simgpu::Board* b = simgpu::openBoard(std::getenv("SIMGPU_STATE_DIR"), 0, &err);
+  EXPECT_NE(b, nullptr) << err;
+  return b;
+}
+
+const simgpu::BoardSlot* slotOf(simgpu::Board* b, pid_t pid) {
+  for (auto& s : b->slot)
+    if (s.pid.load() == pid) return &s;
+  return nullptr;
+}
+
+long long elapsedUs(Child& c) {
+  const std::string line = c.readLine();
+  EXPECT_EQ(line.rfind("elapsed ", 0), 0u) << line;
+  return line.size() > 8 ? std::atoll(line.c_str() + 8) : -1;
+}
+
+TEST(TimeSlicing, AloneAProcessRunsUninterruptedAndNvmlSeesIt) {
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t dev;
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &dev), NVML_SUCCESS);
+  nvmlUtilization_t util = {};
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hog", "20"}));
+  ASSERT_EQ(c.readLine(), "ready");
+  ASSERT_EQ(nvmlDeviceGetUtilizationRates(dev, &util), NVML_SUCCESS);  // the period starts here
+  EXPECT_EQ(util.gpu, 0u);
+  c.send('g');
+  EXPECT_NEAR(elapsedUs(c), 20'000, 1'000);  // 20 ms of blocks, plus the host's launch gaps
+  ASSERT_EQ(nvmlDeviceGetUtilizationRates(dev, &util), NVML_SUCCESS);
+  EXPECT_GT(util.gpu, 0u) << "20 ms of kernels ran in the period (about 20-100 % of it, with the host's delays)";
+  unsigned n = 0;
+  EXPECT_EQ(nvmlDeviceGetProcessUtilization(dev, nullptr, &n, 0), NVML_ERROR_INSUFFICIENT_SIZE);
+  ASSERT_GE(n, 1u);
+  std::vector<nvmlProcessUtilizationSample_t> samples(n);
+  ASSERT_EQ(nvmlDeviceGetProcessUtilization(dev, samples.data(), &n, 0), NVML_SUCCESS);
+  bool seen = false;
+  for (unsigned i = 0; i < n; ++i)
+    if (samples[i].pid == static_cast<unsigned>(c.pid)) seen = samples[i].smUtil > 0;
+  EXPECT_TRUE(seen) << "the hog's own utilisation";
+  // simgpu-smi --json: the same ground truth for scripts.
+  FILE* smi = popen(SIMGPU_SMI " --json", "r");
+  ASSERT_TRUE(smi);
+  char buf[8192] = {};
+  const size_t got = fread(buf, 1, sizeof buf - 1, smi);
+  pclose(smi);
+  const std::string json(buf, got);
+  EXPECT_NE(json.find("{\"pid\": " + std::to_string(c.pid) + ", \"busy_ns\": 20000000, \"busy_sm_ns\": 20000000, "
+                      "\"blocks\": 20, \"kernels\": 20, \"sliced_out_ns\": 0}"),
+            std::string::npos)
+      << json;
+  nvmlShutdown();
+  simgpu::Board* b = board();
+  ASSERT_TRUE(b);
+  const simgpu::BoardSlot* s = slotOf(b, c.pid);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->busyNs.load(), 20'000'000u);
+  EXPECT_EQ(s->blocksRun.load(), 20u);
+  EXPECT_EQ(s->slicedOutNs.load(), 0u);
+}
+
+TEST(TimeSlicing, TwoProcessesTakeTurnsNeverSideBySide) {
+  Child a, c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&a, {"hog", "20"}));
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hog", "20"}));
+  ASSERT_EQ(a.readLine(), "ready");
+  ASSERT_EQ(c.readLine(), "ready");
+  a.send('g');
+  c.send('g');
+  // Each needs 20 ms of the whole device; sharing it by slices, each waits about as long as the
+  // other runs. Side by side (no slicing) each would read 20 ms.
+  const long long ea = elapsedUs(a), ec = elapsedUs(c);
+  std::printf("elapsed device time: %lld us and %lld us\n", ea, ec);
+  EXPECT_GE(std::max(ea, ec), 38'000) << ea << " " << ec;
+  EXPECT_GE(std::min(ea, ec), 30'000) << ea << " " << ec;
+  simgpu::Board* b = board();
+  ASSERT_TRUE(b);
+  for (Child* k : {&a, &c}) {
+    const simgpu::BoardSlot* s = slotOf(b, k->pid);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->busyNs.load(), 20'000'000u);  // all of its work ran...
+    EXPECT_GE(s->slicedOutNs.load(), 10'000'000u) << "...but not while the other held the device";
+  }
+  EXPECT_GE(b->switches.load(), 4u);
+}
+
+TEST(TimeSlicing, AHolderKilledMidSliceLeavesTheDeviceToTheOthers) {
+  Child a, c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&a, {"hog", "100000"}));  // 100 s of work
+  ASSERT_EQ(a.readLine(), "ready");
+  a.send('g');
+  simgpu::Board* b = board();
+  ASSERT_TRUE(b);
+  for (int i = 0; i < 2000 && !b->holder.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_NE(b->holder.load(), 0u) << "the hog never took the device";
+  a.kill9();
+  a.wait();
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hog", "5"}));
+  ASSERT_EQ(c.readLine(), "ready");
+  const auto t0 = std::chrono::steady_clock::now();
+  c.send('g');
+  EXPECT_NEAR(elapsedUs(c), 5'000, 1'000);  // the dead holder's window was not renewed
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--child") == 0) return childMain(argc, argv);

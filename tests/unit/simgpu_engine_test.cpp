@@ -1,0 +1,258 @@
+// simgpu's device-time engine on the virtual clock (the test moves time; nothing sleeps), and the
+// kernel cost table it takes block times from.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "cost_table.h"
+#include "engine.h"
+
+namespace simgpu {
+namespace {
+
+constexpr uint64_t kUs = 1000, kMs = 1000 * 1000;
+
+// An engine that records when each kernel completed.
+struct Rig {
+  std::map<uint64_t, uint64_t> end;
+  Engine e;
+  explicit Rig(EngineParams p) : e(p, [this](uint64_t id, uint64_t t) { end[id] = t; }) {}
+  // Runs until every kernel completed; now() is then the last completion.
+  void run() {
+    while (!e.idle()) e.advanceTo(e.nextEventTime());
+  }
+};
+
+EngineParams params(uint32_t sms, uint64_t sliceNs = 2 * kMs, uint64_t switchNs = 100 * kUs) {
+  EngineParams p;
+  p.sms = sms;
+  p.sliceNs = sliceNs;
+  p.switchNs = switchNs;
+  return p;
+}
+
+KernelShape shape(uint64_t blocks, uint32_t threads, uint64_t blockNs) {
+  KernelShape k;
+  k.blocks = blocks;
+  k.threadsPerBlock = threads;
+  k.blockNs = blockNs;
+  return k;
+}
+
+TEST(SimgpuEngine, OccupancyLimitsOfAnH100Sm) {
+  const SmLimits l;
+  EXPECT_EQ(blocksPerSm(shape(1, 1024, 0), l), 2u);  // threads
+  EXPECT_EQ(blocksPerSm(shape(1, 32, 0), l), 32u);   // blocks
+  KernelShape regs = shape(1, 256, 0);
+  regs.registersPerThread = 64;  // 8 warps x 2048 registers = 16384 per block
+  EXPECT_EQ(blocksPerSm(regs, l), 4u);
+  regs.registersPerThread = 255;  // 255 -> 8160 per warp, rounded to 8192
+  EXPECT_EQ(blocksPerSm(regs, l), 1u);
+  KernelShape smem = shape(1, 64, 0);
+  smem.sharedPerBlock = 100 * 1024;
+  EXPECT_EQ(blocksPerSm(smem, l), 2u);
+  smem.sharedPerBlock = 240 * 1024;
+  EXPECT_EQ(blocksPerSm(smem, l), 0u);  // can never run
+}
+
+TEST(SimgpuEngine, GridLargerThanTheDeviceRunsInWaves) {
+  Rig r(params(4));
+  const int c = r.e.addContext(1);
+  const uint64_t one = r.e.submit(c, 0, shape(8, 1024, 1000));    // 4 SMs x 2 blocks: one wave
+  r.run();
+  EXPECT_EQ(r.end[one], 1000u);
+  const uint64_t two = r.e.submit(c, 0, shape(9, 1024, 1000));    // a ninth block: a second wave
+  r.run();
+  EXPECT_EQ(r.end[two], 1000u + 2000u);
+  const uint64_t four = r.e.submit(c, 0, shape(32, 1024, 500));
+  r.run();
+  EXPECT_EQ(r.end[four], 3000u + 4 * 500u);
+  EXPECT_EQ(r.e.stats(c).blocksRun, 8u + 9u + 32u);
+  EXPECT_EQ(r.e.stats(c).kernelsRun, 3u);
+}
+
+TEST(SimgpuEngine, BlocksSpreadBreadthFirstAndSmTimeIsCounted) {
+  Rig r(params(4));
+  const int c = r.e.addContext(1);
+  r.e.submit(c, 0, shape(4, 32, 1000));  // 32 could share one SM; they go one per SM
+  EXPECT_EQ(r.e.smsInUse(c), 4u);
+  r.run();
+  EXPECT_EQ(r.e.stats(c).busySmNs, 4000u);
+  EXPECT_EQ(r.e.stats(c).busyNs, 1000u);
+  EXPECT_EQ(r.e.deviceBusyNs(), 1000u);
+}
+
+TEST(SimgpuEngine, StreamsOfOneContextRunConcurrently) {
+  Rig r(params(4));
+  const int c = r.e.addContext(1);
+  const uint64_t a = r.e.submit(c, 0, shape(4, 1024, 1000));
+  const uint64_t b = r.e.submit(c, 0, shape(4, 1024, 1000));
+  r.run();
+  EXPECT_EQ(r.end[a], 1000u);
+  EXPECT_EQ(r.end[b], 1000u);
+}
+
+TEST(SimgpuEngine, StreamPriorityOrdersWaitingBlocksWithoutPreemption) {
+  Rig r(params(1));
+  const int c = r.e.addContext(1);
+  const uint64_t running = r.e.submit(c, 0, shape(1, 2048, 1000));  // fills the only SM
+  const uint64_t low = r.e.submit(c, 0, shape(1, 2048, 1000));
+  const uint64_t high = r.e.submit(c, -5, shape(1, 2048, 1000));
+  r.run();
+  EXPECT_EQ(r.end[running], 1000u);  // not preempted by the higher priority
+  EXPECT_EQ(r.end[high], 2000u);     // first when the SM frees
+  EXPECT_EQ(r.end[low], 3000u);
+}
+
+TEST(SimgpuEngine, ContextsOfDifferentGroupsTakeTurnsInSlices) {
+  Rig r(params(2, 2 * kMs, 100 * kUs));
+  const int a = r.e.addContext(1), b = r.e.addContext(2);
+  const uint64_t ka = r.e.submit(a, 0, shape(2, 1024, 10 * kMs));
+  const uint64_t kb = r.e.submit(b, 0, shape(2, 1024, 10 * kMs));
+  // Never side by side: sample the whole run.
+  for (uint64_t t = 0; t < 25 * kMs; t += 50 * kUs) {
+    r.e.advanceTo(t);
+    EXPECT_FALSE(r.e.smsInUse(a) && r.e.smsInUse(b)) << "at " << t;
+  }
+  // a: [0,2] [4.2,6.2] [8.4,10.4] [12.6,14.6] [16.8,18.8]; b one slice + switch later.
+  EXPECT_EQ(r.end[ka], 18'800 * kUs);
+  EXPECT_EQ(r.end[kb], 20'900 * kUs);
+  EXPECT_EQ(r.e.stats(a).busyNs, 10 * kMs);
+  EXPECT_EQ(r.e.stats(a).slicedOutNs, 8'800 * kUs);
+  EXPECT_EQ(r.e.stats(b).slicedOutNs, 10'900 * kUs);
+  EXPECT_EQ(r.e.switches(), 9u);
+}
+
+TEST(SimgpuEngine, AnIdleContextYieldsAtOnce) {
+  Rig r(params(1, 2 * kMs, 100 * kUs));
+  const int a = r.e.addContext(1), b = r.e.addContext(2);
+  const uint64_t ka = r.e.submit(a, 0, shape(1, 1024, 1 * kMs));
+  const uint64_t kb = r.e.submit(b, 0, shape(1, 1024, 10 * kMs));
+  r.run();
+  EXPECT_EQ(r.end[ka], 1 * kMs);
+  EXPECT_EQ(r.end[kb], 1 * kMs + 100 * kUs + 10 * kMs);  // no wait for a's slice to end
+  // Alone on the device, a context is never sliced out.
+  const uint64_t alone = r.e.submit(b, 0, shape(1, 1024, 7 * kMs));
+  r.run();
+  EXPECT_EQ(r.end[alone], r.end[kb] + 7 * kMs);
+}
+
+TEST(SimgpuEngine, SmCapBoundsTheSmsAContextHoldsAndGroupMembersShareTheDevice) {
+  Rig r(params(8));
+  // Two MPS clients of one server: one time-slice group, caps of 2 and 4 SMs.
+  const int a = r.e.addContext(7, 2), b = r.e.addContext(7, 4);
+  const uint64_t ka = r.e.submit(a, 0, shape(100, 1024, 1000));
+  const uint64_t kb = r.e.submit(b, 0, shape(100, 1024, 1000));
+  uint32_t mostA = 0, mostB = 0;
+  for (uint64_t t = 0; t < 30 * kUs; t += 500) {
+    r.e.advanceTo(t);
+    mostA = std::max(mostA, r.e.smsInUse(a));
+    mostB = std::max(mostB, r.e.smsInUse(b));
+    if (t == 500) {
+      EXPECT_TRUE(r.e.smsInUse(a) && r.e.smsInUse(b));  // side by side
+    }
+  }
+  EXPECT_EQ(mostA, 2u);
+  EXPECT_EQ(mostB, 4u);
+  EXPECT_EQ(r.end[ka], 25u * 1000);  // 4 blocks at a time
+  EXPECT_EQ(r.end[kb], 13u * 1000);  // 8 at a time
+  EXPECT_EQ(r.e.stats(a).slicedOutNs, 0u);
+}
+
+TEST(SimgpuEngine, ClientPriorityGoesBeforeStreamPriority) {
+  Rig r(params(1));
+  const int low = r.e.addContext(7, 0, 1), normal = r.e.addContext(7, 0, 0);
+  const uint64_t first = r.e.submit(low, 0, shape(1, 2048, 1000));
+  const uint64_t lowNext = r.e.submit(low, -5, shape(1, 2048, 1000));
+  const uint64_t normalNext = r.e.submit(normal, 0, shape(1, 2048, 1000));
+  r.run();
+  EXPECT_EQ(r.end[first], 1000u);
+  EXPECT_EQ(r.end[normalNext], 2000u);
+  EXPECT_EQ(r.end[lowNext], 3000u);
+}
+
+TEST(SimgpuEngine, DroppedContextsWorkNeverCompletesAndFreesTheDevice) {
+  Rig r(params(1, 2 * kMs, 0));
+  const int a = r.e.addContext(1), b = r.e.addContext(2);
+  r.e.submit(a, 0, shape(1, 2048, 1 * kMs));
+  const uint64_t queued = r.e.submit(a, 0, shape(5, 2048, 1 * kMs));
+  const uint64_t kb = r.e.submit(b, 0, shape(1, 2048, 1 * kMs));
+  r.e.advanceTo(500 * kUs);
+  r.e.dropContext(a);  // its process died
+  r.run();
+  EXPECT_EQ(r.end.count(queued), 0u);
+  EXPECT_EQ(r.end[kb], 2 * kMs);  // a's running block finished; nothing else of a ran
+  EXPECT_TRUE(r.e.idle());
+}
+
+TEST(SimgpuEngine, AKernelThatCannotFitCompletesAtOnce) {
+  Rig r(params(2));
+  const int c = r.e.addContext(1);
+  KernelShape k = shape(4, 64, 1000);
+  k.sharedPerBlock = 300 * 1024;
+  const uint64_t id = r.e.submit(c, 0, k);
+  EXPECT_EQ(r.end.at(id), 0u);
+  EXPECT_TRUE(r.e.idle());
+}
+
+TEST(SimgpuEngine, AClosedWindowSavesRunningBlocksAndCountsAsSlicedOut) {
+  Rig r(params(1));
+  const int c = r.e.addContext(1);
+  r.e.setWindow(0, 1 * kMs);  // another process takes the device at 1 ms...
+  const uint64_t k = r.e.submit(c, 0, shape(1, 1024, 3 * kMs));
+  r.e.advanceTo(2 * kMs);
+  EXPECT_EQ(r.e.smsInUse(c), 0u);
+  r.e.setWindow(3 * kMs, 4 * kMs);  // ...and gives it back for [3, 4) ms, then from 5 ms on
+  r.e.advanceTo(4500 * kUs);
+  EXPECT_EQ(r.end.count(k), 0u);
+  r.e.setWindow(5 * kMs, UINT64_MAX);
+  r.run();
+  EXPECT_EQ(r.end[k], 6 * kMs);  // 1 + 1 + 1 ms of running
+  EXPECT_EQ(r.e.stats(c).busyNs, 3 * kMs);
+  EXPECT_EQ(r.e.stats(c).slicedOutNs, 3 * kMs);
+}
+
+TEST(SimgpuCostTable, SourceNamesDropReturnTypeAndParameters) {
+  EXPECT_EQ(kernelSourceName("_Z5heavyPfi"), "heavy");
+  EXPECT_EQ(kernelSourceName("_ZN2ns4spinIfEEvPT_x"), "ns::spin<float>");
+  EXPECT_EQ(kernelSourceName("plain_c_kernel"), "plain_c_kernel");
+}
+
+TEST(SimgpuCostTable, FirstMatchingRuleWinsOnSourceOrMangledName) {
+  CostTable t;
+  std::string err;
+  ASSERT_TRUE(parseCostTable("# costs\n"
+                             "ns::spin<*>  block_ns_param=1   # the hog\n"
+                             "\n"
+                             "_Z5heavy*    block_ns=5000\n"
+                             "*            block_ns=7\n"
+                             "heavy        block_ns=1\n",
+                             &t, &err))
+      << err;
+  ASSERT_EQ(t.rules.size(), 4u);
+  const CostRule* r = t.match("_ZN2ns4spinIfEEvPT_x");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->param, 1);
+  r = t.match("_Z5heavyPfi");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->blockNs, 5000u);  // the mangled rule comes first
+  EXPECT_EQ(t.match("other")->blockNs, 7u);
+  EXPECT_EQ(CostTable{}.match("x"), nullptr);
+}
+
+TEST(SimgpuCostTable, MalformedTablesAreRefusedWithTheLine) {
+  const char* bad[] = {
+      "k block_ns=abc",          "k block_ns=-1",       "k block_ns=1 block_ns_param=0",
+      "k",                       "k speed=3",           "k block_ns",
+      "block_ns=5",              "k block_ns_param=256", "k block_ns=1 block_ns=2",
+  };
+  for (const char* text : bad) {
+    CostTable t;
+    std::string err;
+    EXPECT_FALSE(parseCostTable(std::string("# ok\n") + text + "\n", &t, &err)) << text;
+    EXPECT_EQ(err.rfind("line 2: ", 0), 0u) << text << " -> " << err;
+  }
+}
+
+}  // namespace
+}  // namespace simgpu

@@ -143,7 +143,7 @@ void Engine::preemptGroup(uint64_t g, bool all) {
       finishIfDone(k.id);
       continue;
     }
-    k.waiting.push_front(Pending{r.count, r.end - now_});  // resumes with the time it had left
+    k.waiting.push_front(Pending{r.count, r.end - now_, true});  // resumes with the time it had left
     k.waitingBlocks += r.count;
     c.waitingBlocks += r.count;
   }
@@ -160,7 +160,8 @@ void Engine::dispatch() {
     if (pa != pb) return pa < pb;
     return a->streamPriority < b->streamPriority;  // then submission order (map order, stable)
   });
-  for (Kernel* k : order) place(*k, ctxs_[k->ctx]);
+  for (Kernel* k : order) place(*k, ctxs_[k->ctx], true);  // restore the saved state first
+  for (Kernel* k : order) place(*k, ctxs_[k->ctx], false);
 }
 
 uint32_t Engine::fits(const Sm& sm, const KernelShape& s) const {
@@ -171,10 +172,11 @@ uint32_t Engine::fits(const Sm& sm, const KernelShape& s) const {
   return n;
 }
 
-void Engine::place(Kernel& k, Ctx& c) {
+void Engine::place(Kernel& k, Ctx& c, bool savedOnly) {
   std::vector<uint32_t> room(p_.sms);
   while (k.waitingBlocks) {
     Pending& p = k.waiting.front();
+    if (savedOnly && !p.saved) return;
     uint64_t total = 0;
     uint32_t newAllowed = c.smCap > c.smsUsed ? c.smCap - c.smsUsed : 0;
     // SMs this context does not use yet, fullest room first, are taken while the cap allows.

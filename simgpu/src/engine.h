@@ -16,7 +16,9 @@
 //   costs switchNs of idle device. Work-conserving: a group with nothing to run yields at once.
 // - Within the active group: waiting blocks are dispatched in order of the context's client
 //   priority (MPS; lower value first), then stream priority (lower value first, as CUDA), then
-//   submission order. Running blocks are never preempted by priority.
+//   submission order. Running blocks are never preempted by priority. Blocks saved at a slice's
+//   end are restored first when their group runs again (a context switch restores the context
+//   as it was), whatever the priorities of work that arrived meanwhile.
 // - A context's smCap (MPS active thread percentage) bounds how many distinct SMs hold its blocks
 //   at once; not a reservation (contexts may share SMs).
 // Invariants: every kernel completes exactly once; counters only grow; now() never goes back.
@@ -112,6 +114,7 @@ class Engine {
   struct Pending {  // blocks waiting to (re)start, each with remainingNs to run
     uint64_t count;
     uint64_t remainingNs;
+    bool saved = false;  // preempted at a slice's end: restored before anything new dispatches
   };
   struct Kernel {
     uint64_t id;
@@ -150,7 +153,7 @@ class Engine {
   bool othersWaiting(uint64_t g) const;
   void schedule();  // slice and switch decisions at now_
   void dispatch();  // places waiting blocks of the active group
-  void place(Kernel& k, Ctx& c);
+  void place(Kernel& k, Ctx& c, bool savedOnly);
   uint32_t fits(const Sm& sm, const KernelShape& s) const;
   void take(uint32_t sm, Kernel& k, Ctx& c, uint32_t n, uint64_t durNs);
   void release(const Run& r, Kernel& k, Ctx& c);

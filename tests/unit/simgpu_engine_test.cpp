@@ -212,6 +212,19 @@ TEST(SimgpuEngine, AClosedWindowSavesRunningBlocksAndCountsAsSlicedOut) {
   EXPECT_EQ(r.e.stats(c).slicedOutNs, 3 * kMs);
 }
 
+TEST(SimgpuEngine, SavedBlocksAreRestoredBeforeHigherPriorityNewWork) {
+  Rig r(params(1));
+  const int c = r.e.addContext(1);
+  const uint64_t fill = r.e.submit(c, 0, shape(1, 2048, 3 * kMs));
+  r.e.setWindow(0, 1 * kMs);
+  r.e.advanceTo(1500 * kUs);
+  const uint64_t high = r.e.submit(c, -5, shape(1, 2048, 1 * kMs));  // arrives while switched out
+  r.e.setWindow(2 * kMs, UINT64_MAX);
+  r.run();
+  EXPECT_EQ(r.end[fill], 4 * kMs);  // restored at 2 ms with its 2 ms left
+  EXPECT_EQ(r.end[high], 5 * kMs);
+}
+
 TEST(SimgpuCostTable, SourceNamesDropReturnTypeAndParameters) {
   EXPECT_EQ(kernelSourceName("_Z5heavyPfi"), "heavy");
   EXPECT_EQ(kernelSourceName("_ZN2ns4spinIfEEvPT_x"), "ns::spin<float>");

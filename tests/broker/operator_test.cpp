@@ -119,25 +119,6 @@ int openDescriptors(pid_t pid) {
   return n;
 }
 
-std::string metrics(Broker& b) {
-  const std::string addr = b.status().metrics_address();
-  const size_t colon = addr.rfind(':');
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
-  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
-  std::string body;
-  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
-      ::write(fd, get.data(), get.size()) == static_cast<ssize_t>(get.size())) {
-    char buf[4096];
-    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) body.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return body;
-}
-
 // What the host segment offers a new unknown tenant on device 0.
 uint64_t hostUnknownLimit(const Broker& b) {
   HostInfo h;
@@ -451,10 +432,10 @@ TEST(Operator, UnknownTenantsAreCappedAndForgottenWhenTheirFilesGo) {
               return 0;
             }),
             0);
-  ASSERT_TRUE(waitFor([&] { return metrics(b).find("cushare_broker_ledgers_refused_total " +
+  ASSERT_TRUE(waitFor([&] { return b.metrics().find("cushare_broker_ledgers_refused_total " +
                                                    std::to_string(kFiles - 2) + "\n") != std::string::npos; },
                       20000))
-      << metrics(b).substr(0, 400);
+      << b.metrics().substr(0, 400);
   EXPECT_EQ(b.status().tenants(), 3u) << "alpha and two of uid 2000's";
   EXPECT_LE(openDescriptors(b.pid()), fds + 2 + 2) << "two adopted ledgers; nothing kept for the refused";
   // Another user gets the last place; a third finds the pool full: from then on the host segment

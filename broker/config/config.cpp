@@ -77,7 +77,7 @@ std::string listOf(const std::vector<std::string>& names) {
 
 const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "metrics_listen",
                                            "unknown_tenants", "admin_group", "state_file",
-                                           "hidden_memory_allowance", "profiles", "tenants",
+                                           "hidden_memory_allowance", "context_memory", "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid"};
 const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority"};
 const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
@@ -208,6 +208,11 @@ class Parser {
     if (k == "hidden_memory_allowance") {
       if (!scalar(v, path, "a size per process (e.g. 512MiB, 0)", &text)) return false;
       if (!parseSize(text, &c->hiddenMemoryAllowance, &reason)) return fail(v.mark, path, reason);
+      return true;
+    }
+    if (k == "context_memory") {
+      if (!scalar(v, path, "a size per process (e.g. 512MiB, 0)", &text)) return false;
+      if (!parseSize(text, &c->contextMemory, &reason)) return fail(v.mark, path, reason);
       return true;
     }
     if (k == "profiles") return profiles(v, c);

@@ -90,10 +90,16 @@ struct Config {
   uint32_t maxUnknownTenants = 8;
   uint32_t maxUnknownTenantsPerUid = 4;
   std::string adminGroup;             // empty: only root may change things
-  // Device memory a process may hold beyond what its tenant's ledger counts before the broker
-  // charges it as hidden from the ledger (NVML's per-process figure includes the CUDA context and
-  // module images, which the limit does not count).
-  uint64_t hiddenMemoryAllowance = uint64_t{512} << 20;
+  // Device memory a process may hold beyond what its tenant's ledger counts that the broker does
+  // NOT charge to the tenant. 0 (the default): everything the device holds for the tenant's
+  // processes counts against its limit, CUDA contexts and module images included, so nothing can
+  // be hidden from the ledger. A larger value exempts that much per process (and lets a tenant
+  // hide that much).
+  uint64_t hiddenMemoryAllowance = 0;
+  // What a process's CUDA context and module images normally hold on the device beyond its
+  // allocations. Untracked memory up to this per process is charged but reported as context
+  // memory, not as memory hidden from the ledger (no warning, no tamper count).
+  uint64_t contextMemory = uint64_t{512} << 20;
   std::vector<Profile> profiles;      // in the order written
   std::vector<Tenant> tenants;        // in the order written; names unique
 };

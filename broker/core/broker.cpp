@@ -779,6 +779,7 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
       td.denied = t.ledger->denied(e);
       td.overridden = ov != overrides_.end() && ov->second.count(devices_[d].uuid) != 0;
       td.hidden = d < t.hidden.size() ? t.hidden[d] : 0;
+      td.leftBehind = d < t.leftBehind.size() ? t.leftBehind[d] : 0;
       s.devices.push_back(td);
     }
     for (const Ledger::SlotUsage& u : t.ledger->slots()) {
@@ -864,8 +865,9 @@ int Broker::tick(bool scanDirectory) {
     before = shownLocked();
   }
   std::vector<std::map<int, uint64_t>> onDevice;
+  std::vector<uint64_t> deviceUsed;
   std::string err;
-  const bool device = processMemory(devices_.size(), &onDevice, &err);
+  const bool device = processMemory(devices_.size(), &onDevice, &err, &deviceUsed);
   std::vector<std::string> busy;
   int reaped = 0;
   {
@@ -875,7 +877,10 @@ int Broker::tick(bool scanDirectory) {
       CUSHARE_BLOG(error, "the device's per-process memory cannot be read, hidden memory goes unnoticed: {}", err);
     deviceError_ = device ? "" : err;
     ++ticks_;
-    if (device) attributeLocked(onDevice);
+    if (device) {
+      attributeLocked(onDevice);
+      checkLeftBehindLocked(onDevice, deviceUsed);
+    }
     reaped = tickLocked(scanDirectory, &busy);
     if (device && busy.empty()) checkHiddenLocked(onDevice, before, after);
   }

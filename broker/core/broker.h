@@ -135,6 +135,9 @@ class Broker {
     // hidden_memory.cpp)
     std::vector<uint64_t> hiddenSeen, hiddenSeenBefore;
     std::vector<uint64_t> hidden;         // per device: what the broker charges now
+    std::vector<uint8_t> hiddenReported;  // per device: the charge exceeds context memory (warned)
+    std::vector<uint64_t> hiddenCharge;   // per ledger entry: the hidden part of the charge slot
+    std::vector<uint64_t> leftBehind;     // per device: memory its exited processes left (left_behind.cpp)
     std::map<std::string, uint64_t> tamper;  // kind -> count (see TenantSnapshot::tamper)
     std::map<int32_t, uint64_t> keptPids; // slot pid -> times kept although its lock was free
     int links = 1;                        // hard links of the ledger file, last seen
@@ -212,6 +215,24 @@ class Broker {
                          const std::map<std::string, ShownSums>& before,
                          const std::map<std::string, ShownSums>& after);
   void attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevice);
+  // left_behind.cpp: memory exited processes left on the device (exported VMM descriptors).
+  void checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
+                             const std::vector<uint64_t>& deviceUsed);
+  struct LeftBehindDevice {
+    std::map<int, std::pair<std::string, uint64_t>> last;  // host pid -> (tenant, bytes), last tick
+    // tenant -> (slot index, slot pid) -> bytes its ledger slot showed on the device, last tick
+    std::map<std::string, std::map<std::pair<int, int>, uint64_t>> lastSlots;
+    std::vector<uint64_t> recent;  // the device's unattributed memory, the last three ticks
+    bool haveBase = false;
+    uint64_t base = 0;             // unattributed memory that no tenant left behind
+    struct Pending {               // processes that exited in one tick, decided three ticks later
+      std::map<std::string, uint64_t> exited;  // tenant ("" none) -> weight: bytes they held, + 1
+      int ticks = 0;
+    };
+    std::vector<Pending> pending;
+    std::vector<std::pair<std::string, uint64_t>> charged;  // (tenant, bytes), oldest first
+  };
+  std::vector<LeftBehindDevice> leftBehind_;
   bool liveElsewhereLocked(const TenantState& t, int32_t slotPid) const;
   void scanLocked(std::vector<std::string>* busy);
 

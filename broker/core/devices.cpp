@@ -61,7 +61,8 @@ nvmlReturn_t addProcesses(nvmlReturn_t (*list)(nvmlDevice_t, unsigned*, nvmlProc
 
 }  // namespace
 
-bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err) {
+bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
+                   std::vector<uint64_t>* deviceUsed) {
   // Loaded and started once, never shut down: the broker asks every tick.
   static Nvml n;
   static std::string loadError = [] {
@@ -69,7 +70,8 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
     n.lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (n.lib == nullptr) return std::string("cannot load NVML (libnvidia-ml.so.1): ") + ::dlerror();
     if (!bind(n.lib, "nvmlInit_v2", &n.init, &e) || !bind(n.lib, "nvmlDeviceGetHandleByIndex_v2", &n.handle, &e) ||
-        !bind(n.lib, "nvmlDeviceGetComputeRunningProcesses_v3", &n.compute, &e))
+        !bind(n.lib, "nvmlDeviceGetComputeRunningProcesses_v3", &n.compute, &e) ||
+        !bind(n.lib, "nvmlDeviceGetMemoryInfo", &n.memory, &e))
       return e;
     bind(n.lib, "nvmlDeviceGetMPSComputeRunningProcesses_v3", &n.mps, &e);  // optional: MPS clients
     bind(n.lib, "nvmlErrorString", &n.errorString, &e);
@@ -81,6 +83,7 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
     return false;
   }
   std::vector<std::map<int, uint64_t>> result(devices);
+  std::vector<uint64_t> used(devices, 0);
   for (size_t i = 0; i < devices; ++i) {
     nvmlDevice_t h;
     nvmlReturn_t r = n.handle(static_cast<unsigned>(i), &h);
@@ -90,8 +93,18 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
       *err = "NVML cannot list the processes of device " + std::to_string(i) + ": " + n.describe(r);
       return false;
     }
+    if (deviceUsed != nullptr) {
+      nvmlMemory_t m{};
+      r = n.memory(h, &m);
+      if (r != NVML_SUCCESS) {
+        *err = "NVML cannot read the memory of device " + std::to_string(i) + ": " + n.describe(r);
+        return false;
+      }
+      used[i] = m.used;
+    }
   }
   *out = std::move(result);
+  if (deviceUsed != nullptr) *deviceUsed = std::move(used);
   return true;
 }
 

@@ -20,7 +20,10 @@ bool listDevices(std::vector<DeviceInfo>* out, std::string* err);
 // is loaded and started once and kept for the broker's lifetime. False with one line in *err when
 // it cannot be loaded or answers an error. A process whose usage NVML does not report
 // (NVML_VALUE_NOT_AVAILABLE) is left out.
-bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err);
+// With deviceUsed: also each device's used memory as a whole (nvmlDeviceGetMemoryInfo), read
+// after its process list.
+bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
+                   std::vector<uint64_t>* deviceUsed = nullptr);
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (dashes optional, any case) to its 16 bytes.
 bool parseGpuUuid(const std::string& text, uint8_t out[16]);

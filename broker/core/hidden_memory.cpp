@@ -7,10 +7,13 @@
 // whose ledger file it maps (/proc/<pid>/maps, by device and inode; sticky for the process's
 // life, so unmapping later hides nothing), and for each device entry of the tenant's ledger
 // writes into the broker's own slot of that ledger (Ledger::setCharge) what the device holds for
-// the tenant beyond what the processes' slots show and the configured per-process allowance
-// (hidden_memory_allowance: NVML counts the CUDA context and module images, the limit does not).
-// Every reservation's sum includes that slot, so the tenant's admission sees its real total and
-// denies what would pass the limit. The slot is rewritten every tick (the tenant can zero it).
+// the tenant beyond what the processes' slots show (less hidden_memory_allowance per process, 0
+// by default: the limit covers everything the device holds for the tenant, its CUDA contexts and
+// module images included, so a tenant can hide nothing). Every reservation's sum includes that
+// slot, so the tenant's admission sees its real total and denies what would pass the limit. The
+// slot is rewritten every tick (the tenant can zero it). Untracked memory up to context_memory per
+// process is what an honest process's context holds: charged, reported as such (info), not as
+// tampering; beyond it, a warning and cushare_tenant_tamper_total{kind="hidden"}.
 //
 // No false charge for an honest tenant: its slots never show less than the device holds (the
 // shim reserves before the driver allocates and releases after it frees), but the ledger and the
@@ -159,6 +162,9 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
   for (auto& [name, tp] : tenants_) {
     TenantState& t = *tp;
     t.hidden.resize(n, 0);
+    t.hiddenReported.resize(n, 0);
+    t.hiddenCharge.resize(kLedgerMaxDevices, 0);
+    t.leftBehind.resize(n, 0);
     t.hiddenSeen.resize(kLedgerMaxDevices, 0);
     t.hiddenSeenBefore.resize(kLedgerMaxDevices, 0);
     if (!t.ledger || t.entry.size() != n) continue;
@@ -166,6 +172,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
     const bool measured = b != before.end() && a != after.end() &&
                           b->second.ledger == t.ledger.get() && a->second.ledger == t.ledger.get();
     std::vector<uint64_t> held(n, 0), allowed(n, 0);  // what the device holds for the tenant
+    std::vector<uint64_t> processes(n, 0);            // the tenant's processes on the device
     for (const auto& [pid, p] : deviceProcesses_) {
       if (p.tenant != name) continue;
       for (size_t d = 0; d < n; ++d) {
@@ -173,6 +180,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         if (it == onDevice[d].end()) continue;
         held[d] += it->second;
         allowed[d] += config_.hiddenMemoryAllowance;
+        ++processes[d];
       }
     }
     const std::vector<uint64_t> was = t.hidden;
@@ -180,7 +188,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
     const bool ok = guarded([&] {
       for (const auto& [e, d] : t.entryDevice) {
         const size_t i = static_cast<size_t>(e);
-        uint64_t charge = t.ledger->charge(e);  // not measured this tick: kept as it was
+        uint64_t charge = t.hiddenCharge[i];  // not measured this tick: kept as it was
         if (measured) {
           const uint64_t shown = std::max(b->second.bytes[i], a->second.bytes[i]);
           const uint64_t explained = shown + allowed[d];
@@ -189,8 +197,11 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
           t.hiddenSeenBefore[i] = t.hiddenSeen[i];
           t.hiddenSeen[i] = found;
         }
-        // Written every tick, changed or not: a process of the tenant can zero it.
-        charged &= t.ledger->setCharge(e, charge);
+        t.hiddenCharge[i] = charge;
+        // Written every tick, changed or not: a process of the tenant can zero it. It also holds
+        // what the tenant's exited processes left on the device (left_behind.cpp).
+        const uint64_t left = e == t.entry[d] ? t.leftBehind[d] : 0;
+        charged &= t.ledger->setCharge(e, charge + left);
         if (e == t.entry[d]) t.hidden[d] = charge;
       }
     });
@@ -204,8 +215,17 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
                    "slots are held",
                    name, kLedgerMaxSlots);
     for (size_t d = 0; d < n; ++d) {
-      if ((was[d] == 0) == (t.hidden[d] == 0)) continue;
-      if (t.hidden[d] == 0) {
+      const bool contextOnly = t.hidden[d] <= processes[d] * config_.contextMemory;
+      if (t.hidden[d] != 0 && contextOnly && (was[d] == 0 || t.hiddenReported[d]))
+        CUSHARE_BLOG(info,
+                     "tenant {} device {}: {} on the device beyond its ledger, within what {} "
+                     "process context(s) hold ({} each, context_memory); charged to the tenant",
+                     name, d, formatSize(t.hidden[d]), processes[d],
+                     formatSize(config_.contextMemory));
+      const bool report = t.hidden[d] != 0 && !contextOnly;
+      if (report == static_cast<bool>(t.hiddenReported[d])) continue;
+      t.hiddenReported[d] = report ? 1 : 0;
+      if (!report) {
         CUSHARE_BLOG(info, "tenant {} device {}: no memory hidden from its ledger any more", name,
                      d);
         continue;

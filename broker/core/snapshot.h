@@ -31,6 +31,8 @@ struct TenantDeviceSnapshot {
   bool overridden = false;    // limit set live by set-limit
   uint64_t hidden = 0;        // bytes the device holds for the tenant beyond its ledger, charged
                               // by the broker (included in used)
+  uint64_t leftBehind = 0;    // bytes its exited processes left on the device (exported memory),
+                              // charged by the broker (included in used)
 };
 
 struct ProcessSnapshot {

@@ -151,6 +151,11 @@ void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {
        "accounting), charged to the tenant by the broker; included in "
        "cushare_tenant_memory_used_bytes.",
        [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> { return d.hidden; }},
+      {"cushare_tenant_left_behind_bytes", kGauge,
+       "Device memory the tenant's exited processes left on the device (shareable memory an "
+       "exported descriptor keeps alive), charged to the tenant by the broker; included in "
+       "cushare_tenant_memory_used_bytes.",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> { return d.leftBehind; }},
       {"cushare_tenant_memory_limit_overridden", kGauge,
        "1 when the limit was set live (cushare set-limit) rather than by the configuration.",
        [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> {

@@ -329,6 +329,16 @@ std::map<int, uint64_t> deviceMemoryOn0() {
   return out;
 }
 
+uint64_t deviceUsed() {
+  nvmlDevice_t d;
+  nvmlMemory_t m{};
+  if (nvmlInit_v2() != NVML_SUCCESS || nvmlDeviceGetHandleByIndex_v2(0, &d) != NVML_SUCCESS ||
+      nvmlDeviceGetMemoryInfo(d, &m) != NVML_SUCCESS)
+    return UINT64_MAX;
+  nvmlShutdown();
+  return m.used;
+}
+
 uint64_t usedOn0(const rpc::Tenant& t) { return t.devices_size() ? t.devices(0).used_bytes() : UINT64_MAX; }
 uint64_t limitOn0(const rpc::Tenant& t) {
   return t.devices_size() && t.devices(0).has_limit_bytes() ? t.devices(0).limit_bytes() : UINT64_MAX;

@@ -99,6 +99,9 @@ int connectUnix(const std::string& path);
 
 // The device's own accounting (simgpu's NVML): bytes each process (host pid) holds on device 0.
 std::map<int, uint64_t> deviceMemoryOn0();
+// Device 0's used memory as a whole, as the device itself counts it (every process, with or
+// without the shim, and shareable memory no process holds); UINT64_MAX if NVML does not answer.
+uint64_t deviceUsed();
 
 uint64_t usedOn0(const rpc::Tenant& t);
 uint64_t limitOn0(const rpc::Tenant& t);

@@ -67,17 +67,6 @@ Child workerAs(const Broker& b, uid_t uid, const std::string& tenant, std::strin
   return c;
 }
 
-// Device memory in use, as the device itself counts it (every process, with or without the shim).
-uint64_t deviceUsed() {
-  nvmlDevice_t d;
-  nvmlMemory_t m{};
-  if (nvmlInit_v2() != NVML_SUCCESS || nvmlDeviceGetHandleByIndex_v2(0, &d) != NVML_SUCCESS ||
-      nvmlDeviceGetMemoryInfo(d, &m) != NVML_SUCCESS)
-    return UINT64_MAX;
-  nvmlShutdown();
-  return m.used;
-}
-
 bool waitFor(const std::function<bool()>& cond, int ms = 5000) {
   const auto start = Clock::now();
   while (!cond()) {

@@ -15,19 +15,26 @@
 //   zero                 -> writes zeros over every usage counter of the file (raw pwrite): "ok"
 //   closeledger          -> closes every descriptor of the ledger file it has: "closed N"
 //   pid                  -> "pid PID" (getpid(): in its own pid namespace)
+//   export BYTES SOCKET  -> makes BYTES of shareable VMM memory (cuMemCreate, POSIX descriptor),
+//                           exports it, sends the descriptor over the Unix socket SOCKET
+//                           (SCM_RIGHTS) and releases its handle: "exported" | "err WHAT"
 // At start it prints "ready", or "init-failed CODE" and exits 3 when cuInit or the context fails.
 #include <cuda.h>
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 
 #include "cushare/ledger_abi.h"
+#include "fd_passing.h"
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -85,6 +92,31 @@ void freeLast() {
 
 void say(const std::string& s) { std::cout << s << std::endl; }
 
+// export BYTES SOCKET (see the top).
+std::string exportTo(uint64_t n, const std::string& path) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle h;
+  if (CUresult r = cuMemCreate(&h, n, &prop, 0); r != CUDA_SUCCESS) return "err create " + std::to_string(r);
+  int fd = -1;
+  if (CUresult r = cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0); r != CUDA_SUCCESS)
+    return "err export " + std::to_string(r);
+  cuMemRelease(h);  // only the descriptor keeps it alive now
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return "err path";
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0 || ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return "err connect";
+  const bool sent = cushare::fdpass::sendFd(s, fd) == 0;
+  ::close(s);
+  ::close(fd);
+  return sent ? "exported" : "err send";
+}
+
 }  // namespace
 
 int main() {
@@ -141,6 +173,11 @@ int main() {
       say(zeroCounters() ? "ok" : "failed");
     } else if (cmd == "closeledger") {
       say("closed " + std::to_string(closeLedger()));
+    } else if (cmd == "export") {
+      uint64_t n = 0;
+      std::string path;
+      in >> n >> path;
+      say(exportTo(n, path));
     } else if (cmd == "pid") {
       say("pid " + std::to_string(::getpid()));
     } else if (cmd == "quit") {

@@ -108,6 +108,15 @@ TEST(BrokerConfig, ExampleParsesToExpectedValues) {
   EXPECT_FALSE(b.uid.has_value());
 }
 
+TEST(BrokerConfig, UntrackedMemorySettings) {
+  const Config c = parseOk("hidden_memory_allowance: 64MiB\ncontext_memory: 1GiB\n");
+  EXPECT_EQ(c.hiddenMemoryAllowance, 64 * kMiB);
+  EXPECT_EQ(c.contextMemory, kGiB);
+  const Config z = parseOk("context_memory: 0\n");
+  EXPECT_EQ(z.contextMemory, 0u);
+  EXPECT_EQ(z.hiddenMemoryAllowance, 0u);
+}
+
 TEST(BrokerConfig, DefaultsAndOptionalForms) {
   const Config d = parseOk("{}\n");
   EXPECT_EQ(d.ledgerDir, "/dev/shm/cushare");
@@ -116,14 +125,15 @@ TEST(BrokerConfig, DefaultsAndOptionalForms) {
   EXPECT_EQ(d.metricsPort, 9464);
   EXPECT_EQ(d.unknownTenantsProfile, "");
   EXPECT_EQ(d.adminGroup, "");
-  EXPECT_EQ(d.hiddenMemoryAllowance, 512 * kMiB);
+  EXPECT_EQ(d.hiddenMemoryAllowance, 0u);
+  EXPECT_EQ(d.contextMemory, 512 * kMiB);
   EXPECT_TRUE(d.profiles.empty());
   EXPECT_TRUE(d.tenants.empty());
 
   const Config c = parseOk(
       "ledger_dir: /srv/ledgers/\n"
       "metrics_listen: '[::1]:1'\n"
-      "hidden_memory_allowance: 0\n"
+      "hidden_memory_allowance: 64MiB\n"
       "unknown_tenants: guest\n"
       "profiles:\n"
       "  guest:\n"
@@ -136,7 +146,7 @@ TEST(BrokerConfig, DefaultsAndOptionalForms) {
   EXPECT_EQ(c.metricsHost, "::1");
   EXPECT_EQ(c.metricsPort, 1);
   EXPECT_EQ(c.unknownTenantsProfile, "guest");
-  EXPECT_EQ(c.hiddenMemoryAllowance, 0u);
+  EXPECT_EQ(c.hiddenMemoryAllowance, 64 * kMiB);
   ASSERT_EQ(c.tenants.size(), 1u);
   const Tenant& t = c.tenants[0];
   EXPECT_EQ(t.gid, 42u);
@@ -216,6 +226,7 @@ TEST(BrokerConfig, RefusesWithFileLineColumnAndFieldPath) {
       {"hello\n", "b.yaml:1:1: ", "the top level must be a map"},
       {"socket:\n", "b.yaml:1:8: socket: ", "expected an absolute path, found an empty value"},
       {"hidden_memory_allowance: lots\n", "b.yaml:1:26: hidden_memory_allowance: ", ""},
+      {"context_memory: -1\n", "b.yaml:1:17: context_memory: ", ""},
       {"socket: ''\n", "b.yaml:1:9: socket: ", "found an empty value"},
       // duplicates
       {"socket: /a\nsocket: /b\n",

@@ -123,6 +123,7 @@ BrokerSnapshot twoTenants() {
   alpha.priority = Priority::kHigh;
   alpha.devices = {{0, kUuid, 512 * kMiB, 1 * kGiB, (1ull << 53) + 1, 3, true}};
   alpha.devices[0].hidden = 64 * kMiB;
+  alpha.devices[0].leftBehind = 32 * kMiB;
   alpha.processes = {{10, {256 * kMiB}}, {11, {256 * kMiB}}};
   alpha.tamper = {{"hidden", 2}, {"limit", 1}};
   TenantSnapshot beta;
@@ -188,6 +189,10 @@ cushare_tenant_allocations_denied_total{tenant="beta",device="0"} 0
 # TYPE cushare_tenant_hidden_bytes gauge
 cushare_tenant_hidden_bytes{tenant="alpha",device="0"} 67108864
 cushare_tenant_hidden_bytes{tenant="beta",device="0"} 0
+# HELP cushare_tenant_left_behind_bytes Device memory the tenant's exited processes left on the device (shareable memory an exported descriptor keeps alive), charged to the tenant by the broker; included in cushare_tenant_memory_used_bytes.
+# TYPE cushare_tenant_left_behind_bytes gauge
+cushare_tenant_left_behind_bytes{tenant="alpha",device="0"} 33554432
+cushare_tenant_left_behind_bytes{tenant="beta",device="0"} 0
 # HELP cushare_tenant_memory_limit_overridden 1 when the limit was set live (cushare set-limit) rather than by the configuration.
 # TYPE cushare_tenant_memory_limit_overridden gauge
 cushare_tenant_memory_limit_overridden{tenant="alpha",device="0"} 1
@@ -225,7 +230,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 19u);
+    EXPECT_EQ(helps.size(), 20u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

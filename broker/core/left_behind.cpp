@@ -1,0 +1,163 @@
+// Memory a tenant's exited processes left on the device, found in the device's own accounting and
+// charged to the tenant.
+//
+// VMM memory made shareable lives as long as any handle or exported descriptor refers to it. A
+// process can export a POSIX descriptor, pass it to a process that never imports it (no CUDA at
+// all), and exit: its slot is reaped and its charge returned, yet the device keeps the memory. No
+// live process holds it, so the per-process cross-check (hidden_memory.cpp) cannot see it. The
+// device can: its used memory as a whole minus what its processes hold (the "unattributed" memory,
+// U) rises, when the exporter exits, by what it left behind.
+//
+// Exits are seen two ways: a process leaves NVML's process list (with what it held there), or a
+// slot leaves a tenant's ledger (reaped; with what the slot showed). The second sees processes
+// that lived less than a tick, which NVML's list may never have shown, and processes of the
+// tenant that zeroed their slot.
+//
+// Every tick, per device: U = NVML used - the sum of the processes' used; smoothed as the smallest
+// of the last three ticks (a read skew between the process list and the device total, from a
+// process allocating or freeing between them, lasts one tick). U is explained as base (memory no
+// tenant left: the driver's own reservations, other programs' orphans) plus what is charged to
+// tenants. When processes exit, their tick opens a pending decision; three ticks later the rise of
+// smoothed U over what is explained is split among the exited processes' tenants in proportion to
+// the bytes they held plus one (a zeroed slot still takes a share), charged, and logged; an exited
+// process of no tenant takes its share into base. When smoothed U falls below what is explained, the memory was freed:
+// charges are returned, oldest first, then base falls. A rise with no exit pending goes into base
+// (it is nobody's leaving). The charge is added to the tenant's charge slot, so admission sees it.
+//
+// Limits (docs/security.md): processes of several tenants exiting in one tick share the rise in
+// proportion; a tenant that imports its own exported memory is charged twice while the importer
+// lives (over-counts); what the tenant allocates between its exporter's exit and the charge (at
+// most four ticks, 200 ms) stays allocated (detection, not prevention). On a real GPU this relies
+// on NVML counting such memory in the device's used memory and in no process's, which simgpu
+// models and perf/vmm_export_probe measures on a GPU (perf/gpu_check.sh) [unverified].
+#include <algorithm>
+#include <numeric>
+
+#include "core/broker.h"
+#include "core/bus_guard.h"
+#include "core/log.h"
+#include "cushare/parse.h"
+
+namespace cushare::broker {
+namespace {
+
+constexpr int kDecideAfterTicks = 3;
+
+uint64_t sumOf(const std::vector<std::pair<std::string, uint64_t>>& v) {
+  uint64_t s = 0;
+  for (const auto& e : v) s += e.second;
+  return s;
+}
+
+}  // namespace
+
+void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
+                                   const std::vector<uint64_t>& deviceUsed) {
+  const size_t n = std::min(onDevice.size(), deviceUsed.size());
+  leftBehind_.resize(n);
+  for (size_t d = 0; d < n; ++d) {
+    LeftBehindDevice& L = leftBehind_[d];
+    uint64_t attributed = 0;
+    for (const auto& [pid, bytes] : onDevice[d]) attributed += bytes;
+    const uint64_t u = deviceUsed[d] > attributed ? deviceUsed[d] - attributed : 0;
+    L.recent.push_back(u);
+    if (L.recent.size() > static_cast<size_t>(kDecideAfterTicks)) L.recent.erase(L.recent.begin());
+    const uint64_t smooth = *std::min_element(L.recent.begin(), L.recent.end());
+
+    // Processes gone since the last tick open a decision: from NVML's list, and from the ledgers.
+    LeftBehindDevice::Pending exits;
+    std::map<std::string, uint64_t> fromList, fromSlots;
+    for (const auto& [pid, who] : L.last)
+      if (!onDevice[d].count(pid)) fromList[who.first] += who.second + 1;
+    std::map<std::string, std::map<std::pair<int, int>, uint64_t>> slotsNow;
+    for (auto& [name, t] : tenants_) {
+      if (!t->ledger || d >= t->entry.size() || t->entry[d] < 0) continue;
+      const size_t e = static_cast<size_t>(t->entry[d]);
+      std::vector<Ledger::SlotUsage> slots;
+      if (!guarded([&] { slots = t->ledger->slots(); })) continue;  // faulted: found by the tick
+      auto& now = slotsNow[name];
+      for (const Ledger::SlotUsage& u : slots) now[{u.slot, u.pid}] = u.used[e];
+      const auto was = L.lastSlots.find(name);
+      if (was == L.lastSlots.end()) continue;
+      for (const auto& [key, bytes] : was->second)
+        if (!now.count(key)) fromSlots[name] += bytes + 1;
+    }
+    L.lastSlots = std::move(slotsNow);
+    for (const auto& [tenant, w] : fromList) exits.exited[tenant] = w;
+    for (const auto& [tenant, w] : fromSlots) exits.exited[tenant] = std::max(exits.exited[tenant], w);
+    if (!exits.exited.empty() && L.haveBase) L.pending.push_back(std::move(exits));
+
+    if (!L.haveBase) {
+      L.haveBase = true;
+      L.base = smooth;
+    }
+    uint64_t charged = sumOf(L.charged);
+    for (auto& p : L.pending) ++p.ticks;
+    while (!L.pending.empty() && L.pending.front().ticks >= kDecideAfterTicks) {
+      const LeftBehindDevice::Pending p = std::move(L.pending.front());
+      L.pending.erase(L.pending.begin());
+      const uint64_t explained = L.base + charged;
+      uint64_t held = 0;
+      for (const auto& [tenant, bytes] : p.exited) held += bytes;
+      const uint64_t rise = smooth > explained ? smooth - explained : 0;
+      if (rise == 0 || held == 0) continue;
+      uint64_t given = 0;
+      for (const auto& [tenant, bytes] : p.exited) {
+        // The last share takes the rounding remainder.
+        const uint64_t share = static_cast<uint64_t>(static_cast<unsigned __int128>(rise) * bytes / held);
+        given += share;
+        if (share == 0) continue;
+        auto it = tenants_.find(tenant);
+        if (tenant.empty() || it == tenants_.end()) {
+          L.base += share;
+          continue;
+        }
+        L.charged.emplace_back(tenant, share);
+        charged += share;
+        CUSHARE_BLOG(warn,
+                     "tenant {} device {}: its exited processes left {} on the device (memory kept "
+                     "alive by an exported descriptor or handle); charged to the tenant until the "
+                     "device frees it",
+                     tenant, d, formatSize(share));
+      }
+      L.base += rise - given;  // rounding
+    }
+
+    const uint64_t explained = L.base + charged;
+    if (smooth < explained) {  // freed: return charges, oldest first, then lower the base
+      uint64_t gone = explained - smooth;
+      for (auto it = L.charged.begin(); it != L.charged.end() && gone > 0;) {
+        const uint64_t take = std::min(gone, it->second);
+        it->second -= take;
+        gone -= take;
+        if (it->second == 0) {
+          CUSHARE_BLOG(info, "tenant {} device {}: memory its exited processes left is freed", it->first, d);
+          it = L.charged.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      L.base -= std::min(L.base, gone);
+    } else if (L.pending.empty()) {
+      L.base = smooth - charged;  // a rise nobody's exit explains is not a tenant's leaving
+    }
+    // Charges of tenants that are gone are dropped.
+    L.charged.erase(std::remove_if(L.charged.begin(), L.charged.end(),
+                                   [&](const auto& e) { return !tenants_.count(e.first); }),
+                    L.charged.end());
+
+    L.last.clear();
+    for (const auto& [pid, bytes] : onDevice[d]) {
+      const auto it = deviceProcesses_.find(pid);
+      L.last[pid] = {it == deviceProcesses_.end() ? std::string() : it->second.tenant, bytes};
+    }
+  }
+  for (auto& [name, t] : tenants_) {
+    t->leftBehind.assign(devices_.size(), 0);
+    for (size_t d = 0; d < n && d < devices_.size(); ++d)
+      for (const auto& [tenant, bytes] : leftBehind_[d].charged)
+        if (tenant == name) t->leftBehind[d] += bytes;
+  }
+}
+
+}  // namespace cushare::broker

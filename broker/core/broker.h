@@ -222,11 +222,15 @@ class Broker {
     std::map<int, std::pair<std::string, uint64_t>> last;  // host pid -> (tenant, bytes), last tick
     // tenant -> (slot index, slot pid) -> bytes its ledger slot showed on the device, last tick
     std::map<std::string, std::map<std::pair<int, int>, uint64_t>> lastSlots;
+    std::map<std::string, uint64_t> lastListExit;  // tenant -> the tick NVML's list last lost one
     std::vector<uint64_t> recent;  // the device's unattributed memory, the last three ticks
     bool haveBase = false;
     uint64_t base = 0;             // unattributed memory that no tenant left behind
     struct Pending {               // processes that exited in one tick, decided three ticks later
-      std::map<std::string, uint64_t> exited;  // tenant ("" none) -> weight: bytes they held, + 1
+      // Exits NVML's process list showed: tenant ("" none) -> bytes the device showed they held.
+      std::map<std::string, uint64_t> seen;
+      // Exits only the ledgers showed (a process NVML never listed): tenant -> slot bytes + 1.
+      std::map<std::string, uint64_t> unseen;
       int ticks = 0;
     };
     std::vector<Pending> pending;

@@ -18,9 +18,11 @@
 // process allocating or freeing between them, lasts one tick). U is explained as base (memory no
 // tenant left: the driver's own reservations, other programs' orphans) plus what is charged to
 // tenants. When processes exit, their tick opens a pending decision; three ticks later the rise of
-// smoothed U over what is explained is split among the exited processes' tenants in proportion to
-// the bytes they held plus one (a zeroed slot still takes a share), charged, and logged; an exited
-// process of no tenant takes its share into base. When smoothed U falls below what is explained, the memory was freed:
+// smoothed U over what is explained is charged to the exited processes' tenants and logged:
+// first to processes NVML never listed (short-lived; in proportion to their slots' bytes plus one,
+// so a zeroed slot still takes its share), else to those it listed, in proportion to what the
+// device showed them holding, each at most that; an exited process of no tenant takes its share
+// into base. When smoothed U falls below what is explained, the memory was freed:
 // charges are returned, oldest first, then base falls. A rise with no exit pending goes into base
 // (it is nobody's leaving). The charge is added to the tenant's charge slot, so admission sees it.
 //
@@ -66,9 +68,11 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
 
     // Processes gone since the last tick open a decision: from NVML's list, and from the ledgers.
     LeftBehindDevice::Pending exits;
-    std::map<std::string, uint64_t> fromList, fromSlots;
     for (const auto& [pid, who] : L.last)
-      if (!onDevice[d].count(pid)) fromList[who.first] += who.second + 1;
+      if (!onDevice[d].count(pid)) {
+        exits.seen[who.first] += who.second;
+        L.lastListExit[who.first] = ticks_;
+      }
     std::map<std::string, std::map<std::pair<int, int>, uint64_t>> slotsNow;
     for (auto& [name, t] : tenants_) {
       if (!t->ledger || d >= t->entry.size() || t->entry[d] < 0) continue;
@@ -79,13 +83,14 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
       for (const Ledger::SlotUsage& u : slots) now[{u.slot, u.pid}] = u.used[e];
       const auto was = L.lastSlots.find(name);
       if (was == L.lastSlots.end()) continue;
+      // A slot is reaped up to a tick after its process left NVML's list: that exit was seen.
+      const auto listed = L.lastListExit.find(name);
+      if (listed != L.lastListExit.end() && ticks_ - listed->second <= 2) continue;
       for (const auto& [key, bytes] : was->second)
-        if (!now.count(key)) fromSlots[name] += bytes + 1;
+        if (!now.count(key)) exits.unseen[name] += bytes + 1;
     }
     L.lastSlots = std::move(slotsNow);
-    for (const auto& [tenant, w] : fromList) exits.exited[tenant] = w;
-    for (const auto& [tenant, w] : fromSlots) exits.exited[tenant] = std::max(exits.exited[tenant], w);
-    if (!exits.exited.empty() && L.haveBase) L.pending.push_back(std::move(exits));
+    if ((!exits.seen.empty() || !exits.unseen.empty()) && L.haveBase) L.pending.push_back(std::move(exits));
 
     if (!L.haveBase) {
       L.haveBase = true;
@@ -97,18 +102,24 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
       const LeftBehindDevice::Pending p = std::move(L.pending.front());
       L.pending.erase(L.pending.begin());
       const uint64_t explained = L.base + charged;
-      uint64_t held = 0;
-      for (const auto& [tenant, bytes] : p.exited) held += bytes;
       const uint64_t rise = smooth > explained ? smooth - explained : 0;
-      if (rise == 0 || held == 0) continue;
+      if (rise == 0) continue;
+      // Processes NVML never listed (they lived less than a tick) take the rise first, in
+      // proportion to what their slots showed: a tenant cannot hand its leaving to another one by
+      // zeroing its slot and exiting quickly. Otherwise the processes NVML listed share it in
+      // proportion to what the device showed them holding, each at most that.
+      const bool unseen = !p.unseen.empty();
+      const std::map<std::string, uint64_t>& who = unseen ? p.unseen : p.seen;
+      uint64_t weight = 0;
+      for (const auto& [tenant, w] : who) weight += w;
+      if (weight == 0) continue;
       uint64_t given = 0;
-      for (const auto& [tenant, bytes] : p.exited) {
-        // The last share takes the rounding remainder.
-        const uint64_t share = static_cast<uint64_t>(static_cast<unsigned __int128>(rise) * bytes / held);
+      for (const auto& [tenant, w] : who) {
+        uint64_t share = static_cast<uint64_t>(static_cast<unsigned __int128>(rise) * w / weight);
+        if (!unseen) share = std::min(share, w);
         given += share;
         if (share == 0) continue;
-        auto it = tenants_.find(tenant);
-        if (tenant.empty() || it == tenants_.end()) {
+        if (tenant.empty() || !tenants_.count(tenant)) {
           L.base += share;
           continue;
         }
@@ -120,7 +131,7 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
                      "device frees it",
                      tenant, d, formatSize(share));
       }
-      L.base += rise - given;  // rounding
+      L.base += rise - given;  // rounding, and what exceeds what the listed processes held
     }
 
     const uint64_t explained = L.base + charged;

@@ -1023,7 +1023,51 @@ TEST(Tamper, MemoryAnExitedExporterLeftBehindStaysCharged) {
                                        std::string::npos; }))
       << usedOn0(b.tenant("alpha")) << "\n" << b.metrics();
   EXPECT_EQ(a2.ask("alloc " + std::to_string(128 * MiB)), "ok");
+  ASSERT_EQ(a2.ask("freeall"), "ok");
+  // Again with an exporter that lives long enough for NVML's process list to show it holding the
+  // memory (the first one exited at once, before any look).
+  {
+    Child a = b.tenantProcess("alpha");
+    ASSERT_TRUE(a.send("export " + std::to_string(64 * MiB) + " " + path));
+    fd = receiveDescriptor(listener);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(a.readLine(), "exported");
+    ASSERT_TRUE(waitFor([&] { return deviceMemoryOn0().count(a.pid()) != 0; })) << "listed by NVML";
+    std::this_thread::sleep_for(milliseconds(200));  // several broker ticks
+    ASSERT_TRUE(a.send("quit"));
+    ASSERT_EQ(a.wait(), 0);
+  }
+  ASSERT_TRUE(waitFor([&] {
+    return b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\"} " +
+                            std::to_string(64 * MiB) + "\n") != std::string::npos;
+  })) << b.metrics() << b.log();
+  EXPECT_EQ(usedOn0(b.tenant("alpha")), 64 * MiB);
+  EXPECT_EQ(a2.ask("alloc " + std::to_string(200 * MiB)), "oom");
+  ::close(fd);
+  EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 0; })) << usedOn0(b.tenant("alpha"));
   ::close(listener);
+}
+
+// Honest processes that allocate and exit, one after another and side by side, leave nothing
+// behind: no left-behind charge, whatever the timing of their exits against the broker's ticks.
+TEST(Tamper, HonestExitsLeaveNothingBehind) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  std::this_thread::sleep_for(milliseconds(200));
+  for (int round = 0; round < 12; ++round) {
+    std::vector<Child> procs;
+    for (int i = 0; i < 2; ++i) procs.push_back(b.tenantProcess(i == 0 ? "alpha" : "beta"));
+    for (Child& c : procs) ASSERT_EQ(c.ask("alloc " + std::to_string(32 * MiB)), "ok");
+    std::this_thread::sleep_for(milliseconds(round * 10));
+    for (Child& c : procs) ASSERT_TRUE(c.send("quit"));
+    for (Child& c : procs) ASSERT_EQ(c.wait(), 0);
+  }
+  std::this_thread::sleep_for(milliseconds(400));  // every exit decided
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\"} 0\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_left_behind_bytes{tenant=\"beta\",device=\"0\"} 0\n"), std::string::npos) << m;
+  EXPECT_EQ(usedOn0(b.tenant("alpha")), 0u);
+  EXPECT_EQ(b.log().find("left "), std::string::npos) << b.log();
 }
 
 // Honest processes allocating and freeing as fast as they can are never charged, with no

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -34,6 +35,8 @@
 #include <vector>
 
 #include "mps_table.h"
+#include "simgpu/nvml.h"
+#include "timeslice_board.h"
 
 extern "C" void simgpu_debug_fault(int error);
 
@@ -224,6 +227,35 @@ class Mps : public ::testing::Test {
       for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
       if (uid != 0 && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(126);
       execl("/proc/self/exe", "mps_child", "--child", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    ::close(rep[1]);
+    ::close(ctl[0]);
+    Child c;
+    c.pid = pid;
+    c.report = rep[0];
+    c.control = ctl[1];
+    children_.push_back(c);
+    return children_.back();
+  }
+
+  // Starts program with args; its stdout is the report pipe, its stdin the command pipe.
+  Child& spawnProgram(const std::string& program, const std::vector<std::string>& args,
+                      const std::vector<std::string>& env = {}) {
+    int rep[2], ctl[2];
+    EXPECT_EQ(pipe2(rep, O_CLOEXEC), 0);
+    EXPECT_EQ(pipe2(ctl, O_CLOEXEC), 0);
+    std::vector<std::string> strs{program};
+    strs.insert(strs.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : strs) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(rep[1], 1);
+      dup2(ctl[0], 0);
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      execv(argv[0], argv.data());
       _exit(127);
     }
     ::close(rep[1]);
@@ -576,6 +608,288 @@ TEST_F(Mps, AClientOfAnotherUserWaitsUntilTheServersClientsExit) {
   EXPECT_NE(second, first);
   EXPECT_TRUE(logHas("control.log", "Starting new server " + second + " for user 1000"));
   EXPECT_EQ(control("get_client_list " + second), std::to_string(user.pid) + "\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device time under MPS: nvcc-built programs (mps_hog.cu) as clients, judged by simgpu's ground
+// truth: the device's time-slice board, where the server publishes its own slot (one context to
+// the slicer) and what its engine gave each client (timeslice_board.h).
+constexpr long long kBlockNs = 1'000'000;  // each mps_hog block: 1 ms (mps.costs reads the parameter)
+constexpr int kSms = 132;
+constexpr int kBlocksPerSm = 2;  // blocks of 1024 threads
+
+uint64_t deviceNow() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());  // SIMGPU_TIME_SCALE is 1 in these tests
+}
+
+struct Snapshot {
+  uint64_t t = 0;
+  std::map<int32_t, simgpu::ProcessDeviceStats> procs;
+  uint64_t switches = 0;
+};
+
+simgpu::Board* board() {
+  std::string err;
+  static simgpu::Board* b = simgpu::openBoard(std::getenv("SIMGPU_STATE_DIR"), 0, &err);
+  EXPECT_NE(b, nullptr) << err;
+  return b;
+}
+
+Snapshot snapshot() {
+  Snapshot s;
+  s.t = deviceNow();
+  if (simgpu::Board* b = board()) {
+    simgpu::forEachProcess(*b, [&](const simgpu::ProcessDeviceStats& p) { s.procs[p.pid] = p; });
+    s.switches = b->switches.load();
+  }
+  return s;
+}
+
+// What pid got between two snapshots.
+struct Delta {
+  double busy = 0;      // fraction of the window with its blocks running
+  double smShare = 0;   // SM-time, in SMs on average
+  double smEquiv = 0;   // throughput: blocks run x block time / blocks per SM / window, in SMs
+  double slicedOut = 0;  // fraction of the window it waited for another process's slice
+  uint64_t blocks = 0;
+};
+Delta delta(const Snapshot& a, const Snapshot& b, int32_t pid) {
+  Delta d;
+  auto x = a.procs.find(pid), y = b.procs.find(pid);
+  EXPECT_TRUE(x != a.procs.end() && y != b.procs.end()) << "pid " << pid << " is not on the board";
+  if (x == a.procs.end() || y == b.procs.end()) return d;
+  const double w = static_cast<double>(b.t - a.t);
+  d.busy = (y->second.busyNs - x->second.busyNs) / w;
+  d.smShare = (y->second.busySmNs - x->second.busySmNs) / w;
+  d.blocks = y->second.blocksRun - x->second.blocksRun;
+  d.smEquiv = static_cast<double>(d.blocks) * kBlockNs / kBlocksPerSm / w;
+  d.slicedOut = (y->second.slicedOutNs - x->second.slicedOutNs) / w;
+  return d;
+}
+
+class MpsTime : public Mps {
+ protected:
+  void SetUp() override {
+    Mps::SetUp();
+    if (!std::getenv("SIMGPU_KERNEL_COSTS")) GTEST_SKIP() << "registered with SIMGPU_KERNEL_COSTS=mps.costs";
+  }
+  // A client (or, with CUDA_MPS_PIPE_DIRECTORY elsewhere, a plain process) keeping the device busy
+  // with kernels of `blocks` blocks of 1024 threads on two streams.
+  Child& hog(const std::vector<std::string>& env, int blocks = 528, long long ns = kBlockNs) {
+    return spawnProgram(SIMGPU_MPS_HOG, {"loop", std::to_string(blocks), "1024", std::to_string(ns), "2"}, env);
+  }
+  // Waits until the hog runs; its "ready" line says the multiprocessor count it sees.
+  static int running(Child& c) {
+    const std::string ready = line(c);
+    EXPECT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+    EXPECT_EQ(line(c), "running");
+    return ready.size() > 6 ? std::atoi(ready.c_str() + 6) : -1;
+  }
+  // Stops a hog; its "done" line's status.
+  static long long finish(Child& c) {
+    (void)!write(c.control, "s", 1);
+    const std::string done = line(c, 20000);
+    EXPECT_EQ(done.rfind("done ", 0), 0u) << done;
+    stop(c);
+    std::istringstream in(done);
+    std::string word;
+    long long kernels = 0, status = -1;
+    in >> word >> kernels >> status;
+    return status;
+  }
+  // Two snapshots `ms` apart, taken once the hogs have run for a moment.
+  static std::pair<Snapshot, Snapshot> window(int ms = 300) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the hogs' queues fill
+    Snapshot a = snapshot();
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));  // the measured window
+    return {a, snapshot()};
+  }
+  int32_t server() { return std::atoi(serverPid().c_str()); }
+};
+
+TEST_F(MpsTime, ClientsAt30And70PercentRunSideBySideAndShareTheSmsBySMCap) {
+  startDaemon();
+  Child& a = hog({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"});
+  Child& b = hog({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=70"});
+  EXPECT_EQ(running(a), 40);  // ceil(39.6) = 40
+  EXPECT_EQ(running(b), 94);  // ceil(92.4) = 93, a pair: 94
+  const int32_t srv = server();
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t dev;
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &dev), NVML_SUCCESS);
+  nvmlProcessUtilizationSample_t samples[16];
+  unsigned n = 16;
+  ASSERT_EQ(nvmlDeviceGetProcessUtilization(dev, samples, &n, 0), NVML_SUCCESS);  // the period starts
+  const auto [s0, s1] = window();
+  const Delta da = delta(s0, s1, a.pid), db = delta(s0, s1, b.pid), ds = delta(s0, s1, srv);
+  std::printf("30%%: busy %.2f, %.1f SMs, %.1f SM-equivalents; 70%%: busy %.2f, %.1f SMs, %.1f; server %.1f SMs\n",
+              da.busy, da.smShare, da.smEquiv, db.busy, db.smShare, db.smEquiv, ds.smShare);
+  // Side by side: each is busy all the time, nobody is sliced out, together they fill the device.
+  EXPECT_GT(da.busy, 0.9);
+  EXPECT_GT(db.busy, 0.9);
+  EXPECT_LT(da.slicedOut + db.slicedOut, 0.01);
+  EXPECT_GT(ds.smShare, 0.9 * kSms);
+  EXPECT_GT(da.smEquiv + db.smEquiv, 0.85 * kSms) << "the whole device's throughput";
+  // Shares by SM cap: 40 and 94 SMs of 132 (two contended): about 30/70.
+  const double share = da.smShare / (da.smShare + db.smShare);
+  EXPECT_NEAR(share, 0.30, 0.03);
+  EXPECT_NEAR(da.smEquiv / (da.smEquiv + db.smEquiv), 0.30, 0.04);
+  EXPECT_LE(da.smShare, 40.5);
+  EXPECT_LE(db.smShare, 94.5);
+
+  // The same ground truth for scripts and NVML: per client, the server apart.
+  FILE* smi = popen(SIMGPU_SMI " --json", "r");
+  ASSERT_TRUE(smi);
+  char buf[16384] = {};
+  const std::string json(buf, fread(buf, 1, sizeof buf - 1, smi));
+  pclose(smi);
+  for (pid_t p : {a.pid, b.pid})
+    EXPECT_NE(json.find("{\"pid\": " + std::to_string(p) + ", "), std::string::npos) << json;
+  EXPECT_NE(json.find("\"mps\": \"client\", \"server\": " + std::to_string(srv) + "}"), std::string::npos) << json;
+  EXPECT_NE(json.find("{\"pid\": " + std::to_string(srv) + ", "), std::string::npos) << json;
+  EXPECT_NE(json.find("\"mps\": \"server\"}"), std::string::npos) << json;
+  n = 16;
+  ASSERT_EQ(nvmlDeviceGetProcessUtilization(dev, samples, &n, 0), NVML_SUCCESS);
+  std::map<unsigned, unsigned> util;
+  for (unsigned i = 0; i < n; ++i) util[samples[i].pid] = samples[i].smUtil;
+  EXPECT_GT(util[static_cast<unsigned>(a.pid)], 80u) << "busy all the time since the previous sample";
+  EXPECT_GT(util[static_cast<unsigned>(b.pid)], 80u);
+  EXPECT_EQ(util.count(static_cast<unsigned>(srv)), 0u) << "the server is its clients, not a process of its own";
+  nvmlShutdown();
+  EXPECT_EQ(finish(a), 0);
+  EXPECT_EQ(finish(b), 0);
+}
+
+TEST_F(MpsTime, AClientAt25PercentGetsAQuarterOfTheSms) {
+  startDaemon();
+  control("set_default_active_thread_percentage 25");
+  Child& a = hog({});
+  EXPECT_EQ(running(a), 34);
+  const auto [s0, s1] = window();
+  const Delta d = delta(s0, s1, a.pid);
+  std::printf("25%%: busy %.2f, %.1f SMs, %.1f SM-equivalents\n", d.busy, d.smShare, d.smEquiv);
+  EXPECT_GT(d.busy, 0.9);
+  EXPECT_NEAR(d.smShare / d.busy, 34, 0.5);  // all of its cap, never more
+  EXPECT_NEAR(d.smEquiv, 34, 34 * 0.1);
+  EXPECT_EQ(finish(a), 0);
+}
+
+TEST_F(MpsTime, TwoClientsAt100PercentShareTheSmsNotDoubleTheDevice) {
+  startDaemon();
+  Child& a = hog({});
+  Child& b = hog({});
+  EXPECT_EQ(running(a), kSms);
+  EXPECT_EQ(running(b), kSms);
+  const auto [s0, s1] = window();
+  const Delta da = delta(s0, s1, a.pid), db = delta(s0, s1, b.pid);
+  std::printf("100%% + 100%%: %.1f and %.1f SM-equivalents\n", da.smEquiv, db.smEquiv);
+  EXPECT_NEAR(da.smEquiv + db.smEquiv, kSms, kSms * 0.1) << "one device's throughput between them";
+  EXPECT_NEAR(da.smEquiv / (da.smEquiv + db.smEquiv), 0.5, 0.15);
+  EXPECT_EQ(finish(a), 0);
+  EXPECT_EQ(finish(b), 0);
+}
+
+// A normal client's kernel arrives while a client keeps the device full of waiting blocks: below
+// normal, that client's waiting blocks go after it (it runs in the next wave); normal, before.
+TEST_F(MpsTime, ClientPriorityOrdersWaitingBlocks) {
+  startDaemon();
+  auto elapsedWith = [&](const char* hogPriority) {
+    Child& h = hog({std::string("CUDA_MPS_CLIENT_PRIORITY=") + hogPriority}, 2640);  // 10 waves a kernel
+    running(h);
+    Child& n = spawnProgram(SIMGPU_MPS_HOG, {"once", "264", "1024", std::to_string(kBlockNs)}, {"CUDA_MPS_CLIENT_PRIORITY=0"});
+    EXPECT_EQ(line(n), "ready " + std::to_string(kSms));
+    (void)!write(n.control, "go\n", 3);
+    const std::string e = line(n, 20000);
+    EXPECT_EQ(e.rfind("elapsed ", 0), 0u) << e;
+    stop(n);
+    EXPECT_EQ(finish(h), 0);
+    return std::atoll(e.c_str() + 8);
+  };
+  const long long below = elapsedWith("1"), normal = elapsedWith("0");
+  std::printf("a one-wave kernel beside a full device: %lld us (other client below normal), %lld us (normal)\n",
+              below, normal);
+  EXPECT_LT(below, 4000) << "at most one running wave (1 ms) to wait, then its own wave";
+  EXPECT_GT(normal, 8000) << "behind the other client's queued waves";
+}
+
+TEST_F(MpsTime, TheServerTakesTurnsWithAProcessOutsideMpsAsOneContext) {
+  startDaemon();
+  Child& a = hog({});
+  Child& b = hog({});
+  Child& plain = hog({"CUDA_MPS_PIPE_DIRECTORY=/nonexistent"});
+  running(a);
+  running(b);
+  running(plain);
+  const int32_t srv = server();
+  const auto [s0, s1] = window(400);
+  const Delta ds = delta(s0, s1, srv), dp = delta(s0, s1, plain.pid), da = delta(s0, s1, a.pid);
+  std::printf("server busy %.2f sliced out %.2f; plain process busy %.2f sliced out %.2f; %llu switches\n", ds.busy,
+              ds.slicedOut, dp.busy, dp.slicedOut, static_cast<unsigned long long>(s1.switches - s0.switches));
+  EXPECT_LT(ds.busy + dp.busy, 1.02) << "never side by side";
+  EXPECT_GT(ds.busy, 0.2);
+  EXPECT_GT(dp.busy, 0.2);
+  EXPECT_GT(ds.slicedOut, 0.2);
+  EXPECT_GT(dp.slicedOut, 0.2);
+  EXPECT_GT(da.slicedOut, 0.2) << "a client waits while its server is sliced out";
+  EXPECT_GE(s1.switches - s0.switches, 20u) << "2 ms slices over 400 ms";
+  EXPECT_EQ(finish(a), 0);
+  EXPECT_EQ(finish(b), 0);
+  EXPECT_EQ(finish(plain), 0);
+}
+
+TEST_F(MpsTime, AClientKilledMidKernelLeavesTheOthersAndTheServerRunning) {
+  startDaemon();
+  Child& a = hog({}, 2640);
+  Child& b = hog({}, 2640);
+  running(a);
+  running(b);
+  const int32_t srv = server();
+  kill(a.pid, SIGKILL);
+  stop(a);
+  ASSERT_TRUE(waitFor([&] { return snapshot().procs.count(a.pid) == 0; })) << "its statistics stay published";
+  const auto [s0, s1] = window(200);
+  const Delta db = delta(s0, s1, b.pid), ds = delta(s0, s1, srv);
+  EXPECT_GT(db.busy, 0.9);
+  EXPECT_NEAR(ds.smShare, db.smShare, 1) << "the killed client's waiting work was dropped";
+  EXPECT_EQ(server(), srv);
+  EXPECT_EQ(kill(srv, 0), 0);
+  EXPECT_EQ(finish(b), 0);
+  Child& c = hog({});
+  running(c);
+  EXPECT_EQ(finish(c), 0);
+}
+
+TEST_F(MpsTime, TerminateClientDropsItsQueuedWork) {
+  startDaemon();
+  Child& a = hog({}, 2640, 50 * kBlockNs);  // 10 waves of 50 ms a kernel: 2 s of work queued
+  running(a);
+  const int32_t srv = server();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(control("terminate_client " + std::to_string(srv) + " " + std::to_string(a.pid)), "0\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
+  const std::string done = line(a);
+  EXPECT_EQ(done.rfind("done ", 0), 0u) << done;
+  EXPECT_NE(done.find(" " + std::to_string(CUDA_ERROR_MPS_CLIENT_TERMINATED)), std::string::npos) << done;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its running blocks end (50 ms)
+  const auto [s0, s1] = window(300);
+  EXPECT_EQ(delta(s0, s1, srv).blocks, 0u) << "nothing of its queued work ran";
+  EXPECT_EQ(delta(s0, s1, a.pid).blocks, 0u);
+  stop(a);
+}
+
+TEST_F(MpsTime, KillingTheServerFailsItsClientsWithAStickyError) {
+  startDaemon();
+  Child& a = hog({}, 2640);
+  running(a);
+  const int32_t srv = server();
+  ASSERT_GT(srv, 0);
+  kill(srv, SIGKILL);
+  const std::string done = line(a, 5000);  // no hang
+  EXPECT_EQ(done, "done " + done.substr(5, done.find(' ', 5) - 5) + " " + std::to_string(CUDA_ERROR_MPS_RPC_FAILURE)) << done;
+  stop(a);
+  EXPECT_TRUE(waitFor([&] { return logHas("control.log", "Server " + std::to_string(srv) + " exited with status 137"); }));
 }
 
 }  // namespace

@@ -707,6 +707,13 @@ class MpsTime : public Mps {
     return {a, snapshot()};
   }
   int32_t server() { return std::atoi(serverPid().c_str()); }
+  // Runs one of perf/gpu_check.sh's probes; its output.
+  static std::string runProbe(const std::string& name, const std::vector<std::string>& args,
+                              const std::vector<std::string>& env) {
+    const Result r = runProgram(std::string(SIMGPU_PROBES) + "/" + name, args, "", env);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return r.out;
+  }
 };
 
 TEST_F(MpsTime, ClientsAt30And70PercentRunSideBySideAndShareTheSmsBySMCap) {
@@ -890,6 +897,43 @@ TEST_F(MpsTime, KillingTheServerFailsItsClientsWithAStickyError) {
   EXPECT_EQ(done, "done " + done.substr(5, done.find(' ', 5) - 5) + " " + std::to_string(CUDA_ERROR_MPS_RPC_FAILURE)) << done;
   stop(a);
   EXPECT_TRUE(waitFor([&] { return logHas("control.log", "Server " + std::to_string(srv) + " exited with status 137"); }));
+}
+
+// The probes perf/gpu_check.sh runs on a real GPU to fit simgpu's guessed constants, run here on
+// simgpu so that they are known to work and to read simgpu's own constants back.
+double field(const std::string& line, const std::string& key) {
+  const size_t at = line.find(" " + key + "=");
+  return at == std::string::npos ? -1 : std::atof(line.c_str() + at + key.size() + 2);
+}
+
+TEST_F(MpsTime, GpuCheckProbeReadsTheSliceLengthAndSwitchCost) {
+  // Two plain processes at once, 4 ms slices, 100 us switches, kernels of 500 us.
+  const std::vector<std::string> env{"CUDA_MPS_PIPE_DIRECTORY=/nonexistent", "SIMGPU_TIME_SLICE_US=4000",
+                                     "SIMGPU_SWITCH_US=100"};
+  std::string other;
+  std::thread t([&] { other = runProbe("timeslice_probe", {"1", "500"}, env); });
+  const std::string mine = runProbe("timeslice_probe", {"1", "500"}, env);
+  t.join();
+  std::printf("%s%s", mine.c_str(), other.c_str());
+  for (const std::string& l : {mine, other}) {
+    EXPECT_GE(field(l, "runs"), 20) << l;
+    EXPECT_NEAR(field(l, "slice_us"), 4000, 600) << l;  // whole kernels: a slice holds 8
+    EXPECT_GE(field(l, "gap_us"), 3500) << l;          // the other's slice and the switches
+  }
+}
+
+TEST_F(MpsTime, GpuCheckProbeReadsTheEventResolution) {
+  const std::string out = runProbe("event_resolution", {}, {"CUDA_MPS_PIPE_DIRECTORY=/nonexistent"});
+  EXPECT_EQ(out.rfind("events resolution_us=0.500 min_us=", 0), 0u) << out;  // elapsed times in 0.5 us steps
+  EXPECT_GE(field(out, "min_us"), 0) << out;  // the kernel, plus the host's time to launch it
+}
+
+TEST_F(MpsTime, GpuCheckProbeReadsThePercentageToSmRule) {
+  startDaemon();
+  for (const auto& [pct, sms] : std::vector<std::pair<std::string, int>>{{"1", 2}, {"10", 14}, {"25", 34}, {"33.3", 44}, {"50", 66}, {"100", 132}})
+    EXPECT_EQ(runProbe("mps_sm_probe", {}, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + pct}),
+              "sms attribute=" + std::to_string(sms) + " properties=" + std::to_string(sms) + "\n")
+        << pct << " %";
 }
 
 }  // namespace

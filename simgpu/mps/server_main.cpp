@@ -373,6 +373,8 @@ void Server::publish(Device& d, uint32_t dev) {
       sum.kernelsRun += s.kernelsRun;
       sum.slicedOutNs += s.slicedOutNs;
     }
+    e->updatedNs.store(kBoardWriting, std::memory_order_relaxed);  // the seqlock (timeslice_board.h)
+    std::atomic_thread_fence(std::memory_order_release);
     e->busyNs.store(sum.busyNs, std::memory_order_relaxed);
     e->busySmNs.store(sum.busySmNs, std::memory_order_relaxed);
     e->blocksRun.store(sum.blocksRun, std::memory_order_relaxed);

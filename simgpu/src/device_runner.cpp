@@ -100,6 +100,9 @@ void DeviceRunner::publish() {
   if (!board_) return;
   const ContextStats& t = engine_.totals();
   BoardSlot& s = board_->slot[slot_];
+  // A seqlock on updatedNs (readCounters in timeslice_board.h): "being written", then the counters.
+  s.updatedNs.store(kBoardWriting, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
   s.busyNs.store(t.busyNs, std::memory_order_relaxed);
   s.busySmNs.store(t.busySmNs, std::memory_order_relaxed);
   s.blocksRun.store(t.blocksRun, std::memory_order_relaxed);

@@ -98,7 +98,29 @@ struct ProcessDeviceStats {
   int32_t mpsServer = 0;  // an MPS client: its server's pid
   bool isMpsServer = false;  // the server's own slot: the sum of its clients
   uint64_t busyNs = 0, busySmNs = 0, blocksRun = 0, kernelsRun = 0, slicedOutNs = 0;
+  uint64_t updatedNs = 0;  // the engine's device time the counters are of
 };
+
+// Counters are published under a seqlock on updatedNs: the writer stores kBoardWriting, a release
+// fence, the counters, then the engine's time (release). A reader retries while it sees
+// kBoardWriting or updatedNs changed under it, so it gets one update's counters, consistent with
+// their time (after 100 tries it takes what it read).
+inline constexpr uint64_t kBoardWriting = UINT64_MAX;
+template <typename Entry>
+void readCounters(const Entry& e, ProcessDeviceStats* p) {
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t t = e.updatedNs.load(std::memory_order_acquire);
+    if (t == kBoardWriting) continue;
+    p->busyNs = e.busyNs.load(std::memory_order_relaxed);
+    p->busySmNs = e.busySmNs.load(std::memory_order_relaxed);
+    p->blocksRun = e.blocksRun.load(std::memory_order_relaxed);
+    p->kernelsRun = e.kernelsRun.load(std::memory_order_relaxed);
+    p->slicedOutNs = e.slicedOutNs.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    p->updatedNs = t;
+    if (e.updatedNs.load(std::memory_order_relaxed) == t) return;
+  }
+}
 // Every live process of the board: each slot (non-MPS processes and MPS servers), then each live
 // MPS client of a live server.
 template <typename F>
@@ -108,11 +130,7 @@ void forEachProcess(const Board& b, F&& f) {
     p.pid = s.pid.load(std::memory_order_acquire);
     if (!pidAlive(p.pid)) continue;
     p.isMpsServer = s.mpsServer.load(std::memory_order_relaxed) != 0;
-    p.busyNs = s.busyNs.load(std::memory_order_relaxed);
-    p.busySmNs = s.busySmNs.load(std::memory_order_relaxed);
-    p.blocksRun = s.blocksRun.load(std::memory_order_relaxed);
-    p.kernelsRun = s.kernelsRun.load(std::memory_order_relaxed);
-    p.slicedOutNs = s.slicedOutNs.load(std::memory_order_relaxed);
+    readCounters(s, &p);
     f(p);
   }
   for (const BoardClient& c : b.client) {
@@ -121,11 +139,7 @@ void forEachProcess(const Board& b, F&& f) {
     if (p.pid <= 0) continue;
     p.mpsServer = c.server.load(std::memory_order_relaxed);
     if (!pidAlive(p.pid) || !pidAlive(p.mpsServer)) continue;
-    p.busyNs = c.busyNs.load(std::memory_order_relaxed);
-    p.busySmNs = c.busySmNs.load(std::memory_order_relaxed);
-    p.blocksRun = c.blocksRun.load(std::memory_order_relaxed);
-    p.kernelsRun = c.kernelsRun.load(std::memory_order_relaxed);
-    p.slicedOutNs = c.slicedOutNs.load(std::memory_order_relaxed);
+    readCounters(c, &p);
     f(p);
   }
 }

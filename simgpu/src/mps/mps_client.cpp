@@ -43,14 +43,17 @@ MpsTable* gTable = nullptr;  // never unmapped: gEntry points into it until exit
 MpsClientEntry* gEntry = nullptr;
 
 // The direct connection to the server that runs this client's kernels (mps_protocol.h). Stream
-// workers send their kernels and wait for the answer with the same id; one reader thread takes
-// the answers. Leaked: workers may wait during exit.
+// workers send their kernels and wait for the answer with the same id. No reader thread: one
+// waiting worker at a time receives (the leader) and hands answers that are not its own to their
+// waiters; when its own arrives it passes the role on. So a process with one busy stream pays one
+// thread wake-up per kernel, not two. Leaked: workers may wait during exit.
 struct ServerLink {
   std::atomic<int> fd{-1};
   std::atomic<uint64_t> nextId{1};
   std::mutex mu;
   std::condition_variable cv;
   std::unordered_map<uint64_t, MpsDone> done;  // answers not yet taken by their waiter
+  bool receiving = false;                      // under mu: a worker is in recv
   bool gone = false;                           // under mu: the server hung up
 };
 ServerLink* gLink = nullptr;
@@ -135,27 +138,46 @@ void atforkChild() {
   gEntry = nullptr;
 }
 
-// The server's answers, until it hangs up (it died or quit): then every waiting and later kernel
-// fails with the sticky CUDA_ERROR_MPS_RPC_FAILURE, as the client's RPCs to a gone server would.
-void readServer(ServerLink* link, int fd) {
-  MpsDone m;
-  for (;;) {
-    const ssize_t n = recv(fd, &m, sizeof m, 0);
-    if (n == static_cast<ssize_t>(sizeof m) && m.type == kMpsDoneType) {
-      std::lock_guard l(link->mu);
-      link->done[m.id] = m;
-      link->cv.notify_all();
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n > 0) std::fprintf(stderr, "simgpu: the MPS server sent a malformed answer; dropping the connection\n");
-    break;
-  }
+// The server hung up (it died or quit): every waiting and later kernel fails with the sticky
+// CUDA_ERROR_MPS_RPC_FAILURE, as the client's RPCs to a gone server would. Caller holds link->mu.
+void serverGone(ServerLink* link) {
   setSticky(CUDA_ERROR_MPS_RPC_FAILURE);
   if (gEntry) gEntry->state.store(kMpsFaulted, std::memory_order_release);
-  std::lock_guard l(link->mu);
   link->gone = true;
   link->cv.notify_all();
+}
+
+// Waits for the answer to kernel `id`, receiving as the leader when no other worker does.
+bool awaitAnswer(ServerLink* link, uint64_t id, MpsDone* out) {
+  std::unique_lock l(link->mu);
+  for (;;) {
+    if (auto it = link->done.find(id); it != link->done.end()) {
+      *out = it->second;
+      link->done.erase(it);
+      return true;
+    }
+    if (link->gone) return false;
+    if (link->receiving) {
+      link->cv.wait(l);
+      continue;
+    }
+    link->receiving = true;
+    l.unlock();
+    MpsDone m;
+    ssize_t n;
+    do {
+      n = recv(link->fd.load(), &m, sizeof m, 0);
+    } while (n < 0 && errno == EINTR);
+    l.lock();
+    link->receiving = false;
+    if (n == static_cast<ssize_t>(sizeof m) && m.type == kMpsDoneType) {
+      link->done[m.id] = m;
+    } else {
+      if (n > 0) std::fprintf(stderr, "simgpu: the MPS server sent a malformed answer; dropping the connection\n");
+      serverGone(link);
+    }
+    link->cv.notify_all();  // the answer's waiter, or the next leader
+  }
 }
 
 // Connects to the server that admitted this client and says hello; CUDA_SUCCESS or why not.
@@ -188,7 +210,6 @@ CUresult connectServer(const Config& cfg, const std::string& pipeDir, int server
   }
   gLink = new ServerLink;
   gLink->fd.store(fd);
-  std::thread(readServer, gLink, fd).detach();
   return CUDA_SUCCESS;
 }
 
@@ -320,15 +341,12 @@ CUresult mpsRunKernel(int hostDev, uint64_t context, int streamPriority, const K
   m.queuedBehind = queuedBehind;
   // One packet per kernel: concurrent sends from several stream workers never interleave.
   if (send(link->fd.load(), &m, sizeof m, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof m)) {
-    setSticky(CUDA_ERROR_MPS_RPC_FAILURE);
+    std::lock_guard l(link->mu);
+    serverGone(link);
     return CUDA_ERROR_MPS_RPC_FAILURE;
   }
-  std::unique_lock l(link->mu);
-  link->cv.wait(l, [&] { return link->gone || link->done.count(m.id); });
-  auto it = link->done.find(m.id);
-  if (it == link->done.end()) return CUDA_ERROR_MPS_RPC_FAILURE;
-  const MpsDone d = it->second;
-  link->done.erase(it);
+  MpsDone d;
+  if (!awaitAnswer(link, m.id, &d)) return CUDA_ERROR_MPS_RPC_FAILURE;
   *endNs = std::max(startNs, d.endNs);
   return static_cast<CUresult>(d.status);
 }

@@ -46,7 +46,8 @@ namespace simgpu::mps {
 namespace {
 
 constexpr int kMaxContextsPerClient = 64;  // per device; beyond: CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED
-constexpr uint64_t kMaxBlockNs = uint64_t{1} << 50;  // about 13 days: beyond it the engine's times could wrap
+constexpr uint64_t kMaxBlockNs = uint64_t{1} << 50;
+constexpr uint32_t kMaxQueuedHint = 1 << 16;  // about 13 days: beyond it the engine's times could wrap
 constexpr int kCudaSuccess = 0;
 constexpr int kCudaInvalidValue = 1;
 constexpr int kMpsConnectionFailed = 805;
@@ -176,8 +177,10 @@ void Server::accept() {
     // The daemon tells this server about a client before it tells the client where to go: read
     // what it said so far before judging this one.
     if (!drainDaemon()) quit_ = true;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != getuid() ||
-        !admitted_.count(cred.pid) || quit_) {
+    const bool known = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+    bool connected = false;  // one connection per client process
+    for (auto& [other, c] : clients_) connected = connected || (known && c.pid == cred.pid);
+    if (!known || cred.uid != getuid() || !admitted_.count(cred.pid) || connected || quit_) {
       log("Refused a connection from PID " + std::to_string(cred.pid) + ": not an admitted client of this server");
       ::close(fd);
       continue;
@@ -302,8 +305,10 @@ void Server::onKernel(Client& c, const MpsKernel& k) {
     it = c.contexts.emplace(key, d.runner->engine().addContext(0, c.smCap, c.priority)).first;
     if (!c.stats[k.device]) c.stats[k.device] = claimStats(d, c.pid);
   }
-  d.queued.fetch_add(static_cast<int64_t>(k.queuedBehind) - c.queued[k.device]);
-  c.queued[k.device] = k.queuedBehind;
+  // Only whether it is above 0 matters (the server wants the device); bounded all the same.
+  const uint32_t behind = std::min<uint32_t>(k.queuedBehind, kMaxQueuedHint);
+  d.queued.fetch_add(static_cast<int64_t>(behind) - c.queued[k.device]);
+  c.queued[k.device] = behind;
   KernelShape s;
   s.blocks = k.blocks;
   s.threadsPerBlock = k.threadsPerBlock;

@@ -18,6 +18,8 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -578,6 +580,26 @@ TEST_F(Mps, AKilledClientIsReapedAndItsMemoryReturned) {
   Child& b = spawn();
   EXPECT_EQ(line(b), "attached 0 132");  // the server goes on
   EXPECT_EQ(serverPid(), srv);
+}
+
+TEST_F(Mps, TheServerTakesOnlyItsAdmittedClientsOnItsSocket) {
+  startDaemon();
+  Child& a = spawn();
+  ASSERT_EQ(line(a), "attached 0 132");
+  const std::string srv = serverPid();
+  ASSERT_FALSE(srv.empty());
+  // This test process was never admitted: the server's socket (mode 0666) hangs up on it.
+  const std::string path = pipe_ + "/mps-server-" + srv;
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << path;
+  char b[64];
+  EXPECT_EQ(recv(fd, b, sizeof b, 0), 0) << "refused: the connection is closed";
+  ::close(fd);
+  EXPECT_TRUE(waitFor([&] { return logHas("server.log", "Refused a connection from PID " + std::to_string(getpid())); }));
+  EXPECT_EQ(ask(a, "sync"), "sync 0");  // the client goes on
 }
 
 TEST_F(Mps, AServerThatCannotStartRefusesItsClientsInsteadOfRespawning) {

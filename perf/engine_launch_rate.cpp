@@ -1,4 +1,4 @@
-// Device-time engine throughput (perf/engine_launch_rate.sh): P processes each launch short
+// Device-time engine throughput (docs/performance.md): P processes each launch short
 // kernels (1 block, the default 1 us block time) at R kernels per second for D seconds on one
 // simulated device, then synchronise. A process keeps up when all its kernels complete within
 // the D seconds plus a little: the figure printed per run is the ratio of the kernels per second

@@ -13,6 +13,16 @@
 # shim's ledger and simgpu's state live in a temporary directory). The test suite's end-to-end
 # tests judge limits by simgpu's own count, so they run on simgpu only; these probe runs are their
 # counterpart against the real driver.
+# Then the constants docs/simgpu.md ("Device time", "MPS") marks as guesses, each measured by a
+# small nvcc-built probe (perf/*.cu, also run on simgpu by tests/simgpu/process/mps_test.cpp),
+# printed for the driver and for simgpu: the event timer's resolution; the time slice and switch
+# cost between two processes (two probes at once); and, when nvidia-cuda-mps-control is found,
+# the multiprocessor count an MPS client sees at several active thread percentages (a real
+# daemon in a temporary pipe directory, quit afterwards; counts that differ count as DIFFERENT).
+# Last, how the device accounts VMM memory only an exported descriptor keeps alive after its
+# maker exited (perf/vmm_export_probe; the broker's left-behind charge relies on it).
+# GPU_CHECK_TIMESLICE_LEVELS=1 also measures the slice at each `nvidia-smi compute-policy
+# --set-timeslice` level (needs root; changes the GPU's policy, restored to 0 = default after).
 set -uo pipefail
 build_it=1
 if [ "${1:-}" = --no-build ]; then build_it=0; shift; fi
@@ -20,7 +30,8 @@ build=${1:-build}
 command -v nvidia-smi >/dev/null || { echo "gpu_check: nvidia-smi not found: not a GPU host" >&2; exit 2; }
 if [ "$build_it" = 1 ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
-    cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml >/dev/null ||
+    cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml timeslice_probe \
+      event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe >/dev/null ||
     { echo "gpu_check: build failed" >&2; exit 2; }
 fi
 probe="$build/perf/visibility_probe"
@@ -116,5 +127,64 @@ run_cases "shim" LD_PRELOAD="$shim" CUSHARE_TENANT=gpucheck CUSHARE_MEMORY_LIMIT
 echo "codes: 0 success, 2 out of memory, 3 not initialized, 100 no device. {U0}: device 0's UUID,"
 echo "{P0}: its shortest unique prefix, {X0}: it in upper case, {N0}: it without GPU-, {C}: the"
 echo "prefix devices 0 and 1 share."
+
+# ---- Device time and MPS: the constants simgpu guesses ---------------------------------------
+perfdir="$build/perf"
+printf 'probe_spin block_ns_param=0\n' >"$tmp/probe.costs"
+simt() { sim env SIMGPU_KERNEL_COSTS="$tmp/probe.costs" CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$@"; }
+# Two timeslice probes at once; prints both lines. $1: driver|simgpu, $2: kernel us.
+two_probes() {
+  local runner=env
+  [ "$1" = simgpu ] && runner=simt
+  $runner "$perfdir/timeslice_probe" 1 "$2" >"$tmp/ts1" 2>&1 &
+  local first=$!
+  $runner "$perfdir/timeslice_probe" 1 "$2" >"$tmp/ts2" 2>&1
+  wait "$first"
+  cat "$tmp/ts1" "$tmp/ts2"
+}
+echo "== event timer resolution (simgpu: 0.5 us)"
+echo "driver: $(env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/event_resolution" 2>&1)"
+echo "simgpu: $(simt "$perfdir/event_resolution" 2>&1)"
+echo "== time slice and switch cost between two processes, back-to-back kernels"
+echo "   (simgpu: SIMGPU_TIME_SLICE_US=2000, SIMGPU_SWITCH_US=25; fit them to the driver's lines)"
+two_probes driver 20 | sed 's/^/driver (20 us kernels): /'
+two_probes simgpu 500 | sed 's/^/simgpu (500 us kernels): /'
+if [ "${GPU_CHECK_TIMESLICE_LEVELS:-0}" = 1 ]; then
+  for level in 1 2 3; do
+    if nvidia-smi compute-policy -i 0 --set-timeslice "$level" >/dev/null 2>&1; then
+      two_probes driver 20 | sed "s/^/driver, timeslice level $level: /"
+    else
+      echo "driver, timeslice level $level: nvidia-smi compute-policy --set-timeslice failed (root?)"
+    fi
+  done
+  nvidia-smi compute-policy -i 0 --set-timeslice 0 >/dev/null 2>&1
+fi
+echo "== MPS: the multiprocessor count a client sees (simgpu: ceil(pct x SMs) rounded up to even)"
+if command -v nvidia-cuda-mps-control >/dev/null; then
+  real_mps() { env CUDA_MPS_PIPE_DIRECTORY="$tmp/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$tmp/mps-log" "$@"; }
+  sim_mps() { sim env CUDA_MPS_PIPE_DIRECTORY="$tmp/sim-pipe" CUDA_MPS_LOG_DIRECTORY="$tmp/sim-log" "$@"; }
+  real_mps nvidia-cuda-mps-control -d && sim_mps "$build/lib/simgpu/bin/nvidia-cuda-mps-control" -d ||
+    echo "gpu_check: cannot start an MPS control daemon" >&2
+  echo "driver SMs without MPS: $(env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/mps_sm_probe" 2>&1)"
+  for pct in 1 5 10 12.5 25 30 33.3 50 70 75 100; do
+    real=$(real_mps env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="$pct" "$perfdir/mps_sm_probe" 2>&1)
+    simg=$(sim_mps env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="$pct" "$perfdir/mps_sm_probe" 2>&1)
+    mark=""
+    if [ "$real" != "$simg" ]; then mark="   DIFFERENT (simgpu: $simg)"; differ=$((differ + 1)); fi
+    printf 'MPS client at %5s %%: driver: %s%s\n' "$pct" "$real" "$mark"
+  done
+  echo quit | real_mps nvidia-cuda-mps-control
+  echo quit | sim_mps "$build/lib/simgpu/bin/nvidia-cuda-mps-control"
+  echo "(simgpu's SIMGPU_SMS is 132 by default: compare on an H100/H200, or set it to the GPU's count)"
+else
+  echo "nvidia-cuda-mps-control not found: MPS not measured"
+fi
+
+echo "== memory an exited exporter left behind (an exported VMM descriptor, never imported)"
+echo "   (the broker charges it from the device's used memory minus its processes': simgpu counts it in"
+echo "   device_used and in no process after the exporter exits; fd_target says what a /proc scan would see)"
+env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/vmm_export_probe" 2>&1 | sed 's/^/driver: /'
+sim "$perfdir/vmm_export_probe" 2>&1 | sed 's/^/simgpu: /'
+
 echo "gpu_check: $differ case(s) where simgpu differs from the driver"
 [ "$differ" = 0 ]

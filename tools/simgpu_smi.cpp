@@ -4,7 +4,9 @@
 // `simgpu-smi --json`: simgpu's ground truth for tests, one JSON object: per device, NVML's memory
 // and, from the device's time-slice board (timeslice_board.h), the context switches and per
 // process what its engine really ran: busy_ns (time with its blocks running), busy_sm_ns (SM-time),
-// blocks, kernels, sliced_out_ns (time it had work while another process held the device).
+// blocks, kernels, sliced_out_ns (time it had work while another process held the device). An MPS
+// server (one slot to the slicer, the sum of its clients) has "mps": "server"; each of its clients
+// follows with what the server's engine gave it, "mps": "client", "server": <its server's pid>.
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -36,18 +38,17 @@ int printJson(unsigned count) {
                 static_cast<unsigned long long>(b ? b->switches.load() : 0));
     bool first = true;
     if (b)
-      for (const simgpu::BoardSlot& s : b->slot) {
-        const int32_t pid = s.pid.load();
-        if (!simgpu::pidAlive(pid)) continue;
+      simgpu::forEachProcess(*b, [&](const simgpu::ProcessDeviceStats& p) {
         std::printf("%s{\"pid\": %d, \"busy_ns\": %llu, \"busy_sm_ns\": %llu, \"blocks\": %llu, \"kernels\": %llu, "
-                    "\"sliced_out_ns\": %llu}",
-                    first ? "" : ", ", pid, static_cast<unsigned long long>(s.busyNs.load()),
-                    static_cast<unsigned long long>(s.busySmNs.load()),
-                    static_cast<unsigned long long>(s.blocksRun.load()),
-                    static_cast<unsigned long long>(s.kernelsRun.load()),
-                    static_cast<unsigned long long>(s.slicedOutNs.load()));
+                    "\"sliced_out_ns\": %llu",
+                    first ? "" : ", ", p.pid, static_cast<unsigned long long>(p.busyNs),
+                    static_cast<unsigned long long>(p.busySmNs), static_cast<unsigned long long>(p.blocksRun),
+                    static_cast<unsigned long long>(p.kernelsRun), static_cast<unsigned long long>(p.slicedOutNs));
+        if (p.isMpsServer) std::printf(", \"mps\": \"server\"");
+        if (p.mpsServer) std::printf(", \"mps\": \"client\", \"server\": %d", p.mpsServer);
+        std::printf("}");
         first = false;
-      }
+      });
     std::printf("]}");
   }
   std::printf("]}\n");

@@ -113,6 +113,13 @@ std::string Daemon::command(Conn& ui, uint64_t uiId, const std::string& line, bo
       if (c.pid != pid || c.terminatingUi) continue;
       c.terminatingUi = uiId;
       ++s->terminating;
+      // The server ends the client's outstanding work in its engine; the client takes the sticky
+      // error. The answer comes when both have acknowledged (or hung up).
+      c.terminateAcks = 1;
+      if (s->conn) {
+        send(s->conn, "terminate " + std::to_string(c.pid));
+        ++c.terminateAcks;
+      }
       send(id, "terminate");
       *deferred = true;
       return "";

@@ -266,6 +266,9 @@ void Daemon::onMessage(uint64_t id, const std::string& msg) {
     Server* sp = server(c.pid);
     if (msg.compare(0, 4, "log ") == 0) {
       logServer(c.pid, msg.substr(4));
+    } else if (w.size() == 2 && w[0] == "terminated" && sp) {
+      for (uint64_t cl : sp->clients)
+        if (std::to_string(conns_[cl].pid) == w[1]) terminateAck(cl, false);
     } else if (msg == "ready" && sp && sp->state == ServerState::kInitializing) {
       Server& s = *sp;
       s.state = ServerState::kActive;
@@ -293,12 +296,7 @@ void Daemon::onMessage(uint64_t id, const std::string& msg) {
   }
   // A client.
   if (w.size() == 1 && w[0] == "terminated") {
-    if (c.terminatingUi) {
-      logControl("0");
-      send(c.terminatingUi, "0");
-      c.terminatingUi = 0;
-      if (Server* s = server(c.server)) --s->terminating;
-    }
+    terminateAck(id, false);
     schedule();
   } else if (w.size() == 2 && w[0] == "fault") {
     Server* s = server(c.server);
@@ -354,6 +352,10 @@ void Daemon::admit(uint64_t id, Server& s) {
   std::string msg = "ok " + std::to_string(s.pid) + " " + std::to_string(std::lround(c.pct * 10)) + " " +
                     std::to_string(c.priority);
   for (auto& [dev, bytes] : s.limits) msg += " " + std::to_string(dev) + "=" + std::to_string(bytes);
+  // The server hears of the client (what it was granted) before the client hears where to go.
+  if (s.conn)
+    send(s.conn, "client " + std::to_string(c.pid) + " " + std::to_string(std::lround(c.pct * 10)) + " " +
+                     std::to_string(c.priority));
   logServer(s.pid, "Client {PID: " + std::to_string(c.pid) + ", Context ID: " + std::to_string(c.contextId) +
                        "} connected");
   send(id, msg);  // after the log line: a client that runs has been logged
@@ -387,6 +389,27 @@ void Daemon::schedule() {
   }
 }
 
+namespace {
+// In the forked server-to-be: binds <pipe>/mps-server-<pid> (mode 0666) and moves it to
+// kMpsServerListenFd, kept across exec. Returns that descriptor, -1 on failure.
+int listenServerSocket(const std::string& pipeDir, pid_t pid) {
+  const std::string path = mpsServerSocket(pipeDir, pid);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return -1;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ::unlink(path.c_str());
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::chmod(path.c_str(), 0666) != 0 ||
+      ::listen(fd, 128) != 0)
+    return -1;
+  if (fd == kMpsServerListenFd) return fd;
+  const int moved = dup2(fd, kMpsServerListenFd);
+  ::close(fd);
+  return moved;
+}
+}  // namespace
+
 void Daemon::startServer(uid_t uid) {
   Server s;
   s.uid = uid;
@@ -397,6 +420,10 @@ void Daemon::startServer(uid_t uid) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    // The server's own socket (mps_protocol.h), made here with the daemon's rights: the pipe
+    // directory belongs to the daemon's user, the server may run as another. It reaches the
+    // server as descriptor kMpsServerListenFd.
+    if (listenServerSocket(opt_.pipeDir, getpid()) != kMpsServerListenFd) _exit(126);
     if (uid != getuid()) {
       const gid_t g = primaryGid(uid);
       if (setgroups(0, nullptr) != 0 || setgid(g) != 0 || setuid(uid) != 0) _exit(127);
@@ -439,7 +466,11 @@ void Daemon::onHangup(uint64_t id) {
   if (c.kind == Kind::kUi) logControl("UI closed");
   if (c.kind == Kind::kClient) clientGone(c, id);
   if (c.kind == Kind::kServer) {
-    if (Server* s = server(c.pid)) s->conn = 0;
+    if (Server* s = server(c.pid)) {
+      s->conn = 0;
+      const std::vector<uint64_t> clients = s->clients;
+      for (uint64_t cl : clients) terminateAck(cl, true);  // no server: no work left to end
+    }
   }
   closeConn(id);
   schedule();
@@ -455,12 +486,24 @@ void Daemon::clientGone(Conn& c, uint64_t id) {
   if (c.terminatingUi) {
     logControl("0");
     send(c.terminatingUi, "0");
+    c.terminatingUi = 0;
     --s->terminating;
   }
   if (s->state == ServerState::kFault && s->clients.empty()) {
     s->state = ServerState::kActive;
     logControl("Server " + std::to_string(s->pid) + ": all faulted clients exited, ACTIVE again");
   }
+}
+
+void Daemon::terminateAck(uint64_t clientId, bool all) {
+  Conn& c = conns_[clientId];
+  if (!c.terminatingUi) return;
+  c.terminateAcks = all ? 0 : c.terminateAcks - 1;
+  if (c.terminateAcks > 0) return;
+  logControl("0");
+  send(c.terminatingUi, "0");
+  c.terminatingUi = 0;
+  if (Server* s = server(c.server)) --s->terminating;
 }
 
 void Daemon::onSignal() {
@@ -496,6 +539,7 @@ void Daemon::onSignal() {
         refuse(cl, 805);  // CUDA_ERROR_MPS_CONNECTION_FAILED
       }
     }
+    ::unlink(mpsServerSocket(opt_.pipeDir, pid).c_str());  // the server may not be allowed to
     servers_.erase(std::find_if(servers_.begin(), servers_.end(), [&](const Server& s) { return s.pid == pid; }));
   }
   schedule();

@@ -34,6 +34,7 @@ struct Conn {
   double pct = 100;
   int priority = 0;
   uint64_t terminatingUi = 0;  // the UI waiting for terminate_client's answer
+  int terminateAcks = 0;       // acknowledgements still awaited: the client's and its server's
 };
 
 struct Server {
@@ -78,6 +79,7 @@ class Daemon {
   void startServer(uid_t uid);
   void stopServer(Server& s);
   void clientGone(Conn& c, uint64_t id);
+  void terminateAck(uint64_t clientId, bool all);  // one (or every) acknowledgement of terminate_client
   Server* current();
   Server* server(pid_t pid);
   void send(uint64_t id, const std::string& msg);

@@ -7,7 +7,8 @@
 // nvmlDeviceGetProcessUtilization: one sample per process with counters, smUtil over the time
 // since lastSeenTimeStamp (us of device time; 0: since its previous sample in this process).
 // Memory, encoder and decoder utilisation are 0 (copies take no time in simgpu).
-// A process's counters are as fresh as its engine's last event; a dead process's vanish.
+// A process's counters are as fresh as its engine's last event; a dead process's vanish. An MPS
+// client's sample is what its server's engine gave it (BoardClient), the server not listed itself.
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -82,9 +83,9 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle
     return NVML_ERROR_NOT_FOUND;
   }
   const uint64_t now = deviceNow(d);
+  // MPS: each client's own share (its server's slot is their sum, not a process of its own).
   unsigned n = 0;
-  for (const BoardSlot& s : d->board->slot)
-    if (pidAlive(s.pid.load(std::memory_order_acquire))) ++n;
+  forEachProcess(*d->board, [&](const ProcessDeviceStats& p) { n += !p.isMpsServer; });
   if (!utilization || *processSamplesCount < n) {
     *processSamplesCount = n;
     return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -92,10 +93,10 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle
   Sampler& sm = sampler();
   std::lock_guard l(sm.mu);
   unsigned k = 0;
-  for (const BoardSlot& s : d->board->slot) {
-    const int32_t pid = s.pid.load(std::memory_order_acquire);
-    if (!pidAlive(pid) || k >= n) continue;
-    const uint64_t busy = s.busyNs.load(std::memory_order_relaxed);
+  forEachProcess(*d->board, [&](const ProcessDeviceStats& p) {
+    if (p.isMpsServer || k >= n) return;
+    const int32_t pid = p.pid;
+    const uint64_t busy = p.busyNs;
     auto& [prevBusy, prevT] = sm.perPid[{d->ordinal, pid}];
     uint64_t since = lastSeenTimeStamp ? lastSeenTimeStamp * 1000 : prevT;
     if (since == 0 || since > now) since = now - std::min<uint64_t>(now, 1'000'000'000);
@@ -107,7 +108,7 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle
     out.smUtil = percent(busy > base ? busy - base : 0, now - since);
     prevBusy = busy;
     prevT = now;
-  }
+  });
   *processSamplesCount = k;
   return NVML_SUCCESS;
 }

@@ -217,6 +217,7 @@ void Engine::place(Kernel& k, Ctx& c, bool savedOnly) {
 
 void Engine::take(uint32_t i, Kernel& k, Ctx& c, uint32_t n, uint64_t durNs) {
   Sm& sm = sms_[i];
+  if (sm.blocks == 0) ++smsBusy_;
   sm.blocks += n;
   sm.threads += n * k.shape.threadsPerBlock;
   sm.registers += n * registersPerBlock(k.shape);
@@ -232,6 +233,7 @@ void Engine::take(uint32_t i, Kernel& k, Ctx& c, uint32_t n, uint64_t durNs) {
 void Engine::release(const Run& r, Kernel& k, Ctx& c) {
   Sm& sm = sms_[r.sm];
   sm.blocks -= r.count;
+  if (sm.blocks == 0) --smsBusy_;
   sm.threads -= r.count * k.shape.threadsPerBlock;
   sm.registers -= r.count * registersPerBlock(k.shape);
   sm.shared -= r.count * k.shape.sharedPerBlock;
@@ -249,6 +251,7 @@ void Engine::finishIfDone(uint64_t id) {
   kernels_.erase(it);
   if (c.dropped) return;
   ++c.stats.kernelsRun;
+  ++totals_.kernelsRun;
   if (done_) done_(id, now_);
 }
 
@@ -266,7 +269,10 @@ uint64_t Engine::nextEventTime() const {
 void Engine::account(uint64_t dt) {
   if (dt == 0) return;
   if (runningTotal_) deviceBusyNs_ += dt;
+  totals_.busyNs = deviceBusyNs_;
+  totals_.busySmNs += static_cast<uint64_t>(smsBusy_) * dt;
   const bool switching = switchEnd_ > now_ || !windowOpen();
+  if (!kernels_.empty() && (switching || !haveActive_)) totals_.slicedOutNs += dt;
   for (Ctx& c : ctxs_) {
     c.stats.busySmNs += static_cast<uint64_t>(c.smsUsed) * dt;
     if (c.runningBlocks) c.stats.busyNs += dt;
@@ -290,6 +296,7 @@ void Engine::advanceTo(uint64_t t) {
       Ctx& c = ctxs_[k.ctx];
       release(r, k, c);
       c.stats.blocksRun += r.count;
+      totals_.blocksRun += r.count;
       finishIfDone(r.kernel);
     }
   }

@@ -106,6 +106,11 @@ class Engine {
   const ContextStats& stats(int ctx) const { return ctxs_[ctx].stats; }
   int contextCount() const { return static_cast<int>(ctxs_.size()); }
   uint64_t deviceBusyNs() const { return deviceBusyNs_; }  // time with any block running
+  // The whole engine as one process's ground truth: busyNs and busySmNs count time and SMs with a
+  // block of any context (SMs shared by contexts once), blocks and kernels of every context,
+  // slicedOutNs the time some context had work while the process's window was closed or a
+  // switch was in progress.
+  const ContextStats& totals() const { return totals_; }
   uint64_t switches() const { return switches_; }
   // SMs holding at least one block of ctx right now.
   uint32_t smsInUse(int ctx) const { return ctxs_[ctx].smsUsed; }
@@ -181,6 +186,8 @@ class Engine {
   uint64_t winStart_ = 0;
   uint64_t winEnd_ = UINT64_MAX;
   uint64_t deviceBusyNs_ = 0;
+  uint32_t smsBusy_ = 0;  // SMs holding at least one block
+  ContextStats totals_;
   uint64_t switches_ = 0;
   uint64_t runningTotal_ = 0;
 };

@@ -2,10 +2,16 @@
 // kernel cost table it takes block times from.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
+#include <string>
 
 #include "cost_table.h"
+#include "device_runner.h"
 #include "engine.h"
+#include "mps/mps_protocol.h"
 
 namespace simgpu {
 namespace {
@@ -223,6 +229,75 @@ TEST(SimgpuEngine, SavedBlocksAreRestoredBeforeHigherPriorityNewWork) {
   r.run();
   EXPECT_EQ(r.end[fill], 4 * kMs);  // restored at 2 ms with its 2 ms left
   EXPECT_EQ(r.end[high], 5 * kMs);
+}
+
+TEST(SimgpuEngine, TotalsCountSharedSmsOnceAndSlicedOutTimeOfTheWholeProcess) {
+  Rig r(params(4));
+  const int a = r.e.addContext(7), b = r.e.addContext(7);  // one group: side by side (MPS)
+  r.e.submit(a, 0, shape(4, 512, 1 * kMs));  // one block of each on every SM
+  r.e.submit(b, 0, shape(4, 512, 1 * kMs));
+  r.run();
+  EXPECT_EQ(r.e.stats(a).busySmNs + r.e.stats(b).busySmNs, 8 * kMs);  // each counts the SMs it held
+  EXPECT_EQ(r.e.totals().busySmNs, 4 * kMs);  // the device's SMs, once
+  EXPECT_EQ(r.e.totals().busyNs, 1 * kMs);
+  EXPECT_EQ(r.e.totals().blocksRun, 8u);
+  EXPECT_EQ(r.e.totals().kernelsRun, 2u);
+  r.e.setWindow(r.e.now() + 2 * kMs, UINT64_MAX);  // closed for 2 ms: the process is sliced out
+  r.e.submit(a, 0, shape(1, 32, 1 * kMs));
+  r.run();
+  EXPECT_EQ(r.e.totals().slicedOutNs, 2 * kMs);
+}
+
+TEST(SimgpuMps, PercentageToSmsIsTheCeilingRoundedUpToAPair) {
+  EXPECT_EQ(mpsSmCap(250, 132), 34u);   // 33 -> 34
+  EXPECT_EQ(mpsSmCap(300, 132), 40u);   // 39.6 -> 40
+  EXPECT_EQ(mpsSmCap(700, 132), 94u);   // 92.4 -> 93 -> 94
+  EXPECT_EQ(mpsSmCap(100, 132), 14u);   // 13.2 -> 14
+  EXPECT_EQ(mpsSmCap(1000, 132), 132u);
+  EXPECT_EQ(mpsSmCap(1, 132), 2u);      // 0.1 % -> 1 -> a pair
+  EXPECT_EQ(mpsSmCap(1000, 7), 7u);     // never more than the device
+  EXPECT_EQ(mpsSmCap(1, 1), 1u);
+}
+
+// Two processes' runners on one board, stepped on the virtual clock in turn: they take the device
+// by slices, never side by side; an MPS server's runner (its clients in one group) is one slot.
+TEST(SimgpuDeviceRunner, TwoSlotsTakeTurnsAndAServersClientsShareItsWindows) {
+  char dir[] = "/tmp/simgpu-runner-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string err;
+  Board* b = openBoard(dir, 0, &err);
+  ASSERT_NE(b, nullptr) << err;
+  const EngineParams p = params(4, 2 * kMs, 100 * kUs);
+  std::map<uint64_t, uint64_t> endA, endS;
+  DeviceRunner plain(p, [&](uint64_t id, uint64_t t) { endA[id] = t; });
+  DeviceRunner server(p, [&](uint64_t id, uint64_t t) { endS[id] = t; });
+  ASSERT_TRUE(plain.joinBoard(b, getpid(), false, &err)) << err;
+  ASSERT_TRUE(server.joinBoard(b, getpid(), true, &err)) << err;
+  EXPECT_NE(plain.slot(), server.slot());
+  EXPECT_EQ(b->slot[server.slot()].mpsServer.load(), 1u);
+  const uint64_t t0 = 10 * kMs;
+  const int a = plain.engine().addContext(0);
+  const int c1 = server.engine().addContext(0, 2), c2 = server.engine().addContext(0, 2);  // two clients, 2 SMs each
+  plain.submit(a, 0, shape(40, 1024, 1 * kMs), t0);  // 5 ms of the whole device
+  server.submit(c1, 0, shape(20, 1024, 1 * kMs), t0);  // 5 ms on its 2 SMs
+  server.submit(c2, 0, shape(20, 1024, 1 * kMs), t0);  // side by side with c1
+  uint64_t overlap = 0;
+  for (uint64_t t = t0; t < t0 + 40 * kMs; t += 50 * kUs) {
+    plain.step(t);
+    server.step(t);
+    if (plain.engine().smsInUse(a) && (server.engine().smsInUse(c1) || server.engine().smsInUse(c2))) overlap += 50 * kUs;
+  }
+  ASSERT_EQ(endA.size(), 1u);
+  ASSERT_EQ(endS.size(), 2u);
+  EXPECT_EQ(overlap, 0u) << "never side by side";
+  EXPECT_EQ(server.engine().stats(c1).busySmNs, server.engine().stats(c2).busySmNs);
+  EXPECT_EQ(server.engine().stats(c1).blocksRun, 20u);
+  EXPECT_EQ(server.engine().totals().busySmNs, 20 * kMs) << "4 SMs for 5 ms: the clients shared each window";
+  EXPECT_GT(plain.engine().totals().slicedOutNs, 0u);
+  EXPECT_GT(server.engine().totals().slicedOutNs, 0u);
+  EXPECT_EQ(b->slot[server.slot()].blocksRun.load(), 40u);  // published
+  EXPECT_GE(b->switches.load(), 2u);
+  (void)!system((std::string("rm -rf ") + dir).c_str());
 }
 
 TEST(SimgpuCostTable, SourceNamesDropReturnTypeAndParameters) {

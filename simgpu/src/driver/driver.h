@@ -315,8 +315,10 @@ struct KernelParams {
 void deviceKernelQueued(int dev);
 // Whether one block of f with this shape fits an empty SM (else the launch is out of resources).
 bool blockFitsSm(const Function* f, const unsigned block[3], unsigned sharedMem);
-// Runs k's blocks on the device engine and waits, in the calling stream worker, until they end.
-void deviceExecute(const KernelParams& k);
+// Runs k's blocks on the device engine (an MPS client: its server's) and waits, in the calling
+// stream worker, until they end. Fails only for an MPS client whose server is gone or that was
+// terminated (the MPS error).
+CUresult deviceExecute(const KernelParams& k);
 // Copies a launch's arguments into k (for graphs); runs a kernel from such a copy.
 CUresult copyKernelArgs(KernelParams* k, void** params, void** extra);
 CUresult runKernelCopy(KernelParams& k);

@@ -170,8 +170,7 @@ uint64_t launchBlockNs(const Function* f, void** params, void** extra) {
 
 CUresult runKernel(const KernelParams& k, void** params, void** extra) {
   if (k.fn->hostFn) runHostBody(k, params, extra);
-  deviceExecute(k);
-  return CUDA_SUCCESS;
+  return deviceExecute(k);
 }
 
 void runHostBody(const KernelParams& k, void** params, void** extra) {

@@ -8,8 +8,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <unordered_map>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +23,7 @@
 #include <thread>
 
 #include "driver.h"
+#include "engine.h"
 #include "mps_protocol.h"
 #include "mps_table.h"
 
@@ -35,6 +41,22 @@ std::atomic<int> gFd{-1};
 constexpr size_t kClientMessage = 4096;
 MpsTable* gTable = nullptr;  // never unmapped: gEntry points into it until exit
 MpsClientEntry* gEntry = nullptr;
+
+// The direct connection to the server that runs this client's kernels (mps_protocol.h). Stream
+// workers send their kernels and wait for the answer with the same id. No reader thread: one
+// waiting worker at a time receives (the leader) and hands answers that are not its own to their
+// waiters; when its own arrives it passes the role on. So a process with one busy stream pays one
+// thread wake-up per kernel, not two. Leaked: workers may wait during exit.
+struct ServerLink {
+  std::atomic<int> fd{-1};
+  std::atomic<uint64_t> nextId{1};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unordered_map<uint64_t, MpsDone> done;  // answers not yet taken by their waiter
+  bool receiving = false;                      // under mu: a worker is in recv
+  bool gone = false;                           // under mu: the server hung up
+};
+ServerLink* gLink = nullptr;
 
 // A count with an optional binary unit: "1G", "512MB", "512M", "1048576".
 bool parseLimit(const std::string& v, uint64_t* out) {
@@ -107,8 +129,88 @@ void clearEntry() {
 void atforkChild() {
   const int fd = gFd.exchange(-1);
   if (fd >= 0) ::close(fd);
+  if (gLink) {
+    const int sfd = gLink->fd.exchange(-1);
+    if (sfd >= 0) ::close(sfd);
+    gLink = nullptr;  // the parent's (leaked); the child runs its own engine
+  }
   gClient.store(nullptr);
   gEntry = nullptr;
+}
+
+// The server hung up (it died or quit): every waiting and later kernel fails with the sticky
+// CUDA_ERROR_MPS_RPC_FAILURE, as the client's RPCs to a gone server would. Caller holds link->mu.
+void serverGone(ServerLink* link) {
+  setSticky(CUDA_ERROR_MPS_RPC_FAILURE);
+  if (gEntry) gEntry->state.store(kMpsFaulted, std::memory_order_release);
+  link->gone = true;
+  link->cv.notify_all();
+}
+
+// Waits for the answer to kernel `id`, receiving as the leader when no other worker does.
+bool awaitAnswer(ServerLink* link, uint64_t id, MpsDone* out) {
+  std::unique_lock l(link->mu);
+  for (;;) {
+    if (auto it = link->done.find(id); it != link->done.end()) {
+      *out = it->second;
+      link->done.erase(it);
+      return true;
+    }
+    if (link->gone) return false;
+    if (link->receiving) {
+      link->cv.wait(l);
+      continue;
+    }
+    link->receiving = true;
+    l.unlock();
+    MpsDone m;
+    ssize_t n;
+    do {
+      n = recv(link->fd.load(), &m, sizeof m, 0);
+    } while (n < 0 && errno == EINTR);
+    l.lock();
+    link->receiving = false;
+    if (n == static_cast<ssize_t>(sizeof m) && m.type == kMpsDoneType) {
+      link->done[m.id] = m;
+    } else {
+      if (n > 0) std::fprintf(stderr, "simgpu: the MPS server sent a malformed answer; dropping the connection\n");
+      serverGone(link);
+    }
+    link->cv.notify_all();  // the answer's waiter, or the next leader
+  }
+}
+
+// Connects to the server that admitted this client and says hello; CUDA_SUCCESS or why not.
+CUresult connectServer(const Config& cfg, const std::string& pipeDir, int serverPid) {
+  const std::string path = mpsServerSocket(pipeDir, serverPid);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  MpsHello h;
+  h.sms = cfg.smCount;
+  h.timeScale = cfg.timeScale;
+  MpsDone answer;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      send(fd, &h, sizeof h, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof h) ||
+      recv(fd, &answer, sizeof answer, 0) != static_cast<ssize_t>(sizeof answer) || answer.type != kMpsDoneType) {
+    std::fprintf(stderr, "simgpu: cannot reach the MPS server at %s: %s\n", path.c_str(), std::strerror(errno));
+    ::close(fd);
+    return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+  if (answer.status != CUDA_SUCCESS) {
+    std::fprintf(stderr,
+                 "simgpu: the MPS server refused this client (%d): SIMGPU_SMS and SIMGPU_TIME_SCALE must be the "
+                 "control daemon's\n",
+                 answer.status);
+    ::close(fd);
+    return static_cast<CUresult>(answer.status);
+  }
+  gLink = new ServerLink;
+  gLink->fd.store(fd);
+  return CUDA_SUCCESS;
 }
 
 void refuseContexts(const std::string& line) {
@@ -180,11 +282,8 @@ void mpsAttach(const Config& cfg) {
   long long pctX10 = 1000;
   in >> gInfo.serverPid >> pctX10 >> gInfo.priority;
   gInfo.uid = getuid();
-  gInfo.threadPctX10 = static_cast<uint32_t>(pctX10);
-  const uint64_t sms = cfg.smCount;
-  uint64_t cap = (static_cast<uint64_t>(pctX10) * sms + 999) / 1000;
-  cap += cap & 1;  // a TPC is two SMs
-  gInfo.smCap = static_cast<uint32_t>(std::max<uint64_t>(1, std::min(cap, sms)));
+  gInfo.threadPctX10 = static_cast<uint32_t>(std::clamp<long long>(pctX10, 1, 1000));
+  gInfo.smCap = mpsSmCap(gInfo.threadPctX10, cfg.smCount);
   for (std::string item; in >> item;) {
     const size_t eq = item.find('=');
     const int dev = std::atoi(item.substr(0, eq).c_str());
@@ -194,6 +293,11 @@ void mpsAttach(const Config& cfg) {
   for (int d = 0; d < kMaxDevices; ++d)  // the client's own limit can only lower the server's
     if (envLimits[d] && (gInfo.pinnedLimit[d] == 0 || envLimits[d] < gInfo.pinnedLimit[d]))
       gInfo.pinnedLimit[d] = envLimits[d];
+  if (const CUresult r = connectServer(cfg, dir && *dir ? dir : kMpsDefaultPipeDir, gInfo.serverPid); r != CUDA_SUCCESS) {
+    ::close(fd);  // the daemon sees this client leave
+    gContextStatus.store(r);
+    return;
+  }
   std::string err;
   if (MpsTable* t = gTable = MpsTable::open(cfg.stateDir, &err)) {
     MpsClientEntry e{};
@@ -216,6 +320,36 @@ void mpsAttach(const Config& cfg) {
 }
 
 const MpsClientInfo* mpsClient() { return gClient.load(std::memory_order_acquire); }
+
+CUresult mpsRunKernel(int hostDev, uint64_t context, int streamPriority, const KernelShape& k, uint64_t startNs,
+                      uint32_t queuedBehind, uint64_t* endNs) {
+  ServerLink* link = gLink;
+  *endNs = startNs;
+  if (const CUresult sticky = mpsClientStatus(); sticky != CUDA_SUCCESS) return sticky;
+  if (!link) return CUDA_ERROR_MPS_RPC_FAILURE;
+  MpsKernel m;
+  m.device = static_cast<uint32_t>(hostDev);
+  m.id = link->nextId.fetch_add(1, std::memory_order_relaxed);
+  m.context = context;
+  m.blocks = k.blocks;
+  m.threadsPerBlock = k.threadsPerBlock;
+  m.registersPerThread = k.registersPerThread;
+  m.sharedPerBlock = k.sharedPerBlock;
+  m.streamPriority = streamPriority;
+  m.blockNs = k.blockNs;
+  m.startNs = startNs;
+  m.queuedBehind = queuedBehind;
+  // One packet per kernel: concurrent sends from several stream workers never interleave.
+  if (send(link->fd.load(), &m, sizeof m, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof m)) {
+    std::lock_guard l(link->mu);
+    serverGone(link);
+    return CUDA_ERROR_MPS_RPC_FAILURE;
+  }
+  MpsDone d;
+  if (!awaitAnswer(link, m.id, &d)) return CUDA_ERROR_MPS_RPC_FAILURE;
+  *endNs = std::max(startNs, d.endNs);
+  return static_cast<CUresult>(d.status);
+}
 CUresult mpsContextStatus() { return gContextStatus.load(std::memory_order_relaxed); }
 CUresult mpsClientStatus() { return gSticky.load(std::memory_order_relaxed); }
 

@@ -9,6 +9,9 @@
 // make allocations beyond them fail with CUDA_ERROR_OUT_OF_MEMORY. The connection stays open:
 // its hang-up is the client's exit for the daemon (kill -9 included); through it the daemon
 // terminates the client or reports its server's fault, which become the process's sticky error.
+// The client's kernels run in its server's one engine (a direct connection to the server,
+// mps_protocol.h): side by side with the other clients', each on at most its SM cap, in the order
+// of client priority; the server is one context to the time slicer.
 //
 // Hot-path cost: mpsReserve/mpsRelease (device memory accounting) load one pointer when the
 // process is not a client; as a client, one atomic add on a process-local counter.
@@ -21,6 +24,8 @@
 #include "config.h"
 
 namespace simgpu {
+
+struct KernelShape;
 
 struct MpsClientInfo {
   int32_t serverPid = 0;      // to the time-slicing scheduler the whole server is one context
@@ -46,5 +51,11 @@ bool mpsReserve(int dev, uint64_t bytes);
 void mpsRelease(int dev, uint64_t bytes);
 // The client's sticky error (terminated, or its server faulted), CUDA_SUCCESS otherwise.
 CUresult mpsClientStatus();
+// Runs one kernel (of the client's context `context` on host device hostDev) in the server's
+// engine and waits for its end (*endNs, device time). Several stream workers may wait at once.
+// Fails with the client's sticky error, or CUDA_ERROR_MPS_RPC_FAILURE (sticky) once the server is
+// gone, or the server's answer (CUDA_ERROR_MPS_CLIENT_TERMINATED for work terminate_client ended).
+CUresult mpsRunKernel(int hostDev, uint64_t context, int streamPriority, const KernelShape& k, uint64_t startNs,
+                      uint32_t queuedBehind, uint64_t* endNs);
 
 }  // namespace simgpu

@@ -18,6 +18,8 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +29,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -34,6 +37,8 @@
 #include <vector>
 
 #include "mps_table.h"
+#include "simgpu/nvml.h"
+#include "timeslice_board.h"
 
 extern "C" void simgpu_debug_fault(int error);
 
@@ -172,10 +177,12 @@ class Mps : public ::testing::Test {
   // Runs program with args, input on stdin (closed afterwards); its output and exit status.
   static Result runProgram(const std::string& program, const std::vector<std::string>& args,
                            const std::string& input, const std::vector<std::string>& env) {
+    // Close-on-exec: a program started by another thread meanwhile (ForegroundDaemon...) must not
+    // inherit these ends, or this one's stdin never reaches EOF (dup2 clears the flag on 0-2).
     int in[2], out[2], err[2];
-    EXPECT_EQ(pipe(in), 0);
-    EXPECT_EQ(pipe(out), 0);
-    EXPECT_EQ(pipe(err), 0);
+    EXPECT_EQ(pipe2(in, O_CLOEXEC), 0);
+    EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+    EXPECT_EQ(pipe2(err, O_CLOEXEC), 0);
     const pid_t pid = fork();
     if (pid == 0) {
       dup2(in[0], 0);
@@ -224,6 +231,35 @@ class Mps : public ::testing::Test {
       for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
       if (uid != 0 && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(126);
       execl("/proc/self/exe", "mps_child", "--child", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    ::close(rep[1]);
+    ::close(ctl[0]);
+    Child c;
+    c.pid = pid;
+    c.report = rep[0];
+    c.control = ctl[1];
+    children_.push_back(c);
+    return children_.back();
+  }
+
+  // Starts program with args; its stdout is the report pipe, its stdin the command pipe.
+  Child& spawnProgram(const std::string& program, const std::vector<std::string>& args,
+                      const std::vector<std::string>& env = {}) {
+    int rep[2], ctl[2];
+    EXPECT_EQ(pipe2(rep, O_CLOEXEC), 0);
+    EXPECT_EQ(pipe2(ctl, O_CLOEXEC), 0);
+    std::vector<std::string> strs{program};
+    strs.insert(strs.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : strs) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(rep[1], 1);
+      dup2(ctl[0], 0);
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      execv(argv[0], argv.data());
       _exit(127);
     }
     ::close(rep[1]);
@@ -546,6 +582,26 @@ TEST_F(Mps, AKilledClientIsReapedAndItsMemoryReturned) {
   EXPECT_EQ(serverPid(), srv);
 }
 
+TEST_F(Mps, TheServerTakesOnlyItsAdmittedClientsOnItsSocket) {
+  startDaemon();
+  Child& a = spawn();
+  ASSERT_EQ(line(a), "attached 0 132");
+  const std::string srv = serverPid();
+  ASSERT_FALSE(srv.empty());
+  // This test process was never admitted: the server's socket (mode 0666) hangs up on it.
+  const std::string path = pipe_ + "/mps-server-" + srv;
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << path;
+  char b[64];
+  EXPECT_EQ(recv(fd, b, sizeof b, 0), 0) << "refused: the connection is closed";
+  ::close(fd);
+  EXPECT_TRUE(waitFor([&] { return logHas("server.log", "Refused a connection from PID " + std::to_string(getpid())); }));
+  EXPECT_EQ(ask(a, "sync"), "sync 0");  // the client goes on
+}
+
 TEST_F(Mps, AServerThatCannotStartRefusesItsClientsInsteadOfRespawning) {
   // The daemon alone, without the server binary beside it.
   controlPath_ = root_ + "/nvidia-cuda-mps-control";
@@ -576,6 +632,363 @@ TEST_F(Mps, AClientOfAnotherUserWaitsUntilTheServersClientsExit) {
   EXPECT_NE(second, first);
   EXPECT_TRUE(logHas("control.log", "Starting new server " + second + " for user 1000"));
   EXPECT_EQ(control("get_client_list " + second), std::to_string(user.pid) + "\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device time under MPS: nvcc-built programs (mps_hog.cu) as clients, judged by simgpu's ground
+// truth: the device's time-slice board, where the server publishes its own slot (one context to
+// the slicer) and what its engine gave each client (timeslice_board.h).
+constexpr long long kBlockNs = 1'000'000;  // each mps_hog block: 1 ms (mps.costs reads the parameter)
+constexpr int kSms = 132;
+constexpr int kBlocksPerSm = 2;  // blocks of 1024 threads
+
+uint64_t deviceNow() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());  // SIMGPU_TIME_SCALE is 1 in these tests
+}
+
+struct Snapshot {
+  uint64_t t = 0;
+  std::map<int32_t, simgpu::ProcessDeviceStats> procs;
+  uint64_t switches = 0;
+};
+
+simgpu::Board* board() {
+  std::string err;
+  static simgpu::Board* b = simgpu::openBoard(std::getenv("SIMGPU_STATE_DIR"), 0, &err);
+  EXPECT_NE(b, nullptr) << err;
+  return b;
+}
+
+Snapshot snapshot() {
+  Snapshot s;
+  s.t = deviceNow();
+  if (simgpu::Board* b = board()) {
+    simgpu::forEachProcess(*b, [&](const simgpu::ProcessDeviceStats& p) { s.procs[p.pid] = p; });
+    s.switches = b->switches.load();
+  }
+  return s;
+}
+
+// What pid got between two snapshots.
+struct Delta {
+  double busy = 0;      // fraction of the window with its blocks running
+  double smShare = 0;   // SM-time, in SMs on average
+  double smEquiv = 0;   // throughput: blocks run x block time / blocks per SM / window, in SMs
+  double slicedOut = 0;  // fraction of the window it waited for another process's slice
+  uint64_t blocks = 0;
+  uint64_t busyNs = 0;        // time with its blocks running...
+  uint64_t from = 0, to = 0;  // ...between these device times (its engine's publications)
+};
+Delta delta(const Snapshot& a, const Snapshot& b, int32_t pid) {
+  Delta d;
+  auto x = a.procs.find(pid), y = b.procs.find(pid);
+  EXPECT_TRUE(x != a.procs.end() && y != b.procs.end()) << "pid " << pid << " is not on the board";
+  if (x == a.procs.end() || y == b.procs.end()) return d;
+  // The window is the engine's own: its device time at each of the two publications read.
+  const double w = static_cast<double>(y->second.updatedNs - x->second.updatedNs);
+  if (w <= 0) return d;
+  d.busyNs = y->second.busyNs - x->second.busyNs;
+  d.from = x->second.updatedNs;
+  d.to = y->second.updatedNs;
+  d.busy = (y->second.busyNs - x->second.busyNs) / w;
+  d.smShare = (y->second.busySmNs - x->second.busySmNs) / w;
+  d.blocks = y->second.blocksRun - x->second.blocksRun;
+  d.smEquiv = static_cast<double>(d.blocks) * kBlockNs / kBlocksPerSm / w;
+  d.slicedOut = (y->second.slicedOutNs - x->second.slicedOutNs) / w;
+  return d;
+}
+
+class MpsTime : public Mps {
+ protected:
+  void SetUp() override {
+    Mps::SetUp();
+    if (!std::getenv("SIMGPU_KERNEL_COSTS")) GTEST_SKIP() << "registered with SIMGPU_KERNEL_COSTS=mps.costs";
+  }
+  // A client (or, with CUDA_MPS_PIPE_DIRECTORY elsewhere, a plain process) keeping the device busy
+  // with kernels of `blocks` blocks of 1024 threads on two streams.
+  Child& hog(const std::vector<std::string>& env, int blocks = 1320, long long ns = kBlockNs) {
+    return spawnProgram(SIMGPU_MPS_HOG, {"loop", std::to_string(blocks), "1024", std::to_string(ns), "2"}, env);
+  }
+  // Waits until the hog runs; its "ready" line says the multiprocessor count it sees.
+  static int running(Child& c) {
+    const std::string ready = line(c);
+    EXPECT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+    EXPECT_EQ(line(c), "running");
+    return ready.size() > 6 ? std::atoi(ready.c_str() + 6) : -1;
+  }
+  // Stops a hog; its "done" line's status.
+  static long long finish(Child& c) {
+    (void)!write(c.control, "s", 1);
+    const std::string done = line(c, 20000);
+    EXPECT_EQ(done.rfind("done ", 0), 0u) << done;
+    stop(c);
+    std::istringstream in(done);
+    std::string word;
+    long long kernels = 0, status = -1;
+    in >> word >> kernels >> status;
+    return status;
+  }
+  // Two snapshots `ms` apart, taken once the hogs have run for a moment.
+  static std::pair<Snapshot, Snapshot> window(int ms = 300) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the hogs' queues fill
+    Snapshot a = snapshot();
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));  // the measured window
+    return {a, snapshot()};
+  }
+  // A window in which every one of `pids` had work all the time (busy >= 0.9): the precondition
+  // of a share measurement. A loaded host can starve a hog of CPU so that its queue runs dry for a
+  // while (not what is measured): then the window is taken again, up to 5 times.
+  // (With time slicing, "had work" is busy or sliced out: wanting = true.)
+  static std::pair<Snapshot, Snapshot> busyWindow(const std::vector<pid_t>& pids, int ms = 300, bool wanting = false) {
+    std::pair<Snapshot, Snapshot> w;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      w = window(ms);
+      bool busy = true;
+      for (pid_t p : pids) {
+        const Delta d = delta(w.first, w.second, p);
+        busy = busy && d.busy + (wanting ? d.slicedOut : 0) >= 0.9;
+      }
+      if (busy) break;
+      std::printf("a hog was starved of CPU in this window: measuring again\n");
+    }
+    return w;
+  }
+  int32_t server() { return std::atoi(serverPid().c_str()); }
+  // Runs one of perf/gpu_check.sh's probes; its output.
+  static std::string runProbe(const std::string& name, const std::vector<std::string>& args,
+                              const std::vector<std::string>& env) {
+    const Result r = runProgram(std::string(SIMGPU_PROBES) + "/" + name, args, "", env);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return r.out;
+  }
+};
+
+TEST_F(MpsTime, ClientsAt30And70PercentRunSideBySideAndShareTheSmsBySMCap) {
+  startDaemon();
+  Child& a = hog({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"});
+  Child& b = hog({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=70"});
+  EXPECT_EQ(running(a), 40);  // ceil(39.6) = 40
+  EXPECT_EQ(running(b), 94);  // ceil(92.4) = 93, a pair: 94
+  const int32_t srv = server();
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t dev;
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &dev), NVML_SUCCESS);
+  nvmlProcessUtilizationSample_t samples[16];
+  unsigned n = 16;
+  ASSERT_EQ(nvmlDeviceGetProcessUtilization(dev, samples, &n, 0), NVML_SUCCESS);  // the period starts
+  const auto [s0, s1] = busyWindow({a.pid, b.pid});
+  const Delta da = delta(s0, s1, a.pid), db = delta(s0, s1, b.pid), ds = delta(s0, s1, srv);
+  std::printf("30%%: busy %.2f, %.1f SMs, %.1f SM-equivalents; 70%%: busy %.2f, %.1f SMs, %.1f; server %.1f SMs\n",
+              da.busy, da.smShare, da.smEquiv, db.busy, db.smShare, db.smEquiv, ds.smShare);
+  // Side by side: each is busy all the time, nobody is sliced out, together they fill the device.
+  EXPECT_GT(da.busy, 0.9);
+  EXPECT_GT(db.busy, 0.9);
+  EXPECT_LT(da.slicedOut + db.slicedOut, 0.01);
+  EXPECT_GT(ds.smShare, 0.9 * kSms);
+  EXPECT_GT(da.smEquiv + db.smEquiv, 0.85 * kSms) << "the whole device's throughput";
+  // Shares by SM cap: 40 and 94 SMs of 132 (two contended): about 30/70.
+  const double share = da.smShare / (da.smShare + db.smShare);
+  EXPECT_NEAR(share, 0.30, 0.03);
+  EXPECT_NEAR(da.smEquiv / (da.smEquiv + db.smEquiv), 0.30, 0.04);
+  EXPECT_LE(da.smShare, 40.5);
+  EXPECT_LE(db.smShare, 94.5);
+
+  // The same ground truth for scripts and NVML: per client, the server apart.
+  FILE* smi = popen(SIMGPU_SMI " --json", "r");
+  ASSERT_TRUE(smi);
+  char buf[16384] = {};
+  const std::string json(buf, fread(buf, 1, sizeof buf - 1, smi));
+  pclose(smi);
+  for (pid_t p : {a.pid, b.pid})
+    EXPECT_NE(json.find("{\"pid\": " + std::to_string(p) + ", "), std::string::npos) << json;
+  EXPECT_NE(json.find("\"mps\": \"client\", \"server\": " + std::to_string(srv) + "}"), std::string::npos) << json;
+  EXPECT_NE(json.find("{\"pid\": " + std::to_string(srv) + ", "), std::string::npos) << json;
+  EXPECT_NE(json.find("\"mps\": \"server\"}"), std::string::npos) << json;
+  n = 16;
+  ASSERT_EQ(nvmlDeviceGetProcessUtilization(dev, samples, &n, 0), NVML_SUCCESS);
+  std::map<unsigned, unsigned> util;
+  for (unsigned i = 0; i < n; ++i) util[samples[i].pid] = samples[i].smUtil;
+  EXPECT_GT(util[static_cast<unsigned>(a.pid)], 80u) << "busy all the time since the previous sample";
+  EXPECT_GT(util[static_cast<unsigned>(b.pid)], 80u);
+  EXPECT_EQ(util.count(static_cast<unsigned>(srv)), 0u) << "the server is its clients, not a process of its own";
+  nvmlShutdown();
+  EXPECT_EQ(finish(a), 0);
+  EXPECT_EQ(finish(b), 0);
+}
+
+TEST_F(MpsTime, AClientAt25PercentGetsAQuarterOfTheSms) {
+  startDaemon();
+  control("set_default_active_thread_percentage 25");
+  Child& a = hog({});
+  EXPECT_EQ(running(a), 34);
+  const auto [s0, s1] = busyWindow({a.pid});
+  const Delta d = delta(s0, s1, a.pid);
+  std::printf("25%%: busy %.2f, %.1f SMs, %.1f SM-equivalents\n", d.busy, d.smShare, d.smEquiv);
+  EXPECT_GT(d.busy, 0.9);
+  EXPECT_NEAR(d.smShare / d.busy, 34, 0.5);  // all of its cap, never more
+  EXPECT_NEAR(d.smEquiv / d.busy, 34, 34 * 0.1);
+  EXPECT_EQ(finish(a), 0);
+}
+
+TEST_F(MpsTime, TwoClientsAt100PercentShareTheSmsNotDoubleTheDevice) {
+  startDaemon();
+  Child& a = hog({});
+  Child& b = hog({});
+  EXPECT_EQ(running(a), kSms);
+  EXPECT_EQ(running(b), kSms);
+  const auto [s0, s1] = busyWindow({a.pid, b.pid});
+  const Delta da = delta(s0, s1, a.pid), db = delta(s0, s1, b.pid);
+  std::printf("100%% + 100%%: %.1f and %.1f SM-equivalents\n", da.smEquiv, db.smEquiv);
+  EXPECT_NEAR(da.smEquiv + db.smEquiv, kSms, kSms * 0.1) << "one device's throughput between them";
+  EXPECT_NEAR(da.smEquiv / (da.smEquiv + db.smEquiv), 0.5, 0.15);
+  EXPECT_EQ(finish(a), 0);
+  EXPECT_EQ(finish(b), 0);
+}
+
+// A normal client's kernel arrives while a client keeps the device full of waiting blocks: below
+// normal, that client's waiting blocks go after it (it runs in the next wave); normal, before.
+TEST_F(MpsTime, ClientPriorityOrdersWaitingBlocks) {
+  startDaemon();
+  auto elapsedWith = [&](const char* hogPriority) {
+    Child& h = hog({std::string("CUDA_MPS_CLIENT_PRIORITY=") + hogPriority}, 13200);  // 50 waves a kernel
+    running(h);
+    Child& n = spawnProgram(SIMGPU_MPS_HOG, {"once", "264", "1024", std::to_string(kBlockNs)}, {"CUDA_MPS_CLIENT_PRIORITY=0"});
+    EXPECT_EQ(line(n), "ready " + std::to_string(kSms));
+    (void)!write(n.control, "go\n", 3);
+    const std::string e = line(n, 20000);
+    EXPECT_EQ(e.rfind("elapsed ", 0), 0u) << e;
+    stop(n);
+    EXPECT_EQ(finish(h), 0);
+    return std::atoll(e.c_str() + 8);
+  };
+  const long long below = elapsedWith("1"), normal = elapsedWith("0");
+  std::printf("a one-wave kernel beside a full device: %lld us (other client below normal), %lld us (normal)\n",
+              below, normal);
+  // Below normal: at most one running wave (1 ms) to wait, then its own wave: about 2 ms, and
+  // up to 20 ms for a host that delays the kernel on its way to the server. Normal: behind the
+  // other client's queued kernels, at least 100 ms of waves.
+  EXPECT_LT(below, 20000);
+  EXPECT_GT(normal, 40000);
+}
+
+TEST_F(MpsTime, TheServerTakesTurnsWithAProcessOutsideMpsAsOneContext) {
+  startDaemon();
+  Child& a = hog({});
+  Child& b = hog({});
+  Child& plain = hog({"CUDA_MPS_PIPE_DIRECTORY=/nonexistent"});
+  running(a);
+  running(b);
+  running(plain);
+  const int32_t srv = server();
+  const auto [s0, s1] = busyWindow({srv, plain.pid}, 400, true);
+  const Delta ds = delta(s0, s1, srv), dp = delta(s0, s1, plain.pid), da = delta(s0, s1, a.pid);
+  std::printf("server busy %.2f sliced out %.2f; plain process busy %.2f sliced out %.2f; %llu switches\n", ds.busy,
+              ds.slicedOut, dp.busy, dp.slicedOut, static_cast<unsigned long long>(s1.switches - s0.switches));
+  // Never side by side: their busy times fit in the span of both windows together.
+  EXPECT_LE(ds.busyNs + dp.busyNs, std::max(ds.to, dp.to) - std::min(ds.from, dp.from)) << "never side by side";
+  EXPECT_GT(ds.busy, 0.2);
+  EXPECT_GT(dp.busy, 0.2);
+  EXPECT_GT(ds.slicedOut, 0.2);
+  EXPECT_GT(dp.slicedOut, 0.2);
+  EXPECT_GT(da.slicedOut, 0.2) << "a client waits while its server is sliced out";
+  // They took turns (about 100 switches when the host keeps up; the slice length itself is
+  // measured by GpuCheckProbeReadsTheSliceLengthAndSwitchCost).
+  EXPECT_GE(s1.switches - s0.switches, 2u);
+  EXPECT_EQ(finish(a), 0);
+  EXPECT_EQ(finish(b), 0);
+  EXPECT_EQ(finish(plain), 0);
+}
+
+TEST_F(MpsTime, AClientKilledMidKernelLeavesTheOthersAndTheServerRunning) {
+  startDaemon();
+  Child& a = hog({}, 2640);
+  Child& b = hog({}, 2640);
+  running(a);
+  running(b);
+  const int32_t srv = server();
+  kill(a.pid, SIGKILL);
+  stop(a);
+  ASSERT_TRUE(waitFor([&] { return snapshot().procs.count(a.pid) == 0; })) << "its statistics stay published";
+  const auto [s0, s1] = window(200);
+  const Delta db = delta(s0, s1, b.pid), ds = delta(s0, s1, srv);
+  EXPECT_GT(db.blocks, 0u) << "the other client goes on";
+  EXPECT_NEAR(ds.smShare, db.smShare, 1) << "the killed client's waiting work was dropped";
+  EXPECT_EQ(server(), srv);
+  EXPECT_EQ(kill(srv, 0), 0);
+  EXPECT_EQ(finish(b), 0);
+  Child& c = hog({});
+  running(c);
+  EXPECT_EQ(finish(c), 0);
+}
+
+TEST_F(MpsTime, TerminateClientDropsItsQueuedWork) {
+  startDaemon();
+  Child& a = hog({}, 2640, 50 * kBlockNs);  // 10 waves of 50 ms a kernel: 2 s of work queued
+  running(a);
+  const int32_t srv = server();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(control("terminate_client " + std::to_string(srv) + " " + std::to_string(a.pid)), "0\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
+  const std::string done = line(a);
+  EXPECT_EQ(done.rfind("done ", 0), 0u) << done;
+  EXPECT_NE(done.find(" " + std::to_string(CUDA_ERROR_MPS_CLIENT_TERMINATED)), std::string::npos) << done;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its running blocks end (50 ms)
+  const auto [s0, s1] = window(300);
+  EXPECT_EQ(delta(s0, s1, srv).blocks, 0u) << "nothing of its queued work ran";
+  EXPECT_EQ(delta(s0, s1, a.pid).blocks, 0u);
+  stop(a);
+}
+
+TEST_F(MpsTime, KillingTheServerFailsItsClientsWithAStickyError) {
+  startDaemon();
+  Child& a = hog({}, 2640);
+  running(a);
+  const int32_t srv = server();
+  ASSERT_GT(srv, 0);
+  kill(srv, SIGKILL);
+  const std::string done = line(a, 5000);  // no hang
+  EXPECT_EQ(done, "done " + done.substr(5, done.find(' ', 5) - 5) + " " + std::to_string(CUDA_ERROR_MPS_RPC_FAILURE)) << done;
+  stop(a);
+  EXPECT_TRUE(waitFor([&] { return logHas("control.log", "Server " + std::to_string(srv) + " exited with status 137"); }));
+}
+
+// The probes perf/gpu_check.sh runs on a real GPU to fit simgpu's guessed constants, run here on
+// simgpu so that they are known to work and to read simgpu's own constants back.
+double field(const std::string& line, const std::string& key) {
+  const size_t at = line.find(" " + key + "=");
+  return at == std::string::npos ? -1 : std::atof(line.c_str() + at + key.size() + 2);
+}
+
+TEST_F(MpsTime, GpuCheckProbeReadsTheSliceLengthAndSwitchCost) {
+  // Two plain processes at once, 4 ms slices, 100 us switches, kernels of 500 us.
+  const std::vector<std::string> env{"CUDA_MPS_PIPE_DIRECTORY=/nonexistent", "SIMGPU_TIME_SLICE_US=4000",
+                                     "SIMGPU_SWITCH_US=100"};
+  std::string other;
+  std::thread t([&] { other = runProbe("timeslice_probe", {"1", "500"}, env); });
+  const std::string mine = runProbe("timeslice_probe", {"1", "500"}, env);
+  t.join();
+  std::printf("%s%s", mine.c_str(), other.c_str());
+  for (const std::string& l : {mine, other}) {
+    EXPECT_GE(field(l, "runs"), 20) << l;
+    EXPECT_NEAR(field(l, "slice_us"), 4000, 600) << l;  // whole kernels: a slice holds 8
+    EXPECT_GE(field(l, "gap_us"), 3500) << l;          // the other's slice and the switches
+  }
+}
+
+TEST_F(MpsTime, GpuCheckProbeReadsTheEventResolution) {
+  const std::string out = runProbe("event_resolution", {}, {"CUDA_MPS_PIPE_DIRECTORY=/nonexistent"});
+  EXPECT_EQ(out.rfind("events resolution_us=0.500 min_us=", 0), 0u) << out;  // elapsed times in 0.5 us steps
+  EXPECT_GE(field(out, "min_us"), 0) << out;  // the kernel, plus the host's time to launch it
+}
+
+TEST_F(MpsTime, GpuCheckProbeReadsThePercentageToSmRule) {
+  startDaemon();
+  for (const auto& [pct, sms] : std::vector<std::pair<std::string, int>>{{"1", 2}, {"10", 14}, {"25", 34}, {"33.3", 44}, {"50", 66}, {"100", 132}})
+    EXPECT_EQ(runProbe("mps_sm_probe", {}, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + pct}),
+              "sms attribute=" + std::to_string(sms) + " properties=" + std::to_string(sms) + "\n")
+        << pct << " %";
 }
 
 }  // namespace

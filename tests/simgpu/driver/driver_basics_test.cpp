@@ -199,6 +199,45 @@ using StreamsEvents = Driver;
 using Errors = Driver;
 using Memory = Driver;
 using Handles = Driver;
+using ExportTables = Driver;
+
+// ---------------------------------------------------------------------------------------------
+// The private CUDART_INTERFACE table, called the way libcudart does (docs/simgpu.md, "Private
+// export tables"). Slot 12 is what cudart 13.1 and later call at initialisation with no
+// arguments, failing every runtime call with whatever non-zero it returns (PyTorch's own
+// libcudart 13.2 did, with CUDA_ERROR_NOT_SUPPORTED); slot 2 retains the primary context.
+TEST_F(ExportTables, CudartInterfaceAnswersWhatEveryCuda13RuntimeCalls) {
+  const CUuuid cudartInterface = {{0x6b, static_cast<char>(0xd5), static_cast<char>(0xfb), 0x6c, 0x5b,
+                                   static_cast<char>(0xf4), static_cast<char>(0xe7), 0x4a,
+                                   static_cast<char>(0x89), static_cast<char>(0x87), static_cast<char>(0xd9),
+                                   0x39, 0x12, static_cast<char>(0xfd), static_cast<char>(0x9d),
+                                   static_cast<char>(0xf9)}};
+  const void* table = nullptr;
+  CU_ASSERT(cuGetExportTable(&table, &cudartInterface));
+  ASSERT_NE(table, nullptr);
+  const void* const* slots = static_cast<const void* const*>(table);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(slots[0]), 13 * sizeof(void*)) << "slot 0: the table's size";
+  for (int i = 1; i < 13; ++i) EXPECT_NE(slots[i], nullptr) << "slot " << i << " must be callable";
+
+  using Accept = CUresult (*)();
+  EXPECT_EQ(reinterpret_cast<Accept>(const_cast<void*>(slots[12]))(), CUDA_SUCCESS);
+
+  using Retain = CUresult (*)(CUcontext*, CUdevice);
+  const auto retain = reinterpret_cast<Retain>(const_cast<void*>(slots[2]));
+  CUcontext ctx = nullptr;
+  CU_ASSERT(retain(&ctx, dev_));
+  EXPECT_EQ(ctx, primary_);
+  CU_ASSERT(cuDevicePrimaryCtxRelease(dev_));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, retain(nullptr, dev_));
+
+  // A slot nothing implements is a stub, never NULL; an unknown table is refused.
+  using Stub = CUresult (*)();
+  EXPECT_EQ(reinterpret_cast<Stub>(const_cast<void*>(slots[11]))(), CUDA_ERROR_NOT_SUPPORTED);
+  const CUuuid unknown = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
+  table = &unknown;
+  CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, cuGetExportTable(&table, &unknown));
+  EXPECT_EQ(table, nullptr);
+}
 
 // ---------------------------------------------------------------------------------------------
 TEST_F(Devices, DriverVersion) {

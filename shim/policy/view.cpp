@@ -10,7 +10,9 @@
 // entry of that UUID directly (state.h, nvmlDeviceView), so every process of the tenant sees the
 // same numbers. If that fails (a configuration NVML cannot resolve, see memoryLimitOfUuid), the
 // memory queries fail with NVML_ERROR_UNKNOWN: never the whole device.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "interpose/hooks.h"
 #include "interpose/real.h"
@@ -108,6 +110,70 @@ nvmlReturn_t hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_
   const nvmlReturn_t r = realNvml().p_nvmlDeviceGetMemoryInfo_v2(device, memory);
   return r == NVML_SUCCESS ? applyNvmlView(device, memory, memory->reserved) : r;
 }
+
+namespace {
+// A per-process list of a device the tenant is limited on shows the tenant's own processes only:
+// those the tenant's ledger has a live slot for (pids as this process sees them), with what the
+// device reports for each. Other tenants' processes and usage stay hidden, as the memory figures
+// do. NVML's buffer protocol is kept for the filtered list: *infoCount is the caller's capacity on
+// entry; when the tenant's entries do not fit, NVML_ERROR_INSUFFICIENT_SIZE with the number needed.
+// A device the shim does not limit (no limit, a MIG handle, one CUDA does not show) passes through.
+template <typename Info>
+nvmlReturn_t tenantProcesses(nvmlReturn_t (*real)(nvmlDevice_t, unsigned*, Info*), nvmlDevice_t device,
+                             unsigned* infoCount, Info* infos) noexcept {
+  if (!infoCount || (*infoCount > 0 && !infos)) return real(device, infoCount, infos);  // NVML refuses
+  nvmlReturn_t r = NVML_SUCCESS;
+  const DeviceView* d = nvmlView(device, &r);
+  if (!d) return r == NVML_SUCCESS ? real(device, infoCount, infos) : r;
+  if (effectiveLimit(*d) == kUnlimited) return real(device, infoCount, infos);
+  try {
+    std::vector<Info> all(std::max(*infoCount, 64u));
+    for (int tries = 0;; ++tries) {  // the list may grow between the calls: retry a few times
+      unsigned n = static_cast<unsigned>(all.size());
+      r = real(device, &n, all.data());
+      if (r == NVML_SUCCESS) {
+        all.resize(n);
+        break;
+      }
+      if (r != NVML_ERROR_INSUFFICIENT_SIZE) return r;
+      if (tries == 4) return NVML_ERROR_UNKNOWN;
+      all.resize(static_cast<size_t>(n) + 16);
+    }
+    const std::vector<Ledger::ProcUsage> mine = state().ledger->processes(d->ledgerIndex);
+    unsigned kept = 0;
+    for (const Info& info : all) {
+      const bool ours = std::any_of(mine.begin(), mine.end(), [&](const Ledger::ProcUsage& p) {
+        return p.pid > 0 && static_cast<unsigned>(p.pid) == info.pid;
+      });
+      if (ours) all[kept++] = info;
+    }
+    if (kept > *infoCount) {
+      *infoCount = kept;
+      return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    std::copy(all.begin(), all.begin() + kept, infos);
+    *infoCount = kept;
+    return NVML_SUCCESS;
+  } catch (...) {  // bad_alloc
+    return NVML_ERROR_UNKNOWN;
+  }
+}
+}  // namespace
+
+#define CUSHARE_PROCESS_LIST_HOOK(sym, Info)                                                   \
+  nvmlReturn_t hook_##sym(nvmlDevice_t device, unsigned int* infoCount, Info* infos) noexcept { \
+    return tenantProcesses(realNvml().p_##sym, device, infoCount, infos);                       \
+  }
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t)
+#undef CUSHARE_PROCESS_LIST_HOOK
 
 // nvmlInit*: the wrapper has set up the process state (configuration, ledger) first, so a
 // configuration the shim refuses fails here, in NVML's terms, before anything is reported.

@@ -120,3 +120,12 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevi
   return noProcesses(handle, infoCount);
 }
 
+SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t handle, unsigned int* infoCount,
+                                                                     nvmlProcessInfo_v1_t*) {
+  return noProcesses(handle, infoCount);
+}
+SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t handle,
+                                                                        unsigned int* infoCount,
+                                                                        nvmlProcessInfo_v2_t*) {
+  return noProcesses(handle, infoCount);
+}

@@ -52,6 +52,12 @@ typedef struct nvmlProcessInfo_st {
   unsigned int gpuInstanceId;
   unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
+// The _v2 entry points write the same layout; the legacy unversioned ones (v1) the short one.
+typedef nvmlProcessInfo_t nvmlProcessInfo_v2_t;
+typedef struct nvmlProcessInfo_v1_st {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
 
 #define NVML_VALUE_NOT_AVAILABLE (-1)
 

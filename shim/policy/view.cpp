@@ -118,6 +118,20 @@ namespace {
 // do. NVML's buffer protocol is kept for the filtered list: *infoCount is the caller's capacity on
 // entry; when the tenant's entries do not fit, NVML_ERROR_INSUFFICIENT_SIZE with the number needed.
 // A device the shim does not limit (no limit, a MIG handle, one CUDA does not show) passes through.
+// Keeps, in order, the entries of processes the tenant's ledger has a live slot for; their count.
+template <typename Info>
+unsigned keepTenants(const DeviceView& d, std::vector<Info>* all) {
+  const std::vector<Ledger::ProcUsage> mine = state().ledger->processes(d.ledgerIndex);
+  unsigned kept = 0;
+  for (const Info& info : *all) {
+    const bool ours = std::any_of(mine.begin(), mine.end(), [&](const Ledger::ProcUsage& p) {
+      return p.pid > 0 && static_cast<unsigned>(p.pid) == info.pid;
+    });
+    if (ours) (*all)[kept++] = info;
+  }
+  return kept;
+}
+
 template <typename Info>
 nvmlReturn_t tenantProcesses(nvmlReturn_t (*real)(nvmlDevice_t, unsigned*, Info*), nvmlDevice_t device,
                              unsigned* infoCount, Info* infos) noexcept {
@@ -139,14 +153,7 @@ nvmlReturn_t tenantProcesses(nvmlReturn_t (*real)(nvmlDevice_t, unsigned*, Info*
       if (tries == 4) return NVML_ERROR_UNKNOWN;
       all.resize(static_cast<size_t>(n) + 16);
     }
-    const std::vector<Ledger::ProcUsage> mine = state().ledger->processes(d->ledgerIndex);
-    unsigned kept = 0;
-    for (const Info& info : all) {
-      const bool ours = std::any_of(mine.begin(), mine.end(), [&](const Ledger::ProcUsage& p) {
-        return p.pid > 0 && static_cast<unsigned>(p.pid) == info.pid;
-      });
-      if (ours) all[kept++] = info;
-    }
+    const unsigned kept = keepTenants(*d, &all);
     if (kept > *infoCount) {
       *infoCount = kept;
       return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -159,6 +166,45 @@ nvmlReturn_t tenantProcesses(nvmlReturn_t (*real)(nvmlDevice_t, unsigned*, Info*
   }
 }
 }  // namespace
+
+// The detail list (CUDA 12.6+), one mode per call: the same filter and protocol, through the
+// struct's numProcArrayEntries and procArray. A list the real library refuses (null, a version or
+// mode it does not know) is its answer.
+nvmlReturn_t hook_nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t* plist) noexcept {
+  const auto real = realNvml().p_nvmlDeviceGetRunningProcessDetailList;
+  if (!plist || plist->version != nvmlProcessDetailList_v1 || (plist->numProcArrayEntries > 0 && !plist->procArray))
+    return real(device, plist);
+  nvmlReturn_t r = NVML_SUCCESS;
+  const DeviceView* d = nvmlView(device, &r);
+  if (!d) return r == NVML_SUCCESS ? real(device, plist) : r;
+  if (effectiveLimit(*d) == kUnlimited) return real(device, plist);
+  try {
+    std::vector<nvmlProcessDetail_v1_t> all(std::max(plist->numProcArrayEntries, 64u));
+    nvmlProcessDetailList_t mine = *plist;
+    for (int tries = 0;; ++tries) {
+      mine.numProcArrayEntries = static_cast<unsigned>(all.size());
+      mine.procArray = all.data();
+      r = real(device, &mine);
+      if (r == NVML_SUCCESS) {
+        all.resize(mine.numProcArrayEntries);
+        break;
+      }
+      if (r != NVML_ERROR_INSUFFICIENT_SIZE) return r;
+      if (tries == 4) return NVML_ERROR_UNKNOWN;
+      all.resize(static_cast<size_t>(mine.numProcArrayEntries) + 16);
+    }
+    const unsigned kept = keepTenants(*d, &all);
+    if (kept > plist->numProcArrayEntries) {
+      plist->numProcArrayEntries = kept;
+      return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    std::copy(all.begin(), all.begin() + kept, plist->procArray);
+    plist->numProcArrayEntries = kept;
+    return NVML_SUCCESS;
+  } catch (...) {  // bad_alloc
+    return NVML_ERROR_UNKNOWN;
+  }
+}
 
 #define CUSHARE_PROCESS_LIST_HOOK(sym, Info)                                                   \
   nvmlReturn_t hook_##sym(nvmlDevice_t device, unsigned int* infoCount, Info* infos) noexcept { \

@@ -902,6 +902,20 @@ TEST_F(NvmlView, ProcessListsShowTheTenantsProcessesOnly) {
     EXPECT_EQ(0u, n);
   }
   {
+    nvmlProcessDetail_v1_t details[8];
+    nvmlProcessDetailList_t list{};
+    list.version = nvmlProcessDetailList_v1;
+    list.mode = NVML_PROCESS_MODE_ALL;
+    EXPECT_EQ(NVML_ERROR_INSUFFICIENT_SIZE, nvmlDeviceGetRunningProcessDetailList(d, &list));
+    EXPECT_EQ(1u, list.numProcArrayEntries) << "the size query counts the tenant's processes only";
+    list.numProcArrayEntries = 8;
+    list.procArray = details;
+    ASSERT_EQ(NVML_SUCCESS, nvmlDeviceGetRunningProcessDetailList(d, &list));
+    ASSERT_EQ(1u, list.numProcArrayEntries);
+    EXPECT_EQ(self, details[0].pid);
+    EXPECT_EQ(200 * kMiB, details[0].usedGpuMemory);
+  }
+  {
     // The legacy (v1) entry points, as a program built against an old header or a dlsym user
     // (pynvml) reaches them.
     using V1 = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, nvmlProcessInfo_v1_t*);

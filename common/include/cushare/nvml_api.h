@@ -59,6 +59,22 @@ typedef struct nvmlProcessInfo_v1_st {
   unsigned long long usedGpuMemory;
 } nvmlProcessInfo_v1_t;
 
+// nvmlDeviceGetRunningProcessDetailList (CUDA 12.6+): version must be nvmlProcessDetailList_v1.
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+  unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+typedef struct {
+  unsigned int version;
+  unsigned int mode;
+  unsigned int numProcArrayEntries;
+  nvmlProcessDetail_v1_t* procArray;
+} nvmlProcessDetailList_v1_t, nvmlProcessDetailList_t;
+#define nvmlProcessDetailList_v1 ((unsigned int)(sizeof(nvmlProcessDetailList_v1_t) | (1u << 24)))
+
 #define NVML_VALUE_NOT_AVAILABLE (-1)
 
 }  // extern "C"

@@ -491,6 +491,45 @@ TEST_F(Nvml, NoProcessesListsAsEmpty) {
   EXPECT_EQ(n, 0u);
 }
 
+// The detail list (one mode per call) agrees with the compute list; simgpu runs no graphics or
+// MPS clients. Same buffer protocol; a wrong version or mode is refused.
+TEST_F(Nvml, RunningProcessDetailListAgreesWithTheComputeList) {
+  nvmlDevice_t h = handle(0);
+  Holder child(0, 96 * kMiB);
+  ASSERT_TRUE(child.reserved());
+  nvmlProcessDetailList_t list{};
+  list.version = nvmlProcessDetailList_v1;
+  list.mode = NVML_PROCESS_MODE_COMPUTE;
+  ASSERT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_ERROR_INSUFFICIENT_SIZE);
+  const unsigned needed = list.numProcArrayEntries;
+  ASSERT_GE(needed, 1u);
+  std::vector<nvmlProcessDetail_v1_t> entries(needed);
+  list.procArray = entries.data();
+  ASSERT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_SUCCESS);
+  ASSERT_EQ(list.numProcArrayEntries, needed);
+  const auto it = std::find_if(entries.begin(), entries.end(),
+                               [&](const nvmlProcessDetail_v1_t& e) { return e.pid == static_cast<unsigned>(child.pid()); });
+  ASSERT_NE(it, entries.end());
+  EXPECT_EQ(it->usedGpuMemory, 96 * kMiB);
+  EXPECT_EQ(it->gpuInstanceId, 0xFFFFFFFFu);
+  EXPECT_EQ(it->usedGpuCcProtectedMemory, 0u);
+  EXPECT_EQ(processes(h).size(), needed);
+
+  list.mode = NVML_PROCESS_MODE_ALL;
+  list.numProcArrayEntries = needed;
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_SUCCESS);
+  EXPECT_EQ(list.numProcArrayEntries, needed);
+  list.mode = NVML_PROCESS_MODE_GRAPHICS;
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_SUCCESS);
+  EXPECT_EQ(list.numProcArrayEntries, 0u);
+  list.mode = NVML_PROCESS_MODE_MAX;
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_ERROR_INVALID_ARGUMENT);
+  list.mode = NVML_PROCESS_MODE_COMPUTE;
+  list.version = 1;
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, nullptr), NVML_ERROR_INVALID_ARGUMENT);
+}
+
 TEST_F(Nvml, SeesAnotherProcessAllocateAndDie) {
   nvmlDevice_t h = handle(0);
   const unsigned long long before = memory(h).used;

@@ -132,19 +132,21 @@ unsigned keepTenants(const DeviceView& d, std::vector<Info>* all) {
   return kept;
 }
 
-template <typename Info>
-nvmlReturn_t tenantProcesses(nvmlReturn_t (*real)(nvmlDevice_t, unsigned*, Info*), nvmlDevice_t device,
-                             unsigned* infoCount, Info* infos) noexcept {
-  if (!infoCount || (*infoCount > 0 && !infos)) return real(device, infoCount, infos);  // NVML refuses
+// fetch(unsigned* n, Info* buf) is the real query with the caller's other arguments bound; real
+// the same with the caller's own count and array (a pass-through).
+template <typename Info, typename Fetch>
+nvmlReturn_t tenantProcesses(nvmlDevice_t device, unsigned* infoCount, Info* infos, Fetch fetch) noexcept {
+  if (!infoCount) return fetch(infoCount, infos);  // NVML's own refusal
   nvmlReturn_t r = NVML_SUCCESS;
   const DeviceView* d = nvmlView(device, &r);
-  if (!d) return r == NVML_SUCCESS ? real(device, infoCount, infos) : r;
-  if (effectiveLimit(*d) == kUnlimited) return real(device, infoCount, infos);
+  if (!d) return r == NVML_SUCCESS ? fetch(infoCount, infos) : r;
+  if (effectiveLimit(*d) == kUnlimited) return fetch(infoCount, infos);
+  const unsigned capacity = infos ? *infoCount : 0;  // a null array is a size query
   try {
-    std::vector<Info> all(std::max(*infoCount, 64u));
+    std::vector<Info> all(std::max(capacity, 64u));
     for (int tries = 0;; ++tries) {  // the list may grow between the calls: retry a few times
       unsigned n = static_cast<unsigned>(all.size());
-      r = real(device, &n, all.data());
+      r = fetch(&n, all.data());
       if (r == NVML_SUCCESS) {
         all.resize(n);
         break;
@@ -154,7 +156,7 @@ nvmlReturn_t tenantProcesses(nvmlReturn_t (*real)(nvmlDevice_t, unsigned*, Info*
       all.resize(static_cast<size_t>(n) + 16);
     }
     const unsigned kept = keepTenants(*d, &all);
-    if (kept > *infoCount) {
+    if (kept > capacity) {
       *infoCount = kept;
       return NVML_ERROR_INSUFFICIENT_SIZE;
     }
@@ -208,7 +210,9 @@ nvmlReturn_t hook_nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvm
 
 #define CUSHARE_PROCESS_LIST_HOOK(sym, Info)                                                   \
   nvmlReturn_t hook_##sym(nvmlDevice_t device, unsigned int* infoCount, Info* infos) noexcept { \
-    return tenantProcesses(realNvml().p_##sym, device, infoCount, infos);                       \
+    return tenantProcesses(device, infoCount, infos, [device](unsigned* n, Info* buf) {        \
+      return realNvml().p_##sym(device, n, buf);                                                \
+    });                                                                                         \
   }
 CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
 CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
@@ -220,6 +224,16 @@ CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessIn
 CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
 CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t)
 #undef CUSHARE_PROCESS_LIST_HOOK
+
+// Per-process utilisation samples name pids too: the tenant's own only, by the same rule.
+nvmlReturn_t hook_nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,
+                                                  unsigned int* processSamplesCount,
+                                                  unsigned long long lastSeenTimeStamp) noexcept {
+  return tenantProcesses(device, processSamplesCount, utilization,
+                         [device, lastSeenTimeStamp](unsigned* n, nvmlProcessUtilizationSample_t* buf) {
+                           return realNvml().p_nvmlDeviceGetProcessUtilization(device, buf, n, lastSeenTimeStamp);
+                         });
+}
 
 // nvmlInit*: the wrapper has set up the process state (configuration, ledger) first, so a
 // configuration the shim refuses fails here, in NVML's terms, before anything is reported.

@@ -916,6 +916,21 @@ TEST_F(NvmlView, ProcessListsShowTheTenantsProcessesOnly) {
     EXPECT_EQ(200 * kMiB, details[0].usedGpuMemory);
   }
   {
+    // Utilisation samples: only this tenant's pids (the other tenant's process has a context).
+    nvmlProcessUtilizationSample_t samples[8];
+    unsigned n = 8;
+    const nvmlReturn_t r = nvmlDeviceGetProcessUtilization(d, samples, &n, 0);
+    ASSERT_TRUE(r == NVML_SUCCESS || r == NVML_ERROR_NOT_FOUND) << r;
+    if (r == NVML_SUCCESS) {
+      for (unsigned i = 0; i < n; ++i) EXPECT_EQ(self, samples[i].pid) << "another tenant's pid in the samples";
+    }
+    n = 0;
+    const nvmlReturn_t q = nvmlDeviceGetProcessUtilization(d, nullptr, &n, 0);
+    if (q == NVML_ERROR_INSUFFICIENT_SIZE) {
+      EXPECT_LE(n, 1u) << "the size query counts another tenant's process";
+    }
+  }
+  {
     // The legacy (v1) entry points, as a program built against an old header or a dlsym user
     // (pynvml) reaches them.
     using V1 = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, nvmlProcessInfo_v1_t*);

@@ -59,6 +59,16 @@ typedef struct nvmlProcessInfo_v1_st {
   unsigned long long usedGpuMemory;
 } nvmlProcessInfo_v1_t;
 
+// nvmlDeviceGetProcessUtilization's samples.
+typedef struct nvmlProcessUtilizationSample_st {
+  unsigned int pid;
+  unsigned long long timeStamp;
+  unsigned int smUtil;
+  unsigned int memUtil;
+  unsigned int encUtil;
+  unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
 // nvmlDeviceGetRunningProcessDetailList (CUDA 12.6+): version must be nvmlProcessDetailList_v1.
 typedef struct {
   unsigned int pid;

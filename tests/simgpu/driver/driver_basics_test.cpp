@@ -503,6 +503,38 @@ TEST_F(StreamsEvents, PriorityRangeAndStreams) {
 
 void sleepHost(void* ms) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms))); }
 
+// PyTorch records an event, makes another stream wait on it and destroys it at once, while the
+// record is still queued: legal in CUDA. The queued record must not write into the destroyed
+// event (it did, and corrupted PyTorch's heap). The record is held back by a host function until
+// the event's memory has been freed and, most likely, handed out again: blocks of every small size
+// are allocated and filled with a pattern, which must survive the record running.
+TEST_F(StreamsEvents, DestroyingAnEventWithAQueuedRecordIsSafe) {
+  CUstream s;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  std::atomic<bool> release{false};
+  auto gate = [](void* p) {
+    while (!static_cast<std::atomic<bool>*>(p)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  CU_ASSERT(cuLaunchHostFunc(s, gate, &release));
+  CUevent e;
+  CU_ASSERT(cuEventCreate(&e, CU_EVENT_DEFAULT));
+  CU_ASSERT(cuEventRecord(e, s));
+  CUstream waiter;
+  CU_ASSERT(cuStreamCreate(&waiter, CU_STREAM_NON_BLOCKING));
+  CU_ASSERT(cuStreamWaitEvent(waiter, e, 0));
+  CU_ASSERT(cuEventDestroy(e));
+  std::vector<std::vector<unsigned char>> blocks;
+  for (size_t size = 16; size <= 1024; size += 8) blocks.emplace_back(size, 0xAB);
+  release = true;
+  CU_ASSERT(cuStreamSynchronize(s));
+  CU_ASSERT(cuStreamSynchronize(waiter));
+  for (const auto& b : blocks)
+    for (size_t i = 0; i < b.size(); ++i)
+      ASSERT_EQ(b[i], 0xAB) << "byte " << i << " of a " << b.size() << "-byte block was overwritten";
+  CU_ASSERT(cuStreamDestroy(waiter));
+  CU_ASSERT(cuStreamDestroy(s));
+}
+
 TEST_F(StreamsEvents, EventsElapsedTime) {
   CUstream s = nullptr;
   CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));

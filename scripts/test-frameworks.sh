@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Optional test tier: real frameworks nobody on the team wrote (CuPy), unmodified, on simgpu, then
-# under the cushare shim. Never part of the build or of scripts/test.sh; needs PyPI access the first
-# time (the venv is reused afterwards).
+# Optional test tier: real frameworks nobody on the team wrote (CuPy, PyTorch), unmodified, on
+# simgpu, then under the cushare shim; and a first CUDA program against every CUDA 13 runtime PyPI
+# ships (nvidia-cuda-runtime 13.0 to 13.5, shared and static). Never part of the build or of
+# scripts/test.sh; needs PyPI access the first time (about 4 GB; the venv and the runtime wheels
+# are reused afterwards).
 #
-#   scripts/test-frameworks.sh            # extra arguments go to both pytest runs
+#   scripts/test-frameworks.sh            # extra arguments go to every pytest run
 #
 # FRAMEWORK_VENV          venv to create or reuse (default: build/venv-frameworks)
+# FRAMEWORK_CACHE         where the runtime wheels are kept (default: build/framework-cache)
+# PIP_CACHE_DIR           pip's own cache (pip's default unless set)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 # Pinned: cupy-cuda13x 14.2.0 links cudart 13.2 statically and loads the toolkit's libnvrtc.so.13
 # and libcublas*.so.13 by soname from /usr/local/cuda/lib64.
-pins=(cupy-cuda13x==14.2.0 numpy==2.4.6 pytest==9.2.0)
+# torch 2.15.0 from PyPI is the CUDA 13 build (+cu132): it brings its own libcudart.so.13 (13.2, the
+# nvidia-cuda-runtime wheel, found through its RPATH) and the other nvidia-* CUDA 13 wheels.
+pins=(cupy-cuda13x==14.2.0 numpy==2.4.6 pytest==9.2.0 torch==2.15.0 nvidia-ml-py==13.615.71)
+# Every nvidia-cuda-runtime 13.x build on PyPI, for the runtime probe.
+runtimes=(13.0.48 13.0.88 13.0.96 13.1.80 13.2.51 13.2.75 13.2.86 13.3.29 13.4.49 13.4.92 13.5.37)
 
 cuda_lib=/usr/local/cuda/lib64
 simgpu_lib=$root/build/lib/simgpu
@@ -35,6 +43,20 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}"
 python=$(cd "$venv/bin" && pwd)/python
 
+cache=${FRAMEWORK_CACHE:-build/framework-cache}
+mkdir -p "$cache/runtimes"
+for v in "${runtimes[@]}"; do
+  if [[ ! -e $cache/runtimes/$v/nvidia/cu13/lib/libcudart.so.13 ]]; then
+    echo "test-frameworks: fetching nvidia-cuda-runtime $v"
+    rm -rf "$cache/runtimes/$v.tmp" && mkdir -p "$cache/runtimes/$v.tmp"
+    "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+      --platform manylinux2014_x86_64 -d "$cache/runtimes/$v.tmp" "nvidia-cuda-runtime==$v"
+    "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+      "$(ls "$cache/runtimes/$v.tmp"/*.whl)" "$cache/runtimes/$v.tmp"
+    rm -rf "$cache/runtimes/$v" && mv "$cache/runtimes/$v.tmp" "$cache/runtimes/$v"
+  fi
+done
+
 # Fresh simulated host and kernel cache for this run; removed on exit.
 state=$(mktemp -d "${TMPDIR:-/tmp}/cushare-frameworks.XXXXXX")
 trap 'rm -rf "$state"' EXIT
@@ -47,16 +69,17 @@ common_env=(
   CUPY_CACHE_DIR="$state/cupy-cache"
   PYTHONDONTWRITEBYTECODE=1
 )
-pytest_args=(-m pytest -v -p no:cacheprovider -rfE tests/frameworks "$@")
+pytest_args=(-m pytest -v -p no:cacheprovider -rfE)
 
-# run_tier NAME ENV...: runs pytest with ENV, prints its output, and fails the tier if pytest
-# failed or if no case passed (all skipped means the tier did not really run).
+# run_tier NAME TESTS ENV...: runs pytest on TESTS with ENV, prints its output, and fails the tier if
+# pytest failed or if no case passed (all skipped means the tier did not really run).
 status=0
 run_tier() {
-  local name=$1; shift
+  local name=$1 tests=$2; shift 2
   local log=$state/$name.log rc=0
   echo "=== frameworks tier: $name ==="
-  env "${common_env[@]}" "$@" "$python" "${pytest_args[@]}" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+  env "${common_env[@]}" "$@" "$python" "${pytest_args[@]}" "$tests" "${extra_args[@]}" 2>&1 | tee "$log" \
+    || rc=${PIPESTATUS[0]}
   if (( rc != 0 )); then
     echo "test-frameworks: $name: pytest exited $rc" >&2
     status=1
@@ -65,10 +88,44 @@ run_tier() {
     status=1
   fi
 }
+extra_args=("$@")
 
-run_tier simgpu
-run_tier shim \
+# The runtime probe: one program, built once, run against every runtime: the shared library first
+# on LD_LIBRARY_PATH, and the wheel's libcudart_static.a linked in.
+echo "=== frameworks tier: cuda runtimes ==="
+probe_dir=$state/probe
+mkdir -p "$probe_dir"
+nvcc=${CUDACXX:-/usr/local/cuda/bin/nvcc}
+"$nvcc" -O1 -I simgpu/include -c tests/frameworks/cudart/probe.cu -o "$probe_dir/probe.o"
+"$nvcc" -O1 -cudart shared -Xlinker -export-dynamic "$probe_dir/probe.o" -o "$probe_dir/probe_shared"
+for v in "${runtimes[@]}"; do
+  lib=$cache/runtimes/$v/nvidia/cu13/lib
+  g++ "$probe_dir/probe.o" -o "$probe_dir/probe_static_$v" -rdynamic "$lib/libcudart_static.a" -ldl -lpthread -lrt
+  for kind in shared static; do
+    if [[ $kind == shared ]]; then
+      run=(env LD_LIBRARY_PATH="$lib:$simgpu_lib" "$probe_dir/probe_shared")
+    else
+      run=(env LD_LIBRARY_PATH="$simgpu_lib" "$probe_dir/probe_static_$v")
+    fi
+    want=$(( ${v%%.*} * 1000 + $(cut -d. -f2 <<<"$v") * 10 ))
+    if out=$(SIMGPU_STATE_DIR="$state/probe-$v-$kind" "${run[@]}" 2>&1) && grep -q "^probe ok runtime $want " <<<"$out"; then
+      echo "cudart $v $kind: ok"
+    else
+      echo "cudart $v $kind: FAILED: $out" >&2
+      status=1
+    fi
+  done
+done
+
+run_tier cupy-simgpu tests/frameworks/test_cupy.py
+run_tier cupy-shim tests/frameworks/test_cupy.py \
   LD_PRELOAD="$shim" CUSHARE_TENANT=cupy CUSHARE_MEMORY_LIMIT=256MiB \
+  CUSHARE_LEDGER_DIR="$state/ledger"
+# PyTorch as pip installs it: no runtime swapped in (LD_LIBRARY_PATH holds simgpu only, so
+# PyTorch's own libcudart and CUDA libraries come from its wheels), no preload but the shim.
+run_tier torch-simgpu tests/frameworks/test_torch.py LD_LIBRARY_PATH="$simgpu_lib"
+run_tier torch-shim tests/frameworks/test_torch.py LD_LIBRARY_PATH="$simgpu_lib" \
+  LD_PRELOAD="$shim" CUSHARE_TENANT=torch CUSHARE_MEMORY_LIMIT=512MiB \
   CUSHARE_LEDGER_DIR="$state/ledger"
 
 if (( status == 0 )); then

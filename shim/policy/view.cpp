@@ -10,7 +10,9 @@
 // entry of that UUID directly (state.h, nvmlDeviceView), so every process of the tenant sees the
 // same numbers. If that fails (a configuration NVML cannot resolve, see memoryLimitOfUuid), the
 // memory queries fail with NVML_ERROR_UNKNOWN: never the whole device.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "interpose/hooks.h"
 #include "interpose/real.h"
@@ -107,6 +109,130 @@ nvmlReturn_t hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* mem
 nvmlReturn_t hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) noexcept {
   const nvmlReturn_t r = realNvml().p_nvmlDeviceGetMemoryInfo_v2(device, memory);
   return r == NVML_SUCCESS ? applyNvmlView(device, memory, memory->reserved) : r;
+}
+
+namespace {
+// A per-process list of a device the tenant is limited on shows the tenant's own processes only:
+// those the tenant's ledger has a live slot for (pids as this process sees them), with what the
+// device reports for each. Other tenants' processes and usage stay hidden, as the memory figures
+// do. NVML's buffer protocol is kept for the filtered list: *infoCount is the caller's capacity on
+// entry; when the tenant's entries do not fit, NVML_ERROR_INSUFFICIENT_SIZE with the number needed.
+// A device the shim does not limit (no limit, a MIG handle, one CUDA does not show) passes through.
+// Keeps, in order, the entries of processes the tenant's ledger has a live slot for; their count.
+template <typename Info>
+unsigned keepTenants(const DeviceView& d, std::vector<Info>* all) {
+  const std::vector<Ledger::ProcUsage> mine = state().ledger->processes(d.ledgerIndex);
+  unsigned kept = 0;
+  for (const Info& info : *all) {
+    const bool ours = std::any_of(mine.begin(), mine.end(), [&](const Ledger::ProcUsage& p) {
+      return p.pid > 0 && static_cast<unsigned>(p.pid) == info.pid;
+    });
+    if (ours) (*all)[kept++] = info;
+  }
+  return kept;
+}
+
+// fetch(unsigned* n, Info* buf) is the real query with the caller's other arguments bound; real
+// the same with the caller's own count and array (a pass-through).
+template <typename Info, typename Fetch>
+nvmlReturn_t tenantProcesses(nvmlDevice_t device, unsigned* infoCount, Info* infos, Fetch fetch) noexcept {
+  if (!infoCount) return fetch(infoCount, infos);  // NVML's own refusal
+  nvmlReturn_t r = NVML_SUCCESS;
+  const DeviceView* d = nvmlView(device, &r);
+  if (!d) return r == NVML_SUCCESS ? fetch(infoCount, infos) : r;
+  if (effectiveLimit(*d) == kUnlimited) return fetch(infoCount, infos);
+  const unsigned capacity = infos ? *infoCount : 0;  // a null array is a size query
+  try {
+    std::vector<Info> all(std::max(capacity, 64u));
+    for (int tries = 0;; ++tries) {  // the list may grow between the calls: retry a few times
+      unsigned n = static_cast<unsigned>(all.size());
+      r = fetch(&n, all.data());
+      if (r == NVML_SUCCESS) {
+        all.resize(n);
+        break;
+      }
+      if (r != NVML_ERROR_INSUFFICIENT_SIZE) return r;
+      if (tries == 4) return NVML_ERROR_UNKNOWN;
+      all.resize(static_cast<size_t>(n) + 16);
+    }
+    const unsigned kept = keepTenants(*d, &all);
+    if (kept > capacity) {
+      *infoCount = kept;
+      return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    std::copy(all.begin(), all.begin() + kept, infos);
+    *infoCount = kept;
+    return NVML_SUCCESS;
+  } catch (...) {  // bad_alloc
+    return NVML_ERROR_UNKNOWN;
+  }
+}
+}  // namespace
+
+// The detail list (CUDA 12.6+), one mode per call: the same filter and protocol, through the
+// struct's numProcArrayEntries and procArray. A list the real library refuses (null, a version or
+// mode it does not know) is its answer.
+nvmlReturn_t hook_nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t* plist) noexcept {
+  const auto real = realNvml().p_nvmlDeviceGetRunningProcessDetailList;
+  if (!plist || plist->version != nvmlProcessDetailList_v1 || (plist->numProcArrayEntries > 0 && !plist->procArray))
+    return real(device, plist);
+  nvmlReturn_t r = NVML_SUCCESS;
+  const DeviceView* d = nvmlView(device, &r);
+  if (!d) return r == NVML_SUCCESS ? real(device, plist) : r;
+  if (effectiveLimit(*d) == kUnlimited) return real(device, plist);
+  try {
+    std::vector<nvmlProcessDetail_v1_t> all(std::max(plist->numProcArrayEntries, 64u));
+    nvmlProcessDetailList_t mine = *plist;
+    for (int tries = 0;; ++tries) {
+      mine.numProcArrayEntries = static_cast<unsigned>(all.size());
+      mine.procArray = all.data();
+      r = real(device, &mine);
+      if (r == NVML_SUCCESS) {
+        all.resize(mine.numProcArrayEntries);
+        break;
+      }
+      if (r != NVML_ERROR_INSUFFICIENT_SIZE) return r;
+      if (tries == 4) return NVML_ERROR_UNKNOWN;
+      all.resize(static_cast<size_t>(mine.numProcArrayEntries) + 16);
+    }
+    const unsigned kept = keepTenants(*d, &all);
+    if (kept > plist->numProcArrayEntries) {
+      plist->numProcArrayEntries = kept;
+      return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    std::copy(all.begin(), all.begin() + kept, plist->procArray);
+    plist->numProcArrayEntries = kept;
+    return NVML_SUCCESS;
+  } catch (...) {  // bad_alloc
+    return NVML_ERROR_UNKNOWN;
+  }
+}
+
+#define CUSHARE_PROCESS_LIST_HOOK(sym, Info)                                                   \
+  nvmlReturn_t hook_##sym(nvmlDevice_t device, unsigned int* infoCount, Info* infos) noexcept { \
+    return tenantProcesses(device, infoCount, infos, [device](unsigned* n, Info* buf) {        \
+      return realNvml().p_##sym(device, n, buf);                                                \
+    });                                                                                         \
+  }
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
+CUSHARE_PROCESS_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t)
+#undef CUSHARE_PROCESS_LIST_HOOK
+
+// Per-process utilisation samples name pids too: the tenant's own only, by the same rule.
+nvmlReturn_t hook_nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,
+                                                  unsigned int* processSamplesCount,
+                                                  unsigned long long lastSeenTimeStamp) noexcept {
+  return tenantProcesses(device, processSamplesCount, utilization,
+                         [device, lastSeenTimeStamp](unsigned* n, nvmlProcessUtilizationSample_t* buf) {
+                           return realNvml().p_nvmlDeviceGetProcessUtilization(device, buf, n, lastSeenTimeStamp);
+                         });
 }
 
 // nvmlInit*: the wrapper has set up the process state (configuration, ledger) first, so a

@@ -120,3 +120,41 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevi
   return noProcesses(handle, infoCount);
 }
 
+SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t handle, unsigned int* infoCount,
+                                                                     nvmlProcessInfo_v1_t*) {
+  return noProcesses(handle, infoCount);
+}
+SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t handle,
+                                                                        unsigned int* infoCount,
+                                                                        nvmlProcessInfo_v2_t*) {
+  return noProcesses(handle, infoCount);
+}
+
+// One list per mode: compute (and all) lists the processes holding memory; simgpu runs no
+// graphics or MPS clients. Buffer protocol as the other lists, through numProcArrayEntries.
+SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t handle, nvmlProcessDetailList_t* plist) {
+  nvmlDevice_st* d;
+  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
+  if (!plist || plist->version != nvmlProcessDetailList_v1 || plist->mode >= NVML_PROCESS_MODE_MAX)
+    return NVML_ERROR_INVALID_ARGUMENT;
+  if (plist->numProcArrayEntries > 0 && !plist->procArray) return NVML_ERROR_INVALID_ARGUMENT;
+  simgpu::SharedState::ProcUsage found[simgpu::kMaxSlots];
+  int total = 0;
+  int n = 0;
+  if (plist->mode == NVML_PROCESS_MODE_COMPUTE || plist->mode == NVML_PROCESS_MODE_ALL)
+    n = state()->processes(d->host, found, simgpu::kMaxSlots, &total);
+  if (static_cast<unsigned>(n) > plist->numProcArrayEntries) {
+    plist->numProcArrayEntries = static_cast<unsigned>(n);
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  for (int i = 0; i < n; ++i) {
+    nvmlProcessDetail_v1_t& out = plist->procArray[i];
+    out.pid = static_cast<unsigned>(found[i].pid);
+    out.usedGpuMemory = found[i].used;
+    out.gpuInstanceId = 0xFFFFFFFFu;  // no MIG
+    out.computeInstanceId = 0xFFFFFFFFu;
+    out.usedGpuCcProtectedMemory = 0;
+  }
+  plist->numProcArrayEntries = static_cast<unsigned>(n);
+  return NVML_SUCCESS;
+}

@@ -133,6 +133,16 @@ CUresult cudartRetainPrimaryContext(CUcontext* out, CUdevice dev) noexcept {
   return cuDevicePrimaryCtxRetain(out, dev);
 }
 
+// Slot 12: CUresult(void), called by cudart 13.1 and later (not 13.0) once during initialisation,
+// right after cuInit and its cuGetExportTable requests, with no arguments (the argument registers
+// hold leftovers of the code before). cudart tests only the result: non-zero ends initialisation
+// and every runtime call returns it (NOT_SUPPORTED becomes 801, cudaErrorNotSupported, which is how
+// PyTorch's own libcudart 13.2 failed on simgpu). cudart skips the call when the environment holds
+// CUDA_8b3537d1=dc6ffd77, so it is a check the driver performs on the runtime's behalf, with
+// nothing to hand back: simgpu accepts every runtime. Learned by disassembling the call site in
+// libcudart.so.13 13.1.80, 13.2.86 and 13.5.37 (docs/simgpu.md, "Private export tables").
+CUresult cudartRuntimeAccepted() noexcept { return CUDA_SUCCESS; }
+
 // ---- TOOLS_RUNTIME_CALLBACK_HOOKS -----------------------------------------------------------
 
 // Slots 2 and 6: (void** buffer, size_t* size): hand out a zeroed buffer that cudart owns from then
@@ -396,6 +406,7 @@ void buildTables(Tables* t) noexcept {
   }
 
   t->table[kCudartInterface].slots[2] = slotAddress(&cudartRetainPrimaryContext);
+  t->table[kCudartInterface].slots[12] = slotAddress(&cudartRuntimeAccepted);
 
   t->table[kToolsRuntimeCallbackHooks].slots[2] = slotAddress(&toolsHooksBuffer1);
   t->table[kToolsRuntimeCallbackHooks].slots[6] = slotAddress(&toolsHooksBuffer2);

@@ -17,6 +17,7 @@
 // simulated device really holds host-wide (the shim would report the tenant's view).
 #include <cuda.h>
 #include <fcntl.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -858,6 +859,98 @@ TEST_F(NvmlView, NvmlOnlyProcessSeesTheTenantView) {
   EXPECT_EQ("v2 0 " + t300 + " " + t300 + " 0", first.readLine());
   first.closeControl();
   EXPECT_TRUE(exitedOk(first.wait()));
+}
+
+// Per-process lists through every ABI show the tenant's own processes only, with what the device
+// holds for each: another tenant's process and its memory stay hidden, while the device itself
+// holds both. NVML's buffer protocol holds for the filtered list.
+TEST_F(NvmlView, ProcessListsShowTheTenantsProcessesOnly) {
+  CUdeviceptr held = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&held, 200 * kMiB));
+  Child other;
+  ASSERT_NO_FATAL_FAILURE(spawn(&other, "script", {"alloc:" + std::to_string(100 * kMiB)},
+                                {"CUSHARE_TENANT=nv-other", "CUSHARE_MEMORY_LIMIT=300MiB"}));
+  ASSERT_EQ("alloc 0", other.readLine());
+  ASSERT_EQ("end", other.readLine());
+  EXPECT_GE(deviceUsed(), 300 * kMiB) << "the device holds both tenants' memory";
+
+  ASSERT_EQ(NVML_SUCCESS, nvmlInit_v2());
+  nvmlDevice_t d;
+  ASSERT_EQ(NVML_SUCCESS, nvmlDeviceGetHandleByIndex_v2(0, &d));
+  const unsigned self = static_cast<unsigned>(getpid());
+  {
+    nvmlProcessInfo_t infos[8];
+    unsigned n = 8;
+    ASSERT_EQ(NVML_SUCCESS, nvmlDeviceGetComputeRunningProcesses_v3(d, &n, infos));
+    ASSERT_EQ(1u, n) << "only this tenant's process";
+    EXPECT_EQ(self, infos[0].pid);
+    EXPECT_EQ(200 * kMiB, infos[0].usedGpuMemory);
+    n = 8;
+    ASSERT_EQ(NVML_SUCCESS, nvmlDeviceGetComputeRunningProcesses_v2(d, &n, infos));
+    ASSERT_EQ(1u, n);
+    EXPECT_EQ(self, infos[0].pid);
+    // The size query counts the filtered list.
+    n = 0;
+    EXPECT_EQ(NVML_ERROR_INSUFFICIENT_SIZE, nvmlDeviceGetComputeRunningProcesses_v3(d, &n, nullptr));
+    EXPECT_EQ(1u, n);
+    EXPECT_EQ(NVML_ERROR_INVALID_ARGUMENT, nvmlDeviceGetComputeRunningProcesses_v3(d, nullptr, infos));
+    n = 8;
+    EXPECT_EQ(NVML_SUCCESS, nvmlDeviceGetMPSComputeRunningProcesses_v3(d, &n, infos));
+    EXPECT_EQ(0u, n);
+    n = 8;
+    EXPECT_EQ(NVML_SUCCESS, nvmlDeviceGetGraphicsRunningProcesses_v3(d, &n, infos));
+    EXPECT_EQ(0u, n);
+  }
+  {
+    nvmlProcessDetail_v1_t details[8];
+    nvmlProcessDetailList_t list{};
+    list.version = nvmlProcessDetailList_v1;
+    list.mode = NVML_PROCESS_MODE_ALL;
+    EXPECT_EQ(NVML_ERROR_INSUFFICIENT_SIZE, nvmlDeviceGetRunningProcessDetailList(d, &list));
+    EXPECT_EQ(1u, list.numProcArrayEntries) << "the size query counts the tenant's processes only";
+    list.numProcArrayEntries = 8;
+    list.procArray = details;
+    ASSERT_EQ(NVML_SUCCESS, nvmlDeviceGetRunningProcessDetailList(d, &list));
+    ASSERT_EQ(1u, list.numProcArrayEntries);
+    EXPECT_EQ(self, details[0].pid);
+    EXPECT_EQ(200 * kMiB, details[0].usedGpuMemory);
+  }
+  {
+    // Utilisation samples: only this tenant's pids (the other tenant's process has a context).
+    nvmlProcessUtilizationSample_t samples[8];
+    unsigned n = 8;
+    const nvmlReturn_t r = nvmlDeviceGetProcessUtilization(d, samples, &n, 0);
+    ASSERT_TRUE(r == NVML_SUCCESS || r == NVML_ERROR_NOT_FOUND) << r;
+    if (r == NVML_SUCCESS) {
+      for (unsigned i = 0; i < n; ++i) EXPECT_EQ(self, samples[i].pid) << "another tenant's pid in the samples";
+    }
+    n = 0;
+    const nvmlReturn_t q = nvmlDeviceGetProcessUtilization(d, nullptr, &n, 0);
+    if (q == NVML_ERROR_INSUFFICIENT_SIZE) {
+      EXPECT_LE(n, 1u) << "the size query counts another tenant's process";
+    }
+  }
+  {
+    // The legacy (v1) entry points, as a program built against an old header or a dlsym user
+    // (pynvml) reaches them.
+    using V1 = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, nvmlProcessInfo_v1_t*);
+    const auto compute = reinterpret_cast<V1>(dlsym(RTLD_DEFAULT, "nvmlDeviceGetComputeRunningProcesses"));
+    const auto mps = reinterpret_cast<V1>(dlsym(RTLD_DEFAULT, "nvmlDeviceGetMPSComputeRunningProcesses"));
+    ASSERT_TRUE(compute && mps);
+    nvmlProcessInfo_v1_t infos[8];
+    unsigned n = 8;
+    ASSERT_EQ(NVML_SUCCESS, compute(d, &n, infos));
+    ASSERT_EQ(1u, n);
+    EXPECT_EQ(self, infos[0].pid);
+    EXPECT_EQ(200 * kMiB, infos[0].usedGpuMemory);
+    n = 8;
+    EXPECT_EQ(NVML_SUCCESS, mps(d, &n, infos));
+    EXPECT_EQ(0u, n);
+  }
+  nvmlShutdown();
+  other.closeControl();
+  EXPECT_TRUE(exitedOk(other.wait()));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(held));
 }
 
 // A configuration the shim refuses fails NVML too, at nvmlInit, with the shim's line; and one NVML

@@ -52,6 +52,38 @@ typedef struct nvmlProcessInfo_st {
   unsigned int gpuInstanceId;
   unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
+// The _v2 entry points write the same layout; the legacy unversioned ones (v1) the short one.
+typedef nvmlProcessInfo_t nvmlProcessInfo_v2_t;
+typedef struct nvmlProcessInfo_v1_st {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+// nvmlDeviceGetProcessUtilization's samples.
+typedef struct nvmlProcessUtilizationSample_st {
+  unsigned int pid;
+  unsigned long long timeStamp;
+  unsigned int smUtil;
+  unsigned int memUtil;
+  unsigned int encUtil;
+  unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+// nvmlDeviceGetRunningProcessDetailList (CUDA 12.6+): version must be nvmlProcessDetailList_v1.
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+  unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+typedef struct {
+  unsigned int version;
+  unsigned int mode;
+  unsigned int numProcArrayEntries;
+  nvmlProcessDetail_v1_t* procArray;
+} nvmlProcessDetailList_v1_t, nvmlProcessDetailList_t;
+#define nvmlProcessDetailList_v1 ((unsigned int)(sizeof(nvmlProcessDetailList_v1_t) | (1u << 24)))
 
 #define NVML_VALUE_NOT_AVAILABLE (-1)
 

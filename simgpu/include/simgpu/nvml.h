@@ -258,6 +258,29 @@ typedef struct nvmlProcessInfo_v2_st {
   unsigned int computeInstanceId;
 } nvmlProcessInfo_v2_t, nvmlProcessInfo_t;
 
+/* nvmlDeviceGetRunningProcessDetailList: one list per mode. */
+typedef enum nvmlProcessMode_enum {
+  NVML_PROCESS_MODE_COMPUTE = 0,
+  NVML_PROCESS_MODE_GRAPHICS = 1,
+  NVML_PROCESS_MODE_MPS = 2,
+  NVML_PROCESS_MODE_ALL = 3,
+  NVML_PROCESS_MODE_MAX = 4
+} nvmlProcessMode_t;
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+  unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+typedef struct {
+  unsigned int version; /* nvmlProcessDetailList_v1 */
+  unsigned int mode;    /* nvmlProcessMode_t */
+  unsigned int numProcArrayEntries;
+  nvmlProcessDetail_v1_t* procArray;
+} nvmlProcessDetailList_v1_t, nvmlProcessDetailList_t;
+#define nvmlProcessDetailList_v1 NVML_STRUCT_VERSION(ProcessDetailList, 1)
+
 /* ---- field values (NCCL asks for NVLink and C2C fields) ----------------------------------- */
 typedef enum nvmlValueType_enum {
   NVML_VALUE_TYPE_DOUBLE = 0,
@@ -422,6 +445,7 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsig
 nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
                                                         unsigned int* infoCount,
                                                         nvmlProcessInfo_t* infos);
+nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t* plist);
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization);
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,
                                              unsigned int* processSamplesCount, unsigned long long lastSeenTimeStamp);

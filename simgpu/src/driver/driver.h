@@ -14,6 +14,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <memory>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -197,7 +198,10 @@ struct Event {
   bool recorded = false;
   Stream* stream = nullptr;  // where it was last recorded
   uint64_t seq = 0;          // the record operation's sequence number on that stream
-  std::atomic<double> timeMs{0};  // device time (ms) at which the record operation executed
+  // Device time (ms) at which the record operation executed. Shared with the queued record
+  // operation, which may run after cuEventDestroy (legal: PyTorch records an event, makes another
+  // stream wait on it and destroys it at once); the operation must never touch the Event itself.
+  std::shared_ptr<std::atomic<double>> timeMs = std::make_shared<std::atomic<double>>(0.0);
   // Capture: the nodes that the record point depends on, when recorded in a capturing stream.
   Graph* captureGraph = nullptr;
   Stream* captureOrigin = nullptr;

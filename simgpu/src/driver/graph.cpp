@@ -201,7 +201,7 @@ CUresult runNode(GraphNode* n, Stream* s) {
     case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
       if (n->event) {
         n->event->recorded = true;
-        n->event->timeMs = static_cast<double>(streamPositionNs()) / 1e6;
+        n->event->timeMs->store(static_cast<double>(streamPositionNs()) / 1e6);
       }
       return CUDA_SUCCESS;
     default:

@@ -491,8 +491,8 @@ CUresult recordEvent(Event* e, Stream* s) {
   e->captureDeps.clear();
   Op op;
   op.type = Op::kEventRecord;
-  op.run = [e] {
-    e->timeMs.store(static_cast<double>(streamPositionNs()) / 1e6);
+  op.run = [time = e->timeMs] {
+    time->store(static_cast<double>(streamPositionNs()) / 1e6);
     return CUDA_SUCCESS;
   };
   uint64_t seq = 0;
@@ -553,7 +553,7 @@ CU_EXPORT CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) 
   if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
   if (!eventDone(a) || !eventDone(b)) return CUDA_ERROR_NOT_READY;
   // Quantised to 0.5 us, the resolution NVIDIA documents for event timing.
-  const double halfUs = std::round((b->timeMs.load() - a->timeMs.load()) * 2000.0);
+  const double halfUs = std::round((b->timeMs->load() - a->timeMs->load()) * 2000.0);
   *ms = static_cast<float>(halfUs / 2000.0);
   return CUDA_SUCCESS;
 }

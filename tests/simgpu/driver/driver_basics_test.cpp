@@ -199,6 +199,45 @@ using StreamsEvents = Driver;
 using Errors = Driver;
 using Memory = Driver;
 using Handles = Driver;
+using ExportTables = Driver;
+
+// ---------------------------------------------------------------------------------------------
+// The private CUDART_INTERFACE table, called the way libcudart does (docs/simgpu.md, "Private
+// export tables"). Slot 12 is what cudart 13.1 and later call at initialisation with no
+// arguments, failing every runtime call with whatever non-zero it returns (PyTorch's own
+// libcudart 13.2 did, with CUDA_ERROR_NOT_SUPPORTED); slot 2 retains the primary context.
+TEST_F(ExportTables, CudartInterfaceAnswersWhatEveryCuda13RuntimeCalls) {
+  const CUuuid cudartInterface = {{0x6b, static_cast<char>(0xd5), static_cast<char>(0xfb), 0x6c, 0x5b,
+                                   static_cast<char>(0xf4), static_cast<char>(0xe7), 0x4a,
+                                   static_cast<char>(0x89), static_cast<char>(0x87), static_cast<char>(0xd9),
+                                   0x39, 0x12, static_cast<char>(0xfd), static_cast<char>(0x9d),
+                                   static_cast<char>(0xf9)}};
+  const void* table = nullptr;
+  CU_ASSERT(cuGetExportTable(&table, &cudartInterface));
+  ASSERT_NE(table, nullptr);
+  const void* const* slots = static_cast<const void* const*>(table);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(slots[0]), 13 * sizeof(void*)) << "slot 0: the table's size";
+  for (int i = 1; i < 13; ++i) EXPECT_NE(slots[i], nullptr) << "slot " << i << " must be callable";
+
+  using Accept = CUresult (*)();
+  EXPECT_EQ(reinterpret_cast<Accept>(const_cast<void*>(slots[12]))(), CUDA_SUCCESS);
+
+  using Retain = CUresult (*)(CUcontext*, CUdevice);
+  const auto retain = reinterpret_cast<Retain>(const_cast<void*>(slots[2]));
+  CUcontext ctx = nullptr;
+  CU_ASSERT(retain(&ctx, dev_));
+  EXPECT_EQ(ctx, primary_);
+  CU_ASSERT(cuDevicePrimaryCtxRelease(dev_));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, retain(nullptr, dev_));
+
+  // A slot nothing implements is a stub, never NULL; an unknown table is refused.
+  using Stub = CUresult (*)();
+  EXPECT_EQ(reinterpret_cast<Stub>(const_cast<void*>(slots[11]))(), CUDA_ERROR_NOT_SUPPORTED);
+  const CUuuid unknown = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
+  table = &unknown;
+  CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, cuGetExportTable(&table, &unknown));
+  EXPECT_EQ(table, nullptr);
+}
 
 // ---------------------------------------------------------------------------------------------
 TEST_F(Devices, DriverVersion) {
@@ -463,6 +502,38 @@ TEST_F(StreamsEvents, PriorityRangeAndStreams) {
 }
 
 void sleepHost(void* ms) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms))); }
+
+// PyTorch records an event, makes another stream wait on it and destroys it at once, while the
+// record is still queued: legal in CUDA. The queued record must not write into the destroyed
+// event (it did, and corrupted PyTorch's heap). The record is held back by a host function until
+// the event's memory has been freed and, most likely, handed out again: blocks of every small size
+// are allocated and filled with a pattern, which must survive the record running.
+TEST_F(StreamsEvents, DestroyingAnEventWithAQueuedRecordIsSafe) {
+  CUstream s;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  std::atomic<bool> release{false};
+  auto gate = [](void* p) {
+    while (!static_cast<std::atomic<bool>*>(p)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  CU_ASSERT(cuLaunchHostFunc(s, gate, &release));
+  CUevent e;
+  CU_ASSERT(cuEventCreate(&e, CU_EVENT_DEFAULT));
+  CU_ASSERT(cuEventRecord(e, s));
+  CUstream waiter;
+  CU_ASSERT(cuStreamCreate(&waiter, CU_STREAM_NON_BLOCKING));
+  CU_ASSERT(cuStreamWaitEvent(waiter, e, 0));
+  CU_ASSERT(cuEventDestroy(e));
+  std::vector<std::vector<unsigned char>> blocks;
+  for (size_t size = 16; size <= 1024; size += 8) blocks.emplace_back(size, 0xAB);
+  release = true;
+  CU_ASSERT(cuStreamSynchronize(s));
+  CU_ASSERT(cuStreamSynchronize(waiter));
+  for (const auto& b : blocks)
+    for (size_t i = 0; i < b.size(); ++i)
+      ASSERT_EQ(b[i], 0xAB) << "byte " << i << " of a " << b.size() << "-byte block was overwritten";
+  CU_ASSERT(cuStreamDestroy(waiter));
+  CU_ASSERT(cuStreamDestroy(s));
+}
 
 TEST_F(StreamsEvents, EventsElapsedTime) {
   CUstream s = nullptr;

@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -220,6 +222,75 @@ TEST(NvmlInit, ExportsWhatNcclLooksUp) {
   dlclose(lib);
 }
 
+// Every function NVIDIA's CUDA 13 header declares (the list kept in simgpu/nvml/, taken from
+// PyPI's nvidia-nvml-dev 13.5.37 nvml.h) is exported, legacy and versioned names alike. PyTorch,
+// for one, resolves its NVML functions with dlsym and asserts each is found.
+TEST(NvmlInit, ExportsTheWholeCuda13Api) {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  FILE* f = std::fopen(SIMGPU_NVML_API_LIST, "r");
+  ASSERT_NE(f, nullptr) << SIMGPU_NVML_API_LIST;
+  char line[1024];
+  int names = 0, missing = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (line[0] == '#' || line[0] == '\n') continue;
+    const char* paren = std::strchr(line, '(');
+    ASSERT_NE(paren, nullptr) << line;
+    const char* start = paren;
+    while (start > line && (std::isalnum(static_cast<unsigned char>(start[-1])) || start[-1] == '_')) --start;
+    const std::string name(start, paren);
+    ASSERT_EQ(name.rfind("nvml", 0), 0u) << line;
+    ++names;
+    if (dlsym(lib, name.c_str()) == nullptr) {
+      ++missing;
+      ADD_FAILURE() << name << " is not exported";
+    }
+  }
+  std::fclose(f);
+  EXPECT_EQ(names, 436) << "the kept list changed: update this count with it";
+  EXPECT_EQ(missing, 0);
+  dlclose(lib);
+}
+
+// What simgpu does not model answers as a real device without the feature: NOT_SUPPORTED with
+// every output untouched; a null output, an unknown handle or a call before nvmlInit is refused
+// first, as NVML does.
+TEST(NvmlInit, UnmodelledFunctionsAreNotSupported) {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  using RemoteType = nvmlReturn_t (*)(nvmlDevice_t, unsigned int, int*);
+  using Temperature = nvmlReturn_t (*)(nvmlDevice_t, int, unsigned int*);
+  using Samples = nvmlReturn_t (*)(nvmlDevice_t, unsigned int, unsigned long long, int*, unsigned int*, void*);
+  auto remoteType = reinterpret_cast<RemoteType>(dlsym(lib, "nvmlDeviceGetNvLinkRemoteDeviceType"));
+  auto temperature = reinterpret_cast<Temperature>(dlsym(lib, "nvmlDeviceGetTemperature"));
+  auto samples = reinterpret_cast<Samples>(dlsym(lib, "nvmlDeviceGetSamples"));
+  ASSERT_TRUE(remoteType && temperature && samples);
+
+  int type = 12345;
+  EXPECT_EQ(remoteType(nullptr, 0, &type), NVML_ERROR_UNINITIALIZED);
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t dev = nullptr;
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &dev), NVML_SUCCESS);
+  EXPECT_EQ(remoteType(dev, 0, &type), NVML_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(type, 12345) << "an unsupported query must leave its output alone";
+  EXPECT_EQ(remoteType(dev, 0, nullptr), NVML_ERROR_INVALID_ARGUMENT);
+  int notADevice = 0;
+  EXPECT_EQ(remoteType(reinterpret_cast<nvmlDevice_t>(&notADevice), 0, &type), NVML_ERROR_INVALID_ARGUMENT);
+  unsigned temp = 777;
+  EXPECT_EQ(temperature(dev, 0, &temp), NVML_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(temp, 777u);
+  EXPECT_EQ(temperature(dev, 0, nullptr), NVML_ERROR_INVALID_ARGUMENT);
+  // A list with a count pointer: the array may be null (the size query), the count may not.
+  int valueType = -1;
+  unsigned count = 0;
+  EXPECT_EQ(samples(dev, 0, 0, &valueType, &count, nullptr), NVML_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(count, 0u);
+  EXPECT_EQ(valueType, -1);
+  EXPECT_EQ(samples(dev, 0, 0, &valueType, nullptr, nullptr), NVML_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(nvmlShutdown(), NVML_SUCCESS);
+  dlclose(lib);
+}
+
 TEST_F(Nvml, HandlesRoundTrip) {
   unsigned n = 0, n1 = 0;
   ASSERT_EQ(nvmlDeviceGetCount_v2(&n), NVML_SUCCESS);
@@ -418,6 +489,45 @@ TEST_F(Nvml, NoProcessesListsAsEmpty) {
   nvmlProcessInfo_t infos[5];
   EXPECT_EQ(nvmlDeviceGetGraphicsRunningProcesses_v3(h, &n, infos), NVML_SUCCESS);
   EXPECT_EQ(n, 0u);
+}
+
+// The detail list (one mode per call) agrees with the compute list; simgpu runs no graphics or
+// MPS clients. Same buffer protocol; a wrong version or mode is refused.
+TEST_F(Nvml, RunningProcessDetailListAgreesWithTheComputeList) {
+  nvmlDevice_t h = handle(0);
+  Holder child(0, 96 * kMiB);
+  ASSERT_TRUE(child.reserved());
+  nvmlProcessDetailList_t list{};
+  list.version = nvmlProcessDetailList_v1;
+  list.mode = NVML_PROCESS_MODE_COMPUTE;
+  ASSERT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_ERROR_INSUFFICIENT_SIZE);
+  const unsigned needed = list.numProcArrayEntries;
+  ASSERT_GE(needed, 1u);
+  std::vector<nvmlProcessDetail_v1_t> entries(needed);
+  list.procArray = entries.data();
+  ASSERT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_SUCCESS);
+  ASSERT_EQ(list.numProcArrayEntries, needed);
+  const auto it = std::find_if(entries.begin(), entries.end(),
+                               [&](const nvmlProcessDetail_v1_t& e) { return e.pid == static_cast<unsigned>(child.pid()); });
+  ASSERT_NE(it, entries.end());
+  EXPECT_EQ(it->usedGpuMemory, 96 * kMiB);
+  EXPECT_EQ(it->gpuInstanceId, 0xFFFFFFFFu);
+  EXPECT_EQ(it->usedGpuCcProtectedMemory, 0u);
+  EXPECT_EQ(processes(h).size(), needed);
+
+  list.mode = NVML_PROCESS_MODE_ALL;
+  list.numProcArrayEntries = needed;
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_SUCCESS);
+  EXPECT_EQ(list.numProcArrayEntries, needed);
+  list.mode = NVML_PROCESS_MODE_GRAPHICS;
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_SUCCESS);
+  EXPECT_EQ(list.numProcArrayEntries, 0u);
+  list.mode = NVML_PROCESS_MODE_MAX;
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_ERROR_INVALID_ARGUMENT);
+  list.mode = NVML_PROCESS_MODE_COMPUTE;
+  list.version = 1;
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, &list), NVML_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(nvmlDeviceGetRunningProcessDetailList(h, nullptr), NVML_ERROR_INVALID_ARGUMENT);
 }
 
 TEST_F(Nvml, SeesAnotherProcessAllocateAndDie) {

@@ -289,6 +289,7 @@ bool MpsSupervisor::start(std::string* err) {
       return false;
     }
   }
+  push();
   CUSHARE_BLOG(info, "mps: control daemon pid {} ({}), pipe directory {}, log directory {}", snap_.daemonPid,
                control_.binary, config_.pipeDir, config_.logDir);
   thread_ = std::thread([this] { run(); });

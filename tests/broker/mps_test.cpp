@@ -301,7 +301,7 @@ TEST(Mps, BadSettingsAreRefusedWithTheirReason) {
       {"mps:\n  mode: on\n  pipe_dir: /" + std::string(120, 'p') + "\n", "must fit a Unix socket address"},
       {"mps:\n  mode: on\n  control: bin/nvidia-cuda-mps-control\n", "mps.control: a relative path"},
       {"mps:\n  mode: on\n  context_reserve: lots\n", "mps.context_reserve:"},
-      {"mps:\n  mode: on\n  pipe: /tmp/x\n", "unknown key 'pipe'; did you mean 'pipe_dir'?"},
+      {"mps:\n  mode: on\n  pipe_dri: /tmp/x\n", "unknown key 'pipe_dri'; did you mean 'pipe_dir'?"},
       {"mps: on\n", "mps: expected a map of MPS settings"},
       {"mps:\n  mode: on\n  control: /nonexistent/nvidia-cuda-mps-control\n",
        "mps.mode on: mps.control /nonexistent/nvidia-cuda-mps-control is not an executable file"},

@@ -107,19 +107,19 @@ void renderBroker(const BrokerSnapshot& s, Writer& w) {
   w.sample({}, s.ledgersRefused);
 }
 
-// The broker's MPS control daemon (docs/mps.md); nothing when the broker runs no MPS.
+// The broker's MPS control daemon (docs/mps.md): samples only while the broker runs MPS.
 void renderMps(const MpsSnapshot& m, Writer& w) {
-  if (!m.active) return;
+  const bool on = m.active;
   w.family("cushare_mps_up", kGauge, "1 when the last health check of the MPS control daemon got an answer.");
-  w.sample({}, m.up ? 1 : 0);
+  if (on) w.sample({}, m.up ? 1 : 0);
   w.family("cushare_mps_restarts_total", kCounter,
            "Times the broker restarted the MPS control daemon after it exited or hung.");
-  w.sample({}, m.restarts);
+  if (on) w.sample({}, m.restarts);
   w.family("cushare_mps_health_check_failures_total", kCounter,
            "Health checks of the MPS control daemon that got no answer.");
-  w.sample({}, m.checkFailures);
+  if (on) w.sample({}, m.checkFailures);
   w.family("cushare_mps_server_faults_total", kCounter, "MPS servers seen entering the FAULT state.");
-  w.sample({}, m.faults);
+  if (on) w.sample({}, m.faults);
   w.family("cushare_mps_server_fault", kGauge,
            "1 for an MPS server in FAULT (its clients get errors; new clients are refused until they exit).");
   for (const MpsServerSnapshot& srv : m.servers)

@@ -276,7 +276,7 @@ TEST(Mps, AutoWithoutTheControlBinaryIsOffAndSaysWhy) {
   std::string first;
   Child small = m.worker("small", &first);
   EXPECT_EQ(first, "ready 100") << "not an MPS client";
-  EXPECT_EQ(m.broker.metrics().find("cushare_mps_up"), std::string::npos);
+  EXPECT_EQ(m.broker.metrics().find("\ncushare_mps_up "), std::string::npos) << "the family, without a sample";
 }
 
 TEST(Mps, AutoWithTheBinaryIsOn) {

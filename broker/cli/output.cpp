@@ -225,8 +225,16 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
     if (!tn.mps()) continue;
     if (!mps) std::printf("\nMPS active thread percentage for new processes (running ones keep what they started with):\n");
     mps = true;
-    std::printf("  %s: %s\n", tn.name().c_str(),
-                tn.has_mps_thread_percentage() ? (std::to_string(tn.mps_thread_percentage()) + "%").c_str() : "no cap");
+    const std::string now = tn.has_mps_thread_percentage() ? std::to_string(tn.mps_thread_percentage()) : "none";
+    std::string running;
+    for (const rpc::MpsRunning& r : tn.mps_running()) {
+      const std::string cap = r.thread_percentage() == "none" ? "no cap" : r.thread_percentage() == "unknown"
+                                  ? "unknown (started before this broker)" : r.thread_percentage() + "%";
+      running += std::string(running.empty() ? "" : ", ") + std::to_string(r.processes()) + " at " + cap +
+                 (r.thread_percentage() != now ? " (pending: the new cap applies when it restarts)" : "");
+    }
+    std::printf("  %s: %s%s\n", tn.name().c_str(), now == "none" ? "no cap" : (now + "%").c_str(),
+                running.empty() ? "" : ("; running: " + running).c_str());
   }
   for (const rpc::Tenant& tn : tenants)
     if (!tn.error().empty()) std::printf("tenant %s: %s\n", tn.name().c_str(), tn.error().c_str());

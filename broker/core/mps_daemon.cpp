@@ -127,6 +127,29 @@ bool isControlDaemon(int pid, const std::string& binary) {
 
 std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + "M"; }
 
+// Now and a process's start, in clock ticks since boot (/proc/<pid>/stat field 22); 0: unknown.
+uint64_t bootTicksNow() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
+  const uint64_t hz = static_cast<uint64_t>(::sysconf(_SC_CLK_TCK));
+  return static_cast<uint64_t>(ts.tv_sec) * hz + static_cast<uint64_t>(ts.tv_nsec) * hz / 1000000000ull;
+}
+
+uint64_t startTicks(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && (rest >> field); ++i) {
+  }
+  return allDigits(field) ? std::strtoull(field.c_str(), nullptr, 10) : 0;
+}
+
+std::string capText(const std::optional<int>& c) { return c ? std::to_string(*c) : "none"; }
+
 }  // namespace
 
 int MpsControl::run(const std::vector<std::string>& args, const std::string& input, int timeoutMs,
@@ -396,6 +419,24 @@ void MpsSupervisor::publish(bool force) {
     CUSHARE_BLOG(error, "mps: {}", snap_.lastError);
   }
   snap_.published = published;
+  // What the tenants' running processes started with (a change applies to new processes only).
+  const uint64_t now = bootTicksNow();
+  std::map<std::string, std::map<std::string, uint32_t>> running;
+  for (const TenantSnapshot& t : b.tenants) {
+    auto p = published.find(t.name);
+    if (p == published.end()) continue;
+    auto& h = history_[t.name];
+    if (h.empty() || h.back().second != p->second) h.emplace_back(now, p->second);
+    for (const ProcessSnapshot& proc : t.processes) {
+      const uint64_t started = startTicks(proc.hostPid ? proc.hostPid : proc.pid);
+      std::string cap = "unknown";
+      for (const auto& [at, value] : h)
+        if (started > at) cap = capText(value);  // started after that publication (to a tick)
+      ++running[t.name][cap];
+    }
+  }
+  for (auto it = history_.begin(); it != history_.end();) it = published.count(it->first) ? std::next(it) : history_.erase(it);
+  snap_.running = std::move(running);
   // Server defaults: the most any tenant gets, so that a process that leaves out the shim (but
   // finds the pipe directory) gets no more than the largest cap and memory limit.
   const int threads = anyUncapped || maxThreads == 0 ? 100 : maxThreads;

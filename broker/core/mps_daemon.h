@@ -96,6 +96,8 @@ class MpsSupervisor {
   std::string hostText_;                        // mps.conf as last written
   std::string defaultsKey_;                     // the server defaults last applied
   int silentChecks_ = 0;
+  // Per tenant, when (boot clock ticks) each percentage was published, oldest first.
+  std::map<std::string, std::vector<std::pair<uint64_t, std::optional<int>>>> history_;
   std::map<int, bool> faulted_;  // server pid -> logged as FAULT
   std::thread thread_;
 };

@@ -80,6 +80,10 @@ struct MpsSnapshot {
   // Per tenant, the active thread percentage its new processes get ("" tenant: the unknown-tenant
   // profile); unset: no cap.
   std::map<std::string, std::optional<int>> published;
+  // Per tenant, its live processes by the percentage they started with, as far as the broker can
+  // tell from their start times against its publications ("30", "none": no cap, "unknown": started
+  // before this broker published): a change applies to new processes only.
+  std::map<std::string, std::map<std::string, uint32_t>> running;
 };
 
 struct BrokerSnapshot {

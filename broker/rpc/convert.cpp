@@ -102,6 +102,12 @@ void toProto(const TenantSnapshot& t, const BrokerSnapshot& snap, Tenant* out) {
   out->set_mps(snap.mps.active);
   if (auto it = snap.mps.published.find(t.name); snap.mps.active && it != snap.mps.published.end() && it->second)
     out->set_mps_thread_percentage(*it->second);
+  if (auto it = snap.mps.running.find(t.name); snap.mps.active && it != snap.mps.running.end())
+    for (const auto& [cap, n] : it->second) {
+      MpsRunning* r = out->add_mps_running();
+      r->set_thread_percentage(cap);
+      r->set_processes(n);
+    }
 }
 
 bool tenantsToProto(const BrokerSnapshot& snap, const std::string& tenantOrEmpty,

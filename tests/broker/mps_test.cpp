@@ -320,6 +320,9 @@ TEST(Mps, BadSettingsAreRefusedWithTheirReason) {
 TEST(Mps, ACapChangedByAReloadAppliesToNewProcesses) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  // The broker tells a process's cap by its start time against its publications, to a clock tick
+  // (10 ms): start the processes clearly after them.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::string first;
   Child before = m.worker("small", &first);
   ASSERT_EQ(first, "ready 30");
@@ -327,10 +330,20 @@ TEST(Mps, ACapChangedByAReloadAppliesToNewProcesses) {
   text.replace(text.find("thread_percentage: 30"), 21, "thread_percentage: 50");
   std::ofstream(m.dir + "/config.yaml") << brokerConfig(m.dir, text);
   ASSERT_TRUE(m.broker.reload().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   Child after = m.worker("small", &first);
   EXPECT_EQ(first, "ready 50") << "a new process gets the new cap at once";
   EXPECT_EQ(before.ask("sync"), "sync 0") << "the running one keeps its 30 and runs on";
   EXPECT_EQ(m.broker.tenant("small").mps_thread_percentage(), 50);
+  // What each running process started with, in the control API and the CLI.
+  std::map<std::string, uint32_t> running;
+  ASSERT_TRUE(eventually([&] {
+    running.clear();
+    const rpc::Tenant t = m.broker.tenant("small");
+    for (const rpc::MpsRunning& r : t.mps_running()) running[r.thread_percentage()] = r.processes();
+    return running.size() == 2;
+  })) << m.broker.tenant("small").DebugString();
+  EXPECT_EQ(running, (std::map<std::string, uint32_t>{{"30", 1}, {"50", 1}}));
   const std::string cli = std::string(CLI_BIN) + " --socket " + m.broker.socket() + " tenants 2>&1";
   std::string out;
   if (FILE* p = ::popen(cli.c_str(), "r")) {
@@ -338,7 +351,9 @@ TEST(Mps, ACapChangedByAReloadAppliesToNewProcesses) {
     for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
     ::pclose(p);
   }
-  EXPECT_NE(out.find("small: 50%"), std::string::npos) << out;
+  EXPECT_NE(out.find("small: 50%; running: 1 at 30% (pending: the new cap applies when it restarts), 1 at 50%"),
+            std::string::npos)
+      << out;
 }
 
 TEST(Mps, DamagedSettingsFailClosed) {

@@ -117,7 +117,7 @@ constexpr char kTenants[] =
     "  - name: small\n    thread_percentage: 30\n    memory: 1GiB\n"
     "  - name: large\n    thread_percentage: 70\n    memory: 512MiB\n    priority: low\n";
 
-TEST(Mps, TheBrokerStartsTheDaemonAndTenantsBecomeClientsWithTheirOwnCaps) {
+TEST(BrokerMps, TheBrokerStartsTheDaemonAndTenantsBecomeClientsWithTheirOwnCaps) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   // The daemon runs on the broker's directories.
@@ -151,7 +151,7 @@ TEST(Mps, TheBrokerStartsTheDaemonAndTenantsBecomeClientsWithTheirOwnCaps) {
   EXPECT_NE(m.broker.metrics().find("cushare_mps_tenant_thread_percentage{tenant=\"large\"} 70"), std::string::npos);
 }
 
-TEST(Mps, ThePinnedLimitIsAWallAtTheDeviceBehindTheShims) {
+TEST(BrokerMps, ThePinnedLimitIsAWallAtTheDeviceBehindTheShims) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   std::string first;
@@ -177,7 +177,7 @@ TEST(Mps, ThePinnedLimitIsAWallAtTheDeviceBehindTheShims) {
   EXPECT_EQ(rogue.ask("alloc " + std::to_string(1300 * MiB)), "oom");
 }
 
-TEST(Mps, AKilledDaemonIsRestartedWithinSecondsAndCounted) {
+TEST(BrokerMps, AKilledDaemonIsRestartedWithinSecondsAndCounted) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   const int old = m.daemonPid();
@@ -198,7 +198,7 @@ TEST(Mps, AKilledDaemonIsRestartedWithinSecondsAndCounted) {
   EXPECT_EQ(first, "ready 30");
 }
 
-TEST(Mps, ARestartedBrokerAdoptsTheRunningDaemon) {
+TEST(BrokerMps, ARestartedBrokerAdoptsTheRunningDaemon) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   const int daemon = m.daemonPid();
@@ -215,7 +215,7 @@ TEST(Mps, ARestartedBrokerAdoptsTheRunningDaemon) {
   EXPECT_EQ(small.ask("alloc 1048576"), "ok");
 }
 
-TEST(Mps, AFaultedServerIsNamedInTheLogStatusAndMetrics) {
+TEST(BrokerMps, AFaultedServerIsNamedInTheLogStatusAndMetrics) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   std::string first;
@@ -245,7 +245,7 @@ TEST(Mps, AFaultedServerIsNamedInTheLogStatusAndMetrics) {
   EXPECT_EQ(first, "ready 70");
 }
 
-TEST(Mps, StoppingTheBrokerQuitsTheDaemon) {
+TEST(BrokerMps, StoppingTheBrokerQuitsTheDaemon) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   const int daemon = m.daemonPid();
@@ -261,7 +261,7 @@ TEST(Mps, StoppingTheBrokerQuitsTheDaemon) {
   EXPECT_EQ(first, "ready 100");
 }
 
-TEST(Mps, AutoWithoutTheControlBinaryIsOffAndSaysWhy) {
+TEST(BrokerMps, AutoWithoutTheControlBinaryIsOffAndSaysWhy) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock("auto", "  control: /nonexistent/nvidia-cuda-mps-control\n") + kTenants))
       << m.broker.log();
@@ -279,7 +279,7 @@ TEST(Mps, AutoWithoutTheControlBinaryIsOffAndSaysWhy) {
   EXPECT_EQ(m.broker.metrics().find("\ncushare_mps_up "), std::string::npos) << "the family, without a sample";
 }
 
-TEST(Mps, AutoWithTheBinaryIsOn) {
+TEST(BrokerMps, AutoWithTheBinaryIsOn) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock("auto") + kTenants)) << m.broker.log();
   EXPECT_TRUE(m.broker.status().mps().active());
@@ -289,7 +289,7 @@ TEST(Mps, AutoWithTheBinaryIsOn) {
   EXPECT_EQ(first, "ready 30");
 }
 
-TEST(Mps, BadSettingsAreRefusedWithTheirReason) {
+TEST(BrokerMps, BadSettingsAreRefusedWithTheirReason) {
   const std::string dir = testDir();
   MpsCase m(dir);
   struct Bad {
@@ -317,7 +317,7 @@ TEST(Mps, BadSettingsAreRefusedWithTheirReason) {
   }
 }
 
-TEST(Mps, ACapChangedByAReloadAppliesToNewProcesses) {
+TEST(BrokerMps, ACapChangedByAReloadAppliesToNewProcesses) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   // The broker tells a process's cap by its start time against its publications, to a clock tick
@@ -356,7 +356,7 @@ TEST(Mps, ACapChangedByAReloadAppliesToNewProcesses) {
       << out;
 }
 
-TEST(Mps, DamagedSettingsFailClosed) {
+TEST(BrokerMps, DamagedSettingsFailClosed) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   std::ofstream(m.broker.ledgerDir() + "/small.mps") << "format 1\nthreads lots\n";
@@ -374,7 +374,7 @@ TEST(Mps, DamagedSettingsFailClosed) {
 // Needs clients running side by side with their SM caps in device time (simgpu's MPS engine,
 // branch `mps`): until that is merged, an MPS server is one context to the time slicer and the
 // shares do not follow the caps. The lead enables it after merging.
-TEST(Mps, DISABLED_CapsOf30And70GiveSmTimeSharesOf30And70) {
+TEST(BrokerMps, DISABLED_CapsOf30And70GiveSmTimeSharesOf30And70) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   std::string first;

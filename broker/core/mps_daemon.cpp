@@ -1,6 +1,7 @@
 // See mps_daemon.h.
 #include "core/mps_daemon.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -269,6 +270,7 @@ MpsSupervisor::~MpsSupervisor() { stop(); }
 
 bool MpsSupervisor::start(std::string* err) {
   if (!loadConfig(configPath_, &full_, err)) return false;
+  err->clear();
   config_ = full_.mps;
   ledgerDir_ = broker_.ledgerDir();
   snap_.mode = mpsModeName(config_.mode);
@@ -278,10 +280,28 @@ bool MpsSupervisor::start(std::string* err) {
     *err = "cannot remove " + ledgerDir_ + "/" + kMpsHostFile + ": " + std::strerror(errno);
     return false;
   }
-  if (config_.mode == MpsConfig::Mode::kOff) {
-    push();
-    return true;
+  // Tenant settings a previous broker left: rewritten or removed by the first publication (a
+  // stale file must not outlive its tenant), or removed now when MPS is off.
+  if (DIR* d = ::opendir(ledgerDir_.c_str())) {
+    const std::string suffix = kMpsTenantSuffix;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        written_[name] = "";
+    }
+    ::closedir(d);
   }
+  if (config_.mode == MpsConfig::Mode::kOff || !startMps(err)) {
+    for (const auto& [name, text] : written_) ::unlink((ledgerDir_ + "/" + name).c_str());
+    written_.clear();
+    push();
+    return err->empty();
+  }
+  return true;
+}
+
+bool MpsSupervisor::startMps(std::string* err) {
+  err->clear();
   std::string why;
   control_.binary = resolveMpsControl(config_, &why);
   control_.pipeDir = config_.pipeDir;
@@ -296,8 +316,7 @@ bool MpsSupervisor::start(std::string* err) {
     }
     snap_.why = why;
     CUSHARE_BLOG(warn, "mps: mode auto and the control daemon cannot run, so MPS is off: {}", why);
-    push();
-    return true;
+    return false;
   }
   active_ = true;
   snap_.active = true;
@@ -307,10 +326,8 @@ bool MpsSupervisor::start(std::string* err) {
   }
   if (hostText_.empty()) {  // the settings could not be published: a client could not get its cap
     *err = "mps: " + snap_.lastError;
-    if (config_.mode == MpsConfig::Mode::kOn) {
-      stop();
-      return false;
-    }
+    stop();
+    return false;
   }
   push();
   CUSHARE_BLOG(info, "mps: control daemon pid {} ({}), pipe directory {}, log directory {}", snap_.daemonPid,

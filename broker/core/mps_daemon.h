@@ -71,6 +71,7 @@ class MpsSupervisor {
   bool active() const { return active_; }
 
  private:
+  bool startMps(std::string* err);  // mode on or auto: false when MPS stays off (*err: fatal)
   void run();
   void check();
   bool startDaemon(bool adoptRunning, std::string* err);

@@ -261,6 +261,27 @@ TEST(BrokerMps, StoppingTheBrokerQuitsTheDaemon) {
   EXPECT_EQ(first, "ready 100");
 }
 
+TEST(BrokerMps, SettingsOfATenantNoLongerConfiguredAreRemoved) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  ASSERT_TRUE(exists(m.broker.ledgerDir() + "/large.mps"));
+  m.broker.kill9();
+  // Restarted without tenant large: its settings file must not outlive it (an unknown tenant of
+  // that name would otherwise get them).
+  std::string text = m.mpsBlock() + kTenants;
+  text.erase(text.find("  - name: large"));
+  std::ofstream(m.dir + "/config.yaml") << brokerConfig(m.dir, text);
+  ASSERT_TRUE(m.broker.startWithFile()) << m.broker.log();
+  EXPECT_FALSE(exists(m.broker.ledgerDir() + "/large.mps"));
+  EXPECT_TRUE(exists(m.broker.ledgerDir() + "/small.mps"));
+  // And with MPS off, none is left.
+  m.broker.stop();
+  std::ofstream(m.dir + "/config.yaml") << brokerConfig(m.dir, kTenants);
+  ASSERT_TRUE(m.broker.startWithFile()) << m.broker.log();
+  EXPECT_FALSE(exists(m.broker.ledgerDir() + "/small.mps"));
+  EXPECT_FALSE(exists(m.broker.ledgerDir() + "/mps.conf"));
+}
+
 TEST(BrokerMps, AutoWithoutTheControlBinaryIsOffAndSaysWhy) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock("auto", "  control: /nonexistent/nvidia-cuda-mps-control\n") + kTenants))

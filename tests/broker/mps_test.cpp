@@ -37,6 +37,14 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+// The process has exited (a zombie whose parent, init, has not reaped it yet counts as gone).
+bool gone(int pid) {
+  if (::kill(pid, 0) != 0) return true;
+  const std::string stat = readFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || (paren + 2 < stat.size() && stat[paren + 2] == 'Z');
+}
+
 // Waits up to ms for pred.
 bool eventually(const std::function<bool()>& pred, int ms = 15000) {
   for (const auto start = Clock::now(); Clock::now() - start < std::chrono::milliseconds(ms);) {
@@ -198,6 +206,26 @@ TEST(BrokerMps, AKilledDaemonIsRestartedWithinSecondsAndCounted) {
   EXPECT_EQ(first, "ready 30");
 }
 
+TEST(BrokerMps, AHungDaemonIsKilledAndRestarted) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  const int old = m.daemonPid();
+  ASSERT_GT(old, 0);
+  ASSERT_EQ(::kill(old, SIGSTOP), 0);  // alive, answering nothing
+  // Two silent checks (3 s each at most, a second apart), then killed and restarted.
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Mps s = m.broker.status().mps();
+    return s.restarts() == 1 && s.up() && s.daemon_pid() != old;
+  }, 30000)) << m.broker.status().DebugString() << m.broker.log();
+  EXPECT_NE(m.broker.log().find("the control daemon (pid " + std::to_string(old) + ") hangs: killing it"),
+            std::string::npos);
+  EXPECT_GE(m.broker.status().mps().check_failures(), 2u);
+  EXPECT_TRUE(eventually([&] { return gone(old); }, 5000)) << "the hung daemon is gone";
+  std::string first;
+  Child small = m.worker("small", &first);
+  EXPECT_EQ(first, "ready 30");
+}
+
 TEST(BrokerMps, ARestartedBrokerAdoptsTheRunningDaemon) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
@@ -252,7 +280,7 @@ TEST(BrokerMps, StoppingTheBrokerQuitsTheDaemon) {
   ASSERT_GT(daemon, 0);
   ASSERT_TRUE(exists(m.broker.ledgerDir() + "/mps.conf"));
   EXPECT_EQ(m.broker.stop(), 0);
-  EXPECT_TRUE(eventually([&] { return ::kill(daemon, 0) != 0; }, 5000)) << "the daemon is gone";
+  EXPECT_TRUE(eventually([&] { return gone(daemon); }, 5000)) << "the daemon is gone";
   EXPECT_NE(readFile(m.logs + "/control.log").find("Cmd:quit"), std::string::npos);
   EXPECT_FALSE(exists(m.broker.ledgerDir() + "/mps.conf")) << "new processes do not look for it";
   // A tenant process now runs without MPS (its own limits still hold).

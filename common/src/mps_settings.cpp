@@ -143,18 +143,16 @@ std::string mpsSize(uint64_t bytes) {
 int readFile(const std::string& dir, const std::string& file, std::string* text, std::string* err) {
   const std::string path = dir + "/" + file;
   struct stat ds, st;
-  if (::stat(dir.c_str(), &ds) != 0) {
-    *err = sysErr("cannot access " + dir);
-    return -1;
-  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
-    if (errno == ENOENT) return 0;
+    if (errno == ENOENT || errno == ENOTDIR) return 0;  // no such file, or no directory (yet)
     *err = sysErr("cannot open " + path);
     return -1;
   }
   int r = -1;
-  if (::fstat(fd, &st) != 0) {
+  if (::stat(dir.c_str(), &ds) != 0) {
+    *err = sysErr("cannot access " + dir);
+  } else if (::fstat(fd, &st) != 0) {
     *err = sysErr("cannot stat " + path);
   } else if (!S_ISREG(st.st_mode)) {
     *err = path + " is not a regular file";

@@ -98,6 +98,7 @@ TEST(MpsSettings, OnlyTheDirectoryOwnersFileIsRead) {
   MpsHostSettings h;
   std::string err;
   EXPECT_EQ(readMpsHost(dir, &h, &err), 0) << "absent: MPS off";
+  EXPECT_EQ(readMpsHost(dir + "/not-yet", &h, &err), 0) << "no directory yet (standalone): MPS off";
   ASSERT_TRUE(writeMpsFile(dir, kMpsHostFile, formatMpsHost(host()), &err)) << err;
   EXPECT_EQ(readMpsHost(dir, &h, &err), 1) << err;
   ::chmod((dir + "/" + kMpsHostFile).c_str(), 0666);

@@ -573,7 +573,8 @@ void MpsSupervisor::check() {
   if (alive) {
     CUSHARE_BLOG(error, "mps: the control daemon (pid {}) hangs: killing it", pid);
     ::kill(pid, SIGKILL);
-    for (const auto t = Clock::now(); ::kill(pid, 0) == 0 && msSince(t) < 2000;) ::usleep(10000);
+    // Gone once its /proc entry no longer names the binary (a zombie has no command line).
+    for (const auto t = Clock::now(); isControlDaemon(pid, control_.binary) && msSince(t) < 2000;) ::usleep(10000);
   }
   silentChecks_ = 0;
   std::string why;

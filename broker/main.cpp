@@ -22,6 +22,7 @@
 #include "core/control_server.h"
 #include "core/devices.h"
 #include "core/log.h"
+#include "core/mps_daemon.h"
 #include "core/reaper.h"
 #include "metrics/http_server.h"
 #include "metrics/prometheus.h"
@@ -92,6 +93,17 @@ int main(int argc, char** argv) {
       spdlog::error("{}", err);
       return 1;
     }
+    Config c;
+    std::string why;
+    if (loadConfig(configPath, &c, &err) && c.mps.mode != MpsConfig::Mode::kOff) {
+      const std::string control = resolveMpsControl(c.mps, &why);
+      if (control.empty() && c.mps.mode == MpsConfig::Mode::kOn) {
+        spdlog::error("{}: mps.mode on: {}", configPath, why);
+        return 1;
+      }
+      std::printf("%s: mps %s: %s\n", configPath.c_str(), mpsModeName(c.mps.mode),
+                  control.empty() ? ("off (" + why + ")").c_str() : ("control daemon " + control).c_str());
+    }
     std::printf("%s: valid for this host's %zu device(s)\n", configPath.c_str(), devices.size());
     return 0;
   }
@@ -99,7 +111,18 @@ int main(int argc, char** argv) {
     spdlog::error("{}", err);
     return 1;
   }
-  auto reload = [&broker](std::string* e) { return broker.reload(e); };
+  // The MPS control daemon (mps: block), before the control socket answers: a tenant process
+  // that sees a ready broker also finds its MPS settings.
+  MpsSupervisor mps(broker, configPath);
+  if (!mps.start(&err)) {
+    spdlog::error("{}", err);
+    return 1;
+  }
+  auto reload = [&broker, &mps](std::string* e) {
+    const bool ok = broker.reload(e);
+    if (ok) mps.refresh();
+    return ok;
+  };
   Reaper reaper(broker);
   ControlServer control(broker, reload);
   MetricsServer metrics;
@@ -133,7 +156,7 @@ int main(int argc, char** argv) {
     if (n != sizeof si) continue;
     if (si.ssi_signo == SIGHUP) {
       std::string why;
-      broker.reload(&why);  // logs either way
+      if (broker.reload(&why)) mps.refresh();  // logs either way
       continue;
     }
     spdlog::info("stopping on signal {}; the ledgers and their limits stay in force", si.ssi_signo);
@@ -142,5 +165,6 @@ int main(int argc, char** argv) {
   metrics.stop();
   control.stop();
   reaper.stop();
+  mps.stop();  // quits the daemon
   return 0;
 }

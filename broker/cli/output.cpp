@@ -164,6 +164,26 @@ std::string formatDuration(double seconds) {
   return out;
 }
 
+// The MPS lines of `cushare status` (docs/mps.md).
+void printMps(const rpc::Mps& m) {
+  if (!m.active()) {
+    field("mps", m.mode().empty() ? "off" : m.mode() == "auto" ? "off (auto: " + m.why() + ")" : m.mode());
+    return;
+  }
+  field("mps", std::string(m.up() ? "up" : "DOWN") + ", daemon pid " + std::to_string(m.daemon_pid()) + ", " +
+                   count(m.restarts(), "restart") + ", " + count(m.faults(), "fault") + " (mode " + m.mode() + ")");
+  field("mps pipe dir", m.pipe_dir());
+  field("mps log dir", m.log_dir());
+  field("mps defaults", "active thread percentage " + std::to_string(m.default_thread_percentage()));
+  for (const rpc::MpsServer& s : m.servers()) {
+    std::string clients;
+    for (int c : s.clients()) clients += " " + std::to_string(c);
+    field("mps server", std::to_string(s.pid()) + " " + s.state() + ", clients:" + (clients.empty() ? " none" : clients) +
+                            (s.state() == "FAULT" ? " (FAULT: its clients must exit before it serves again)" : ""));
+  }
+  if (!m.last_error().empty()) field("mps problem", m.last_error());
+}
+
 void printStatus(const rpc::StatusReply& s) {
   field("broker", "cushare " + s.version() + ", pid " + std::to_string(s.pid()) + ", up " +
                       formatDuration(s.uptime_seconds()));
@@ -176,6 +196,7 @@ void printStatus(const rpc::StatusReply& s) {
   field("tenants", std::to_string(s.tenants()));
   field("processes", std::to_string(s.processes()) + " live, " +
                          std::to_string(s.reaped_processes()) + " reaped");
+  printMps(s.mps());
   std::printf("\n");
   Table t({"DEVICE", "UUID", "CAPACITY", "USED"});
   for (const rpc::Device& d : s.devices())
@@ -199,6 +220,22 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
   }
   t.print();
   if (overridden) std::printf("\n* set live (cushare set-limit); undo with --reset\n");
+  bool mps = false;
+  for (const rpc::Tenant& tn : tenants) {
+    if (!tn.mps()) continue;
+    if (!mps) std::printf("\nMPS active thread percentage for new processes (running ones keep what they started with):\n");
+    mps = true;
+    const std::string now = tn.has_mps_thread_percentage() ? std::to_string(tn.mps_thread_percentage()) : "none";
+    std::string running;
+    for (const rpc::MpsRunning& r : tn.mps_running()) {
+      const std::string cap = r.thread_percentage() == "none" ? "no cap" : r.thread_percentage() == "unknown"
+                                  ? "unknown (started before this broker)" : r.thread_percentage() + "%";
+      running += std::string(running.empty() ? "" : ", ") + std::to_string(r.processes()) + " at " + cap +
+                 (r.thread_percentage() != now ? " (pending: the new cap applies when it restarts)" : "");
+    }
+    std::printf("  %s: %s%s\n", tn.name().c_str(), now == "none" ? "no cap" : (now + "%").c_str(),
+                running.empty() ? "" : ("; running: " + running).c_str());
+  }
   for (const rpc::Tenant& tn : tenants)
     if (!tn.error().empty()) std::printf("tenant %s: %s\n", tn.name().c_str(), tn.error().c_str());
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "cushare/mps_settings.h"
 #include "cushare/parse.h"
 #include "yaml_tree.h"
 
@@ -78,7 +79,8 @@ std::string listOf(const std::vector<std::string>& names) {
 const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "metrics_listen",
                                            "unknown_tenants", "admin_group", "state_file",
                                            "hidden_memory_allowance", "context_memory", "profiles", "tenants",
-                                           "max_unknown_tenants", "max_unknown_tenants_per_uid"};
+                                           "max_unknown_tenants", "max_unknown_tenants_per_uid",
+                                           "mps"};
 const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority"};
 const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
                                               "priority", "uid",     "gid"};
@@ -215,9 +217,53 @@ class Parser {
       if (!parseSize(text, &c->contextMemory, &reason)) return fail(v.mark, path, reason);
       return true;
     }
+    if (k == "mps") return mps(v, &c->mps);
     if (k == "profiles") return profiles(v, c);
     if (k == "tenants") return tenants(v);
     return unknownKey(key, path, kTopKeys);
+  }
+
+  // The mps: block (MpsConfig). Kept apart from the other top-level keys.
+  bool mps(const Node& n, MpsConfig* m) {
+    static const std::vector<std::string> kMpsKeys = {"mode", "control", "pipe_dir", "log_dir", "context_reserve"};
+    if (!map(n, "mps", "a map of MPS settings (mode, control, pipe_dir, log_dir, context_reserve)")) return false;
+    m->mark = sourceMark(n.mark);
+    for (size_t i = 0; i < n.keys.size(); ++i) {
+      const Node& key = n.keys[i];
+      const Node& v = n.items[i];
+      const std::string path = join("mps", key.text);
+      std::string text, reason;
+      if (key.text == "mode") {
+        if (!scalar(v, path, "off, on or auto", &text)) return false;
+        if (text == "off") m->mode = MpsConfig::Mode::kOff;
+        else if (text == "on") m->mode = MpsConfig::Mode::kOn;
+        else if (text == "auto") m->mode = MpsConfig::Mode::kAuto;
+        else return fail(v.mark, path, "expected off, on or auto, found " + quote(text));
+      } else if (key.text == "control") {
+        if (!scalar(v, path, "the control binary (an absolute path or a name on PATH)", &text)) return false;
+        if (text.find('/') != std::string::npos && text[0] != '/')
+          return fail(v.mark, path, "a relative path " + quote(text) + " would depend on the broker's working "
+                                    "directory: give an absolute path, or a bare name to look up on PATH");
+        for (char ch : text)
+          if (static_cast<unsigned char>(ch) < 0x20) return fail(v.mark, path, "a control character in the path");
+        m->control = text;
+      } else if (key.text == "pipe_dir" || key.text == "log_dir") {
+        std::string* dir = key.text == "pipe_dir" ? &m->pipeDir : &m->logDir;
+        if (!scalar(v, path, "an absolute path", &text)) return false;
+        if (!parseLedgerDir(text, dir, &reason)) return fail(v.mark, path, reason);
+        if (key.text == "pipe_dir" && dir->size() > kMaxMpsPipeDir)
+          return fail(v.mark, path, "longer than " + std::to_string(kMaxMpsPipeDir) + " bytes: the daemon's socket "
+                                    "<pipe_dir>/control must fit a Unix socket address (107 bytes)");
+      } else if (key.text == "context_reserve") {
+        if (!scalar(v, path, "a size (e.g. 512MiB, 0)", &text)) return false;
+        if (!parseSize(text, &m->contextReserve, &reason)) return fail(v.mark, path, reason);
+      } else {
+        return unknownKey(key, path, kMpsKeys);
+      }
+    }
+    if (m->pipeDir == m->logDir)
+      return fail(n.mark, "mps", "pipe_dir and log_dir are the same directory " + quote(m->pipeDir));
+    return true;
   }
 
   bool profiles(const Node& n, Config* c) {
@@ -516,6 +562,10 @@ std::string sizeText(uint64_t bytes) {
 uint64_t bytesOn(const MemoryAmount& a, uint64_t total) {
   if (!a.isPercent()) return a.bytes;
   return static_cast<uint64_t>(static_cast<unsigned __int128>(total) * a.milliPercent / 100000);
+}
+
+const char* mpsModeName(MpsConfig::Mode m) {
+  return m == MpsConfig::Mode::kOn ? "on" : m == MpsConfig::Mode::kAuto ? "auto" : "off";
 }
 
 std::string formatPercent(uint32_t milliPercent) {

@@ -75,6 +75,24 @@ struct Tenant {
   std::string path;                       // "tenants[<index>]"
 };
 
+// The broker's NVIDIA MPS control daemon (the mps: block; docs/mps.md).
+struct MpsConfig {
+  enum class Mode { kOff, kOn, kAuto };  // auto: on when the control binary runs
+  Mode mode = Mode::kOff;
+  // The control binary: an absolute path, or a name looked up on PATH. Empty: the default, the
+  // simulated one beside simgpu's NVML when the broker runs on simgpu, else
+  // nvidia-cuda-mps-control on PATH.
+  std::string control;
+  std::string pipeDir = "/run/cushare/mps";      // CUDA_MPS_PIPE_DIRECTORY
+  std::string logDir = "/var/log/cushare/mps";   // CUDA_MPS_LOG_DIRECTORY
+  // Added to a tenant's memory limit for its MPS pinned-memory limit (the CUDA context and module
+  // images count there, not in the shim's limit).
+  uint64_t contextReserve = uint64_t{512} << 20;
+  SourceMark mark;  // of the mps: key's value
+};
+
+const char* mpsModeName(MpsConfig::Mode m);  // "off", "on", "auto"
+
 struct Config {
   std::string file;  // the name used in messages (the path given to loadConfig)
   std::string ledgerDir = "/dev/shm/cushare";
@@ -100,6 +118,7 @@ struct Config {
   // allocations. Untracked memory up to this per process is charged but reported as context
   // memory, not as memory hidden from the ledger (no warning, no tamper count).
   uint64_t contextMemory = uint64_t{512} << 20;
+  MpsConfig mps;
   std::vector<Profile> profiles;      // in the order written
   std::vector<Tenant> tenants;        // in the order written; names unique
 };

@@ -828,6 +828,11 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
   return s;
 }
 
+void Broker::setMpsSnapshot(MpsSnapshot m) {
+  std::lock_guard<std::mutex> g(mu_);
+  mps_ = std::move(m);
+}
+
 BrokerSnapshot Broker::snapshot() {
   std::lock_guard<std::mutex> g(mu_);
   BrokerSnapshot s;
@@ -843,6 +848,7 @@ BrokerSnapshot Broker::snapshot() {
   s.reapedProcesses = reaped_;
   s.reloadsRefused = reloadsRefused_;
   s.ledgersRefused = unknownRefused_;
+  s.mps = mps_;
   for (const DeviceInfo& d : devices_) s.devices.push_back({d.ordinal, d.uuid, d.totalBytes, 0});
   auto add = [&](TenantState& t) {
     TenantSnapshot ts = tenantSnapshotLocked(&t);

@@ -98,6 +98,8 @@ class Broker {
   std::vector<int> pids();
 
   void setMetricsAddress(std::string a);
+  // What the MPS supervisor last saw (core/mps_daemon.h); snapshot() carries it.
+  void setMpsSnapshot(MpsSnapshot m);
   const std::string& ledgerDir() const { return ledgerDir_; }
   std::string socketPath() const;
   std::string metricsHost() const;
@@ -262,6 +264,7 @@ class Broker {
   bool stateDirty_ = false;       // the state file is behind (a shadow came or went)
   bool unknownFull_ = false;      // the host segment offers new unknown tenants nothing (caps reached)
   std::string metricsAddress_;
+  MpsSnapshot mps_;
   uint64_t reaped_ = 0;
   uint64_t reloadsRefused_ = 0;
   std::map<int, DeviceProcess> deviceProcesses_;  // host pid -> (the device's processes only)

@@ -58,6 +58,36 @@ struct TenantSnapshot {
   std::map<std::string, uint64_t> tamper;
 };
 
+// The broker's MPS control daemon as its supervisor last saw it (core/mps_daemon.h).
+struct MpsServerSnapshot {
+  int pid = 0;
+  std::string state;         // INITIALIZING, ACTIVE, FAULT (as get_server_status answers)
+  std::vector<int> clients;  // client pids (get_client_list)
+};
+
+struct MpsSnapshot {
+  std::string mode = "off";  // as configured: "off", "on", "auto"
+  bool active = false;       // the broker runs MPS (on, or auto found a working control binary)
+  std::string why;           // mode auto and not active: why not
+  std::string control;       // the control binary in use
+  std::string pipeDir, logDir;
+  bool up = false;           // the last health check got an answer
+  int daemonPid = 0;         // from the pipe directory's pid file; 0: unknown
+  uint64_t restarts = 0;     // daemon restarts after it died or hung (a counter)
+  uint64_t faults = 0;       // servers seen entering FAULT (a counter)
+  uint64_t checkFailures = 0;  // health checks that got no answer (a counter)
+  std::string lastError;     // the last problem (empty while healthy)
+  int defaultThreads = 100;  // set_default_active_thread_percentage
+  std::vector<MpsServerSnapshot> servers;
+  // Per tenant, the active thread percentage its new processes get ("" tenant: the unknown-tenant
+  // profile); unset: no cap.
+  std::map<std::string, std::optional<int>> published;
+  // Per tenant, its live processes by the percentage they started with, as far as the broker can
+  // tell from their start times against its publications ("30", "none": no cap, "unknown": started
+  // before this broker published): a change applies to new processes only.
+  std::map<std::string, std::map<std::string, uint32_t>> running;
+};
+
 struct BrokerSnapshot {
   std::string version;          // cushare version
   int pid = 0;
@@ -73,6 +103,7 @@ struct BrokerSnapshot {
   uint64_t reapedProcesses = 0;    // dead processes whose usage the broker returned (counter)
   uint64_t reloadsRefused = 0;     // counter
   uint64_t ledgersRefused = 0;     // counter: ledger files not adopted (unknown-tenant caps, unknown renamed files)
+  MpsSnapshot mps;                 // mode "off" and not active when the broker runs no MPS
 };
 
 }  // namespace cushare::broker

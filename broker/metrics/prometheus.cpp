@@ -107,6 +107,31 @@ void renderBroker(const BrokerSnapshot& s, Writer& w) {
   w.sample({}, s.ledgersRefused);
 }
 
+// The broker's MPS control daemon (docs/mps.md): samples only while the broker runs MPS.
+void renderMps(const MpsSnapshot& m, Writer& w) {
+  const bool on = m.active;
+  w.family("cushare_mps_up", kGauge, "1 when the last health check of the MPS control daemon got an answer.");
+  if (on) w.sample({}, m.up ? 1 : 0);
+  w.family("cushare_mps_restarts_total", kCounter,
+           "Times the broker restarted the MPS control daemon after it exited or hung.");
+  if (on) w.sample({}, m.restarts);
+  w.family("cushare_mps_health_check_failures_total", kCounter,
+           "Health checks of the MPS control daemon that got no answer.");
+  if (on) w.sample({}, m.checkFailures);
+  w.family("cushare_mps_server_faults_total", kCounter, "MPS servers seen entering the FAULT state.");
+  if (on) w.sample({}, m.faults);
+  w.family("cushare_mps_server_fault", kGauge,
+           "1 for an MPS server in FAULT (its clients get errors; new clients are refused until they exit).");
+  for (const MpsServerSnapshot& srv : m.servers)
+    w.sample({{"server", std::to_string(srv.pid)}}, srv.state == "FAULT" ? 1 : 0);
+  w.family("cushare_mps_server_clients", kGauge, "Clients of each MPS server.");
+  for (const MpsServerSnapshot& srv : m.servers) w.sample({{"server", std::to_string(srv.pid)}}, srv.clients.size());
+  w.family("cushare_mps_tenant_thread_percentage", kGauge,
+           "The active thread percentage a tenant's new processes get as MPS clients (100: no cap).");
+  for (const auto& [tenant, pct] : m.published)
+    if (!tenant.empty()) w.sample({{"tenant", tenant}}, static_cast<uint64_t>(pct.value_or(100)));
+}
+
 void renderDevices(const BrokerSnapshot& s, Writer& w) {
   struct Family {
     std::string_view name, help;
@@ -225,6 +250,7 @@ std::string renderMetrics(const BrokerSnapshot& s) {
   renderDevices(s, w);
   renderTenantDevices(s, w);
   renderTenants(s, w);
+  renderMps(s.mps, w);
   return w.take();
 }
 

@@ -66,6 +66,27 @@ void toProto(const BrokerSnapshot& snap, StatusReply* out) {
   out->set_processes(static_cast<uint32_t>(processes));
   out->set_reaped_processes(snap.reapedProcesses);
   out->set_reloads_refused(snap.reloadsRefused);
+  const broker::MpsSnapshot& m = snap.mps;
+  Mps* mps = out->mutable_mps();
+  mps->set_mode(m.mode);
+  mps->set_active(m.active);
+  mps->set_why(m.why);
+  mps->set_control(m.control);
+  mps->set_pipe_dir(m.pipeDir);
+  mps->set_log_dir(m.logDir);
+  mps->set_up(m.up);
+  mps->set_daemon_pid(m.daemonPid);
+  mps->set_restarts(m.restarts);
+  mps->set_faults(m.faults);
+  mps->set_check_failures(m.checkFailures);
+  mps->set_last_error(m.lastError);
+  mps->set_default_thread_percentage(m.defaultThreads);
+  for (const broker::MpsServerSnapshot& s : m.servers) {
+    MpsServer* srv = mps->add_servers();
+    srv->set_pid(s.pid);
+    srv->set_state(s.state);
+    for (int c : s.clients) srv->add_clients(c);
+  }
 }
 
 void toProto(const TenantSnapshot& t, const BrokerSnapshot& snap, Tenant* out) {
@@ -78,6 +99,15 @@ void toProto(const TenantSnapshot& t, const BrokerSnapshot& snap, Tenant* out) {
   out->set_error(t.error);
   out->set_processes(static_cast<uint32_t>(t.processes.size()));
   for (const broker::TenantDeviceSnapshot& d : t.devices) toProto(d, snap, out->add_devices());
+  out->set_mps(snap.mps.active);
+  if (auto it = snap.mps.published.find(t.name); snap.mps.active && it != snap.mps.published.end() && it->second)
+    out->set_mps_thread_percentage(*it->second);
+  if (auto it = snap.mps.running.find(t.name); snap.mps.active && it != snap.mps.running.end())
+    for (const auto& [cap, n] : it->second) {
+      MpsRunning* r = out->add_mps_running();
+      r->set_thread_percentage(cap);
+      r->set_processes(n);
+    }
 }
 
 bool tenantsToProto(const BrokerSnapshot& snap, const std::string& tenantOrEmpty,

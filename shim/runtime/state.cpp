@@ -15,6 +15,7 @@
 
 #include "interpose/real.h"
 #include "runtime/log.h"
+#include "runtime/mps_env.h"
 
 extern char** environ;
 
@@ -101,12 +102,22 @@ void runProcessInit() {
       return;
     }
   }
+  // Normally done by the constructor already; here when a hook ran first. Before the driver is
+  // loaded: it reads CUDA_MPS_* at cuInit (mps_env.h).
+  setUpMpsEnv();
   if (!loadRealDriver(&err)) {
     failProcess("cushare: " + err);
     return;
   }
   if (!openLedger(s, &err)) {
     failProcess("cushare: tenant '" + s->config.tenant + "': " + err);
+    return;
+  }
+  // MPS is on but this process could not be made a client with its tenant's settings: refused,
+  // never a client at the server's defaults. After openLedger, so that a process of no tenant
+  // hears that first.
+  if (const std::string& mps = mpsEnvError(); !mps.empty()) {
+    failProcess(mps);
     return;
   }
   gState = owned.release();  // kept for the life of the process (see state.h)

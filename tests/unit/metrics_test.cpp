@@ -214,6 +214,20 @@ cushare_tenant_ledger_error{tenant="gamma"} 1
 # TYPE cushare_tenant_tamper_total counter
 cushare_tenant_tamper_total{tenant="alpha",kind="hidden"} 2
 cushare_tenant_tamper_total{tenant="alpha",kind="limit"} 1
+# HELP cushare_mps_up 1 when the last health check of the MPS control daemon got an answer.
+# TYPE cushare_mps_up gauge
+# HELP cushare_mps_restarts_total Times the broker restarted the MPS control daemon after it exited or hung.
+# TYPE cushare_mps_restarts_total counter
+# HELP cushare_mps_health_check_failures_total Health checks of the MPS control daemon that got no answer.
+# TYPE cushare_mps_health_check_failures_total counter
+# HELP cushare_mps_server_faults_total MPS servers seen entering the FAULT state.
+# TYPE cushare_mps_server_faults_total counter
+# HELP cushare_mps_server_fault 1 for an MPS server in FAULT (its clients get errors; new clients are refused until they exit).
+# TYPE cushare_mps_server_fault gauge
+# HELP cushare_mps_server_clients Clients of each MPS server.
+# TYPE cushare_mps_server_clients gauge
+# HELP cushare_mps_tenant_thread_percentage The active thread percentage a tenant's new processes get as MPS clients (100: no cap).
+# TYPE cushare_mps_tenant_thread_percentage gauge
 )";
   const std::string text = renderMetrics(twoTenants());
   EXPECT_EQ(text, expected);
@@ -230,10 +244,29 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 20u);
+    EXPECT_EQ(helps.size(), 27u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }
+}
+
+TEST(Prometheus, RendersTheMpsDaemonWhileTheBrokerRunsIt) {
+  BrokerSnapshot s = twoTenants();
+  s.mps.active = true;
+  s.mps.up = true;
+  s.mps.restarts = 2;
+  s.mps.faults = 1;
+  s.mps.servers = {{4242, "FAULT", {10, 11}}};
+  s.mps.published = {{"alpha", 30}, {"beta", std::nullopt}, {"", 50}};
+  const std::string text = renderMetrics(s);
+  EXPECT_EQ(validateExposition(text), "") << text;
+  for (const char* sample : {"\ncushare_mps_up 1\n", "\ncushare_mps_restarts_total 2\n",
+                             "\ncushare_mps_server_faults_total 1\n", "\ncushare_mps_server_fault{server=\"4242\"} 1\n",
+                             "\ncushare_mps_server_clients{server=\"4242\"} 2\n",
+                             "\ncushare_mps_tenant_thread_percentage{tenant=\"alpha\"} 30\n",
+                             "\ncushare_mps_tenant_thread_percentage{tenant=\"beta\"} 100\n"})
+    EXPECT_NE(text.find(sample), std::string::npos) << sample << text;
+  EXPECT_EQ(text.find("tenant=\"\"}"), std::string::npos) << "the unknown-tenant profile is no tenant";
 }
 
 TEST(Prometheus, EscapesLabelValues) {

@@ -1,0 +1,106 @@
+// The broker's NVIDIA MPS control daemon (docs/mps.md): started with the broker, kept running,
+// quit with it. The supervisor runs on a thread of its own and never holds the broker's lock while
+// it talks to the daemon: it reads the broker through snapshot() and pushes what it saw back with
+// setMpsSnapshot().
+//
+//  - start: resolves the control binary (mps.control, else simgpu's beside the NVML library the
+//    broker loaded, else nvidia-cuda-mps-control on PATH), creates pipe_dir and log_dir, runs
+//    `<control> -d` with CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY (and CUDA_DEVICE_ORDER=
+//    PCI_BUS_ID, so the daemon's ordinals are the broker's NVML indices) through posix_spawn, or
+//    adopts a daemon already answering on pipe_dir (a restarted broker); sets the server defaults;
+//    publishes the tenants' client settings (mps_settings.h) and then mps.conf. mode auto: any
+//    failure there leaves MPS off, logged with the reason.
+//  - every second: one control session with get_server_list (bounded: 3 s, then the control
+//    client is killed), then get_server_status and get_client_list for each server. No answer:
+//    the daemon is restarted at once when its pid file's process is gone, or after two silent
+//    checks in a row when it hangs (killed first); each restart is logged and counted. A server in
+//    FAULT is logged with its clients and counted once per fault. Tenant settings changed by a
+//    reload or a live change are republished, and the server defaults (and the running server's
+//    values for its next clients) follow.
+//  - stop: `quit`, a bounded wait for the daemon to go, mps.conf removed (new processes are then
+//    not MPS clients of a daemon that is gone).
+//
+// Every control command is a fresh control client with the commands on stdin and stdout read
+// until it exits; its exit status is what counts (as NVIDIA's own tooling does).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/config.h"
+#include "core/snapshot.h"
+#include "cushare/mps_settings.h"
+
+namespace cushare::broker {
+
+class Broker;
+
+// One run of the control client: `<control>` with lines on stdin, or `<control> <args>` with
+// stdin closed. Returns the exit status (0..255), -1 when it could not be started, -2 when it
+// ran past timeoutMs (then killed). *out: stdout and stderr, in order of arrival.
+struct MpsControl {
+  std::string binary, pipeDir, logDir;
+  int run(const std::vector<std::string>& args, const std::string& input, int timeoutMs, std::string* out) const;
+  // Commands one per line; true when the client exited 0 (and *out holds its answers).
+  bool ask(const std::string& commands, int timeoutMs, std::string* out) const;
+};
+
+// The control binary the configuration names: mps.control resolved on PATH, or the default.
+// Empty (with *why) when there is none that can be executed.
+std::string resolveMpsControl(const MpsConfig& c, std::string* why);
+
+class MpsSupervisor {
+ public:
+  MpsSupervisor(Broker& broker, std::string configPath);
+  ~MpsSupervisor();
+
+  // Reads the mps block of the configuration. Off: nothing runs (any mps.conf left is removed).
+  // On: false with *err when the daemon cannot be started. Auto: off when it cannot.
+  bool start(std::string* err);
+  // Republishes the tenants' settings now (after a reload).
+  void refresh();
+  void stop();
+  bool active() const { return active_; }
+
+ private:
+  bool startMps(std::string* err);  // mode on or auto: false when MPS stays off (*err: fatal)
+  void run();
+  void check();
+  bool startDaemon(bool adoptRunning, std::string* err);
+  bool applyDefaults(std::string* err);
+  void publish(bool force);
+  int pidFromFile() const;
+  void push();
+
+  Broker& broker_;
+  const std::string configPath_;
+  MpsConfig config_;
+  Config full_;  // the configuration at start or last reload (unknown-tenant profile)
+  MpsControl control_;
+  std::string ledgerDir_;
+  bool active_ = false;
+
+  std::mutex mu_;  // guards snap_, the published files and stop_
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool refreshWanted_ = false;
+  MpsSnapshot snap_;
+  std::map<std::string, std::string> written_;  // file name -> contents last written
+  std::string hostText_;                        // mps.conf as last written
+  std::string defaultsKey_;                     // the server defaults last applied
+  int silentChecks_ = 0;
+  // Per tenant, when (boot clock ticks) each percentage was published, oldest first.
+  std::map<std::string, std::vector<std::pair<uint64_t, std::optional<int>>>> history_;
+  std::map<int, bool> faulted_;  // server pid -> logged as FAULT
+  std::thread thread_;
+};
+
+}  // namespace cushare::broker

@@ -1,0 +1,456 @@
+// The broker's MPS control daemon end to end on simgpu's simulated MPS (docs/mps.md): the real
+// cushare-broker with an mps: block, tenant processes under the shim (mps_worker), and the
+// device's own view: what the daemon answers (get_client_list), what each client was granted (its
+// multiprocessor count, its allocations refused at the device), simgpu-smi's ground truth.
+// Registered with SIMGPU_SMS=100 so a cap of N percent is N multiprocessors.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include "harness.h"
+
+namespace cushare::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::string kControl = std::string(SIMGPU_MPS_BIN) + "/nvidia-cuda-mps-control";
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// The process has exited (a zombie whose parent, init, has not reaped it yet counts as gone).
+bool gone(int pid) {
+  if (::kill(pid, 0) != 0) return true;
+  const std::string stat = readFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || (paren + 2 < stat.size() && stat[paren + 2] == 'Z');
+}
+
+// Waits up to ms for pred.
+bool eventually(const std::function<bool()>& pred, int ms = 15000) {
+  for (const auto start = Clock::now(); Clock::now() - start < std::chrono::milliseconds(ms);) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return pred();
+}
+
+struct MpsCase {
+  std::string dir, pipe, logs;
+  Broker broker;
+  explicit MpsCase(const std::string& d)
+      : dir(d), pipe(pipeFor(d)), logs(d + "/mps-log"), broker(d) {
+    std::system(("rm -rf '" + pipe + "'").c_str());
+  }
+  ~MpsCase() {
+    if (broker.pid() > 0) broker.stop();
+    // Whatever a failed test left running on this pipe directory.
+    control("quit");
+  }
+  // A short pipe directory (the daemon's socket path must fit 107 bytes).
+  static std::string pipeFor(const std::string& dir) {
+    ::mkdir("/tmp/cushare-test-mps", 0755);
+    char name[80];
+    std::snprintf(name, sizeof name, "/tmp/cushare-test-mps/%016zx", std::hash<std::string>()(dir));
+    return name;
+  }
+  std::string mpsBlock(const std::string& mode = "on", const std::string& extra = "") const {
+    return "mps:\n  mode: " + mode + "\n  pipe_dir: " + pipe + "\n  log_dir: " + logs +
+           "\n  context_reserve: 256MiB\n" + extra;
+  }
+  // The control client on the broker's pipe directory: its output (stdout and stderr).
+  std::string control(const std::string& commands) const {
+    const std::string cmd = "printf '" + commands + "\\n' | CUDA_MPS_PIPE_DIRECTORY=" + pipe +
+                            " CUDA_MPS_LOG_DIRECTORY=" + logs + " " + kControl + " 2>&1";
+    std::string out;
+    if (FILE* p = ::popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+      ::pclose(p);
+    }
+    return out;
+  }
+  int daemonPid() const {
+    std::ifstream in(pipe + "/nvidia-cuda-mps-control.pid");
+    int pid = 0;
+    in >> pid;
+    return pid;
+  }
+  // An mps_worker under the shim for tenant (or without the shim: shim false), its first line in
+  // *first.
+  Child worker(const std::string& tenant, std::string* first, const std::map<std::string, std::string>& env = {},
+               bool shim = true) {
+    std::map<std::string, std::string> e = {{"CUSHARE_LOG_LEVEL", "error"}};
+    if (shim) {
+      e["LD_PRELOAD"] = SHIM_LIB;
+      e["CUSHARE_TENANT"] = tenant;
+      e["CUSHARE_LEDGER_DIR"] = broker.ledgerDir();
+    } else {
+      e["LD_PRELOAD"] = "";
+    }
+    for (const auto& [k, v] : env) e[k] = v;
+    Child c = Child::spawn({MPS_WORKER_BIN}, e, dir + "/tenants.log");
+    *first = c.readLine();
+    return c;
+  }
+  std::string serverPid() const {
+    std::istringstream in(control("get_server_list"));
+    std::string pid;
+    in >> pid;
+    return pid;
+  }
+};
+
+constexpr char kTenants[] =
+    "tenants:\n"
+    "  - name: small\n    thread_percentage: 30\n    memory: 1GiB\n"
+    "  - name: large\n    thread_percentage: 70\n    memory: 512MiB\n    priority: low\n";
+
+TEST(BrokerMps, TheBrokerStartsTheDaemonAndTenantsBecomeClientsWithTheirOwnCaps) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  // The daemon runs on the broker's directories.
+  ASSERT_GT(m.daemonPid(), 0);
+  EXPECT_EQ(::kill(m.daemonPid(), 0), 0);
+  EXPECT_NE(readFile(m.logs + "/control.log").find("Starting control daemon using socket " + m.pipe + "/control"),
+            std::string::npos);
+  EXPECT_NE(m.control("get_default_active_thread_percentage").find("70.0"), std::string::npos)
+      << "the server default is the largest tenant cap";
+  std::string first;
+  Child small = m.worker("small", &first);
+  EXPECT_EQ(first, "ready 30") << "30% of 100 SMs; see " << m.dir << "/tenants.log";
+  Child large = m.worker("large", &first);
+  EXPECT_EQ(first, "ready 70");
+  EXPECT_EQ(large.ask("env CUDA_MPS_CLIENT_PRIORITY"), "env 1") << "priority low is below normal";
+  EXPECT_EQ(small.ask("env CUDA_MPS_CLIENT_PRIORITY"), "env 0");
+  // Both are clients of the one server, as the daemon itself reports.
+  const std::string server = m.serverPid();
+  ASSERT_FALSE(server.empty());
+  const std::string clients = m.control("get_client_list " + server);
+  EXPECT_NE(clients.find(std::to_string(small.pid())), std::string::npos) << clients;
+  EXPECT_NE(clients.find(std::to_string(large.pid())), std::string::npos) << clients;
+  // The broker sees the same, and so does cushare status.
+  ASSERT_TRUE(eventually([&] {
+    const rpc::StatusReply s = m.broker.status();
+    return s.mps().up() && s.mps().servers_size() == 1 && s.mps().servers(0).clients_size() == 2;
+  })) << m.broker.status().DebugString();
+  EXPECT_EQ(m.broker.status().mps().servers(0).state(), "ACTIVE");
+  EXPECT_EQ(m.broker.tenant("small").mps_thread_percentage(), 30);
+  EXPECT_NE(m.broker.metrics().find("cushare_mps_up 1"), std::string::npos);
+  EXPECT_NE(m.broker.metrics().find("cushare_mps_tenant_thread_percentage{tenant=\"large\"} 70"), std::string::npos);
+}
+
+TEST(BrokerMps, ThePinnedLimitIsAWallAtTheDeviceBehindTheShims) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  std::string first;
+  Child small = m.worker("small", &first);
+  ASSERT_EQ(first, "ready 30");
+  // Limit 1 GiB plus the 256 MiB context reserve.
+  const std::string pinned = small.ask("env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+  EXPECT_NE(pinned.find("=1280M"), std::string::npos) << pinned;
+  EXPECT_EQ(small.ask("alloc " + std::to_string(1100 * MiB)), "oom") << "the shim's own limit first";
+  // The same client settings without the shim: the device refuses past the pinned limit.
+  Child bare = m.worker("", &first,
+                        {{"CUDA_MPS_PIPE_DIRECTORY", m.pipe},
+                         {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", pinned.substr(4)},
+                         {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", small.ask("env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").substr(4)}},
+                        false);
+  ASSERT_EQ(first, "ready 30");
+  EXPECT_EQ(bare.ask("alloc " + std::to_string(1100 * MiB)), "ok") << "past the shim's limit, within MPS's";
+  EXPECT_EQ(bare.ask("alloc " + std::to_string(200 * MiB)), "oom") << "1300 MiB > 1280 MiB at the device";
+  // A process that leaves out the shim and the variables but finds the pipe directory gets the
+  // server's defaults: the largest tenant's cap and memory limit plus reserve.
+  Child rogue = m.worker("", &first, {{"CUDA_MPS_PIPE_DIRECTORY", m.pipe}}, false);
+  EXPECT_EQ(first, "ready 70");
+  EXPECT_EQ(rogue.ask("alloc " + std::to_string(1300 * MiB)), "oom");
+}
+
+TEST(BrokerMps, AKilledDaemonIsRestartedWithinSecondsAndCounted) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  const int old = m.daemonPid();
+  ASSERT_GT(old, 0);
+  ASSERT_EQ(::kill(old, SIGKILL), 0);
+  const auto killed = Clock::now();
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Mps s = m.broker.status().mps();
+    return s.restarts() == 1 && s.up() && s.daemon_pid() != old && s.daemon_pid() > 0;
+  })) << m.broker.status().DebugString();
+  EXPECT_LT(Clock::now() - killed, std::chrono::seconds(10));
+  EXPECT_NE(m.broker.log().find("restarted it"), std::string::npos);
+  EXPECT_NE(m.broker.metrics().find("cushare_mps_restarts_total 1"), std::string::npos);
+  // The new daemon has the defaults again, and new processes are clients with their caps.
+  EXPECT_NE(m.control("get_default_active_thread_percentage").find("70.0"), std::string::npos);
+  std::string first;
+  Child small = m.worker("small", &first);
+  EXPECT_EQ(first, "ready 30");
+}
+
+TEST(BrokerMps, AHungDaemonIsKilledAndRestarted) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  const int old = m.daemonPid();
+  ASSERT_GT(old, 0);
+  ASSERT_EQ(::kill(old, SIGSTOP), 0);  // alive, answering nothing
+  // Two silent checks (3 s each at most, a second apart), then killed and restarted.
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Mps s = m.broker.status().mps();
+    return s.restarts() == 1 && s.up() && s.daemon_pid() != old;
+  }, 30000)) << m.broker.status().DebugString() << m.broker.log();
+  EXPECT_NE(m.broker.log().find("the control daemon (pid " + std::to_string(old) + ") hangs: killing it"),
+            std::string::npos);
+  EXPECT_GE(m.broker.status().mps().check_failures(), 2u);
+  EXPECT_TRUE(eventually([&] { return gone(old); }, 5000)) << "the hung daemon is gone";
+  std::string first;
+  Child small = m.worker("small", &first);
+  EXPECT_EQ(first, "ready 30");
+}
+
+TEST(BrokerMps, ARestartedBrokerAdoptsTheRunningDaemon) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  const int daemon = m.daemonPid();
+  std::string first;
+  Child small = m.worker("small", &first);
+  ASSERT_EQ(first, "ready 30");
+  m.broker.kill9();
+  ASSERT_TRUE(m.broker.startWithFile()) << m.broker.log();
+  EXPECT_EQ(m.daemonPid(), daemon);
+  EXPECT_NE(m.broker.log().find("adopted the control daemon"), std::string::npos) << m.broker.log();
+  EXPECT_EQ(m.broker.status().mps().restarts(), 0u);
+  Child large = m.worker("large", &first);
+  EXPECT_EQ(first, "ready 70");
+  EXPECT_EQ(small.ask("alloc 1048576"), "ok");
+}
+
+TEST(BrokerMps, AFaultedServerIsNamedInTheLogStatusAndMetrics) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  std::string first;
+  Child small = m.worker("small", &first);
+  ASSERT_EQ(first, "ready 30");
+  const std::string server = m.serverPid();
+  ASSERT_EQ(small.ask("fault 700"), "ok");  // CUDA_ERROR_ILLEGAL_ADDRESS, as a bad kernel
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Mps s = m.broker.status().mps();
+    return s.faults() == 1 && s.servers_size() == 1 && s.servers(0).state() == "FAULT";
+  })) << m.broker.status().DebugString();
+  EXPECT_NE(m.broker.log().find("server " + server + " is in FAULT: its clients " + std::to_string(small.pid()) + "(small)"),
+            std::string::npos)
+      << m.broker.log();
+  EXPECT_NE(m.broker.metrics().find("cushare_mps_server_fault{server=\"" + server + "\"} 1"), std::string::npos);
+  // New clients are refused until the faulted one exits; then the server serves again.
+  Child refused = m.worker("large", &first);
+  EXPECT_EQ(first, "init-failed 807") << "CUDA_ERROR_MPS_SERVER_NOT_READY";
+  small.send("quit");
+  small.wait();
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Mps s = m.broker.status().mps();
+    return s.servers_size() == 1 && s.servers(0).state() == "ACTIVE";
+  })) << m.broker.status().DebugString();
+  EXPECT_NE(m.broker.log().find("ACTIVE again after its FAULT"), std::string::npos);
+  Child large = m.worker("large", &first);
+  EXPECT_EQ(first, "ready 70");
+}
+
+TEST(BrokerMps, StoppingTheBrokerQuitsTheDaemon) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  const int daemon = m.daemonPid();
+  ASSERT_GT(daemon, 0);
+  ASSERT_TRUE(exists(m.broker.ledgerDir() + "/mps.conf"));
+  EXPECT_EQ(m.broker.stop(), 0);
+  EXPECT_TRUE(eventually([&] { return gone(daemon); }, 5000)) << "the daemon is gone";
+  EXPECT_NE(readFile(m.logs + "/control.log").find("Cmd:quit"), std::string::npos);
+  EXPECT_FALSE(exists(m.broker.ledgerDir() + "/mps.conf")) << "new processes do not look for it";
+  // A tenant process now runs without MPS (its own limits still hold).
+  std::string first;
+  Child small = m.worker("small", &first);
+  EXPECT_EQ(first, "ready 100");
+}
+
+TEST(BrokerMps, SettingsOfATenantNoLongerConfiguredAreRemoved) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  ASSERT_TRUE(exists(m.broker.ledgerDir() + "/large.mps"));
+  m.broker.kill9();
+  // Restarted without tenant large: its settings file must not outlive it (an unknown tenant of
+  // that name would otherwise get them).
+  std::string text = m.mpsBlock() + kTenants;
+  text.erase(text.find("  - name: large"));
+  std::ofstream(m.dir + "/config.yaml") << brokerConfig(m.dir, text);
+  ASSERT_TRUE(m.broker.startWithFile()) << m.broker.log();
+  EXPECT_FALSE(exists(m.broker.ledgerDir() + "/large.mps"));
+  EXPECT_TRUE(exists(m.broker.ledgerDir() + "/small.mps"));
+  // And with MPS off, none is left.
+  m.broker.stop();
+  std::ofstream(m.dir + "/config.yaml") << brokerConfig(m.dir, kTenants);
+  ASSERT_TRUE(m.broker.startWithFile()) << m.broker.log();
+  EXPECT_FALSE(exists(m.broker.ledgerDir() + "/small.mps"));
+  EXPECT_FALSE(exists(m.broker.ledgerDir() + "/mps.conf"));
+}
+
+TEST(BrokerMps, AutoWithoutTheControlBinaryIsOffAndSaysWhy) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock("auto", "  control: /nonexistent/nvidia-cuda-mps-control\n") + kTenants))
+      << m.broker.log();
+  EXPECT_NE(m.broker.log().find("mode auto and the control daemon cannot run, so MPS is off: mps.control "
+                                "/nonexistent/nvidia-cuda-mps-control is not an executable file"),
+            std::string::npos)
+      << m.broker.log();
+  const rpc::Mps s = m.broker.status().mps();
+  EXPECT_FALSE(s.active());
+  EXPECT_EQ(s.mode(), "auto");
+  EXPECT_FALSE(exists(m.broker.ledgerDir() + "/mps.conf"));
+  std::string first;
+  Child small = m.worker("small", &first);
+  EXPECT_EQ(first, "ready 100") << "not an MPS client";
+  EXPECT_EQ(m.broker.metrics().find("\ncushare_mps_up "), std::string::npos) << "the family, without a sample";
+}
+
+TEST(BrokerMps, AutoWithTheBinaryIsOn) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock("auto") + kTenants)) << m.broker.log();
+  EXPECT_TRUE(m.broker.status().mps().active());
+  EXPECT_EQ(m.broker.status().mps().control(), kControl) << "simgpu's, found beside its NVML";
+  std::string first;
+  Child small = m.worker("small", &first);
+  EXPECT_EQ(first, "ready 30");
+}
+
+TEST(BrokerMps, BadSettingsAreRefusedWithTheirReason) {
+  const std::string dir = testDir();
+  MpsCase m(dir);
+  struct Bad {
+    std::string block, message;
+  };
+  const Bad cases[] = {
+      {"mps:\n  mode: sometimes\n", "mps.mode: expected off, on or auto, found 'sometimes'"},
+      {"mps:\n  mode: on\n  pipe_dir: relative/pipe\n", "mps.pipe_dir:"},
+      {"mps:\n  mode: on\n  pipe_dir: /" + std::string(120, 'p') + "\n", "must fit a Unix socket address"},
+      {"mps:\n  mode: on\n  control: bin/nvidia-cuda-mps-control\n", "mps.control: a relative path"},
+      {"mps:\n  mode: on\n  context_reserve: lots\n", "mps.context_reserve:"},
+      {"mps:\n  mode: on\n  pipe_dri: /tmp/x\n", "unknown key 'pipe_dri'; did you mean 'pipe_dir'?"},
+      {"mps: on\n", "mps: expected a map of MPS settings"},
+      {"mps:\n  mode: on\n  control: /nonexistent/nvidia-cuda-mps-control\n",
+       "mps.mode on: mps.control /nonexistent/nvidia-cuda-mps-control is not an executable file"},
+  };
+  for (const Bad& b : cases) {
+    std::ofstream(dir + "/config.yaml") << brokerConfig(dir, b.block + kTenants);
+    const std::string check = std::string(BROKER_BIN) + " --check --config " + dir + "/config.yaml > " + dir +
+                              "/check.out 2>&1";
+    EXPECT_NE(std::system(check.c_str()), 0) << b.block;
+    EXPECT_NE(readFile(dir + "/check.out").find(b.message), std::string::npos) << readFile(dir + "/check.out");
+    EXPECT_FALSE(m.broker.startWithFile()) << b.block;
+    EXPECT_NE(m.broker.log().find(b.message), std::string::npos) << m.broker.log();
+  }
+}
+
+TEST(BrokerMps, ACapChangedByAReloadAppliesToNewProcesses) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  // The broker tells a process's cap by its start time against its publications, to a clock tick
+  // (10 ms): start the processes clearly after them.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::string first;
+  Child before = m.worker("small", &first);
+  ASSERT_EQ(first, "ready 30");
+  std::string text = m.mpsBlock() + kTenants;
+  text.replace(text.find("thread_percentage: 30"), 21, "thread_percentage: 50");
+  std::ofstream(m.dir + "/config.yaml") << brokerConfig(m.dir, text);
+  ASSERT_TRUE(m.broker.reload().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Child after = m.worker("small", &first);
+  EXPECT_EQ(first, "ready 50") << "a new process gets the new cap at once";
+  EXPECT_EQ(before.ask("sync"), "sync 0") << "the running one keeps its 30 and runs on";
+  EXPECT_EQ(m.broker.tenant("small").mps_thread_percentage(), 50);
+  // What each running process started with, in the control API and the CLI.
+  std::map<std::string, uint32_t> running;
+  ASSERT_TRUE(eventually([&] {
+    running.clear();
+    const rpc::Tenant t = m.broker.tenant("small");
+    for (const rpc::MpsRunning& r : t.mps_running()) running[r.thread_percentage()] = r.processes();
+    return running.size() == 2;
+  })) << m.broker.tenant("small").DebugString();
+  EXPECT_EQ(running, (std::map<std::string, uint32_t>{{"30", 1}, {"50", 1}}));
+  const std::string cli = std::string(CLI_BIN) + " --socket " + m.broker.socket() + " tenants 2>&1";
+  std::string out;
+  if (FILE* p = ::popen(cli.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    ::pclose(p);
+  }
+  EXPECT_NE(out.find("small: 50%; running: 1 at 30% (pending: the new cap applies when it restarts), 1 at 50%"),
+            std::string::npos)
+      << out;
+}
+
+TEST(BrokerMps, DamagedSettingsFailClosed) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  std::ofstream(m.broker.ledgerDir() + "/small.mps") << "format 1\nthreads lots\n";
+  std::string first;
+  Child small = m.worker("small", &first);
+  EXPECT_EQ(first, "init-failed 3") << "CUDA_ERROR_NOT_INITIALIZED: refused, never a client at the server's defaults";
+  EXPECT_NE(readFile(m.dir + "/tenants.log").find("its MPS settings cannot be used"), std::string::npos);
+  // A process that asks for more than its cap only gets its cap; one that asks for less keeps it.
+  Child large = m.worker("large", &first, {{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "90"}});
+  EXPECT_EQ(first, "ready 70");
+  Child lower = m.worker("large", &first, {{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "20"}});
+  EXPECT_EQ(first, "ready 20");
+}
+
+// Needs clients running side by side with their SM caps in device time (simgpu's MPS engine,
+// branch `mps`): until that is merged, an MPS server is one context to the time slicer and the
+// shares do not follow the caps. The lead enables it after merging.
+TEST(BrokerMps, DISABLED_CapsOf30And70GiveSmTimeSharesOf30And70) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  std::string first;
+  Child small = m.worker("small", &first);
+  ASSERT_EQ(first, "ready 30");
+  Child large = m.worker("large", &first);
+  ASSERT_EQ(first, "ready 70");
+  small.send("spin 3000");
+  large.send("spin 3000");
+  EXPECT_EQ(small.readLine(60000).rfind("spun ", 0), 0u);
+  EXPECT_EQ(large.readLine(60000).rfind("spun ", 0), 0u);
+  // Ground truth: simgpu-smi --json, busy SM-time per process.
+  std::string json;
+  if (FILE* p = ::popen(SIMGPU_SMI " --json", "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) json.append(buf, n);
+    ::pclose(p);
+  }
+  auto smNs = [&](int pid) {
+    const size_t at = json.find("{\"pid\": " + std::to_string(pid) + ",");
+    const size_t f = at == std::string::npos ? at : json.find("\"busy_sm_ns\": ", at);
+    return f == std::string::npos ? 0.0 : std::strtod(json.c_str() + f + 14, nullptr);
+  };
+  const double a = smNs(small.pid()), b = smNs(large.pid());
+  ASSERT_GT(a + b, 0) << json;
+  EXPECT_NEAR(100 * a / (a + b), 30, 5) << json;
+}
+
+}  // namespace
+}  // namespace cushare::test

@@ -1,0 +1,86 @@
+// A tenant process for the broker's MPS tests (mps_test.cpp), driven line by line over stdin. At
+// start: cuInit and a context, then "ready <multiprocessor count>" (what an MPS client is granted)
+// or "init-failed <code>" (exit 3).
+//   alloc BYTES   -> "ok" | "oom" | "err CODE"
+//   env NAME      -> "env VALUE" ("env -" when unset): what the shim set up
+//   fault CODE    -> simgpu_debug_fault(CODE) (as a faulting kernel would): "ok"
+//   sync          -> "sync CODE" (cuCtxSynchronize)
+//   spin MS       -> launches mps_spin kernels (the cost table says how long a block lasts), each
+//                    filling the device, for MS ms of host time: "spun KERNELS"
+//   quit          -> exits 0
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+void say(const std::string& s) { std::cout << s << std::endl; }
+
+std::string spin(long ms) {
+  static const char kPtx[] = ".version 8.0\n.target sm_90\n.address_size 64\n";  // names nothing: any kernel loads
+  CUmodule m = nullptr;
+  CUfunction f = nullptr;
+  CUstream s = nullptr;
+  CUresult r = cuModuleLoadData(&m, kPtx);
+  if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&f, m, "mps_spin");
+  if (r == CUDA_SUCCESS) r = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  if (r != CUDA_SUCCESS) return "err " + std::to_string(r);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  long kernels = 0;
+  while (r == CUDA_SUCCESS && std::chrono::steady_clock::now() < end) {
+    // Keep a few kernels queued so the device never waits for the host.
+    for (int i = 0; i < 4 && r == CUDA_SUCCESS; ++i, ++kernels)
+      r = cuLaunchKernel(f, 1024, 1, 1, 1024, 1, 1, 0, s, nullptr, nullptr);
+    if (r == CUDA_SUCCESS) r = cuStreamSynchronize(s);
+  }
+  return r == CUDA_SUCCESS ? "spun " + std::to_string(kernels) : "err " + std::to_string(r);
+}
+
+}  // namespace
+
+int main() {
+  CUcontext ctx;
+  CUdevice dev;
+  int sms = -1;
+  CUresult r = cuInit(0);
+  if (r == CUDA_SUCCESS) r = cuDeviceGet(&dev, 0);
+  if (r == CUDA_SUCCESS) r = cuCtxCreate(&ctx, nullptr, 0, dev);
+  if (r == CUDA_SUCCESS) r = cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+  if (r != CUDA_SUCCESS) {
+    say("init-failed " + std::to_string(r));
+    return 3;
+  }
+  say("ready " + std::to_string(sms));
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd, arg;
+    in >> cmd >> arg;
+    if (cmd == "alloc") {
+      CUdeviceptr p;
+      const CUresult a = cuMemAlloc(&p, std::strtoull(arg.c_str(), nullptr, 10));
+      say(a == CUDA_SUCCESS ? "ok" : a == CUDA_ERROR_OUT_OF_MEMORY ? "oom" : "err " + std::to_string(a));
+    } else if (cmd == "env") {
+      const char* v = std::getenv(arg.c_str());
+      say(std::string("env ") + (v ? v : "-"));
+    } else if (cmd == "fault") {
+      auto f = reinterpret_cast<void (*)(int)>(::dlsym(RTLD_DEFAULT, "simgpu_debug_fault"));
+      if (f) f(std::atoi(arg.c_str()));
+      say(f ? "ok" : "err no simgpu_debug_fault");
+    } else if (cmd == "sync") {
+      say("sync " + std::to_string(cuCtxSynchronize()));
+    } else if (cmd == "spin") {
+      say(spin(std::atol(arg.c_str())));
+    } else if (cmd == "quit") {
+      return 0;
+    } else {
+      say("unknown command");
+    }
+  }
+  return 0;
+}

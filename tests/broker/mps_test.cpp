@@ -420,10 +420,10 @@ TEST(BrokerMps, DamagedSettingsFailClosed) {
   EXPECT_EQ(first, "ready 20");
 }
 
-// Needs clients running side by side with their SM caps in device time (simgpu's MPS engine,
-// branch `mps`): until that is merged, an MPS server is one context to the time slicer and the
-// shares do not follow the caps. The lead enables it after merging.
-TEST(BrokerMps, DISABLED_CapsOf30And70GiveSmTimeSharesOf30And70) {
+// Two tenants' processes, clients of one MPS server with caps 30 and 70, both saturating: simgpu's
+// server runs them side by side within their SM caps, so their busy SM-time (simgpu-smi's ground
+// truth) splits 30/70.
+TEST(BrokerMps, CapsOf30And70GiveSmTimeSharesOf30And70) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
   std::string first;

@@ -779,6 +779,7 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
       td.denied = t.ledger->denied(e);
       td.overridden = ov != overrides_.end() && ov->second.count(devices_[d].uuid) != 0;
       td.hidden = d < t.hidden.size() ? t.hidden[d] : 0;
+      computeSnapshotLocked(t.name, d, &td);
       s.devices.push_back(td);
     }
     for (const Ledger::SlotUsage& u : t.ledger->slots()) {

@@ -31,6 +31,10 @@ struct TenantDeviceSnapshot {
   bool overridden = false;    // limit set live by set-limit
   uint64_t hidden = 0;        // bytes the device holds for the tenant beyond its ledger, charged
                               // by the broker (included in used)
+  // Compute (docs/compute.md): counters since the broker started, never going back.
+  uint64_t busyNs = 0;        // GPU time the tenant's work executed (its processes' markers)
+  uint64_t throttledNs = 0;   // time its launches waited at the closed gate
+  bool paced = false;         // the scheduler gates the tenant's launches on this device now
 };
 
 struct ProcessSnapshot {

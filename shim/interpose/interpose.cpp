@@ -148,6 +148,14 @@ bool loadRealDriver(std::string* error) noexcept {
   CUSHARE_RESOLVE(cuStreamGetDevice);
   CUSHARE_RESOLVE(cuDeviceGetDefaultMemPool);
   CUSHARE_RESOLVE(cuMemGetAllocationPropertiesFromHandle);
+  CUSHARE_RESOLVE(cuCtxGetCurrent);
+  CUSHARE_RESOLVE(cuCtxSetCurrent);
+  CUSHARE_RESOLVE(cuEventCreate);
+  CUSHARE_RESOLVE(cuEventRecord);
+  CUSHARE_RESOLVE(cuEventQuery);
+  CUSHARE_RESOLVE(cuEventDestroy_v2);
+  CUSHARE_RESOLVE(cuEventElapsedTime);
+  CUSHARE_RESOLVE(cuStreamCreate);
 #undef CUSHARE_RESOLVE
   if (!gDriver.p_cuInit || !gDriver.p_cuGetProcAddress_v2 || !gDriver.p_cuCtxGetDevice || !gDriver.p_cuDeviceGetUuid_v2) {
     if (error) *error = "the CUDA driver libcuda.so.1 lacks entry points the shim needs (driver older than CUDA 12?)";

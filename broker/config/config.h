@@ -78,7 +78,7 @@ struct Tenant {
 // The compute scheduler's settings (`compute:` block; docs/compute.md). Its own struct and parser
 // function, apart from the rest, so that other blocks merge without conflicts.
 struct ComputeConfig {
-  uint32_t periodMs = 50;             // budgets are cap x period
+  uint32_t periodMs = 100;            // budgets are cap x period
   uint32_t priorityFloorPercent = 10; // what lower-priority tenants keep next to a busy high one
   bool metering = true;               // measure every tenant's GPU busy time (launch markers)
 };

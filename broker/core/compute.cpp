@@ -32,6 +32,11 @@ constexpr uint64_t kIdlePass = 1 * kMs;         // no work for this long: the tu
 constexpr uint64_t kCounterSlack = 200 * kMs;   // a counter may run ahead of the broker's ticks
 constexpr uint32_t kInFlightSane = 1u << 20;    // more than this in flight: a scribble
 constexpr int64_t kUncapped = INT64_MAX / 4;
+// Priorities: a tenant is active while it had work within kPriorityActive; lower-priority tenants
+// are then capped at the floor, kept to one launch in flight, and only take a turn once every
+// higher-priority tenant has had no work for kPriorityYield.
+constexpr uint64_t kPriorityActive = 500 * kMs;
+constexpr uint64_t kPriorityYield = 20 * kMs;
 
 uint64_t monoNs() {
   timespec ts;
@@ -59,6 +64,7 @@ struct Broker::ComputeState {
     uint64_t busyStep = 0;  // busy time metered in this step
     bool work = false;
     bool inflight = false;
+    uint64_t lastWork = 0;  // monotonic ns of the last step that saw work
     bool paced = false;
   };
   struct Device {
@@ -135,6 +141,7 @@ std::chrono::microseconds Broker::computeTick() {
           if (in != 0 && in < kInFlightSane) td.work = td.inflight = true;
           if (act & kActivityBlocked) td.work = true;
         }
+        if (td.work) td.lastWork = now;
         td.seen = true;
         td.busyStep = td.busyTotal - busyBefore;
       }
@@ -149,18 +156,49 @@ std::chrono::microseconds Broker::computeTick() {
       TenantState* t;
       ComputeState::TenantDevice* td;
       LedgerComputeDevice* words;
-      int cap;  // percent; 100: none
+      int cap;  // percent; 100: none (the floor, for a tenant below an active higher priority)
+      uint32_t band;  // 0 high, 1 normal, 2 low
+      bool lower = false;  // a higher-priority tenant is active
     };
     std::vector<Member> members;
     bool capped = false;
+    uint32_t topBand = 2;
     for (auto& [name, tp] : tenants_) {
       TenantState& t = *tp;
       if (!t.ledger || d >= t.entry.size() || t.entry[d] < 0) continue;
       const int cap = std::clamp(t.config.threadPercentage.value_or(100), 1, 100);
-      capped = capped || cap < 100;
-      members.push_back({&t, &cs.tenants[name][d], t.ledger->compute(t.entry[d]), cap});
+      Member m{&t, &cs.tenants[name][d], t.ledger->compute(t.entry[d]), cap, priorityWord(t.config.priority)};
+      if (m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive) topBand = std::min(topBand, m.band);
+      members.push_back(m);
     }
-    const bool schedule = capped && !computeUnderMpsLocked(d);
+    bool differ = false;
+    for (Member& m : members) {
+      m.lower = m.band > topBand && m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive;
+      differ = differ || m.lower;
+    }
+    for (Member& m : members) {
+      if (m.band > topBand) m.cap = std::min<int>(m.cap, std::max<int>(1, static_cast<int>(cc.priorityFloorPercent)));
+      capped = capped || m.cap < 100;
+    }
+    // A tenant of the top priority that is alone there and uncapped keeps its gate open while
+    // priorities differ: its launches never wait for a step; lower ones yield to its work.
+    Member* pinned = nullptr;
+    if (differ) {
+      int inTop = 0;
+      for (Member& m : members)
+        if (m.band == topBand) {
+          ++inTop;
+          pinned = &m;
+        }
+      if (inTop != 1 || pinned->cap < 100) pinned = nullptr;
+    }
+    // When a higher priority than a member's had work: now (preempts) or lately (no new turn).
+    const auto higherWork = [&](const Member& m, uint64_t within) {
+      for (const Member& o : members)
+        if (o.band < m.band && o.td->lastWork != 0 && now - o.td->lastWork <= within) return true;
+      return false;
+    };
+    const bool schedule = (capped || differ) && !computeUnderMpsLocked(d);
     if (!schedule) {
       dev.holder.clear();
       dev.draining = false;
@@ -212,9 +250,10 @@ std::chrono::microseconds Broker::computeTick() {
       const int64_t used = static_cast<int64_t>(now - dev.turnStart);
       bool othersWait = false;
       for (Member& m : members)
-        if (&m != holder && m.td->work && m.td->credit > 0) othersWait = true;
+        if (&m != holder && m.band <= holder->band && m.td->work && m.td->credit > 0) othersWait = true;
+      const bool preempted = higherWork(*holder, 0);  // a higher priority has work now
       const bool end = (idle && now - dev.idleSince >= kIdlePass) || (holder->cap < 100 && holder->td->credit <= 0) ||
-                       (othersWait && used >= static_cast<int64_t>(period / 2));
+                       (othersWait && used >= static_cast<int64_t>(period / 2)) || preempted;
       if (end) {
         dev.draining = true;
         dev.drainStart = now;
@@ -233,9 +272,14 @@ std::chrono::microseconds Broker::computeTick() {
       }
     }
     if (schedule && holder == nullptr && !members.empty()) {
+      // The highest priority with work and credit, round robin within it; a lower priority only
+      // once the higher ones have had no work for kPriorityYield. The pinned tenant needs no turn.
+      uint32_t best = 3;
+      for (Member& m : members)
+        if (&m != pinned && m.td->work && m.td->credit > 0 && !higherWork(m, kPriorityYield)) best = std::min(best, m.band);
       for (size_t i = 0; i < members.size(); ++i) {
         Member& m = members[(dev.next + i) % members.size()];
-        if (m.td->work && m.td->credit > 0) {
+        if (&m != pinned && m.band == best && m.td->work && m.td->credit > 0 && !higherWork(m, kPriorityYield)) {
           holder = &m;
           dev.holder = m.t->name;
           dev.turnStart = now;
@@ -248,9 +292,10 @@ std::chrono::microseconds Broker::computeTick() {
     }
     // The words: mode, cap, priority, gate (rewritten every step: a tenant may scribble on them).
     for (Member& m : members) {
-      const uint32_t mode = (cc.metering || schedule ? kComputeMetered : 0) | (schedule ? kComputePaced : 0);
-      const bool open = !schedule || (holder == &m && !dev.draining);
-      m.td->paced = schedule;
+      const uint32_t mode = (cc.metering || schedule ? kComputeMetered : 0) | (schedule && &m != pinned ? kComputePaced : 0) |
+                            (schedule && m.lower ? kComputeTight : 0);
+      const bool open = !schedule || (holder == &m && !dev.draining) || &m == pinned;
+      m.td->paced = schedule && &m != pinned;
       if (!guarded([&] {
             LedgerComputeDevice* w = m.words;
             if (w->mode.load() != mode) w->mode.store(mode, std::memory_order_seq_cst);

@@ -371,9 +371,9 @@ inline int launchDevice() noexcept {
 // and, beyond the first, only once the stream's previous launches have their marker. Otherwise
 // two launches made together would share one marker, free both places at once, and be followed
 // by two more together: the device would idle between every pair (docs/compute.md).
-inline bool mayGo(uint32_t before, StreamEntry* e) noexcept {
+inline bool mayGo(uint32_t before, StreamEntry* e, uint32_t mode) noexcept {
   return before == 0 ||
-         (before < kInFlightBound &&
+         ((mode & kComputeTight) == 0 && before < kInFlightBound &&
           e->launched.load(std::memory_order_relaxed) <= e->markedShared.load(std::memory_order_acquire));
 }
 
@@ -388,7 +388,7 @@ void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e
     const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t gate = c->gate.load(std::memory_order_seq_cst);
     const uint32_t mode = c->mode.load(std::memory_order_relaxed);
-    if ((mode & kComputePaced) == 0 || (gate == kGateOpen && mayGo(before, e))) break;
+    if ((mode & kComputePaced) == 0 || (gate == kGateOpen && mayGo(before, e, mode))) break;
     // Undo (clamped: the tenant may have written the counter) and wait.
     uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
     while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
@@ -426,7 +426,7 @@ void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e
       gPacer.waiters.fetch_add(1, std::memory_order_acq_rel);
       gPacer.wake.fetch_add(1, std::memory_order_release);
       futexWake(&gPacer.wake, false);
-      if (!mayGo(slot->inflight.load(std::memory_order_seq_cst), e))
+      if (!mayGo(slot->inflight.load(std::memory_order_seq_cst), e, c->mode.load(std::memory_order_relaxed)))
         futexWait(&gPacer.completions, seq, 5'000'000, false);
       gPacer.waiters.fetch_sub(1, std::memory_order_acq_rel);
     }
@@ -461,7 +461,7 @@ inline CUresult launchOn(CUstream key, Launch&& launch) noexcept {
   }
   if (mode & kComputePaced) {
     const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
-    if (c->gate.load(std::memory_order_seq_cst) != kGateOpen || !mayGo(before, e)) {
+    if (c->gate.load(std::memory_order_seq_cst) != kGateOpen || !mayGo(before, e, mode)) {
       uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
       while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
       }

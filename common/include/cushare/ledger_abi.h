@@ -90,7 +90,8 @@ inline constexpr size_t kLedgerPidBytes = size_t{4} * kLedgerMaxSlots;
 // everything it reads (a tenant can write its own ledger; it may only hurt itself).
 inline constexpr uint32_t kComputeMetered = 1;  // LedgerComputeDevice::mode: measure busy time
 inline constexpr uint32_t kComputePaced = 2;    // launches wait for the gate, in-flight bounded
-inline constexpr uint32_t kComputeModeMask = kComputeMetered | kComputePaced;
+inline constexpr uint32_t kComputeTight = 4;    // paced with one launch in flight (a lower priority)
+inline constexpr uint32_t kComputeModeMask = kComputeMetered | kComputePaced | kComputeTight;
 inline constexpr uint32_t kGateOpen = 0;  // LedgerComputeDevice::gate
 inline constexpr uint32_t kGateClosed = 1;
 inline constexpr uint32_t kComputeNoCap = 10000;  // LedgerComputeDevice::cap: percent x 100
@@ -99,7 +100,7 @@ inline constexpr uint32_t kActivityInFlight = 1;  // launched work not known com
 inline constexpr uint32_t kActivityBlocked = 2;   // a launch waits at the closed gate
 
 struct LedgerComputeDevice {
-  std::atomic<uint32_t> mode;        // kComputeMetered | kComputePaced; other bits: reserved, zero
+  std::atomic<uint32_t> mode;        // kComputeMetered | kComputePaced | kComputeTight; others zero
   std::atomic<uint32_t> gate;        // kGateOpen / kGateClosed; a shared futex word (waited on)
   std::atomic<uint32_t> gate_epoch;  // +1 on every opening (informational, for waiters' logs)
   std::atomic<uint32_t> cap;         // effective cap, percent x 100 (1..10000); kComputeNoCap

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "interpose/hooks.h"
@@ -99,6 +100,8 @@ struct Pacer {
 };
 
 constinit Pacer gPacer;
+// This process's compute slot per device ordinal, once looked up (cleared in a forked child).
+constinit LedgerComputeSlot* gSlots[kMaxDevices] = {};
 // The gate epoch + 1 at which the broker was found gone (0: never): launches then pass a closed
 // gate until the epoch changes (a broker opened it again).
 constinit std::atomic<uint32_t> gGoneEpoch{0};
@@ -268,6 +271,15 @@ bool pass() noexcept {
   return pending;
 }
 
+// At exit (atexit runs before the driver's own teardown, which was loaded earlier): the pacer
+// makes no more driver calls.
+std::atomic<bool> gExiting{false};
+void stopPacerAtExit() noexcept {
+  pthread_mutex_lock(&gMutex);
+  gExiting.store(true, std::memory_order_release);
+  pthread_mutex_unlock(&gMutex);
+}
+
 void* pacerMain(void*) {
   sigset_t all;
   sigfillset(&all);
@@ -275,6 +287,10 @@ void* pacerMain(void*) {
   for (;;) {
     const uint32_t seq = gPacer.wake.load(std::memory_order_acquire);
     pthread_mutex_lock(&gMutex);
+    if (gExiting.load(std::memory_order_acquire)) {
+      pthread_mutex_unlock(&gMutex);
+      return nullptr;
+    }
     const bool pending = pass();
     pthread_mutex_unlock(&gMutex);
     // Launchers wait for the in-flight bound: poll often. Otherwise often while work is pending
@@ -297,6 +313,7 @@ void resetAfterFork() noexcept {
     e.dead = false;
   }
   for (ContextClock& c : gPacer.clocks) c = ContextClock{};
+  for (LedgerComputeSlot*& slot : gSlots) slot = nullptr;
   gPacer.waiters.store(0);
   gPacer.started.store(false);
   pthread_mutex_init(&gMutex, nullptr);
@@ -342,7 +359,7 @@ StreamEntry* insertStream(CUstream key, int dev) noexcept {
   }
   if (found != nullptr && !gPacer.started.load(std::memory_order_relaxed)) {
     static bool atfork = false;
-    if (!atfork) atfork = pthread_atfork(nullptr, nullptr, resetAfterFork) == 0;
+    if (!atfork) atfork = pthread_atfork(nullptr, nullptr, resetAfterFork) == 0 && std::atexit(stopPacerAtExit) == 0;
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -438,26 +455,42 @@ void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e
 
 }  // namespace
 
-// Every launch: `launch` is the real call. `key` is the stream as the pacer names it.
-template <class Launch>
-inline CUresult launchOn(CUstream key, Launch&& launch) noexcept {
-  if (devicesReady() != CUDA_SUCCESS) return launch();
+// The common case, checked by every launch hook before anything else so that the real launch is a
+// tail call: no compute mode on a single-device process's device (or devices not ready yet).
+inline bool launchPlain() noexcept {
+  if (devicesReady() != CUDA_SUCCESS) return true;
+  const ShimState& st = state();
+  return st.deviceCount == 1 &&
+         (st.devices[0].compute->mode.load(std::memory_order_relaxed) & kComputeModeMask) == 0;
+}
+
+// A metered launch's bookkeeping, before and after the real call (no lambda, no template: the
+// launch's arguments stay where they are).
+struct Ticket {
+  StreamEntry* entry = nullptr;  // null: nothing to do after the launch
+  LedgerComputeSlot* slot = nullptr;
+};
+
+// Before a metered or paced launch: the stream noted, the in-flight place taken (waiting for the
+// gate or the bound when paced). Returns false when the launch is neither (*t untouched).
+__attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
+  if (devicesReady() != CUDA_SUCCESS) return false;
   ShimState& st = state();
-  // The common case: no compute mode on the process's first device (single-device processes).
-  if (st.deviceCount == 1 &&
-      (st.devices[0].compute->mode.load(std::memory_order_relaxed) & kComputeModeMask) == 0)
-    return launch();
   const int dev = launchDevice();
-  if (dev < 0) return launch();
+  if (dev < 0) return false;
   LedgerComputeDevice* c = st.devices[dev].compute;
   const uint32_t mode = c->mode.load(std::memory_order_acquire);
-  if ((mode & kComputeModeMask) == 0) return launch();
-  LedgerComputeSlot* slot = ownSlot(dev);
-  if (slot == nullptr) return launch();  // a forked child before its first reservation
+  if ((mode & kComputeModeMask) == 0) return false;
+  LedgerComputeSlot* slot = gSlots[dev];
+  if (slot == nullptr) {
+    slot = ownSlot(dev);
+    if (slot == nullptr) return false;  // a forked child before its first reservation
+    gSlots[dev] = slot;
+  }
   StreamEntry* e = &gPacer.streams[hashOf(key, dev)];
   if (e->stream.load(std::memory_order_relaxed) != key || e->dev.load(std::memory_order_acquire) != dev) {
     e = insertStream(key, dev);
-    if (e == nullptr) return launch();  // more streams than the table holds: not metered
+    if (e == nullptr) return false;  // more streams than the table holds: not metered
   }
   if (mode & kComputePaced) {
     const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
@@ -470,16 +503,32 @@ inline CUresult launchOn(CUstream key, Launch&& launch) noexcept {
   } else {
     slot->inflight.fetch_add(1, std::memory_order_relaxed);
   }
-  const CUresult r = launch();
+  t->entry = e;
+  t->slot = slot;
+  return true;
+}
+
+// After it: a failed launch gives its place back; a launch on an idle stream starts a busy
+// interval (the clock is read only then).
+inline CUresult launchEnd(const Ticket& t, CUresult r) noexcept {
   if (r != CUDA_SUCCESS) {
-    uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
-    while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
+    uint32_t cur = t.slot->inflight.load(std::memory_order_relaxed);
+    while (cur > 0 && !t.slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
     }
     return r;
   }
-  const uint64_t before = e->launched.fetch_add(1, std::memory_order_release);
-  if (before == e->completed.load(std::memory_order_relaxed)) e->idleStart.store(nowNs(), std::memory_order_relaxed);
+  const uint64_t before = t.entry->launched.fetch_add(1, std::memory_order_release);
+  if (before == t.entry->completed.load(std::memory_order_relaxed))
+    t.entry->idleStart.store(nowNs(), std::memory_order_relaxed);
   return r;
+}
+
+// Every other launch: `launch` is the real call, `key` the stream as the pacer names it.
+template <class Launch>
+inline CUresult launchOn(CUstream key, Launch&& launch) noexcept {
+  Ticket t;
+  if (!launchBegin(key, &t)) return launch();
+  return launchEnd(t, launch());
 }
 
 namespace {
@@ -520,36 +569,81 @@ void pacerForgetContexts() noexcept {
   pthread_mutex_unlock(&gMutex);
 }
 
+namespace {
+// Apart from the hook, so that the hook's common case is a tail call (no frame, no lambda).
+__attribute__((noinline)) CUresult metered_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                                          unsigned by, unsigned bz, unsigned shmem, CUstream s,
+                                                          void** params, void** extra) noexcept {
+  Ticket t;
+  if (!launchBegin(s, &t)) return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return launchEnd(t, realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
+}
+}  // namespace
 CUresult hook_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
-  return launchOn(s, [&] { return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
+  if (launchPlain()) return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return metered_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
 }
-CUresult hook_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                   unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
   return launchOn(ptszKey(s), [&] {
     return realDriver().p_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
   });
 }
-CUresult hook_cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+}  // namespace
+CUresult hook_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                  unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return metered_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
   return launchOn(cfg ? cfg->hStream : nullptr,
                   [&] { return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra); });
 }
-CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+}  // namespace
+CUresult hook_cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra);
+  return metered_cuLaunchKernelEx(cfg, f, params, extra);
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
   return launchOn(ptszKey(cfg ? cfg->hStream : nullptr),
                   [&] { return realDriver().p_cuLaunchKernelEx_ptsz(cfg, f, params, extra); });
 }
-CUresult hook_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+}  // namespace
+CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchKernelEx_ptsz(cfg, f, params, extra);
+  return metered_cuLaunchKernelEx_ptsz(cfg, f, params, extra);
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                         unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) noexcept {
   return launchOn(s, [&] {
     return realDriver().p_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   });
 }
-CUresult hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+}  // namespace
+CUresult hook_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                        unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  return metered_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                              unsigned by, unsigned bz, unsigned shmem, CUstream s,
                                              void** params) noexcept {
   return launchOn(ptszKey(s), [&] {
     return realDriver().p_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   });
+}
+}  // namespace
+CUresult hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                             unsigned by, unsigned bz, unsigned shmem, CUstream s,
+                                             void** params) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  return metered_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
 }
 // Several devices at once: paced and metered on the current context's device, by the first
 // entry's stream (docs/compute.md).
@@ -563,8 +657,14 @@ CUresult hook_cuLaunch(CUfunction f) noexcept {
 CUresult hook_cuLaunchGrid(CUfunction f, int w, int h) noexcept {
   return launchOn(nullptr, [&] { return realDriver().p_cuLaunchGrid(f, w, h); });
 }
-CUresult hook_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept {
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept {
   return launchOn(s, [&] { return realDriver().p_cuLaunchGridAsync(f, w, h, s); });
+}
+}  // namespace
+CUresult hook_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchGridAsync(f, w, h, s);
+  return metered_cuLaunchGridAsync(f, w, h, s);
 }
 CUresult hook_cuStreamDestroy(CUstream s) noexcept {
   pacerForgetStream(s);

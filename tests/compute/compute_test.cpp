@@ -278,3 +278,40 @@ TEST(Scribble, GarbageInOneTenantsComputeRegionHurtsNoOtherTenant) {
 
 }  // namespace
 }  // namespace cushare::test
+
+namespace cushare::test {
+namespace {
+
+// perf/metering_overhead.sh (not a ctest test): a tenant saturating the device with short kernels
+// (US from METERING_BENCH_US, default 200), with metering on and off, best of 3 runs each: kernels
+// completed per second and the device's busy share by its own count.
+TEST(MeteringBench, ThroughputWithAndWithoutMetering) {
+  const char* usEnv = std::getenv("METERING_BENCH_US");
+  const int us = usEnv ? std::atoi(usEnv) : 200;
+  double best[2] = {0, 0}, share[2] = {0, 0};
+  for (int metering = 0; metering < 2; ++metering) {
+    for (int run = 0; run < 3; ++run) {
+      Broker b(testDir());
+      ASSERT_TRUE(b.start(std::string("compute: {metering: ") + (metering ? "on" : "off") + "}\ntenants:\n  - {name: m}\n"));
+      Child w = worker(b, "m");
+      const uint64_t busy0 = deviceBusy(w.pid()), t0 = monoNs();
+      w.send("run 2000 " + std::to_string(us));
+      const std::string done = w.readLine(30000);
+      const uint64_t t1 = monoNs();
+      const double n = std::atof(done.c_str() + 5);
+      const double rate = n / (static_cast<double>(t1 - t0) / 1e9);
+      if (rate > best[metering]) {
+        best[metering] = rate;
+        share[metering] = static_cast<double>(deviceBusy(w.pid()) - busy0) / static_cast<double>(t1 - t0);
+      }
+      w.send("quit");
+      w.wait();
+    }
+  }
+  std::printf("kernels of %d us per second: metering off %.0f (device busy %.3f), on %.0f (device busy %.3f): ratio %.4f\n",
+              us, best[0], share[0], best[1], share[1], best[1] / best[0]);
+  EXPECT_GT(best[0], 0);
+}
+
+}  // namespace
+}  // namespace cushare::test

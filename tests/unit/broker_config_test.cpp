@@ -536,9 +536,6 @@ TEST(BrokerConfig, TruncatedAndCorruptedInputNeverCrashes) {
   EXPECT_GT(refused, 0);
 }
 
-}  // namespace
-}  // namespace cushare::broker
-
 // The compute block (docs/compute.md): defaults, values, and refusals naming the field.
 TEST(BrokerConfig, ComputeBlock) {
   const Config d = parseOk("{}\n");
@@ -557,3 +554,6 @@ TEST(BrokerConfig, ComputeBlock) {
   EXPECT_NE(parseError("compute: {perod_ms: 50}\n").find("unknown key 'perod_ms'"), std::string::npos);
   EXPECT_NE(parseError("compute: 50\n").find("compute"), std::string::npos);
 }
+
+}  // namespace
+}  // namespace cushare::broker

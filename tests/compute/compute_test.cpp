@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -209,20 +210,30 @@ uint64_t meteredBusy(Broker& b, const std::string& tenant) {
   return t.devices_size() > 0 ? t.devices(0).busy_ns() : 0;
 }
 
-// The broker's busy time for a tenant against the device's own count for its process.
+// The broker's busy time for a tenant against the device's own count for its process, over a 2 s
+// run whose device busy share should be about expectBusyFraction. A run whose own share is far
+// from it (a loaded host oversleeping the duty cycle) is a failed precondition: tried again, up
+// to three times.
 void checkMetering(Broker& b, const std::string& tenant, const std::string& cmd, double expectBusyFraction) {
-  Child w = worker(b, tenant);
-  const uint64_t truth0 = deviceBusy(w.pid()), metered0 = meteredBusy(b, tenant);
-  w.send(cmd);
-  EXPECT_EQ(w.readLine(30000).rfind("done ", 0), 0u);
-  sleepMs(300);  // the pacer's last markers, the broker's next look
-  const double truth = static_cast<double>(deviceBusy(w.pid()) - truth0) / 1e9;
-  const double metered = static_cast<double>(meteredBusy(b, tenant) - metered0) / 1e9;
-  std::printf("tenant %s: metered %.4f s, device ground truth %.4f s\n", tenant.c_str(), metered, truth);
-  EXPECT_NEAR(truth, 2.0 * expectBusyFraction, 2.0 * expectBusyFraction * 0.5) << "the workload is not what it should be";
-  EXPECT_NEAR(metered, truth, 0.03 * 2.0 + 0.005) << "within 3 points of the 2 s run";
-  w.send("quit");
-  w.wait();
+  for (int attempt = 1;; ++attempt) {
+    Child w = worker(b, tenant);
+    const uint64_t truth0 = deviceBusy(w.pid()), metered0 = meteredBusy(b, tenant), t0 = monoNs();
+    w.send(cmd);
+    EXPECT_EQ(w.readLine(30000).rfind("done ", 0), 0u);
+    const double wall = static_cast<double>(monoNs() - t0) / 1e9;
+    sleepMs(300);  // the pacer's last markers, the broker's next look
+    const double truth = static_cast<double>(deviceBusy(w.pid()) - truth0) / 1e9;
+    const double metered = static_cast<double>(meteredBusy(b, tenant) - metered0) / 1e9;
+    w.send("quit");
+    w.wait();
+    std::printf("tenant %s: metered %.4f s, device ground truth %.4f s, over %.3f s\n", tenant.c_str(), metered,
+                truth, wall);
+    const bool workloadAsMeant = std::abs(truth / wall - expectBusyFraction) <= expectBusyFraction * 0.5;
+    if (!workloadAsMeant && attempt < 3) continue;
+    EXPECT_TRUE(workloadAsMeant) << "the workload ran " << truth / wall << " of the time, not about " << expectBusyFraction;
+    EXPECT_NEAR(metered, truth, 0.03 * wall + 0.005) << "within 3 points of the run";
+    return;
+  }
 }
 
 TEST(Metering, BusyTimeOfASaturatingAndATenPercentTenant) {

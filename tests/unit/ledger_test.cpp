@@ -240,7 +240,9 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
   EXPECT_EQ(constants, codeConstants);
   // The sizes add up: fields tile the header, the device entry and the file without holes.
   EXPECT_EQ(sizeof(LedgerDevice) * kLedgerMaxDevices, sizeof(LedgerHeader::devices));
-  EXPECT_EQ(kLedgerUsedOffset + kLedgerUsedBytes + kLedgerPidBytes, kLedgerFileSize);
+  EXPECT_EQ(kLedgerUsedOffset + kLedgerUsedBytes + kLedgerPidBytes, kLedgerComputeOffset);
+  EXPECT_EQ(sizeof(LedgerComputeDevice) * kLedgerMaxDevices, kLedgerComputeBytes);
+  EXPECT_EQ(kLedgerComputeOffset + kLedgerComputeBytes + kLedgerComputeSlotBytes, kLedgerFileSize);
   char magic[8];
   std::memcpy(magic, &kLedgerMagic, 8);
   EXPECT_EQ(std::string(magic, 8), std::string("CUSHLDG\0", 8));

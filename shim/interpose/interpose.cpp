@@ -166,6 +166,7 @@ bool loadRealDriver(std::string* error) noexcept {
   gDriver.p_cuEventElapsedTime = reinterpret_cast<decltype(gDriver.p_cuEventElapsedTime)>(realDlsym(h, "cuEventElapsedTime_v2"));
   if (!gDriver.p_cuEventElapsedTime) CUSHARE_RESOLVE(cuEventElapsedTime);
   CUSHARE_RESOLVE(cuStreamCreate);
+  CUSHARE_RESOLVE(cuCtxGetStreamPriorityRange);
 #undef CUSHARE_RESOLVE
   if (!gDriver.p_cuInit || !gDriver.p_cuGetProcAddress_v2 || !gDriver.p_cuCtxGetDevice || !gDriver.p_cuDeviceGetUuid_v2) {
     if (error) *error = "the CUDA driver libcuda.so.1 lacks entry points the shim needs (driver older than CUDA 12?)";

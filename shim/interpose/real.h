@@ -50,6 +50,7 @@ struct RealDriver {
   CUresult (*p_cuEventDestroy_v2)(CUevent) = nullptr;
   CUresult (*p_cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;
   CUresult (*p_cuStreamCreate)(CUstream*, unsigned) = nullptr;
+  CUresult (*p_cuCtxGetStreamPriorityRange)(int*, int*) = nullptr;
 };
 
 struct RealNvml {

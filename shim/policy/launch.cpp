@@ -666,6 +666,26 @@ CUresult hook_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept
   if (launchPlain()) return realDriver().p_cuLaunchGridAsync(f, w, h, s);
   return metered_cuLaunchGridAsync(f, w, h, s);
 }
+// A stream's priority in the tenant's band (docs/compute.md), once the broker's words are in force
+// on the device: low tenants get the least priority, normal ones at most the middle of the range,
+// high ones what they ask. A band value the broker never writes counts as low.
+CUresult hook_cuStreamCreateWithPriority(CUstream* ph, unsigned flags, int priority) noexcept {
+  RealDriver& d = realDriver();
+  int least = 0, greatest = 0;
+  if (devicesReady() == CUDA_SUCCESS && d.p_cuCtxGetStreamPriorityRange &&
+      d.p_cuCtxGetStreamPriorityRange(&least, &greatest) == CUDA_SUCCESS) {
+    const int dev = launchDevice();
+    const LedgerComputeDevice* c = dev >= 0 ? state().devices[dev].compute : nullptr;
+    if (c != nullptr && (c->mode.load(std::memory_order_acquire) & kComputeModeMask) != 0) {
+      const uint32_t band = c->priority.load(std::memory_order_relaxed);
+      // Numerically lower is higher priority: greatest <= priority <= least.
+      if (band >= 2) priority = least;
+      else if (band == 1 && priority < (least + greatest) / 2) priority = (least + greatest) / 2;
+    }
+  }
+  return d.p_cuStreamCreateWithPriority(ph, flags, priority);
+}
+
 CUresult hook_cuStreamDestroy(CUstream s) noexcept {
   pacerForgetStream(s);
   return realDriver().p_cuStreamDestroy(s);

@@ -203,6 +203,25 @@ TEST(Priority, HighKeepsItsThroughputAndLatencyNextToASaturatingLowTenant) {
   for (Child* k : {&hi, &lo}) k->wait();
 }
 
+// Streams a tenant creates land in its priority band: low gets the least priority whatever it
+// asks, normal at most the middle, high what it asks.
+TEST(Priority, StreamsAreMappedIntoTheTenantsBand) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: hi, priority: high}\n  - {name: mid}\n  - {name: lo, priority: low}\n"));
+  Child hi = worker(b, "hi"), mid = worker(b, "mid"), lo = worker(b, "lo");
+  sleepMs(100);  // the broker's first step writes the words
+  int least = 0, greatest = 0;
+  ASSERT_EQ(std::sscanf(hi.ask("range").c_str(), "range %d %d", &least, &greatest), 2);
+  ASSERT_LT(greatest, least) << "the device has stream priorities";
+  const std::string top = "prio " + std::to_string(greatest);
+  EXPECT_EQ(hi.ask(top), "prio " + std::to_string(greatest));
+  EXPECT_EQ(mid.ask(top), "prio " + std::to_string((least + greatest) / 2));
+  EXPECT_EQ(lo.ask(top), "prio " + std::to_string(least));
+  EXPECT_EQ(lo.ask("prio " + std::to_string(least)), "prio " + std::to_string(least));
+  for (Child* k : {&hi, &mid, &lo}) k->send("quit");
+  for (Child* k : {&hi, &mid, &lo}) k->wait();
+}
+
 // ---------------------------------------------------------------------------------------------
 
 uint64_t meteredBusy(Broker& b, const std::string& tenant) {

@@ -8,6 +8,8 @@
 //   lat MS US GAP_US      -> like duty with a GAP_US pause after each kernel: "lat N P50_US P99_US"
 //                            (launch-to-completion latency of each kernel, host wall time)
 //   graph N US            -> N graph launches of a one-kernel graph: "done N"
+//   prio P                -> a stream created with priority P: "prio GOT" (its priority)
+//   range                 -> "range LEAST GREATEST"
 //   pid                   -> "pid PID"
 //   quit
 // At start it prints "ready" (after the context exists), or "init-failed CODE".
@@ -103,6 +105,21 @@ int main() {
       for (long long i = 0; i < n; ++i) cudaGraphLaunch(exec, stream);
       cudaStreamSynchronize(stream);
       std::printf("done %lld\n", n);
+    } else if (cmd == "prio") {
+      int want = 0, got = 99;
+      in >> want;
+      cudaStream_t st;
+      if (cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, want) == cudaSuccess &&
+          cudaStreamGetPriority(st, &got) == cudaSuccess) {
+        cudaStreamDestroy(st);
+        std::printf("prio %d\n", got);
+      } else {
+        std::printf("prio-failed\n");
+      }
+    } else if (cmd == "range") {
+      int least = 0, greatest = 0;
+      cudaDeviceGetStreamPriorityRange(&least, &greatest);
+      std::printf("range %d %d\n", least, greatest);
     } else if (cmd == "pid") {
       std::printf("pid %d\n", static_cast<int>(getpid()));
     } else if (cmd == "quit") {

@@ -23,6 +23,7 @@
 #include "core/devices.h"
 #include "core/log.h"
 #include "core/mps_daemon.h"
+#include "core/compute_thread.h"
 #include "core/reaper.h"
 #include "metrics/http_server.h"
 #include "metrics/prometheus.h"
@@ -138,6 +139,8 @@ int main(int argc, char** argv) {
     }
     broker.setMetricsAddress(metrics.address());
   }
+  ComputeThread compute(broker);
+  compute.start();
   spdlog::info("ready: control socket {}, metrics {}", broker.socketPath(),
                broker.metricsHost().empty() ? "off" : "http://" + metrics.address() + "/metrics");
 
@@ -162,6 +165,8 @@ int main(int argc, char** argv) {
     spdlog::info("stopping on signal {}; the ledgers and their limits stay in force", si.ssi_signo);
     break;
   }
+  compute.stop();
+  broker.computeRelease();  // tenants keep running without the broker: no gate stays closed
   metrics.stop();
   control.stop();
   reaper.stop();

@@ -206,15 +206,22 @@ void printStatus(const rpc::StatusReply& s) {
 }
 
 void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants) {
-  Table t({"TENANT", "DEVICE", "USED", "LIMIT", "PEAK", "DENIED", "PROCS", "SOURCE"});
+  Table t({"TENANT", "DEVICE", "USED", "LIMIT", "PEAK", "DENIED", "CAP", "BUSY", "THROTTLED", "PROCS", "SOURCE"});
   bool overridden = false;
+  const auto seconds = [](uint64_t ns) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3fs", static_cast<double>(ns) / 1e9);
+    return std::string(b);
+  };
   for (const rpc::Tenant& tn : tenants) {
     const std::string procs = std::to_string(tn.processes());
+    const std::string cap = tn.has_thread_percentage() ? std::to_string(tn.thread_percentage()) + "%" : "-";
     // A tenant the broker cannot manage has no device rows; it still gets a line.
-    if (tn.devices().empty()) t.add({tn.name(), "-", "-", "-", "-", "-", procs, tn.source()});
+    if (tn.devices().empty()) t.add({tn.name(), "-", "-", "-", "-", "-", cap, "-", "-", procs, tn.source()});
     for (const rpc::TenantDevice& d : tn.devices()) {
       t.add({tn.name(), std::to_string(d.device()), formatSize(d.used_bytes()), limitCell(d),
-             formatSize(d.peak_bytes()), std::to_string(d.denied()), procs, tn.source()});
+             formatSize(d.peak_bytes()), std::to_string(d.denied()), cap + (d.paced() ? " paced" : ""),
+             seconds(d.busy_ns()), seconds(d.throttled_ns()), procs, tn.source()});
       overridden = overridden || (d.overridden() && d.has_limit_bytes());
     }
   }

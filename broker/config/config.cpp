@@ -80,7 +80,8 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
                                            "unknown_tenants", "admin_group", "state_file",
                                            "hidden_memory_allowance", "context_memory", "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
-                                           "mps"};
+                                           "mps", "compute"};
+const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "metering"};
 const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority"};
 const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
                                               "priority", "uid",     "gid"};
@@ -220,6 +221,7 @@ class Parser {
     if (k == "mps") return mps(v, &c->mps);
     if (k == "profiles") return profiles(v, c);
     if (k == "tenants") return tenants(v);
+    if (k == "compute") return compute(v, &c->compute);
     return unknownKey(key, path, kTopKeys);
   }
 
@@ -263,6 +265,33 @@ class Parser {
     }
     if (m->pipeDir == m->logDir)
       return fail(n.mark, "mps", "pipe_dir and log_dir are the same directory " + quote(m->pipeDir));
+    return true;
+  }
+
+  // compute: {period_ms: 5..1000, priority_floor_percent: 0..100, metering: on|off}
+  bool compute(const Node& n, ComputeConfig* out) {
+    if (!map(n, "compute", "a map of settings (period_ms, priority_floor_percent, metering)")) return false;
+    ComputeConfig c;
+    for (size_t i = 0; i < n.keys.size(); ++i) {
+      const Node& key = n.keys[i];
+      const Node& v = n.items[i];
+      const std::string path = join("compute", key.text);
+      std::string text, reason;
+      if (key.text == "period_ms" || key.text == "priority_floor_percent") {
+        const bool period = key.text == "period_ms";
+        if (!scalar(v, path, period ? "milliseconds, 5..1000" : "a percentage, 0..100, no % sign", &text)) return false;
+        int64_t x = 0;
+        if (!parseInt(text, period ? 5 : 0, period ? 1000 : 100, &x, &reason)) return fail(v.mark, path, reason);
+        (period ? c.periodMs : c.priorityFloorPercent) = static_cast<uint32_t>(x);
+      } else if (key.text == "metering") {
+        if (!scalar(v, path, "on or off", &text)) return false;
+        if (text != "on" && text != "off") return fail(v.mark, path, "expected on or off, found '" + text + "'");
+        c.metering = text == "on";
+      } else {
+        return unknownKey(key, path, kComputeKeys);
+      }
+    }
+    *out = c;
     return true;
   }
 

@@ -93,8 +93,17 @@ struct MpsConfig {
 
 const char* mpsModeName(MpsConfig::Mode m);  // "off", "on", "auto"
 
+// The compute scheduler's settings (`compute:` block; docs/compute.md). Its own struct and parser
+// function, apart from the rest, so that other blocks merge without conflicts.
+struct ComputeConfig {
+  uint32_t periodMs = 100;            // budgets are cap x period
+  uint32_t priorityFloorPercent = 10; // what lower-priority tenants keep next to a busy high one
+  bool metering = true;               // measure every tenant's GPU busy time (launch markers)
+};
+
 struct Config {
-  std::string file;  // the name used in messages (the path given to loadConfig)
+  std::string file;
+  ComputeConfig compute;  // the name used in messages (the path given to loadConfig)
   std::string ledgerDir = "/dev/shm/cushare";
   std::string socket = "/run/cushare/broker.sock";
   std::string metricsHost = "127.0.0.1";  // as written; an IPv6 address without brackets; empty:

@@ -780,6 +780,7 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
       td.overridden = ov != overrides_.end() && ov->second.count(devices_[d].uuid) != 0;
       td.hidden = d < t.hidden.size() ? t.hidden[d] : 0;
       td.leftBehind = d < t.leftBehind.size() ? t.leftBehind[d] : 0;
+      computeSnapshotLocked(t.name, d, &td);
       s.devices.push_back(td);
     }
     for (const Ledger::SlotUsage& u : t.ledger->slots()) {

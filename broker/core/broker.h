@@ -97,6 +97,13 @@ class Broker {
   // The pids in every ledger's slots, for the reaper's pidfds.
   std::vector<int> pids();
 
+  // The compute scheduler's step (compute.cpp; docs/compute.md): meters every tenant's busy and
+  // throttled time, writes each ledger's compute words, and runs the exclusive turns on devices
+  // where a tenant is capped. Returns how long to sleep before the next step.
+  std::chrono::microseconds computeTick();
+  // At stop: every gate opened, pacing off (metering stays on), so tenants run on unpaced.
+  void computeRelease();
+
   void setMetricsAddress(std::string a);
   // What the MPS supervisor last saw (core/mps_daemon.h); snapshot() carries it.
   void setMpsSnapshot(MpsSnapshot m);
@@ -241,6 +248,12 @@ class Broker {
   std::vector<LeftBehindDevice> leftBehind_;
   bool liveElsewhereLocked(const TenantState& t, int32_t slotPid) const;
   void scanLocked(std::vector<std::string>* busy);
+  // compute.cpp
+  struct ComputeState;
+  void computeSnapshotLocked(const std::string& tenant, size_t device, TenantDeviceSnapshot* out) const;
+  // The hook for MPS (docs/compute.md): true when the device's tenants are MPS clients, whose caps
+  // MPS enforces; the scheduler then neither gates nor paces that device (metering goes on).
+  bool computeUnderMpsLocked(size_t device) const;
 
   const std::string configPath_;
   const std::vector<DeviceInfo> devices_;
@@ -270,6 +283,7 @@ class Broker {
   std::map<int, DeviceProcess> deviceProcesses_;  // host pid -> (the device's processes only)
   uint64_t ticks_ = 0;
   std::string deviceError_;  // the device's per-process accounting could not be read (logged once)
+  std::shared_ptr<ComputeState> compute_;  // compute.cpp; created by the first computeTick
 };
 
 }  // namespace cushare::broker

@@ -33,6 +33,10 @@ struct TenantDeviceSnapshot {
                               // by the broker (included in used)
   uint64_t leftBehind = 0;    // bytes its exited processes left on the device (exported memory),
                               // charged by the broker (included in used)
+  // Compute (docs/compute.md): counters since the broker started, never going back.
+  uint64_t busyNs = 0;        // GPU time the tenant's work executed (its processes' markers)
+  uint64_t throttledNs = 0;   // time its launches waited at the closed gate
+  bool paced = false;         // the scheduler gates the tenant's launches on this device now
 };
 
 struct ProcessSnapshot {

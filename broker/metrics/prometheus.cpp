@@ -198,6 +198,31 @@ void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {
   }
 }
 
+// Compute time per tenant and device (docs/compute.md): seconds, counters since the broker started.
+void renderTenantCompute(const BrokerSnapshot& s, Writer& w) {
+  struct Family {
+    std::string_view name, help;
+    uint64_t TenantDeviceSnapshot::*ns;
+  };
+  static constexpr Family kFamilies[] = {
+      {"cushare_tenant_gpu_busy_seconds_total",
+       "GPU time during which the tenant's work executed on the device (timing events on its "
+       "streams), seconds.",
+       &TenantDeviceSnapshot::busyNs},
+      {"cushare_tenant_throttled_seconds_total",
+       "Time the tenant's launches waited for their turn (compute caps and priorities), seconds.",
+       &TenantDeviceSnapshot::throttledNs},
+  };
+  for (const Family& f : kFamilies) {
+    w.family(f.name, kCounter, f.help);
+    for (const TenantSnapshot& t : s.tenants) {
+      if (!t.error.empty()) continue;
+      for (const TenantDeviceSnapshot& d : t.devices)
+        w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, static_cast<double>(d.*f.ns) / 1e9);
+    }
+  }
+}
+
 void renderTenants(const BrokerSnapshot& s, Writer& w) {
   w.family("cushare_tenant_processes", kGauge, "Live processes of the tenant.");
   for (const TenantSnapshot& t : s.tenants) w.sample({{"tenant", t.name}}, t.processes.size());
@@ -249,6 +274,7 @@ std::string renderMetrics(const BrokerSnapshot& s) {
   renderBroker(s, w);
   renderDevices(s, w);
   renderTenantDevices(s, w);
+  renderTenantCompute(s, w);
   renderTenants(s, w);
   renderMps(s.mps, w);
   return w.take();

@@ -22,6 +22,9 @@ void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, 
   out->set_peak_bytes(d.peak);
   out->set_denied(d.denied);
   out->set_overridden(d.overridden);
+  out->set_busy_ns(d.busyNs);
+  out->set_throttled_ns(d.throttledNs);
+  out->set_paced(d.paced);
 }
 
 void toProto(const TenantSnapshot& t, const broker::ProcessSnapshot& p, const BrokerSnapshot& snap,

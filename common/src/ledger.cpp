@@ -401,6 +401,8 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
   l->hdr_ = static_cast<LedgerHeader*>(map);
   l->used_ = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(map) + kLedgerUsedOffset);
   l->pid_ = reinterpret_cast<std::atomic<int32_t>*>(static_cast<char*>(map) + kLedgerPidOffset);
+  l->compute_ = reinterpret_cast<LedgerComputeDevice*>(static_cast<char*>(map) + kLedgerComputeOffset);
+  l->computeSlots_ = reinterpret_cast<LedgerComputeSlot*>(static_cast<char*>(map) + kLedgerComputeSlotOffset);
   l->fd_ = fd;  // from here on, ~Ledger unmaps and closes
   l->fileDev_ = st.st_dev;
   l->fileIno_ = st.st_ino;
@@ -547,6 +549,16 @@ int Ledger::claimSlotLocked(std::string* err) noexcept {
     // Ours now. A previous owner that died and was not reaped yet left its usage: return it.
     for (uint32_t d = 0; d < kLedgerMaxDevices; ++d)
       usedAt(static_cast<int>(d), slot).store(0, kSeq);
+    // Its compute counters start again from zero (the broker keeps the totals of the slot's
+    // previous owners: a counter that goes down is a new owner's).
+    for (uint32_t d = 0; d < kLedgerMaxDevices; ++d) {
+      LedgerComputeSlot* c = computeSlotAt(static_cast<int>(d), slot);
+      c->busy_ns.store(0, kSeq);
+      c->throttled_ns.store(0, kSeq);
+      c->activity_ns.store(0, kSeq);
+      c->activity.store(0, kSeq);
+      c->inflight.store(0, kSeq);
+    }
     // An observer's slot holds a charge, not a process: pid 0, so that process lists leave it out
     // (its lock still keeps it from being claimed or reaped).
     pid_[s].store(observer_ ? 0 : pid, kSeq);
@@ -614,6 +626,13 @@ int Ledger::reapDeadLocked(const std::function<bool(int32_t)>* alsoLive, std::ve
     if (occupied(s)) {
       for (uint32_t d = 0; d < kLedgerMaxDevices; ++d)
         usedAt(static_cast<int>(d), static_cast<int>(s)).store(0, kSeq);
+      // A dead process has nothing in flight and waits at no gate (its counters stay: they are
+      // the tenant's history until a new process claims the slot).
+      for (uint32_t d = 0; d < kLedgerMaxDevices; ++d) {
+        LedgerComputeSlot* c = computeSlotAt(static_cast<int>(d), static_cast<int>(s));
+        c->inflight.store(0, kSeq);
+        c->activity.store(0, kSeq);
+      }
       pid_[s].store(0, kSeq);
       ++reaped;
     }

@@ -28,10 +28,18 @@
 // ---- road 1: exported wrappers ----
 // Every wrapper first makes sure the shim is initialised (one acquire load once it is) and that
 // the real driver has the entry point: nothing ever calls through a null pointer.
+// The first call (or a failed start) goes through a cold function, so that the common case is
+// one load, two compares and a tail jump to the policy (no frame, arguments left in place).
 #define CUSHARE_DRIVER_HOOK(sym, base, ver, pt, params, args)                                      \
   extern "C" CUSHARE_EXPORT CUresult cushare_wrap_##sym params __asm__(#sym);                      \
-  CUresult cushare_wrap_##sym params {                                                             \
+  __attribute__((noinline, cold)) static CUresult cushare_first_##sym params {                     \
     if (CUresult r_ = ::cushare::shim::processReady(); r_ != CUDA_SUCCESS) return r_;              \
+    if (!::cushare::shim::realDriver().p_##sym) return CUDA_ERROR_NOT_SUPPORTED;                   \
+    return ::cushare::shim::hook_##sym args;                                                       \
+  }                                                                                                \
+  CUresult cushare_wrap_##sym params {                                                             \
+    if (__builtin_expect(::cushare::shim::detail::gProcessPhase.load(std::memory_order_acquire) != 1, 0)) \
+      return cushare_first_##sym args;                                                             \
     if (!::cushare::shim::realDriver().p_##sym) return CUDA_ERROR_NOT_SUPPORTED;                   \
     return ::cushare::shim::hook_##sym args;                                                       \
   }
@@ -148,6 +156,17 @@ bool loadRealDriver(std::string* error) noexcept {
   CUSHARE_RESOLVE(cuStreamGetDevice);
   CUSHARE_RESOLVE(cuDeviceGetDefaultMemPool);
   CUSHARE_RESOLVE(cuMemGetAllocationPropertiesFromHandle);
+  CUSHARE_RESOLVE(cuCtxGetCurrent);
+  CUSHARE_RESOLVE(cuCtxSetCurrent);
+  CUSHARE_RESOLVE(cuEventCreate);
+  CUSHARE_RESOLVE(cuEventRecord);
+  CUSHARE_RESOLVE(cuEventQuery);
+  CUSHARE_RESOLVE(cuEventDestroy_v2);
+  // cuda.h of CUDA 13 names cuEventElapsedTime_v2 so; older drivers export only the first.
+  gDriver.p_cuEventElapsedTime = reinterpret_cast<decltype(gDriver.p_cuEventElapsedTime)>(realDlsym(h, "cuEventElapsedTime_v2"));
+  if (!gDriver.p_cuEventElapsedTime) CUSHARE_RESOLVE(cuEventElapsedTime);
+  CUSHARE_RESOLVE(cuStreamCreate);
+  CUSHARE_RESOLVE(cuCtxGetStreamPriorityRange);
 #undef CUSHARE_RESOLVE
   if (!gDriver.p_cuInit || !gDriver.p_cuGetProcAddress_v2 || !gDriver.p_cuCtxGetDevice || !gDriver.p_cuDeviceGetUuid_v2) {
     if (error) *error = "the CUDA driver libcuda.so.1 lacks entry points the shim needs (driver older than CUDA 12?)";

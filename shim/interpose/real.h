@@ -41,6 +41,16 @@ struct RealDriver {
   CUresult (*p_cuStreamGetDevice)(CUstream, CUdevice*) = nullptr;
   CUresult (*p_cuDeviceGetDefaultMemPool)(CUmemoryPool*, CUdevice) = nullptr;
   CUresult (*p_cuMemGetAllocationPropertiesFromHandle)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
+  // The pacer (launch.cpp): timing events on the tenant's streams, from its own thread.
+  CUresult (*p_cuCtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*p_cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*p_cuEventCreate)(CUevent*, unsigned) = nullptr;
+  CUresult (*p_cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*p_cuEventQuery)(CUevent) = nullptr;
+  CUresult (*p_cuEventDestroy_v2)(CUevent) = nullptr;
+  CUresult (*p_cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;
+  CUresult (*p_cuStreamCreate)(CUstream*, unsigned) = nullptr;
+  CUresult (*p_cuCtxGetStreamPriorityRange)(int*, int*) = nullptr;
 };
 
 struct RealNvml {

@@ -11,6 +11,7 @@ namespace cushare::shim {
 // memory.cpp, pools.cpp
 void settleFreedAllocations() noexcept;
 void settleAllPools() noexcept;
+void pacerForgetContexts() noexcept;  // launch.cpp
 
 namespace {
 
@@ -29,25 +30,31 @@ CUresult afterRelease(CUresult r, CUdevice dev) noexcept {
   RealDriver& d = realDriver();
   if (d.p_cuDevicePrimaryCtxGetState &&
       d.p_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
-    return afterTeardown(r);
+    pacerForgetContexts();
+  return afterTeardown(r);
   return r;
 }
 
 }  // namespace
 
 CUresult hook_cuCtxDestroy(CUcontext ctx) noexcept {
+  pacerForgetContexts();
   return afterTeardown(realDriver().p_cuCtxDestroy(ctx));
 }
 CUresult hook_cuCtxDestroy_v2(CUcontext ctx) noexcept {
+  pacerForgetContexts();
   return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx));
 }
 CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept {
+  pacerForgetContexts();
   return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset(dev));
 }
 CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
+  pacerForgetContexts();
   return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset_v2(dev));
 }
 CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept {
+  pacerForgetContexts();
   return afterRelease(realDriver().p_cuDevicePrimaryCtxRelease(dev), dev);
 }
 CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept {

@@ -16,6 +16,8 @@
 #include "runtime/state.h"
 
 namespace cushare::shim {
+
+CUresult paceGraphLaunch(CUgraphExec exec, CUstream s, bool ptsz) noexcept;  // launch.cpp
 namespace {
 
 struct ExecMemory {
@@ -147,11 +149,11 @@ CUresult hook_cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph graph
 
 CUresult hook_cuGraphLaunch(CUgraphExec exec, CUstream s) noexcept {
   if (CUresult r = chargeOnFirstUse(exec); r != CUDA_SUCCESS) return r;
-  return realDriver().p_cuGraphLaunch(exec, s);
+  return paceGraphLaunch(exec, s, false);
 }
 CUresult hook_cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) noexcept {
   if (CUresult r = chargeOnFirstUse(exec); r != CUDA_SUCCESS) return r;
-  return realDriver().p_cuGraphLaunch_ptsz(exec, s);
+  return paceGraphLaunch(exec, s, true);
 }
 CUresult hook_cuGraphUpload(CUgraphExec exec, CUstream s) noexcept {
   if (CUresult r = chargeOnFirstUse(exec); r != CUDA_SUCCESS) return r;

@@ -162,6 +162,7 @@ bool resolveDevice(ShimState& s, const uint8_t uuid[16], uint64_t envLimit, cons
   }
   v->ledgerIndex = idx;
   v->envLimit = envLimit;
+  v->compute = s.ledger->compute(idx);
   std::snprintf(v->uuid, sizeof v->uuid, "%s", formatGpuUuid(uuid).c_str());
   const uint64_t inForce = s.ledger->limit(idx);
   if (!s.brokerManaged && envLimit > inForce) {

@@ -27,6 +27,8 @@ struct DeviceView {
   int ledgerIndex = -1;
   uint64_t envLimit = kUnlimited;  // from CUSHARE_MEMORY_LIMIT; the ledger's limit may be lower
   char uuid[48] = {};              // "GPU-..." as NVML reports it
+  // The broker's compute words for this device in the ledger (launch.cpp reads mode and gate).
+  LedgerComputeDevice* compute = nullptr;
 };
 
 // The devices an NVML-only process has looked at, by UUID (NVML's numbering is not CUDA's).

@@ -900,7 +900,7 @@ TEST(BadLedger, CuInitFailsNamingTheFile) {
   const std::string path = std::string(dir) + "/" + tenant + ".ledger";
   std::string cmd = "mkdir -p '" + std::string(dir) + "' && chmod 700 '" + dir + "'";
   ASSERT_EQ(0, std::system(cmd.c_str()));
-  std::vector<char> bytes(18048, 0);
+  std::vector<char> bytes(84608, 0);  // a version-2 file's size
   if (std::string(kind) == "magic") {
     std::memcpy(bytes.data(), "NOTALEDG", 8);
   } else {  // right magic, a layout version from the future

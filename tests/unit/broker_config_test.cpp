@@ -547,5 +547,24 @@ TEST(BrokerConfig, TruncatedAndCorruptedInputNeverCrashes) {
   EXPECT_GT(refused, 0);
 }
 
+// The compute block (docs/compute.md): defaults, values, and refusals naming the field.
+TEST(BrokerConfig, ComputeBlock) {
+  const Config d = parseOk("{}\n");
+  EXPECT_EQ(d.compute.periodMs, 100u);
+  EXPECT_EQ(d.compute.priorityFloorPercent, 10u);
+  EXPECT_TRUE(d.compute.metering);
+  const Config c = parseOk("compute: {period_ms: 100, priority_floor_percent: 0, metering: off}\n");
+  EXPECT_EQ(c.compute.periodMs, 100u);
+  EXPECT_EQ(c.compute.priorityFloorPercent, 0u);
+  EXPECT_FALSE(c.compute.metering);
+  EXPECT_NE(parseError("compute: {period_ms: 4}\n").find("compute.period_ms"), std::string::npos);
+  EXPECT_NE(parseError("compute: {period_ms: 1001}\n").find("compute.period_ms"), std::string::npos);
+  EXPECT_NE(parseError("compute: {priority_floor_percent: 10%}\n").find("compute.priority_floor_percent"),
+            std::string::npos);
+  EXPECT_NE(parseError("compute: {metering: yes}\n").find("expected on or off"), std::string::npos);
+  EXPECT_NE(parseError("compute: {perod_ms: 50}\n").find("unknown key 'perod_ms'"), std::string::npos);
+  EXPECT_NE(parseError("compute: 50\n").find("compute"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace cushare::broker

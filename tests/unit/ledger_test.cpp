@@ -193,6 +193,14 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       {"devices", {offsetof(LedgerHeader, devices), sizeof(LedgerHeader::devices)}},
       {"used", {kLedgerUsedOffset, kLedgerUsedBytes}},
       {"pid", {kLedgerPidOffset, kLedgerPidBytes}},
+      {"compute", {kLedgerComputeOffset, kLedgerComputeBytes}},
+      {"compute_slots", {kLedgerComputeSlotOffset, kLedgerComputeSlotBytes}},
+#define CD(f) {"compute[d]." #f, {offsetof(LedgerComputeDevice, f), sizeof(LedgerComputeDevice::f)}}
+      CD(mode), CD(gate), CD(gate_epoch), CD(cap), CD(priority), CD(reserved0), CD(reserved1),
+#undef CD
+#define CS(f) {"compute_slots[d][s]." #f, {offsetof(LedgerComputeSlot, f), sizeof(LedgerComputeSlot::f)}}
+      CS(busy_ns), CS(throttled_ns), CS(activity_ns), CS(activity), CS(inflight),
+#undef CS
       {"devices[d].uuid", {offsetof(LedgerDevice, uuid), sizeof(LedgerDevice::uuid)}},
       {"devices[d].limit", {offsetof(LedgerDevice, limit), sizeof(LedgerDevice::limit)}},
       {"devices[d].peak", {offsetof(LedgerDevice, peak), sizeof(LedgerDevice::peak)}},
@@ -224,6 +232,7 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       {"header_size", sizeof(LedgerHeader)},
       {"kLedgerFileSize", kLedgerFileSize},
       {"kLedgerLimitPending", kLedgerLimitPending},
+      {"kComputeNoCap", kComputeNoCap},
       {"kHostMagic", kHostMagic},
       {"kHostVersion", kHostVersion},
       {"kHostMaxDevices", kHostMaxDevices},
@@ -231,7 +240,9 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
   EXPECT_EQ(constants, codeConstants);
   // The sizes add up: fields tile the header, the device entry and the file without holes.
   EXPECT_EQ(sizeof(LedgerDevice) * kLedgerMaxDevices, sizeof(LedgerHeader::devices));
-  EXPECT_EQ(kLedgerUsedOffset + kLedgerUsedBytes + kLedgerPidBytes, kLedgerFileSize);
+  EXPECT_EQ(kLedgerUsedOffset + kLedgerUsedBytes + kLedgerPidBytes, kLedgerComputeOffset);
+  EXPECT_EQ(sizeof(LedgerComputeDevice) * kLedgerMaxDevices, kLedgerComputeBytes);
+  EXPECT_EQ(kLedgerComputeOffset + kLedgerComputeBytes + kLedgerComputeSlotBytes, kLedgerFileSize);
   char magic[8];
   std::memcpy(magic, &kLedgerMagic, 8);
   EXPECT_EQ(std::string(magic, 8), std::string("CUSHLDG\0", 8));
@@ -249,11 +260,11 @@ TEST(LedgerAbi, FileBytesAreWhereTheDocumentationSays) {
   ASSERT_GE(slot, 0);
 
   const std::string f = readFile(l->path());
-  ASSERT_EQ(f.size(), 18048u);
+  ASSERT_EQ(f.size(), 84608u);
   EXPECT_EQ(f.substr(0, 8), std::string("CUSHLDG\0", 8));
-  EXPECT_EQ(readAt<uint32_t>(f, 8), 1u);
+  EXPECT_EQ(readAt<uint32_t>(f, 8), 2u);
   EXPECT_EQ(readAt<uint32_t>(f, 12), 1152u);
-  EXPECT_EQ(readAt<uint64_t>(f, 16), 18048u);
+  EXPECT_EQ(readAt<uint64_t>(f, 16), 84608u);
   EXPECT_EQ(readAt<uint32_t>(f, 24), 16u);
   EXPECT_EQ(readAt<uint32_t>(f, 28), 128u);
   EXPECT_EQ(std::string(f.data() + 32), "bytes");
@@ -268,6 +279,16 @@ TEST(LedgerAbi, FileBytesAreWhereTheDocumentationSays) {
   EXPECT_EQ(readAt<uint64_t>(f, 1152 + 8 * (128 * 1 + slot)), 3 * kMiB);
   EXPECT_EQ(readAt<uint64_t>(f, 1152 + 8 * (128 * 0 + slot)), 0u);
   EXPECT_EQ(readAt<int32_t>(f, 17536 + 4 * slot), static_cast<int32_t>(::getpid()));
+  // The compute region: the broker's words of entry 1, this slot's counters on entry 1.
+  l->compute(1)->cap.store(2500);
+  l->compute(1)->mode.store(kComputeMetered | kComputePaced);
+  l->computeSlotAt(1, slot)->busy_ns.store(123456789);
+  l->computeSlotAt(1, slot)->inflight.store(3);
+  const std::string g = readFile(l->path());
+  EXPECT_EQ(readAt<uint32_t>(g, 18048 + 64 * 1 + 0), 3u);     // mode
+  EXPECT_EQ(readAt<uint32_t>(g, 18048 + 64 * 1 + 12), 2500u); // cap
+  EXPECT_EQ(readAt<uint64_t>(g, 19072 + 32 * (128 * 1 + slot)), 123456789u);
+  EXPECT_EQ(readAt<uint32_t>(g, 19072 + 32 * (128 * 1 + slot) + 28), 3u);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -387,7 +408,8 @@ TEST(Ledger, RefusesEveryCorruptedHeaderNamingTheField) {
          writeAt<uint64_t>(0, 0)(fd);
          ASSERT_EQ(::ftruncate(fd, 4096), 0);
        }},
-      {"version", writeAt<uint32_t>(8, 2)},
+      {"version", writeAt<uint32_t>(8, 1)},
+      {"version", writeAt<uint32_t>(8, 3)},
       {"version", writeAt<uint32_t>(8, 0)},
       {"header_size", writeAt<uint32_t>(12, 1024)},
       {"file_size", writeAt<uint64_t>(16, 20000)},

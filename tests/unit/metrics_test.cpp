@@ -124,6 +124,8 @@ BrokerSnapshot twoTenants() {
   alpha.devices = {{0, kUuid, 512 * kMiB, 1 * kGiB, (1ull << 53) + 1, 3, true}};
   alpha.devices[0].hidden = 64 * kMiB;
   alpha.devices[0].leftBehind = 32 * kMiB;
+  alpha.devices[0].busyNs = 1'500'000'000;
+  alpha.devices[0].throttledNs = 250'000'000;
   alpha.processes = {{10, {256 * kMiB}}, {11, {256 * kMiB}}};
   alpha.tamper = {{"hidden", 2}, {"limit", 1}};
   TenantSnapshot beta;
@@ -197,6 +199,14 @@ cushare_tenant_left_behind_bytes{tenant="beta",device="0"} 0
 # TYPE cushare_tenant_memory_limit_overridden gauge
 cushare_tenant_memory_limit_overridden{tenant="alpha",device="0"} 1
 cushare_tenant_memory_limit_overridden{tenant="beta",device="0"} 0
+# HELP cushare_tenant_gpu_busy_seconds_total GPU time during which the tenant's work executed on the device (timing events on its streams), seconds.
+# TYPE cushare_tenant_gpu_busy_seconds_total counter
+cushare_tenant_gpu_busy_seconds_total{tenant="alpha",device="0"} 1.5
+cushare_tenant_gpu_busy_seconds_total{tenant="beta",device="0"} 0
+# HELP cushare_tenant_throttled_seconds_total Time the tenant's launches waited for their turn (compute caps and priorities), seconds.
+# TYPE cushare_tenant_throttled_seconds_total counter
+cushare_tenant_throttled_seconds_total{tenant="alpha",device="0"} 0.25
+cushare_tenant_throttled_seconds_total{tenant="beta",device="0"} 0
 # HELP cushare_tenant_processes Live processes of the tenant.
 # TYPE cushare_tenant_processes gauge
 cushare_tenant_processes{tenant="alpha"} 2
@@ -244,7 +254,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 27u);
+    EXPECT_EQ(helps.size(), 29u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

@@ -180,6 +180,20 @@ class Ledger {
   // fstat of the file through this process's own descriptor (false without one).
   bool fileStat(struct stat* st) const noexcept;
 
+  // The compute region (docs/compute.md): entry dev's broker-written words, and slot s's
+  // shim-written counters on entry dev; null when out of range. Every value read there may have
+  // been written by any process of the tenant: callers validate or clamp it.
+  LedgerComputeDevice* compute(int dev) const noexcept {
+    return static_cast<uint32_t>(dev) < kLedgerMaxDevices ? &compute_[dev] : nullptr;
+  }
+  LedgerComputeSlot* computeSlotAt(int dev, int slot) const noexcept {
+    if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices || static_cast<uint32_t>(slot) >= kLedgerMaxSlots)
+      return nullptr;
+    return &computeSlots_[static_cast<size_t>(dev) * kLedgerMaxSlots + static_cast<size_t>(slot)];
+  }
+  // Slots ever claimed (slot_hwm, clamped to the table).
+  uint32_t slotsInUse() const noexcept { return slotHwm(); }
+
   const std::string& path() const { return path_; }
   // This process's slot, or -1 in a forked child that has not used the ledger yet.
   int slot() const noexcept { return slot_.load(std::memory_order_acquire); }
@@ -233,6 +247,8 @@ class Ledger {
   LedgerHeader* hdr_ = nullptr;
   std::atomic<uint64_t>* used_ = nullptr;  // used[dev][slot]
   std::atomic<int32_t>* pid_ = nullptr;    // pid[slot]
+  LedgerComputeDevice* compute_ = nullptr;  // compute[dev]
+  LedgerComputeSlot* computeSlots_ = nullptr;  // compute_slots[dev][slot]
   int fd_ = -1;                            // this process's own open file description
   uint64_t fileDev_ = 0, fileIno_ = 0;     // identity of the file mapped (checked on re-open)
   std::atomic<int> slot_{-1};

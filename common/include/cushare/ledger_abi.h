@@ -21,7 +21,7 @@ namespace cushare {
 
 // "CUSHLDG\0" as a little-endian u64: the file's first eight bytes read "CUSHLDG".
 inline constexpr uint64_t kLedgerMagic = 0x0047444C48535543ull;
-inline constexpr uint32_t kLedgerVersion = 1;
+inline constexpr uint32_t kLedgerVersion = 2;  // 2: the compute region
 inline constexpr uint32_t kLedgerMaxDevices = 16;
 inline constexpr uint32_t kLedgerMaxSlots = 128;
 inline constexpr uint32_t kLedgerTenantBytes = 64;  // 63 characters + NUL, zero-padded
@@ -83,7 +83,49 @@ inline constexpr size_t kLedgerUsedOffset = 1152;
 inline constexpr size_t kLedgerUsedBytes = size_t{8} * kLedgerMaxDevices * kLedgerMaxSlots;
 inline constexpr size_t kLedgerPidOffset = kLedgerUsedOffset + kLedgerUsedBytes;
 inline constexpr size_t kLedgerPidBytes = size_t{4} * kLedgerMaxSlots;
-inline constexpr size_t kLedgerFileSize = kLedgerPidOffset + kLedgerPidBytes;
+
+// ---- Compute region (version 2; docs/compute.md) ----
+// Broker-written, one per device entry: whether the tenant's launches are metered and paced there,
+// its cap and priority, and the gate the broker's scheduler opens and closes. The shim validates
+// everything it reads (a tenant can write its own ledger; it may only hurt itself).
+inline constexpr uint32_t kComputeMetered = 1;  // LedgerComputeDevice::mode: measure busy time
+inline constexpr uint32_t kComputePaced = 2;    // launches wait for the gate, in-flight bounded
+inline constexpr uint32_t kComputeTight = 4;    // paced with one launch in flight (a lower priority)
+inline constexpr uint32_t kComputeModeMask = kComputeMetered | kComputePaced | kComputeTight;
+inline constexpr uint32_t kGateOpen = 0;  // LedgerComputeDevice::gate
+inline constexpr uint32_t kGateClosed = 1;
+inline constexpr uint32_t kComputeNoCap = 10000;  // LedgerComputeDevice::cap: percent x 100
+// LedgerComputeSlot::activity bits
+inline constexpr uint32_t kActivityInFlight = 1;  // launched work not known complete
+inline constexpr uint32_t kActivityBlocked = 2;   // a launch waits at the closed gate
+
+struct LedgerComputeDevice {
+  std::atomic<uint32_t> mode;        // kComputeMetered | kComputePaced | kComputeTight; others zero
+  std::atomic<uint32_t> gate;        // kGateOpen / kGateClosed; a shared futex word (waited on)
+  std::atomic<uint32_t> gate_epoch;  // +1 on every opening (informational, for waiters' logs)
+  std::atomic<uint32_t> cap;         // effective cap, percent x 100 (1..10000); kComputeNoCap
+  std::atomic<uint32_t> priority;    // 0 high, 1 normal, 2 low (as the broker applies it)
+  uint32_t reserved0;
+  uint64_t reserved1[5];  // pads the entry to one 64-byte cache line
+};
+
+// Shim-written, one per device entry and process slot (the broker reads them, clamped, and keeps
+// the totals of slots that are reset when a new process claims them).
+struct LedgerComputeSlot {
+  std::atomic<uint64_t> busy_ns;       // cumulative GPU busy time measured on the slot's streams
+  std::atomic<uint64_t> throttled_ns;  // cumulative time launches waited at the closed gate
+  std::atomic<uint64_t> activity_ns;   // CLOCK_MONOTONIC ns of the last launch (informational)
+  std::atomic<uint32_t> activity;      // kActivityInFlight | kActivityBlocked
+  std::atomic<uint32_t> inflight;      // launches not yet known complete
+};
+
+//   compute[kLedgerMaxDevices]                      LedgerComputeDevice, after pid
+//   compute_slots[kLedgerMaxDevices][kLedgerMaxSlots]  LedgerComputeSlot (device-major)
+inline constexpr size_t kLedgerComputeOffset = kLedgerPidOffset + kLedgerPidBytes;
+inline constexpr size_t kLedgerComputeBytes = sizeof(LedgerComputeDevice) * kLedgerMaxDevices;
+inline constexpr size_t kLedgerComputeSlotOffset = kLedgerComputeOffset + kLedgerComputeBytes;
+inline constexpr size_t kLedgerComputeSlotBytes = sizeof(LedgerComputeSlot) * kLedgerMaxDevices * kLedgerMaxSlots;
+inline constexpr size_t kLedgerFileSize = kLedgerComputeSlotOffset + kLedgerComputeSlotBytes;
 
 // Byte offset of used[dev][slot].
 constexpr size_t ledgerUsedOffset(uint32_t dev, uint32_t slot) {
@@ -126,7 +168,26 @@ static_assert(kLedgerUsedOffset == sizeof(LedgerHeader) && kLedgerUsedOffset % 6
 static_assert(kLedgerUsedBytes == 16384);
 static_assert(kLedgerPidOffset == 17536 && kLedgerPidOffset % 64 == 0);
 static_assert(kLedgerPidBytes == 512);
-static_assert(kLedgerFileSize == 18048);
+static_assert(std::is_standard_layout_v<LedgerComputeDevice> && std::is_standard_layout_v<LedgerComputeSlot>);
+static_assert(offsetof(LedgerComputeDevice, mode) == 0);
+static_assert(offsetof(LedgerComputeDevice, gate) == 4);
+static_assert(offsetof(LedgerComputeDevice, gate_epoch) == 8);
+static_assert(offsetof(LedgerComputeDevice, cap) == 12);
+static_assert(offsetof(LedgerComputeDevice, priority) == 16);
+static_assert(offsetof(LedgerComputeDevice, reserved0) == 20);
+static_assert(offsetof(LedgerComputeDevice, reserved1) == 24);
+static_assert(sizeof(LedgerComputeDevice) == 64);
+static_assert(offsetof(LedgerComputeSlot, busy_ns) == 0);
+static_assert(offsetof(LedgerComputeSlot, throttled_ns) == 8);
+static_assert(offsetof(LedgerComputeSlot, activity_ns) == 16);
+static_assert(offsetof(LedgerComputeSlot, activity) == 24);
+static_assert(offsetof(LedgerComputeSlot, inflight) == 28);
+static_assert(sizeof(LedgerComputeSlot) == 32);
+static_assert(kLedgerComputeOffset == 18048 && kLedgerComputeOffset % 64 == 0);
+static_assert(kLedgerComputeBytes == 1024);
+static_assert(kLedgerComputeSlotOffset == 19072 && kLedgerComputeSlotOffset % 64 == 0);
+static_assert(kLedgerComputeSlotBytes == 65536);
+static_assert(kLedgerFileSize == 84608);
 static_assert(kLedgerSlotLockBase >= int64_t{kLedgerFileSize});
 
 }  // namespace cushare

@@ -1,0 +1,704 @@
+// Launches: metering and pacing (docs/compute.md). Every launch road of hooks.def comes through
+// launchOn(). Three cases, by the broker's mode word for the device in the tenant's ledger:
+//  - mode 0 (no broker, or compute off): two loads and a branch, then the real launch;
+//  - metered: the stream is noted (a hash probe and an atomic add), so that the pacer thread
+//    records timing events on it and turns them into busy time;
+//  - paced: as metered, and the launch first takes a place in the process's in-flight bound and
+//    checks the gate (one atomic add on the shared slot, one load of the gate). Closed gate or full
+//    bound: the launching thread waits on a futex (no spin, no lock held), the wait counted as
+//    throttled time.
+// The pacer thread (started by the first metered launch, off the launch path) records a marker
+// event after each stream's new launches, polls them in order, and adds the union of the
+// intervals its streams were executing to the slot's busy_ns, then lowers in-flight.
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "interpose/hooks.h"
+#include "interpose/real.h"
+#include "runtime/log.h"
+#include "runtime/state.h"
+
+namespace cushare::shim {
+
+// Launches of one process on one device not yet known complete, while paced: closing the gate
+// takes effect after at most this many kernels (docs/compute.md).
+inline constexpr uint32_t kInFlightBound = 2;
+// A closed gate that sees no opening for this long: the broker is taken to be gone.
+inline constexpr uint64_t kBrokerGoneNs = 3'000'000'000ull;
+
+namespace {
+
+constexpr size_t kStreams = 128;   // streams the pacer tracks (a power of two)
+constexpr size_t kPending = 8;     // markers in flight per stream
+constexpr size_t kContexts = 16;
+
+uint64_t nowNs() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+long futexWait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t timeoutNs, bool shared) noexcept {
+  timespec ts{static_cast<time_t>(timeoutNs / 1'000'000'000u), static_cast<long>(timeoutNs % 1'000'000'000u)};
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE,
+                   expected, &ts, nullptr, 0);
+}
+void futexWake(std::atomic<uint32_t>* word, bool shared) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT32_MAX,
+            nullptr, nullptr, 0);
+}
+
+struct Marker {
+  CUevent event = nullptr;
+  uint64_t count = 0;  // the stream's launches before it
+  uint64_t start = 0;  // host ns the segment's work could start (0: when the previous ended)
+};
+
+// One stream the process launched on (key: the stream as given, per-thread default = 2), on one
+// device ordinal. Written by the pacer under gMutex, except launched/idleStart (launch path).
+struct StreamEntry {
+  std::atomic<CUstream> stream{nullptr};
+  std::atomic<int> dev{-1};  // -1: free
+  CUcontext ctx = nullptr;
+  std::atomic<uint64_t> launched{0};
+  std::atomic<uint64_t> completed{0};
+  std::atomic<uint64_t> idleStart{0};  // host ns of a launch that found the stream idle
+  std::atomic<uint64_t> markedShared{0};  // = marked, for the launch path
+  uint64_t marked = 0;
+  uint64_t lastEnd = 0;  // host ns the last completed marker's work ended
+  Marker pending[kPending];
+  size_t head = 0, count = 0;
+  bool dead = false;  // destroyed: freed once its markers are done
+};
+
+struct ContextClock {
+  CUcontext ctx = nullptr;
+  CUstream own = nullptr;  // the pacer's stream there (for the reference event)
+  CUevent ref = nullptr;
+  uint64_t refHost = 0;  // host ns of ref
+  CUevent pool[64] = {};
+  size_t free = 0;
+};
+
+struct Pacer {
+  StreamEntry streams[kStreams];
+  ContextClock clocks[kContexts];
+  uint64_t busyUntil[kMaxDevices] = {};  // host ns: the union of intervals counted so far
+  std::atomic<uint32_t> wake{0};         // futex: the pacer's sleep
+  std::atomic<uint32_t> completions{0};  // futex: launchers waiting for the in-flight bound
+  std::atomic<uint32_t> waiters{0};
+  std::atomic<bool> started{false};
+};
+
+constinit Pacer gPacer;
+// This process's compute slot per device ordinal, once looked up (cleared in a forked child).
+constinit LedgerComputeSlot* gSlots[kMaxDevices] = {};
+// The gate epoch + 1 at which the broker was found gone (0: never): launches then pass a closed
+// gate until the epoch changes (a broker opened it again).
+constinit std::atomic<uint32_t> gGoneEpoch{0};
+pthread_mutex_t gMutex = PTHREAD_MUTEX_INITIALIZER;
+
+size_t hashOf(CUstream s, int dev) noexcept {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(s);
+  return ((v >> 4) ^ (v >> 12) ^ static_cast<uintptr_t>(dev) * 0x9E37u) & (kStreams - 1);
+}
+
+LedgerComputeSlot* ownSlot(int ordinal) noexcept {
+  ShimState& st = state();
+  return st.ledger->computeSlotAt(st.devices[ordinal].ledgerIndex, st.ledger->slot());
+}
+
+// ---- the pacer thread (under gMutex unless said) ----
+
+ContextClock* clockFor(CUcontext ctx) noexcept {
+  RealDriver& d = realDriver();
+  for (ContextClock& c : gPacer.clocks)
+    if (c.ctx == ctx) return &c;
+  for (ContextClock& c : gPacer.clocks) {
+    if (c.ctx != nullptr) continue;
+    if (d.p_cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return nullptr;
+    if (d.p_cuStreamCreate(&c.own, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
+    if (d.p_cuEventCreate(&c.ref, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
+    c.ctx = ctx;
+    c.refHost = 0;
+    return &c;
+  }
+  return nullptr;
+}
+
+// A reference event whose host time is known: recorded on the pacer's idle stream and waited for.
+// Renewed every 10 s (cuEventElapsedTime is a float of milliseconds).
+bool refresh(ContextClock* c, uint64_t now) noexcept {
+  if (c->refHost != 0 && now - c->refHost < 10'000'000'000ull) return true;
+  RealDriver& d = realDriver();
+  const uint64_t before = nowNs();
+  if (d.p_cuEventRecord(c->ref, c->own) != CUDA_SUCCESS || d.p_cuEventSynchronize(c->ref) != CUDA_SUCCESS)
+    return false;
+  c->refHost = before;
+  return true;
+}
+
+CUevent takeEvent(ContextClock* c) noexcept {
+  if (c->free > 0) return c->pool[--c->free];
+  CUevent e = nullptr;
+  return realDriver().p_cuEventCreate(&e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? e : nullptr;
+}
+void giveEvent(ContextClock* c, CUevent e) noexcept {
+  if (c->free < sizeof c->pool / sizeof c->pool[0]) c->pool[c->free++] = e;
+  else realDriver().p_cuEventDestroy_v2(e);
+}
+
+// Launchers waiting for a completion or a marker look again.
+void notifyLaunchers() noexcept {
+  gPacer.completions.fetch_add(1, std::memory_order_release);
+  if (gPacer.waiters.load(std::memory_order_acquire) != 0) futexWake(&gPacer.completions, false);
+}
+
+void finish(StreamEntry& e, uint64_t count) noexcept {
+  const uint64_t before = e.completed.load(std::memory_order_relaxed);
+  if (count <= before) return;
+  e.completed.store(count, std::memory_order_release);
+  const int dev = e.dev.load(std::memory_order_relaxed);
+  if (LedgerComputeSlot* slot = ownSlot(dev)) {
+    // Clamped: the slot is writable by the tenant's processes; never wrap below zero.
+    uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
+    const uint32_t n = static_cast<uint32_t>(count - before);
+    while (!slot->inflight.compare_exchange_weak(cur, cur > n ? cur - n : 0, std::memory_order_seq_cst)) {
+    }
+  }
+  notifyLaunchers();
+}
+
+void addBusy(int dev, uint64_t start, uint64_t end) noexcept {
+  uint64_t& until = gPacer.busyUntil[dev];
+  if (start < until) start = until;
+  if (end <= start) return;
+  until = end;
+  if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(end - start, std::memory_order_relaxed);
+}
+
+// One pass: markers after new launches, completed markers turned into busy time. True while any
+// marker is pending.
+bool pass() noexcept {
+  RealDriver& d = realDriver();
+  const uint64_t now = nowNs();
+  bool pending = false;
+  for (StreamEntry& e : gPacer.streams) {
+    const int dev = e.dev.load(std::memory_order_relaxed);
+    if (dev < 0) continue;
+    ContextClock* c = clockFor(e.ctx);
+    if (c == nullptr || d.p_cuCtxSetCurrent(e.ctx) != CUDA_SUCCESS || !refresh(c, now)) {
+      // The context is gone or unusable: nothing it holds runs any more.
+      finish(e, e.launched.load(std::memory_order_acquire));
+      e.count = 0;
+      continue;
+    }
+    const uint64_t launched = e.launched.load(std::memory_order_acquire);
+    if (!e.dead && launched > e.marked && e.count < kPending) {
+      CUstream s = e.stream.load(std::memory_order_relaxed);
+      if (s == CU_STREAM_PER_THREAD) s = CU_STREAM_LEGACY;  // another thread's: see compute.md
+      CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+      if (s != CU_STREAM_LEGACY && s != nullptr && d.p_cuStreamIsCapturing &&
+          d.p_cuStreamIsCapturing(s, &cap) == CUDA_SUCCESS && cap != CU_STREAM_CAPTURE_STATUS_NONE) {
+        // Captured launches do not run now (the graph's launch is metered): nothing in flight.
+        e.marked = launched;
+        e.markedShared.store(launched, std::memory_order_release);
+        notifyLaunchers();
+        if (e.count == 0) finish(e, launched);
+      } else if (CUevent ev = takeEvent(c)) {
+        if (d.p_cuEventRecord(ev, s) == CUDA_SUCCESS) {
+          const uint64_t hint = e.idleStart.exchange(0, std::memory_order_acq_rel);
+          e.pending[(e.head + e.count) % kPending] = {ev, launched, hint};
+          ++e.count;
+          e.marked = launched;
+          e.markedShared.store(launched, std::memory_order_release);
+          notifyLaunchers();
+        } else {
+          giveEvent(c, ev);
+          e.marked = launched;
+          e.markedShared.store(launched, std::memory_order_release);
+          notifyLaunchers();
+          if (e.count == 0) finish(e, launched);
+        }
+      }
+    }
+    while (e.count > 0) {
+      Marker& m = e.pending[e.head];
+      const CUresult q = d.p_cuEventQuery(m.event);
+      if (q == CUDA_ERROR_NOT_READY) break;
+      if (q == CUDA_SUCCESS) {
+        float ms = 0;
+        if (d.p_cuEventElapsedTime(&ms, c->ref, m.event) == CUDA_SUCCESS && ms >= 0) {
+          const uint64_t end = c->refHost + static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
+          uint64_t start = e.lastEnd;
+          if (m.start > start) start = m.start;
+          if (start == 0) start = end;
+          addBusy(dev, start, end);
+          e.lastEnd = end;
+        }
+      }
+      giveEvent(c, m.event);
+      finish(e, m.count);
+      e.head = (e.head + 1) % kPending;
+      --e.count;
+    }
+    if (e.count > 0) pending = true;
+    if (e.dead && e.count == 0) {
+      finish(e, e.launched.load(std::memory_order_acquire));
+      e.stream.store(nullptr, std::memory_order_relaxed);
+      e.dev.store(-1, std::memory_order_release);
+      e.dead = false;
+    }
+  }
+  // Activity, for the broker's scheduler: work in flight on each device this process uses.
+  ShimState& st = state();
+  for (int i = 0; i < st.deviceCount; ++i) {
+    LedgerComputeSlot* slot = ownSlot(i);
+    if (slot == nullptr || st.devices[i].compute == nullptr) continue;
+    const uint32_t in = slot->inflight.load(std::memory_order_relaxed) != 0 ? kActivityInFlight : 0;
+    uint32_t a = slot->activity.load(std::memory_order_relaxed);
+    if ((a & kActivityInFlight) != in) slot->activity.store((a & ~kActivityInFlight) | in, std::memory_order_relaxed);
+  }
+  return pending;
+}
+
+// At exit (atexit runs before the driver's own teardown, which was loaded earlier): the pacer
+// makes no more driver calls.
+std::atomic<bool> gExiting{false};
+void stopPacerAtExit() noexcept {
+  pthread_mutex_lock(&gMutex);
+  gExiting.store(true, std::memory_order_release);
+  pthread_mutex_unlock(&gMutex);
+}
+
+void* pacerMain(void*) {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  for (;;) {
+    const uint32_t seq = gPacer.wake.load(std::memory_order_acquire);
+    pthread_mutex_lock(&gMutex);
+    if (gExiting.load(std::memory_order_acquire)) {
+      pthread_mutex_unlock(&gMutex);
+      return nullptr;
+    }
+    const bool pending = pass();
+    pthread_mutex_unlock(&gMutex);
+    // Launchers wait for the in-flight bound: poll often. Otherwise often while work is pending
+    // (markers end busy intervals), rarely when idle (a launch wakes us only when it must wait).
+    const uint64_t sleep = gPacer.waiters.load(std::memory_order_acquire) != 0 ? 50'000
+                           : pending                                             ? 100'000
+                                                                                 : 2'000'000;
+    futexWait(&gPacer.wake, seq, sleep, false);
+  }
+  return nullptr;
+}
+
+void resetAfterFork() noexcept {
+  // The pacer thread does not exist in the child; its streams and events are the parent's.
+  for (StreamEntry& e : gPacer.streams) {
+    e.stream.store(nullptr);
+    e.dev.store(-1);
+    e.count = 0;
+    e.head = 0;
+    e.dead = false;
+  }
+  for (ContextClock& c : gPacer.clocks) c = ContextClock{};
+  for (LedgerComputeSlot*& slot : gSlots) slot = nullptr;
+  gPacer.waiters.store(0);
+  gPacer.started.store(false);
+  pthread_mutex_init(&gMutex, nullptr);
+}
+
+// The stream's entry, added if new (and the pacer started). Null when the table is full.
+bool pacerUsable() noexcept {
+  const RealDriver& d = realDriver();
+  return d.p_cuCtxGetCurrent && d.p_cuCtxSetCurrent && d.p_cuEventCreate && d.p_cuEventRecord && d.p_cuEventQuery &&
+         d.p_cuEventDestroy_v2 && d.p_cuEventElapsedTime && d.p_cuStreamCreate && d.p_cuEventSynchronize &&
+         d.p_cuStreamDestroy_v2;
+}
+
+StreamEntry* insertStream(CUstream key, int dev) noexcept {
+  // A driver without the entry points the pacer needs: launches are neither metered nor paced.
+  static const bool usable = pacerUsable();
+  if (!usable) return nullptr;
+  pthread_mutex_lock(&gMutex);
+  StreamEntry* found = nullptr;
+  const size_t h = hashOf(key, dev);
+  for (size_t i = 0; i < kStreams && found == nullptr; ++i) {
+    StreamEntry& e = gPacer.streams[(h + i) & (kStreams - 1)];
+    const int edev = e.dev.load(std::memory_order_relaxed);
+    if (edev == dev && e.stream.load(std::memory_order_relaxed) == key && !e.dead) found = &e;
+  }
+  for (size_t i = 0; i < kStreams && found == nullptr; ++i) {
+    StreamEntry& e = gPacer.streams[(h + i) & (kStreams - 1)];
+    if (e.dev.load(std::memory_order_relaxed) != -1) continue;
+    CUcontext ctx = nullptr;
+    if (realDriver().p_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) break;
+    e.ctx = ctx;
+    e.launched.store(0);
+    e.completed.store(0);
+    e.idleStart.store(0);
+    e.marked = 0;
+    e.markedShared.store(0);
+    e.lastEnd = 0;
+    e.count = 0;
+    e.head = 0;
+    e.stream.store(key, std::memory_order_relaxed);
+    e.dev.store(dev, std::memory_order_release);
+    found = &e;
+  }
+  if (found != nullptr && !gPacer.started.load(std::memory_order_relaxed)) {
+    static bool atfork = false;
+    if (!atfork) atfork = pthread_atfork(nullptr, nullptr, resetAfterFork) == 0 && std::atexit(stopPacerAtExit) == 0;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, pacerMain, nullptr) == 0) {
+      gPacer.started.store(true, std::memory_order_relaxed);
+    } else {
+      logLine(LogLevel::kError, "cushare: cannot start the pacer thread: launches are not metered");
+    }
+    pthread_attr_destroy(&attr);
+  }
+  pthread_mutex_unlock(&gMutex);
+  return found;
+}
+
+// The device ordinal the launch goes to (the current context's), or -1.
+inline int launchDevice() noexcept {
+  ShimState& st = state();
+  if (st.deviceCount == 1) return 0;
+  CUdevice dev = -1;
+  if (realDriver().p_cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0 || dev >= st.deviceCount) return -1;
+  return dev;
+}
+
+// A paced launch may go with `before` launches of the process in flight: fewer than the bound,
+// and, beyond the first, only once the stream's previous launches have their marker. Otherwise
+// two launches made together would share one marker, free both places at once, and be followed
+// by two more together: the device would idle between every pair (docs/compute.md).
+inline bool mayGo(uint32_t before, StreamEntry* e, uint32_t mode) noexcept {
+  return before == 0 ||
+         ((mode & kComputeTight) == 0 && before < kInFlightBound &&
+          e->launched.load(std::memory_order_relaxed) <= e->markedShared.load(std::memory_order_acquire));
+}
+
+// The paced wait: closed gate or full in-flight bound. Returns with a place in the bound taken.
+void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e) noexcept {
+  const uint64_t start = nowNs();
+  uint64_t gateWait = 0;
+  bool blocked = false;
+  uint32_t epoch = c->gate_epoch.load(std::memory_order_relaxed);
+  uint64_t epochSince = start;
+  for (;;) {
+    const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t gate = c->gate.load(std::memory_order_seq_cst);
+    const uint32_t mode = c->mode.load(std::memory_order_relaxed);
+    if ((mode & kComputePaced) == 0 || (gate == kGateOpen && mayGo(before, e, mode))) break;
+    // Undo (clamped: the tenant may have written the counter) and wait.
+    uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
+    while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
+    }
+    const uint64_t t0 = nowNs();
+    if (gate != kGateOpen && gGoneEpoch.load(std::memory_order_relaxed) == epoch + 1) {
+      slot->inflight.fetch_add(1, std::memory_order_seq_cst);  // the broker is gone: run on
+      break;
+    }
+    if (gate != kGateOpen) {
+      // Any value but "open" counts as closed: a tenant scribbling on its gate only stops itself.
+      if (!blocked) {
+        slot->activity.fetch_or(kActivityBlocked, std::memory_order_seq_cst);
+        blocked = true;
+      }
+      futexWait(&c->gate, gate, 50'000'000, true);
+      const uint64_t t1 = nowNs();
+      gateWait += t1 - t0;
+      // A broker gives every tenant with work a turn within two periods (at most 2 s). A gate
+      // closed for kBrokerGone without any opening means the broker is gone (killed): run on.
+      if (const uint32_t e = c->gate_epoch.load(std::memory_order_relaxed); e != epoch) {
+        epoch = e;
+        epochSince = t1;
+      } else if (t1 - epochSince > kBrokerGoneNs) {
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true))
+          logLine(LogLevel::kWarn, "cushare: the compute gate stayed closed for %llu s without a turn (broker gone?): "
+                  "launches run unpaced until it opens again", static_cast<unsigned long long>(kBrokerGoneNs / 1'000'000'000u));
+        gGoneEpoch.store(epoch + 1, std::memory_order_relaxed);  // until the gate opens again
+        slot->inflight.fetch_add(1, std::memory_order_seq_cst);  // the place the loop's exit holds
+        break;
+      }
+    } else {
+      const uint32_t seq = gPacer.completions.load(std::memory_order_acquire);
+      gPacer.waiters.fetch_add(1, std::memory_order_acq_rel);
+      gPacer.wake.fetch_add(1, std::memory_order_release);
+      futexWake(&gPacer.wake, false);
+      if (!mayGo(slot->inflight.load(std::memory_order_seq_cst), e, c->mode.load(std::memory_order_relaxed)))
+        futexWait(&gPacer.completions, seq, 5'000'000, false);
+      gPacer.waiters.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+  if (blocked) slot->activity.fetch_and(~kActivityBlocked, std::memory_order_seq_cst);
+  if (gateWait != 0) slot->throttled_ns.fetch_add(gateWait, std::memory_order_relaxed);
+  slot->activity_ns.store(start, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+// The common case, checked by every launch hook before anything else so that the real launch is a
+// tail call: no compute mode on a single-device process's device (or devices not ready yet).
+inline bool launchPlain() noexcept {
+  if (devicesReady() != CUDA_SUCCESS) return true;
+  const ShimState& st = state();
+  return st.deviceCount == 1 &&
+         (st.devices[0].compute->mode.load(std::memory_order_relaxed) & kComputeModeMask) == 0;
+}
+
+// A metered launch's bookkeeping, before and after the real call (no lambda, no template: the
+// launch's arguments stay where they are).
+struct Ticket {
+  StreamEntry* entry = nullptr;  // null: nothing to do after the launch
+  LedgerComputeSlot* slot = nullptr;
+};
+
+// Before a metered or paced launch: the stream noted, the in-flight place taken (waiting for the
+// gate or the bound when paced). Returns false when the launch is neither (*t untouched).
+__attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
+  if (devicesReady() != CUDA_SUCCESS) return false;
+  ShimState& st = state();
+  const int dev = launchDevice();
+  if (dev < 0) return false;
+  LedgerComputeDevice* c = st.devices[dev].compute;
+  const uint32_t mode = c->mode.load(std::memory_order_acquire);
+  if ((mode & kComputeModeMask) == 0) return false;
+  LedgerComputeSlot* slot = gSlots[dev];
+  if (slot == nullptr) {
+    slot = ownSlot(dev);
+    if (slot == nullptr) return false;  // a forked child before its first reservation
+    gSlots[dev] = slot;
+  }
+  StreamEntry* e = &gPacer.streams[hashOf(key, dev)];
+  if (e->stream.load(std::memory_order_relaxed) != key || e->dev.load(std::memory_order_acquire) != dev) {
+    e = insertStream(key, dev);
+    if (e == nullptr) return false;  // more streams than the table holds: not metered
+  }
+  if (mode & kComputePaced) {
+    const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
+    if (c->gate.load(std::memory_order_seq_cst) != kGateOpen || !mayGo(before, e, mode)) {
+      uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
+      while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
+      }
+      waitForTurn(c, slot, e);
+    }
+  } else {
+    slot->inflight.fetch_add(1, std::memory_order_relaxed);
+  }
+  t->entry = e;
+  t->slot = slot;
+  return true;
+}
+
+// After it: a failed launch gives its place back; a launch on an idle stream starts a busy
+// interval (the clock is read only then).
+inline CUresult launchEnd(const Ticket& t, CUresult r) noexcept {
+  if (r != CUDA_SUCCESS) {
+    uint32_t cur = t.slot->inflight.load(std::memory_order_relaxed);
+    while (cur > 0 && !t.slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
+    }
+    return r;
+  }
+  const uint64_t before = t.entry->launched.fetch_add(1, std::memory_order_release);
+  if (before == t.entry->completed.load(std::memory_order_relaxed))
+    t.entry->idleStart.store(nowNs(), std::memory_order_relaxed);
+  return r;
+}
+
+// Every other launch: `launch` is the real call, `key` the stream as the pacer names it.
+template <class Launch>
+inline CUresult launchOn(CUstream key, Launch&& launch) noexcept {
+  Ticket t;
+  if (!launchBegin(key, &t)) return launch();
+  return launchEnd(t, launch());
+}
+
+namespace {
+inline CUstream ptszKey(CUstream s) noexcept { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
+}  // namespace
+
+// The stream table forgets a destroyed stream (its pending markers are still waited for).
+void pacerForgetStream(CUstream s) noexcept {
+  if (!gPacer.started.load(std::memory_order_acquire)) return;
+  pthread_mutex_lock(&gMutex);
+  for (StreamEntry& e : gPacer.streams)
+    if (e.dev.load(std::memory_order_relaxed) >= 0 && e.stream.load(std::memory_order_relaxed) == s) e.dead = true;
+  pthread_mutex_unlock(&gMutex);
+}
+
+// A context is about to be destroyed or reset: everything the pacer holds there goes (its events
+// die with it; the launches count as complete).
+void pacerForgetContexts() noexcept {
+  if (!gPacer.started.load(std::memory_order_acquire)) return;
+  pthread_mutex_lock(&gMutex);
+  RealDriver& d = realDriver();
+  for (StreamEntry& e : gPacer.streams) {
+    if (e.dev.load(std::memory_order_relaxed) < 0) continue;
+    finish(e, e.launched.load(std::memory_order_acquire));
+    for (size_t i = 0; i < e.count; ++i) d.p_cuEventDestroy_v2(e.pending[(e.head + i) % kPending].event);
+    e.count = 0;
+    e.head = 0;
+    e.stream.store(nullptr, std::memory_order_relaxed);
+    e.dev.store(-1, std::memory_order_release);
+  }
+  for (ContextClock& c : gPacer.clocks) {
+    if (c.ctx == nullptr) continue;
+    for (size_t i = 0; i < c.free; ++i) d.p_cuEventDestroy_v2(c.pool[i]);
+    d.p_cuEventDestroy_v2(c.ref);
+    d.p_cuStreamDestroy_v2(c.own);
+    c = ContextClock{};
+  }
+  pthread_mutex_unlock(&gMutex);
+}
+
+namespace {
+// Apart from the hook, so that the hook's common case is a tail call (no frame, no lambda).
+__attribute__((noinline)) CUresult metered_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                                          unsigned by, unsigned bz, unsigned shmem, CUstream s,
+                                                          void** params, void** extra) noexcept {
+  Ticket t;
+  if (!launchBegin(s, &t)) return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return launchEnd(t, realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
+}
+}  // namespace
+CUresult hook_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                             unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return metered_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                  unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
+  return launchOn(ptszKey(s), [&] {
+    return realDriver().p_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  });
+}
+}  // namespace
+CUresult hook_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                  unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return metered_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+  return launchOn(cfg ? cfg->hStream : nullptr,
+                  [&] { return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra); });
+}
+}  // namespace
+CUresult hook_cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra);
+  return metered_cuLaunchKernelEx(cfg, f, params, extra);
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+  return launchOn(ptszKey(cfg ? cfg->hStream : nullptr),
+                  [&] { return realDriver().p_cuLaunchKernelEx_ptsz(cfg, f, params, extra); });
+}
+}  // namespace
+CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchKernelEx_ptsz(cfg, f, params, extra);
+  return metered_cuLaunchKernelEx_ptsz(cfg, f, params, extra);
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                        unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) noexcept {
+  return launchOn(s, [&] {
+    return realDriver().p_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  });
+}
+}  // namespace
+CUresult hook_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                        unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  return metered_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                             unsigned by, unsigned bz, unsigned shmem, CUstream s,
+                                             void** params) noexcept {
+  return launchOn(ptszKey(s), [&] {
+    return realDriver().p_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  });
+}
+}  // namespace
+CUresult hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                             unsigned by, unsigned bz, unsigned shmem, CUstream s,
+                                             void** params) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  return metered_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+// Several devices at once: paced and metered on the current context's device, by the first
+// entry's stream (docs/compute.md).
+CUresult hook_cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* list, unsigned n, unsigned flags) noexcept {
+  return launchOn(list && n ? list[0].hStream : nullptr,
+                  [&] { return realDriver().p_cuLaunchCooperativeKernelMultiDevice(list, n, flags); });
+}
+CUresult hook_cuLaunch(CUfunction f) noexcept {
+  return launchOn(nullptr, [&] { return realDriver().p_cuLaunch(f); });
+}
+CUresult hook_cuLaunchGrid(CUfunction f, int w, int h) noexcept {
+  return launchOn(nullptr, [&] { return realDriver().p_cuLaunchGrid(f, w, h); });
+}
+namespace {
+__attribute__((noinline)) CUresult metered_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept {
+  return launchOn(s, [&] { return realDriver().p_cuLaunchGridAsync(f, w, h, s); });
+}
+}  // namespace
+CUresult hook_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept {
+  if (launchPlain()) return realDriver().p_cuLaunchGridAsync(f, w, h, s);
+  return metered_cuLaunchGridAsync(f, w, h, s);
+}
+// A stream's priority in the tenant's band (docs/compute.md), once the broker's words are in force
+// on the device: low tenants get the least priority, normal ones at most the middle of the range,
+// high ones what they ask. A band value the broker never writes counts as low.
+CUresult hook_cuStreamCreateWithPriority(CUstream* ph, unsigned flags, int priority) noexcept {
+  RealDriver& d = realDriver();
+  int least = 0, greatest = 0;
+  if (devicesReady() == CUDA_SUCCESS && d.p_cuCtxGetStreamPriorityRange &&
+      d.p_cuCtxGetStreamPriorityRange(&least, &greatest) == CUDA_SUCCESS) {
+    const int dev = launchDevice();
+    const LedgerComputeDevice* c = dev >= 0 ? state().devices[dev].compute : nullptr;
+    if (c != nullptr && (c->mode.load(std::memory_order_acquire) & kComputeModeMask) != 0) {
+      const uint32_t band = c->priority.load(std::memory_order_relaxed);
+      // Numerically lower is higher priority: greatest <= priority <= least.
+      if (band >= 2) priority = least;
+      else if (band == 1 && priority < (least + greatest) / 2) priority = (least + greatest) / 2;
+    }
+  }
+  return d.p_cuStreamCreateWithPriority(ph, flags, priority);
+}
+
+CUresult hook_cuStreamDestroy(CUstream s) noexcept {
+  pacerForgetStream(s);
+  return realDriver().p_cuStreamDestroy(s);
+}
+CUresult hook_cuStreamDestroy_v2(CUstream s) noexcept {
+  pacerForgetStream(s);
+  return realDriver().p_cuStreamDestroy_v2(s);
+}
+
+// graph_memory.cpp's graph launches come through here.
+CUresult paceGraphLaunch(CUgraphExec exec, CUstream s, bool ptsz) noexcept {
+  if (ptsz) return launchOn(ptszKey(s), [&] { return realDriver().p_cuGraphLaunch_ptsz(exec, s); });
+  return launchOn(s, [&] { return realDriver().p_cuGraphLaunch(exec, s); });
+}
+
+}  // namespace cushare::shim

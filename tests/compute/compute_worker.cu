@@ -1,0 +1,132 @@
+// A tenant process for the compute tests (docs/compute.md), an nvcc-built cudart program driven
+// line by line over stdin; its kernel's device time comes from the cost table (compute.costs:
+// each block of `spin` lasts its parameter, in ns).
+//
+//   run MS US             -> launches 1-block kernels of US microseconds back to back (the queue
+//                            never empty, at most 4 deep) for MS ms of wall time, then waits: "done N"
+//   duty MS US PERIOD_US  -> every PERIOD_US one kernel of US, waited for: "done N"
+//   lat MS US GAP_US      -> like duty with a GAP_US pause after each kernel: "lat N P50_US P99_US"
+//                            (launch-to-completion latency of each kernel, host wall time)
+//   graph N US            -> N graph launches of a one-kernel graph: "done N"
+//   prio P                -> a stream created with priority P: "prio GOT" (its priority)
+//   range                 -> "range LEAST GREATEST"
+//   pid                   -> "pid PID"
+//   quit
+// At start it prints "ready" (after the context exists), or "init-failed CODE".
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+__global__ void spin(int* flag, long long ns) {
+  if (threadIdx.x == 0 && blockIdx.x == 0 && flag) flag[0] = 1;
+  (void)ns;
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double msSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+}  // namespace
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (cudaError_t e = cudaFree(nullptr); e != cudaSuccess) {
+    std::printf("init-failed %d\n", static_cast<int>(e));
+    return 3;
+  }
+  int* flag = nullptr;
+  cudaMalloc(&flag, sizeof(int));
+  cudaStream_t stream;
+  cudaStreamCreate(&stream);
+  std::printf("ready\n");
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    if (cmd == "run") {
+      long long ms = 0, us = 0;
+      in >> ms >> us;
+      // At most kDepth kernels queued (an unpaced process would otherwise queue far more device
+      // time than MS): the queue never runs dry, and the run ends about when MS says.
+      constexpr int kDepth = 4;
+      cudaEvent_t ev[kDepth];
+      for (cudaEvent_t& e : ev) cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      const auto t0 = Clock::now();
+      long long n = 0;
+      while (msSince(t0) < static_cast<double>(ms)) {
+        if (n >= kDepth) cudaEventSynchronize(ev[n % kDepth]);
+        spin<<<1, 32, 0, stream>>>(flag, us * 1000);
+        cudaEventRecord(ev[n % kDepth], stream);
+        ++n;
+      }
+      for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+      cudaStreamSynchronize(stream);
+      std::printf("done %lld\n", n);
+    } else if (cmd == "duty" || cmd == "lat") {
+      long long ms = 0, us = 0, period = 0;
+      in >> ms >> us >> period;
+      const auto t0 = Clock::now();
+      std::vector<double> lat;
+      while (msSince(t0) < static_cast<double>(ms)) {
+        const auto k = Clock::now();
+        spin<<<1, 32, 0, stream>>>(flag, us * 1000);
+        cudaStreamSynchronize(stream);
+        const double took = msSince(k) * 1000.0;
+        lat.push_back(took);
+        const double rest = cmd == "lat" ? static_cast<double>(period) : static_cast<double>(period) - took;
+        if (rest > 0) std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long long>(rest)));
+      }
+      if (cmd == "duty") {
+        std::printf("done %zu\n", lat.size());
+      } else {
+        std::sort(lat.begin(), lat.end());
+        const auto at = [&](double q) { return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<size_t>(q * lat.size()))]; };
+        std::printf("lat %zu %.0f %.0f\n", lat.size(), at(0.5), at(0.99));
+      }
+    } else if (cmd == "graph") {
+      long long n = 0, us = 0;
+      in >> n >> us;
+      cudaGraph_t g;
+      cudaGraphExec_t exec;
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      spin<<<1, 32, 0, stream>>>(flag, us * 1000);
+      cudaStreamEndCapture(stream, &g);
+      cudaGraphInstantiate(&exec, g, 0);
+      for (long long i = 0; i < n; ++i) cudaGraphLaunch(exec, stream);
+      cudaStreamSynchronize(stream);
+      std::printf("done %lld\n", n);
+    } else if (cmd == "prio") {
+      int want = 0, got = 99;
+      in >> want;
+      cudaStream_t st;
+      if (cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, want) == cudaSuccess &&
+          cudaStreamGetPriority(st, &got) == cudaSuccess) {
+        cudaStreamDestroy(st);
+        std::printf("prio %d\n", got);
+      } else {
+        std::printf("prio-failed\n");
+      }
+    } else if (cmd == "range") {
+      int least = 0, greatest = 0;
+      cudaDeviceGetStreamPriorityRange(&least, &greatest);
+      std::printf("range %d %d\n", least, greatest);
+    } else if (cmd == "pid") {
+      std::printf("pid %d\n", static_cast<int>(getpid()));
+    } else if (cmd == "quit") {
+      break;
+    } else {
+      std::printf("unknown %s\n", cmd.c_str());
+    }
+  }
+  return 0;
+}

@@ -31,6 +31,7 @@ constexpr uint64_t kDrainLimit = 100 * kMs;     // a turn's in-flight work must 
 constexpr uint64_t kIdlePass = 1 * kMs;         // no work for this long: the turn passes
 constexpr uint64_t kCounterSlack = 200 * kMs;   // a counter may run ahead of the broker's ticks
 constexpr uint32_t kInFlightSane = 1u << 20;    // more than this in flight: a scribble
+constexpr uint64_t kHeartbeat = 500 * kMs;      // gate_epoch moves at least this often
 constexpr int64_t kUncapped = INT64_MAX / 4;
 // Priorities: a tenant is active while it had work within kPriorityActive; lower-priority tenants
 // are then capped at the floor, kept to one launch in flight, and only take a turn once every
@@ -71,6 +72,7 @@ struct Broker::ComputeState {
     std::string holder;  // the tenant whose gate is open; empty: none
     bool draining = false;
     uint64_t turnStart = 0, drainStart = 0, idleSince = 0, periodStart = 0;
+    uint64_t lastBeat = 0;  // the last heartbeat (gate_epoch moved for every member)
     uint64_t turnBusy = 0, turnCharged = 0;  // this turn: busy metered, charged so far
     size_t next = 0;  // round robin position
   };
@@ -128,15 +130,23 @@ std::chrono::microseconds Broker::computeTick() {
           const uint64_t thr = c->throttled_ns.load(std::memory_order_relaxed);
           ComputeState::Slot& last = td.slots[s];
           if (td.seen) {
+            // At most the time since the last step (+ slack) is credited per step; the rest is
+            // carried to the next steps, never dropped: a kernel longer than a step is charged in
+            // full (its marker adds its whole time at once). A counter that went down is a new
+            // owner's (or a scribble): counted from zero.
             const uint64_t cap = sinceLast + kCounterSlack;
-            const auto delta = [&](uint64_t cur, uint64_t prev) {
-              return std::min(cur >= prev ? cur - prev : cur, cap);  // down: a new owner's count
+            const auto take = [&](uint64_t cur, uint64_t* prev) {
+              if (cur < *prev) *prev = 0;
+              const uint64_t x = std::min(cur - *prev, cap);
+              *prev += x;
+              return x;
             };
-            td.busyTotal += delta(busy, last.busy);
-            td.throttledTotal += delta(thr, last.throttled);
+            td.busyTotal += take(busy, &last.busy);
+            td.throttledTotal += take(thr, &last.throttled);
+          } else {
+            last.busy = busy;
+            last.throttled = thr;
           }
-          last.busy = busy;
-          last.throttled = thr;
           const uint32_t in = c->inflight.load(std::memory_order_seq_cst);
           const uint32_t act = c->activity.load(std::memory_order_seq_cst);
           if (in != 0 && in < kInFlightSane) td.work = td.inflight = true;
@@ -292,7 +302,13 @@ std::chrono::microseconds Broker::computeTick() {
       }
     }
     // The words: mode, cap, priority, gate (rewritten every step: a tenant may scribble on them).
+    // A heartbeat for the shims: gate_epoch moves at least every kHeartbeat whatever the gate, so
+    // a process waiting at a gate that stays closed (debt, a higher priority's work) never takes
+    // the broker for gone; only a dead broker stops it (launch.cpp, kBrokerGoneNs).
+    const bool beat = now - dev.lastBeat >= kHeartbeat;
+    if (beat) dev.lastBeat = now;
     for (Member& m : members) {
+      if (beat && !guarded([&] { m.words->gate_epoch.fetch_add(1); })) faultLocked(m.t);
       const uint32_t mode = (cc.metering || schedule ? kComputeMetered : 0) | (schedule && &m != pinned ? kComputePaced : 0) |
                             (schedule && m.lower ? kComputeTight : 0);
       const bool open = !schedule || (holder == &m && !dev.draining) || &m == pinned;

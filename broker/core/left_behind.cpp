@@ -19,9 +19,9 @@
 // tenant left: the driver's own reservations, other programs' orphans) plus what is charged to
 // tenants. When processes exit, their tick opens a pending decision; three ticks later the rise of
 // smoothed U over what is explained is charged to the exited processes' tenants and logged:
-// first to processes NVML never listed (short-lived; in proportion to their slots' bytes plus one,
-// so a zeroed slot still takes its share), else to those it listed, in proportion to what the
-// device showed them holding, each at most that; an exited process of no tenant takes its share
+// first to processes NVML never listed (short-lived), each up to its slot's bytes plus one; then
+// to those it listed, each up to what the device showed it holding; the rest to the unlisted ones
+// (a zeroed slot does not escape), else into base; an exited process of no tenant takes its share
 // into base. When smoothed U falls below what is explained, the memory was freed:
 // charges are returned, oldest first, then base falls. A rise with no exit pending goes into base
 // (it is nobody's leaving). The charge is added to the tenant's charge slot, so admission sees it.
@@ -104,34 +104,47 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
       const uint64_t explained = L.base + charged;
       const uint64_t rise = smooth > explained ? smooth - explained : 0;
       if (rise == 0) continue;
-      // Processes NVML never listed (they lived less than a tick) take the rise first, in
-      // proportion to what their slots showed: a tenant cannot hand its leaving to another one by
-      // zeroing its slot and exiting quickly. Otherwise the processes NVML listed share it in
-      // proportion to what the device showed them holding, each at most that.
-      const bool unseen = !p.unseen.empty();
-      const std::map<std::string, uint64_t>& who = unseen ? p.unseen : p.seen;
-      uint64_t weight = 0;
-      for (const auto& [tenant, w] : who) weight += w;
-      if (weight == 0) continue;
+      // Who left it: first the processes NVML never listed (they lived less than a tick), each up
+      // to what its slot showed (+1); then those it listed, each up to what the device showed
+      // them holding; what is still unexplained goes to the unlisted ones in proportion (their
+      // slots may have been zeroed), else into base. So a process that was seen holding nothing
+      // is never charged, and a short job of another tenant exiting meanwhile takes no more than
+      // its slot showed unless nobody else can explain the rise.
+      std::map<std::string, uint64_t> share;
+      uint64_t left = rise;
+      auto spread = [&](const std::map<std::string, uint64_t>& who, bool capped) {
+        uint64_t weight = 0;
+        for (const auto& [tenant, w] : who) weight += w;
+        if (weight == 0 || left == 0) return;
+        const uint64_t pool = left;
+        for (const auto& [tenant, w] : who) {
+          uint64_t x = static_cast<uint64_t>(static_cast<unsigned __int128>(pool) * w / weight);
+          if (capped) x = std::min(x, w);
+          x = std::min(x, left);
+          share[tenant] += x;
+          left -= x;
+        }
+      };
+      spread(p.unseen, true);
+      spread(p.seen, true);
+      spread(p.unseen, false);
       uint64_t given = 0;
-      for (const auto& [tenant, w] : who) {
-        uint64_t share = static_cast<uint64_t>(static_cast<unsigned __int128>(rise) * w / weight);
-        if (!unseen) share = std::min(share, w);
-        given += share;
-        if (share == 0) continue;
+      for (const auto& [tenant, x] : share) {
+        given += x;
+        if (x == 0) continue;
         if (tenant.empty() || !tenants_.count(tenant)) {
-          L.base += share;
+          L.base += x;
           continue;
         }
-        L.charged.emplace_back(tenant, share);
-        charged += share;
+        L.charged.emplace_back(tenant, x);
+        charged += x;
         CUSHARE_BLOG(warn,
                      "tenant {} device {}: its exited processes left {} on the device (memory kept "
                      "alive by an exported descriptor or handle); charged to the tenant until the "
                      "device frees it",
-                     tenant, d, formatSize(share));
+                     tenant, d, formatSize(x));
       }
-      L.base += rise - given;  // rounding, and what exceeds what the listed processes held
+      L.base += rise - given;  // rounding, and what no exited process can explain
     }
 
     const uint64_t explained = L.base + charged;

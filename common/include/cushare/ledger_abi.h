@@ -102,7 +102,7 @@ inline constexpr uint32_t kActivityBlocked = 2;   // a launch waits at the close
 struct LedgerComputeDevice {
   std::atomic<uint32_t> mode;        // kComputeMetered | kComputePaced | kComputeTight; others zero
   std::atomic<uint32_t> gate;        // kGateOpen / kGateClosed; a shared futex word (waited on)
-  std::atomic<uint32_t> gate_epoch;  // +1 on every opening (informational, for waiters' logs)
+  std::atomic<uint32_t> gate_epoch;  // +1 on every opening and every 500 ms (the broker's heartbeat)
   std::atomic<uint32_t> cap;         // effective cap, percent x 100 (1..10000); kComputeNoCap
   std::atomic<uint32_t> priority;    // 0 high, 1 normal, 2 low (as the broker applies it)
   uint32_t reserved0;

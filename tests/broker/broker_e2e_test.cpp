@@ -979,7 +979,8 @@ int receiveDescriptor(int listener) {
 TEST(Tamper, MemoryAnExitedExporterLeftBehindStaysCharged) {
   Broker b(testDir());
   ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
-  const std::string path = b.dir() + "/fd.sock";
+  const std::string path = socketFor(b.dir() + "/fd");  // short: a Unix socket address
+  ::unlink(path.c_str());
   const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

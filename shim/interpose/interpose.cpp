@@ -13,6 +13,7 @@
 #include <link.h>
 #include <pthread.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "hooks.h"
@@ -43,7 +44,53 @@
     if (!::cushare::shim::realDriver().p_##sym) return CUDA_ERROR_NOT_SUPPORTED;                   \
     return ::cushare::shim::hook_##sym args;                                                       \
   }
+// Launches: the exported symbol is a trampoline (no frame, the caller's arguments, stack ones
+// included, left untouched; rax and r11 are scratch at a call). It loads the launch word
+// (launch.cpp: the single device's compute mode word once the devices are ready) and, with no
+// compute mode in force, jumps to the real launch: two loads, a test and two branches more than
+// without the shim. Otherwise it jumps to the hook (which meters and paces) once the devices are
+// ready and the driver has the entry point, and to the generated wrapper above before that (the
+// first call, a failed start, a missing entry point).
+#define CUSHARE_LAUNCH_HOOK(sym, base, ver, pt, params, args)                                      \
+  extern "C" CUSHARE_EXPORT CUresult cushare_wrap_##sym params __asm__(#sym);                      \
+  extern "C" CUresult cushare_slow_##sym params __asm__("cushare_slow_" #sym);                     \
+  __attribute__((noinline, cold)) static CUresult cushare_first_##sym params {                     \
+    if (CUresult r_ = ::cushare::shim::processReady(); r_ != CUDA_SUCCESS) return r_;              \
+    if (!::cushare::shim::realDriver().p_##sym) return CUDA_ERROR_NOT_SUPPORTED;                   \
+    return ::cushare::shim::hook_##sym args;                                                       \
+  }                                                                                                \
+  CUresult cushare_slow_##sym params {                                                             \
+    if (__builtin_expect(::cushare::shim::detail::gProcessPhase.load(std::memory_order_acquire) != 1, 0)) \
+      return cushare_first_##sym args;                                                             \
+    if (!::cushare::shim::realDriver().p_##sym) return CUDA_ERROR_NOT_SUPPORTED;                   \
+    return ::cushare::shim::hook_##sym args;                                                       \
+  }                                                                                                \
+  __attribute__((naked)) CUresult cushare_wrap_##sym params {                                      \
+    __asm__("movq cushare_launch_word(%%rip), %%rax\n\t"                                           \
+            "testl %0, (%%rax)\n\t"                                                               \
+            "jnz 1f\n\t"                                                                          \
+            "movq %p1+%c2(%%rip), %%rax\n\t"                                                      \
+            "testq %%rax, %%rax\n\t"                                                              \
+            "jz 2f\n\t"                                                                           \
+            "jmp *%%rax\n"                                                                         \
+            "1:\n\t"                                                                              \
+            "leaq cushare_launch_unready(%%rip), %%r11\n\t"                                        \
+            "cmpq %%r11, %%rax\n\t"                                                               \
+            "je 2f\n\t"                                                                           \
+            "cmpq $0, %p1+%c2(%%rip)\n\t"                                                         \
+            "je 2f\n\t"                                                                           \
+            "jmp cushare_hook_" #sym "\n"                                                          \
+            "2:\n\t"                                                                              \
+            "jmp cushare_slow_" #sym                                                               \
+            :                                                                                      \
+            : "i"(::cushare::kComputeModeMask), "i"(&::cushare::shim::gRealDriver),                \
+              "i"(offsetof(::cushare::shim::RealDriver, p_##sym)));                                \
+  }
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"  // the trampolines' parameters are the asm's
 #include "hooks.def"
+#pragma GCC diagnostic pop
+#undef CUSHARE_LAUNCH_HOOK
 #undef CUSHARE_DRIVER_HOOK
 #define CUSHARE_NVML_HOOK(sym, params, args)                                                       \
   extern "C" CUSHARE_EXPORT nvmlReturn_t cushare_wrap_##sym params __asm__(#sym);                  \

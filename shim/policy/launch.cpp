@@ -455,13 +455,31 @@ void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e
 
 }  // namespace
 
-// The common case, checked by every launch hook before anything else so that the real launch is a
-// tail call: no compute mode on a single-device process's device (or devices not ready yet).
-inline bool launchPlain() noexcept {
-  if (devicesReady() != CUDA_SUCCESS) return true;
+constinit const std::atomic<uint32_t> gLaunchUnready{kComputeModeMask};
+constinit std::atomic<const std::atomic<uint32_t>*> gLaunchWord{&gLaunchUnready};
+namespace {
+// The launch word of a process that sees several devices (or none): always the hook, which finds
+// the launch's device.
+constinit const std::atomic<uint32_t> gLaunchSeveral{kComputeModeMask};
+
+// The launch word published once the devices are ready (hooks.h); whether this launch is plain.
+__attribute__((noinline, cold)) bool publishLaunchWord() noexcept {
+  if (devicesReady() != CUDA_SUCCESS) return true;  // plain until then, as the driver is not started
   const ShimState& st = state();
-  return st.deviceCount == 1 &&
-         (st.devices[0].compute->mode.load(std::memory_order_relaxed) & kComputeModeMask) == 0;
+  const std::atomic<uint32_t>* w =
+      st.deviceCount == 1 && st.devices[0].compute != nullptr ? &st.devices[0].compute->mode : &gLaunchSeveral;
+  gLaunchWord.store(w, std::memory_order_release);
+  return (w->load(std::memory_order_relaxed) & kComputeModeMask) == 0;
+}
+}  // namespace
+
+// The common case, checked by every launch hook before anything else (the trampolines check the
+// same word before the hook): no compute mode on a single-device process's device (or devices not
+// ready yet). False means the devices are ready.
+inline bool launchPlain() noexcept {
+  const std::atomic<uint32_t>* w = gLaunchWord.load(std::memory_order_acquire);
+  if (__builtin_expect(w == &gLaunchUnready, 0)) return publishLaunchWord();
+  return (w->load(std::memory_order_relaxed) & kComputeModeMask) == 0;
 }
 
 // A metered launch's bookkeeping, before and after the real call (no lambda, no template: the
@@ -472,9 +490,9 @@ struct Ticket {
 };
 
 // Before a metered or paced launch: the stream noted, the in-flight place taken (waiting for the
-// gate or the bound when paced). Returns false when the launch is neither (*t untouched).
+// gate or the bound when paced). Returns false when the launch is neither (*t untouched). Only
+// after launchPlain() said no (the devices are ready).
 __attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
-  if (devicesReady() != CUDA_SUCCESS) return false;
   ShimState& st = state();
   const int dev = launchDevice();
   if (dev < 0) return false;
@@ -527,7 +545,7 @@ inline CUresult launchEnd(const Ticket& t, CUresult r) noexcept {
 template <class Launch>
 inline CUresult launchOn(CUstream key, Launch&& launch) noexcept {
   Ticket t;
-  if (!launchBegin(key, &t)) return launch();
+  if (launchPlain() || !launchBegin(key, &t)) return launch();
   return launchEnd(t, launch());
 }
 
@@ -569,81 +587,38 @@ void pacerForgetContexts() noexcept {
   pthread_mutex_unlock(&gMutex);
 }
 
-namespace {
-// Apart from the hook, so that the hook's common case is a tail call (no frame, no lambda).
-__attribute__((noinline)) CUresult metered_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                                          unsigned by, unsigned bz, unsigned shmem, CUstream s,
-                                                          void** params, void** extra) noexcept {
-  Ticket t;
-  if (!launchBegin(s, &t)) return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-  return launchEnd(t, realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
-}
-}  // namespace
+// The launch hooks: reached from their trampolines (interpose.cpp) when a compute mode is in
+// force (or several devices are seen), and from the generated wrapper before the devices are
+// ready; launchOn checks the launch word again.
 CUresult hook_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-  return metered_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return launchOn(s, [&] { return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
 }
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+CUresult hook_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                   unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
   return launchOn(ptszKey(s), [&] {
     return realDriver().p_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
   });
 }
-}  // namespace
-CUresult hook_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                  unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-  return metered_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-}
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
-  return launchOn(cfg ? cfg->hStream : nullptr,
-                  [&] { return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra); });
-}
-}  // namespace
 CUresult hook_cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra);
-  return metered_cuLaunchKernelEx(cfg, f, params, extra);
+  return launchOn(cfg ? cfg->hStream : nullptr, [&] { return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra); });
 }
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
   return launchOn(ptszKey(cfg ? cfg->hStream : nullptr),
                   [&] { return realDriver().p_cuLaunchKernelEx_ptsz(cfg, f, params, extra); });
 }
-}  // namespace
-CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchKernelEx_ptsz(cfg, f, params, extra);
-  return metered_cuLaunchKernelEx_ptsz(cfg, f, params, extra);
-}
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+CUresult hook_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                         unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) noexcept {
   return launchOn(s, [&] {
     return realDriver().p_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   });
 }
-}  // namespace
-CUresult hook_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                        unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-  return metered_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-}
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+CUresult hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                              unsigned by, unsigned bz, unsigned shmem, CUstream s,
                                              void** params) noexcept {
   return launchOn(ptszKey(s), [&] {
     return realDriver().p_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   });
-}
-}  // namespace
-CUresult hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                             unsigned by, unsigned bz, unsigned shmem, CUstream s,
-                                             void** params) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-  return metered_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
 }
 // Several devices at once: paced and metered on the current context's device, by the first
 // entry's stream (docs/compute.md).
@@ -657,14 +632,8 @@ CUresult hook_cuLaunch(CUfunction f) noexcept {
 CUresult hook_cuLaunchGrid(CUfunction f, int w, int h) noexcept {
   return launchOn(nullptr, [&] { return realDriver().p_cuLaunchGrid(f, w, h); });
 }
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept {
-  return launchOn(s, [&] { return realDriver().p_cuLaunchGridAsync(f, w, h, s); });
-}
-}  // namespace
 CUresult hook_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchGridAsync(f, w, h, s);
-  return metered_cuLaunchGridAsync(f, w, h, s);
+  return launchOn(s, [&] { return realDriver().p_cuLaunchGridAsync(f, w, h, s); });
 }
 // A stream's priority in the tenant's band (docs/compute.md), once the broker's words are in force
 // on the device: low tenants get the least priority, normal ones at most the middle of the range,

@@ -327,7 +327,7 @@ bool pacerUsable() noexcept {
          d.p_cuStreamDestroy_v2;
 }
 
-StreamEntry* insertStream(CUstream key, int dev) noexcept {
+__attribute__((noinline)) StreamEntry* insertStream(CUstream key, int dev) noexcept {
   // A driver without the entry points the pacer needs: launches are neither metered nor paced.
   static const bool usable = pacerUsable();
   if (!usable) return nullptr;
@@ -395,7 +395,7 @@ inline bool mayGo(uint32_t before, StreamEntry* e, uint32_t mode) noexcept {
 }
 
 // The paced wait: closed gate or full in-flight bound. Returns with a place in the bound taken.
-void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e) noexcept {
+__attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e) noexcept {
   const uint64_t start = nowNs();
   uint64_t gateWait = 0;
   bool blocked = false;
@@ -491,8 +491,10 @@ struct Ticket {
 
 // Before a metered or paced launch: the stream noted, the in-flight place taken (waiting for the
 // gate or the bound when paced). Returns false when the launch is neither (*t untouched). Only
-// after launchPlain() said no (the devices are ready).
-__attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
+// after launchPlain() said no (the devices are ready). launchBegin is the common case (one device,
+// its slot known, the stream in its home place in the table, the gate open and the bound free):
+// no frame, every other case out of line in launchBeginSlow.
+__attribute__((noinline, cold)) bool launchBeginSlow(CUstream key, Ticket* t) noexcept {
   ShimState& st = state();
   const int dev = launchDevice();
   if (dev < 0) return false;
@@ -520,6 +522,29 @@ __attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
     }
   } else {
     slot->inflight.fetch_add(1, std::memory_order_relaxed);
+  }
+  t->entry = e;
+  t->slot = slot;
+  return true;
+}
+
+__attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
+  const ShimState& st = state();
+  if (st.deviceCount != 1) return launchBeginSlow(key, t);
+  LedgerComputeDevice* c = st.devices[0].compute;
+  const uint32_t mode = c->mode.load(std::memory_order_acquire);
+  LedgerComputeSlot* slot = gSlots[0];
+  StreamEntry* e = &gPacer.streams[hashOf(key, 0)];
+  if ((mode & kComputePaced) == 0 || slot == nullptr || e->stream.load(std::memory_order_relaxed) != key ||
+      e->dev.load(std::memory_order_acquire) != 0)
+    return launchBeginSlow(key, t);  // metered only, or anything to look up first
+  const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
+  if (c->gate.load(std::memory_order_seq_cst) != kGateOpen || !mayGo(before, e, mode)) {
+    // Not now: the place back (clamped), and the whole path, which waits.
+    uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
+    while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
+    }
+    return launchBeginSlow(key, t);
   }
   t->entry = e;
   t->slot = slot;

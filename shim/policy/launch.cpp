@@ -1,6 +1,7 @@
 // Launches: metering and pacing (docs/compute.md). Every launch road of hooks.def comes through
 // launchOn(). Three cases, by the broker's mode word for the device in the tenant's ledger:
-//  - mode 0 (no broker, or compute off): two loads and a branch, then the real launch;
+//  - mode 0 (no broker, or compute off): the launch trampoline (interpose.cpp) reads the launch
+//    word (gLaunchWord, published here) and jumps to the real launch: two loads and a branch;
 //  - metered: the stream is noted (a hash probe and an atomic add), so that the pacer thread
 //    records timing events on it and turns them into busy time;
 //  - paced: as metered, and the launch first takes a place in the process's in-flight bound and

@@ -4,7 +4,9 @@
 // program writes the broker's words into its own ledger, mode metered|paced with the gate open,
 // as a broker would during the tenant's turn). Each iteration also stores 0 to a word: in the paced
 // run its slot's in-flight count (standing in for the pacer, which the null driver's events would
-// otherwise wake per launch), elsewhere a dummy, so all runs execute the same loop.
+// otherwise wake per launch), elsewhere a dummy, so all runs execute the same loop. argv[3], the
+// launch road: kernel (cuLaunchKernel, the default), ex (cuLaunchKernelEx), coop
+// (cuLaunchCooperativeKernel).
 #include <cuda.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -22,6 +24,12 @@
 int main(int argc, char** argv) {
   const long n = argc > 1 ? std::strtol(argv[1], nullptr, 10) : 1000;
   const bool paced = argc > 2 && std::strcmp(argv[2], "paced") == 0;
+  const char* road = argc > 3 ? argv[3] : "kernel";
+  const int how = std::strcmp(road, "ex") == 0 ? 1 : std::strcmp(road, "coop") == 0 ? 2 : 0;
+  if (how == 0 && std::strcmp(road, "kernel") != 0) {
+    std::fprintf(stderr, "launch_loop: unknown road %s (kernel, ex, coop)\n", road);
+    return 2;
+  }
   CUcontext ctx;
   CUmodule mod;
   CUfunction fn;
@@ -58,10 +66,18 @@ int main(int argc, char** argv) {
     words[0].mode.store(cushare::kComputeMetered | cushare::kComputePaced);
     reset = &reinterpret_cast<cushare::LedgerComputeSlot*>(base + cushare::kLedgerComputeSlotOffset)[slot].inflight;
   }
+  CUlaunchConfig config{};
+  config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = 32;
+  config.blockDimY = config.blockDimZ = 1;
+  config.hStream = stream;
   timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (long i = 0; i < n; ++i) {
-    if (cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, nullptr, nullptr) != CUDA_SUCCESS) return 1;
+    const CUresult r = how == 1   ? cuLaunchKernelEx(&config, fn, nullptr, nullptr)
+                       : how == 2 ? cuLaunchCooperativeKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, nullptr)
+                                  : cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, nullptr, nullptr);
+    if (r != CUDA_SUCCESS) return 1;
     reset->store(0, std::memory_order_relaxed);
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -73,6 +73,11 @@ NULL_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, un
                                     unsigned, CUstream, void**, void**) {
   return CUDA_SUCCESS;
 }
+NULL_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**) { return CUDA_SUCCESS; }
+NULL_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                               unsigned, unsigned, CUstream, void**) {
+  return CUDA_SUCCESS;
+}
 // Timing events for the shim's pacer: complete at once, no time between them.
 int gEventStorage;
 NULL_EXPORT CUresult cuCtxGetCurrent(CUcontext* c) {

@@ -8,7 +8,7 @@ import sys
 *defs, out = sys.argv[1:]
 names = ["dlsym", "dlvsym", "dlmopen"]
 for d in defs:
-    for m in re.finditer(r"^CUSHARE_(?:DRIVER|NVML)_HOOK\((\w+)", open(d).read(), re.M):
+    for m in re.finditer(r"^CUSHARE_(?:DRIVER|LAUNCH|NVML)_HOOK\((\w+)", open(d).read(), re.M):
         names.append(m.group(1))
 with open(out, "w") as f:
     f.write("{\n  global:\n")

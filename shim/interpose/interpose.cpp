@@ -13,6 +13,7 @@
 #include <link.h>
 #include <pthread.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "hooks.h"
@@ -30,21 +31,62 @@
 // the real driver has the entry point: nothing ever calls through a null pointer.
 // The first call (or a failed start) goes through a cold function, so that the common case is
 // one load, two compares and a tail jump to the policy (no frame, arguments left in place).
+// CUSHARE_CHECKED_WRAPPER defines `name` so, with its cold first-call function `first`. The names
+// come pasted (cuda.h defines some hooked names as macros, which a bare argument would expand).
+#define CUSHARE_CHECKED_WRAPPER(name, first, hook, real, params, args)                             \
+  __attribute__((noinline, cold)) static CUresult first params {                                   \
+    if (CUresult r_ = ::cushare::shim::processReady(); r_ != CUDA_SUCCESS) return r_;              \
+    if (!::cushare::shim::realDriver().real) return CUDA_ERROR_NOT_SUPPORTED;                      \
+    return ::cushare::shim::hook args;                                                             \
+  }                                                                                                \
+  CUresult name params {                                                                           \
+    if (__builtin_expect(::cushare::shim::detail::gProcessPhase.load(std::memory_order_acquire) != 1, 0)) \
+      return first args;                                                                           \
+    if (!::cushare::shim::realDriver().real) return CUDA_ERROR_NOT_SUPPORTED;                      \
+    return ::cushare::shim::hook args;                                                             \
+  }
 #define CUSHARE_DRIVER_HOOK(sym, base, ver, pt, params, args)                                      \
   extern "C" CUSHARE_EXPORT CUresult cushare_wrap_##sym params __asm__(#sym);                      \
-  __attribute__((noinline, cold)) static CUresult cushare_first_##sym params {                     \
-    if (CUresult r_ = ::cushare::shim::processReady(); r_ != CUDA_SUCCESS) return r_;              \
-    if (!::cushare::shim::realDriver().p_##sym) return CUDA_ERROR_NOT_SUPPORTED;                   \
-    return ::cushare::shim::hook_##sym args;                                                       \
-  }                                                                                                \
-  CUresult cushare_wrap_##sym params {                                                             \
-    if (__builtin_expect(::cushare::shim::detail::gProcessPhase.load(std::memory_order_acquire) != 1, 0)) \
-      return cushare_first_##sym args;                                                             \
-    if (!::cushare::shim::realDriver().p_##sym) return CUDA_ERROR_NOT_SUPPORTED;                   \
-    return ::cushare::shim::hook_##sym args;                                                       \
+  CUSHARE_CHECKED_WRAPPER(cushare_wrap_##sym, cushare_first_##sym, hook_##sym, p_##sym, params, args)
+// Launches: the exported symbol is a trampoline (no frame, the caller's arguments, stack ones
+// included, left untouched; rax and r11 are scratch at a call). It loads the launch word
+// (launch.cpp: the single device's compute mode word once the devices are ready) and, with no
+// compute mode in force, jumps to the real launch: two loads, a test and two branches more than
+// without the shim. Otherwise it jumps to the hook (which meters and paces) once the devices are
+// ready and the driver has the entry point, and to the checked wrapper (cushare_slow_*) before
+// that (the first call, a failed start, a missing entry point).
+#define CUSHARE_LAUNCH_HOOK(sym, base, ver, pt, params, args)                                      \
+  extern "C" CUSHARE_EXPORT CUresult cushare_wrap_##sym params __asm__(#sym);                      \
+  extern "C" CUresult cushare_slow_##sym params __asm__("cushare_slow_" #sym);                     \
+  CUSHARE_CHECKED_WRAPPER(cushare_slow_##sym, cushare_first_##sym, hook_##sym, p_##sym, params, args) \
+  __attribute__((naked)) CUresult cushare_wrap_##sym params {                                      \
+    __asm__("movq cushare_launch_word(%%rip), %%rax\n\t"                                           \
+            "testl %0, (%%rax)\n\t"                                                               \
+            "jnz 1f\n\t"                                                                          \
+            "movq %p1+%c2(%%rip), %%rax\n\t"                                                      \
+            "testq %%rax, %%rax\n\t"                                                              \
+            "jz 2f\n\t"                                                                           \
+            "jmp *%%rax\n"                                                                         \
+            "1:\n\t"                                                                              \
+            "leaq cushare_launch_unready(%%rip), %%r11\n\t"                                        \
+            "cmpq %%r11, %%rax\n\t"                                                               \
+            "je 2f\n\t"                                                                           \
+            "cmpq $0, %p1+%c2(%%rip)\n\t"                                                         \
+            "je 2f\n\t"                                                                           \
+            "jmp cushare_hook_" #sym "\n"                                                          \
+            "2:\n\t"                                                                              \
+            "jmp cushare_slow_" #sym                                                               \
+            :                                                                                      \
+            : "i"(::cushare::kComputeModeMask), "i"(&::cushare::shim::gRealDriver),                \
+              "i"(offsetof(::cushare::shim::RealDriver, p_##sym)));                                \
   }
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"  // the trampolines' parameters are the asm's
 #include "hooks.def"
+#pragma GCC diagnostic pop
+#undef CUSHARE_LAUNCH_HOOK
 #undef CUSHARE_DRIVER_HOOK
+#undef CUSHARE_CHECKED_WRAPPER
 #define CUSHARE_NVML_HOOK(sym, params, args)                                                       \
   extern "C" CUSHARE_EXPORT nvmlReturn_t cushare_wrap_##sym params __asm__(#sym);                  \
   nvmlReturn_t cushare_wrap_##sym params {                                                         \

@@ -1,6 +1,7 @@
 // Launches: metering and pacing (docs/compute.md). Every launch road of hooks.def comes through
 // launchOn(). Three cases, by the broker's mode word for the device in the tenant's ledger:
-//  - mode 0 (no broker, or compute off): two loads and a branch, then the real launch;
+//  - mode 0 (no broker, or compute off): the launch trampoline (interpose.cpp) reads the launch
+//    word (gLaunchWord, published here) and jumps to the real launch: two loads and a branch;
 //  - metered: the stream is noted (a hash probe and an atomic add), so that the pacer thread
 //    records timing events on it and turns them into busy time;
 //  - paced: as metered, and the launch first takes a place in the process's in-flight bound and
@@ -327,7 +328,7 @@ bool pacerUsable() noexcept {
          d.p_cuStreamDestroy_v2;
 }
 
-StreamEntry* insertStream(CUstream key, int dev) noexcept {
+__attribute__((noinline)) StreamEntry* insertStream(CUstream key, int dev) noexcept {
   // A driver without the entry points the pacer needs: launches are neither metered nor paced.
   static const bool usable = pacerUsable();
   if (!usable) return nullptr;
@@ -395,7 +396,7 @@ inline bool mayGo(uint32_t before, StreamEntry* e, uint32_t mode) noexcept {
 }
 
 // The paced wait: closed gate or full in-flight bound. Returns with a place in the bound taken.
-void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e) noexcept {
+__attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e) noexcept {
   const uint64_t start = nowNs();
   uint64_t gateWait = 0;
   bool blocked = false;
@@ -455,13 +456,31 @@ void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e
 
 }  // namespace
 
-// The common case, checked by every launch hook before anything else so that the real launch is a
-// tail call: no compute mode on a single-device process's device (or devices not ready yet).
-inline bool launchPlain() noexcept {
-  if (devicesReady() != CUDA_SUCCESS) return true;
+constinit const std::atomic<uint32_t> gLaunchUnready{kComputeModeMask};
+constinit std::atomic<const std::atomic<uint32_t>*> gLaunchWord{&gLaunchUnready};
+namespace {
+// The launch word of a process that sees several devices (or none): always the hook, which finds
+// the launch's device.
+constinit const std::atomic<uint32_t> gLaunchSeveral{kComputeModeMask};
+
+// The launch word published once the devices are ready (hooks.h); whether this launch is plain.
+__attribute__((noinline, cold)) bool publishLaunchWord() noexcept {
+  if (devicesReady() != CUDA_SUCCESS) return true;  // plain until then, as the driver is not started
   const ShimState& st = state();
-  return st.deviceCount == 1 &&
-         (st.devices[0].compute->mode.load(std::memory_order_relaxed) & kComputeModeMask) == 0;
+  const std::atomic<uint32_t>* w =
+      st.deviceCount == 1 && st.devices[0].compute != nullptr ? &st.devices[0].compute->mode : &gLaunchSeveral;
+  gLaunchWord.store(w, std::memory_order_release);
+  return (w->load(std::memory_order_relaxed) & kComputeModeMask) == 0;
+}
+}  // namespace
+
+// The common case, checked by every launch hook before anything else (the trampolines check the
+// same word before the hook): no compute mode on a single-device process's device (or devices not
+// ready yet). False means the devices are ready.
+inline bool launchPlain() noexcept {
+  const std::atomic<uint32_t>* w = gLaunchWord.load(std::memory_order_acquire);
+  if (__builtin_expect(w == &gLaunchUnready, 0)) return publishLaunchWord();
+  return (w->load(std::memory_order_relaxed) & kComputeModeMask) == 0;
 }
 
 // A metered launch's bookkeeping, before and after the real call (no lambda, no template: the
@@ -472,9 +491,11 @@ struct Ticket {
 };
 
 // Before a metered or paced launch: the stream noted, the in-flight place taken (waiting for the
-// gate or the bound when paced). Returns false when the launch is neither (*t untouched).
-__attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
-  if (devicesReady() != CUDA_SUCCESS) return false;
+// gate or the bound when paced). Returns false when the launch is neither (*t untouched). Only
+// after launchPlain() said no (the devices are ready). launchBegin is the common case (one device,
+// its slot known, the stream in its home place in the table, the gate open and the bound free):
+// no frame, every other case out of line in launchBeginSlow.
+__attribute__((noinline, cold)) bool launchBeginSlow(CUstream key, Ticket* t) noexcept {
   ShimState& st = state();
   const int dev = launchDevice();
   if (dev < 0) return false;
@@ -508,6 +529,29 @@ __attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
   return true;
 }
 
+__attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
+  const ShimState& st = state();
+  if (st.deviceCount != 1) return launchBeginSlow(key, t);
+  LedgerComputeDevice* c = st.devices[0].compute;
+  const uint32_t mode = c->mode.load(std::memory_order_acquire);
+  LedgerComputeSlot* slot = gSlots[0];
+  StreamEntry* e = &gPacer.streams[hashOf(key, 0)];
+  if ((mode & kComputePaced) == 0 || slot == nullptr || e->stream.load(std::memory_order_relaxed) != key ||
+      e->dev.load(std::memory_order_acquire) != 0)
+    return launchBeginSlow(key, t);  // metered only, or anything to look up first
+  const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
+  if (c->gate.load(std::memory_order_seq_cst) != kGateOpen || !mayGo(before, e, mode)) {
+    // Not now: the place back (clamped), and the whole path, which waits.
+    uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
+    while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
+    }
+    return launchBeginSlow(key, t);
+  }
+  t->entry = e;
+  t->slot = slot;
+  return true;
+}
+
 // After it: a failed launch gives its place back; a launch on an idle stream starts a busy
 // interval (the clock is read only then).
 inline CUresult launchEnd(const Ticket& t, CUresult r) noexcept {
@@ -527,7 +571,7 @@ inline CUresult launchEnd(const Ticket& t, CUresult r) noexcept {
 template <class Launch>
 inline CUresult launchOn(CUstream key, Launch&& launch) noexcept {
   Ticket t;
-  if (!launchBegin(key, &t)) return launch();
+  if (launchPlain() || !launchBegin(key, &t)) return launch();
   return launchEnd(t, launch());
 }
 
@@ -569,81 +613,38 @@ void pacerForgetContexts() noexcept {
   pthread_mutex_unlock(&gMutex);
 }
 
-namespace {
-// Apart from the hook, so that the hook's common case is a tail call (no frame, no lambda).
-__attribute__((noinline)) CUresult metered_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                                          unsigned by, unsigned bz, unsigned shmem, CUstream s,
-                                                          void** params, void** extra) noexcept {
-  Ticket t;
-  if (!launchBegin(s, &t)) return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-  return launchEnd(t, realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
-}
-}  // namespace
+// The launch hooks: reached from their trampolines (interpose.cpp) when a compute mode is in
+// force (or several devices are seen), and from the generated wrapper before the devices are
+// ready; launchOn checks the launch word again.
 CUresult hook_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-  return metered_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return launchOn(s, [&] { return realDriver().p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
 }
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+CUresult hook_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                   unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
   return launchOn(ptszKey(s), [&] {
     return realDriver().p_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
   });
 }
-}  // namespace
-CUresult hook_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                  unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-  return metered_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-}
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
-  return launchOn(cfg ? cfg->hStream : nullptr,
-                  [&] { return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra); });
-}
-}  // namespace
 CUresult hook_cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra);
-  return metered_cuLaunchKernelEx(cfg, f, params, extra);
+  return launchOn(cfg ? cfg->hStream : nullptr, [&] { return realDriver().p_cuLaunchKernelEx(cfg, f, params, extra); });
 }
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
+CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
   return launchOn(ptszKey(cfg ? cfg->hStream : nullptr),
                   [&] { return realDriver().p_cuLaunchKernelEx_ptsz(cfg, f, params, extra); });
 }
-}  // namespace
-CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchKernelEx_ptsz(cfg, f, params, extra);
-  return metered_cuLaunchKernelEx_ptsz(cfg, f, params, extra);
-}
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+CUresult hook_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                         unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) noexcept {
   return launchOn(s, [&] {
     return realDriver().p_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   });
 }
-}  // namespace
-CUresult hook_cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                        unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-  return metered_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-}
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+CUresult hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                              unsigned by, unsigned bz, unsigned shmem, CUstream s,
                                              void** params) noexcept {
   return launchOn(ptszKey(s), [&] {
     return realDriver().p_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   });
-}
-}  // namespace
-CUresult hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                             unsigned by, unsigned bz, unsigned shmem, CUstream s,
-                                             void** params) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-  return metered_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
 }
 // Several devices at once: paced and metered on the current context's device, by the first
 // entry's stream (docs/compute.md).
@@ -657,14 +658,8 @@ CUresult hook_cuLaunch(CUfunction f) noexcept {
 CUresult hook_cuLaunchGrid(CUfunction f, int w, int h) noexcept {
   return launchOn(nullptr, [&] { return realDriver().p_cuLaunchGrid(f, w, h); });
 }
-namespace {
-__attribute__((noinline)) CUresult metered_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept {
-  return launchOn(s, [&] { return realDriver().p_cuLaunchGridAsync(f, w, h, s); });
-}
-}  // namespace
 CUresult hook_cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) noexcept {
-  if (launchPlain()) return realDriver().p_cuLaunchGridAsync(f, w, h, s);
-  return metered_cuLaunchGridAsync(f, w, h, s);
+  return launchOn(s, [&] { return realDriver().p_cuLaunchGridAsync(f, w, h, s); });
 }
 // A stream's priority in the tenant's band (docs/compute.md), once the broker's words are in force
 // on the device: low tenants get the least priority, normal ones at most the middle of the range,

@@ -235,9 +235,16 @@ TEST(Live, ACapSetLiveAppliesToRunningProcessesAndSurvivesReloadAndRestart) {
   EXPECT_NEAR(restarted[0], 0.60, 0.05);
   finish({&c});
 
+  ASSERT_EQ(cli("set-limit a --priority low"), 0) << out();
+  EXPECT_EQ(b.tenant("a").priority(), "low");
+  ASSERT_EQ(cli("tenants a"), 0);
+  EXPECT_NE(out().find("60%* low*"), std::string::npos) << out();
+
   ASSERT_EQ(cli("set-limit a --reset"), 0) << out();
   EXPECT_EQ(b.tenant("a").thread_percentage(), 30);
   EXPECT_FALSE(b.tenant("a").threads_overridden());
+  EXPECT_EQ(b.tenant("a").priority(), "normal");
+  EXPECT_FALSE(b.tenant("a").priority_overridden());
 
   // A state file with a cap out of range is refused at start, with the line and the reason.
   ASSERT_EQ(b.stop(), 0);

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "cushare/parse.h"
+#include "cushare/shim_config.h"
 #include "environment.h"
 #include "output.h"
 #include "rpc/codec.h"
@@ -189,17 +190,28 @@ int processesVerb(const Globals& g, const Verb&, const Args& a) {
 }
 
 int setLimitVerb(const Globals& g, const Verb& v, const Args& a) {
-  if (!a.find("--memory") == !a.find("--reset"))
-    return usageError(g, v, "give either --memory or --reset");
+  const bool change = a.find("--memory") || a.find("--threads") || a.find("--priority");
+  if (change == (a.find("--reset") != nullptr))
+    return usageError(g, v, "give --memory, --threads or --priority, or --reset alone");
   int64_t device = -1;  // every device; the protocol's default of 0 would mean the first one
   std::string err;
   if (a.find("--device") && !parseInt(a.get("--device"), -1, INT32_MAX, &device, &err))
     return usageError(g, v, "--device: " + printable(err, 120));
+  if (a.find("--device") && device != -1 && !a.find("--memory") && !a.find("--reset"))
+    return usageError(g, v, "--device goes with --memory or --reset: threads and priority are per tenant");
+  int64_t threads = 0;
+  if (a.find("--threads") && !parseInt(a.get("--threads"), 1, 100, &threads, &err))
+    return usageError(g, v, "--threads: " + printable(err, 120) + " (a percentage of the device's SMs, 1..100)");
+  Priority priority;
+  if (a.find("--priority") && !parsePriority(a.get("--priority"), &priority, &err))
+    return usageError(g, v, "--priority: " + printable(err, 120));
   rpc::Request req = newRequest();
   rpc::SetLimitRequest* s = req.mutable_set_limit();
   s->set_tenant(a.positional[0]);
   s->set_memory(a.get("--memory"));
   s->set_reset(a.find("--reset") != nullptr);
+  if (a.find("--threads")) s->set_threads(static_cast<int32_t>(threads));
+  s->set_priority(a.get("--priority"));
   s->set_device(static_cast<int32_t>(device));
   rpc::Response resp;
   if (const int rc = exchange(g, req, rpc::Response::kSetLimit, &resp)) return rc;
@@ -292,9 +304,9 @@ const std::vector<Verb>& verbs() {
        false,
        processesVerb},
       {"set-limit",
-       "set-limit TENANT (--memory SIZE|PCT% | --reset) [--device N]",
-       "change a tenant's memory limit live (admin)",
-       {"--memory", "--device"},
+       "set-limit TENANT ([--memory SIZE|PCT%] [--threads PCT] [--priority high|normal|low] | --reset) [--device N]",
+       "change a tenant's memory limit, compute cap or priority live (admin)",
+       {"--memory", "--device", "--threads", "--priority"},
        {"--reset"},
        {},
        1,

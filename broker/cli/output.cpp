@@ -215,7 +215,10 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
   };
   for (const rpc::Tenant& tn : tenants) {
     const std::string procs = std::to_string(tn.processes());
-    const std::string cap = tn.has_thread_percentage() ? std::to_string(tn.thread_percentage()) + "%" : "-";
+    std::string cap = tn.has_thread_percentage() ? std::to_string(tn.thread_percentage()) + "%" : "-";
+    if (tn.threads_overridden()) cap += "*";
+    if (tn.priority_overridden()) cap += " " + tn.priority() + "*";
+    overridden = overridden || tn.threads_overridden() || tn.priority_overridden();
     // A tenant the broker cannot manage has no device rows; it still gets a line.
     if (tn.devices().empty()) t.add({tn.name(), "-", "-", "-", "-", "-", cap, "-", "-", procs, tn.source()});
     for (const rpc::TenantDevice& d : tn.devices()) {

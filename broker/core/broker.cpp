@@ -78,8 +78,10 @@ Tenant unknownTenantConfig(const Config& c, const std::string& name) {
 
 // Live limits of tenants the configuration no longer has (and that are not admitted as unknown
 // tenants either) are dropped.
+// Live limits of tenants the configuration no longer knows (memory, compute cap, priority).
+template <class Map>
 void dropStaleOverrides(const Config& c, const std::map<std::string, std::vector<uint64_t>>& configured,
-                        Overrides* o) {
+                        Map* o) {
   for (auto it = o->begin(); it != o->end();) {
     const bool known = configured.count(it->first) != 0 || !c.unknownTenantsProfile.empty();
     if (!known) CUSHARE_BLOG(warn, "dropping the live limits of tenant {}, no longer configured", it->first);
@@ -510,6 +512,8 @@ bool Broker::start(std::string* err) {
   if (!checkPlaces(c, err) || !loadStateFor(c, &state, err)) return false;
   Overrides o = state.limits;
   dropStaleOverrides(c, configured, &o);
+  dropStaleOverrides(c, configured, &state.threads);
+  dropStaleOverrides(c, configured, &state.priorities);
   if (!checkEffective(c, effectiveLimitsLocked(c, configured, o), unknown, err)) return false;
   if (!prepareLedgerDir(c, err)) return false;
 
@@ -518,6 +522,8 @@ bool Broker::start(std::string* err) {
   adminGid_ = admin;
   ledgerDir_ = c.ledgerDir;
   overrides_ = std::move(o);
+  threadOverrides_ = state.threads;
+  priorityOverrides_ = state.priorities;
   unknownLimits_ = unknown;
   state_ = std::move(state);  // the records of the last run, for the ledgers found below
   generation_ = 1;
@@ -589,6 +595,8 @@ bool Broker::reload(std::string* err) {
     for (size_t d = 0; d < devices_.size(); ++d) leaving[name].push_back(expectedLocked(*t, d));
   }
   BrokerState next = stateLocked(c, o, effective);
+  dropStaleOverrides(c, configured, &next.threads);
+  dropStaleOverrides(c, configured, &next.priorities);
   for (const auto& [name, limits] : leaving)
     for (size_t d = 0; d < devices_.size(); ++d) next.last[name][devices_[d].uuid] = limits[d];
   const BrokerState before = state_;
@@ -610,6 +618,8 @@ bool Broker::reload(std::string* err) {
   config_ = c;
   adminGid_ = admin;
   overrides_ = std::move(o);
+  threadOverrides_ = next.threads;
+  priorityOverrides_ = next.priorities;
   unknownLimits_ = unknown;
   ++generation_;
   if (::chmod(ledgerDir_.c_str(), directoryMode(c)) != 0)
@@ -663,8 +673,9 @@ bool Broker::reload(std::string* err) {
   return true;
 }
 
-bool Broker::setLimit(const std::string& tenant, int device, std::optional<MemoryAmount> amount,
-                      std::string* err) {
+bool Broker::setLimit(const std::string& tenant, const LimitChange& change, std::string* err) {
+  const int device = change.device;
+  const std::optional<MemoryAmount>& amount = change.amount;
   std::lock_guard<std::mutex> g(mu_);
   auto it = tenants_.find(tenant);
   if (it == tenants_.end() || it->second->source == "removed") {
@@ -677,13 +688,13 @@ bool Broker::setLimit(const std::string& tenant, int device, std::optional<Memor
     return false;
   }
   const int n = static_cast<int>(devices_.size());
-  if (device < -1 || device >= n) {
+  if (change.memory && (device < -1 || device >= n)) {
     *err = "device " + std::to_string(device) + " does not exist (this host has " + std::to_string(n) +
            (n == 1 ? " device: 0)" : " devices: 0.." + std::to_string(n - 1) + ")");
     return false;
   }
   Overrides o = overrides_;
-  for (int d = 0; d < n; ++d) {
+  for (int d = 0; change.memory && d < n; ++d) {
     if (device != -1 && d != device) continue;
     const DeviceInfo& dev = devices_[static_cast<size_t>(d)];
     if (!amount) {
@@ -708,12 +719,58 @@ bool Broker::setLimit(const std::string& tenant, int device, std::optional<Memor
   const auto configured = configuredLocked();
   const auto effective = effectiveLimitsLocked(config_, configured, o);
   if (!checkEffective(config_, effective, unknownLimits_, err)) return false;
+  // Compute: an unknown tenant's cap and priority are its profile's at most, like its memory.
+  std::map<std::string, int> threads = threadOverrides_;
+  std::map<std::string, Priority> priorities = priorityOverrides_;
+  if (change.resetCompute) {
+    threads.erase(tenant);
+    priorities.erase(tenant);
+  }
+  if (change.threads) {
+    if (*change.threads < 1 || *change.threads > 100) {
+      *err = "threads " + std::to_string(*change.threads) + " is not valid: a compute cap is a percentage from 1 to 100";
+      return false;
+    }
+    if (t.source != "config" && t.config.threadPercentage && *change.threads > *t.config.threadPercentage) {
+      *err = "tenant '" + tenant + "' is not configured: its compute cap can be lowered, not raised above its " +
+             std::to_string(*t.config.threadPercentage) + "% (configure it to give it more)";
+      return false;
+    }
+    threads[tenant] = *change.threads;
+  }
+  if (change.priority) {
+    if (t.source != "config" && *change.priority < t.config.priority) {
+      *err = "tenant '" + tenant + "' is not configured: its priority can be lowered, not raised above " +
+             priorityName(t.config.priority) + " (configure it to give it more)";
+      return false;
+    }
+    priorities[tenant] = *change.priority;
+  }
   BrokerState next = stateLocked(config_, o, effective);
+  next.threads = threads;
+  next.priorities = priorities;
   if (next != state_ && !saveState(config_.stateFile, next, err)) return false;
   state_ = std::move(next);
   overrides_ = std::move(o);
+  threadOverrides_ = std::move(threads);
+  priorityOverrides_ = std::move(priorities);
   applyLimitsLocked(&t);
   return true;
+}
+
+std::optional<int> Broker::threadsLocked(const TenantState& t) const {
+  const auto it = threadOverrides_.find(t.name);
+  if (it == threadOverrides_.end()) return t.config.threadPercentage;
+  if (t.source != "config" && t.config.threadPercentage) return std::min(it->second, *t.config.threadPercentage);
+  return it->second;
+}
+
+Priority Broker::priorityLocked(const TenantState& t) const {
+  const auto it = priorityOverrides_.find(t.name);
+  if (it == priorityOverrides_.end()) return t.config.priority;
+  // Priority orders high < normal < low: the larger is the lower priority.
+  if (t.source != "config") return std::max(it->second, t.config.priority);
+  return it->second;
 }
 
 bool Broker::env(const std::string& tenant, EnvInfo* out, std::string* err) const {
@@ -725,8 +782,8 @@ bool Broker::env(const std::string& tenant, EnvInfo* out, std::string* err) cons
   if (it != tenants_.end() && it->second->source != "removed") {
     const TenantState& t = *it->second;
     e.source = t.source;
-    e.threadPercentage = t.config.threadPercentage;
-    e.priority = t.config.priority;
+    e.threadPercentage = threadsLocked(t);
+    e.priority = priorityLocked(t);
     for (size_t d = 0; d < devices_.size(); ++d) e.limits.emplace_back(devices_[d].uuid, expectedLocked(t, d));
   } else if (!config_.unknownTenantsProfile.empty()) {
     e.source = "unknown-tenant";
@@ -757,8 +814,10 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
   s.name = t.name;
   s.profile = t.config.profile;
   s.source = t.source;
-  s.threadPercentage = t.config.threadPercentage;
-  s.priority = t.config.priority;
+  s.threadPercentage = threadsLocked(t);
+  s.priority = priorityLocked(t);
+  s.threadsOverridden = threadOverrides_.count(t.name) != 0;
+  s.priorityOverridden = priorityOverrides_.count(t.name) != 0;
   s.ledgerPath = ledgerDir_ + "/" + t.fileName;
   s.tamper = t.tamper;
   if (!t.ledger) {

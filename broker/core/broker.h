@@ -80,7 +80,23 @@ class Broker {
   bool reload(std::string* err);
   // A live limit for tenant on device (-1: every device); nullopt: drop the override.
   bool setLimit(const std::string& tenant, int device, std::optional<MemoryAmount> amount,
-                std::string* err);
+                std::string* err) {
+    LimitChange c;
+    c.device = device;
+    c.memory = true;
+    c.amount = amount;
+    return setLimit(tenant, c, err);
+  }
+  // What one `cushare set-limit` changes; all of it or nothing.
+  struct LimitChange {
+    int device = -1;                     // memory: the device (-1: every device)
+    bool memory = false;                 // change the memory limit:
+    std::optional<MemoryAmount> amount;  //   to this; nullopt: drop the override
+    std::optional<int> threads;          // a live compute cap, 1..100 percent
+    std::optional<Priority> priority;    // a live priority
+    bool resetCompute = false;           // drop the live cap and priority
+  };
+  bool setLimit(const std::string& tenant, const LimitChange& change, std::string* err);
   bool env(const std::string& tenant, EnvInfo* out, std::string* err) const;
   // May this peer change things (set-limit, reload)? Root, the broker's own user, or a member of
   // admin_group.
@@ -209,6 +225,10 @@ class Broker {
                    std::vector<std::string>* busy);
   void retireLocked(TenantState* t);
   TenantSnapshot tenantSnapshotLocked(TenantState* t);
+  // The cap and priority in force: a live override, else the configuration's. An unknown
+  // tenant's override only ever lowers its profile's.
+  std::optional<int> threadsLocked(const TenantState& t) const;
+  Priority priorityLocked(const TenantState& t) const;
   // busy: ledgers found flock-held, to wait for once (nullptr: the wait is over, report them).
   int tickLocked(bool scanDirectory, std::vector<std::string>* busy);
   void tamperLocked(TenantState* t, const std::string& kind);
@@ -266,6 +286,9 @@ class Broker {
   std::string ledgerDir_;  // fixed at start: moving ledgers under running tenants is not possible
   uint64_t generation_ = 0;
   Overrides overrides_;
+  // Live compute overrides (set-limit --threads/--priority), kept in the state file.
+  std::map<std::string, int> threadOverrides_;
+  std::map<std::string, Priority> priorityOverrides_;
   std::map<std::string, std::unique_ptr<TenantState>> tenants_;  // by name
   std::vector<uint64_t> unknownLimits_;                          // per device
   std::map<std::string, std::string> adoptErrors_;  // file -> why it could not be adopted (logged once)

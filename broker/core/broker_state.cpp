@@ -63,6 +63,8 @@ BrokerState Broker::stateLocked(const Config& c, const Overrides& o,
   BrokerState s;
   s.ledgerDir = c.ledgerDir;
   s.limits = o;
+  s.threads = threadOverrides_;
+  s.priorities = priorityOverrides_;
   for (const auto& [name, limits] : effective)
     for (size_t d = 0; d < devices_.size(); ++d) s.last[name][devices_[d].uuid] = limits[d];
   for (const auto& [name, t] : tenants_) {

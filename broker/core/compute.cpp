@@ -177,8 +177,8 @@ std::chrono::microseconds Broker::computeTick() {
     for (auto& [name, tp] : tenants_) {
       TenantState& t = *tp;
       if (!t.ledger || d >= t.entry.size() || t.entry[d] < 0) continue;
-      const int cap = std::clamp(t.config.threadPercentage.value_or(100), 1, 100);
-      Member m{&t, &cs.tenants[name][d], t.ledger->compute(t.entry[d]), cap, priorityWord(t.config.priority)};
+      const int cap = std::clamp(threadsLocked(t).value_or(100), 1, 100);
+      Member m{&t, &cs.tenants[name][d], t.ledger->compute(t.entry[d]), cap, priorityWord(priorityLocked(t))};
       if (m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive) topBand = std::min(topBand, m.band);
       members.push_back(m);
     }
@@ -318,7 +318,7 @@ std::chrono::microseconds Broker::computeTick() {
             if (w->mode.load() != mode) w->mode.store(mode, std::memory_order_seq_cst);
             const uint32_t cap = static_cast<uint32_t>(m.cap) * 100;
             if (w->cap.load() != cap) w->cap.store(cap);
-            const uint32_t pr = priorityWord(m.t->config.priority);
+            const uint32_t pr = priorityWord(priorityLocked(*m.t));
             if (w->priority.load() != pr) w->priority.store(pr);
             const uint32_t want = open ? kGateOpen : kGateClosed;
             if (w->gate.load(std::memory_order_seq_cst) != want) {

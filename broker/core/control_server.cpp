@@ -113,16 +113,26 @@ rpc::Response handle(Broker& b, const std::function<bool(std::string*)>& reload,
       return r;
     case rpc::Request::kSetLimit: {
       const rpc::SetLimitRequest& s = req.set_limit();
-      std::optional<MemoryAmount> amount;
-      if (!s.reset()) {
+      Broker::LimitChange c;
+      c.device = s.has_device() ? s.device() : -1;
+      c.memory = s.reset() || !s.memory().empty();
+      if (!s.memory().empty()) {
         rpc::MemoryValue v;
         if (!rpc::parseMemoryAmount(s.memory(), &v, &err)) return failure(err);
-        amount = MemoryAmount{v.bytes, v.milliPercent};
+        c.amount = MemoryAmount{v.bytes, v.milliPercent};
       }
-      const int device = s.has_device() ? s.device() : -1;
-      if (!b.setLimit(s.tenant(), device, amount, &err)) return failure(err);
-      CUSHARE_BLOG(info, "set-limit {} device {} memory {} by {}", s.tenant(), device,
-                   s.reset() ? "reset" : s.memory(), who(peer));
+      c.resetCompute = s.reset() && c.device == -1;
+      if (s.has_threads()) c.threads = s.threads();
+      Priority p;
+      if (!s.priority().empty()) {
+        if (!parsePriority(s.priority(), &p, &err)) return failure("priority: " + err);
+        c.priority = p;
+      }
+      if (!b.setLimit(s.tenant(), c, &err)) return failure(err);
+      CUSHARE_BLOG(info, "set-limit {} device {} memory {} threads {} priority {} by {}", s.tenant(), c.device,
+                   s.reset() ? "reset" : s.memory().empty() ? "-" : s.memory(),
+                   c.resetCompute ? "reset" : s.has_threads() ? std::to_string(s.threads()) : "-",
+                   c.resetCompute ? "reset" : s.priority().empty() ? "-" : s.priority(), who(peer));
       const BrokerSnapshot snap = b.snapshot();
       for (const TenantSnapshot& t : snap.tenants)
         if (t.name == s.tenant()) rpc::toProto(t, snap, r.mutable_set_limit()->mutable_tenant());

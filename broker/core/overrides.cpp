@@ -116,6 +116,16 @@ bool loadState(const std::string& path, BrokerState* out, std::string* err) {
       uint64_t v = kNone;
       if ((verb == "limit" || b != "none") && !number(b, "bytes", &v)) return false;
       (verb == "limit" ? s.limits : s.last)[tenant][a] = v;
+    } else if (verb == "threads" || verb == "priority") {
+      if (a.empty() || !b.empty()) return bad("expected '" + verb + " <tenant> <value>'");
+      if (!Ledger::validTenantName(tenant, &why)) return bad(why);
+      if (verb == "threads") {
+        int64_t pct = 0;
+        if (!parseInt(a, 1, 100, &pct, &why)) return bad("threads: " + why);
+        s.threads[tenant] = static_cast<int>(pct);
+      } else if (!parsePriority(a, &s.priorities[tenant], &why)) {
+        return bad("priority: " + why);
+      }
     } else if (verb == "file") {
       if (c.empty() || (fields >> extra)) return bad("expected 'file <tenant> <file> <dev> <ino>'");
       if (!Ledger::validTenantName(tenant, &why)) return bad(why);
@@ -142,6 +152,8 @@ bool saveState(const std::string& path, const BrokerState& s, std::string* err) 
   for (const auto& [tenant, devices] : s.last)
     for (const auto& [uuid, bytes] : devices)
       text << "last " << tenant << " " << uuid << " " << (bytes == kNone ? "none" : std::to_string(bytes)) << "\n";
+  for (const auto& [tenant, pct] : s.threads) text << "threads " << tenant << " " << pct << "\n";
+  for (const auto& [tenant, p] : s.priorities) text << "priority " << tenant << " " << priorityName(p) << "\n";
   for (const KeptFile& f : s.files)
     text << "file " << f.tenant << " " << f.file << " " << f.dev << " " << f.ino << "\n";
   const std::string data = text.str();

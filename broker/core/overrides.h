@@ -7,6 +7,8 @@
 //   "limit <tenant> <GPU-uuid> <bytes>"         a live limit
 //   "last <tenant> <GPU-uuid> <bytes|none>"     the limit the tenant's processes last had from the
 //                                               configuration: a tenant that leaves it keeps at most this
+//   "threads <tenant> <1..100>"                 a live compute cap (set-limit --threads)
+//   "priority <tenant> <high|normal|low>"       a live priority (set-limit --priority)
 //   "file <tenant> <file> <dev> <ino>"          a ledger renamed by the broker (<tenant>.ledger.removed,
 //                                               <tenant>.ledger.replaced.N) and the identity of its inode
 // The broker writes it whole (temporary file + rename), mode 0600. Files of earlier versions (only
@@ -17,6 +19,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "cushare/shim_config.h"
 
 namespace cushare::broker {
 
@@ -39,8 +43,11 @@ struct BrokerState {
   Overrides limits;       // live limits
   Overrides last;         // tenant -> device UUID -> bytes (UINT64_MAX: none)
   std::vector<KeptFile> files;
+  std::map<std::string, int> threads;          // tenant -> live compute cap, percent (1..100)
+  std::map<std::string, Priority> priorities;  // tenant -> live priority
   bool operator==(const BrokerState& o) const {
-    return ledgerDir == o.ledgerDir && limits == o.limits && last == o.last && files == o.files;
+    return ledgerDir == o.ledgerDir && limits == o.limits && last == o.last && files == o.files &&
+           threads == o.threads && priorities == o.priorities;
   }
   bool operator!=(const BrokerState& o) const { return !(*this == o); }
 };

@@ -52,6 +52,8 @@ struct TenantSnapshot {
   std::string source;           // "config", "unknown-tenant", "removed"
   std::optional<int> threadPercentage;
   Priority priority = Priority::kNormal;
+  bool threadsOverridden = false;   // threadPercentage set live (set-limit --threads)
+  bool priorityOverridden = false;  // priority set live (set-limit --priority)
   std::string ledgerPath;
   std::string error;            // non-empty: the broker cannot manage this tenant's ledger
   std::vector<TenantDeviceSnapshot> devices;   // one per broker device (empty when error)

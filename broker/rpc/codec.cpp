@@ -114,11 +114,20 @@ bool checkTenant(std::string_view name, bool required, std::string* err) {
 
 bool checkSetLimit(const SetLimitRequest& r, std::string* err) {
   if (!checkTenant(r.tenant(), true, err)) return false;
-  if (r.memory().empty() == !r.reset())
-    return fail(err, r.reset() ? "set_limit takes a memory amount or reset, not both"
-                               : "set_limit needs a memory amount or reset");
+  const bool change = !r.memory().empty() || r.has_threads() || !r.priority().empty();
+  if (change == r.reset())
+    return fail(err, r.reset() ? "set_limit takes reset alone, without memory, threads or priority"
+                               : "set_limit needs a memory amount, threads, a priority or reset");
   MemoryValue ignored;
   if (!r.memory().empty() && !parseMemoryAmount(r.memory(), &ignored, err)) return false;
+  if (r.has_threads() && (r.threads() < 1 || r.threads() > 100))
+    return fail(err, "threads " + std::to_string(r.threads()) +
+                         " is not valid: a compute cap is a percentage from 1 to 100");
+  Priority p;
+  std::string why;
+  if (!r.priority().empty() && !parsePriority(r.priority(), &p, &why)) return fail(err, "priority: " + why);
+  if (r.has_device() && r.device() != -1 && r.memory().empty() && !r.reset())
+    return fail(err, "device applies to memory limits; threads and priority are the tenant's on every device");
   if (r.device() < -1)
     return fail(err, "device " + std::to_string(r.device()) +
                          " is not valid: use a device index, or -1 for every device");

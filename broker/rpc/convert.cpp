@@ -98,6 +98,8 @@ void toProto(const TenantSnapshot& t, const BrokerSnapshot& snap, Tenant* out) {
   out->set_source(t.source);
   if (t.threadPercentage) out->set_thread_percentage(*t.threadPercentage);
   out->set_priority(priorityName(t.priority));
+  out->set_threads_overridden(t.threadsOverridden);
+  out->set_priority_overridden(t.priorityOverridden);
   out->set_ledger(t.ledgerPath);
   out->set_error(t.error);
   out->set_processes(static_cast<uint32_t>(t.processes.size()));

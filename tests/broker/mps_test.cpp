@@ -405,6 +405,31 @@ TEST(BrokerMps, ACapChangedByAReloadAppliesToNewProcesses) {
       << out;
 }
 
+// `cushare set-limit --threads` under MPS: the broker publishes the live cap (within a second) and
+// processes started after it are MPS clients with it; the running one keeps what it started with.
+TEST(BrokerMps, ACapSetLiveAppliesToNewProcesses) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::string first;
+  Child before = m.worker("small", &first);
+  ASSERT_EQ(first, "ready 30");
+  rpc::Request r;
+  r.set_version(1);
+  r.mutable_set_limit()->set_tenant("small");
+  r.mutable_set_limit()->set_threads(20);
+  const rpc::Response resp = m.broker.call(r);
+  ASSERT_TRUE(resp.ok()) << resp.error();
+  EXPECT_EQ(resp.set_limit().tenant().thread_percentage(), 20);
+  EXPECT_TRUE(resp.set_limit().tenant().threads_overridden());
+  ASSERT_TRUE(eventually([&] { return m.broker.tenant("small").mps_thread_percentage() == 20; }))
+      << m.broker.tenant("small").DebugString();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Child after = m.worker("small", &first);
+  EXPECT_EQ(first, "ready 20") << "a new process gets the live cap";
+  EXPECT_EQ(before.ask("sync"), "sync 0") << "the running one keeps its 30 and runs on";
+}
+
 TEST(BrokerMps, DamagedSettingsFailClosed) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();

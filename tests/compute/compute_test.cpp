@@ -7,13 +7,16 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
@@ -160,6 +163,94 @@ TEST(Live, ACapChangedByReloadAppliesToRunningProcesses) {
   EXPECT_NEAR(before[0], 0.30, 0.05);
   EXPECT_NEAR(after[0], 0.60, 0.05);
   finish({&a});
+}
+
+// `cushare set-limit --threads` (the CLI, as an operator runs it): the cap applies at once to a
+// running paced process, stays through a reload and a broker restart (the state file), is shown
+// with '*' by `cushare tenants`; bad values are refused; --reset gives the configured cap back.
+TEST(Live, ACapSetLiveAppliesToRunningProcessesAndSurvivesReloadAndRestart) {
+  Broker b(testDir());
+  const std::string config = "tenants:\n  - {name: a, thread_percentage: 30}\n";
+  ASSERT_TRUE(b.start(config));
+  auto cli = [&](const std::string& args) {
+    const std::string full = std::string(CLI_BIN) + " --socket " + b.socket() + " " + args + " > " + b.dir() +
+                             "/cli.txt 2>&1";
+    const int st = std::system(full.c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  auto out = [&] {
+    std::ifstream in(b.dir() + "/cli.txt");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  // Refused, each with its reason, and nothing changes.
+  for (const std::string bad : {"--threads 0", "--threads 101", "--threads 5O", "--priority urgent",
+                                "--threads 50 --reset", "--threads 50 --device 0"}) {
+    EXPECT_NE(cli("set-limit a " + bad), 0) << bad;
+    EXPECT_FALSE(out().empty()) << bad;
+  }
+  EXPECT_NE(out().find("--device goes with --memory"), std::string::npos) << out();
+  EXPECT_NE(cli("set-limit nobody --threads 50"), 0);
+  EXPECT_NE(out().find("no tenant 'nobody'"), std::string::npos) << out();
+  rpc::Request raw;  // past the CLI's checks: the broker refuses too
+  raw.set_version(1);
+  raw.mutable_set_limit()->set_tenant("a");
+  raw.mutable_set_limit()->set_threads(0);
+  rpc::Response r = b.call(raw);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("1 to 100"), std::string::npos) << r.error();
+  raw.mutable_set_limit()->set_threads(40);
+  raw.mutable_set_limit()->set_priority("top");
+  r = b.call(raw);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("priority"), std::string::npos) << r.error();
+  EXPECT_EQ(b.tenant("a").thread_percentage(), 30);
+  EXPECT_FALSE(b.tenant("a").threads_overridden());
+
+  Child a = worker(b, "a");
+  a.send("run 7500 2000");
+  const auto before = shares({{&a}}, 500, 1500);
+  ASSERT_EQ(cli("set-limit a --threads 60"), 0) << out();
+  const auto live = shares({{&a}}, 300, 1500);
+  std::ofstream(b.dir() + "/config.yaml") << brokerConfig(b.dir(), config);
+  ASSERT_TRUE(b.reload().ok());
+  const auto reloaded = shares({{&a}}, 300, 1500);
+  std::printf("share: cap 30 %.3f, after set-limit --threads 60 %.3f, after a reload %.3f\n", before[0], live[0],
+              reloaded[0]);
+  EXPECT_NEAR(before[0], 0.30, 0.05);
+  EXPECT_NEAR(live[0], 0.60, 0.05);
+  EXPECT_NEAR(reloaded[0], 0.60, 0.05);
+  finish({&a});
+  ASSERT_EQ(cli("tenants a"), 0);
+  EXPECT_NE(out().find("60%*"), std::string::npos) << out();
+
+  // A restarted broker reads the cap back from its state file.
+  ASSERT_EQ(b.stop(), 0);
+  ASSERT_TRUE(b.startWithFile()) << b.log();
+  EXPECT_EQ(b.tenant("a").thread_percentage(), 60);
+  EXPECT_TRUE(b.tenant("a").threads_overridden());
+  Child c = worker(b, "a");
+  c.send("run 2500 2000");
+  const auto restarted = shares({{&c}}, 500, 1500);
+  std::printf("share after a broker restart %.3f (cap 0.60)\n", restarted[0]);
+  EXPECT_NEAR(restarted[0], 0.60, 0.05);
+  finish({&c});
+
+  ASSERT_EQ(cli("set-limit a --priority low"), 0) << out();
+  EXPECT_EQ(b.tenant("a").priority(), "low");
+  ASSERT_EQ(cli("tenants a"), 0);
+  EXPECT_NE(out().find("60%* low*"), std::string::npos) << out();
+
+  ASSERT_EQ(cli("set-limit a --reset"), 0) << out();
+  EXPECT_EQ(b.tenant("a").thread_percentage(), 30);
+  EXPECT_FALSE(b.tenant("a").threads_overridden());
+  EXPECT_EQ(b.tenant("a").priority(), "normal");
+  EXPECT_FALSE(b.tenant("a").priority_overridden());
+
+  // A state file with a cap out of range is refused at start, with the line and the reason.
+  ASSERT_EQ(b.stop(), 0);
+  std::ofstream(b.dir() + "/broker.state") << "cushare-broker-state 1\nthreads a 101\n";
+  EXPECT_FALSE(b.startWithFile());
+  EXPECT_NE(b.log().find("broker.state:2: threads: "), std::string::npos) << b.log();
 }
 
 // ---------------------------------------------------------------------------------------------

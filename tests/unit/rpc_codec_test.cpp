@@ -230,9 +230,34 @@ TEST(RpcValidate, TenantNames) {
 }
 
 TEST(RpcValidate, SetLimitNeedsMemoryOrReset) {
-  EXPECT_EQ(rejection(setLimit("t", "", false, -1)), "set_limit needs a memory amount or reset");
+  EXPECT_EQ(rejection(setLimit("t", "", false, -1)),
+            "set_limit needs a memory amount, threads, a priority or reset");
   EXPECT_EQ(rejection(setLimit("t", "1GiB", true, -1)),
-            "set_limit takes a memory amount or reset, not both");
+            "set_limit takes reset alone, without memory, threads or priority");
+  Request threads = setLimit("t", "", true, -1);
+  threads.mutable_set_limit()->set_threads(50);
+  EXPECT_EQ(rejection(threads), "set_limit takes reset alone, without memory, threads or priority");
+}
+
+TEST(RpcValidate, SetLimitThreadsAndPriority) {
+  Request r = setLimit("t", "", false, -1);
+  r.mutable_set_limit()->set_threads(1);
+  EXPECT_EQ(rejection(r), "");
+  r.mutable_set_limit()->set_threads(100);
+  r.mutable_set_limit()->set_priority("low");
+  EXPECT_EQ(rejection(r), "");
+  for (int bad : {0, 101, -5}) {
+    r.mutable_set_limit()->set_threads(bad);
+    EXPECT_EQ(rejection(r),
+              "threads " + std::to_string(bad) + " is not valid: a compute cap is a percentage from 1 to 100");
+  }
+  r.mutable_set_limit()->set_threads(50);
+  r.mutable_set_limit()->set_priority("urgent");
+  EXPECT_EQ(rejection(r).rfind("priority: ", 0), 0u) << rejection(r);
+  r.mutable_set_limit()->set_priority("");
+  r.mutable_set_limit()->set_device(0);
+  EXPECT_EQ(rejection(r),
+            "device applies to memory limits; threads and priority are the tenant's on every device");
 }
 
 TEST(RpcValidate, SetLimitMemoryAndDevice) {

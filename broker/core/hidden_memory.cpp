@@ -106,6 +106,11 @@ void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevic
     if (!t->ledger) continue;
     files.push_back({t->ledger->fileDev(), t->ledger->fileIno()});
     owners.push_back(name);
+    // A former ledger's processes are the tenant's too (what they hold is charged to it).
+    for (const TenantState::Shadow& sh : t->shadows) {
+      files.push_back({sh.ledger->fileDev(), sh.ledger->fileIno()});
+      owners.push_back(name);
+    }
   }
   for (int pid : reported) {
     const uint64_t start = startTimeOf(pid);
@@ -191,7 +196,11 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         uint64_t charge = t.hiddenCharge[i];  // not measured this tick: kept as it was
         if (measured) {
           const uint64_t shown = std::max(b->second.bytes[i], a->second.bytes[i]);
-          const uint64_t explained = shown + allowed[d];
+          // What former ledgers' processes hold is charged to the tenant already (their charge
+          // lowers its ledger's limit): explained, not hidden. Beyond it, they hide like any.
+          uint64_t formerly = 0;
+          for (const TenantState::Shadow& sh : t.shadows) formerly += sh.charge[d];
+          const uint64_t explained = shown + formerly + allowed[d];
           const uint64_t found = held[d] > explained ? held[d] - explained : 0;
           charge = std::min({found, t.hiddenSeen[i], t.hiddenSeenBefore[i]});
           t.hiddenSeenBefore[i] = t.hiddenSeen[i];

@@ -622,6 +622,7 @@ TEST(Security, LockedOrTruncatedLedgersDoNotStopTheBroker) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(1)) << "the broker must not wait on a tenant's lock";
   ::close(fd);
   // alpha's ledger truncated under the broker's mapping: no SIGBUS death; the ledger is reopened.
+  if (!kSigbusUnwindIsSanitizerSafe) GTEST_SKIP() << kSigbusUnderTsan;
   Child alpha = b.tenantProcess("alpha");
   ASSERT_EQ(alpha.ask("alloc " + std::to_string(64 * MiB)), "ok");
   ASSERT_EQ(::truncate((b.ledgerDir() + "/alpha.ledger").c_str(), 0), 0);
@@ -821,6 +822,7 @@ const std::string kAlphaBeta =
 // stops, alpha's ledger is usable again and its error is gone.
 TEST(Tamper, LedgerTruncatedInALoopCannotKillTheBroker) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  if (!kSigbusUnwindIsSanitizerSafe) GTEST_SKIP() << kSigbusUnderTsan;
   Broker b(testDir());
   ASSERT_EQ(::mkdir(b.ledgerDir().c_str(), 0711), 0);
   const std::string alphaLedger = b.ledgerDir() + "/alpha.ledger";

@@ -344,6 +344,13 @@ uint64_t limitOn0(const rpc::Tenant& t) {
   return t.devices_size() && t.devices(0).has_limit_bytes() ? t.devices(0).limit_bytes() : UINT64_MAX;
 }
 
+uint64_t hiddenOf(Broker& b, const std::string& tenant) {
+  const std::string m = b.metrics();
+  const std::string key = "cushare_tenant_hidden_bytes{tenant=\"" + tenant + "\",device=\"0\"} ";
+  const size_t at = m.find(key);
+  return at == std::string::npos ? UINT64_MAX : std::strtoull(m.c_str() + at + key.size(), nullptr, 10);
+}
+
 uint64_t field(const std::string& line, int index) {
   std::istringstream in(line);
   std::string w;

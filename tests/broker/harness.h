@@ -105,10 +105,26 @@ uint64_t deviceUsed();
 
 uint64_t usedOn0(const rpc::Tenant& t);
 uint64_t limitOn0(const rpc::Tenant& t);
+// cushare_tenant_hidden_bytes of tenant on device 0 (the broker's metrics); UINT64_MAX if absent.
+uint64_t hiddenOf(Broker& b, const std::string& tenant);
 
 // Number at the end of "held N" (or the given field of a reply line).
 uint64_t field(const std::string& line, int index);
 
 constexpr uint64_t MiB = 1ull << 20;
+
+// ThreadSanitizer runs every atomic operation on a ledger mapping under a lock of its own; a
+// SIGBUS inside one (the tenant truncated the file) unwinds past it (the broker's siglongjmp, see
+// broker/core/bus_guard.h), the sanitizer's lock stays held and the broker's next atomic access to
+// that address waits forever inside the sanitizer. Without it an atomic access takes no lock, so
+// the truncation attacks run in the plain stage of the suite and are skipped under TSan.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kSigbusUnwindIsSanitizerSafe = false;
+#else
+inline constexpr bool kSigbusUnwindIsSanitizerSafe = true;
+#endif
+inline constexpr const char* kSigbusUnderTsan =
+    "under ThreadSanitizer a SIGBUS inside an atomic access leaves the sanitizer's own lock held "
+    "(see tests/broker/harness.h); this attack runs in the plain stage";
 
 }  // namespace cushare::test

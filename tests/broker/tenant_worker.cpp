@@ -12,7 +12,8 @@
 //   quit                 -> frees everything and exits 0
 // Attacks on its own ledger ($CUSHARE_LEDGER_DIR/$CUSHARE_TENANT.ledger), as a hostile tenant
 // would make them, behind the shim's back:
-//   zero                 -> writes zeros over every usage counter of the file (raw pwrite): "ok"
+//   zero [FILE]          -> writes zeros over every usage counter of the file (raw pwrite), or of
+//                           FILE in the ledger directory (a former ledger): "ok" | "failed"
 //   closeledger          -> closes every descriptor of the ledger file it has: "closed N"
 //   pid                  -> "pid PID" (getpid(): in its own pid namespace)
 //   export BYTES SOCKET  -> makes BYTES of shareable VMM memory (cuMemCreate, POSIX descriptor),
@@ -51,8 +52,10 @@ std::string ledgerPath() {
   return std::string(dir ? dir : "") + "/" + (tenant ? tenant : "default") + ".ledger";
 }
 
-bool zeroCounters() {
-  const int fd = ::open(ledgerPath().c_str(), O_WRONLY | O_CLOEXEC);
+bool zeroCounters(const std::string& file) {
+  const char* dir = std::getenv("CUSHARE_LEDGER_DIR");
+  const std::string path = file.empty() ? ledgerPath() : std::string(dir ? dir : "") + "/" + file;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return false;
   const std::vector<char> zeros(cushare::kLedgerUsedBytes, 0);
   const bool ok = ::pwrite(fd, zeros.data(), zeros.size(), cushare::kLedgerUsedOffset) ==
@@ -170,7 +173,9 @@ int main() {
       cuMemGetInfo(&f, &t);
       say("free " + std::to_string(f) + " total " + std::to_string(t));
     } else if (cmd == "zero") {
-      say(zeroCounters() ? "ok" : "failed");
+      std::string file;
+      in >> file;
+      say(zeroCounters(file) ? "ok" : "failed");
     } else if (cmd == "closeledger") {
       say("closed " + std::to_string(closeLedger()));
     } else if (cmd == "export") {

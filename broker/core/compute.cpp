@@ -65,6 +65,7 @@ struct Broker::ComputeState {
     uint64_t busyStep = 0;  // busy time metered in this step
     bool work = false;
     bool inflight = false;
+    bool localCap = false;  // a process keeps a lower cap of its own (its busy time must be its own)
     uint64_t lastWork = 0;  // monotonic ns of the last step that saw work
     bool paced = false;
   };
@@ -121,7 +122,7 @@ std::chrono::microseconds Broker::computeTick() {
         const int e = t.entry[d];
         if (e < 0) continue;
         ComputeState::TenantDevice& td = per[d];
-        td.work = td.inflight = false;
+        td.work = td.inflight = td.localCap = false;
         const uint64_t busyBefore = td.busyTotal;
         for (uint32_t s = 0; s < hwm; ++s) {
           if (static_cast<int>(s) == t.ledger->chargeSlot()) continue;
@@ -151,6 +152,7 @@ std::chrono::microseconds Broker::computeTick() {
           const uint32_t act = c->activity.load(std::memory_order_seq_cst);
           if (in != 0 && in < kInFlightSane) td.work = td.inflight = true;
           if (act & kActivityBlocked) td.work = true;
+          if (act & kActivityLocalCap) td.localCap = true;
         }
         if (td.work) td.lastWork = now;
         td.seen = true;
@@ -189,7 +191,9 @@ std::chrono::microseconds Broker::computeTick() {
     }
     for (Member& m : members) {
       if (m.band > topBand) m.cap = std::min<int>(m.cap, std::max<int>(1, static_cast<int>(cc.priorityFloorPercent)));
-      capped = capped || m.cap < 100;
+      // A process's own lower cap (launch.cpp) is kept from the busy time it meters, which is its
+      // own only while turns are exclusive: such a device is scheduled like a capped one.
+      capped = capped || m.cap < 100 || m.td->localCap;
     }
     // A tenant of the top priority that is alone there and uncapped keeps its gate open while
     // priorities differ: its launches never wait for a step; lower ones yield to its work.
@@ -208,6 +212,14 @@ std::chrono::microseconds Broker::computeTick() {
       for (const Member& o : members)
         if (o.band < m.band && o.td->lastWork != 0 && now - o.td->lastWork <= within) return true;
       return false;
+    };
+    // The highest priority active among the other tenants (kOthersNone: none), published for
+    // processes that lower their own priority below their tenant's (launch.cpp, local caps).
+    const auto othersTop = [&](const Member& m) {
+      uint32_t top = kOthersNone;
+      for (const Member& o : members)
+        if (&o != &m && o.td->lastWork != 0 && now - o.td->lastWork < kPriorityActive) top = std::min(top, o.band);
+      return top;
     };
     const bool schedule = (capped || differ) && !computeUnderMpsLocked(d);
     if (!schedule) {
@@ -320,6 +332,8 @@ std::chrono::microseconds Broker::computeTick() {
             if (w->cap.load() != cap) w->cap.store(cap);
             const uint32_t pr = priorityWord(priorityLocked(*m.t));
             if (w->priority.load() != pr) w->priority.store(pr);
+            const uint32_t others = othersWord(othersTop(m), cc.priorityFloorPercent);
+            if (w->others.load() != others) w->others.store(others);
             const uint32_t want = open ? kGateOpen : kGateClosed;
             if (w->gate.load(std::memory_order_seq_cst) != want) {
               w->gate.store(want, std::memory_order_seq_cst);
@@ -355,6 +369,7 @@ void Broker::computeRelease() {
             if (t.entry[d] < 0) continue;
             LedgerComputeDevice* w = t.ledger->compute(t.entry[d]);
             w->mode.fetch_and(~kComputePaced, std::memory_order_seq_cst);
+            w->others.store(0, std::memory_order_relaxed);  // nothing published any more
             w->gate.store(kGateOpen, std::memory_order_seq_cst);
             w->gate_epoch.fetch_add(1);
             wakeAll(&w->gate);

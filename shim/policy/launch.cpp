@@ -11,6 +11,10 @@
 // The pacer thread (started by the first metered launch, off the launch path) records a marker
 // event after each stream's new launches, polls them in order, and adds the union of the
 // intervals its streams were executing to the slot's busy_ns, then lowers in-flight.
+// A process whose environment lowers its own cap or priority below its tenant's
+// (CUSHARE_THREAD_PERCENTAGE, CUSHARE_PRIORITY) also keeps a budget of its own per device (a
+// local cap, kept by the pacer from the same busy time): its launches are paced by a process-local
+// gate as well as by the tenant's (docs/compute.md, "Lowering from the environment").
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -26,6 +31,7 @@
 #include "interpose/hooks.h"
 #include "interpose/real.h"
 #include "runtime/log.h"
+#include "runtime/mps_env.h"
 #include "runtime/state.h"
 
 namespace cushare::shim {
@@ -100,7 +106,23 @@ struct Pacer {
   std::atomic<bool> started{false};
 };
 
+// A process's own lower cap on one device (the pacer keeps it; launchers read gate and tight).
+struct LocalCap {
+  std::atomic<uint32_t> on{0};          // 1: launches on the device take the local checks
+  std::atomic<uint32_t> gate{kGateOpen};  // private futex word: closed while over the budget
+  std::atomic<uint32_t> tight{0};       // 1: one launch in flight (yielding to a higher priority)
+  uint32_t cap = kComputeNoCap;         // the rest is the pacer's (under gMutex)
+  int64_t credit = 0;                   // ns of device time left (negative: debt)
+  uint64_t last = 0;                    // host ns of the last refill
+  uint64_t used = 0;                    // busy ns metered since the last pass
+};
+// Budgets refill over this period; unused credit never exceeds one period's share.
+constexpr uint64_t kLocalPeriodNs = 100'000'000;
+
 constinit Pacer gPacer;
+constinit LocalCap gLocal[kMaxDevices];
+// Some device has a local cap in force: the launch path's common case takes the whole path.
+constinit std::atomic<uint32_t> gLocalAny{0};
 // This process's compute slot per device ordinal, once looked up (cleared in a forked child).
 constinit LedgerComputeSlot* gSlots[kMaxDevices] = {};
 // The gate epoch + 1 at which the broker was found gone (0: never): launches then pass a closed
@@ -184,11 +206,67 @@ void addBusy(int dev, uint64_t start, uint64_t end) noexcept {
   if (start < until) start = until;
   if (end <= start) return;
   until = end;
+  gLocal[dev].used += end - start;
   if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(end - start, std::memory_order_relaxed);
 }
 
-// One pass: markers after new launches, completed markers turned into busy time. True while any
-// marker is pending.
+// The local cap of a device, from the environment and the broker's words: the environment's cap
+// when below 100 %; when CUSHARE_PRIORITY is below the tenant's and the broker publishes that a
+// higher priority than the process's own is active among the other tenants, the floor too, with
+// one launch in flight (what the broker does to a lower-priority tenant). None for an MPS client
+// (its server enforces the same settings) or where the device is not metered (nothing measured).
+// Returns the ns until the budget allows a launch again (0: it does now).
+uint64_t updateLocal(int dev, const LedgerComputeDevice* c, uint64_t now) noexcept {
+  LocalCap& lc = gLocal[dev];
+  const ShimConfig& cfg = state().config;
+  const uint32_t mode = c->mode.load(std::memory_order_acquire);
+  uint32_t cap = kComputeNoCap;
+  bool tight = false;
+  if ((mode & kComputeModeMask) != 0 && ((mode & kComputePaced) != 0 || !mpsClient())) {
+    if (cfg.threadPercentage && *cfg.threadPercentage < 100) cap = static_cast<uint32_t>(*cfg.threadPercentage) * 100;
+    const uint32_t own = cfg.priority == Priority::kHigh ? 0 : cfg.priority == Priority::kLow ? 2 : 1;
+    const uint32_t others = c->others.load(std::memory_order_relaxed);
+    const uint32_t tenantBand = c->priority.load(std::memory_order_relaxed);
+    if ((others & kOthersValid) != 0 && own > tenantBand && (others & 3u) < own) {
+      const uint32_t floor = std::max(1u, std::min(100u, (others >> 8) & 0xFFu)) * 100;
+      cap = std::min(cap, floor);
+      tight = true;
+    }
+  }
+  const bool on = cap < kComputeNoCap || tight;
+  const int64_t quantum = static_cast<int64_t>(kLocalPeriodNs * cap / kComputeNoCap);
+  if (!on) {
+    lc.cap = kComputeNoCap;
+    lc.used = 0;
+    lc.on.store(0, std::memory_order_relaxed);
+    lc.tight.store(0, std::memory_order_relaxed);
+    if (lc.gate.exchange(kGateOpen, std::memory_order_seq_cst) != kGateOpen) futexWake(&lc.gate, false);
+    return 0;
+  }
+  if (lc.cap == kComputeNoCap || lc.last == 0) {  // just in force: a full period's budget
+    lc.credit = quantum;
+    lc.last = now;
+    lc.used = 0;
+  }
+  lc.cap = cap;
+  // Refill at the cap's rate, charge what ran; debt carries over, unused credit does not pile up.
+  lc.credit += static_cast<int64_t>((now - lc.last) * cap / kComputeNoCap);
+  lc.last = now;
+  lc.credit -= static_cast<int64_t>(lc.used);
+  lc.used = 0;
+  lc.credit = std::min(lc.credit, quantum);
+  lc.tight.store(tight ? 1 : 0, std::memory_order_relaxed);
+  lc.on.store(1, std::memory_order_release);
+  const uint32_t want = lc.credit > 0 ? kGateOpen : kGateClosed;
+  if (lc.gate.exchange(want, std::memory_order_seq_cst) != want && want == kGateOpen) futexWake(&lc.gate, false);
+  return lc.credit > 0 ? 0 : static_cast<uint64_t>(-lc.credit) * kComputeNoCap / cap + 1;
+}
+
+// Set by pass(): ns until a local budget lets launches go again (0: none waits for one).
+uint64_t gLocalRefill = 0;
+
+// One pass: markers after new launches, completed markers turned into busy time, local budgets.
+// True while any marker is pending.
 bool pass() noexcept {
   RealDriver& d = realDriver();
   const uint64_t now = nowNs();
@@ -262,13 +340,25 @@ bool pass() noexcept {
   }
   // Activity, for the broker's scheduler: work in flight on each device this process uses.
   ShimState& st = state();
+  gLocalRefill = 0;
+  uint32_t any = 0;
   for (int i = 0; i < st.deviceCount; ++i) {
+    if (st.devices[i].compute != nullptr) {
+      const uint64_t refill = updateLocal(i, st.devices[i].compute, nowNs());
+      if (refill != 0 && (gLocalRefill == 0 || refill < gLocalRefill)) gLocalRefill = refill;
+      any |= gLocal[i].on.load(std::memory_order_relaxed);
+    }
     LedgerComputeSlot* slot = ownSlot(i);
     if (slot == nullptr || st.devices[i].compute == nullptr) continue;
-    const uint32_t in = slot->inflight.load(std::memory_order_relaxed) != 0 ? kActivityInFlight : 0;
+    const uint32_t in = (slot->inflight.load(std::memory_order_relaxed) != 0 ? kActivityInFlight : 0) |
+                        (gLocal[i].on.load(std::memory_order_relaxed) != 0 ? kActivityLocalCap : 0);
+    constexpr uint32_t kMine = kActivityInFlight | kActivityLocalCap;
     uint32_t a = slot->activity.load(std::memory_order_relaxed);
-    if ((a & kActivityInFlight) != in) slot->activity.store((a & ~kActivityInFlight) | in, std::memory_order_relaxed);
+    while ((a & kMine) != in &&
+           !slot->activity.compare_exchange_weak(a, (a & ~kMine) | in, std::memory_order_relaxed)) {
+    }
   }
+  gLocalAny.store(any, std::memory_order_release);
   return pending;
 }
 
@@ -296,9 +386,11 @@ void* pacerMain(void*) {
     pthread_mutex_unlock(&gMutex);
     // Launchers wait for the in-flight bound: poll often. Otherwise often while work is pending
     // (markers end busy intervals), rarely when idle (a launch wakes us only when it must wait).
-    const uint64_t sleep = gPacer.waiters.load(std::memory_order_acquire) != 0 ? 50'000
-                           : pending                                             ? 100'000
-                                                                                 : 2'000'000;
+    uint64_t sleep = gPacer.waiters.load(std::memory_order_acquire) != 0 ? 50'000
+                     : pending                                             ? 100'000
+                                                                           : 2'000'000;
+    // A local budget that refills sooner: the pacer opens the local gate then.
+    if (gLocalRefill != 0 && gLocalRefill < sleep) sleep = gLocalRefill;
     futexWait(&gPacer.wake, seq, sleep, false);
   }
   return nullptr;
@@ -315,6 +407,14 @@ void resetAfterFork() noexcept {
   }
   for (ContextClock& c : gPacer.clocks) c = ContextClock{};
   for (LedgerComputeSlot*& slot : gSlots) slot = nullptr;
+  for (LocalCap& lc : gLocal) {  // the child starts its own budget (its pacer sets it)
+    lc.cap = kComputeNoCap;
+    lc.last = 0;
+    lc.on.store(0);
+    lc.tight.store(0);
+    lc.gate.store(kGateOpen);
+  }
+  gLocalAny.store(0);
   gPacer.waiters.store(0);
   gPacer.started.store(false);
   pthread_mutex_init(&gMutex, nullptr);
@@ -395,8 +495,16 @@ inline bool mayGo(uint32_t before, StreamEntry* e, uint32_t mode) noexcept {
           e->launched.load(std::memory_order_relaxed) <= e->markedShared.load(std::memory_order_acquire));
 }
 
-// The paced wait: closed gate or full in-flight bound. Returns with a place in the bound taken.
-__attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e) noexcept {
+// The mode a launch on the device is checked against: the broker's, with the local cap's bits.
+inline uint32_t effectiveMode(uint32_t mode, const LocalCap& lc) noexcept {
+  if (lc.on.load(std::memory_order_acquire) == 0) return mode;
+  return mode | kComputePaced | (lc.tight.load(std::memory_order_relaxed) != 0 ? kComputeTight : 0);
+}
+
+// The paced wait: closed gate (the tenant's, or the process's own budget) or full in-flight bound.
+// Returns with a place in the bound taken.
+__attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e,
+                                           LocalCap& lc) noexcept {
   const uint64_t start = nowNs();
   uint64_t gateWait = 0;
   bool blocked = false;
@@ -404,9 +512,12 @@ __attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerCompute
   uint64_t epochSince = start;
   for (;;) {
     const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
-    const uint32_t gate = c->gate.load(std::memory_order_seq_cst);
-    const uint32_t mode = c->mode.load(std::memory_order_relaxed);
-    if ((mode & kComputePaced) == 0 || (gate == kGateOpen && mayGo(before, e, mode))) break;
+    const uint32_t tenantMode = c->mode.load(std::memory_order_relaxed);
+    // A tenant not paced has no gate to wait for (only its own budget, if any).
+    const uint32_t gate = (tenantMode & kComputePaced) ? c->gate.load(std::memory_order_seq_cst) : kGateOpen;
+    const uint32_t mode = effectiveMode(tenantMode, lc);
+    const uint32_t local = lc.on.load(std::memory_order_acquire) ? lc.gate.load(std::memory_order_seq_cst) : kGateOpen;
+    if ((mode & kComputePaced) == 0 || (gate == kGateOpen && local == kGateOpen && mayGo(before, e, mode))) break;
     // Undo (clamped: the tenant may have written the counter) and wait.
     uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
     while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
@@ -439,12 +550,19 @@ __attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerCompute
         slot->inflight.fetch_add(1, std::memory_order_seq_cst);  // the place the loop's exit holds
         break;
       }
+    } else if (local != kGateOpen) {
+      // Over the process's own budget: the pacer opens the local gate when it refills. Not
+      // "blocked" for the broker (the tenant's turn passes on to others meanwhile).
+      gPacer.wake.fetch_add(1, std::memory_order_release);
+      futexWake(&gPacer.wake, false);
+      futexWait(&lc.gate, local, 50'000'000, false);
+      gateWait += nowNs() - t0;
     } else {
       const uint32_t seq = gPacer.completions.load(std::memory_order_acquire);
       gPacer.waiters.fetch_add(1, std::memory_order_acq_rel);
       gPacer.wake.fetch_add(1, std::memory_order_release);
       futexWake(&gPacer.wake, false);
-      if (!mayGo(slot->inflight.load(std::memory_order_seq_cst), e, c->mode.load(std::memory_order_relaxed)))
+      if (!mayGo(slot->inflight.load(std::memory_order_seq_cst), e, effectiveMode(c->mode.load(std::memory_order_relaxed), lc)))
         futexWait(&gPacer.completions, seq, 5'000'000, false);
       gPacer.waiters.fetch_sub(1, std::memory_order_acq_rel);
     }
@@ -513,13 +631,17 @@ __attribute__((noinline, cold)) bool launchBeginSlow(CUstream key, Ticket* t) no
     e = insertStream(key, dev);
     if (e == nullptr) return false;  // more streams than the table holds: not metered
   }
-  if (mode & kComputePaced) {
+  LocalCap& lc = gLocal[dev];
+  const uint32_t eff = effectiveMode(mode, lc);
+  if (eff & kComputePaced) {
     const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
-    if (c->gate.load(std::memory_order_seq_cst) != kGateOpen || !mayGo(before, e, mode)) {
+    const bool tenantOpen = (mode & kComputePaced) == 0 || c->gate.load(std::memory_order_seq_cst) == kGateOpen;
+    const bool localOpen = lc.on.load(std::memory_order_relaxed) == 0 || lc.gate.load(std::memory_order_seq_cst) == kGateOpen;
+    if (!tenantOpen || !localOpen || !mayGo(before, e, eff)) {
       uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
       while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
       }
-      waitForTurn(c, slot, e);
+      waitForTurn(c, slot, e, lc);
     }
   } else {
     slot->inflight.fetch_add(1, std::memory_order_relaxed);
@@ -537,8 +659,8 @@ __attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
   LedgerComputeSlot* slot = gSlots[0];
   StreamEntry* e = &gPacer.streams[hashOf(key, 0)];
   if ((mode & kComputePaced) == 0 || slot == nullptr || e->stream.load(std::memory_order_relaxed) != key ||
-      e->dev.load(std::memory_order_acquire) != 0)
-    return launchBeginSlow(key, t);  // metered only, or anything to look up first
+      e->dev.load(std::memory_order_acquire) != 0 || gLocalAny.load(std::memory_order_relaxed) != 0)
+    return launchBeginSlow(key, t);  // metered only, a local cap, or anything to look up first
   const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
   if (c->gate.load(std::memory_order_seq_cst) != kGateOpen || !mayGo(before, e, mode)) {
     // Not now: the place back (clamped), and the whole path, which waits.

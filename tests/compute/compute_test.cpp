@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -37,13 +38,13 @@ uint64_t monoNs() {
 
 void sleepMs(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
-Child worker(Broker& b, const std::string& tenant) {
-  Child c = Child::spawn({COMPUTE_WORKER},
-                         {{"LD_PRELOAD", SHIM_LIB},
-                          {"CUSHARE_TENANT", tenant},
-                          {"CUSHARE_LEDGER_DIR", b.ledgerDir()},
-                          {"CUSHARE_LOG_LEVEL", "warn"}},
-                         b.dir() + "/tenants.log");
+Child worker(Broker& b, const std::string& tenant, const std::map<std::string, std::string>& extra = {}) {
+  std::map<std::string, std::string> env = {{"LD_PRELOAD", SHIM_LIB},
+                                            {"CUSHARE_TENANT", tenant},
+                                            {"CUSHARE_LEDGER_DIR", b.ledgerDir()},
+                                            {"CUSHARE_LOG_LEVEL", "warn"}};
+  for (const auto& [k, v] : extra) env[k] = v;
+  Child c = Child::spawn({COMPUTE_WORKER}, env, b.dir() + "/tenants.log");
   EXPECT_EQ(c.readLine(), "ready") << "tenant " << tenant << ": see " << b.dir() << "/tenants.log";
   return c;
 }
@@ -114,15 +115,21 @@ TEST(Caps, ThirtyAndSeventyBothSaturatingGetThirtyAndSeventy) {
   EXPECT_TRUE(ta.devices(0).paced());
 }
 
+// The share of the device one saturating process of tenant "a" gets alone (with extra variables in
+// its environment), printed with what is expected of it.
+double aloneShare(Broker& b, const std::map<std::string, std::string>& env, const char* expected) {
+  Child a = worker(b, "a", env);
+  a.send("run 3000 2000");
+  const auto s = shares({{&a}}, 500, 2200);
+  std::printf("share: a %.3f (%s)\n", s[0], expected);
+  finish({&a});
+  return s[0];
+}
+
 TEST(Caps, TwentyFiveAloneGetsTwentyFive) {
   Broker b(testDir());
   ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 25}\n"));
-  Child a = worker(b, "a");
-  a.send("run 3000 2000");
-  const auto s = shares({{&a}}, 500, 2200);
-  std::printf("share: a %.3f (cap 0.25)\n", s[0]);
-  EXPECT_NEAR(s[0], 0.25, 0.05);
-  finish({&a});
+  EXPECT_NEAR(aloneShare(b, {}, "cap 0.25"), 0.25, 0.05);
 }
 
 TEST(Caps, TwoProcessesOfATenantShareItsCap) {
@@ -251,6 +258,63 @@ TEST(Live, ACapSetLiveAppliesToRunningProcessesAndSurvivesReloadAndRestart) {
   std::ofstream(b.dir() + "/broker.state") << "cushare-broker-state 1\nthreads a 101\n";
   EXPECT_FALSE(b.startWithFile());
   EXPECT_NE(b.log().find("broker.state:2: threads: "), std::string::npos) << b.log();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The environment lowers a process's own cap and priority under pacing (docs/compute.md,
+// "Lowering from the environment"); it never raises them.
+
+// A process of a tenant capped at 60 % asks for 20 %: it gets 20 %.
+TEST(Lowering, EnvironmentCapLowersAPacedProcess) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 60}\n"));
+  EXPECT_NEAR(aloneShare(b, {{"CUSHARE_THREAD_PERCENTAGE", "20"}}, "tenant cap 0.60, its environment 0.20"), 0.20, 0.05);
+  EXPECT_GT(b.tenant("a").devices(0).throttled_ns(), 1'000'000'000u) << "its waits count as throttled";
+}
+
+// An uncapped tenant's process that asks for 25 % gets 25 %; the rest goes to a neighbour.
+TEST(Lowering, EnvironmentCapLowersAnUncappedTenantsProcess) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a}\n  - {name: c}\n"));
+  Child a = worker(b, "a", {{"CUSHARE_THREAD_PERCENTAGE", "25"}}), c = worker(b, "c");
+  a.send("run 3500 2000");
+  c.send("run 3500 2000");
+  const auto s = shares({{&a}, {&c}}, 700, 2400);
+  std::printf("shares: a %.3f (its environment 0.25), c %.3f (uncapped)\n", s[0], s[1]);
+  // Its own busy time is metered in exclusive turns (the broker schedules the device once a
+  // process keeps a cap of its own), so the cap is exact, not merely conservative.
+  EXPECT_NEAR(s[0], 0.25, 0.05);
+  EXPECT_GE(s[1], 0.60) << "the neighbour takes the rest";
+  finish({&a, &c});
+}
+
+// The environment cannot raise a cap: a tenant capped at 30 % whose process asks for 80 % gets 30 %.
+TEST(Lowering, EnvironmentCannotRaiseTheCap) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 30}\n"));
+  EXPECT_NEAR(aloneShare(b, {{"CUSHARE_THREAD_PERCENTAGE", "80"}}, "tenant cap 0.30, its environment 0.80"), 0.30, 0.05);
+}
+
+// CUSHARE_PRIORITY=low in a normal tenant's process: next to another normal tenant with work it
+// yields as a low tenant would (the floor, 10 %), and gets the device back once that one is idle.
+TEST(Lowering, EnvironmentPriorityLowYieldsToANormalNeighbour) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a}\n  - {name: c}\n"));
+  Child a = worker(b, "a", {{"CUSHARE_PRIORITY", "low"}}), c = worker(b, "c");
+  a.send("run 5000 2000");
+  c.send("run 2500 2000");
+  const auto s = shares({{&a}, {&c}}, 600, 1600);
+  std::printf("shares: a %.3f (its environment: low), c %.3f (normal)\n", s[0], s[1]);
+  EXPECT_LE(s[0], 0.15) << "at the floor while the normal neighbour has work";
+  EXPECT_GE(s[1], 0.80);
+  EXPECT_EQ(c.readLine(30000).rfind("done ", 0), 0u);
+  sleepMs(1000);  // the neighbour idle: a gets the device back within a second
+  const auto after = shares({{&a}}, 0, 800);
+  std::printf("a alone after: %.3f\n", after[0]);
+  EXPECT_GE(after[0], 0.85);
+  finish({&a});
+  c.send("quit");
+  c.wait();
 }
 
 // ---------------------------------------------------------------------------------------------

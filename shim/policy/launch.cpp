@@ -536,6 +536,9 @@ __attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerCompute
       futexWait(&c->gate, gate, 50'000'000, true);
       const uint64_t t1 = nowNs();
       gateWait += t1 - t0;
+      // Alive: the broker takes a waiting bit whose time stands still at an open gate for a
+      // waiter that does not run (stopped), and ignores it until this moves (compute.cpp).
+      slot->activity_ns.store(t1, std::memory_order_relaxed);
       // A broker gives every tenant with work a turn within two periods (at most 2 s). A gate
       // closed for kBrokerGone without any opening means the broker is gone (killed): run on.
       if (const uint32_t e = c->gate_epoch.load(std::memory_order_relaxed); e != epoch) {

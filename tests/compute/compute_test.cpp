@@ -461,6 +461,40 @@ TEST(Scribble, GarbageInOneTenantsComputeRegionHurtsNoOtherTenant) {
   EXPECT_EQ(b.tenant("y").error(), "");
 }
 
+// Counts in a tenant's compute slots that never move (a stopped process's: its launches in flight
+// and its waiter at the gate; here written into the ledger, as simgpu stops a stopped process's
+// device work too, which a real GPU would finish). Its turns must not idle the device (each would
+// wait kDrainLimit, 100 ms, for a drain that never comes): the neighbour keeps its cap's share.
+TEST(Scribble, CountsThatNeverMoveDoNotIdleTheDevice) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: x, thread_percentage: 30}\n  - {name: y, thread_percentage: 60}\n"));
+  Child x = worker(b, "x"), y = worker(b, "y");  // x launches nothing: nothing of its own moves the counts
+  const int fd = ::open((b.ledgerDir() + "/x.ledger").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, kLedgerFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto* slots = reinterpret_cast<LedgerComputeSlot*>(static_cast<char*>(map) + kLedgerComputeSlotOffset);
+  for (uint32_t sl = 0; sl < kLedgerMaxSlots; ++sl) {  // device entry 0
+    slots[sl].inflight.store(2);
+    slots[sl].activity.store(kActivityInFlight | kActivityBlocked);
+  }
+  y.send("run 3500 2000");
+  const auto s = shares({{&y}}, 700, 2400);
+  std::printf("share of y next to x's stuck counts: %.3f (cap 0.60)\n", s[0]);
+  EXPECT_NEAR(s[0], 0.60, 0.05) << "x's stuck counts take no device time";
+  EXPECT_NE(b.log().find("did not drain within 100 ms"), std::string::npos) << b.log();
+  // The process continues: its in-flight count moves, its waiter wakes with the waiting bit still
+  // set (it never cleared) and moves activity_ns: x is counted again and has its turns.
+  for (uint32_t sl = 0; sl < kLedgerMaxSlots; ++sl) slots[sl].inflight.store(0);
+  ::munmap(map, kLedgerFileSize);
+  ::close(fd);
+  x.send("run 2500 2000");
+  const auto again = shares({{&x}}, 500, 1500);  // y's run is over by now
+  std::printf("share of x once it runs: %.3f (cap 0.30)\n", again[0]);
+  EXPECT_NEAR(again[0], 0.30, 0.07);
+  finish({&x, &y});
+}
+
 }  // namespace
 }  // namespace cushare::test
 

@@ -440,11 +440,27 @@ __attribute__((noinline)) StreamEntry* insertStream(CUstream key, int dev) noexc
     const int edev = e.dev.load(std::memory_order_relaxed);
     if (edev == dev && e.stream.load(std::memory_order_relaxed) == key && !e.dead) found = &e;
   }
+  // A free entry, else one whose stream has nothing in flight and no marker pending (given up: a
+  // later launch there takes an entry again). A launcher that found the old stream's entry just
+  // before may still count its launch here: that launch is then metered with the new stream's
+  // markers, and its place in the in-flight bound is given back with them.
+  StreamEntry* idle = nullptr;
   for (size_t i = 0; i < kStreams && found == nullptr; ++i) {
     StreamEntry& e = gPacer.streams[(h + i) & (kStreams - 1)];
-    if (e.dev.load(std::memory_order_relaxed) != -1) continue;
+    const int edev = e.dev.load(std::memory_order_relaxed);
+    if (edev == -1) {
+      idle = &e;
+      break;
+    }
+    if (idle == nullptr && !e.dead && e.count == 0 &&
+        e.completed.load(std::memory_order_acquire) == e.launched.load(std::memory_order_acquire))
+      idle = &e;
+  }
+  for (StreamEntry* ep = idle; ep != nullptr && found == nullptr; ep = nullptr) {
+    StreamEntry& e = *ep;
     CUcontext ctx = nullptr;
     if (realDriver().p_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) break;
+    e.dev.store(-1, std::memory_order_release);  // while it changes hands (a given-up entry)
     e.ctx = ctx;
     e.launched.store(0);
     e.completed.store(0);
@@ -457,6 +473,12 @@ __attribute__((noinline)) StreamEntry* insertStream(CUstream key, int dev) noexc
     e.stream.store(key, std::memory_order_relaxed);
     e.dev.store(dev, std::memory_order_release);
     found = &e;
+  }
+  if (found == nullptr) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      logLine(LogLevel::kWarn, "cushare: more than %zu streams have work at once: launches on further streams are "
+              "not metered or paced until one is idle", kStreams);
   }
   if (found != nullptr && !gPacer.started.load(std::memory_order_relaxed)) {
     static bool atfork = false;
@@ -625,8 +647,16 @@ __attribute__((noinline, cold)) bool launchBeginSlow(CUstream key, Ticket* t) no
   if ((mode & kComputeModeMask) == 0) return false;
   LedgerComputeSlot* slot = gSlots[dev];
   if (slot == nullptr) {
+    // A forked child claims a slot of its own at its first launch, as at its first reservation.
+    if (st.ledger->slot() < 0) st.ledger->ensureSlot();
     slot = ownSlot(dev);
-    if (slot == nullptr) return false;  // a forked child before its first reservation
+    if (slot == nullptr) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
+        logLine(LogLevel::kWarn, "cushare: no ledger slot for this process (all %u taken?): its launches are not "
+                "metered or paced", kLedgerMaxSlots);
+      return false;
+    }
     gSlots[dev] = slot;
   }
   StreamEntry* e = &gPacer.streams[hashOf(key, dev)];

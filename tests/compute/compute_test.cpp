@@ -260,6 +260,22 @@ TEST(Live, ACapSetLiveAppliesToRunningProcessesAndSurvivesReloadAndRestart) {
   EXPECT_NE(b.log().find("broker.state:2: threads: "), std::string::npos) << b.log();
 }
 
+// A process launching round robin over more live streams than the shim's stream table holds
+// (128): streams without work are given up for new ones, so every launch is metered and paced.
+TEST(Caps, MoreLiveStreamsThanTheTableHoldsStayCapped) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 30}\n"));
+  Child a = worker(b, "a");
+  a.send("many 200 3000 1000");
+  const auto s = shares({{&a}}, 500, 2200);
+  std::printf("share: a %.3f over 200 streams (cap 0.30)\n", s[0]);
+  EXPECT_NEAR(s[0], 0.30, 0.05);
+  finish({&a});
+  std::ifstream in(b.dir() + "/tenants.log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(log.find("not metered"), std::string::npos) << log;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The environment lowers a process's own cap and priority under pacing (docs/compute.md,
 // "Lowering from the environment"); it never raises them.

@@ -117,9 +117,10 @@ TEST(Caps, ThirtyAndSeventyBothSaturatingGetThirtyAndSeventy) {
 
 // The share of the device one saturating process of tenant "a" gets alone (with extra variables in
 // its environment), printed with what is expected of it.
-double aloneShare(Broker& b, const std::map<std::string, std::string>& env, const char* expected) {
+double aloneShare(Broker& b, const std::map<std::string, std::string>& env, const char* expected,
+                  const std::string& run = "run 3000 2000") {
   Child a = worker(b, "a", env);
-  a.send("run 3000 2000");
+  a.send(run);
   const auto s = shares({{&a}}, 500, 2200);
   std::printf("share: a %.3f (%s)\n", s[0], expected);
   finish({&a});
@@ -265,12 +266,7 @@ TEST(Live, ACapSetLiveAppliesToRunningProcessesAndSurvivesReloadAndRestart) {
 TEST(Caps, MoreLiveStreamsThanTheTableHoldsStayCapped) {
   Broker b(testDir());
   ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 30}\n"));
-  Child a = worker(b, "a");
-  a.send("many 200 3000 1000");
-  const auto s = shares({{&a}}, 500, 2200);
-  std::printf("share: a %.3f over 200 streams (cap 0.30)\n", s[0]);
-  EXPECT_NEAR(s[0], 0.30, 0.05);
-  finish({&a});
+  EXPECT_NEAR(aloneShare(b, {}, "over 200 streams, cap 0.30", "many 200 3000 1000"), 0.30, 0.05);
   std::ifstream in(b.dir() + "/tenants.log");
   const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(log.find("not metered"), std::string::npos) << log;

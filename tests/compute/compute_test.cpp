@@ -329,6 +329,37 @@ TEST(Lowering, EnvironmentPriorityLowYieldsToANormalNeighbour) {
   c.wait();
 }
 
+// `cushare set-limit T --priority P` applies to running paced processes at once: two normal
+// tenants share the device; one set low drops to the floor (10 %) within a second while the other
+// has work; set back to normal, it shares again.
+TEST(Live, APrioritySetLiveAppliesToRunningProcesses) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a}\n  - {name: c}\n"));
+  auto setPriority = [&](const std::string& p) {
+    rpc::Request r;
+    r.set_version(1);
+    r.mutable_set_limit()->set_tenant("a");
+    r.mutable_set_limit()->set_priority(p);
+    return b.call(r);
+  };
+  Child a = worker(b, "a"), c = worker(b, "c");
+  a.send("run 6500 2000");
+  c.send("run 6500 2000");
+  const auto equal = shares({{&a}, {&c}}, 500, 1200);
+  ASSERT_TRUE(setPriority("low").ok());
+  const auto low = shares({{&a}, {&c}}, 1000, 1500);  // within a second, then measured
+  ASSERT_TRUE(setPriority("normal").ok());
+  const auto again = shares({{&a}, {&c}}, 1000, 1500);
+  std::printf("shares a/c: both normal %.3f/%.3f, a set low %.3f/%.3f, a normal again %.3f/%.3f\n", equal[0],
+              equal[1], low[0], low[1], again[0], again[1]);
+  EXPECT_GE(equal[0] + equal[1], 0.90);
+  EXPECT_LE(low[0], 0.15) << "at the floor next to a normal tenant with work";
+  EXPECT_GE(low[1], 0.80);
+  EXPECT_GE(again[0], 0.30) << "shares again";
+  EXPECT_GE(again[1], 0.30);
+  finish({&a, &c});
+}
+
 // ---------------------------------------------------------------------------------------------
 
 struct Latency {

@@ -339,12 +339,18 @@ std::chrono::microseconds Broker::computeTick() {
     if (schedule && holder == nullptr && !members.empty()) {
       // The highest priority with work and credit, round robin within it; a lower priority only
       // once the higher ones have had no work for kPriorityYield. The pinned tenant needs no turn.
+      // A lower priority keeps its floor: while the higher ones' work leaves it no turn of its
+      // own (the higher one pinned, or out of credit), it takes turns on its floor credit, each
+      // preempted at the next step (one kernel, tight), so the higher one waits at most one.
+      const auto eligible = [&](const Member& m) {
+        return &m != pinned && m.td->work && m.td->credit > 0 && (m.lower || !higherWork(m, kPriorityYield));
+      };
       uint32_t best = 3;
       for (Member& m : members)
-        if (&m != pinned && m.td->work && m.td->credit > 0 && !higherWork(m, kPriorityYield)) best = std::min(best, m.band);
+        if (eligible(m)) best = std::min(best, m.band);
       for (size_t i = 0; i < members.size(); ++i) {
         Member& m = members[(dev.next + i) % members.size()];
-        if (&m != pinned && m.band == best && m.td->work && m.td->credit > 0 && !higherWork(m, kPriorityYield)) {
+        if (m.band == best && eligible(m)) {
           holder = &m;
           dev.holder = m.t->name;
           dev.turnStart = now;

@@ -330,8 +330,8 @@ TEST(Lowering, EnvironmentPriorityLowYieldsToANormalNeighbour) {
 }
 
 // `cushare set-limit T --priority P` applies to running paced processes at once: two normal
-// tenants share the device; one set low drops to the floor (10 %) within a second while the other
-// has work; set back to normal, it shares again.
+// tenants share the device; one set low drops to the floor (10 %; it keeps part of it, one kernel
+// per turn) within a second while the other has work; set back to normal, it shares again.
 TEST(Live, APrioritySetLiveAppliesToRunningProcesses) {
   Broker b(testDir());
   ASSERT_TRUE(b.start("tenants:\n  - {name: a}\n  - {name: c}\n"));
@@ -354,6 +354,7 @@ TEST(Live, APrioritySetLiveAppliesToRunningProcesses) {
               equal[1], low[0], low[1], again[0], again[1]);
   EXPECT_GE(equal[0] + equal[1], 0.90);
   EXPECT_LE(low[0], 0.15) << "at the floor next to a normal tenant with work";
+  EXPECT_GE(low[0], 0.02) << "paced down to the floor, not starved";
   EXPECT_GE(low[1], 0.80);
   EXPECT_GE(again[0], 0.30) << "shares again";
   EXPECT_GE(again[1], 0.30);

@@ -386,12 +386,15 @@ void MpsSupervisor::publish(bool force) {
       else if (maxMemory[i]) maxMemory[i] = std::max(*maxMemory[i], limit + config_.contextReserve);
     }
   };
+  // From the configuration (and live changes), whatever the state of the tenant's ledger: a
+  // process of the tenant that damages or locks it must not take the settings away from the
+  // tenant's new processes. Only a tenant no longer configured loses them.
   for (const TenantSnapshot& t : b.tenants) {
-    if (t.source == "removed" || !t.error.empty()) continue;
+    if (t.source == "removed") continue;
     MpsTenantSettings s;
     s.threads = t.threadPercentage;
     s.priority = t.priority;
-    for (const TenantDeviceSnapshot& d : t.devices) s.memory.emplace_back(d.uuid, d.limit);
+    for (size_t i = 0; i < devices.size() && i < t.limits.size(); ++i) s.memory.emplace_back(devices[i].uuid, t.limits[i]);
     files[t.name + kMpsTenantSuffix] = formatMpsTenant(s);
     published[t.name] = s.threads;
     account(s);

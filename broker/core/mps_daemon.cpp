@@ -536,6 +536,11 @@ void MpsSupervisor::check() {
         if (!ls.empty()) s.state = ls[0];
         for (size_t i = 1; i < ls.size(); ++i)
           if (allDigits(ls[i]) && ls[i].size() < 10) s.clients.push_back(std::stoi(ls[i]));
+      } else {
+        // No answer this time: the clients it had (a client stays one until it exits; a new
+        // process missing from the list has its tenant paced, never the other way round).
+        for (const MpsServerSnapshot& before : snap_.servers)
+          if (before.pid == s.pid) s.clients = before.clients;
       }
       servers.push_back(std::move(s));
     }

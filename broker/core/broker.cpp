@@ -820,6 +820,8 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
   s.priorityOverridden = priorityOverrides_.count(t.name) != 0;
   s.ledgerPath = ledgerDir_ + "/" + t.fileName;
   s.tamper = t.tamper;
+  for (size_t d = 0; d < devices_.size(); ++d)
+    s.limits.push_back(d < t.configured.size() ? expectedLocked(t, d) : kNoLimit);
   if (!t.ledger) {
     s.error = t.error;
     return s;
@@ -948,6 +950,7 @@ int Broker::tick(bool scanDirectory) {
       checkLeftBehindLocked(onDevice, deviceUsed);
     }
     reaped = tickLocked(scanDirectory, &busy);
+    mpsClientsLocked();
     if (device && busy.empty()) checkHiddenLocked(onDevice, before, after);
   }
   if (busy.empty()) return reaped;
@@ -955,6 +958,7 @@ int Broker::tick(bool scanDirectory) {
   waitForFlocks(busy);
   std::lock_guard<std::mutex> g(mu_);
   reaped += tickLocked(scanDirectory, nullptr);
+  mpsClientsLocked();
   if (device) checkHiddenLocked(onDevice, before, after);
   return reaped;
 }

@@ -166,6 +166,11 @@ class Broker {
     std::map<std::string, uint64_t> tamper;  // kind -> count (see TenantSnapshot::tamper)
     std::map<int32_t, uint64_t> keptPids; // slot pid -> times kept although its lock was free
     int links = 1;                        // hard links of the ledger file, last seen
+    // Under the broker's MPS (compute.cpp, mpsClientsLocked): per device, every live process of
+    // the tenant there is a client of the MPS server, so the scheduler leaves the tenant to MPS.
+    std::vector<uint8_t> mpsClientsOnly;
+    // Its live processes that are not MPS clients: host pid -> (monotonic ns first seen so, warned).
+    std::map<int, std::pair<uint64_t, bool>> notMpsClients;
   };
 
   // What the broker learned about a process the device reports (host pid).
@@ -174,6 +179,7 @@ class Broker {
     std::string tenant;      // "" until attributed: the tenant whose ledger it maps (sticky)
     int32_t nsPid = 0;       // its pid in its own (innermost) pid namespace: what its slot records
     uint64_t lastLook = 0;   // the tick it was last looked for in /proc (unattributed ones)
+    uint64_t devices = 0;    // bit d: NVML lists it on device d (as of the last tick)
   };
 
   struct Prepared {
@@ -271,9 +277,15 @@ class Broker {
   // compute.cpp
   struct ComputeState;
   void computeSnapshotLocked(const std::string& tenant, size_t device, TenantDeviceSnapshot* out) const;
-  // The hook for MPS (docs/compute.md): true when the device's tenants are MPS clients, whose caps
-  // MPS enforces; the scheduler then neither gates nor paces that device (metering goes on).
-  bool computeUnderMpsLocked(size_t device) const;
+  // The hook for MPS (docs/compute.md): true when every live process of the tenant on the device
+  // is a client of the broker's MPS server, whose caps MPS enforces; the scheduler then neither
+  // gates nor paces the tenant there (metering goes on). A tenant with any other process there is
+  // paced as without MPS.
+  bool computeUnderMpsLocked(const TenantState& t, size_t device) const;
+  // Every tick, after reaping: which tenants have only MPS clients on each device (the server's
+  // client lists from the last health check against the tenants' live processes: their ledger
+  // slots' holders and what NVML lists), and the warning for a process that is not a client.
+  void mpsClientsLocked();
 
   const std::string configPath_;
   const std::vector<DeviceInfo> devices_;

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <set>
 
 #include "core/broker.h"
 #include "core/bus_guard.h"
@@ -39,6 +40,9 @@ constexpr int64_t kUncapped = INT64_MAX / 4;
 // higher-priority tenant has had no work for kPriorityYield.
 constexpr uint64_t kPriorityActive = 500 * kMs;
 constexpr uint64_t kPriorityYield = 20 * kMs;
+// Under MPS: a process of a tenant missing from the server's client list for this long is
+// reported (it is paced from the start).
+constexpr uint64_t kMpsClientGrace = 3000 * kMs;
 
 uint64_t monoNs() {
   timespec ts;
@@ -93,11 +97,61 @@ struct Broker::ComputeState {
   uint64_t lastTick = 0;
 };
 
-bool Broker::computeUnderMpsLocked(size_t) const {
-  // With the broker's MPS running and answering (docs/mps.md), tenant processes start as MPS
-  // clients with their caps, which the server enforces: the device is metered, never gated.
-  // While the daemon is down, new processes run outside MPS, so pacing takes over.
-  return mps_.active && mps_.up;
+bool Broker::computeUnderMpsLocked(const TenantState& t, size_t device) const {
+  // With the broker's MPS running and answering (docs/mps.md), a tenant whose processes on the
+  // device are all MPS clients has its cap enforced by the server: metered, never gated. While
+  // the daemon is down, or while any process of the tenant there is not a client (it escaped MPS,
+  // or it started after the last health check), pacing holds the tenant to its cap.
+  return mps_.active && mps_.up && device < t.mpsClientsOnly.size() && t.mpsClientsOnly[device] != 0;
+}
+
+void Broker::mpsClientsLocked() {
+  const bool mps = mps_.active && mps_.up;
+  std::set<int> clients;  // host pids: the daemon runs in the broker's pid namespace
+  if (mps)
+    for (const MpsServerSnapshot& s : mps_.servers) clients.insert(s.clients.begin(), s.clients.end());
+  const uint64_t now = monoNs();
+  for (auto& [name, tp] : tenants_) {
+    TenantState& t = *tp;
+    t.mpsClientsOnly.assign(devices_.size(), 0);
+    if (!mps || !t.ledger) {
+      t.notMpsClients.clear();
+      continue;
+    }
+    // Its live processes (host pids) with the devices they use: a slot's holder may use any
+    // device (its slot is claimed before the driver starts); NVML names the devices of the
+    // processes it lists, a process that left its slot (or never took one) included.
+    std::map<int, uint64_t> procs;
+    if (!guarded([&] {
+          for (const Ledger::SlotUsage& u : t.ledger->slots())
+            if (const int h = t.ledger->slotHolderPid(u.slot); u.pid != 0 && h > 0) procs[h] = ~uint64_t{0};
+        })) {
+      faultLocked(&t);
+      continue;
+    }
+    for (const auto& [pid, p] : deviceProcesses_)
+      if (p.tenant == name) procs[pid] |= p.devices;
+    uint64_t outside = 0;  // devices where a process of the tenant is not a client
+    std::map<int, std::pair<uint64_t, bool>> still;
+    for (const auto& [pid, devices] : procs) {
+      if (clients.count(pid)) continue;
+      outside |= devices;
+      auto seen = t.notMpsClients.find(pid);
+      std::pair<uint64_t, bool> s = seen == t.notMpsClients.end() ? std::make_pair(now, false) : seen->second;
+      // A new client shows in the server's list at the next health check (about a second): one
+      // that is still missing after kMpsClientGrace is not a client.
+      if (!s.second && now - s.first >= kMpsClientGrace) {
+        s.second = true;
+        tamperLocked(&t, "not-mps-client");
+        CUSHARE_BLOG(warn, "tenant {}: process {} uses the device but is not a client of the broker's MPS server "
+                     "(its MPS settings were defeated, or it reached the driver around the shim): the tenant is "
+                     "paced on its devices as without MPS while it runs", name, pid);
+      }
+      still[pid] = s;
+    }
+    t.notMpsClients = std::move(still);
+    for (size_t d = 0; d < devices_.size(); ++d) t.mpsClientsOnly[d] = d < 64 && !(outside >> d & 1) ? 1 : 0;
+  }
 }
 
 void Broker::computeSnapshotLocked(const std::string& tenant, size_t device, TenantDeviceSnapshot* out) const {
@@ -200,6 +254,7 @@ std::chrono::microseconds Broker::computeTick() {
       int cap;  // percent; 100: none (the floor, for a tenant below an active higher priority)
       uint32_t band;  // 0 high, 1 normal, 2 low
       bool lower = false;  // a higher-priority tenant is active
+      bool mps = false;    // left to MPS: all its processes here are clients (never paced)
     };
     std::vector<Member> members;
     bool capped = false;
@@ -209,19 +264,22 @@ std::chrono::microseconds Broker::computeTick() {
       if (!t.ledger || d >= t.entry.size() || t.entry[d] < 0) continue;
       const int cap = std::clamp(threadsLocked(t).value_or(100), 1, 100);
       Member m{&t, &cs.tenants[name][d], t.ledger->compute(t.entry[d]), cap, priorityWord(priorityLocked(t))};
+      m.mps = computeUnderMpsLocked(t, d);
       if (m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive) topBand = std::min(topBand, m.band);
       members.push_back(m);
     }
     bool differ = false;
+    // A tenant left to MPS counts for the priorities of the others (its work holds lower ones
+    // back), but takes no turn and is never gated.
     for (Member& m : members) {
       m.lower = m.band > topBand && m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive;
-      differ = differ || m.lower;
+      differ = differ || (m.lower && !m.mps);
     }
     for (Member& m : members) {
       if (m.band > topBand) m.cap = std::min<int>(m.cap, std::max<int>(1, static_cast<int>(cc.priorityFloorPercent)));
       // A process's own lower cap (launch.cpp) is kept from the busy time it meters, which is its
       // own only while turns are exclusive: such a device is scheduled like a capped one.
-      capped = capped || m.cap < 100 || m.td->localCap;
+      capped = capped || (m.cap < 100 && !m.mps) || m.td->localCap;
     }
     // A tenant of the top priority that is alone there and uncapped keeps its gate open while
     // priorities differ: its launches never wait for a step; lower ones yield to its work.
@@ -229,7 +287,7 @@ std::chrono::microseconds Broker::computeTick() {
     if (differ) {
       int inTop = 0;
       for (Member& m : members)
-        if (m.band == topBand) {
+        if (m.band == topBand && !m.mps) {
           ++inTop;
           pinned = &m;
         }
@@ -249,7 +307,7 @@ std::chrono::microseconds Broker::computeTick() {
         if (&o != &m && o.td->lastWork != 0 && now - o.td->lastWork < kPriorityActive) top = std::min(top, o.band);
       return top;
     };
-    const bool schedule = (capped || differ) && !computeUnderMpsLocked(d);
+    const bool schedule = capped || differ;
     if (!schedule) {
       dev.holder.clear();
       dev.draining = false;
@@ -257,7 +315,7 @@ std::chrono::microseconds Broker::computeTick() {
     }
     Member* holder = nullptr;
     for (Member& m : members)
-      if (m.t->name == dev.holder) holder = &m;
+      if (m.t->name == dev.holder && !m.mps) holder = &m;
     if (holder == nullptr) {
       dev.holder.clear();
       dev.draining = false;
@@ -270,7 +328,7 @@ std::chrono::microseconds Broker::computeTick() {
     // should not run) pay what they metered.
     if (schedule)
       for (Member& m : members) {
-        if (m.cap >= 100) continue;
+        if (m.cap >= 100 || m.mps) continue;
         uint64_t pay = std::min<uint64_t>(m.td->busyStep, 4 * period);
         if (&m == holder) {
           dev.turnBusy += m.td->busyStep;
@@ -301,7 +359,7 @@ std::chrono::microseconds Broker::computeTick() {
       const int64_t used = static_cast<int64_t>(now - dev.turnStart);
       bool othersWait = false;
       for (Member& m : members)
-        if (&m != holder && m.band <= holder->band && m.td->work && m.td->credit > 0) othersWait = true;
+        if (&m != holder && !m.mps && m.band <= holder->band && m.td->work && m.td->credit > 0) othersWait = true;
       const bool preempted = higherWork(*holder, 0);  // a higher priority has work now
       const bool end = (idle && now - dev.idleSince >= kIdlePass) || (holder->cap < 100 && holder->td->credit <= 0) ||
                        (othersWait && used >= static_cast<int64_t>(period / 2)) || preempted;
@@ -343,7 +401,7 @@ std::chrono::microseconds Broker::computeTick() {
       // own (the higher one pinned, or out of credit), it takes turns on its floor credit, each
       // preempted at the next step (one kernel, tight), so the higher one waits at most one.
       const auto eligible = [&](const Member& m) {
-        return &m != pinned && m.td->work && m.td->credit > 0 && (m.lower || !higherWork(m, kPriorityYield));
+        return &m != pinned && !m.mps && m.td->work && m.td->credit > 0 && (m.lower || !higherWork(m, kPriorityYield));
       };
       uint32_t best = 3;
       for (Member& m : members)
@@ -369,10 +427,11 @@ std::chrono::microseconds Broker::computeTick() {
     if (beat) dev.lastBeat = now;
     for (Member& m : members) {
       if (beat && !guarded([&] { m.words->gate_epoch.fetch_add(1); })) faultLocked(m.t);
-      const uint32_t mode = (cc.metering || schedule ? kComputeMetered : 0) | (schedule && &m != pinned ? kComputePaced : 0) |
-                            (schedule && m.lower ? kComputeTight : 0);
-      const bool open = !schedule || (holder == &m && !dev.draining) || &m == pinned;
-      m.td->paced = schedule && &m != pinned;
+      const bool paced = schedule && &m != pinned && !m.mps;
+      const uint32_t mode = (cc.metering || schedule ? kComputeMetered : 0) | (paced ? kComputePaced : 0) |
+                            (paced && m.lower ? kComputeTight : 0);
+      const bool open = !paced || (holder == &m && !dev.draining);
+      m.td->paced = paced;
       m.td->open = open;
       if (!guarded([&] {
             LedgerComputeDevice* w = m.words;

@@ -96,8 +96,12 @@ int32_t innermostPidOf(int pid) {
 
 void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevice) {
   std::set<int> reported;
-  for (const auto& m : onDevice)
-    for (const auto& [pid, bytes] : m) reported.insert(pid);
+  std::map<int, uint64_t> devicesOf;
+  for (size_t d = 0; d < onDevice.size(); ++d)
+    for (const auto& [pid, bytes] : onDevice[d]) {
+      reported.insert(pid);
+      if (d < 64) devicesOf[pid] |= uint64_t{1} << d;
+    }
   for (auto it = deviceProcesses_.begin(); it != deviceProcesses_.end();)
     it = reported.count(it->first) ? std::next(it) : deviceProcesses_.erase(it);
   std::vector<FileId> files;
@@ -119,6 +123,7 @@ void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevic
       p = DeviceProcess();
       p.startTime = start;
     }
+    p.devices = devicesOf[pid];
     if (start == 0 || !p.tenant.empty()) continue;
     const bool first = p.lastLook == 0;
     if (!first && ticks_ - p.lastLook < kLookEveryTicks) continue;

@@ -386,12 +386,15 @@ void MpsSupervisor::publish(bool force) {
       else if (maxMemory[i]) maxMemory[i] = std::max(*maxMemory[i], limit + config_.contextReserve);
     }
   };
+  // From the configuration (and live changes), whatever the state of the tenant's ledger: a
+  // process of the tenant that damages or locks it must not take the settings away from the
+  // tenant's new processes. Only a tenant no longer configured loses them.
   for (const TenantSnapshot& t : b.tenants) {
-    if (t.source == "removed" || !t.error.empty()) continue;
+    if (t.source == "removed") continue;
     MpsTenantSettings s;
     s.threads = t.threadPercentage;
     s.priority = t.priority;
-    for (const TenantDeviceSnapshot& d : t.devices) s.memory.emplace_back(d.uuid, d.limit);
+    for (size_t i = 0; i < devices.size() && i < t.limits.size(); ++i) s.memory.emplace_back(devices[i].uuid, t.limits[i]);
     files[t.name + kMpsTenantSuffix] = formatMpsTenant(s);
     published[t.name] = s.threads;
     account(s);
@@ -533,6 +536,11 @@ void MpsSupervisor::check() {
         if (!ls.empty()) s.state = ls[0];
         for (size_t i = 1; i < ls.size(); ++i)
           if (allDigits(ls[i]) && ls[i].size() < 10) s.clients.push_back(std::stoi(ls[i]));
+      } else {
+        // No answer this time: the clients it had (a client stays one until it exits; a new
+        // process missing from the list has its tenant paced, never the other way round).
+        for (const MpsServerSnapshot& before : snap_.servers)
+          if (before.pid == s.pid) s.clients = before.clients;
       }
       servers.push_back(std::move(s));
     }

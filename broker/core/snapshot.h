@@ -56,6 +56,9 @@ struct TenantSnapshot {
   bool priorityOverridden = false;  // priority set live (set-limit --priority)
   std::string ledgerPath;
   std::string error;            // non-empty: the broker cannot manage this tenant's ledger
+  // Per broker device, the memory limit the broker holds the tenant to (configuration, live
+  // changes; kNoLimit: none), whatever the state of its ledger: what its MPS settings say.
+  std::vector<uint64_t> limits;
   std::vector<TenantDeviceSnapshot> devices;   // one per broker device (empty when error)
   std::vector<ProcessSnapshot> processes;      // live processes
   // Changes to its ledger a process of the tenant made that the broker undid or charged, by kind:

@@ -8,6 +8,9 @@
 namespace cushare::shim {
 
 CUresult hook_cuInit(unsigned int flags) noexcept {
+  // The driver reads CUDA_MPS_* here: the tenant's settings again, whatever the program did to
+  // its environment since the shim's constructor.
+  if (const CUresult p = prepareDriverInit(); p != CUDA_SUCCESS) return p;
   const CUresult r = realDriver().p_cuInit(flags);
   if (r != CUDA_SUCCESS) return r;
   return initDevices();  // fails closed: a bad limit for these devices makes cuInit fail

@@ -214,7 +214,9 @@ void addBusy(int dev, uint64_t start, uint64_t end) noexcept {
 // when below 100 %; when CUSHARE_PRIORITY is below the tenant's and the broker publishes that a
 // higher priority than the process's own is active among the other tenants, the floor too, with
 // one launch in flight (what the broker does to a lower-priority tenant). None for an MPS client
-// (its server enforces the same settings) or where the device is not metered (nothing measured).
+// (its server enforces the same settings as its share of the SMs; a time budget on top would
+// apply them twice, even where its tenant is paced because of a sibling outside MPS) or where the
+// device is not metered (nothing measured).
 // Returns the ns until the budget allows a launch again (0: it does now).
 uint64_t updateLocal(int dev, const LedgerComputeDevice* c, uint64_t now) noexcept {
   LocalCap& lc = gLocal[dev];
@@ -222,7 +224,7 @@ uint64_t updateLocal(int dev, const LedgerComputeDevice* c, uint64_t now) noexce
   const uint32_t mode = c->mode.load(std::memory_order_acquire);
   uint32_t cap = kComputeNoCap;
   bool tight = false;
-  if ((mode & kComputeModeMask) != 0 && ((mode & kComputePaced) != 0 || !mpsClient())) {
+  if ((mode & kComputeModeMask) != 0 && !mpsClient()) {
     if (cfg.threadPercentage && *cfg.threadPercentage < 100) cap = static_cast<uint32_t>(*cfg.threadPercentage) * 100;
     const uint32_t own = cfg.priority == Priority::kHigh ? 0 : cfg.priority == Priority::kLow ? 2 : 1;
     const uint32_t others = c->others.load(std::memory_order_relaxed);

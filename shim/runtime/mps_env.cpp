@@ -18,6 +18,24 @@ std::string* gError = nullptr;  // leaked on purpose (read during exit teardown)
 bool gFailedWithoutMemory = false;
 bool gClient = false;
 
+// What the set-up decided from, kept for reapplyMpsEnv (set once by run(), then only read).
+struct Decided {
+  ShimConfig config;
+  MpsHostSettings host;
+  MpsTenantSettings tenant;
+};
+Decided* gDecided = nullptr;  // null: MPS off, or the set-up failed; leaked on purpose
+
+// Sets the variables of e (the ones it leaves empty the process does not have: mpsClientEnv fills
+// them whenever the process has them). False when setenv fails (out of memory).
+bool apply(const MpsClientEnv& e) {
+  bool ok = ::setenv("CUDA_MPS_PIPE_DIRECTORY", e.pipeDir.c_str(), 1) == 0 &&
+            ::setenv("CUDA_MPS_CLIENT_PRIORITY", e.priority.c_str(), 1) == 0;
+  if (ok && !e.threads.empty()) ok = ::setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", e.threads.c_str(), 1) == 0;
+  if (ok && !e.pinnedMem.empty()) ok = ::setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", e.pinnedMem.c_str(), 1) == 0;
+  return ok;
+}
+
 void fail(const std::string& why) {
   gError = new (std::nothrow) std::string(why);
   gFailedWithoutMemory = gError == nullptr;
@@ -45,11 +63,9 @@ void run() {
   }
   MpsClientEnv e;
   if (!mpsClientEnv(host, tenant, config, env, &e, &err)) return fail(err);
-  bool ok = ::setenv("CUDA_MPS_PIPE_DIRECTORY", e.pipeDir.c_str(), 1) == 0 &&
-            ::setenv("CUDA_MPS_CLIENT_PRIORITY", e.priority.c_str(), 1) == 0;
-  if (ok && !e.threads.empty()) ok = ::setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", e.threads.c_str(), 1) == 0;
-  if (ok && !e.pinnedMem.empty()) ok = ::setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", e.pinnedMem.c_str(), 1) == 0;
-  if (!ok) return fail("cushare: cannot set the MPS client environment (out of memory)");
+  if (!apply(e)) return fail("cushare: cannot set the MPS client environment (out of memory)");
+  gDecided = new (std::nothrow) Decided{config, host, tenant};
+  if (gDecided == nullptr) return fail("cushare: out of memory while setting up the MPS client");
   gClient = true;
   CUSHARE_LOG(LogLevel::kInfo, "tenant %s: MPS client of %s, active threads %s%%, priority %s, pinned memory %s",
               config.tenant.c_str(), e.pipeDir.c_str(), e.threads.empty() ? "100" : e.threads.c_str(),
@@ -66,6 +82,33 @@ void setUpMpsEnv() noexcept { pthread_once(&gOnce, [] { run(); }); }
 bool mpsClient() noexcept {
   setUpMpsEnv();
   return gClient;
+}
+
+bool reapplyMpsEnv(std::string* err) noexcept {
+  if (gDecided == nullptr) return true;  // MPS off (a failed set-up never gets here: phase 1 refused it)
+  static const auto env = [](const char* n) { return std::getenv(n); };
+  MpsClientEnv e;
+  std::string why;
+  try {
+    if (!mpsClientEnv(gDecided->host, gDecided->tenant, gDecided->config, env, &e, &why)) {
+      *err = "cushare: tenant '" + gDecided->config.tenant + "': cuInit refused, the MPS client environment was "
+             "changed after start to a value that cannot be used: " + why;
+      return false;
+    }
+    const char* pipe = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+    if (pipe == nullptr || e.pipeDir != pipe)
+      logLine(LogLevel::kWarn, "cushare: tenant %s: CUDA_MPS_PIPE_DIRECTORY was changed after start (%s): set back to %s "
+              "before cuInit", gDecided->config.tenant.c_str(), pipe ? "another directory" : "unset", e.pipeDir.c_str());
+    if (!apply(e)) {
+      *err = "cushare: tenant '" + gDecided->config.tenant + "': cuInit refused: cannot set the MPS client "
+             "environment (out of memory)";
+      return false;
+    }
+  } catch (...) {  // std::bad_alloc from the strings
+    *err = "cushare: cuInit refused: out of memory while setting the MPS client environment";
+    return false;
+  }
+  return true;
 }
 
 const std::string& mpsEnvError() noexcept {

@@ -10,6 +10,12 @@
 // environment at the same moment; glibc's setenv takes a lock of its own, but a getenv in another
 // thread is not protected by it. That is the documented limit (docs/mps.md).
 //
+// The program may change its environment between the constructor and cuInit (unset a variable,
+// point CUDA_MPS_PIPE_DIRECTORY elsewhere): the cuInit hook sets the variables again just before
+// the real cuInit (reapplyMpsEnv). What stays possible: another thread of the program changing
+// them between that and the driver's read, or a driver reached around the hooks. The broker finds
+// such a process (it is not in the MPS server's client list) and paces its tenant (docs/mps.md).
+//
 // Failure is recorded, not acted on here: phase 1 (state.cpp) fails closed with mpsEnvError().
 #pragma once
 
@@ -19,6 +25,13 @@ namespace cushare::shim {
 
 // Runs the set-up once (later calls return at once).
 void setUpMpsEnv() noexcept;
+// Before the real cuInit, under the shim's init lock: sets the CUDA_MPS_* variables again from
+// what the set-up decided and the environment as it is now (the program may have changed it since:
+// unset a variable, pointed CUDA_MPS_PIPE_DIRECTORY elsewhere), so the driver reads the tenant's
+// settings; the program's own values still only lower them. True when MPS is off or the variables
+// are set; false with *err (one line) when they cannot be (a malformed value, out of memory):
+// cuInit then fails closed.
+bool reapplyMpsEnv(std::string* err) noexcept;
 // After setUpMpsEnv: "" when fine (MPS off, or the variables are set), else the one-line error.
 const std::string& mpsEnvError() noexcept;
 // After setUpMpsEnv: the process was made an MPS client (its percentage and priority are the MPS

@@ -134,6 +134,14 @@ CUresult detail::runProcessPhase() noexcept {
   return gProcessPhase.load(std::memory_order_acquire) == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+CUresult prepareDriverInit() noexcept {
+  InitLock g;  // one thread at a time sets the variables (the program's own threads aside)
+  std::string err;
+  if (reapplyMpsEnv(&err)) return CUDA_SUCCESS;
+  logLine(LogLevel::kError, "%s", err.c_str());
+  return CUDA_ERROR_NOT_INITIALIZED;
+}
+
 namespace {
 
 // The ledger entry of the device with this UUID, and its limits, into *v (label names the device

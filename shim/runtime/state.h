@@ -68,6 +68,9 @@ inline CUresult processReady() noexcept {
   if (detail::gProcessPhase.load(std::memory_order_acquire) == 1) return CUDA_SUCCESS;
   return detail::runProcessPhase();
 }
+// Before the real cuInit (after phase 1): the MPS client environment set again (mps_env.h), under
+// the init lock. CUDA_ERROR_NOT_INITIALIZED (logged) when it cannot be: cuInit fails closed.
+CUresult prepareDriverInit() noexcept;
 // Runs phase 2 (after the real cuInit succeeded).
 CUresult initDevices() noexcept;
 inline ShimState& state() noexcept { return *detail::gState; }

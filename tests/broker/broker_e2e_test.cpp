@@ -773,24 +773,6 @@ void rawWrite(const std::string& path, size_t offset, const void* data, size_t n
   ::close(fd);
 }
 
-// A forked process, killed (SIGKILL) and waited for when this goes, however the test ends.
-class Forked {
- public:
-  explicit Forked(pid_t pid) : pid_(pid) {}
-  ~Forked() { stop(); }
-  Forked(const Forked&) = delete;
-  Forked& operator=(const Forked&) = delete;
-  void stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_;
-};
-
 // A process of the tenant (uid 1000) truncating path in a tight loop until stopped.
 pid_t truncateLoop(const std::string& path) {
   const pid_t pid = ::fork();

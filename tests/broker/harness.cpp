@@ -65,6 +65,13 @@ Child& Child::operator=(Child&& o) noexcept {
   return *this;
 }
 
+void Forked::stop() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
 Child::~Child() {
   if (in_ >= 0) ::close(in_);
   if (out_ >= 0) ::close(out_);

@@ -47,6 +47,19 @@ class Child {
   std::string buffer_;
 };
 
+// A forked process, killed (SIGKILL) and waited for when this goes, however the test ends.
+class Forked {
+ public:
+  explicit Forked(pid_t pid) : pid_(pid) {}
+  ~Forked() { stop(); }
+  Forked(const Forked&) = delete;
+  Forked& operator=(const Forked&) = delete;
+  void stop();
+
+ private:
+  pid_t pid_;
+};
+
 // The control socket's path for a test directory (short enough for a Unix socket).
 std::string socketFor(const std::string& dir);
 

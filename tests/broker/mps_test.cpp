@@ -3,7 +3,9 @@
 // device's own view: what the daemon answers (get_client_list), what each client was granted (its
 // multiprocessor count, its allocations refused at the device), simgpu-smi's ground truth.
 // Registered with SIMGPU_SMS=100 so a cap of N percent is N multiprocessors.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cushare/ledger_abi.h"
 #include "harness.h"
 
 namespace cushare::test {
@@ -96,10 +99,17 @@ struct MpsCase {
     return pid;
   }
   // An mps_worker under the shim for tenant (or without the shim: shim false), its first line in
-  // *first.
+  // *first; args: its options (mps_worker.cpp).
   Child worker(const std::string& tenant, std::string* first, const std::map<std::string, std::string>& env = {},
-               bool shim = true) {
-    std::map<std::string, std::string> e = {{"CUSHARE_LOG_LEVEL", "error"}};
+               bool shim = true, const std::vector<std::string>& args = {}) {
+    Child c = spawnWorker(tenant, env, shim, args);
+    *first = c.readLine();
+    return c;
+  }
+  // The same, its first line not read yet.
+  Child spawnWorker(const std::string& tenant, const std::map<std::string, std::string>& env = {}, bool shim = true,
+                    const std::vector<std::string>& args = {}) {
+    std::map<std::string, std::string> e = {{"CUSHARE_LOG_LEVEL", "warn"}};
     if (shim) {
       e["LD_PRELOAD"] = SHIM_LIB;
       e["CUSHARE_TENANT"] = tenant;
@@ -108,9 +118,9 @@ struct MpsCase {
       e["LD_PRELOAD"] = "";
     }
     for (const auto& [k, v] : env) e[k] = v;
-    Child c = Child::spawn({MPS_WORKER_BIN}, e, dir + "/tenants.log");
-    *first = c.readLine();
-    return c;
+    std::vector<std::string> argv = {MPS_WORKER_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Child::spawn(argv, e, dir + "/tenants.log");
   }
   std::string serverPid() const {
     std::istringstream in(control("get_server_list"));
@@ -119,6 +129,30 @@ struct MpsCase {
     return pid;
   }
 };
+
+// simgpu-smi --json: the device's ground truth (per process busy time, SM-time, MPS role).
+std::string smiJson() {
+  std::string json;
+  if (FILE* p = ::popen(SIMGPU_SMI " --json", "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) json.append(buf, n);
+    ::pclose(p);
+  }
+  return json;
+}
+
+// The process's entry in simgpu-smi's JSON ("" when it has none).
+std::string smiEntry(const std::string& json, int pid) {
+  const size_t at = json.find("{\"pid\": " + std::to_string(pid) + ",");
+  return at == std::string::npos ? "" : json.substr(at, json.find('}', at) - at + 1);
+}
+
+// A number field of the process's entry in simgpu-smi's JSON (0 when absent).
+double smiNumber(const std::string& json, int pid, const std::string& key) {
+  const std::string e = smiEntry(json, pid);
+  const size_t f = e.find("\"" + key + "\": ");
+  return f == std::string::npos ? 0.0 : std::strtod(e.c_str() + f + key.size() + 4, nullptr);
+}
 
 constexpr char kTenants[] =
     "tenants:\n"
@@ -461,17 +495,8 @@ TEST(BrokerMps, CapsOf30And70GiveSmTimeSharesOf30And70) {
   EXPECT_EQ(small.readLine(60000).rfind("spun ", 0), 0u);
   EXPECT_EQ(large.readLine(60000).rfind("spun ", 0), 0u);
   // Ground truth: simgpu-smi --json, busy SM-time per process.
-  std::string json;
-  if (FILE* p = ::popen(SIMGPU_SMI " --json", "r")) {
-    char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) json.append(buf, n);
-    ::pclose(p);
-  }
-  auto number = [&](int pid, const std::string& key) {
-    const size_t at = json.find("{\"pid\": " + std::to_string(pid) + ",");
-    const size_t f = at == std::string::npos ? at : json.find("\"" + key + "\": ", at);
-    return f == std::string::npos ? 0.0 : std::strtod(json.c_str() + f + key.size() + 4, nullptr);
-  };
+  const std::string json = smiJson();
+  auto number = [&](int pid, const std::string& key) { return smiNumber(json, pid, key); };
   // SM-time per unit of busy time: the SMs each client held while it ran, whatever gaps a loaded
   // host leaves in its submissions. With SIMGPU_SMS=100 the caps are 30 and 70 SMs. (That they
 // run side by side, not sliced, is shown by simgpu's own MPS tests, MpsTime.*.)
@@ -486,6 +511,155 @@ TEST(BrokerMps, CapsOf30And70GiveSmTimeSharesOf30And70) {
   EXPECT_LE(bSms, 70.5) << json;
   EXPECT_GE(bSms, 63) << json;
   EXPECT_NEAR(100 * aSms / (aSms + bSms), 30, 5) << json;
+}
+
+// Hole (a), the shim's side: a program that changes its own MPS variables in main, after the
+// shim's constructor set them and before cuInit, still becomes a client with its tenant's
+// settings: the cuInit hook sets them again (its own values still only lower them).
+TEST(BrokerMps, MpsVariablesChangedBeforeCuInitAreSetAgain) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  std::string first;
+  Child small = m.worker("small", &first, {}, true,
+                         {"--unset", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "--set",
+                          "CUDA_MPS_PIPE_DIRECTORY=/tmp/cushare-test-mps/nowhere"});
+  ASSERT_EQ(first, "ready 30") << "a client with its tenant's 30%, not the server's default 70 nor a plain "
+                                  "process with 100; see " << m.dir << "/tenants.log";
+  EXPECT_EQ(small.ask("env CUDA_MPS_PIPE_DIRECTORY"), "env " + m.pipe);
+  EXPECT_NE(readFile(m.dir + "/tenants.log").find("CUDA_MPS_PIPE_DIRECTORY was changed after start (another "
+                                                  "directory): set back to " + m.pipe),
+            std::string::npos);
+  // The daemon lists it; the device ran its kernels on the server's engine within 30 SMs.
+  const std::string server = m.serverPid();
+  ASSERT_FALSE(server.empty());
+  EXPECT_NE(m.control("get_client_list " + server).find(std::to_string(small.pid())), std::string::npos);
+  EXPECT_EQ(small.ask("spin 300").rfind("spun ", 0), 0u);
+  const std::string json = smiJson();
+  EXPECT_NE(smiEntry(json, small.pid()).find("\"mps\": \"client\", \"server\": " + server), std::string::npos) << json;
+  const double busy = smiNumber(json, small.pid(), "busy_ns");
+  ASSERT_GT(busy, 0) << json;
+  EXPECT_LE(smiNumber(json, small.pid(), "busy_sm_ns") / busy, 30.5) << json;
+  // Raised in main: back to the cap. Lowered in main: kept (the program may still ask for less).
+  Child large = m.worker("large", &first, {}, true, {"--set", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"});
+  EXPECT_EQ(first, "ready 70");
+  Child lower = m.worker("large", &first, {}, true, {"--set", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20"});
+  EXPECT_EQ(first, "ready 20");
+  // A value that cannot be used fails cuInit closed, with the reason.
+  Child bad = m.worker("small", &first, {}, true, {"--set", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=lots"});
+  EXPECT_EQ(first, "init-failed 3") << "CUDA_ERROR_NOT_INITIALIZED";
+  EXPECT_NE(readFile(m.dir + "/tenants.log").find("cuInit refused, the MPS client environment was changed after "
+                                                  "start to a value that cannot be used: cushare: invalid "
+                                                  "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='lots'"),
+            std::string::npos)
+      << readFile(m.dir + "/tenants.log");
+}
+
+// Hole (a), the broker's side: a process of a capped tenant that is not an MPS client (here its
+// own getenv hides the pipe directory from the driver, which the shim cannot repair) runs on the
+// device beside the MPS server. The broker finds it missing from the server's client list and
+// paces its tenant as without MPS: held to its cap by the device's own accounting (unpaced, it
+// would time-slice with the server for about half the device). The other tenant's clients are
+// left to MPS, never paced.
+TEST(BrokerMps, AProcessOutsideMpsIsPacedToItsCapAndClientsAreNot) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  std::string first;
+  Child large = m.worker("large", &first);
+  ASSERT_EQ(first, "ready 70");
+  Child escaped = m.worker("small", &first, {}, true, {"--hide", "CUDA_MPS_PIPE_DIRECTORY=/tmp/cushare-test-mps/nowhere"});
+  ASSERT_EQ(first, "ready 100") << "not a client: the whole device; see " << m.dir << "/tenants.log";
+  // The broker has the client list with large in it and knows escaped is not a client.
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Tenant s = m.broker.tenant("small"), l = m.broker.tenant("large");
+    return s.devices_size() == 1 && s.devices(0).paced() && l.devices_size() == 1 && !l.devices(0).paced();
+  })) << m.broker.tenant("small").DebugString() << m.broker.tenant("large").DebugString() << m.broker.log();
+  const std::string server = m.serverPid();
+  const std::string clients = m.control("get_client_list " + server);
+  EXPECT_NE(clients.find(std::to_string(large.pid())), std::string::npos) << clients;
+  EXPECT_EQ(clients.find(std::to_string(escaped.pid())), std::string::npos) << clients;
+  // Both saturate; the window is measured in the middle of their runs.
+  large.send("spin 4000");
+  escaped.send("spin 4000");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const uint64_t throttledBefore = m.broker.tenant("large").devices(0).throttled_ns();
+  const std::string j0 = smiJson();
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  const std::string j1 = smiJson();
+  const double wall = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  const double share = (smiNumber(j1, escaped.pid(), "busy_ns") - smiNumber(j0, escaped.pid(), "busy_ns")) / wall;
+  const double largeBusy = smiNumber(j1, large.pid(), "busy_ns") - smiNumber(j0, large.pid(), "busy_ns");
+  const double largeSms = (smiNumber(j1, large.pid(), "busy_sm_ns") - smiNumber(j0, large.pid(), "busy_sm_ns")) / largeBusy;
+  std::printf("escaped (cap 30, not an MPS client): device share %.3f; large (client, cap 70): busy %.3f of the "
+              "window at %.1f SMs\n", share, largeBusy / wall, largeSms);
+  EXPECT_LE(share, 0.35) << "held to its cap of 30% (within 5 points)\n" << j0 << "\n" << j1;
+  EXPECT_GE(share, 0.05) << "paced, not stopped\n" << j1;
+  EXPECT_GT(largeBusy / wall, 0.3) << "the client runs on\n" << j1;
+  EXPECT_LE(largeSms, 70.5) << "within its MPS cap\n" << j1;
+  EXPECT_EQ(m.broker.tenant("large").devices(0).throttled_ns(), throttledBefore) << "large is not paced";
+  EXPECT_EQ(large.readLine(60000).rfind("spun ", 0), 0u);
+  EXPECT_EQ(escaped.readLine(60000).rfind("spun ", 0), 0u);
+  EXPECT_GT(m.broker.tenant("small").devices(0).throttled_ns(), 0u);
+  // Named once at warn level, and counted.
+  const std::string line = "tenant small: process " + std::to_string(escaped.pid()) +
+                           " uses the device but is not a client of the broker's MPS server";
+  ASSERT_TRUE(eventually([&] { return m.broker.log().find(line) != std::string::npos; })) << m.broker.log();
+  const std::string log = m.broker.log();
+  EXPECT_EQ(log.find(line, log.find(line) + 1), std::string::npos) << "once";
+  EXPECT_NE(m.broker.metrics().find("cushare_tenant_tamper_total{tenant=\"small\",kind=\"not-mps-client\"} 1\n"),
+            std::string::npos);
+  // Once it is gone, the tenant's clients are left to MPS again.
+  escaped.send("quit");
+  escaped.wait();
+  Child client = m.worker("small", &first);
+  ASSERT_EQ(first, "ready 30");
+  EXPECT_TRUE(eventually([&] { return !m.broker.tenant("small").devices(0).paced(); }))
+      << m.broker.tenant("small").DebugString();
+}
+
+// Hole (c): a process of the tenant holds its ledger's flock and damages it, so the broker cannot
+// manage the ledger (as Tamper.HeldLedgerLockCostsOneBoundedWaitOutsideTheBrokersLock). The tenant's MPS settings come from the configuration and stay published: a process of
+// the tenant that starts meanwhile (its constructor reads them while the lock is held; it opens
+// the ledger once the lock is let go) is a client with the tenant's percentage.
+TEST(BrokerMps, ATenantHoldingItsLedgerLockKeepsItsMpsSettings) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  const std::string ledger = m.broker.ledgerDir() + "/small.ledger";
+  const std::string settings = m.broker.ledgerDir() + "/small.mps";
+  const std::string published = readFile(settings);
+  ASSERT_NE(published.find("threads 30"), std::string::npos) << published;
+  int pipeFds[2];
+  ASSERT_EQ(::pipe(pipeFds), 0);
+  const pid_t holderPid = ::fork();
+  if (holderPid == 0) {
+    const int fd = ::open(ledger.c_str(), O_RDWR);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(98);
+    // A device entry marked free: the broker needs the flock to repair it, and cannot get it.
+    const uint32_t freeState = 0;
+    (void)!::pwrite(fd, &freeState, 4, offsetof(LedgerHeader, devices) + offsetof(LedgerDevice, state));
+    (void)!::write(pipeFds[1], "x", 1);
+    for (;;) ::pause();
+  }
+  Forked holder(holderPid);
+  char c;
+  ASSERT_EQ(::read(pipeFds[0], &c, 1), 1);
+  ::close(pipeFds[0]);
+  ::close(pipeFds[1]);
+  ASSERT_TRUE(eventually([&] {
+    return m.broker.tenant("small").error().find("is locked (flock) by another process") != std::string::npos;
+  })) << m.broker.tenant("small").DebugString();
+  // Published throughout (the supervisor republishes every second: two rounds at least).
+  for (int i = 0; i < 25; ++i) {
+    ASSERT_EQ(readFile(settings), published) << "after " << i * 100 << " ms";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  Child small = m.spawnWorker("small");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // its constructor has read the settings
+  EXPECT_EQ(readFile(settings), published);
+  holder.stop();
+  EXPECT_EQ(small.readLine(), "ready 30") << "see " << m.dir << "/tenants.log";
+  const std::string server = m.serverPid();
+  EXPECT_NE(m.control("get_client_list " + server).find(std::to_string(small.pid())), std::string::npos);
 }
 
 }  // namespace

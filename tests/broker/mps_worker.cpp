@@ -8,14 +8,37 @@
 //   spin MS       -> launches mps_spin kernels (the cost table says how long a block lasts), each
 //                    filling the device, for MS ms of host time: "spun KERNELS"
 //   quit          -> exits 0
+// Options, applied in main before cuInit (a program changing its own environment after the
+// shim's constructor ran):
+//   --unset NAME          unsetenv(NAME)
+//   --set NAME=VALUE      setenv(NAME, VALUE)
+//   --hide NAME=VALUE     from then on this program's getenv answers VALUE for NAME ("" : unset)
+//                         to everyone (the driver included) whatever the environment holds: a
+//                         program that defeats its MPS settings in a way the shim cannot repair
+//                         (the executable exports getenv, so it interposes on the libraries').
 #include <cuda.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 #include <string>
+
+// Plain pointers, constant-initialised: getenv runs before main (the shim's constructor).
+static const char* gHideName = nullptr;
+static const char* gHideValue = nullptr;
+
+extern "C" char* getenv(const char* name) noexcept {
+  if (gHideName != nullptr && std::strcmp(name, gHideName) == 0)
+    return *gHideValue ? const_cast<char*>(gHideValue) : nullptr;
+  const size_t n = std::strlen(name);
+  for (char** e = environ; e && *e; ++e)
+    if (std::strncmp(*e, name, n) == 0 && (*e)[n] == '=') return *e + n + 1;
+  return nullptr;
+}
 
 namespace {
 
@@ -43,7 +66,23 @@ std::string spin(long ms) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string opt = argv[i], arg = argv[i + 1];
+    const size_t eq = arg.find('=');
+    if (opt == "--unset") {
+      ::unsetenv(arg.c_str());
+    } else if (opt == "--set" && eq != std::string::npos) {
+      ::setenv(arg.substr(0, eq).c_str(), arg.c_str() + eq + 1, 1);
+    } else if (opt == "--hide" && eq != std::string::npos) {
+      argv[i + 1][eq] = '\0';
+      gHideValue = argv[i + 1] + eq + 1;
+      gHideName = argv[i + 1];
+    } else {
+      say("bad option " + opt);
+      return 2;
+    }
+  }
   CUcontext ctx;
   CUdevice dev;
   int sms = -1;

@@ -29,6 +29,11 @@ namespace {
 
 constexpr uint64_t kMs = 1'000'000;
 constexpr uint64_t kDrainLimit = 100 * kMs;     // a turn's in-flight work must drain within this
+// A tenant whose drain timed out without its busy time moving is *suspect* (counts that move but
+// mean nothing, or a stopped process) until its busy time moves again: its turns end after
+// kSuspectIdle without busy time metered in them, and its drains after kSuspectDrain.
+constexpr uint64_t kSuspectIdle = 5 * kMs;
+constexpr uint64_t kSuspectDrain = 2 * kMs;
 constexpr uint64_t kIdlePass = 1 * kMs;         // no work for this long: the turn passes
 constexpr uint64_t kCounterSlack = 200 * kMs;   // a counter may run ahead of the broker's ticks
 constexpr uint32_t kInFlightSane = 1u << 20;    // more than this in flight: a scribble
@@ -79,8 +84,9 @@ struct Broker::ComputeState {
     uint64_t busyStep = 0;  // busy time metered in this step
     bool work = false;
     bool inflight = false;
-    bool localCap = false;  // a process keeps a lower cap of its own (its busy time must be its own)
     bool open = false;      // its gate, as the last step set it
+    bool suspect = false;   // see kSuspectIdle
+    uint64_t suspectBusy = 0;  // busyTotal when it became suspect
     uint64_t lastWork = 0;  // monotonic ns of the last step that saw work
     bool paced = false;
   };
@@ -90,6 +96,7 @@ struct Broker::ComputeState {
     uint64_t turnStart = 0, drainStart = 0, idleSince = 0, periodStart = 0;
     uint64_t lastBeat = 0;  // the last heartbeat (gate_epoch moved for every member)
     uint64_t turnBusy = 0, turnCharged = 0;  // this turn: busy metered, charged so far
+    uint64_t turnBusyStart = 0;              // the holder's busyTotal when its turn began
     size_t next = 0;  // round robin position
   };
   std::map<std::string, std::vector<TenantDevice>> tenants;
@@ -187,7 +194,7 @@ std::chrono::microseconds Broker::computeTick() {
         const int e = t.entry[d];
         if (e < 0) continue;
         ComputeState::TenantDevice& td = per[d];
-        td.work = td.inflight = td.localCap = false;
+        td.work = td.inflight = false;
         const uint64_t busyBefore = td.busyTotal;
         for (uint32_t s = 0; s < hwm; ++s) {
           if (static_cast<int>(s) == t.ledger->chargeSlot()) continue;
@@ -234,9 +241,9 @@ std::chrono::microseconds Broker::computeTick() {
             last.ignoreBlocked = true;
           }
           if ((act & kActivityBlocked) && !last.ignoreBlocked) td.work = true;
-          if (act & kActivityLocalCap) td.localCap = true;
         }
         if (td.work) td.lastWork = now;
+        if (td.suspect && td.busyTotal > td.suspectBusy) td.suspect = false;  // it ran: believed again
         td.seen = true;
         td.busyStep = td.busyTotal - busyBefore;
       }
@@ -277,9 +284,7 @@ std::chrono::microseconds Broker::computeTick() {
     }
     for (Member& m : members) {
       if (m.band > topBand) m.cap = std::min<int>(m.cap, std::max<int>(1, static_cast<int>(cc.priorityFloorPercent)));
-      // A process's own lower cap (launch.cpp) is kept from the busy time it meters, which is its
-      // own only while turns are exclusive: such a device is scheduled like a capped one.
-      capped = capped || (m.cap < 100 && !m.mps) || m.td->localCap;
+      capped = capped || (m.cap < 100 && !m.mps);
     }
     // A tenant of the top priority that is alone there and uncapped keeps its gate open while
     // priorities differ: its launches never wait for a step; lower ones yield to its work.
@@ -361,19 +366,29 @@ std::chrono::microseconds Broker::computeTick() {
       for (Member& m : members)
         if (&m != holder && !m.mps && m.band <= holder->band && m.td->work && m.td->credit > 0) othersWait = true;
       const bool preempted = higherWork(*holder, 0);  // a higher priority has work now
+      const bool emptySuspect = holder->td->suspect && holder->td->busyTotal == dev.turnBusyStart &&
+                                now - dev.turnStart >= kSuspectIdle;
       const bool end = (idle && now - dev.idleSince >= kIdlePass) || (holder->cap < 100 && holder->td->credit <= 0) ||
-                       (othersWait && used >= static_cast<int64_t>(period / 2)) || preempted;
+                       (othersWait && used >= static_cast<int64_t>(period / 2)) || preempted || emptySuspect;
       if (end) {
         dev.draining = true;
         dev.drainStart = now;
       }
     }
     if (schedule && holder != nullptr && dev.draining) {
-      if (!holder->td->inflight || now - dev.drainStart > kDrainLimit) {
+      const uint64_t limit = holder->td->suspect ? kSuspectDrain : kDrainLimit;
+      if (!holder->td->inflight || now - dev.drainStart > limit) {
         if (holder->td->inflight) {
-          CUSHARE_BLOG(warn, "tenant {} device {}: in-flight work did not drain within {} ms (a stopped process, "
-                       "or its ledger written): next turn; the counts are not taken for work until they move",
-                       holder->t->name, d, kDrainLimit / kMs);
+          if (!holder->td->suspect)
+            CUSHARE_BLOG(warn, "tenant {} device {}: in-flight work did not drain within {} ms (a stopped process, "
+                         "or its ledger written): next turn; the counts are not taken for work until they move",
+                         holder->t->name, d, kDrainLimit / kMs);
+          // No busy time in the whole turn: its counts are not believed (short turns and drains)
+          // until its busy time moves.
+          if (holder->td->busyTotal == dev.turnBusyStart) {
+            holder->td->suspect = true;
+            holder->td->suspectBusy = holder->td->busyTotal;
+          }
           // Whatever is still counted in flight is taken for stuck until it changes, so that
           // its turns do not each idle the device for kDrainLimit.
           if (!guarded([&] {
@@ -413,6 +428,7 @@ std::chrono::microseconds Broker::computeTick() {
           dev.holder = m.t->name;
           dev.turnStart = now;
           dev.turnBusy = dev.turnCharged = 0;
+          dev.turnBusyStart = m.td->busyTotal;
           dev.idleSince = 0;
           dev.next = (dev.next + i + 1) % members.size();
           break;

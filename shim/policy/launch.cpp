@@ -115,9 +115,14 @@ struct LocalCap {
   int64_t credit = 0;                   // ns of device time left (negative: debt)
   uint64_t last = 0;                    // host ns of the last refill
   uint64_t used = 0;                    // busy ns metered since the last pass
+  uint32_t epoch = 0;                   // the device's gate_epoch as last seen, and since when
+  uint64_t epochSince = 0;
 };
 // Budgets refill over this period; unused credit never exceeds one period's share.
 constexpr uint64_t kLocalPeriodNs = 100'000'000;
+// Set at exit, when the pacer stops: nothing refills a local budget any more, so launches made
+// then (by later exit handlers) pass the local checks.
+std::atomic<bool> gExiting{false};
 
 constinit Pacer gPacer;
 constinit LocalCap gLocal[kMaxDevices];
@@ -229,7 +234,15 @@ uint64_t updateLocal(int dev, const LedgerComputeDevice* c, uint64_t now) noexce
     const uint32_t own = cfg.priority == Priority::kHigh ? 0 : cfg.priority == Priority::kLow ? 2 : 1;
     const uint32_t others = c->others.load(std::memory_order_relaxed);
     const uint32_t tenantBand = c->priority.load(std::memory_order_relaxed);
-    if ((others & kOthersValid) != 0 && own > tenantBand && (others & 3u) < own) {
+    // The broker's heartbeat moves gate_epoch every 500 ms: standing still for kBrokerGoneNs, the
+    // broker is gone and what it published about the others is stale (not yielded to).
+    const uint32_t epoch = c->gate_epoch.load(std::memory_order_relaxed);
+    if (epoch != lc.epoch || lc.epochSince == 0) {
+      lc.epoch = epoch;
+      lc.epochSince = now;
+    }
+    const bool brokerAlive = now - lc.epochSince < kBrokerGoneNs;
+    if (brokerAlive && (others & kOthersValid) != 0 && own > tenantBand && (others & 3u) < own) {
       const uint32_t floor = std::max(1u, std::min(100u, (others >> 8) & 0xFFu)) * 100;
       cap = std::min(cap, floor);
       tight = true;
@@ -352,9 +365,8 @@ bool pass() noexcept {
     }
     LedgerComputeSlot* slot = ownSlot(i);
     if (slot == nullptr || st.devices[i].compute == nullptr) continue;
-    const uint32_t in = (slot->inflight.load(std::memory_order_relaxed) != 0 ? kActivityInFlight : 0) |
-                        (gLocal[i].on.load(std::memory_order_relaxed) != 0 ? kActivityLocalCap : 0);
-    constexpr uint32_t kMine = kActivityInFlight | kActivityLocalCap;
+    const uint32_t in = slot->inflight.load(std::memory_order_relaxed) != 0 ? kActivityInFlight : 0;
+    constexpr uint32_t kMine = kActivityInFlight;
     uint32_t a = slot->activity.load(std::memory_order_relaxed);
     while ((a & kMine) != in &&
            !slot->activity.compare_exchange_weak(a, (a & ~kMine) | in, std::memory_order_relaxed)) {
@@ -366,7 +378,6 @@ bool pass() noexcept {
 
 // At exit (atexit runs before the driver's own teardown, which was loaded earlier): the pacer
 // makes no more driver calls.
-std::atomic<bool> gExiting{false};
 void stopPacerAtExit() noexcept {
   pthread_mutex_lock(&gMutex);
   gExiting.store(true, std::memory_order_release);
@@ -442,10 +453,11 @@ __attribute__((noinline)) StreamEntry* insertStream(CUstream key, int dev) noexc
     const int edev = e.dev.load(std::memory_order_relaxed);
     if (edev == dev && e.stream.load(std::memory_order_relaxed) == key && !e.dead) found = &e;
   }
-  // A free entry, else one whose stream has nothing in flight and no marker pending (given up: a
-  // later launch there takes an entry again). A launcher that found the old stream's entry just
-  // before may still count its launch here: that launch is then metered with the new stream's
-  // markers, and its place in the in-flight bound is given back with them.
+  // A free entry, else one of the same device whose stream has nothing in flight and no marker
+  // pending (given up: a later launch there takes an entry again). Its counts are never reset,
+  // only caught up: a launcher that found the old stream's entry just before may still count its
+  // launch here, and that launch then gets a marker of the new stream's, which gives its place in
+  // the in-flight bound (on the same device's slot) back.
   StreamEntry* idle = nullptr;
   for (size_t i = 0; i < kStreams && found == nullptr; ++i) {
     StreamEntry& e = gPacer.streams[(h + i) & (kStreams - 1)];
@@ -454,7 +466,7 @@ __attribute__((noinline)) StreamEntry* insertStream(CUstream key, int dev) noexc
       idle = &e;
       break;
     }
-    if (idle == nullptr && !e.dead && e.count == 0 &&
+    if (idle == nullptr && edev == dev && !e.dead && e.count == 0 &&
         e.completed.load(std::memory_order_acquire) == e.launched.load(std::memory_order_acquire))
       idle = &e;
   }
@@ -464,11 +476,11 @@ __attribute__((noinline)) StreamEntry* insertStream(CUstream key, int dev) noexc
     if (realDriver().p_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) break;
     e.dev.store(-1, std::memory_order_release);  // while it changes hands (a given-up entry)
     e.ctx = ctx;
-    e.launched.store(0);
-    e.completed.store(0);
+    const uint64_t now = e.launched.load(std::memory_order_acquire);
+    e.completed.store(now, std::memory_order_release);
     e.idleStart.store(0);
-    e.marked = 0;
-    e.markedShared.store(0);
+    e.marked = now;
+    e.markedShared.store(now, std::memory_order_release);
     e.lastEnd = 0;
     e.count = 0;
     e.head = 0;
@@ -520,8 +532,11 @@ inline bool mayGo(uint32_t before, StreamEntry* e, uint32_t mode) noexcept {
 }
 
 // The mode a launch on the device is checked against: the broker's, with the local cap's bits.
+inline bool localOn(const LocalCap& lc) noexcept {
+  return lc.on.load(std::memory_order_acquire) != 0 && !gExiting.load(std::memory_order_relaxed);
+}
 inline uint32_t effectiveMode(uint32_t mode, const LocalCap& lc) noexcept {
-  if (lc.on.load(std::memory_order_acquire) == 0) return mode;
+  if (!localOn(lc)) return mode;
   return mode | kComputePaced | (lc.tight.load(std::memory_order_relaxed) != 0 ? kComputeTight : 0);
 }
 
@@ -540,7 +555,7 @@ __attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerCompute
     // A tenant not paced has no gate to wait for (only its own budget, if any).
     const uint32_t gate = (tenantMode & kComputePaced) ? c->gate.load(std::memory_order_seq_cst) : kGateOpen;
     const uint32_t mode = effectiveMode(tenantMode, lc);
-    const uint32_t local = lc.on.load(std::memory_order_acquire) ? lc.gate.load(std::memory_order_seq_cst) : kGateOpen;
+    const uint32_t local = localOn(lc) ? lc.gate.load(std::memory_order_seq_cst) : kGateOpen;
     if ((mode & kComputePaced) == 0 || (gate == kGateOpen && local == kGateOpen && mayGo(before, e, mode))) break;
     // Undo (clamped: the tenant may have written the counter) and wait.
     uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
@@ -580,6 +595,10 @@ __attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerCompute
     } else if (local != kGateOpen) {
       // Over the process's own budget: the pacer opens the local gate when it refills. Not
       // "blocked" for the broker (the tenant's turn passes on to others meanwhile).
+      if (blocked) {
+        slot->activity.fetch_and(~kActivityBlocked, std::memory_order_seq_cst);
+        blocked = false;
+      }
       gPacer.wake.fetch_add(1, std::memory_order_release);
       futexWake(&gPacer.wake, false);
       futexWait(&lc.gate, local, 50'000'000, false);
@@ -671,7 +690,7 @@ __attribute__((noinline, cold)) bool launchBeginSlow(CUstream key, Ticket* t) no
   if (eff & kComputePaced) {
     const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
     const bool tenantOpen = (mode & kComputePaced) == 0 || c->gate.load(std::memory_order_seq_cst) == kGateOpen;
-    const bool localOpen = lc.on.load(std::memory_order_relaxed) == 0 || lc.gate.load(std::memory_order_seq_cst) == kGateOpen;
+    const bool localOpen = !localOn(lc) || lc.gate.load(std::memory_order_seq_cst) == kGateOpen;
     if (!tenantOpen || !localOpen || !mayGo(before, e, eff)) {
       uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
       while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {

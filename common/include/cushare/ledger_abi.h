@@ -103,7 +103,6 @@ inline constexpr uint32_t othersWord(uint32_t topBand, uint32_t floorPercent) {
 // LedgerComputeSlot::activity bits
 inline constexpr uint32_t kActivityInFlight = 1;  // launched work not known complete
 inline constexpr uint32_t kActivityBlocked = 2;   // a launch waits at the closed gate
-inline constexpr uint32_t kActivityLocalCap = 4;  // the process keeps a lower cap of its own there
 
 struct LedgerComputeDevice {
   std::atomic<uint32_t> mode;        // kComputeMetered | kComputePaced | kComputeTight; others zero

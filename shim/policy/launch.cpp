@@ -10,7 +10,9 @@
 //    throttled time.
 // The pacer thread (started by the first metered launch, off the launch path) records a marker
 // event after each stream's new launches, polls them in order, and adds the union of the
-// intervals its streams were executing to the slot's busy_ns, then lowers in-flight.
+// intervals its streams were executing to the slot's busy_ns, then lowers in-flight. Where CUPTI
+// starts (CUSHARE_METERING=cupti|auto, cupti_source.cpp) the busy time comes from its activity
+// records instead, and the markers only count completions.
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
@@ -25,6 +27,8 @@
 
 #include "interpose/hooks.h"
 #include "interpose/real.h"
+#include "policy/busy_source.h"
+#include "policy/cupti_source.h"
 #include "runtime/log.h"
 #include "runtime/state.h"
 
@@ -93,7 +97,7 @@ struct ContextClock {
 struct Pacer {
   StreamEntry streams[kStreams];
   ContextClock clocks[kContexts];
-  uint64_t busyUntil[kMaxDevices] = {};  // host ns: the union of intervals counted so far
+  BusyUnion busy[kMaxDevices];           // host ns: the intervals counted so far (events)
   std::atomic<uint32_t> wake{0};         // futex: the pacer's sleep
   std::atomic<uint32_t> completions{0};  // futex: launchers waiting for the in-flight bound
   std::atomic<uint32_t> waiters{0};
@@ -179,12 +183,47 @@ void finish(StreamEntry& e, uint64_t count) noexcept {
   notifyLaunchers();
 }
 
+static_assert(ActivityBusy::kDevices == kMaxDevices);
+
+// A marker's interval of the stream's work, counted once over the process's streams. Not when
+// CUPTI counts the busy time.
 void addBusy(int dev, uint64_t start, uint64_t end) noexcept {
-  uint64_t& until = gPacer.busyUntil[dev];
-  if (start < until) start = until;
-  if (end <= start) return;
-  until = end;
-  if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(end - start, std::memory_order_relaxed);
+  if (cuptiActive()) return;
+  const uint64_t ns = gPacer.busy[dev].add(start, end);
+  if (ns == 0) return;
+  if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(ns, std::memory_order_relaxed);
+}
+
+// CUPTI's busy time (its buffer callback, any thread): to the device's slot, on metered devices.
+void cuptiBusy(int dev, uint64_t ns) noexcept {
+  if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(ns, std::memory_order_relaxed);
+}
+bool cuptiMetered(int dev) noexcept {
+  const LedgerComputeDevice* c = state().devices[dev].compute;
+  return c != nullptr && (c->mode.load(std::memory_order_relaxed) & kComputeModeMask) != 0;
+}
+void flushCuptiAtExit() noexcept { flushCupti(true); }
+
+// The busy-time source, chosen once by the pacer thread as it starts (docs/compute.md):
+// CUSHARE_METERING=events, or CUPTI where it starts (cupti, auto), else events.
+void chooseBusySource() noexcept {
+  const MeteringSource m = state().config.metering;
+  if (m == MeteringSource::kEvents) return;
+  if (m == MeteringSource::kAuto && std::getenv("CUDA_INJECTION64_PATH") != nullptr) {
+    // A profiler injected into the process owns CUPTI's activity callbacks: leave them to it.
+    logLine(LogLevel::kInfo, "cushare: CUPTI activity records are not used (CUDA_INJECTION64_PATH is set: a profiler "
+            "uses CUPTI): GPU busy time from events on the streams");
+    return;
+  }
+  char why[512];
+  if (startCupti(nullptr, state().deviceCount, cuptiBusy, cuptiMetered, why, sizeof why)) {
+    std::atexit(flushCuptiAtExit);  // registered after libcupti loaded: runs before its teardown
+    logLine(LogLevel::kInfo, "cushare: GPU busy time from CUPTI activity records");
+    return;
+  }
+  // Asked for explicitly: said at the default level too.
+  logLine(m == MeteringSource::kCupti ? LogLevel::kWarn : LogLevel::kInfo,
+          "cushare: CUPTI activity records are not used (%s): GPU busy time from events on the streams", why);
 }
 
 // One pass: markers after new launches, completed markers turned into busy time. True while any
@@ -285,6 +324,8 @@ void* pacerMain(void*) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  chooseBusySource();
+  uint64_t flushed = 0;
   for (;;) {
     const uint32_t seq = gPacer.wake.load(std::memory_order_acquire);
     pthread_mutex_lock(&gMutex);
@@ -294,6 +335,15 @@ void* pacerMain(void*) {
     }
     const bool pending = pass();
     pthread_mutex_unlock(&gMutex);
+    if (cuptiActive()) {
+      // CUPTI's completed buffers (its callback turns them into busy time): every millisecond
+      // while work is pending, every 20 ms otherwise.
+      const uint64_t now = nowNs();
+      if (now - flushed >= (pending ? 1'000'000u : 20'000'000u)) {
+        flushCupti(false);
+        flushed = now;
+      }
+    }
     // Launchers wait for the in-flight bound: poll often. Otherwise often while work is pending
     // (markers end busy intervals), rarely when idle (a launch wakes us only when it must wait).
     const uint64_t sleep = gPacer.waiters.load(std::memory_order_acquire) != 0 ? 50'000
@@ -315,6 +365,8 @@ void resetAfterFork() noexcept {
   }
   for (ContextClock& c : gPacer.clocks) c = ContextClock{};
   for (LedgerComputeSlot*& slot : gSlots) slot = nullptr;
+  for (BusyUnion& u : gPacer.busy) u.reset();
+  cuptiForgetAfterFork();  // CUPTI's threads are the parent's: the child meters with events
   gPacer.waiters.store(0);
   gPacer.started.store(false);
   pthread_mutex_init(&gMutex, nullptr);

@@ -204,26 +204,28 @@ bool cuptiMetered(int dev) noexcept {
 }
 void flushCuptiAtExit() noexcept { flushCupti(true); }
 
-// The busy-time source, chosen once by the pacer thread as it starts (docs/compute.md):
-// CUSHARE_METERING=events, or CUPTI where it starts (cupti, auto), else events.
-void chooseBusySource() noexcept {
+// The busy-time source, chosen once as the pacer thread starts (docs/compute.md):
+// CUSHARE_METERING=events, or CUPTI where it starts (cupti, auto), else events. On its own short
+// thread: CUPTI's start can take long, and the pacer's passes (completions for the in-flight
+// bound) must not wait for it; the events count busy time until CUPTI is active.
+void* chooseBusySource(void*) noexcept {
   const MeteringSource m = state().config.metering;
-  if (m == MeteringSource::kEvents) return;
   if (m == MeteringSource::kAuto && std::getenv("CUDA_INJECTION64_PATH") != nullptr) {
     // A profiler injected into the process owns CUPTI's activity callbacks: leave them to it.
     logLine(LogLevel::kInfo, "cushare: CUPTI activity records are not used (CUDA_INJECTION64_PATH is set: a profiler "
             "uses CUPTI): GPU busy time from events on the streams");
-    return;
+    return nullptr;
   }
   char why[512];
   if (startCupti(nullptr, state().deviceCount, cuptiBusy, cuptiMetered, why, sizeof why)) {
     std::atexit(flushCuptiAtExit);  // registered after libcupti loaded: runs before its teardown
     logLine(LogLevel::kInfo, "cushare: GPU busy time from CUPTI activity records");
-    return;
+    return nullptr;
   }
   // Asked for explicitly: said at the default level too.
   logLine(m == MeteringSource::kCupti ? LogLevel::kWarn : LogLevel::kInfo,
           "cushare: CUPTI activity records are not used (%s): GPU busy time from events on the streams", why);
+  return nullptr;
 }
 
 // One pass: markers after new launches, completed markers turned into busy time. True while any
@@ -324,7 +326,15 @@ void* pacerMain(void*) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
-  chooseBusySource();
+  if (state().config.metering != MeteringSource::kEvents) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, chooseBusySource, nullptr) != 0)  // signals blocked, as here
+      logLine(LogLevel::kWarn, "cushare: cannot start a thread to start CUPTI: GPU busy time from events");
+    pthread_attr_destroy(&attr);
+  }
   uint64_t flushed = 0;
   for (;;) {
     const uint32_t seq = gPacer.wake.load(std::memory_order_acquire);

@@ -411,6 +411,49 @@ TEST(Metering, CuptiThatDoesNotStartFallsBackToEvents) {
       << readFile(b.dir() + "/bad.log");
 }
 
+// The CUPTI source end to end, with a stand-in libcupti.so.13 (fake_cupti.cpp) found first on
+// the loader path: the shim loads it, resolves the Activity API, registers its callbacks and
+// flushes; the made-up records (40 buffers of 1.25 ms busy each: two overlapping kernels and a
+// copy) are what the broker meters, not the events (the tenant's kernels really ran about a
+// second). Then the same stand-in refusing a record kind: the fallback, said with CUPTI's reason.
+TEST(Metering, CuptiRecordsAreTheBusyTimeWhereCuptiStarts) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: m}\n"));
+  const char* ld = std::getenv("LD_LIBRARY_PATH");
+  const std::string path = std::string(FAKE_CUPTI_DIR) + (ld ? std::string(":") + ld : "");
+  for (const char* fail : {"0", "1"}) {
+    const std::string log = b.dir() + "/fake" + fail + ".log";
+    Child w = worker(b, "m",
+                     {{"LD_LIBRARY_PATH", path}, {"CUSHARE_METERING", "cupti"}, {"CUSHARE_LOG_LEVEL", "info"},
+                      {"FAKE_CUPTI_FAIL_ENABLE", fail}},
+                     log);
+    const uint64_t truth0 = deviceBusy(w.pid()), metered0 = meteredBusy(b, "m");
+    w.send("run 1000 2000");
+    EXPECT_EQ(w.readLine(30000).rfind("done ", 0), 0u);
+    sleepMs(300);  // the last flushes, the broker's next look
+    const double truth = static_cast<double>(deviceBusy(w.pid()) - truth0) / 1e9;
+    const double metered = static_cast<double>(meteredBusy(b, "m") - metered0) / 1e9;
+    w.send("quit");
+    w.wait();
+    const std::string text = readFile(log);
+    std::printf("stand-in CUPTI%s: metered %.4f s, device ground truth %.4f s\n",
+                fail[0] == '1' ? " refusing MEMSET" : "", metered, truth);
+    EXPECT_GT(truth, 0.8) << "the tenant's kernels ran";
+    if (fail[0] == '0') {
+      EXPECT_NE(text.find("GPU busy time from CUPTI activity records"), std::string::npos) << text;
+      // 0.05 s made up; events count only until CUPTI is active (its start, milliseconds).
+      EXPECT_GE(metered, 0.0499) << "every made-up record counted, overlap once";
+      EXPECT_LE(metered, 0.25) << "the events did not count the kernels once CUPTI was active";
+    } else {
+      EXPECT_NE(text.find("CUPTI activity records are not used (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET): "
+                          "CUPTI_ERROR_NOT_COMPATIBLE (fake)): GPU busy time from events"),
+                std::string::npos)
+          << text;
+      EXPECT_NEAR(metered, truth, 0.05) << "events";
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 // A tenant's processes can write its whole ledger. Garbage in its compute region must not crash

@@ -32,6 +32,7 @@ constexpr uint64_t kIdlePass = 1 * kMs;         // no work for this long: the tu
 constexpr uint64_t kCounterSlack = 200 * kMs;   // a counter may run ahead of the broker's ticks
 constexpr uint32_t kInFlightSane = 1u << 20;    // more than this in flight: a scribble
 constexpr uint64_t kHeartbeat = 500 * kMs;      // gate_epoch moves at least this often
+constexpr uint64_t kBlockedStale = 20 * kMs;    // a waiter that does not go through an open gate
 constexpr int64_t kUncapped = INT64_MAX / 4;
 // Priorities: a tenant is active while it had work within kPriorityActive; lower-priority tenants
 // are then capped at the floor, kept to one launch in flight, and only take a turn once every
@@ -56,6 +57,15 @@ uint32_t priorityWord(Priority p) { return p == Priority::kHigh ? 0 : p == Prior
 struct Broker::ComputeState {
   struct Slot {
     uint64_t busy = 0, throttled = 0;  // last seen
+    // A count of launches in flight that outlived a drain (kDrainLimit) unchanged: taken for
+    // stuck (a stopped process, a scribble) and not counted as work while it stays the same.
+    uint32_t stuck = 0;
+    // Since when (monotonic ns) the slot shows a launch waiting while its tenant's gate is open,
+    // with activity_ns (which a live waiter moves whenever it wakes) standing still: past
+    // kBlockedStale the waiter is not running (stopped) and the bit is not counted as work until
+    // it clears or activity_ns moves.
+    uint64_t blockedOpen = 0, activity = 0;
+    bool ignoreBlocked = false;
   };
   struct TenantDevice {
     bool seen = false;
@@ -65,6 +75,8 @@ struct Broker::ComputeState {
     uint64_t busyStep = 0;  // busy time metered in this step
     bool work = false;
     bool inflight = false;
+    bool localCap = false;  // a process keeps a lower cap of its own (its busy time must be its own)
+    bool open = false;      // its gate, as the last step set it
     uint64_t lastWork = 0;  // monotonic ns of the last step that saw work
     bool paced = false;
   };
@@ -121,7 +133,7 @@ std::chrono::microseconds Broker::computeTick() {
         const int e = t.entry[d];
         if (e < 0) continue;
         ComputeState::TenantDevice& td = per[d];
-        td.work = td.inflight = false;
+        td.work = td.inflight = td.localCap = false;
         const uint64_t busyBefore = td.busyTotal;
         for (uint32_t s = 0; s < hwm; ++s) {
           if (static_cast<int>(s) == t.ledger->chargeSlot()) continue;
@@ -149,8 +161,26 @@ std::chrono::microseconds Broker::computeTick() {
           }
           const uint32_t in = c->inflight.load(std::memory_order_seq_cst);
           const uint32_t act = c->activity.load(std::memory_order_seq_cst);
-          if (in != 0 && in < kInFlightSane) td.work = td.inflight = true;
-          if (act & kActivityBlocked) td.work = true;
+          if (in != last.stuck) last.stuck = 0;  // it moved: live again
+          if (in != 0 && in < kInFlightSane && last.stuck == 0) td.work = td.inflight = true;
+          // A launch waiting at a gate that has been open for kBlockedStale is not waiting: its
+          // process does not run (stopped). Counted again once the bit clears and comes back.
+          const bool open = td.open;  // as the broker set it at the last step
+          const uint64_t actNs = c->activity_ns.load(std::memory_order_relaxed);
+          const bool moved = actNs != last.activity;
+          last.activity = actNs;
+          if (!(act & kActivityBlocked) || moved) {
+            last.blockedOpen = 0;
+            last.ignoreBlocked = false;
+          } else if (!open) {
+            last.blockedOpen = 0;
+          } else if (last.blockedOpen == 0) {
+            last.blockedOpen = now;
+          } else if (now - last.blockedOpen > kBlockedStale) {
+            last.ignoreBlocked = true;
+          }
+          if ((act & kActivityBlocked) && !last.ignoreBlocked) td.work = true;
+          if (act & kActivityLocalCap) td.localCap = true;
         }
         if (td.work) td.lastWork = now;
         td.seen = true;
@@ -189,7 +219,9 @@ std::chrono::microseconds Broker::computeTick() {
     }
     for (Member& m : members) {
       if (m.band > topBand) m.cap = std::min<int>(m.cap, std::max<int>(1, static_cast<int>(cc.priorityFloorPercent)));
-      capped = capped || m.cap < 100;
+      // A process's own lower cap (launch.cpp) is kept from the busy time it meters, which is its
+      // own only while turns are exclusive: such a device is scheduled like a capped one.
+      capped = capped || m.cap < 100 || m.td->localCap;
     }
     // A tenant of the top priority that is alone there and uncapped keeps its gate open while
     // priorities differ: its launches never wait for a step; lower ones yield to its work.
@@ -208,6 +240,14 @@ std::chrono::microseconds Broker::computeTick() {
       for (const Member& o : members)
         if (o.band < m.band && o.td->lastWork != 0 && now - o.td->lastWork <= within) return true;
       return false;
+    };
+    // The highest priority active among the other tenants (kOthersNone: none), published for
+    // processes that lower their own priority below their tenant's (launch.cpp, local caps).
+    const auto othersTop = [&](const Member& m) {
+      uint32_t top = kOthersNone;
+      for (const Member& o : members)
+        if (&o != &m && o.td->lastWork != 0 && now - o.td->lastWork < kPriorityActive) top = std::min(top, o.band);
+      return top;
     };
     const bool schedule = (capped || differ) && !computeUnderMpsLocked(d);
     if (!schedule) {
@@ -272,9 +312,23 @@ std::chrono::microseconds Broker::computeTick() {
     }
     if (schedule && holder != nullptr && dev.draining) {
       if (!holder->td->inflight || now - dev.drainStart > kDrainLimit) {
-        if (holder->td->inflight)
-          CUSHARE_BLOG(warn, "tenant {} device {}: in-flight work did not drain within {} ms; next turn",
+        if (holder->td->inflight) {
+          CUSHARE_BLOG(warn, "tenant {} device {}: in-flight work did not drain within {} ms (a stopped process, "
+                       "or its ledger written): next turn; the counts are not taken for work until they move",
                        holder->t->name, d, kDrainLimit / kMs);
+          // Whatever is still counted in flight is taken for stuck until it changes, so that
+          // its turns do not each idle the device for kDrainLimit.
+          if (!guarded([&] {
+                const uint32_t hwm = holder->t->ledger->slotsInUse();
+                for (uint32_t s = 0; s < hwm && s < kLedgerMaxSlots; ++s) {
+                  if (static_cast<int>(s) == holder->t->ledger->chargeSlot()) continue;
+                  const uint32_t in = holder->t->ledger->computeSlotAt(holder->t->entry[d], static_cast<int>(s))
+                                          ->inflight.load(std::memory_order_seq_cst);
+                  holder->td->slots[s].stuck = in;
+                }
+              }))
+            faultLocked(holder->t);
+        }
         dev.holder.clear();
         dev.draining = false;
         holder = nullptr;
@@ -313,6 +367,7 @@ std::chrono::microseconds Broker::computeTick() {
                             (schedule && m.lower ? kComputeTight : 0);
       const bool open = !schedule || (holder == &m && !dev.draining) || &m == pinned;
       m.td->paced = schedule && &m != pinned;
+      m.td->open = open;
       if (!guarded([&] {
             LedgerComputeDevice* w = m.words;
             if (w->mode.load() != mode) w->mode.store(mode, std::memory_order_seq_cst);
@@ -320,6 +375,8 @@ std::chrono::microseconds Broker::computeTick() {
             if (w->cap.load() != cap) w->cap.store(cap);
             const uint32_t pr = priorityWord(priorityLocked(*m.t));
             if (w->priority.load() != pr) w->priority.store(pr);
+            const uint32_t others = othersWord(othersTop(m), cc.priorityFloorPercent);
+            if (w->others.load() != others) w->others.store(others);
             const uint32_t want = open ? kGateOpen : kGateClosed;
             if (w->gate.load(std::memory_order_seq_cst) != want) {
               w->gate.store(want, std::memory_order_seq_cst);
@@ -355,6 +412,7 @@ void Broker::computeRelease() {
             if (t.entry[d] < 0) continue;
             LedgerComputeDevice* w = t.ledger->compute(t.entry[d]);
             w->mode.fetch_and(~kComputePaced, std::memory_order_seq_cst);
+            w->others.store(0, std::memory_order_relaxed);  // nothing published any more
             w->gate.store(kGateOpen, std::memory_order_seq_cst);
             w->gate_epoch.fetch_add(1);
             wakeAll(&w->gate);

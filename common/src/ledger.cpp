@@ -517,6 +517,14 @@ bool Ledger::ensureFdLocked(std::string* err) noexcept {
   return true;
 }
 
+int Ledger::ensureSlot() noexcept {
+  if (const int s = slot_.load(std::memory_order_acquire); s >= 0) return s;
+  lockLocal();
+  const int s = ensureSlotLocked(nullptr);
+  unlockLocal();
+  return s;
+}
+
 int Ledger::ensureSlotLocked(std::string* err) noexcept {
   const int s = slot_.load(std::memory_order_relaxed);
   if (s >= 0) return s;

@@ -13,6 +13,11 @@
 // intervals its streams were executing to the slot's busy_ns, then lowers in-flight. Where CUPTI
 // starts (CUSHARE_METERING=cupti|auto, cupti_source.cpp) the busy time comes from its activity
 // records instead, and the markers only count completions.
+// A process whose environment lowers its own cap or priority below its tenant's
+// (CUSHARE_THREAD_PERCENTAGE, CUSHARE_PRIORITY) also keeps a budget of its own per device (a
+// local cap, kept by the pacer from the same busy time, whichever source gives it): its launches
+// are paced by a process-local gate as well as by the tenant's (docs/compute.md, "Lowering from
+// the environment").
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
@@ -20,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -30,6 +36,7 @@
 #include "policy/busy_source.h"
 #include "policy/cupti_source.h"
 #include "runtime/log.h"
+#include "runtime/mps_env.h"
 #include "runtime/state.h"
 
 namespace cushare::shim {
@@ -104,7 +111,23 @@ struct Pacer {
   std::atomic<bool> started{false};
 };
 
+// A process's own lower cap on one device (the pacer keeps it; launchers read gate and tight).
+struct LocalCap {
+  std::atomic<uint32_t> on{0};          // 1: launches on the device take the local checks
+  std::atomic<uint32_t> gate{kGateOpen};  // private futex word: closed while over the budget
+  std::atomic<uint32_t> tight{0};       // 1: one launch in flight (yielding to a higher priority)
+  uint32_t cap = kComputeNoCap;         // the rest is the pacer's (under gMutex)
+  int64_t credit = 0;                   // ns of device time left (negative: debt)
+  uint64_t last = 0;                    // host ns of the last refill
+  std::atomic<uint64_t> used{0};        // busy ns metered since the last pass (CUPTI: any thread)
+};
+// Budgets refill over this period; unused credit never exceeds one period's share.
+constexpr uint64_t kLocalPeriodNs = 100'000'000;
+
 constinit Pacer gPacer;
+constinit LocalCap gLocal[kMaxDevices];
+// Some device has a local cap in force: the launch path's common case takes the whole path.
+constinit std::atomic<uint32_t> gLocalAny{0};
 // This process's compute slot per device ordinal, once looked up (cleared in a forked child).
 constinit LedgerComputeSlot* gSlots[kMaxDevices] = {};
 // The gate epoch + 1 at which the broker was found gone (0: never): launches then pass a closed
@@ -191,11 +214,14 @@ void addBusy(int dev, uint64_t start, uint64_t end) noexcept {
   if (cuptiActive()) return;
   const uint64_t ns = gPacer.busy[dev].add(start, end);
   if (ns == 0) return;
+  gLocal[dev].used.fetch_add(ns, std::memory_order_relaxed);
   if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(ns, std::memory_order_relaxed);
 }
 
-// CUPTI's busy time (its buffer callback, any thread): to the device's slot, on metered devices.
+// CUPTI's busy time (its buffer callback, any thread): to the device's slot and its local budget,
+// on metered devices.
 void cuptiBusy(int dev, uint64_t ns) noexcept {
+  gLocal[dev].used.fetch_add(ns, std::memory_order_relaxed);
   if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(ns, std::memory_order_relaxed);
 }
 bool cuptiMetered(int dev) noexcept {
@@ -228,8 +254,62 @@ void* chooseBusySource(void*) noexcept {
   return nullptr;
 }
 
-// One pass: markers after new launches, completed markers turned into busy time. True while any
-// marker is pending.
+// The local cap of a device, from the environment and the broker's words: the environment's cap
+// when below 100 %; when CUSHARE_PRIORITY is below the tenant's and the broker publishes that a
+// higher priority than the process's own is active among the other tenants, the floor too, with
+// one launch in flight (what the broker does to a lower-priority tenant). None for an MPS client
+// (its server enforces the same settings) or where the device is not metered (nothing measured).
+// Returns the ns until the budget allows a launch again (0: it does now).
+uint64_t updateLocal(int dev, const LedgerComputeDevice* c, uint64_t now) noexcept {
+  LocalCap& lc = gLocal[dev];
+  const ShimConfig& cfg = state().config;
+  const uint32_t mode = c->mode.load(std::memory_order_acquire);
+  uint32_t cap = kComputeNoCap;
+  bool tight = false;
+  if ((mode & kComputeModeMask) != 0 && ((mode & kComputePaced) != 0 || !mpsClient())) {
+    if (cfg.threadPercentage && *cfg.threadPercentage < 100) cap = static_cast<uint32_t>(*cfg.threadPercentage) * 100;
+    const uint32_t own = cfg.priority == Priority::kHigh ? 0 : cfg.priority == Priority::kLow ? 2 : 1;
+    const uint32_t others = c->others.load(std::memory_order_relaxed);
+    const uint32_t tenantBand = c->priority.load(std::memory_order_relaxed);
+    if ((others & kOthersValid) != 0 && own > tenantBand && (others & 3u) < own) {
+      const uint32_t floor = std::max(1u, std::min(100u, (others >> 8) & 0xFFu)) * 100;
+      cap = std::min(cap, floor);
+      tight = true;
+    }
+  }
+  const bool on = cap < kComputeNoCap || tight;
+  const int64_t quantum = static_cast<int64_t>(kLocalPeriodNs * cap / kComputeNoCap);
+  if (!on) {
+    lc.cap = kComputeNoCap;
+    lc.used.store(0, std::memory_order_relaxed);
+    lc.on.store(0, std::memory_order_relaxed);
+    lc.tight.store(0, std::memory_order_relaxed);
+    if (lc.gate.exchange(kGateOpen, std::memory_order_seq_cst) != kGateOpen) futexWake(&lc.gate, false);
+    return 0;
+  }
+  if (lc.cap == kComputeNoCap || lc.last == 0) {  // just in force: a full period's budget
+    lc.credit = quantum;
+    lc.last = now;
+    lc.used.store(0, std::memory_order_relaxed);
+  }
+  lc.cap = cap;
+  // Refill at the cap's rate, charge what ran; debt carries over, unused credit does not pile up.
+  lc.credit += static_cast<int64_t>((now - lc.last) * cap / kComputeNoCap);
+  lc.last = now;
+  lc.credit -= static_cast<int64_t>(lc.used.exchange(0, std::memory_order_relaxed));
+  lc.credit = std::min(lc.credit, quantum);
+  lc.tight.store(tight ? 1 : 0, std::memory_order_relaxed);
+  lc.on.store(1, std::memory_order_release);
+  const uint32_t want = lc.credit > 0 ? kGateOpen : kGateClosed;
+  if (lc.gate.exchange(want, std::memory_order_seq_cst) != want && want == kGateOpen) futexWake(&lc.gate, false);
+  return lc.credit > 0 ? 0 : static_cast<uint64_t>(-lc.credit) * kComputeNoCap / cap + 1;
+}
+
+// Set by pass(): ns until a local budget lets launches go again (0: none waits for one).
+uint64_t gLocalRefill = 0;
+
+// One pass: markers after new launches, completed markers turned into busy time, local budgets.
+// True while any marker is pending.
 bool pass() noexcept {
   RealDriver& d = realDriver();
   const uint64_t now = nowNs();
@@ -303,13 +383,25 @@ bool pass() noexcept {
   }
   // Activity, for the broker's scheduler: work in flight on each device this process uses.
   ShimState& st = state();
+  gLocalRefill = 0;
+  uint32_t any = 0;
   for (int i = 0; i < st.deviceCount; ++i) {
+    if (st.devices[i].compute != nullptr) {
+      const uint64_t refill = updateLocal(i, st.devices[i].compute, nowNs());
+      if (refill != 0 && (gLocalRefill == 0 || refill < gLocalRefill)) gLocalRefill = refill;
+      any |= gLocal[i].on.load(std::memory_order_relaxed);
+    }
     LedgerComputeSlot* slot = ownSlot(i);
     if (slot == nullptr || st.devices[i].compute == nullptr) continue;
-    const uint32_t in = slot->inflight.load(std::memory_order_relaxed) != 0 ? kActivityInFlight : 0;
+    const uint32_t in = (slot->inflight.load(std::memory_order_relaxed) != 0 ? kActivityInFlight : 0) |
+                        (gLocal[i].on.load(std::memory_order_relaxed) != 0 ? kActivityLocalCap : 0);
+    constexpr uint32_t kMine = kActivityInFlight | kActivityLocalCap;
     uint32_t a = slot->activity.load(std::memory_order_relaxed);
-    if ((a & kActivityInFlight) != in) slot->activity.store((a & ~kActivityInFlight) | in, std::memory_order_relaxed);
+    while ((a & kMine) != in &&
+           !slot->activity.compare_exchange_weak(a, (a & ~kMine) | in, std::memory_order_relaxed)) {
+    }
   }
+  gLocalAny.store(any, std::memory_order_release);
   return pending;
 }
 
@@ -356,9 +448,11 @@ void* pacerMain(void*) {
     }
     // Launchers wait for the in-flight bound: poll often. Otherwise often while work is pending
     // (markers end busy intervals), rarely when idle (a launch wakes us only when it must wait).
-    const uint64_t sleep = gPacer.waiters.load(std::memory_order_acquire) != 0 ? 50'000
-                           : pending                                             ? 100'000
-                                                                                 : 2'000'000;
+    uint64_t sleep = gPacer.waiters.load(std::memory_order_acquire) != 0 ? 50'000
+                     : pending                                             ? 100'000
+                                                                           : 2'000'000;
+    // A local budget that refills sooner: the pacer opens the local gate then.
+    if (gLocalRefill != 0 && gLocalRefill < sleep) sleep = gLocalRefill;
     futexWait(&gPacer.wake, seq, sleep, false);
   }
   return nullptr;
@@ -377,6 +471,14 @@ void resetAfterFork() noexcept {
   for (LedgerComputeSlot*& slot : gSlots) slot = nullptr;
   for (BusyUnion& u : gPacer.busy) u.reset();
   cuptiForgetAfterFork();  // CUPTI's threads are the parent's: the child meters with events
+  for (LocalCap& lc : gLocal) {  // the child starts its own budget (its pacer sets it)
+    lc.cap = kComputeNoCap;
+    lc.last = 0;
+    lc.on.store(0);
+    lc.tight.store(0);
+    lc.gate.store(kGateOpen);
+  }
+  gLocalAny.store(0);
   gPacer.waiters.store(0);
   gPacer.started.store(false);
   pthread_mutex_init(&gMutex, nullptr);
@@ -402,11 +504,27 @@ __attribute__((noinline)) StreamEntry* insertStream(CUstream key, int dev) noexc
     const int edev = e.dev.load(std::memory_order_relaxed);
     if (edev == dev && e.stream.load(std::memory_order_relaxed) == key && !e.dead) found = &e;
   }
+  // A free entry, else one whose stream has nothing in flight and no marker pending (given up: a
+  // later launch there takes an entry again). A launcher that found the old stream's entry just
+  // before may still count its launch here: that launch is then metered with the new stream's
+  // markers, and its place in the in-flight bound is given back with them.
+  StreamEntry* idle = nullptr;
   for (size_t i = 0; i < kStreams && found == nullptr; ++i) {
     StreamEntry& e = gPacer.streams[(h + i) & (kStreams - 1)];
-    if (e.dev.load(std::memory_order_relaxed) != -1) continue;
+    const int edev = e.dev.load(std::memory_order_relaxed);
+    if (edev == -1) {
+      idle = &e;
+      break;
+    }
+    if (idle == nullptr && !e.dead && e.count == 0 &&
+        e.completed.load(std::memory_order_acquire) == e.launched.load(std::memory_order_acquire))
+      idle = &e;
+  }
+  for (StreamEntry* ep = idle; ep != nullptr && found == nullptr; ep = nullptr) {
+    StreamEntry& e = *ep;
     CUcontext ctx = nullptr;
     if (realDriver().p_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) break;
+    e.dev.store(-1, std::memory_order_release);  // while it changes hands (a given-up entry)
     e.ctx = ctx;
     e.launched.store(0);
     e.completed.store(0);
@@ -419,6 +537,12 @@ __attribute__((noinline)) StreamEntry* insertStream(CUstream key, int dev) noexc
     e.stream.store(key, std::memory_order_relaxed);
     e.dev.store(dev, std::memory_order_release);
     found = &e;
+  }
+  if (found == nullptr) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      logLine(LogLevel::kWarn, "cushare: more than %zu streams have work at once: launches on further streams are "
+              "not metered or paced until one is idle", kStreams);
   }
   if (found != nullptr && !gPacer.started.load(std::memory_order_relaxed)) {
     static bool atfork = false;
@@ -457,8 +581,16 @@ inline bool mayGo(uint32_t before, StreamEntry* e, uint32_t mode) noexcept {
           e->launched.load(std::memory_order_relaxed) <= e->markedShared.load(std::memory_order_acquire));
 }
 
-// The paced wait: closed gate or full in-flight bound. Returns with a place in the bound taken.
-__attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e) noexcept {
+// The mode a launch on the device is checked against: the broker's, with the local cap's bits.
+inline uint32_t effectiveMode(uint32_t mode, const LocalCap& lc) noexcept {
+  if (lc.on.load(std::memory_order_acquire) == 0) return mode;
+  return mode | kComputePaced | (lc.tight.load(std::memory_order_relaxed) != 0 ? kComputeTight : 0);
+}
+
+// The paced wait: closed gate (the tenant's, or the process's own budget) or full in-flight bound.
+// Returns with a place in the bound taken.
+__attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerComputeSlot* slot, StreamEntry* e,
+                                           LocalCap& lc) noexcept {
   const uint64_t start = nowNs();
   uint64_t gateWait = 0;
   bool blocked = false;
@@ -466,9 +598,12 @@ __attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerCompute
   uint64_t epochSince = start;
   for (;;) {
     const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
-    const uint32_t gate = c->gate.load(std::memory_order_seq_cst);
-    const uint32_t mode = c->mode.load(std::memory_order_relaxed);
-    if ((mode & kComputePaced) == 0 || (gate == kGateOpen && mayGo(before, e, mode))) break;
+    const uint32_t tenantMode = c->mode.load(std::memory_order_relaxed);
+    // A tenant not paced has no gate to wait for (only its own budget, if any).
+    const uint32_t gate = (tenantMode & kComputePaced) ? c->gate.load(std::memory_order_seq_cst) : kGateOpen;
+    const uint32_t mode = effectiveMode(tenantMode, lc);
+    const uint32_t local = lc.on.load(std::memory_order_acquire) ? lc.gate.load(std::memory_order_seq_cst) : kGateOpen;
+    if ((mode & kComputePaced) == 0 || (gate == kGateOpen && local == kGateOpen && mayGo(before, e, mode))) break;
     // Undo (clamped: the tenant may have written the counter) and wait.
     uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
     while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
@@ -487,6 +622,9 @@ __attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerCompute
       futexWait(&c->gate, gate, 50'000'000, true);
       const uint64_t t1 = nowNs();
       gateWait += t1 - t0;
+      // Alive: the broker takes a waiting bit whose time stands still at an open gate for a
+      // waiter that does not run (stopped), and ignores it until this moves (compute.cpp).
+      slot->activity_ns.store(t1, std::memory_order_relaxed);
       // A broker gives every tenant with work a turn within two periods (at most 2 s). A gate
       // closed for kBrokerGone without any opening means the broker is gone (killed): run on.
       if (const uint32_t e = c->gate_epoch.load(std::memory_order_relaxed); e != epoch) {
@@ -501,12 +639,19 @@ __attribute__((noinline)) void waitForTurn(LedgerComputeDevice* c, LedgerCompute
         slot->inflight.fetch_add(1, std::memory_order_seq_cst);  // the place the loop's exit holds
         break;
       }
+    } else if (local != kGateOpen) {
+      // Over the process's own budget: the pacer opens the local gate when it refills. Not
+      // "blocked" for the broker (the tenant's turn passes on to others meanwhile).
+      gPacer.wake.fetch_add(1, std::memory_order_release);
+      futexWake(&gPacer.wake, false);
+      futexWait(&lc.gate, local, 50'000'000, false);
+      gateWait += nowNs() - t0;
     } else {
       const uint32_t seq = gPacer.completions.load(std::memory_order_acquire);
       gPacer.waiters.fetch_add(1, std::memory_order_acq_rel);
       gPacer.wake.fetch_add(1, std::memory_order_release);
       futexWake(&gPacer.wake, false);
-      if (!mayGo(slot->inflight.load(std::memory_order_seq_cst), e, c->mode.load(std::memory_order_relaxed)))
+      if (!mayGo(slot->inflight.load(std::memory_order_seq_cst), e, effectiveMode(c->mode.load(std::memory_order_relaxed), lc)))
         futexWait(&gPacer.completions, seq, 5'000'000, false);
       gPacer.waiters.fetch_sub(1, std::memory_order_acq_rel);
     }
@@ -566,8 +711,16 @@ __attribute__((noinline, cold)) bool launchBeginSlow(CUstream key, Ticket* t) no
   if ((mode & kComputeModeMask) == 0) return false;
   LedgerComputeSlot* slot = gSlots[dev];
   if (slot == nullptr) {
+    // A forked child claims a slot of its own at its first launch, as at its first reservation.
+    if (st.ledger->slot() < 0) st.ledger->ensureSlot();
     slot = ownSlot(dev);
-    if (slot == nullptr) return false;  // a forked child before its first reservation
+    if (slot == nullptr) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
+        logLine(LogLevel::kWarn, "cushare: no ledger slot for this process (all %u taken?): its launches are not "
+                "metered or paced", kLedgerMaxSlots);
+      return false;
+    }
     gSlots[dev] = slot;
   }
   StreamEntry* e = &gPacer.streams[hashOf(key, dev)];
@@ -575,13 +728,17 @@ __attribute__((noinline, cold)) bool launchBeginSlow(CUstream key, Ticket* t) no
     e = insertStream(key, dev);
     if (e == nullptr) return false;  // more streams than the table holds: not metered
   }
-  if (mode & kComputePaced) {
+  LocalCap& lc = gLocal[dev];
+  const uint32_t eff = effectiveMode(mode, lc);
+  if (eff & kComputePaced) {
     const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
-    if (c->gate.load(std::memory_order_seq_cst) != kGateOpen || !mayGo(before, e, mode)) {
+    const bool tenantOpen = (mode & kComputePaced) == 0 || c->gate.load(std::memory_order_seq_cst) == kGateOpen;
+    const bool localOpen = lc.on.load(std::memory_order_relaxed) == 0 || lc.gate.load(std::memory_order_seq_cst) == kGateOpen;
+    if (!tenantOpen || !localOpen || !mayGo(before, e, eff)) {
       uint32_t cur = slot->inflight.load(std::memory_order_relaxed);
       while (cur > 0 && !slot->inflight.compare_exchange_weak(cur, cur - 1, std::memory_order_seq_cst)) {
       }
-      waitForTurn(c, slot, e);
+      waitForTurn(c, slot, e, lc);
     }
   } else {
     slot->inflight.fetch_add(1, std::memory_order_relaxed);
@@ -599,8 +756,8 @@ __attribute__((noinline)) bool launchBegin(CUstream key, Ticket* t) noexcept {
   LedgerComputeSlot* slot = gSlots[0];
   StreamEntry* e = &gPacer.streams[hashOf(key, 0)];
   if ((mode & kComputePaced) == 0 || slot == nullptr || e->stream.load(std::memory_order_relaxed) != key ||
-      e->dev.load(std::memory_order_acquire) != 0)
-    return launchBeginSlow(key, t);  // metered only, or anything to look up first
+      e->dev.load(std::memory_order_acquire) != 0 || gLocalAny.load(std::memory_order_relaxed) != 0)
+    return launchBeginSlow(key, t);  // metered only, a local cap, or anything to look up first
   const uint32_t before = slot->inflight.fetch_add(1, std::memory_order_seq_cst);
   if (c->gate.load(std::memory_order_seq_cst) != kGateOpen || !mayGo(before, e, mode)) {
     // Not now: the place back (clamped), and the whole path, which waits.

@@ -16,6 +16,7 @@ namespace {
 pthread_once_t gOnce = PTHREAD_ONCE_INIT;
 std::string* gError = nullptr;  // leaked on purpose (read during exit teardown)
 bool gFailedWithoutMemory = false;
+bool gClient = false;
 
 void fail(const std::string& why) {
   gError = new (std::nothrow) std::string(why);
@@ -49,6 +50,7 @@ void run() {
   if (ok && !e.threads.empty()) ok = ::setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", e.threads.c_str(), 1) == 0;
   if (ok && !e.pinnedMem.empty()) ok = ::setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", e.pinnedMem.c_str(), 1) == 0;
   if (!ok) return fail("cushare: cannot set the MPS client environment (out of memory)");
+  gClient = true;
   CUSHARE_LOG(LogLevel::kInfo, "tenant %s: MPS client of %s, active threads %s%%, priority %s, pinned memory %s",
               config.tenant.c_str(), e.pipeDir.c_str(), e.threads.empty() ? "100" : e.threads.c_str(),
               e.priority.c_str(), e.pinnedMem.empty() ? "unlimited" : e.pinnedMem.c_str());
@@ -60,6 +62,11 @@ __attribute__((constructor)) void atLoad() { setUpMpsEnv(); }
 }  // namespace
 
 void setUpMpsEnv() noexcept { pthread_once(&gOnce, [] { run(); }); }
+
+bool mpsClient() noexcept {
+  setUpMpsEnv();
+  return gClient;
+}
 
 const std::string& mpsEnvError() noexcept {
   static const std::string kOutOfMemory = "cushare: out of memory while setting up the MPS client";

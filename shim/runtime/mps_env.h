@@ -21,5 +21,8 @@ namespace cushare::shim {
 void setUpMpsEnv() noexcept;
 // After setUpMpsEnv: "" when fine (MPS off, or the variables are set), else the one-line error.
 const std::string& mpsEnvError() noexcept;
+// After setUpMpsEnv: the process was made an MPS client (its percentage and priority are the MPS
+// server's to enforce, so the launch path applies no lower cap of its own).
+bool mpsClient() noexcept;
 
 }  // namespace cushare::shim

@@ -120,15 +120,22 @@ TEST(Caps, ThirtyAndSeventyBothSaturatingGetThirtyAndSeventy) {
   EXPECT_TRUE(ta.devices(0).paced());
 }
 
+// The share of the device one saturating process of tenant "a" gets alone (with extra variables in
+// its environment), printed with what is expected of it.
+double aloneShare(Broker& b, const std::map<std::string, std::string>& env, const char* expected,
+                  const std::string& run = "run 3000 2000") {
+  Child a = worker(b, "a", env);
+  a.send(run);
+  const auto s = shares({{&a}}, 500, 2200);
+  std::printf("share: a %.3f (%s)\n", s[0], expected);
+  finish({&a});
+  return s[0];
+}
+
 TEST(Caps, TwentyFiveAloneGetsTwentyFive) {
   Broker b(testDir());
   ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 25}\n"));
-  Child a = worker(b, "a");
-  a.send("run 3000 2000");
-  const auto s = shares({{&a}}, 500, 2200);
-  std::printf("share: a %.3f (cap 0.25)\n", s[0]);
-  EXPECT_NEAR(s[0], 0.25, 0.05);
-  finish({&a});
+  EXPECT_NEAR(aloneShare(b, {}, "cap 0.25"), 0.25, 0.05);
 }
 
 TEST(Caps, TwoProcessesOfATenantShareItsCap) {
@@ -257,6 +264,105 @@ TEST(Live, ACapSetLiveAppliesToRunningProcessesAndSurvivesReloadAndRestart) {
   std::ofstream(b.dir() + "/broker.state") << "cushare-broker-state 1\nthreads a 101\n";
   EXPECT_FALSE(b.startWithFile());
   EXPECT_NE(b.log().find("broker.state:2: threads: "), std::string::npos) << b.log();
+}
+
+// A process launching round robin over more live streams than the shim's stream table holds
+// (128): streams without work are given up for new ones, so every launch is metered and paced.
+TEST(Caps, MoreLiveStreamsThanTheTableHoldsStayCapped) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 30}\n"));
+  EXPECT_NEAR(aloneShare(b, {}, "over 200 streams, cap 0.30", "many 200 3000 1000"), 0.30, 0.05);
+  std::ifstream in(b.dir() + "/tenants.log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(log.find("not metered"), std::string::npos) << log;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The environment lowers a process's own cap and priority under pacing (docs/compute.md,
+// "Lowering from the environment"); it never raises them.
+
+// A process of a tenant capped at 60 % asks for 20 %: it gets 20 %.
+TEST(Lowering, EnvironmentCapLowersAPacedProcess) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 60}\n"));
+  EXPECT_NEAR(aloneShare(b, {{"CUSHARE_THREAD_PERCENTAGE", "20"}}, "tenant cap 0.60, its environment 0.20"), 0.20, 0.05);
+  EXPECT_GT(b.tenant("a").devices(0).throttled_ns(), 1'000'000'000u) << "its waits count as throttled";
+}
+
+// An uncapped tenant's process that asks for 25 % gets 25 %; the rest goes to a neighbour.
+TEST(Lowering, EnvironmentCapLowersAnUncappedTenantsProcess) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a}\n  - {name: c}\n"));
+  Child a = worker(b, "a", {{"CUSHARE_THREAD_PERCENTAGE", "25"}}), c = worker(b, "c");
+  a.send("run 3500 2000");
+  c.send("run 3500 2000");
+  const auto s = shares({{&a}, {&c}}, 700, 2400);
+  std::printf("shares: a %.3f (its environment 0.25), c %.3f (uncapped)\n", s[0], s[1]);
+  // Its own busy time is metered in exclusive turns (the broker schedules the device once a
+  // process keeps a cap of its own), so the cap is exact, not merely conservative.
+  EXPECT_NEAR(s[0], 0.25, 0.05);
+  EXPECT_GE(s[1], 0.60) << "the neighbour takes the rest";
+  finish({&a, &c});
+}
+
+// The environment cannot raise a cap: a tenant capped at 30 % whose process asks for 80 % gets 30 %.
+TEST(Lowering, EnvironmentCannotRaiseTheCap) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 30}\n"));
+  EXPECT_NEAR(aloneShare(b, {{"CUSHARE_THREAD_PERCENTAGE", "80"}}, "tenant cap 0.30, its environment 0.80"), 0.30, 0.05);
+}
+
+// CUSHARE_PRIORITY=low in a normal tenant's process: next to another normal tenant with work it
+// yields as a low tenant would (the floor, 10 %), and gets the device back once that one is idle.
+TEST(Lowering, EnvironmentPriorityLowYieldsToANormalNeighbour) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a}\n  - {name: c}\n"));
+  Child a = worker(b, "a", {{"CUSHARE_PRIORITY", "low"}}), c = worker(b, "c");
+  a.send("run 5000 2000");
+  c.send("run 2500 2000");
+  const auto s = shares({{&a}, {&c}}, 600, 1600);
+  std::printf("shares: a %.3f (its environment: low), c %.3f (normal)\n", s[0], s[1]);
+  EXPECT_LE(s[0], 0.15) << "at the floor while the normal neighbour has work";
+  EXPECT_GE(s[1], 0.80);
+  EXPECT_EQ(c.readLine(30000).rfind("done ", 0), 0u);
+  sleepMs(1000);  // the neighbour idle: a gets the device back within a second
+  const auto after = shares({{&a}}, 0, 800);
+  std::printf("a alone after: %.3f\n", after[0]);
+  EXPECT_GE(after[0], 0.85);
+  finish({&a});
+  c.send("quit");
+  c.wait();
+}
+
+// `cushare set-limit T --priority P` applies to running paced processes at once: two normal
+// tenants share the device; one set low drops to the floor (10 %) within a second while the other
+// has work; set back to normal, it shares again.
+TEST(Live, APrioritySetLiveAppliesToRunningProcesses) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a}\n  - {name: c}\n"));
+  auto setPriority = [&](const std::string& p) {
+    rpc::Request r;
+    r.set_version(1);
+    r.mutable_set_limit()->set_tenant("a");
+    r.mutable_set_limit()->set_priority(p);
+    return b.call(r);
+  };
+  Child a = worker(b, "a"), c = worker(b, "c");
+  a.send("run 6500 2000");
+  c.send("run 6500 2000");
+  const auto equal = shares({{&a}, {&c}}, 500, 1200);
+  ASSERT_TRUE(setPriority("low").ok());
+  const auto low = shares({{&a}, {&c}}, 1000, 1500);  // within a second, then measured
+  ASSERT_TRUE(setPriority("normal").ok());
+  const auto again = shares({{&a}, {&c}}, 1000, 1500);
+  std::printf("shares a/c: both normal %.3f/%.3f, a set low %.3f/%.3f, a normal again %.3f/%.3f\n", equal[0],
+              equal[1], low[0], low[1], again[0], again[1]);
+  EXPECT_GE(equal[0] + equal[1], 0.90);
+  EXPECT_LE(low[0], 0.15) << "at the floor next to a normal tenant with work";
+  EXPECT_GE(low[1], 0.80);
+  EXPECT_GE(again[0], 0.30) << "shares again";
+  EXPECT_GE(again[1], 0.30);
+  finish({&a, &c});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -493,6 +599,40 @@ TEST(Scribble, GarbageInOneTenantsComputeRegionHurtsNoOtherTenant) {
   finish({&x, &y});
   EXPECT_TRUE(b.status().pid() > 0) << "the broker answers";
   EXPECT_EQ(b.tenant("y").error(), "");
+}
+
+// Counts in a tenant's compute slots that never move (a stopped process's: its launches in flight
+// and its waiter at the gate; here written into the ledger, as simgpu stops a stopped process's
+// device work too, which a real GPU would finish). Its turns must not idle the device (each would
+// wait kDrainLimit, 100 ms, for a drain that never comes): the neighbour keeps its cap's share.
+TEST(Scribble, CountsThatNeverMoveDoNotIdleTheDevice) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: x, thread_percentage: 30}\n  - {name: y, thread_percentage: 60}\n"));
+  Child x = worker(b, "x"), y = worker(b, "y");  // x launches nothing: nothing of its own moves the counts
+  const int fd = ::open((b.ledgerDir() + "/x.ledger").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, kLedgerFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto* slots = reinterpret_cast<LedgerComputeSlot*>(static_cast<char*>(map) + kLedgerComputeSlotOffset);
+  for (uint32_t sl = 0; sl < kLedgerMaxSlots; ++sl) {  // device entry 0
+    slots[sl].inflight.store(2);
+    slots[sl].activity.store(kActivityInFlight | kActivityBlocked);
+  }
+  y.send("run 3500 2000");
+  const auto s = shares({{&y}}, 700, 2400);
+  std::printf("share of y next to x's stuck counts: %.3f (cap 0.60)\n", s[0]);
+  EXPECT_NEAR(s[0], 0.60, 0.05) << "x's stuck counts take no device time";
+  EXPECT_NE(b.log().find("did not drain within 100 ms"), std::string::npos) << b.log();
+  // The process continues: its in-flight count moves, its waiter wakes with the waiting bit still
+  // set (it never cleared) and moves activity_ns: x is counted again and has its turns.
+  for (uint32_t sl = 0; sl < kLedgerMaxSlots; ++sl) slots[sl].inflight.store(0);
+  ::munmap(map, kLedgerFileSize);
+  ::close(fd);
+  x.send("run 2500 2000");
+  const auto again = shares({{&x}}, 500, 1500);  // y's run is over by now
+  std::printf("share of x once it runs: %.3f (cap 0.30)\n", again[0]);
+  EXPECT_NEAR(again[0], 0.30, 0.07);
+  finish({&x, &y});
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 //   duty MS US PERIOD_US  -> every PERIOD_US one kernel of US, waited for: "done N"
 //   lat MS US GAP_US      -> like duty with a GAP_US pause after each kernel: "lat N P50_US P99_US"
 //                            (launch-to-completion latency of each kernel, host wall time)
+//   many N MS US          -> like run, round robin over N streams of its own (all alive until the
+//                            end): "done N"
 //   graph N US            -> N graph launches of a one-kernel graph: "done N"
 //   prio P                -> a stream created with priority P: "prio GOT" (its priority)
 //   range                 -> "range LEAST GREATEST"
@@ -53,9 +55,13 @@ int main() {
     std::istringstream in(line);
     std::string cmd;
     in >> cmd;
-    if (cmd == "run") {
-      long long ms = 0, us = 0;
+    if (cmd == "run" || cmd == "many") {
+      long long streams = 1, ms = 0, us = 0;
+      if (cmd == "many") in >> streams;
       in >> ms >> us;
+      std::vector<cudaStream_t> own(static_cast<size_t>(cmd == "many" ? std::max(1LL, streams) : 0));
+      for (cudaStream_t& s : own) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      const auto on = [&](long long n) { return own.empty() ? stream : own[static_cast<size_t>(n) % own.size()]; };
       // At most kDepth kernels queued (an unpaced process would otherwise queue far more device
       // time than MS): the queue never runs dry, and the run ends about when MS says.
       constexpr int kDepth = 4;
@@ -65,12 +71,16 @@ int main() {
       long long n = 0;
       while (msSince(t0) < static_cast<double>(ms)) {
         if (n >= kDepth) cudaEventSynchronize(ev[n % kDepth]);
-        spin<<<1, 32, 0, stream>>>(flag, us * 1000);
-        cudaEventRecord(ev[n % kDepth], stream);
+        spin<<<1, 32, 0, on(n)>>>(flag, us * 1000);
+        cudaEventRecord(ev[n % kDepth], on(n));
         ++n;
       }
       for (cudaEvent_t& e : ev) cudaEventDestroy(e);
       cudaStreamSynchronize(stream);
+      for (cudaStream_t& s : own) {
+        cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+      }
       std::printf("done %lld\n", n);
     } else if (cmd == "duty" || cmd == "lat") {
       long long ms = 0, us = 0, period = 0;

@@ -196,7 +196,7 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       {"compute", {kLedgerComputeOffset, kLedgerComputeBytes}},
       {"compute_slots", {kLedgerComputeSlotOffset, kLedgerComputeSlotBytes}},
 #define CD(f) {"compute[d]." #f, {offsetof(LedgerComputeDevice, f), sizeof(LedgerComputeDevice::f)}}
-      CD(mode), CD(gate), CD(gate_epoch), CD(cap), CD(priority), CD(reserved0), CD(reserved1),
+      CD(mode), CD(gate), CD(gate_epoch), CD(cap), CD(priority), CD(others), CD(reserved1),
 #undef CD
 #define CS(f) {"compute_slots[d][s]." #f, {offsetof(LedgerComputeSlot, f), sizeof(LedgerComputeSlot::f)}}
       CS(busy_ns), CS(throttled_ns), CS(activity_ns), CS(activity), CS(inflight),

@@ -197,6 +197,8 @@ class Ledger {
   const std::string& path() const { return path_; }
   // This process's slot, or -1 in a forked child that has not used the ledger yet.
   int slot() const noexcept { return slot_.load(std::memory_order_acquire); }
+  // The process's slot, claimed first if it has none (a forked child): -1 if none can be had.
+  int ensureSlot() noexcept;
 
  private:
   Ledger() = default;

@@ -95,9 +95,15 @@ inline constexpr uint32_t kComputeModeMask = kComputeMetered | kComputePaced | k
 inline constexpr uint32_t kGateOpen = 0;  // LedgerComputeDevice::gate
 inline constexpr uint32_t kGateClosed = 1;
 inline constexpr uint32_t kComputeNoCap = 10000;  // LedgerComputeDevice::cap: percent x 100
+inline constexpr uint32_t kOthersValid = 1u << 31;  // LedgerComputeDevice::others
+inline constexpr uint32_t kOthersNone = 3;          // no other tenant active
+inline constexpr uint32_t othersWord(uint32_t topBand, uint32_t floorPercent) {
+  return kOthersValid | (topBand & 3u) | ((floorPercent & 0xFFu) << 8);
+}
 // LedgerComputeSlot::activity bits
 inline constexpr uint32_t kActivityInFlight = 1;  // launched work not known complete
 inline constexpr uint32_t kActivityBlocked = 2;   // a launch waits at the closed gate
+inline constexpr uint32_t kActivityLocalCap = 4;  // the process keeps a lower cap of its own there
 
 struct LedgerComputeDevice {
   std::atomic<uint32_t> mode;        // kComputeMetered | kComputePaced | kComputeTight; others zero
@@ -105,7 +111,10 @@ struct LedgerComputeDevice {
   std::atomic<uint32_t> gate_epoch;  // +1 on every opening and every 500 ms (the broker's heartbeat)
   std::atomic<uint32_t> cap;         // effective cap, percent x 100 (1..10000); kComputeNoCap
   std::atomic<uint32_t> priority;    // 0 high, 1 normal, 2 low (as the broker applies it)
-  uint32_t reserved0;
+  // What a process that lowers its own priority (CUSHARE_PRIORITY) yields to: kOthersValid, the
+  // highest priority active among the device's other tenants (bits 0..1: 0..2, 3 none) and the
+  // floor percent (bits 8..15). 0: not published (an older broker): nothing to yield to.
+  std::atomic<uint32_t> others;
   uint64_t reserved1[5];  // pads the entry to one 64-byte cache line
 };
 
@@ -174,7 +183,7 @@ static_assert(offsetof(LedgerComputeDevice, gate) == 4);
 static_assert(offsetof(LedgerComputeDevice, gate_epoch) == 8);
 static_assert(offsetof(LedgerComputeDevice, cap) == 12);
 static_assert(offsetof(LedgerComputeDevice, priority) == 16);
-static_assert(offsetof(LedgerComputeDevice, reserved0) == 20);
+static_assert(offsetof(LedgerComputeDevice, others) == 20);
 static_assert(offsetof(LedgerComputeDevice, reserved1) == 24);
 static_assert(sizeof(LedgerComputeDevice) == 64);
 static_assert(offsetof(LedgerComputeSlot, busy_ns) == 0);

@@ -1,11 +1,16 @@
 #!/usr/bin/env sh
 # Metering's cost to a saturating tenant (docs/compute.md, docs/performance.md): kernels per second
 # of one process keeping the device busy with short kernels, under the broker with compute
-# metering off and on, on simgpu with device time; best of 3 runs each, and the ratio.
-#   usage: perf/metering_overhead.sh [build dir] [kernel us]   (defaults: build, 200)
+# metering off and on, on simgpu with device time. PAIRS pairs of runs of MS each, off and on
+# interleaved (ABBA); the median of the pairs' on/off ratios with its 95 % interval, which says
+# whether the 1 % target is confirmed, refuted, or not decidable at this many pairs.
+#   usage: perf/metering_overhead.sh [build dir] [kernel us] [pairs] [run ms]
+#          (defaults: build, 200, 20, 1000); CUSHARE_METERING=events|cupti|auto passes through
 set -eu
 build=${1:-build}
 us=${2:-200}
+pairs=${3:-20}
+ms=${4:-1000}
 state=$(mktemp -d /tmp/cushare-perf.XXXXXX)
 trap 'rm -rf "$state"' EXIT
 cat > "$state/costs" <<COSTS
@@ -13,4 +18,5 @@ spin block_ns_param=1
 COSTS
 LD_LIBRARY_PATH="$build/lib/simgpu" SIMGPU_STATE_DIR="$state/sim" SIMGPU_MEMORY=4GiB \
   SIMGPU_KERNEL_COSTS="$state/costs" BROKER_TEST_DIR="$state/cases" METERING_BENCH_US="$us" \
-  "$build/tests/compute/compute_test" --gtest_filter=MeteringBench.* | grep 'kernels of'
+  METERING_BENCH_PAIRS="$pairs" METERING_BENCH_MS="$ms" \
+  "$build/tests/compute/compute_test" --gtest_filter=MeteringBench.* | grep -E '^(pair|kernels of)'

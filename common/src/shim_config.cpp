@@ -155,6 +155,7 @@ bool parseName(std::string_view text, const char* const (&names)[N], int* index,
 
 constexpr const char* kPriorityNames[] = {"high", "normal", "low"};
 constexpr const char* kLogLevelNames[] = {"error", "warn", "info", "debug", "trace"};
+constexpr const char* kMeteringNames[] = {"events", "cupti", "auto"};
 
 }  // namespace
 
@@ -223,6 +224,13 @@ bool parseRequireBroker(std::string_view text, bool* out, std::string* reason) {
   return fail(reason, quote(text) + " is not 1 (refuse to run without a broker) or 0");
 }
 
+bool parseMetering(std::string_view text, MeteringSource* out, std::string* reason) {
+  int i = 0;
+  if (!parseName(text, kMeteringNames, &i, reason)) return false;
+  *out = static_cast<MeteringSource>(i);
+  return true;
+}
+
 bool parseLedgerDir(std::string_view text, std::string* out, std::string* reason) {
   if (text.empty()) return fail(reason, "empty; unset the variable for /dev/shm/cushare");
   if (text.front() != '/') return fail(reason, "not an absolute path (it must start with '/')");
@@ -267,6 +275,7 @@ bool loadShimConfig(const std::function<const char*(const char*)>& getenv, ShimC
   if (get("CUSHARE_LEDGER_DIR") && !parseLedgerDir(v, &c.ledgerDir, &reason)) return bad();
   if (get("CUSHARE_LOG_LEVEL") && !parseLogLevel(v, &c.logLevel, &reason)) return bad();
   if (get("CUSHARE_REQUIRE_BROKER") && !parseRequireBroker(v, &c.requireBroker, &reason)) return bad();
+  if (get("CUSHARE_METERING") && !parseMetering(v, &c.metering, &reason)) return bad();
   *out = std::move(c);
   return true;
 }
@@ -391,5 +400,6 @@ bool isShimVariable(std::string_view name) {
 
 const char* priorityName(Priority p) { return kPriorityNames[static_cast<int>(p)]; }
 const char* logLevelName(LogLevel l) { return kLogLevelNames[static_cast<int>(l)]; }
+const char* meteringName(MeteringSource m) { return kMeteringNames[static_cast<int>(m)]; }
 
 }  // namespace cushare

@@ -10,11 +10,14 @@
 //    throttled time.
 // The pacer thread (started by the first metered launch, off the launch path) records a marker
 // event after each stream's new launches, polls them in order, and adds the union of the
-// intervals its streams were executing to the slot's busy_ns, then lowers in-flight.
+// intervals its streams were executing to the slot's busy_ns, then lowers in-flight. Where CUPTI
+// starts (CUSHARE_METERING=cupti|auto, cupti_source.cpp) the busy time comes from its activity
+// records instead, and the markers only count completions.
 // A process whose environment lowers its own cap or priority below its tenant's
 // (CUSHARE_THREAD_PERCENTAGE, CUSHARE_PRIORITY) also keeps a budget of its own per device (a
-// local cap, kept by the pacer from the same busy time): its launches are paced by a process-local
-// gate as well as by the tenant's (docs/compute.md, "Lowering from the environment").
+// local cap, kept by the pacer from the same busy time, whichever source gives it): its launches
+// are paced by a process-local gate as well as by the tenant's (docs/compute.md, "Lowering from
+// the environment").
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
@@ -30,6 +33,8 @@
 
 #include "interpose/hooks.h"
 #include "interpose/real.h"
+#include "policy/busy_source.h"
+#include "policy/cupti_source.h"
 #include "runtime/log.h"
 #include "runtime/mps_env.h"
 #include "runtime/state.h"
@@ -99,7 +104,7 @@ struct ContextClock {
 struct Pacer {
   StreamEntry streams[kStreams];
   ContextClock clocks[kContexts];
-  uint64_t busyUntil[kMaxDevices] = {};  // host ns: the union of intervals counted so far
+  BusyUnion busy[kMaxDevices];           // host ns: the intervals counted so far (events)
   std::atomic<uint32_t> wake{0};         // futex: the pacer's sleep
   std::atomic<uint32_t> completions{0};  // futex: launchers waiting for the in-flight bound
   std::atomic<uint32_t> waiters{0};
@@ -114,7 +119,7 @@ struct LocalCap {
   uint32_t cap = kComputeNoCap;         // the rest is the pacer's (under gMutex)
   int64_t credit = 0;                   // ns of device time left (negative: debt)
   uint64_t last = 0;                    // host ns of the last refill
-  uint64_t used = 0;                    // busy ns metered since the last pass
+  std::atomic<uint64_t> used{0};        // busy ns metered since the last pass (CUPTI: any thread)
   uint32_t epoch = 0;                   // the device's gate_epoch as last seen, and since when
   uint64_t epochSince = 0;
 };
@@ -206,13 +211,52 @@ void finish(StreamEntry& e, uint64_t count) noexcept {
   notifyLaunchers();
 }
 
+static_assert(ActivityBusy::kDevices == kMaxDevices);
+
+// A marker's interval of the stream's work, counted once over the process's streams. Not when
+// CUPTI counts the busy time.
 void addBusy(int dev, uint64_t start, uint64_t end) noexcept {
-  uint64_t& until = gPacer.busyUntil[dev];
-  if (start < until) start = until;
-  if (end <= start) return;
-  until = end;
-  gLocal[dev].used += end - start;
-  if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(end - start, std::memory_order_relaxed);
+  if (cuptiActive()) return;
+  const uint64_t ns = gPacer.busy[dev].add(start, end);
+  if (ns == 0) return;
+  gLocal[dev].used.fetch_add(ns, std::memory_order_relaxed);
+  if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(ns, std::memory_order_relaxed);
+}
+
+// CUPTI's busy time (its buffer callback, any thread): to the device's slot and its local budget,
+// on metered devices.
+void cuptiBusy(int dev, uint64_t ns) noexcept {
+  gLocal[dev].used.fetch_add(ns, std::memory_order_relaxed);
+  if (LedgerComputeSlot* slot = ownSlot(dev)) slot->busy_ns.fetch_add(ns, std::memory_order_relaxed);
+}
+bool cuptiMetered(int dev) noexcept {
+  const LedgerComputeDevice* c = state().devices[dev].compute;
+  return c != nullptr && (c->mode.load(std::memory_order_relaxed) & kComputeModeMask) != 0;
+}
+void flushCuptiAtExit() noexcept { flushCupti(true); }
+
+// The busy-time source, chosen once as the pacer thread starts (docs/compute.md):
+// CUSHARE_METERING=events, or CUPTI where it starts (cupti, auto), else events. On its own short
+// thread: CUPTI's start can take long, and the pacer's passes (completions for the in-flight
+// bound) must not wait for it; the events count busy time until CUPTI is active.
+void* chooseBusySource(void*) noexcept {
+  const MeteringSource m = state().config.metering;
+  if (m == MeteringSource::kAuto && std::getenv("CUDA_INJECTION64_PATH") != nullptr) {
+    // A profiler injected into the process owns CUPTI's activity callbacks: leave them to it.
+    logLine(LogLevel::kInfo, "cushare: CUPTI activity records are not used (CUDA_INJECTION64_PATH is set: a profiler "
+            "uses CUPTI): GPU busy time from events on the streams");
+    return nullptr;
+  }
+  char why[512];
+  if (startCupti(nullptr, state().deviceCount, cuptiBusy, cuptiMetered, why, sizeof why)) {
+    std::atexit(flushCuptiAtExit);  // registered after libcupti loaded: runs before its teardown
+    logLine(LogLevel::kInfo, "cushare: GPU busy time from CUPTI activity records");
+    return nullptr;
+  }
+  // Asked for explicitly: said at the default level too.
+  logLine(m == MeteringSource::kCupti ? LogLevel::kWarn : LogLevel::kInfo,
+          "cushare: CUPTI activity records are not used (%s): GPU busy time from events on the streams", why);
+  return nullptr;
 }
 
 // The local cap of a device, from the environment and the broker's words: the environment's cap
@@ -252,7 +296,7 @@ uint64_t updateLocal(int dev, const LedgerComputeDevice* c, uint64_t now) noexce
   const int64_t quantum = static_cast<int64_t>(kLocalPeriodNs * cap / kComputeNoCap);
   if (!on) {
     lc.cap = kComputeNoCap;
-    lc.used = 0;
+    lc.used.store(0, std::memory_order_relaxed);
     lc.on.store(0, std::memory_order_relaxed);
     lc.tight.store(0, std::memory_order_relaxed);
     if (lc.gate.exchange(kGateOpen, std::memory_order_seq_cst) != kGateOpen) futexWake(&lc.gate, false);
@@ -261,14 +305,13 @@ uint64_t updateLocal(int dev, const LedgerComputeDevice* c, uint64_t now) noexce
   if (lc.cap == kComputeNoCap || lc.last == 0) {  // just in force: a full period's budget
     lc.credit = quantum;
     lc.last = now;
-    lc.used = 0;
+    lc.used.store(0, std::memory_order_relaxed);
   }
   lc.cap = cap;
   // Refill at the cap's rate, charge what ran; debt carries over, unused credit does not pile up.
   lc.credit += static_cast<int64_t>((now - lc.last) * cap / kComputeNoCap);
   lc.last = now;
-  lc.credit -= static_cast<int64_t>(lc.used);
-  lc.used = 0;
+  lc.credit -= static_cast<int64_t>(lc.used.exchange(0, std::memory_order_relaxed));
   lc.credit = std::min(lc.credit, quantum);
   lc.tight.store(tight ? 1 : 0, std::memory_order_relaxed);
   lc.on.store(1, std::memory_order_release);
@@ -388,6 +431,16 @@ void* pacerMain(void*) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  if (state().config.metering != MeteringSource::kEvents) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, chooseBusySource, nullptr) != 0)  // signals blocked, as here
+      logLine(LogLevel::kWarn, "cushare: cannot start a thread to start CUPTI: GPU busy time from events");
+    pthread_attr_destroy(&attr);
+  }
+  uint64_t flushed = 0;
   for (;;) {
     const uint32_t seq = gPacer.wake.load(std::memory_order_acquire);
     pthread_mutex_lock(&gMutex);
@@ -397,6 +450,15 @@ void* pacerMain(void*) {
     }
     const bool pending = pass();
     pthread_mutex_unlock(&gMutex);
+    if (cuptiActive()) {
+      // CUPTI's completed buffers (its callback turns them into busy time): every millisecond
+      // while work is pending, every 20 ms otherwise.
+      const uint64_t now = nowNs();
+      if (now - flushed >= (pending ? 1'000'000u : 20'000'000u)) {
+        flushCupti(false);
+        flushed = now;
+      }
+    }
     // Launchers wait for the in-flight bound: poll often. Otherwise often while work is pending
     // (markers end busy intervals), rarely when idle (a launch wakes us only when it must wait).
     uint64_t sleep = gPacer.waiters.load(std::memory_order_acquire) != 0 ? 50'000
@@ -420,6 +482,8 @@ void resetAfterFork() noexcept {
   }
   for (ContextClock& c : gPacer.clocks) c = ContextClock{};
   for (LedgerComputeSlot*& slot : gSlots) slot = nullptr;
+  for (BusyUnion& u : gPacer.busy) u.reset();
+  cuptiForgetAfterFork();  // CUPTI's threads are the parent's: the child meters with events
   for (LocalCap& lc : gLocal) {  // the child starts its own budget (its pacer sets it)
     lc.cap = kComputeNoCap;
     lc.last = 0;

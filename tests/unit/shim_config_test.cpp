@@ -532,6 +532,30 @@ TEST(ShimConfig, Priority) {
   EXPECT_NE(e.find("empty"), std::string::npos) << e;
 }
 
+TEST(ShimConfig, Metering) {
+  ShimConfig c;
+  EXPECT_EQ(c.metering, MeteringSource::kAuto) << "default: CUPTI if it starts, else events";
+  for (auto [text, m] : {std::pair{"events", MeteringSource::kEvents},
+                         {"cupti", MeteringSource::kCupti},
+                         {"auto", MeteringSource::kAuto}}) {
+    c.metering = m == MeteringSource::kAuto ? MeteringSource::kEvents : MeteringSource::kAuto;
+    EXPECT_EQ(loadError("CUSHARE_METERING", text, &c), "");
+    EXPECT_EQ(c.metering, m);
+    EXPECT_STREQ(meteringName(m), text);
+  }
+  EXPECT_EQ(loadError("CUSHARE_METERING", "CUPTI"),
+            "cushare: invalid CUSHARE_METERING='CUPTI': 'CUPTI' is not one of events, cupti, auto "
+            "(lower case); did you mean 'cupti'?");
+  std::string e = loadError("CUSHARE_METERING", "nvml");
+  EXPECT_NE(e.find("'nvml' is not one of events, cupti, auto"), std::string::npos) << e;
+  e = loadError("CUSHARE_METERING", "events ");
+  EXPECT_NE(e.find("'events ' is not one of"), std::string::npos) << e;
+  e = loadError("CUSHARE_METERING", "");
+  EXPECT_NE(e.find("empty"), std::string::npos) << e;
+  EXPECT_TRUE(isShimVariable("CUSHARE_METERING"));
+  EXPECT_FALSE(isShimVariable("CUSHARE_METERNG"));
+}
+
 TEST(ShimConfig, LedgerDir) {
   ShimConfig c;
   EXPECT_EQ(loadError("CUSHARE_LEDGER_DIR", "/tmp/x", &c), "");

@@ -40,6 +40,9 @@ struct MemoryLimitSpec {
 
 enum class Priority { kHigh, kNormal, kLow };
 enum class LogLevel { kError, kWarn, kInfo, kDebug, kTrace };  // each includes the ones before
+// Where a metered process's GPU busy time comes from (docs/compute.md): timing events on its
+// streams, CUPTI activity records, or CUPTI when it starts and events otherwise.
+enum class MeteringSource { kEvents, kCupti, kAuto };
 
 struct ShimConfig {
   std::string tenant = "default";
@@ -51,6 +54,9 @@ struct ShimConfig {
   // CUSHARE_REQUIRE_BROKER=1: refuse to run standalone (no broker's host segment in ledgerDir),
   // e.g. because the ledger directory was not mounted or its name is misspelt.
   bool requireBroker = false;
+  // CUSHARE_METERING: the busy-time source. CUPTI that does not start (simgpu, no libcupti) falls
+  // back to events whatever this says.
+  MeteringSource metering = MeteringSource::kAuto;
 };
 
 inline constexpr uint64_t kUnlimited = UINT64_MAX;
@@ -91,13 +97,14 @@ bool parsePriority(std::string_view text, Priority* out, std::string* reason);
 bool parseLedgerDir(std::string_view text, std::string* out, std::string* reason);
 bool parseLogLevel(std::string_view text, LogLevel* out, std::string* reason);
 bool parseRequireBroker(std::string_view text, bool* out, std::string* reason);  // "1" or "0"
+bool parseMetering(std::string_view text, MeteringSource* out, std::string* reason);  // events|cupti|auto
 
 // Every variable loadShimConfig reads. isShimVariable lets the shim find a misspelt CUSHARE_*
 // name in the environment (a typo such as CUSHARE_MEMORY_LIMT would otherwise mean no limit).
 inline constexpr const char* kShimVariables[] = {
     "CUSHARE_TENANT",   "CUSHARE_MEMORY_LIMIT", "CUSHARE_THREAD_PERCENTAGE",
     "CUSHARE_PRIORITY", "CUSHARE_LEDGER_DIR",   "CUSHARE_LOG_LEVEL",
-    "CUSHARE_REQUIRE_BROKER",
+    "CUSHARE_REQUIRE_BROKER", "CUSHARE_METERING",
 };
 bool isShimVariable(std::string_view name);
 
@@ -109,5 +116,6 @@ bool parseGpuUuidBytes(std::string_view text, unsigned char bytes[16]);
 
 const char* priorityName(Priority p);  // "high", "normal", "low"
 const char* logLevelName(LogLevel l);  // "error", "warn", "info", "debug", "trace"
+const char* meteringName(MeteringSource m);  // "events", "cupti", "auto"
 
 }  // namespace cushare

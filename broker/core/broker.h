@@ -150,6 +150,7 @@ class Broker {
       std::unique_ptr<Ledger> ledger;
       std::string fileName;  // "<name>.ledger.replaced.<n>"; empty: it has no name any more
       std::vector<uint64_t> charge;
+      std::vector<uint64_t> initial;  // per device: the charge when attached (what bounds it)
     };
     std::vector<Shadow> shadows;
     // The ledger's flock was found held by another process: retried after one bounded wait per
@@ -180,6 +181,11 @@ class Broker {
     int32_t nsPid = 0;       // its pid in its own (innermost) pid namespace: what its slot records
     uint64_t lastLook = 0;   // the tick it was last looked for in /proc (unattributed ones)
     uint64_t devices = 0;    // bit d: NVML lists it on device d (as of the last tick)
+    // The ledger file it was attributed through, and whether that was one of the tenant's former
+    // ledgers: what such a process hides is charged only up to what its former ledger was
+    // charged when attached, and nothing once that former ledger is gone (hidden_memory.cpp).
+    FileId file{};
+    bool viaFormer = false;
   };
 
   struct Prepared {

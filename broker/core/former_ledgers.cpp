@@ -71,6 +71,7 @@ void Broker::attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const
     CUSHARE_BLOG(warn, "tenant {}: its former ledger {} is unreadable; not charged", t->name, fileName);
     return;
   }
+  sh.initial = sh.charge;
   sh.ledger = std::move(l);
   t->shadows.push_back(std::move(sh));
 }

@@ -104,16 +104,18 @@ void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevic
     }
   for (auto it = deviceProcesses_.begin(); it != deviceProcesses_.end();)
     it = reported.count(it->first) ? std::next(it) : deviceProcesses_.erase(it);
-  std::vector<FileId> files;
-  std::vector<std::string> owners;
+  // The tenants' ledgers first; a process that maps none of them is looked for among their former
+  // ledgers (a process mapping its own tenant's ledger never passes for another tenant's by also
+  // mapping one of that tenant's former ledgers, which their creator can map at will).
+  std::vector<FileId> files, formerFiles;
+  std::vector<std::string> owners, formerOwners;
   for (const auto& [name, t] : tenants_) {
     if (!t->ledger) continue;
     files.push_back({t->ledger->fileDev(), t->ledger->fileIno()});
     owners.push_back(name);
-    // A former ledger's processes are the tenant's too (what they hold is charged to it).
     for (const TenantState::Shadow& sh : t->shadows) {
-      files.push_back({sh.ledger->fileDev(), sh.ledger->fileIno()});
-      owners.push_back(name);
+      formerFiles.push_back({sh.ledger->fileDev(), sh.ledger->fileIno()});
+      formerOwners.push_back(name);
     }
   }
   for (int pid : reported) {
@@ -128,7 +130,9 @@ void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevic
     const bool first = p.lastLook == 0;
     if (!first && ticks_ - p.lastLook < kLookEveryTicks) continue;
     p.lastLook = ticks_;
-    const int i = mappedFileOf(pid, files.data(), files.size());
+    int i = mappedFileOf(pid, files.data(), files.size());
+    const bool viaFormer = i < 0;
+    if (viaFormer) i = mappedFileOf(pid, formerFiles.data(), formerFiles.size());
     if (i < 0) {
       if (first)
         CUSHARE_BLOG(info,
@@ -137,7 +141,10 @@ void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevic
                      pid);
       continue;
     }
-    p.tenant = owners[static_cast<size_t>(i)];
+    const size_t k = static_cast<size_t>(i);
+    p.tenant = viaFormer ? formerOwners[k] : owners[k];
+    p.file = viaFormer ? formerFiles[k] : files[k];
+    p.viaFormer = viaFormer;
     p.nsPid = innermostPidOf(pid);
   }
 }
@@ -183,13 +190,25 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
                           b->second.ledger == t.ledger.get() && a->second.ledger == t.ledger.get();
     std::vector<uint64_t> held(n, 0), allowed(n, 0);  // what the device holds for the tenant
     std::vector<uint64_t> processes(n, 0);            // the tenant's processes on the device
+    // Processes whose ledger file is one of the tenant's former ledgers (attributed through it, or
+    // through its ledger before it was moved aside): what they hold is explained by the former
+    // ledgers' charge and charged beyond it only up to what those were charged when attached. One
+    // attributed through a former ledger that is gone is not the tenant's any more.
+    std::vector<uint64_t> heldFormer(n, 0);
+    const auto formerFile = [&](const FileId& f) {
+      for (const TenantState::Shadow& sh : t.shadows)
+        if (sh.ledger->fileDev() == f.dev && sh.ledger->fileIno() == f.ino) return true;
+      return false;
+    };
     for (const auto& [pid, p] : deviceProcesses_) {
       if (p.tenant != name) continue;
+      const bool former = formerFile(p.file);
+      if (!former && p.viaFormer) continue;
       for (size_t d = 0; d < n; ++d) {
         const auto it = onDevice[d].find(pid);
         if (it == onDevice[d].end()) continue;
-        held[d] += it->second;
-        allowed[d] += config_.hiddenMemoryAllowance;
+        (former ? heldFormer : held)[d] += it->second;
+        if (!former) allowed[d] += config_.hiddenMemoryAllowance;
         ++processes[d];
       }
     }
@@ -201,12 +220,20 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         uint64_t charge = t.hiddenCharge[i];  // not measured this tick: kept as it was
         if (measured) {
           const uint64_t shown = std::max(b->second.bytes[i], a->second.bytes[i]);
+          const uint64_t explained = shown + allowed[d];
           // What former ledgers' processes hold is charged to the tenant already (their charge
-          // lowers its ledger's limit): explained, not hidden. Beyond it, they hide like any.
-          uint64_t formerly = 0;
-          for (const TenantState::Shadow& sh : t.shadows) formerly += sh.charge[d];
-          const uint64_t explained = shown + formerly + allowed[d];
-          const uint64_t found = held[d] > explained ? held[d] - explained : 0;
+          // lowers its ledger's limit): explained, not hidden. Beyond it they hide like any, up
+          // to what the former ledgers were charged when attached (a former ledger's creator,
+          // another user, can zero its counters and map it at will: it must not raise the
+          // tenant's charge past what it already carried).
+          uint64_t formerly = 0, initially = 0;
+          for (const TenantState::Shadow& sh : t.shadows) {
+            formerly += sh.charge[d];
+            initially += sh.initial[d];
+          }
+          const uint64_t beyond = heldFormer[d] > formerly ? heldFormer[d] - formerly : 0;
+          const uint64_t room = initially > formerly ? initially - formerly : 0;
+          const uint64_t found = (held[d] > explained ? held[d] - explained : 0) + std::min(beyond, room);
           charge = std::min({found, t.hiddenSeen[i], t.hiddenSeenBefore[i]});
           t.hiddenSeenBefore[i] = t.hiddenSeen[i];
           t.hiddenSeen[i] = found;

@@ -322,6 +322,44 @@ TEST(Operator, LedgerOfAnotherUserIsReplacedAndItsUsageStillCounts) {
   EXPECT_EQ(b.log().find("outside the broker"), std::string::npos) << b.log();
 }
 
+// The creator of a former ledger (another user) can map it from any process of its own: such a
+// process, allocating without the shim, is attributed to the tenant through the former ledger,
+// but what it holds is charged only up to what that ledger carried when attached (already
+// charged: nothing more), and a process of its own tenant that maps it too stays its own.
+TEST(Operator, AFormerLedgersCreatorCannotChargeTheTenantMore) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const uint64_t base = deviceUsed();
+  ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                      "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
+      << b.log();
+  Child squatter = unknownHolding(b, "delta", 192);
+  rewriteConfig(b, "unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                   "tenants:\n  - {name: alpha, memory: 512MiB}\n  - {name: delta, memory: 512MiB, uid: 1000}\n");
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  ASSERT_TRUE(fs::exists(b.ledgerDir() + "/delta.ledger.replaced.1"));
+  EXPECT_EQ(usedOn0(b.tenant("delta")), 192 * MiB);
+  // A fresh process of uid 2000, without the shim, maps the former ledger and allocates 256 MiB.
+  Child raw = Child::spawn({"/usr/bin/setpriv", "--reuid=" + std::to_string(kOther), "--regid=" + std::to_string(kOther),
+                            "--clear-groups", WORKER_BIN},
+                           {{"LD_PRELOAD", ""}, {"CUSHARE_TENANT", "delta"}, {"CUSHARE_LEDGER_DIR", b.ledgerDir()}},
+                           b.dir() + "/tenants.log");
+  ASSERT_EQ(raw.readLine(), "ready") << fileText(b.dir() + "/tenants.log");
+  ASSERT_EQ(raw.ask("mapfile delta.ledger.replaced.1"), "mapped");
+  ASSERT_EQ(raw.ask("alloc " + std::to_string(256 * MiB)), "ok");
+  ASSERT_EQ(deviceUsed() - base, 448 * MiB) << "the device holds both";
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // a dozen ticks: found if it would be
+  EXPECT_EQ(hiddenOf(b, "delta"), 0u) << b.log();
+  EXPECT_EQ(usedOn0(b.tenant("delta")), 192 * MiB) << "charged no more than the former ledger carried";
+  // The squatter zeroes its former ledger: what its processes hold is charged up to that 192 MiB,
+  // never more (before: the whole 448 MiB).
+  EXPECT_EQ(squatter.ask("zero delta.ledger.replaced.1"), "ok");
+  EXPECT_TRUE(waitFor([&] { return hiddenOf(b, "delta") == 192 * MiB; })) << hiddenOf(b, "delta") << "\n" << b.log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(hiddenOf(b, "delta"), 192 * MiB);
+  EXPECT_EQ(usedOn0(b.tenant("delta")), 192 * MiB);
+}
+
 // A process of uid that holds `bytes` on device 0 in <dir>/<file> (a ledger of tenant), created as
 // an attacker would, until the returned pipe is closed.
 int holdInPlantedLedger(uid_t uid, const std::string& dir, const std::string& tenant, const std::string& file,

@@ -16,12 +16,15 @@
 //                           FILE in the ledger directory (a former ledger): "ok" | "failed"
 //   closeledger          -> closes every descriptor of the ledger file it has: "closed N"
 //   pid                  -> "pid PID" (getpid(): in its own pid namespace)
+//   mapfile FILE         -> maps FILE of the ledger directory (read-only, kept): "mapped" | "failed"
+//                           (a process claiming to be a ledger's without the shim's say)
 //   export BYTES SOCKET  -> makes BYTES of shareable VMM memory (cuMemCreate, POSIX descriptor),
 //                           exports it, sends the descriptor over the Unix socket SOCKET
 //                           (SCM_RIGHTS) and releases its handle: "exported" | "err WHAT"
 // At start it prints "ready", or "init-failed CODE" and exits 3 when cuInit or the context fails.
 #include <cuda.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -176,6 +179,14 @@ int main() {
       std::string file;
       in >> file;
       say(zeroCounters(file) ? "ok" : "failed");
+    } else if (cmd == "mapfile") {
+      std::string file;
+      in >> file;
+      const char* dir = std::getenv("CUSHARE_LEDGER_DIR");
+      const int fd = ::open((std::string(dir ? dir : "") + "/" + file).c_str(), O_RDONLY | O_CLOEXEC);
+      void* m = fd < 0 ? MAP_FAILED : ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+      if (fd >= 0) ::close(fd);
+      say(m == MAP_FAILED ? "failed" : "mapped");
     } else if (cmd == "closeledger") {
       say("closed " + std::to_string(closeLedger()));
     } else if (cmd == "export") {

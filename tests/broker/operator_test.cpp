@@ -257,13 +257,16 @@ TEST(Operator, TenantRemovedWhileTheBrokerWasDownKeepsItsLimit) {
 
 // ---- A ledger another user created for a name that becomes a tenant ----
 
+// Unknown tenants admitted under a profile; then delta configured for uid 1000.
+const std::string kUnknownAllowed = "unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
+                                    "tenants:\n  - {name: alpha, memory: 512MiB}\n";
+const std::string kDeltaConfigured = kUnknownAllowed + "  - {name: delta, memory: 512MiB, uid: 1000}\n";
+
 TEST(Operator, LedgerOfAnotherUserIsReplacedAndItsUsageStillCounts) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
   Broker b(testDir());
   const uint64_t base = deviceUsed();
-  ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
-                      "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
-      << b.log();
+  ASSERT_TRUE(b.start(kUnknownAllowed)) << b.log();
   // uid 2000 runs "delta" as an unknown tenant and holds 192 MiB.
   Child squatter = unknownHolding(b, "delta", 192);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the broker sees it on the device
@@ -272,9 +275,7 @@ TEST(Operator, LedgerOfAnotherUserIsReplacedAndItsUsageStillCounts) {
   ASSERT_EQ(::stat((b.ledgerDir() + "/delta.ledger").c_str(), &before), 0);
   EXPECT_EQ(before.st_uid, kOther);
   // The operator now configures delta for uid 1000.
-  const std::string withDelta = "unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
-                                "tenants:\n  - {name: alpha, memory: 512MiB}\n  - {name: delta, memory: 512MiB, uid: 1000}\n";
-  rewriteConfig(b, withDelta);
+  rewriteConfig(b, kDeltaConfigured);
   ASSERT_TRUE(b.reload().ok()) << b.log();
   struct stat after;
   ASSERT_EQ(::stat((b.ledgerDir() + "/delta.ledger").c_str(), &after), 0);
@@ -330,12 +331,9 @@ TEST(Operator, AFormerLedgersCreatorCannotChargeTheTenantMore) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
   Broker b(testDir());
   const uint64_t base = deviceUsed();
-  ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
-                      "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
-      << b.log();
+  ASSERT_TRUE(b.start(kUnknownAllowed)) << b.log();
   Child squatter = unknownHolding(b, "delta", 192);
-  rewriteConfig(b, "unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
-                   "tenants:\n  - {name: alpha, memory: 512MiB}\n  - {name: delta, memory: 512MiB, uid: 1000}\n");
+  rewriteConfig(b, kDeltaConfigured);
   ASSERT_TRUE(b.reload().ok()) << b.log();
   ASSERT_TRUE(fs::exists(b.ledgerDir() + "/delta.ledger.replaced.1"));
   EXPECT_EQ(usedOn0(b.tenant("delta")), 192 * MiB);

@@ -82,7 +82,11 @@ Child unknownHolding(Broker& b, const std::string& tenant, uint64_t mib) {
   Child c = workerAs(b, kOther, tenant, &first);
   EXPECT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
   EXPECT_EQ(c.ask("alloc " + std::to_string(mib * MiB)), "ok");
-  EXPECT_TRUE(waitFor([&] { return b.tenant(tenant).source() == "unknown-tenant"; }));
+  // Adopted, with its device entry (which may follow the adoption by a tick).
+  EXPECT_TRUE(waitFor([&] {
+    const rpc::Tenant t = b.tenant(tenant);
+    return t.source() == "unknown-tenant" && t.devices_size() > 0;
+  }));
   return c;
 }
 

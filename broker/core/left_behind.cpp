@@ -21,8 +21,8 @@
 // smoothed U over what is explained is charged to the exited processes' tenants and logged:
 // first to processes NVML never listed (short-lived), each up to its slot's bytes plus one; then
 // to those it listed, each up to what the device showed it holding; the rest to the unlisted ones
-// (a zeroed slot does not escape), else into base; an exited process of no tenant takes its share
-// into base. When smoothed U falls below what is explained, the memory was freed:
+// (a zeroed slot does not escape), else into base; an exited process of no tenant opens no
+// decision (what it left goes into base as a rise with no exit pending). When smoothed U falls below what is explained, the memory was freed:
 // charges are returned, oldest first, then base falls. A rise with no exit pending goes into base
 // (it is nobody's leaving). The charge is added to the tenant's charge slot, so admission sees it.
 //
@@ -68,8 +68,12 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
 
     // Processes gone since the last tick open a decision: from NVML's list, and from the ledgers.
     LeftBehindDevice::Pending exits;
+    // A listed process that was never attributed to a tenant opens nothing: a rise with no exit
+    // pending goes into base anyway, and a tenant's short-lived process that the broker first
+    // looked at while it was exiting (its maps already gone, so unattributed) must not have its
+    // rise taken into base before its reaped slot is decided.
     for (const auto& [pid, who] : L.last)
-      if (!onDevice[d].count(pid)) {
+      if (!onDevice[d].count(pid) && !who.first.empty()) {
         exits.seen[who.first] += who.second;
         L.lastListExit[who.first] = ticks_;
       }

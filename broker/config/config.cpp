@@ -81,16 +81,17 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
                                            "hidden_memory_allowance", "context_memory", "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
                                            "mps", "compute"};
-const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "metering"};
-const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority"};
+const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "metering", "fair_share"};
+const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority", "weight"};
 const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
-                                              "priority", "uid",     "gid"};
+                                              "priority", "weight",  "uid",    "gid"};
 
 // The limit fields a profile or a tenant may set; unset ones are taken from elsewhere.
 struct Fields {
   MemorySpec memory;
   std::optional<int> threadPercentage;
   std::optional<Priority> priority;
+  std::optional<uint32_t> weight;
 };
 
 struct TenantDraft {
@@ -268,9 +269,9 @@ class Parser {
     return true;
   }
 
-  // compute: {period_ms: 5..1000, priority_floor_percent: 0..100, metering: on|off}
+  // compute: {period_ms: 5..1000, priority_floor_percent: 0..100, metering: on|off, fair_share: on|off}
   bool compute(const Node& n, ComputeConfig* out) {
-    if (!map(n, "compute", "a map of settings (period_ms, priority_floor_percent, metering)")) return false;
+    if (!map(n, "compute", "a map of settings (period_ms, priority_floor_percent, metering, fair_share)")) return false;
     ComputeConfig c;
     for (size_t i = 0; i < n.keys.size(); ++i) {
       const Node& key = n.keys[i];
@@ -283,10 +284,10 @@ class Parser {
         int64_t x = 0;
         if (!parseInt(text, period ? 5 : 0, period ? 1000 : 100, &x, &reason)) return fail(v.mark, path, reason);
         (period ? c.periodMs : c.priorityFloorPercent) = static_cast<uint32_t>(x);
-      } else if (key.text == "metering") {
+      } else if (key.text == "metering" || key.text == "fair_share") {
         if (!scalar(v, path, "on or off", &text)) return false;
         if (text != "on" && text != "off") return fail(v.mark, path, "expected on or off, found '" + text + "'");
-        c.metering = text == "on";
+        (key.text == "metering" ? c.metering : c.fairShare) = text == "on";
       } else {
         return unknownKey(key, path, kComputeKeys);
       }
@@ -307,7 +308,7 @@ class Parser {
                     "'refuse' cannot name a profile (unknown_tenants: refuse means refusing)");
       p.mark = sourceMark(key.mark);
       const Node& v = n.items[i];
-      if (!map(v, path, "a map of settings (memory, thread_percentage, priority)")) return false;
+      if (!map(v, path, "a map of settings (memory, thread_percentage, priority, weight)")) return false;
       Fields f;
       for (size_t j = 0; j < v.keys.size(); ++j) {
         bool known = false;
@@ -317,6 +318,7 @@ class Parser {
       p.memory = std::move(f.memory);
       p.threadPercentage = f.threadPercentage;
       p.priority = f.priority;
+      p.weight = f.weight;
       c->profiles.push_back(std::move(p));
     }
     return true;
@@ -369,7 +371,7 @@ class Parser {
     return true;
   }
 
-  // memory, thread_percentage or priority, into *f; *known false for any other key.
+  // memory, thread_percentage, priority or weight, into *f; *known false for any other key.
   bool field(const Node& key, const Node& v, const std::string& parent, Fields* f, bool* known) {
     const std::string path = join(parent, key.text);
     std::string text, reason;
@@ -387,6 +389,13 @@ class Parser {
       if (!scalar(v, path, "high, normal or low", &text)) return false;
       if (!parsePriority(text, &p, &reason)) return fail(v.mark, path, reason);
       f->priority = p;
+      return true;
+    }
+    if (key.text == "weight") {
+      if (!scalar(v, path, "a whole number 1..1000", &text)) return false;
+      int64_t w = 0;
+      if (!parseInt(text, 1, 1000, &w, &reason)) return fail(v.mark, path, reason);
+      f->weight = static_cast<uint32_t>(w);
       return true;
     }
     *known = false;
@@ -558,13 +567,16 @@ class Parser {
         eff.memory = p->memory;
         eff.threadPercentage = p->threadPercentage;
         eff.priority = p->priority;
+        eff.weight = p->weight;
       }
       if (d.own.memory.kind != MemorySpec::kNone) eff.memory = std::move(d.own.memory);
       if (d.own.threadPercentage) eff.threadPercentage = d.own.threadPercentage;
       if (d.own.priority) eff.priority = d.own.priority;
+      if (d.own.weight) eff.weight = d.own.weight;
       t.memory = std::move(eff.memory);
       t.threadPercentage = eff.threadPercentage;
       t.priority = eff.priority.value_or(Priority::kNormal);
+      t.weight = eff.weight.value_or(1);
       c->tenants.push_back(std::move(t));
     }
     if (!c->unknownTenantsProfile.empty() && !findProfile(*c, c->unknownTenantsProfile))

@@ -60,6 +60,7 @@ struct Profile {
   MemorySpec memory;
   std::optional<int> threadPercentage;
   std::optional<Priority> priority;
+  std::optional<uint32_t> weight;
   SourceMark mark;  // of the profile's name
 };
 
@@ -69,6 +70,7 @@ struct Tenant {
   MemorySpec memory;                      // effective: the tenant's own, else the profile's
   std::optional<int> threadPercentage;    // effective; unset: no compute cap
   Priority priority = Priority::kNormal;  // effective; normal when neither sets it
+  uint32_t weight = 1;                    // effective: its share among contending tenants (1..1000)
   std::optional<uint32_t> uid;            // owner of the tenant's ledger file
   std::optional<uint32_t> gid;            // group of the tenant's ledger file
   SourceMark mark;                        // of the tenant's list item
@@ -99,6 +101,7 @@ struct ComputeConfig {
   uint32_t periodMs = 100;            // budgets are cap x period
   uint32_t priorityFloorPercent = 10; // what lower-priority tenants keep next to a busy high one
   bool metering = true;               // measure every tenant's GPU busy time (launch markers)
+  bool fairShare = true;              // contending tenants share devices by weight (docs/compute.md)
 };
 
 struct Config {

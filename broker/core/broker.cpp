@@ -72,6 +72,7 @@ Tenant unknownTenantConfig(const Config& c, const std::string& name) {
     t.memory = p.memory;
     t.threadPercentage = p.threadPercentage;
     t.priority = p.priority.value_or(Priority::kNormal);
+    t.weight = p.weight.value_or(1);
   }
   return t;
 }

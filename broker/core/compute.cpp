@@ -45,6 +45,21 @@ constexpr int64_t kUncapped = INT64_MAX / 4;
 // higher-priority tenant has had no work for kPriorityYield.
 constexpr uint64_t kPriorityActive = 500 * kMs;
 constexpr uint64_t kPriorityYield = 20 * kMs;
+// Fair share (weights): a tenant contends on a device while it had work there within kFairActive;
+// with two or more contending (outside MPS) the device is scheduled in weighted turns. The
+// controller corrects each contender's quantum every kFairControl.
+constexpr uint64_t kFairActive = 100 * kMs;
+// A contender with work and more of its quantum left than the holder (in proportion, by
+// kFairCutMargin) takes over once the holder has had kFairSlice: a tenant with little work waits
+// about that long for the device, not for everyone's whole quantum.
+constexpr uint64_t kFairSlice = 10 * kMs;
+constexpr double kFairCutMargin = 0.25;
+// Busy time metered within this of a tenant's turn's end is its turn's (paid up to the allowance).
+constexpr uint64_t kLateGrace = 20 * kMs;
+constexpr uint64_t kFairControl = 500 * kMs;
+constexpr double kFairDeadband = 0.01;  // share points the controller leaves alone
+constexpr double kFairKp = 0.5, kFairKi = 0.25;
+constexpr double kFairMin = 0.5, kFairMax = 2.0;  // bounds of the correction factor
 // Under MPS: a process of a tenant missing from the server's client list for this long is
 // reported (it is paced from the start).
 constexpr uint64_t kMpsClientGrace = 3000 * kMs;
@@ -89,6 +104,16 @@ struct Broker::ComputeState {
     uint64_t suspectBusy = 0;  // busyTotal when it became suspect
     uint64_t lastWork = 0;  // monotonic ns of the last step that saw work
     bool paced = false;
+    uint64_t turnEnd = 0, allowance = 0;  // its last turn's end, and the wall time not charged
+    // Fair share: weighted deficit round robin (credit in ns, refilled by quantum when every
+    // contender with work has spent it) and the controller's correction of the quantum.
+    int64_t fair = 0;
+    bool contending = false;
+    double correction = 1.0, integral = 0.0;
+    uint32_t rounds = 0, spent = 0;  // refills in the controller's window, and those it had spent
+    uint64_t charged = 0;  // device time paid for in turns (fair share on), monotone
+    uint64_t fairBusyMark = 0, fairThrottledMark = 0;  // charged and throttled at the controller's last step
+    double target = 0.0, achieved = 0.0;              // the controller's last view (0: none)
   };
   struct Device {
     std::string holder;  // the tenant whose gate is open; empty: none
@@ -96,8 +121,11 @@ struct Broker::ComputeState {
     uint64_t turnStart = 0, drainStart = 0, idleSince = 0, periodStart = 0;
     uint64_t lastBeat = 0;  // the last heartbeat (gate_epoch moved for every member)
     uint64_t turnBusy = 0, turnCharged = 0;  // this turn: busy metered, charged so far
+    uint64_t turnFairCharged = 0;            // this turn: wall time charged to fair credit
     uint64_t turnBusyStart = 0;              // the holder's busyTotal when its turn began
     size_t next = 0;  // round robin position
+    bool fair = false;        // weighted turns in force (two or more contenders, fair_share on)
+    uint64_t fairStep = 0;    // the controller's last step (monotonic ns)
   };
   std::map<std::string, std::vector<TenantDevice>> tenants;
   std::vector<Device> devices;
@@ -262,6 +290,7 @@ std::chrono::microseconds Broker::computeTick() {
       uint32_t band;  // 0 high, 1 normal, 2 low
       bool lower = false;  // a higher-priority tenant is active
       bool mps = false;    // left to MPS: all its processes here are clients (never paced)
+      uint32_t weight = 1;
     };
     std::vector<Member> members;
     bool capped = false;
@@ -272,6 +301,7 @@ std::chrono::microseconds Broker::computeTick() {
       const int cap = std::clamp(threadsLocked(t).value_or(100), 1, 100);
       Member m{&t, &cs.tenants[name][d], t.ledger->compute(t.entry[d]), cap, priorityWord(priorityLocked(t))};
       m.mps = computeUnderMpsLocked(t, d);
+      m.weight = std::max<uint32_t>(1, t.config.weight);
       if (m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive) topBand = std::min(topBand, m.band);
       members.push_back(m);
     }
@@ -312,7 +342,42 @@ std::chrono::microseconds Broker::computeTick() {
         if (&o != &m && o.td->lastWork != 0 && now - o.td->lastWork < kPriorityActive) top = std::min(top, o.band);
       return top;
     };
-    const bool schedule = capped || differ;
+    // Fair share: two or more tenants outside MPS with work lately share the device by weight.
+    int contenders = 0;
+    for (Member& m : members) {
+      const bool was = m.td->contending;
+      // A suspect tenant (counts that move without busy time: docs/compute.md) claims no share.
+      m.td->contending = cc.fairShare && !m.mps && !m.td->suspect && m.td->lastWork != 0 &&
+                         now - m.td->lastWork < kFairActive;
+      if (m.td->contending && !was) {
+        // Joining: no banked credit, no stale correction; its window starts now.
+        m.td->fair = 0;
+        m.td->correction = 1.0;
+        m.td->integral = 0.0;
+        m.td->fairBusyMark = m.td->charged;
+        m.td->fairThrottledMark = m.td->throttledTotal;
+      }
+      if (!m.td->contending) m.td->target = m.td->achieved = 0.0;
+      contenders += m.td->contending;
+    }
+    const bool fairOn = contenders >= 2;
+    if (fairOn != dev.fair) {
+      dev.fair = fairOn;
+      dev.fairStep = now;
+      for (Member& m : members) {
+        m.td->fair = 0;
+        m.td->fairBusyMark = m.td->charged;
+        m.td->fairThrottledMark = m.td->throttledTotal;
+      }
+    }
+    // A contender's quantum: its weight, corrected by the controller, of one period.
+    double weights = 0;
+    for (Member& m : members)
+      if (m.td->contending) weights += m.weight * m.td->correction;
+    const auto quantum = [&](const Member& m) {
+      return static_cast<int64_t>(static_cast<double>(period) * m.weight * m.td->correction / std::max(weights, 1e-9));
+    };
+    const bool schedule = capped || differ || fairOn;
     if (!schedule) {
       dev.holder.clear();
       dev.draining = false;
@@ -330,19 +395,118 @@ std::chrono::microseconds Broker::computeTick() {
     // of the busy time its processes metered and the turn's wall time (open to drained): the
     // turns are exclusive, so the wall time bounds its device time, and the busy time of two
     // processes of the tenant time-slicing on the device counts the slices twice. Others (who
-    // should not run) pay what they metered.
+    // should not run) pay what they metered, except just after a turn: busy time of the turn's
+    // last kernels that the pacers meter after the drain (their markers are polled every 0.1 to
+    // 2 ms) is paid up to the turn's wall time that was not charged (its allowance), since it is
+    // the turn's; the slices of several processes of the tenant counted more than once are not
+    // (before, they were: a tenant of three processes got a third of its fair share).
     if (schedule)
       for (Member& m : members) {
-        if (m.cap >= 100 || m.mps) continue;
+        if (m.mps || (m.cap >= 100 && !fairOn)) continue;
         uint64_t pay = std::min<uint64_t>(m.td->busyStep, 4 * period);
+        // Fair credit: the holder pays its turn's wall time (the device was its alone, used or
+        // not: a tenant whose work is not metered, or whose counts lie, pays for its turns all
+        // the same); others pay what they metered, nothing just after their turn (its wall time
+        // covered those kernels).
+        uint64_t fairPay = pay;
+        const bool late = m.td->turnEnd != 0 && now - m.td->turnEnd < kLateGrace;
+        if (&m != holder && late) {
+          pay = std::min(pay, m.td->allowance);
+          m.td->allowance -= pay;
+          fairPay = 0;
+        }
         if (&m == holder) {
           dev.turnBusy += m.td->busyStep;
           const uint64_t owed = std::min(dev.turnBusy, now - dev.turnStart);
           pay = owed > dev.turnCharged ? owed - dev.turnCharged : 0;
           dev.turnCharged += pay;
+          fairPay = now - dev.turnStart - dev.turnFairCharged;
+          dev.turnFairCharged += fairPay;
         }
-        m.td->credit -= static_cast<int64_t>(pay);
+        if (m.cap < 100) m.td->credit -= static_cast<int64_t>(pay);
+        if (fairOn) {
+          m.td->fair -= static_cast<int64_t>(fairPay);
+          m.td->charged += fairPay;
+        }
       }
+    // Weighted deficit round robin: once no contender with work has fair credit left (each had
+    // its weight's share of the round), every contender gets its quantum again. A contender
+    // without work keeps at most one quantum, so the device goes to those with work: work
+    // conserving, and in proportion to weights among the ones that saturate.
+    if (fairOn) {
+      bool waiting = false, credit = false;
+      for (Member& m : members) {
+        if (!m.td->contending || !m.td->work || (m.cap < 100 && m.td->credit <= 0)) continue;
+        waiting = true;
+        credit = credit || m.td->fair > 0;
+      }
+      if (waiting && !credit)
+        for (Member& m : members)
+          if (m.td->contending) {
+            ++m.td->rounds;
+            m.td->spent += m.td->fair <= 0;
+            m.td->fair = std::min(m.td->fair + quantum(m), quantum(m));
+          }
+    }
+    // The controller (PI, every kFairControl): the shares contenders achieved (the device time
+    // they paid for, of all the contenders' in the window: their turns bound it by wall time,
+    // where raw busy time counts the slices of a tenant's several processes more than once)
+    // against weight-proportional targets.
+    // A contender that left most of its quanta unspent has less work than its weight would give
+    // it: it keeps what it used and the others share the rest by weight (its target is what it
+    // got; no correction). The correction scales a quantum within [kFairMin, kFairMax], with a
+    // deadband so that noise does not move it, and the integral only where a quantum was spent
+    // (no wind-up while a tenant is short of work).
+    // While priorities differ the shares are the priorities' (floors, yields), not the weights':
+    // the controller stands still and starts again from no correction.
+    if (fairOn && differ) {
+      dev.fairStep = now;
+      for (Member& m : members) {
+        m.td->correction = 1.0;
+        m.td->integral = 0.0;
+        m.td->rounds = m.td->spent = 0;
+        m.td->target = m.td->achieved = 0.0;
+        m.td->fairBusyMark = m.td->charged;
+      }
+    }
+    if (fairOn && now - dev.fairStep >= kFairControl) {
+      dev.fairStep = now;
+      double total = 0, usedByLight = 0, heavyWeights = 0;
+      for (Member& m : members) {
+        if (!m.td->contending) continue;
+        total += static_cast<double>(m.td->charged - m.td->fairBusyMark);
+      }
+      for (Member& m : members) {
+        if (!m.td->contending) continue;
+        ComputeState::TenantDevice& td = *m.td;
+        td.achieved = total > 0 ? static_cast<double>(td.charged - td.fairBusyMark) / total : 0.0;
+        const bool light = td.rounds > 0 && 2 * td.spent < td.rounds;
+        if (light) usedByLight += td.achieved;
+        else heavyWeights += m.weight;
+      }
+      for (Member& m : members) {
+        if (!m.td->contending) continue;
+        ComputeState::TenantDevice& td = *m.td;
+        const bool light = td.rounds > 0 && 2 * td.spent < td.rounds;
+        if (light || total <= 0 || heavyWeights <= 0) {
+          td.target = td.achieved;
+          td.integral *= 0.5;
+        } else {
+          td.target = std::max(0.0, 1.0 - usedByLight) * m.weight / heavyWeights;
+          double e = td.target - td.achieved;
+          if (std::abs(e) < kFairDeadband) e = 0;
+          const double rel = td.target > 0 ? e / td.target : 0.0;
+          td.integral = std::clamp(td.integral + rel, -2.0, 2.0);
+          td.correction = std::clamp(1.0 + kFairKp * rel + kFairKi * td.integral, kFairMin, kFairMax);
+        }
+        if (light) td.correction = 1.0 + (td.correction - 1.0) * 0.5;
+        CUSHARE_BLOG(debug, "fair device {} tenant {}: achieved {:.3f} target {:.3f} correction {:.3f} rounds {} spent {}",
+                     d, m.t->name, td.achieved, td.target, td.correction, td.rounds, td.spent);
+        td.rounds = td.spent = 0;
+        td.fairBusyMark = td.charged;
+        td.fairThrottledMark = td.throttledTotal;
+      }
+    }
     // Period boundaries: budgets refill (unused credit does not pile up; debt carries over).
     if (schedule) {
       if (dev.periodStart == 0 || now - dev.periodStart > 4 * period) {
@@ -365,10 +529,22 @@ std::chrono::microseconds Broker::computeTick() {
       bool othersWait = false;
       for (Member& m : members)
         if (&m != holder && !m.mps && m.band <= holder->band && m.td->work && m.td->credit > 0) othersWait = true;
+      bool cutIn = false;
+      if (fairOn && used >= static_cast<int64_t>(kFairSlice)) {
+        const auto left = [&](const Member& m) {
+          const int64_t q = std::max<int64_t>(quantum(m), 1);
+          return static_cast<double>(m.td->fair) / static_cast<double>(q);
+        };
+        for (Member& m : members)
+          if (&m != holder && m.td->contending && m.band <= holder->band && m.td->work && m.td->credit > 0 &&
+              m.td->fair > 0 && left(m) > left(*holder) + kFairCutMargin)
+            cutIn = true;
+      }
       const bool preempted = higherWork(*holder, 0);  // a higher priority has work now
       const bool emptySuspect = holder->td->suspect && holder->td->busyTotal == dev.turnBusyStart &&
                                 now - dev.turnStart >= kSuspectIdle;
       const bool end = (idle && now - dev.idleSince >= kIdlePass) || (holder->cap < 100 && holder->td->credit <= 0) ||
+                       (fairOn && holder->td->fair <= 0 && othersWait) || cutIn ||
                        (othersWait && used >= static_cast<int64_t>(period / 2)) || preempted || emptySuspect;
       if (end) {
         dev.draining = true;
@@ -402,6 +578,9 @@ std::chrono::microseconds Broker::computeTick() {
               }))
             faultLocked(holder->t);
         }
+        holder->td->turnEnd = now;
+        const uint64_t wall = now - dev.turnStart;
+        holder->td->allowance = wall > dev.turnCharged ? wall - dev.turnCharged : 0;
         dev.holder.clear();
         dev.draining = false;
         holder = nullptr;
@@ -416,7 +595,12 @@ std::chrono::microseconds Broker::computeTick() {
       // own (the higher one pinned, or out of credit), it takes turns on its floor credit, each
       // preempted at the next step (one kernel, tight), so the higher one waits at most one.
       const auto eligible = [&](const Member& m) {
-        return &m != pinned && !m.mps && m.td->work && m.td->credit > 0 && (m.lower || !higherWork(m, kPriorityYield));
+        // Fair credit orders the contenders of one priority; a lower one next to an active higher
+        // one is held to its floor instead, and a tenant that does not contend (suspect) is not
+        // held by a credit nobody refills.
+        const bool fairOk = !fairOn || !m.td->contending || m.lower || m.td->fair > 0;
+        return &m != pinned && !m.mps && m.td->work && m.td->credit > 0 && fairOk &&
+               (m.lower || !higherWork(m, kPriorityYield));
       };
       uint32_t best = 3;
       for (Member& m : members)
@@ -427,7 +611,7 @@ std::chrono::microseconds Broker::computeTick() {
           holder = &m;
           dev.holder = m.t->name;
           dev.turnStart = now;
-          dev.turnBusy = dev.turnCharged = 0;
+          dev.turnBusy = dev.turnCharged = dev.turnFairCharged = 0;
           dev.turnBusyStart = m.td->busyTotal;
           dev.idleSince = 0;
           dev.next = (dev.next + i + 1) % members.size();

@@ -564,6 +564,27 @@ TEST(BrokerConfig, ComputeBlock) {
   EXPECT_NE(parseError("compute: {metering: yes}\n").find("expected on or off"), std::string::npos);
   EXPECT_NE(parseError("compute: {perod_ms: 50}\n").find("unknown key 'perod_ms'"), std::string::npos);
   EXPECT_NE(parseError("compute: 50\n").find("compute"), std::string::npos);
+  EXPECT_TRUE(d.compute.fairShare);
+  EXPECT_FALSE(parseOk("compute: {fair_share: off}\n").compute.fairShare);
+  EXPECT_NE(parseError("compute: {fair_share: weighted}\n").find("compute.fair_share: expected on or off"),
+            std::string::npos);
+}
+
+// Weights (docs/compute.md, "Fair share"): 1 by default, from the profile unless the tenant sets
+// its own, whole numbers 1..1000 only.
+TEST(BrokerConfig, Weights) {
+  const Config c = parseOk(
+      "profiles:\n  heavy: {weight: 4}\n"
+      "tenants:\n  - {name: a}\n  - {name: b, profile: heavy}\n  - {name: c, profile: heavy, weight: 2}\n");
+  ASSERT_EQ(c.tenants.size(), 3u);
+  EXPECT_EQ(c.tenants[0].weight, 1u);
+  EXPECT_EQ(c.tenants[1].weight, 4u);
+  EXPECT_EQ(c.tenants[2].weight, 2u);
+  for (const char* bad : {"0", "1001", "1.5", "-1", "heavy", "2x"}) {
+    const std::string e = parseError(std::string("tenants:\n  - {name: a, weight: ") + bad + "}\n");
+    EXPECT_NE(e.find("tenants[0].weight"), std::string::npos) << bad << ": " << e;
+  }
+  EXPECT_NE(parseError("profiles:\n  p: {weight: 0}\n").find("profiles.p.weight"), std::string::npos);
 }
 
 }  // namespace

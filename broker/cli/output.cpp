@@ -206,7 +206,7 @@ void printStatus(const rpc::StatusReply& s) {
 }
 
 void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants) {
-  Table t({"TENANT", "DEVICE", "USED", "LIMIT", "PEAK", "DENIED", "CAP", "BUSY", "THROTTLED", "PROCS", "SOURCE"});
+  Table t({"TENANT", "DEVICE", "USED", "LIMIT", "PEAK", "DENIED", "CAP", "BUSY", "THROTTLED", "SHARE", "PROCS", "SOURCE"});
   bool overridden = false;
   const auto seconds = [](uint64_t ns) {
     char b[32];
@@ -220,11 +220,20 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
     if (tn.priority_overridden()) cap += " " + tn.priority() + "*";
     overridden = overridden || tn.threads_overridden() || tn.priority_overridden();
     // A tenant the broker cannot manage has no device rows; it still gets a line.
-    if (tn.devices().empty()) t.add({tn.name(), "-", "-", "-", "-", "-", cap, "-", "-", procs, tn.source()});
+    // Fair share: "w2" for a weight other than 1; the share it got of what it was due, while it
+    // contends ("0.49/0.50").
+    if (tn.weight() > 1) cap += " w" + std::to_string(tn.weight());
+    const auto share = [](const rpc::TenantDevice& d) {
+      if (!d.contending() || d.fair_target() <= 0) return std::string("-");
+      char b[32];
+      std::snprintf(b, sizeof b, "%.2f/%.2f", d.fair_achieved(), d.fair_target());
+      return std::string(b);
+    };
+    if (tn.devices().empty()) t.add({tn.name(), "-", "-", "-", "-", "-", cap, "-", "-", "-", procs, tn.source()});
     for (const rpc::TenantDevice& d : tn.devices()) {
       t.add({tn.name(), std::to_string(d.device()), formatSize(d.used_bytes()), limitCell(d),
              formatSize(d.peak_bytes()), std::to_string(d.denied()), cap + (d.paced() ? " paced" : ""),
-             seconds(d.busy_ns()), seconds(d.throttled_ns()), procs, tn.source()});
+             seconds(d.busy_ns()), seconds(d.throttled_ns()), share(d), procs, tn.source()});
       overridden = overridden || (d.overridden() && d.has_limit_bytes());
     }
   }

@@ -817,6 +817,7 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
   s.source = t.source;
   s.threadPercentage = threadsLocked(t);
   s.priority = priorityLocked(t);
+  s.weight = t.config.weight;
   s.threadsOverridden = threadOverrides_.count(t.name) != 0;
   s.priorityOverridden = priorityOverrides_.count(t.name) != 0;
   s.ledgerPath = ledgerDir_ + "/" + t.fileName;

@@ -196,6 +196,9 @@ void Broker::computeSnapshotLocked(const std::string& tenant, size_t device, Ten
   out->busyNs = it->second[device].busyTotal;
   out->throttledNs = it->second[device].throttledTotal;
   out->paced = it->second[device].paced;
+  out->contending = it->second[device].contending;
+  out->fairTarget = it->second[device].target;
+  out->fairAchieved = it->second[device].achieved;
 }
 
 std::chrono::microseconds Broker::computeTick() {

@@ -37,6 +37,11 @@ struct TenantDeviceSnapshot {
   uint64_t busyNs = 0;        // GPU time the tenant's work executed (its processes' markers)
   uint64_t throttledNs = 0;   // time its launches waited at the closed gate
   bool paced = false;         // the scheduler gates the tenant's launches on this device now
+  // Fair share (docs/compute.md): the tenant contends on the device (it had work lately, beside
+  // another tenant), and the controller's last view of its share: the target and what it got
+  // (of the contenders' device time, 0..1; 0 before the first 500 ms window).
+  bool contending = false;
+  double fairTarget = 0, fairAchieved = 0;
 };
 
 struct ProcessSnapshot {
@@ -52,6 +57,7 @@ struct TenantSnapshot {
   std::string source;           // "config", "unknown-tenant", "removed"
   std::optional<int> threadPercentage;
   Priority priority = Priority::kNormal;
+  uint32_t weight = 1;              // fair share (docs/compute.md)
   bool threadsOverridden = false;   // threadPercentage set live (set-limit --threads)
   bool priorityOverridden = false;  // priority set live (set-limit --priority)
   std::string ledgerPath;

@@ -223,6 +223,33 @@ void renderTenantCompute(const BrokerSnapshot& s, Writer& w) {
   }
 }
 
+// Fair share (docs/compute.md): weights, and the controller's view while a tenant contends.
+void renderTenantFairShare(const BrokerSnapshot& s, Writer& w) {
+  w.family("cushare_tenant_weight", kGauge, "The tenant's weight: its share among tenants contending for a device.");
+  for (const TenantSnapshot& t : s.tenants) w.sample({{"tenant", t.name}}, t.weight);
+  const struct {
+    std::string_view name, help;
+    double TenantDeviceSnapshot::*v;
+  } kFamilies[] = {
+      {"cushare_tenant_fair_share_target",
+       "Share of the contending tenants' device time the fair-share controller targets for the tenant "
+       "(0..1; only while it contends).",
+       &TenantDeviceSnapshot::fairTarget},
+      {"cushare_tenant_fair_share_achieved",
+       "Share of the contending tenants' device time the tenant got in the controller's last window "
+       "(0..1; only while it contends).",
+       &TenantDeviceSnapshot::fairAchieved},
+  };
+  for (const auto& f : kFamilies) {
+    w.family(f.name, kGauge, f.help);
+    for (const TenantSnapshot& t : s.tenants) {
+      if (!t.error.empty()) continue;
+      for (const TenantDeviceSnapshot& d : t.devices)
+        if (d.contending) w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, d.*f.v);
+    }
+  }
+}
+
 void renderTenants(const BrokerSnapshot& s, Writer& w) {
   w.family("cushare_tenant_processes", kGauge, "Live processes of the tenant.");
   for (const TenantSnapshot& t : s.tenants) w.sample({{"tenant", t.name}}, t.processes.size());
@@ -276,6 +303,7 @@ std::string renderMetrics(const BrokerSnapshot& s) {
   renderDevices(s, w);
   renderTenantDevices(s, w);
   renderTenantCompute(s, w);
+  renderTenantFairShare(s, w);
   renderTenants(s, w);
   renderMps(s.mps, w);
   return w.take();

@@ -25,6 +25,9 @@ void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, 
   out->set_busy_ns(d.busyNs);
   out->set_throttled_ns(d.throttledNs);
   out->set_paced(d.paced);
+  out->set_contending(d.contending);
+  out->set_fair_target(d.fairTarget);
+  out->set_fair_achieved(d.fairAchieved);
 }
 
 void toProto(const TenantSnapshot& t, const broker::ProcessSnapshot& p, const BrokerSnapshot& snap,
@@ -98,6 +101,7 @@ void toProto(const TenantSnapshot& t, const BrokerSnapshot& snap, Tenant* out) {
   out->set_source(t.source);
   if (t.threadPercentage) out->set_thread_percentage(*t.threadPercentage);
   out->set_priority(priorityName(t.priority));
+  out->set_weight(t.weight);
   out->set_threads_overridden(t.threadsOverridden);
   out->set_priority_overridden(t.priorityOverridden);
   out->set_ledger(t.ledgerPath);

@@ -198,10 +198,18 @@ TEST(Fair, WeightsOneTwoOneGetTwentyFiveFiftyTwentyFive) {
   EXPECT_NEAR(p[2], 0.25, 0.07);
   EXPECT_LT(worst, 0.15) << "a one-second window far from the targets: the shares swing";
   EXPECT_GE(total[0] + total[1] + total[2], 0.88) << "work-conserving: all three saturate";
-  finish({&a, &w, &c});
+  // What the broker shows meanwhile: b's weight, and the controller's view of its share.
   const rpc::Tenant tb = b.tenant("b");
+  EXPECT_EQ(tb.weight(), 2u);
   ASSERT_EQ(tb.devices_size(), 1);
   EXPECT_TRUE(tb.devices(0).paced()) << "weighted turns pace the device";
+  EXPECT_TRUE(tb.devices(0).contending());
+  EXPECT_NEAR(tb.devices(0).fair_target(), 0.50, 0.02);
+  EXPECT_NEAR(tb.devices(0).fair_achieved(), 0.50, 0.07);
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_weight{tenant=\"b\"} 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_fair_share_target{tenant=\"b\",device=\"0\"} 0.5"), std::string::npos) << m;
+  finish({&a, &w, &c});
 }
 
 // Weights 1:3 with the controller switched off: the device slices time between the contexts

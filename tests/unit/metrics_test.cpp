@@ -126,6 +126,10 @@ BrokerSnapshot twoTenants() {
   alpha.devices[0].leftBehind = 32 * kMiB;
   alpha.devices[0].busyNs = 1'500'000'000;
   alpha.devices[0].throttledNs = 250'000'000;
+  alpha.devices[0].contending = true;
+  alpha.devices[0].fairTarget = 0.5;
+  alpha.devices[0].fairAchieved = 0.25;
+  alpha.weight = 2;
   alpha.processes = {{10, {256 * kMiB}}, {11, {256 * kMiB}}};
   alpha.tamper = {{"hidden", 2}, {"limit", 1}};
   TenantSnapshot beta;
@@ -207,6 +211,17 @@ cushare_tenant_gpu_busy_seconds_total{tenant="beta",device="0"} 0
 # TYPE cushare_tenant_throttled_seconds_total counter
 cushare_tenant_throttled_seconds_total{tenant="alpha",device="0"} 0.25
 cushare_tenant_throttled_seconds_total{tenant="beta",device="0"} 0
+# HELP cushare_tenant_weight The tenant's weight: its share among tenants contending for a device.
+# TYPE cushare_tenant_weight gauge
+cushare_tenant_weight{tenant="alpha"} 2
+cushare_tenant_weight{tenant="beta"} 1
+cushare_tenant_weight{tenant="gamma"} 1
+# HELP cushare_tenant_fair_share_target Share of the contending tenants' device time the fair-share controller targets for the tenant (0..1; only while it contends).
+# TYPE cushare_tenant_fair_share_target gauge
+cushare_tenant_fair_share_target{tenant="alpha",device="0"} 0.5
+# HELP cushare_tenant_fair_share_achieved Share of the contending tenants' device time the tenant got in the controller's last window (0..1; only while it contends).
+# TYPE cushare_tenant_fair_share_achieved gauge
+cushare_tenant_fair_share_achieved{tenant="alpha",device="0"} 0.25
 # HELP cushare_tenant_processes Live processes of the tenant.
 # TYPE cushare_tenant_processes gauge
 cushare_tenant_processes{tenant="alpha"} 2
@@ -254,7 +269,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 29u);
+    EXPECT_EQ(helps.size(), 32u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

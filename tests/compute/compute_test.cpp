@@ -256,6 +256,42 @@ TEST(Fair, ATenantsProcessesShareItsWeight) {
   finish({&a1, &a2, &a3, &c});
 }
 
+// A hostile tenant that claims work it never launches (a launch "waiting" at the gate, its liveness
+// stamp fresh, nothing in flight) to take fair-share turns: its turns cost it their wall time, so
+// it idles the device for at most its own share; y keeps its half.
+TEST(Fair, ATenantClaimingWorkItNeverLaunchesGetsNoMoreThanItsShare) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: x}\n  - {name: y}\n"));
+  Child x = worker(b, "x"), y = worker(b, "y");
+  const int fd = ::open((b.ledgerDir() + "/x.ledger").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, kLedgerFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto* slots = reinterpret_cast<LedgerComputeSlot*>(static_cast<char*>(map) + kLedgerComputeSlotOffset);
+  std::atomic<bool> stop{false};
+  std::thread claimer([&] {
+    for (uint32_t n = 0; !stop.load(); ++n) {
+      // The bit set, cleared now and then (so that it never looks stale), the stamp moving.
+      for (uint32_t sl = 0; sl < kLedgerMaxSlots; ++sl) {
+        slots[sl].activity.store(n % 50 == 0 ? 0 : kActivityBlocked);
+        slots[sl].activity_ns.store(monoNs());
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  y.send("run 3500 2000");
+  const auto s = shares({{&y}}, 700, 2400);
+  stop.store(true);
+  claimer.join();
+  ::munmap(map, kLedgerFileSize);
+  ::close(fd);
+  std::printf("share of y next to x claiming work: %.3f\n", s[0]);
+  EXPECT_GE(s[0], 0.45) << b.log();
+  finish({&y});
+  x.send("quit");
+  x.wait();
+}
+
 // Weights share within caps: a (weight 3, capped at 30 %) gets its cap, not three quarters.
 TEST(Fair, WeightsStayWithinCaps) {
   Broker b(testDir());

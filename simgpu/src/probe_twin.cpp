@@ -2,7 +2,7 @@
 #include "probe_twin.h"
 
 #include <algorithm>
-#include <set>
+#include <map>
 
 namespace simgpu {
 namespace {
@@ -72,21 +72,18 @@ void probeRecords(const ProbeArgs& a, uint32_t kind, uint32_t threads, const std
                   const std::vector<uint32_t>& smIds, uint32_t deviceSms, std::vector<BlockRecord>* out, uint64_t* t0) {
   out->assign(traces.size(), BlockRecord{});
   uint64_t first = UINT64_MAX;
-  std::set<uint32_t> sms;
-  uint64_t ran = 0;
-  for (const BlockTrace& t : traces) {
-    if (!t.ended || !t.started) continue;
-    first = std::min(first, t.startNs);
-    sms.insert(t.smFirst);
-    ++ran;
-  }
+  for (const BlockTrace& t : traces)
+    if (t.ended && t.started) first = std::min(first, t.startNs);
   *t0 = 0;
-  if (ran == 0) return;
+  if (first == UINT64_MAX) return;  // no block ran
   *t0 = quantise(first);
   const uint64_t deadline = *t0 + a.budget_ns;
-  const uint64_t perSm = (ran + sms.size() - 1) / sms.size();
-  // Memory probe: each SM's share of the device's bandwidth, split among the probe's blocks on it.
-  const double memBytesPerNs = static_cast<double>(kProbeDeviceBytesPerUs) / 1000.0 / std::max(1u, deviceSms) / perSm;
+  // Memory probe: each SM's share of the device's bandwidth, split among the probe's blocks that
+  // started on it in time (late ones move nothing).
+  std::map<uint32_t, uint32_t> onSm;
+  for (const BlockTrace& t : traces)
+    if (t.ended && t.started && quantise(t.startNs) < deadline) ++onSm[t.smFirst];
+  const double smBytesPerNs = static_cast<double>(kProbeDeviceBytesPerUs) / 1000.0 / std::max(1u, deviceSms);
   const uint64_t memStep = kMemBytesPerThreadStep * std::max(1u, threads);
   auto smId = [&](uint32_t sm) { return sm < smIds.size() ? smIds[sm] : sm; };
   for (size_t i = 0; i < traces.size(); ++i) {
@@ -107,6 +104,7 @@ void probeRecords(const ProbeArgs& a, uint32_t kind, uint32_t threads, const std
       r.work = std::max<uint64_t>(1, t.residentNs * kProbeFmaPerUs / 1000 / wps);
       step = roundUpToTick(wps * 1000 / kProbeFmaPerUs);
     } else if (kind == kProbeMem) {
+      const double memBytesPerNs = smBytesPerNs / std::max(1u, onSm[t.smFirst]);
       const uint64_t bytes = static_cast<uint64_t>(static_cast<double>(t.residentNs) * memBytesPerNs);
       r.work = std::max(memStep, bytes / memStep * memStep);
       step = roundUpToTick(static_cast<uint64_t>(static_cast<double>(memStep) / memBytesPerNs));

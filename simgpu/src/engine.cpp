@@ -226,7 +226,8 @@ void Engine::observe(BlockEvent::Kind kind, const Kernel& k, uint32_t sm, uint32
 void Engine::take(uint32_t i, Kernel& k, Ctx& c, uint32_t n, const Pending& p, uint64_t firstBlock) {
   uint64_t durNs = p.remainingNs;
   if (k.shape.timeBoxNs) {
-    if (k.deadline == 0) k.deadline = now_ + k.shape.timeBoxNs;  // the first block to start sets t0
+    if (k.deadline == 0)  // the first block to start sets t0 (a box past the end of time: never ends)
+      k.deadline = k.shape.timeBoxNs > kNever - now_ ? kNever : now_ + k.shape.timeBoxNs;
     // Until the deadline the block works; after it, it only writes its record (or finishes that).
     durNs = now_ < k.deadline ? k.deadline - now_ : p.saved ? std::min(p.remainingNs, k.shape.blockNs) : k.shape.blockNs;
   }

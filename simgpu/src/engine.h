@@ -21,6 +21,9 @@
 //   as it was), whatever the priorities of work that arrived meanwhile.
 // - A context's smCap (MPS active thread percentage) bounds how many distinct SMs hold its blocks
 //   at once; not a reservation (contexts may share SMs).
+// - Time-boxed kernels (the probe kernels' twins, probe_twin.h): blocks run until the kernel's
+//   first block's start + timeBoxNs, whenever they (re)start; a traced kernel's blocks' starts,
+//   saves and ends go to the BlockObserver (block indices are kept through saves and restores).
 // Invariants: every kernel completes exactly once; counters only grow; now() never goes back.
 #pragma once
 

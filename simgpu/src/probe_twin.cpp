@@ -77,7 +77,7 @@ void probeRecords(const ProbeArgs& a, uint32_t kind, uint32_t threads, const std
   *t0 = 0;
   if (first == UINT64_MAX) return;  // no block ran
   *t0 = quantise(first);
-  const uint64_t deadline = *t0 + a.budget_ns;
+  const uint64_t deadline = a.budget_ns > UINT64_MAX - *t0 ? UINT64_MAX : *t0 + a.budget_ns;
   // Memory probe: each SM's share of the device's bandwidth, split among the probe's blocks that
   // started on it in time (late ones move nothing).
   std::map<uint32_t, uint32_t> onSm;

@@ -3,8 +3,8 @@
 // Each kernel takes one ProbeArgs by value and writes one BlockRecord per block, from thread 0,
 // after every thread of the block has stopped. Time-boxed: the first block to start stores its
 // %globaltimer into *t0 by compare-and-swap from 0; every block works until *t0 + budget_ns; a
-// block that enters after that deadline writes a record flagged kProbeRan | kProbeLate (its
-// times and SM ids valid, no work) and leaves at once.
+// block that enters after that deadline writes a record flagged kProbeLate only (its times
+// and SM ids valid, no work: it did not run its probe; kProbeRan and kProbeLate exclude each other) and leaves at once.
 //
 // Invariants: no kernel writes outside args.records[0, gridDim.x) (and, for the memory probe,
 // args.buffer[0, buffer_bytes)); on bad arguments only records[0] is written (kProbeBadArgs),
@@ -86,7 +86,7 @@ __device__ void epilogue(const ProbeArgs& a, const BlockStart& s, uint64_t cycle
   rec.start_ns = s.start;
   rec.sm_start = s.sm;
   rec.sm_end = smId();
-  rec.flags = kProbeRan | (s.late ? kProbeLate : 0u) | (rec.sm_end != rec.sm_start ? kProbeMigrated : 0u);
+  rec.flags = (s.late ? kProbeLate : kProbeRan) | (rec.sm_end != rec.sm_start ? kProbeMigrated : 0u);
   rec.work = work;
   rec.max_gap_ns = maxGap;
   rec.gap_ns = gaps;

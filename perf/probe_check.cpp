@@ -73,8 +73,7 @@ int main(int argc, char** argv) {
       uint64_t first = UINT64_MAX, last = 0, gap = 0, maxGap = 0, tick = 0;
       uint32_t ran = 0, late = 0;
       for (const BlockRecord& b : p->records) {
-        if (!(b.flags & kProbeRan)) continue;
-        ++ran;
+        if (!(b.flags & (kProbeRan | kProbeLate))) continue;
         first = std::min(first, b.start_ns);
         last = std::max(last, b.start_ns);
         smsSeen.insert(b.sm_start);
@@ -82,6 +81,7 @@ int main(int argc, char** argv) {
           ++late;
           continue;
         }
+        ++ran;
         const uint64_t d = b.end_ns - b.start_ns, in = d - std::min(d, b.gap_ns);
         dur.push_back(d);
         res.push_back(in);

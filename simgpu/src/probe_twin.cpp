@@ -95,7 +95,7 @@ void probeRecords(const ProbeArgs& a, uint32_t kind, uint32_t threads, const std
     r.sm_start = smId(t.smFirst);
     r.sm_end = smId(t.smLast);
     const bool late = r.start_ns >= deadline;
-    r.flags = kProbeRan | (late ? kProbeLate : 0u) | (r.sm_end != r.sm_start ? kProbeMigrated : 0u);
+    r.flags = (late ? kProbeLate : kProbeRan) | (r.sm_end != r.sm_start ? kProbeMigrated : 0u);
     r.cycles = t.residentNs * kProbeClockKHz / 1'000'000;
     if (late) continue;  // no work, no timer steps
     uint64_t step = kProbeTimerTickNs;  // the largest step between two timer reads while resident

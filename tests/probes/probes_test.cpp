@@ -253,6 +253,16 @@ TEST_F(Alone, EveryBlockRunsItsWholeBudgetOnItsOwnSmAndTheTickIsSimgpus) {
   const double cost = roundCostUs(r, sms);
   std::printf("round cost: %.1f us of whole-device time (budgets 100 + 200 + 150 us)\n", cost);
   EXPECT_LT(cost, 1000.0);
+  // The same on a stream of the application's own (not the default one).
+  CUstream st;
+  CU_OK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  const ProbeError e2 = runner_->runRound(st, kRunTick | kRunSm, budget, &r);
+  ASSERT_FALSE(e2) << e2.message();
+  EXPECT_EQ(r.sm.records.size(), sms);
+  EXPECT_EQ(r.mem.blocks, 0u);
+  EXPECT_TRUE(r.mem.records.empty());
+  for (const BlockRecord& b : r.sm.records) EXPECT_EQ(b.end_ns - b.start_ns, budget.smNs);
+  CU_OK(cuStreamDestroy(st));
 }
 
 TEST_F(Alone, BlocksThatStartAfterTheDeadlineAreLateAndDoNoWork) {
@@ -564,6 +574,35 @@ TEST_F(TimeSliced, LaunchToStartReflectsTheSlices) {
 // ---------------------------------------------------------------------------------------------
 // SM caps: an MPS client with an active thread percentage, and SIMGPU_TEST_SM_CAP.
 
+// Child: a probe whose records point at host memory: the kernel's illegal access, the process's
+// sticky CUDA_ERROR_ILLEGAL_ADDRESS; prints the results of the synchronisation and a later call.
+int childIllegal() {
+  CUcontext ctx;
+  if (initCuda(&ctx) != CUDA_SUCCESS) return 1;
+  const std::string d = readFile(PROBES_FATBIN);
+  CUmodule m;
+  CUfunction f;
+  CUdeviceptr t0;
+  if (cuModuleLoadData(&m, d.data()) != CUDA_SUCCESS || cuModuleGetFunction(&f, m, kTickProbeName) != CUDA_SUCCESS ||
+      cuMemAlloc(&t0, 8) != CUDA_SUCCESS)
+    return 1;
+  static BlockRecord host[1];
+  ProbeArgs a{};
+  a.abi_version = kProbeAbiVersion;
+  a.kind = kProbeTick;
+  a.budget_ns = 10 * kUs;
+  a.t0 = t0;
+  a.records = reinterpret_cast<uint64_t>(host);
+  a.record_count = 1;
+  void* p[] = {&a};
+  const CUresult launched = cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, nullptr, p, nullptr);
+  const CUresult synced = cuCtxSynchronize();
+  CUdeviceptr x;
+  const CUresult later = cuMemAlloc(&x, 64);
+  std::printf("launch %d sync %d later %d written %u\n", launched, synced, later, host[0].flags);
+  return 0;
+}
+
 // Child: one round of the SM probe with 4 blocks per SM; prints what it saw.
 int childMain() {
   CUcontext ctx;
@@ -598,7 +637,7 @@ struct ChildResult {
   std::string out;
 };
 
-ChildResult runChild(const std::vector<std::string>& env) {
+ChildResult runChild(const std::vector<std::string>& env, const char* mode = "--child") {
   ChildResult res;
   int o[2];
   if (pipe2(o, O_CLOEXEC)) return res;
@@ -606,7 +645,7 @@ ChildResult runChild(const std::vector<std::string>& env) {
   if (pid == 0) {
     dup2(o[1], 1);
     for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-    execl("/proc/self/exe", "probes_child", "--child", static_cast<char*>(nullptr));
+    execl("/proc/self/exe", "probes_child", mode, static_cast<char*>(nullptr));
     _exit(127);
   }
   ::close(o[1]);
@@ -675,10 +714,20 @@ TEST(SmCap, TheTestCapBoundsTheDistinctSmsOfAPlainProcess) {
   EXPECT_EQ(c.v.at("distinct"), 20u) << c.out;
 }
 
+TEST(RunnerErrors, RecordsOutsideDeviceMemoryAreTheKernelsIllegalAccess) {
+  const ChildResult c = runChild({}, "--child-illegal");
+  ASSERT_EQ(c.rc, 0) << c.out;
+  EXPECT_EQ(c.v.at("launch"), static_cast<uint64_t>(CUDA_SUCCESS)) << c.out;
+  EXPECT_EQ(c.v.at("sync"), static_cast<uint64_t>(CUDA_ERROR_ILLEGAL_ADDRESS)) << c.out;
+  EXPECT_EQ(c.v.at("later"), static_cast<uint64_t>(CUDA_ERROR_ILLEGAL_ADDRESS)) << c.out;  // sticky, as a fault
+  EXPECT_EQ(c.v.at("written"), 0u) << c.out;  // nothing written to memory it may not touch
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--child") == 0) return childMain();
+  if (argc >= 2 && std::strcmp(argv[1], "--child-illegal") == 0) return childIllegal();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

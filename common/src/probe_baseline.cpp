@@ -68,12 +68,6 @@ bool BaselineCalibration::build(uint32_t sm_count, SoloBaseline* out, std::strin
   if (sm_.size() < kMinCalibrationLaunches)
     return fail(err, "probe calibration: " + std::to_string(sm_.size()) +
                          " SM probe launches ran, at least " + need + " are needed");
-  if (!mem_.empty() && mem_.size() < kMinCalibrationLaunches)
-    return fail(err, "probe calibration: " + std::to_string(mem_.size()) +
-                         " memory probe launches ran, at least " + need + " are needed");
-  if (!latency_.empty() && latency_.size() < kMinCalibrationLaunches)
-    return fail(err, "probe calibration: " + std::to_string(latency_.size()) +
-                         " start latencies, at least " + need + " are needed");
   for (const LaunchNumbers& n : sm_)
     if (n.work_per_step != sm_[0].work_per_step || n.budget_ns != sm_[0].budget_ns ||
         n.sm_count != sm_count)
@@ -82,6 +76,12 @@ bool BaselineCalibration::build(uint32_t sm_count, SoloBaseline* out, std::strin
   for (const LaunchNumbers& n : mem_)
     if (n.budget_ns != mem_[0].budget_ns)
       return fail(err, "probe calibration: memory probe launches with different budgets");
+  if (!mem_.empty() && mem_.size() < kMinCalibrationLaunches)
+    return fail(err, "probe calibration: " + std::to_string(mem_.size()) +
+                         " memory probe launches ran, at least " + need + " are needed");
+  if (!latency_.empty() && latency_.size() < kMinCalibrationLaunches)
+    return fail(err, "probe calibration: " + std::to_string(latency_.size()) +
+                         " start latencies, at least " + need + " are needed");
   SoloBaseline b;
   b.sm_count = sm_count;
   b.sm_budget_ns = sm_[0].budget_ns;

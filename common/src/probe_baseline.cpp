@@ -59,8 +59,11 @@ void BaselineCalibration::add(const LaunchNumbers& n) {
   if (n.ran == 0) return;  // a missing sample says nothing about solo
   if (n.kind == kProbeSm) sm_.push_back(n);
   if (n.kind == kProbeMem) mem_.push_back(n);
-  if (n.has_latency) latency_.push_back(n.start_latency_ns);
   if (n.tick_ns && (tick_ == 0 || n.tick_ns < tick_)) tick_ = n.tick_ns;
+}
+
+void BaselineCalibration::addRoundStart(double latency_ns) {
+  if (latency_ns >= 0) latency_.push_back(latency_ns);
 }
 
 bool BaselineCalibration::build(uint32_t sm_count, SoloBaseline* out, std::string* err) const {

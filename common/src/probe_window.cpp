@@ -50,8 +50,9 @@ ShareAggregator::ShareAggregator(SoloBaseline baseline, AggregatorOptions option
     : baseline_(baseline), options_(options) {}
 
 double ShareAggregator::startThreshold() const {
-  return baseline_.hasLatency() ? baseline_.latency_p95_ns + options_.start_epsilon_ns
-                                : options_.default_start_threshold_ns;
+  if (!baseline_.hasLatency()) return options_.default_start_threshold_ns;
+  return baseline_.latency_p95_ns + std::max(options_.start_epsilon_ns,
+                                             options_.start_epsilon_fraction * baseline_.latency_p95_ns);
 }
 
 std::vector<std::string> ShareAggregator::addRound(const Round& round) {

@@ -41,9 +41,10 @@ TEST(ProbeAnalysis, SoloCalibrationMatchesTheDevice) {
   EXPECT_NEAR(b.sm_steps_per_us, d.sms * d.cycles_per_ns / d.cycles_per_step * 1000 *
                                      b.sm_resident_fraction, 1.0);
   EXPECT_NEAR(b.mem_bytes_per_us, d.mem_bytes_per_ns * 1000, d.mem_bytes_per_ns * 1000 * 0.03);
-  // Launch latency 8 us + up to 4 us of jitter, timer quantised to 1 us.
-  EXPECT_GE(b.latency_p95_ns, 10'000);
-  EXPECT_LE(b.latency_p95_ns, 12'000);
+  // Launch latency 8 us + up to 4 us of jitter, timer quantised to 1 us; a round's earliest of
+  // its three launches.
+  EXPECT_GE(b.latency_p95_ns, 8'000);
+  EXPECT_LE(b.latency_p95_ns, 11'000);
   EXPECT_EQ(b.tick_ns, d.tick_ns);
   EXPECT_EQ(b.launches, 40u);
 }

@@ -181,9 +181,22 @@ inline ContextProbes exclusiveProbes(const Device& d, const Schedule& s, int c, 
     const uint32_t grid = kind == kProbeTick ? 1 : kind == kProbeSm ? d.sms : 2 * d.sms;
     ProbeLaunch l{context(d, kind, grid), {}};
     const double arrive = round + d.launch_latency_ns + u(rng) * d.latency_jitter_ns;
-    const double t0 = s.nextHeld(c, arrive);
+    // A context without slices (a tenant with no work) gets the device when the current slice
+    // ends, and its short probe then runs alone.
+    const bool idle = s.share(c) == 0;
+    const double t0 = idle ? s.nextSwitch(arrive) : s.nextHeld(c, arrive);
     const double deadline = t0 + double(l.ctx.budget_ns);
     for (uint32_t b = 0; b < grid; ++b) {
+      if (idle) {
+        const double start = t0 + (b ? u(rng) * d.stagger_ns : 0);
+        BlockRecord r = ranRecord(d, start, deadline, deadline - start, 0, b % d.sms);
+        r.work = kind == kProbeSm ? uint64_t(double(r.cycles) / d.cycles_per_step)
+                 : kind == kProbeMem ? uint64_t((deadline - start) * d.mem_bytes_per_ns / grid)
+                                     : uint64_t((deadline - start) / 40.0);
+        if (kind == kProbeTick) r.tick_ns = d.tick_ns;
+        l.records.push_back(r);
+        continue;
+      }
       const double start = s.nextHeld(c, t0 + (b ? u(rng) * d.stagger_ns : 0));
       if (start >= deadline) {
         l.records.push_back(lateRecord(d, start, b % d.sms));
@@ -286,13 +299,17 @@ inline SoloBaseline calibrate(const Device& d, std::mt19937_64& rng, int launche
   BaselineCalibration cal;
   double round = 1e9;
   for (int i = 0; i < launches; ++i, round += 1e7) {
+    double earliest = 1e18;
     for (const ProbeLaunch& l : exclusiveProbes(d, alone, 0, round, rng).launches) {
       LaunchContext ctx = l.ctx;
       ctx.round_start_ns = uint64_t(round);
       LaunchNumbers n;
       std::string err;
-      if (analyzeLaunch(l.records, ctx, &n, &err) == LaunchOutcome::kNumbers) cal.add(n);
+      if (analyzeLaunch(l.records, ctx, &n, &err) != LaunchOutcome::kNumbers) continue;
+      cal.add(n);
+      earliest = std::min(earliest, n.start_latency_ns);
     }
+    cal.addRoundStart(earliest);
   }
   SoloBaseline b;
   std::string err;

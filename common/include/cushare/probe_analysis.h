@@ -119,11 +119,14 @@ bool parseSoloBaseline(std::string_view text, SoloBaseline* out, std::string* er
 
 // Calibration: launches made while nothing else runs on the device (the broker's own context,
 // tenants' gates closed or no tenant with work). Medians of the rates (robust to one slow launch),
-// the 95th percentile of the start latencies.
+// the 95th percentile of the rounds' start latencies.
 inline constexpr uint32_t kMinCalibrationLaunches = 5;
 class BaselineCalibration {
  public:
-  void add(const LaunchNumbers& n);
+  void add(const LaunchNumbers& n);  // rates and tick; no latency
+  // A calibration round's earliest start after its instant (the minimum of its launches'
+  // start_latency_ns): the same statistic the window compares with (ShareAggregator).
+  void addRoundStart(double latency_ns);
   // False with *err when fewer than kMinCalibrationLaunches SM launches (or, when any were added,
   // memory or latency samples) were added, or the launches disagree on their parameters.
   bool build(uint32_t sm_count, SoloBaseline* out, std::string* err) const;

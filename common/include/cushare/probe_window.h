@@ -6,8 +6,8 @@
 // Which factors make a share (the rule):
 // - kTimeSliced (no MPS, no pacing: the GPU time-slices between contexts) and kTurns (cushare's
 //   exclusive turns; the probe goes through the tenant's gate): only one tenant holds the device
-//   at a time, so a round's sample is 1 when the tenant's probe started within
-//   solo p95 latency + start_epsilon_ns of the round's instant, else 0. The mean over rounds is the
+//   at a time, so a round's sample is 1 when the tenant's probe started within the start
+//   threshold (AggregatorOptions) of the round's instant, else 0. The mean over rounds is the
 //   fraction of time the tenant held the device. The SM factors are not used (while it holds the
 //   device they only show the tenant's own load).
 // - kConcurrent (MPS clients): tenants run side by side; a round's sample is the SM probe's
@@ -55,8 +55,12 @@ struct Round {
 };
 
 struct AggregatorOptions {
-  // A probe that started within solo p95 latency + this did not wait for the device.
-  double start_epsilon_ns = 50'000;
+  // A probe whose round's earliest start came within solo p95 latency + max(start_epsilon_ns,
+  // start_epsilon_fraction x solo p95) of the instant did not wait for the device. Small on
+  // purpose: a launch that arrives within the threshold before the tenant's slice or turn begins
+  // counts as started, a bias of about threshold / cycle per slice.
+  double start_epsilon_ns = 5'000;
+  double start_epsilon_fraction = 0.5;
   // Without a solo latency in the baseline: this is the whole threshold.
   double default_start_threshold_ns = 100'000;
   uint32_t min_rounds = 10;  // fewer valid rounds: the estimate is given but not `enough`

@@ -18,10 +18,14 @@ constexpr uint32_t kKnownFlags = kProbeRan | kProbeLate | kProbeBadArgs | kProbe
 
 const char* kindName(uint32_t kind) {
   switch (kind) {
-    case kProbeSm: return "SM probe";
-    case kProbeMem: return "memory probe";
-    case kProbeTick: return "tick probe";
-    default: return "probe";
+    case kProbeSm:
+      return "SM probe";
+    case kProbeMem:
+      return "memory probe";
+    case kProbeTick:
+      return "tick probe";
+    default:
+      return "probe";
   }
 }
 
@@ -44,8 +48,8 @@ bool checkContext(const LaunchContext& ctx, size_t records, std::string* err) {
   if (ctx.kind != kProbeSm && ctx.kind != kProbeMem && ctx.kind != kProbeTick)
     return fail(err, "probe launch: unknown kind " + std::to_string(uint32_t(ctx.kind)));
   if (ctx.budget_ns == 0 || ctx.budget_ns > kMaxBudgetNs)
-    return fail(err, what + ": budget " + std::to_string(ctx.budget_ns) +
-                         " ns is outside 1 ns..100 ms");
+    return fail(err,
+                what + ": budget " + std::to_string(ctx.budget_ns) + " ns is outside 1 ns..100 ms");
   if (ctx.grid_blocks == 0 || ctx.grid_blocks > kMaxRecords)
     return fail(err, what + ": grid of " + std::to_string(ctx.grid_blocks) + " blocks");
   if (records != ctx.grid_blocks)
@@ -63,14 +67,16 @@ bool checkContext(const LaunchContext& ctx, size_t records, std::string* err) {
 bool checkRecord(const BlockRecord& r, size_t i, const LaunchContext& ctx, std::string* err) {
   const std::string where = std::string(kindName(ctx.kind)) + " block " + std::to_string(i) + ": ";
   if (r.flags & kProbeBadArgs)
-    return fail(err, where + "the kernel rejected its arguments (kProbeBadArgs: ABI version, kind "
-                             "or sizes); nothing was measured");
+    return fail(err, where +
+                         "the kernel rejected its arguments (kProbeBadArgs: ABI version, kind "
+                         "or sizes); nothing was measured");
   if (r.flags & ~kKnownFlags)
-    return fail(err, where + "unknown flag bits 0x" + [&] {
-      char b[16];
-      snprintf(b, sizeof b, "%x", r.flags & ~kKnownFlags);
-      return std::string(b);
-    }());
+    return fail(
+        err, where + "unknown flag bits 0x" + [&] {
+          char b[16];
+          snprintf(b, sizeof b, "%x", r.flags & ~kKnownFlags);
+          return std::string(b);
+        }());
   const bool ran = r.flags & kProbeRan, late = r.flags & kProbeLate;
   if (ran && late) return fail(err, where + "flagged both ran and late");
   if (!ran && !late) return fail(err, where + "wrote no record (neither ran nor late)");
@@ -79,8 +85,8 @@ bool checkRecord(const BlockRecord& r, size_t i, const LaunchContext& ctx, std::
     return fail(err, where + "ends (" + std::to_string(r.end_ns) + " ns) before it starts (" +
                          std::to_string(r.start_ns) + " ns)");
   if (r.sm_start >= kMaxSmId || r.sm_end >= kMaxSmId)
-    return fail(err, where + "SM id " + std::to_string(std::max(r.sm_start, r.sm_end)) +
-                         " is absurd");
+    return fail(err,
+                where + "SM id " + std::to_string(std::max(r.sm_start, r.sm_end)) + " is absurd");
   if (bool(r.flags & kProbeMigrated) != (r.sm_start != r.sm_end))
     return fail(err, where + "migrated flag disagrees with its SM ids " +
                          std::to_string(r.sm_start) + " -> " + std::to_string(r.sm_end));
@@ -99,12 +105,12 @@ bool checkRecord(const BlockRecord& r, size_t i, const LaunchContext& ctx, std::
                            std::to_string(r.cycles) + " cycles (under one cycle each)");
     const uint64_t resident = wall - r.gap_ns;
     if (resident >= 1000 && double(r.cycles) / double(resident) > kMaxCyclesPerNs)
-      return fail(err, where + std::to_string(r.cycles) + " cycles in " +
-                           std::to_string(resident) + " ns (over 10 GHz)");
+      return fail(err, where + std::to_string(r.cycles) + " cycles in " + std::to_string(resident) +
+                           " ns (over 10 GHz)");
   }
   if (ctx.kind == kProbeTick && r.tick_ns > ctx.budget_ns)
-    return fail(err, where + "timer tick " + std::to_string(r.tick_ns) +
-                         " ns longer than the budget");
+    return fail(err,
+                where + "timer tick " + std::to_string(r.tick_ns) + " ns longer than the budget");
   return true;
 }
 
@@ -299,8 +305,7 @@ bool smFactors(const LaunchNumbers& n, const SoloBaseline& b, SmFactors* out, st
   return true;
 }
 
-bool bandwidthRatio(const LaunchNumbers& n, const SoloBaseline& b, double* out,
-                    std::string* err) {
+bool bandwidthRatio(const LaunchNumbers& n, const SoloBaseline& b, double* out, std::string* err) {
   if (n.kind != kProbeMem) return fail(err, "bandwidth of a launch that is not a memory probe");
   if (!b.hasMem()) return fail(err, "bandwidth: the solo baseline has no memory probe numbers");
   if (n.ran == 0) return fail(err, "bandwidth of a missing sample (no block ran)");

@@ -74,8 +74,9 @@ bool BaselineCalibration::build(uint32_t sm_count, SoloBaseline* out, std::strin
   for (const LaunchNumbers& n : sm_)
     if (n.work_per_step != sm_[0].work_per_step || n.budget_ns != sm_[0].budget_ns ||
         n.sm_count != sm_count)
-      return fail(err, "probe calibration: SM probe launches with different parameters "
-                       "(work_per_step, budget or SM count)");
+      return fail(err,
+                  "probe calibration: SM probe launches with different parameters "
+                  "(work_per_step, budget or SM count)");
   for (const LaunchNumbers& n : mem_)
     if (n.budget_ns != mem_[0].budget_ns)
       return fail(err, "probe calibration: memory probe launches with different budgets");
@@ -124,8 +125,8 @@ SoloBaseline RollingBaseline::merged(const SoloBaseline& base) const {
   SoloBaseline b = base;
   // Parameters: the base's; an uncalibrated base adopts those of the latest SM observation.
   if (b.sm_work_per_step == 0 && !sm_.empty()) {
-    const LaunchNumbers& latest = sm_[sm_.size() < capacity_ ? sm_.size() - 1
-                                                             : (sm_next_ + capacity_ - 1) % capacity_];
+    const LaunchNumbers& latest =
+        sm_[sm_.size() < capacity_ ? sm_.size() - 1 : (sm_next_ + capacity_ - 1) % capacity_];
     b.sm_work_per_step = latest.work_per_step;
     b.sm_budget_ns = latest.budget_ns;
     b.sm_count = latest.sm_count;
@@ -199,8 +200,7 @@ bool parseSoloBaseline(std::string_view text, SoloBaseline* out, std::string* er
     const std::string where = "probe baseline line " + std::to_string(line_no) + ": ";
     if (line.empty() || line[0] == '#') continue;
     if (!format_seen) {
-      if (line != kFormatLine)
-        return fail(err, where + "expected \"" + kFormatLine + "\" first");
+      if (line != kFormatLine) return fail(err, where + "expected \"" + kFormatLine + "\" first");
       format_seen = true;
       continue;
     }
@@ -239,8 +239,9 @@ bool parseSoloBaseline(std::string_view text, SoloBaseline* out, std::string* er
     return fail(err, "probe baseline: latency_p95_ns is negative (only -1 means unknown)");
   if (b.hasSm() && (b.sm_count == 0 || b.sm_work_per_step == 0 || b.sm_distinct == 0 ||
                     b.sm_distinct > b.sm_count))
-    return fail(err, "probe baseline: SM numbers without a consistent SM count, work_per_step "
-                     "and distinct SMs");
+    return fail(err,
+                "probe baseline: SM numbers without a consistent SM count, work_per_step "
+                "and distinct SMs");
   *out = b;
   return true;
 }

@@ -39,9 +39,12 @@ bool exclusive(Regime r) { return r == Regime::kTimeSliced || r == Regime::kTurn
 
 const char* regimeName(Regime r) {
   switch (r) {
-    case Regime::kTimeSliced: return "time-sliced";
-    case Regime::kTurns: return "turns";
-    case Regime::kConcurrent: return "concurrent";
+    case Regime::kTimeSliced:
+      return "time-sliced";
+    case Regime::kTurns:
+      return "turns";
+    case Regime::kConcurrent:
+      return "concurrent";
   }
   return "?";
 }
@@ -51,8 +54,9 @@ ShareAggregator::ShareAggregator(SoloBaseline baseline, AggregatorOptions option
 
 double ShareAggregator::startThreshold() const {
   if (!baseline_.hasLatency()) return options_.default_start_threshold_ns;
-  return baseline_.latency_p95_ns + std::max(options_.start_epsilon_ns,
-                                             options_.start_epsilon_fraction * baseline_.latency_p95_ns);
+  return baseline_.latency_p95_ns +
+         std::max(options_.start_epsilon_ns,
+                  options_.start_epsilon_fraction * baseline_.latency_p95_ns);
 }
 
 std::vector<std::string> ShareAggregator::addRound(const Round& round) {

@@ -38,8 +38,8 @@ TEST(ProbeAnalysis, SoloCalibrationMatchesTheDevice) {
   EXPECT_NEAR(b.sm_cycles_per_ns, d.cycles_per_ns, 0.02);
   // Every SM for the window less the start stagger (about 1 us of 200 us on average).
   EXPECT_GT(b.sm_resident_fraction, 0.98);
-  EXPECT_NEAR(b.sm_steps_per_us, d.sms * d.cycles_per_ns / d.cycles_per_step * 1000 *
-                                     b.sm_resident_fraction, 1.0);
+  EXPECT_NEAR(b.sm_steps_per_us,
+              d.sms * d.cycles_per_ns / d.cycles_per_step * 1000 * b.sm_resident_fraction, 1.0);
   EXPECT_NEAR(b.mem_bytes_per_us, d.mem_bytes_per_ns * 1000, d.mem_bytes_per_ns * 1000 * 0.03);
   // Launch latency 8 us + up to 4 us of jitter, timer quantised to 1 us; a round's earliest of
   // its three launches.
@@ -127,20 +127,27 @@ TEST(ProbeAnalysis, BadRecordsGiveAReasonNeverANumber) {
   };
   const Case cases[] = {
       {"bad args", [](ProbeLaunch* l) { l->records[0].flags = kProbeBadArgs; }, "kProbeBadArgs"},
-      {"end before start", [](ProbeLaunch* l) { l->records[3].end_ns = l->records[3].start_ns - 1; },
+      {"end before start",
+       [](ProbeLaunch* l) { l->records[3].end_ns = l->records[3].start_ns - 1; },
        "before it starts"},
-      {"one record short", [](ProbeLaunch* l) { l->records.pop_back(); }, "7 records for a grid of 8"},
-      {"no record written", [](ProbeLaunch* l) { l->records[2] = BlockRecord{}; }, "wrote no record"},
-      {"ran and late", [](ProbeLaunch* l) { l->records[1].flags |= kProbeLate; }, "both ran and late"},
-      {"unknown flag", [](ProbeLaunch* l) { l->records[1].flags |= 1u << 9; }, "unknown flag bits 0x200"},
+      {"one record short", [](ProbeLaunch* l) { l->records.pop_back(); },
+       "7 records for a grid of 8"},
+      {"no record written", [](ProbeLaunch* l) { l->records[2] = BlockRecord{}; },
+       "wrote no record"},
+      {"ran and late", [](ProbeLaunch* l) { l->records[1].flags |= kProbeLate; },
+       "both ran and late"},
+      {"unknown flag", [](ProbeLaunch* l) { l->records[1].flags |= 1u << 9; },
+       "unknown flag bits 0x200"},
       {"20 GHz", [](ProbeLaunch* l) { l->records[1].cycles *= 10; }, "over 10 GHz"},
       {"steps faster than FMAs", [](ProbeLaunch* l) { l->records[1].work = l->records[1].cycles; },
        "under one cycle each"},
       {"migrated without flag", [](ProbeLaunch* l) { l->records[1].sm_end = 5; },
        "migrated flag disagrees"},
-      {"absurd SM id", [](ProbeLaunch* l) { l->records[1].sm_start = l->records[1].sm_end = 70000; },
+      {"absurd SM id",
+       [](ProbeLaunch* l) { l->records[1].sm_start = l->records[1].sm_end = 70000; },
        "SM id 70000 is absurd"},
-      {"late with work", [](ProbeLaunch* l) { l->records[1].flags = kProbeLate; }, "late but reports work"},
+      {"late with work", [](ProbeLaunch* l) { l->records[1].flags = kProbeLate; },
+       "late but reports work"},
       {"gap longer than the block", [](ProbeLaunch* l) { l->records[1].gap_ns = 1'000'000; },
        "longer than the block ran"},
       {"ends an hour later", [](ProbeLaunch* l) { l->records[1].end_ns += 3'600'000'000'000; },
@@ -148,9 +155,11 @@ TEST(ProbeAnalysis, BadRecordsGiveAReasonNeverANumber) {
       {"more SMs than the device", [](ProbeLaunch* l) { l->ctx.sm_count = 4; },
        "8 distinct SMs on a device of 4"},
       {"zero budget", [](ProbeLaunch* l) { l->ctx.budget_ns = 0; }, "budget 0 ns"},
-      {"started before the round", [](ProbeLaunch* l) {
+      {"started before the round",
+       [](ProbeLaunch* l) {
          for (BlockRecord& r : l->records) r.start_ns -= 50'000'000, r.end_ns -= 50'000'000;
-       }, "before its round's instant"},
+       },
+       "before its round's instant"},
   };
   for (const Case& c : cases) {
     ProbeLaunch l = sm;
@@ -243,13 +252,20 @@ std::vector<FixtureLaunch> readFixture() {
       uint64_t v;
       LaunchContext& c = out.back().ctx;
       while (s >> key >> v) {
-        if (key == "kind") c.kind = ProbeKind(v);
-        else if (key == "budget_ns") c.budget_ns = v;
-        else if (key == "grid") c.grid_blocks = uint32_t(v);
-        else if (key == "work_per_step") c.work_per_step = uint32_t(v);
-        else if (key == "sm_count") c.sm_count = uint32_t(v);
-        else if (key == "round_start_ns") c.round_start_ns = v;
-        else ADD_FAILURE() << "fixture key " << key;
+        if (key == "kind")
+          c.kind = ProbeKind(v);
+        else if (key == "budget_ns")
+          c.budget_ns = v;
+        else if (key == "grid")
+          c.grid_blocks = uint32_t(v);
+        else if (key == "work_per_step")
+          c.work_per_step = uint32_t(v);
+        else if (key == "sm_count")
+          c.sm_count = uint32_t(v);
+        else if (key == "round_start_ns")
+          c.round_start_ns = v;
+        else
+          ADD_FAILURE() << "fixture key " << key;
       }
     } else if (line.rfind("record ", 0) == 0) {
       const std::string hex = line.substr(7);
@@ -275,8 +291,8 @@ TEST(ProbeFixture, SimulatedRecordsGiveTheHandComputedNumbers) {
   EXPECT_EQ(n.max_stack, 2u);
   EXPECT_DOUBLE_EQ(n.mean_stack, 800'000.0 / 600'000.0);
   EXPECT_DOUBLE_EQ(n.window_ns, 200'000);
-  EXPECT_DOUBLE_EQ(n.steps_per_us, 12.0);       // 2400 steps / 200 us
-  EXPECT_DOUBLE_EQ(n.cycles_per_step, 500.0);   // (400k + 400k + 800k / 2) / 2400
+  EXPECT_DOUBLE_EQ(n.steps_per_us, 12.0);      // 2400 steps / 200 us
+  EXPECT_DOUBLE_EQ(n.cycles_per_step, 500.0);  // (400k + 400k + 800k / 2) / 2400
   EXPECT_DOUBLE_EQ(n.cycles_per_ns, 2.0);
   EXPECT_DOUBLE_EQ(n.resident_fraction, 1.0);
   EXPECT_DOUBLE_EQ(n.start_latency_ns, 10'000);

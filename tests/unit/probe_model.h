@@ -51,9 +51,7 @@ struct Device {
   uint32_t slots = 3;              // probe blocks one SM holds at once
 };
 
-inline uint64_t quantise(const Device& d, double t) {
-  return uint64_t(t) / d.tick_ns * d.tick_ns;
-}
+inline uint64_t quantise(const Device& d, double t) { return uint64_t(t) / d.tick_ns * d.tick_ns; }
 
 // --- exclusive schedules ---------------------------------------------------------------------
 
@@ -147,7 +145,8 @@ inline BlockRecord ranRecord(const Device& d, double start, double end, double r
   r.flags = kProbeRan;
   r.cycles = uint64_t(resident * d.cycles_per_ns);
   const double gap = (end - start) - resident;
-  r.gap_ns = gap >= double(kGapThresholdNs) ? std::min<uint64_t>(uint64_t(gap), r.end_ns - r.start_ns) : 0;
+  r.gap_ns =
+      gap >= double(kGapThresholdNs) ? std::min<uint64_t>(uint64_t(gap), r.end_ns - r.start_ns) : 0;
   r.max_gap_ns = std::min<uint64_t>(uint64_t(max_gap), r.end_ns - r.start_ns);
   return r;
 }
@@ -166,8 +165,9 @@ inline LaunchContext context(const Device& d, ProbeKind kind, uint32_t grid) {
   c.grid_blocks = grid;
   c.sm_count = d.sms;
   c.work_per_step = d.work_per_step;
-  c.budget_ns = kind == kProbeSm ? d.sm_budget_ns : kind == kProbeMem ? d.mem_budget_ns
-                                                                       : d.tick_budget_ns;
+  c.budget_ns = kind == kProbeSm    ? d.sm_budget_ns
+                : kind == kProbeMem ? d.mem_budget_ns
+                                    : d.tick_budget_ns;
   return c;
 }
 
@@ -190,7 +190,7 @@ inline ContextProbes exclusiveProbes(const Device& d, const Schedule& s, int c, 
       if (idle) {
         const double start = t0 + (b ? u(rng) * d.stagger_ns : 0);
         BlockRecord r = ranRecord(d, start, deadline, deadline - start, 0, b % d.sms);
-        r.work = kind == kProbeSm ? uint64_t(double(r.cycles) / d.cycles_per_step)
+        r.work = kind == kProbeSm    ? uint64_t(double(r.cycles) / d.cycles_per_step)
                  : kind == kProbeMem ? uint64_t((deadline - start) * d.mem_bytes_per_ns / grid)
                                      : uint64_t((deadline - start) / 40.0);
         if (kind == kProbeTick) r.tick_ns = d.tick_ns;
@@ -275,8 +275,8 @@ inline ContextProbes mpsProbes(const Device& d, const MpsLayout& m, size_t clien
       BlockRecord r = ranRecord(d, start, deadline, deadline - start, 0, virt[sm]);
       if (kind == kProbeSm) {
         // Probe blocks of this client stacked on this SM, and the SM split among its clients.
-        const uint32_t stacked = running / uint32_t(mine.size()) +
-                                 ((b % mine.size()) < running % mine.size() ? 1 : 0);
+        const uint32_t stacked =
+            running / uint32_t(mine.size()) + ((b % mine.size()) < running % mine.size() ? 1 : 0);
         const double part = 1.0 / m.clients_on[sm] / stacked;
         r.work = uint64_t(double(r.cycles) * part / d.cycles_per_step);
       } else if (kind == kProbeMem) {

@@ -99,8 +99,8 @@ void expectShares(const std::map<std::string, TenantWindow>& w, const Schedule& 
 // Tenant D has no work: it gets no share, and its launches wait for the current slice to end.
 TEST(ProbeWindow, TimeSlices25_50_25) {
   Device d;
-  const Schedule s({{0, 2e6}, {-1, 25e3}, {1, 2e6}, {-1, 25e3}, {2, 2e6}, {-1, 25e3}, {3, 2e6},
-                    {-1, 25e3}});
+  const Schedule s(
+      {{0, 2e6}, {-1, 25e3}, {1, 2e6}, {-1, 25e3}, {2, 2e6}, {-1, 25e3}, {3, 2e6}, {-1, 25e3}});
   const std::vector<ExclusiveTenant> ts = {
       {"A", {0}}, {"B", {1, 3}}, {"C", {2}}, {"D", {4}, /*has_work=*/false}};
   const auto w = runExclusive(d, s, ts, Regime::kTimeSliced, 11);
@@ -145,8 +145,8 @@ TEST(ProbeWindow, Turns25_50_25) {
 TEST(ProbeWindow, TheStartStatisticIsUnbiasedAndItsErrorHonest) {
   Device d;
   d.sms = 8;  // the statistic does not depend on the SM count; fewer records, faster
-  const Schedule s({{0, 2e6}, {-1, 25e3}, {1, 2e6}, {-1, 25e3}, {2, 2e6}, {-1, 25e3}, {3, 2e6},
-                    {-1, 25e3}});
+  const Schedule s(
+      {{0, 2e6}, {-1, 25e3}, {1, 2e6}, {-1, 25e3}, {2, 2e6}, {-1, 25e3}, {3, 2e6}, {-1, 25e3}});
   const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1, 3}}, {"C", {2}}};
   constexpr int kWindows = 60;
   for (const ExclusiveTenant& t : ts) {
@@ -189,7 +189,9 @@ MpsResult runMps(const Device& d, const std::vector<double>& caps, uint64_t seed
     r.start_ns = uint64_t(at);
     for (size_t i = 0; i < caps.size(); ++i) {
       const bool late = int(i) == late_tenant && u(rng) < late_fraction;
-      r.tenants.push_back({"T" + std::to_string(i), Regime::kConcurrent, true,
+      r.tenants.push_back({"T" + std::to_string(i),
+                           Regime::kConcurrent,
+                           true,
                            {model::mpsProbes(d, m, i, at, out.truth[i], late, rng)}});
     }
     const std::vector<std::string> bad = agg.addRound(r);
@@ -245,10 +247,14 @@ TEST(ProbeWindow, ClientsOfOneTenantAddUp) {
     Round r;
     const double at = roundAt(k, rng);
     r.start_ns = uint64_t(at);
-    r.tenants.push_back({"two", Regime::kConcurrent, true,
+    r.tenants.push_back({"two",
+                         Regime::kConcurrent,
+                         true,
                          {model::mpsProbes(d, m, 0, at, m.truth(0, d.sms), false, rng),
                           model::mpsProbes(d, m, 1, at, m.truth(1, d.sms), false, rng)}});
-    r.tenants.push_back({"one", Regime::kConcurrent, true,
+    r.tenants.push_back({"one",
+                         Regime::kConcurrent,
+                         true,
                          {model::mpsProbes(d, m, 2, at, m.truth(2, d.sms), false, rng)}});
     agg.addRound(r);
   }

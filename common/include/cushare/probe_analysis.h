@@ -24,11 +24,11 @@
 namespace cushare::probe {
 
 // Bounds beyond which a record is absurd rather than slow.
-inline constexpr uint64_t kMaxBudgetNs = 100'000'000;   // 100 ms: probes are time-boxed far below
+inline constexpr uint64_t kMaxBudgetNs = 100'000'000;     // 100 ms: probes are time-boxed far below
 inline constexpr uint64_t kMaxOverrunNs = 1'000'000'000;  // a block ending > 1 s past its deadline
-inline constexpr uint32_t kMaxSmId = 4096;               // %smid (virtual under MPS) below this
-inline constexpr double kMaxCyclesPerNs = 10.0;          // 10 GHz
-inline constexpr double kMaxBytesPerNs = 100'000.0;      // 100 TB/s for the whole device
+inline constexpr uint32_t kMaxSmId = 4096;                // %smid (virtual under MPS) below this
+inline constexpr double kMaxCyclesPerNs = 10.0;           // 10 GHz
+inline constexpr double kMaxBytesPerNs = 100'000.0;       // 100 TB/s for the whole device
 inline constexpr uint32_t kMaxRecords = 1u << 20;
 // A probe that starts up to this long before its round's instant is put at the instant (the
 // host-to-device clock relation is that uncertain); earlier is a wrong round start: bad.
@@ -52,20 +52,20 @@ struct LaunchNumbers {
   ProbeKind kind = kProbeSm;
   uint64_t budget_ns = 0;
   uint32_t work_per_step = 0;
-  uint32_t sm_count = 0;  // the device's, from the context
-  uint32_t blocks = 0;    // records read
-  uint32_t ran = 0;       // blocks with kProbeRan
-  uint32_t late = 0;      // blocks with kProbeLate (did no work; never counted as zero work)
-  uint32_t migrated = 0;  // blocks that ended on another SM than they started on
+  uint32_t sm_count = 0;        // the device's, from the context
+  uint32_t blocks = 0;          // records read
+  uint32_t ran = 0;             // blocks with kProbeRan
+  uint32_t late = 0;            // blocks with kProbeLate (did no work; never counted as zero work)
+  uint32_t migrated = 0;        // blocks that ended on another SM than they started on
   uint64_t first_start_ns = 0;  // earliest entry of any block (ran or late)
   bool has_latency = false;     // round_start_ns was given
   double start_latency_ns = 0;  // first_start_ns - round_start_ns (>= 0)
   double window_ns = 0;         // earliest entry to latest exit of the blocks that ran
   // SM probe.
-  double steps_per_us = 0;     // progress steps of all blocks per us of the window
-  uint32_t distinct_sms = 0;   // SMs reached (by %smid at entry)
-  uint32_t max_stack = 0;      // most of this launch's blocks on one SM at one instant
-  double mean_stack = 0;       // mean number of its blocks on an SM while any was there
+  double steps_per_us = 0;       // progress steps of all blocks per us of the window
+  uint32_t distinct_sms = 0;     // SMs reached (by %smid at entry)
+  uint32_t max_stack = 0;        // most of this launch's blocks on one SM at one instant
+  double mean_stack = 0;         // mean number of its blocks on an SM while any was there
   double resident_fraction = 0;  // 1 - gaps/window over the SMs reached (stack-corrected)
   double cycles_per_step = 0;    // SM cycles per step, stacked blocks divided out
   double cycles_per_ns = 0;      // SM clock while resident
@@ -146,7 +146,7 @@ class BaselineCalibration {
 class RollingBaseline {
  public:
   explicit RollingBaseline(size_t capacity = 256);
-  void observe(const LaunchNumbers& n);      // any numbers of a launch with the baseline's parameters
+  void observe(const LaunchNumbers& n);  // any numbers of a launch with the baseline's parameters
   void observeRoundFastestStart(double latency_ns);
   // base with every rate raised (cycles per step lowered) to the best seen; base's parameters kept.
   SoloBaseline merged(const SoloBaseline& base) const;

@@ -77,22 +77,22 @@ struct Estimate {
 struct TenantWindow {
   std::string tenant;
   Regime regime = Regime::kTimeSliced;  // of its latest round
-  uint32_t rounds = 0;            // rounds the tenant was in
+  uint32_t rounds = 0;                  // rounds the tenant was in
   uint32_t rounds_with_work = 0;
-  uint32_t missing = 0;           // rounds with work whose SM or memory sample was missing
-  uint32_t bad = 0;               // launches with bad records
-  std::string last_error;         // the latest bad launch's reason
-  Estimate compute_share;         // what its work received of the device
-  Estimate bandwidth_share;       // of the device's memory bandwidth
+  uint32_t missing = 0;      // rounds with work whose SM or memory sample was missing
+  uint32_t bad = 0;          // launches with bad records
+  std::string last_error;    // the latest bad launch's reason
+  Estimate compute_share;    // what its work received of the device
+  Estimate bandwidth_share;  // of the device's memory bandwidth
   // Means over the valid concurrent rounds (0 when none): what the compute share is made of.
   double spatial = 0, temporal = 0, intra = 0;
-  double clock = 0;               // cycles per ns vs solo, mean over its SM probes (0: none)
-  double started_fraction = 0;    // rounds with work that started without waiting
+  double clock = 0;             // cycles per ns vs solo, mean over its SM probes (0: none)
+  double started_fraction = 0;  // rounds with work that started without waiting
   // Interference indices (nullopt: not measurable in this window).
-  std::optional<double> compute_index;    // 1 - 1/slowdown, slowdown = 1 / (share x clock)
-  std::optional<double> bandwidth_index;  // 1 - bandwidth share
-  std::optional<double> latency_index_ns; // p95 start latency - solo p95
-  std::optional<double> latency_p95_ns;   // p95 start latency (every round, with work or not)
+  std::optional<double> compute_index;     // 1 - 1/slowdown, slowdown = 1 / (share x clock)
+  std::optional<double> bandwidth_index;   // 1 - bandwidth share
+  std::optional<double> latency_index_ns;  // p95 start latency - solo p95
+  std::optional<double> latency_p95_ns;    // p95 start latency (every round, with work or not)
 };
 
 class ShareAggregator {

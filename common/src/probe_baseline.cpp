@@ -32,12 +32,6 @@ double medianOf(const std::vector<LaunchNumbers>& v, F f) {
   return median(std::move(x));
 }
 
-// Nearest-rank percentile.
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  size_t rank = size_t(std::ceil(p * double(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-}
 
 template <class T>
 void ringPush(std::vector<T>* ring, size_t* next, size_t capacity, const T& v) {
@@ -52,6 +46,12 @@ void ringPush(std::vector<T>* ring, size_t* next, size_t capacity, const T& v) {
 constexpr const char* kFormatLine = "format 1";
 
 }  // namespace
+
+double nearestRankPercentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t rank = size_t(std::ceil(p * double(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
 
 // --- calibration ---------------------------------------------------------------------------
 
@@ -100,7 +100,7 @@ bool BaselineCalibration::build(uint32_t sm_count, SoloBaseline* out, std::strin
     b.mem_budget_ns = mem_[0].budget_ns;
     b.mem_bytes_per_us = medianOf(mem_, [](const LaunchNumbers& n) { return n.bytes_per_us; });
   }
-  if (!latency_.empty()) b.latency_p95_ns = percentile(latency_, 0.95);
+  if (!latency_.empty()) b.latency_p95_ns = nearestRankPercentile(latency_, 0.95);
   b.tick_ns = tick_;
   b.launches = uint32_t(sm_.size() + mem_.size());
   *out = b;
@@ -145,7 +145,7 @@ SoloBaseline RollingBaseline::merged(const SoloBaseline& base) const {
     b.mem_bytes_per_us = std::max(b.mem_bytes_per_us, n.bytes_per_us);
   }
   if (!b.hasLatency() && fastest_.size() >= kMinCalibrationLaunches)
-    b.latency_p95_ns = percentile(fastest_, 0.95);
+    b.latency_p95_ns = nearestRankPercentile(fastest_, 0.95);
   return b;
 }
 

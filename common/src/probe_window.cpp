@@ -27,12 +27,6 @@ Estimate estimate(const std::vector<double>& v, uint32_t min_rounds) {
   return e;
 }
 
-double p95(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t rank = size_t(std::ceil(0.95 * double(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-}
-
 bool exclusive(Regime r) { return r == Regime::kTimeSliced || r == Regime::kTurns; }
 
 }  // namespace
@@ -179,7 +173,7 @@ std::vector<TenantWindow> ShareAggregator::window() const {
     if (w.bandwidth_share.known)
       w.bandwidth_index = std::clamp(1.0 - w.bandwidth_share.value, 0.0, 1.0);
     if (!a.latency.empty()) {
-      w.latency_p95_ns = p95(a.latency);
+      w.latency_p95_ns = nearestRankPercentile(a.latency, 0.95);
       if (baseline_.hasLatency()) w.latency_index_ns = *w.latency_p95_ns - baseline_.latency_p95_ns;
     }
     out.push_back(std::move(w));

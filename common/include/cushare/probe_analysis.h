@@ -88,6 +88,9 @@ bool decodeRecords(std::span<const uint8_t> bytes, uint32_t expected_count,
 LaunchOutcome analyzeLaunch(std::span<const BlockRecord> records, const LaunchContext& ctx,
                             LaunchNumbers* out, std::string* err);
 
+// Nearest-rank percentile (p in (0, 1]) of a non-empty sample.
+double nearestRankPercentile(std::vector<double> v, double p);
+
 // The same probes on an otherwise idle device, persisted by the broker per device.
 struct SoloBaseline {
   // The parameters the numbers hold for; a launch with other parameters is not compared.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 namespace cushare::probe {
 namespace {
@@ -55,8 +56,18 @@ double ShareAggregator::startThreshold() const {
 
 std::vector<std::string> ShareAggregator::addRound(const Round& round) {
   std::vector<std::string> lines;
+  if (round.start_ns == 0) {
+    lines.push_back("probe round without an instant (start_ns 0): not counted");
+    return lines;
+  }
   double fastest = std::numeric_limits<double>::infinity();
+  std::set<std::string> seen;
   for (const TenantRound& t : round.tenants) {
+    if (!seen.insert(t.tenant).second) {
+      lines.push_back("tenant " + t.tenant +
+                      ": listed twice in one probe round; the second ignored");
+      continue;
+    }
     Acc& a = acc_[t.tenant];
     ++a.rounds;
     a.regime = t.regime;

@@ -286,11 +286,21 @@ TEST(ProbeWindow, BadLaunchesAreReportedAndDoNotSpoilTheRound) {
     }
   }
   EXPECT_EQ(bad_lines, 1);
+  Round twice = exclusiveRound(d, s, ts, Regime::kTimeSliced, roundAt(20, rng), rng);
+  twice.tenants.push_back(twice.tenants[1]);
+  std::vector<std::string> lines = agg.addRound(twice);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "tenant B: listed twice in one probe round; the second ignored");
+  twice.start_ns = 0;
+  lines = agg.addRound(twice);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("without an instant"), std::string::npos);
   const auto w = byName(agg.window());
   EXPECT_EQ(w.at("A").bad, 1u);
   EXPECT_NE(w.at("A").last_error.find("kProbeBadArgs"), std::string::npos);
-  EXPECT_EQ(w.at("A").compute_share.rounds, 20u) << "the tick and memory probes still dated it";
-  EXPECT_FALSE(w.at("A").compute_share.enough) << "20 rounds of the 30 asked for";
+  EXPECT_EQ(w.at("A").compute_share.rounds, 21u) << "the tick and memory probes still dated it";
+  EXPECT_EQ(w.at("B").rounds, 21u) << "listed twice: counted once; no instant: not counted";
+  EXPECT_FALSE(w.at("A").compute_share.enough) << "21 rounds of the 30 asked for";
   EXPECT_EQ(w.at("B").bad, 0u);
   agg.reset();
   EXPECT_TRUE(agg.window().empty());

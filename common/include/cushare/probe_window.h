@@ -102,7 +102,8 @@ class ShareAggregator {
   const SoloBaseline& baseline() const { return baseline_; }
 
   // Analyses every launch of the round. Returns one line per bad launch (tenant and reason) for
-  // the log; the tenant's other launches and the other tenants still count.
+  // the log; the tenant's other launches and the other tenants still count. A round without an
+  // instant (start_ns 0) is not counted at all; a tenant listed twice counts once.
   std::vector<std::string> addRound(const Round& round);
 
   // The estimates of the window so far, one per tenant seen, by tenant name.

@@ -81,6 +81,9 @@ bool checkRecord(const BlockRecord& r, size_t i, const LaunchContext& ctx, std::
   if (ran && late) return fail(err, where + "flagged both ran and late");
   if (!ran && !late) return fail(err, where + "wrote no record (neither ran nor late)");
   if (r.start_ns == 0) return fail(err, where + "start time 0 (not written)");
+  if (r.start_ns >= kMaxTimerNs || r.end_ns >= kMaxTimerNs)
+    return fail(err, where + "timer value " + std::to_string(std::max(r.start_ns, r.end_ns)) +
+                         " ns is absurd (over 146 years)");
   if (r.end_ns < r.start_ns)
     return fail(err, where + "ends (" + std::to_string(r.end_ns) + " ns) before it starts (" +
                          std::to_string(r.start_ns) + " ns)");

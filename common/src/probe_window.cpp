@@ -99,6 +99,11 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
           if (n.kind == kProbeMem) mem_missing = true;
           continue;
         }
+        if ((n.kind == kProbeSm && !baseline_.hasSm()) ||
+            (n.kind == kProbeMem && !baseline_.hasMem())) {
+          ++a.uncompared;  // not calibrated yet: not the records' fault, no log line
+          continue;
+        }
         if (n.kind == kProbeSm) {
           SmFactors f;
           if (!smFactors(n, baseline_, &f, &err)) {
@@ -163,6 +168,7 @@ std::vector<TenantWindow> ShareAggregator::window() const {
     w.rounds_with_work = a.with_work;
     w.missing = a.missing;
     w.bad = a.bad;
+    w.uncompared = a.uncompared;
     w.last_error = a.last_error;
     w.compute_share = estimate(a.share, options_.min_rounds);
     w.bandwidth_share = estimate(a.bandwidth, options_.min_rounds);

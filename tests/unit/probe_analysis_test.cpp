@@ -154,6 +154,8 @@ TEST(ProbeAnalysis, BadRecordsGiveAReasonNeverANumber) {
        "far past its budget"},
       {"more SMs than the device", [](ProbeLaunch* l) { l->ctx.sm_count = 4; },
        "8 distinct SMs on a device of 4"},
+      {"timer garbage", [](ProbeLaunch* l) { l->records[1].end_ns = ~0ull; },
+       "is absurd (over 146"},
       {"zero budget", [](ProbeLaunch* l) { l->ctx.budget_ns = 0; }, "budget 0 ns"},
       {"started before the round",
        [](ProbeLaunch* l) {

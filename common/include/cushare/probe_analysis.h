@@ -30,6 +30,7 @@ inline constexpr uint32_t kMaxSmId = 4096;                // %smid (virtual unde
 inline constexpr double kMaxCyclesPerNs = 10.0;           // 10 GHz
 inline constexpr double kMaxBytesPerNs = 100'000.0;       // 100 TB/s for the whole device
 inline constexpr uint32_t kMaxRecords = 1u << 20;
+inline constexpr uint64_t kMaxTimerNs = 1ull << 62;  // %globaltimer past this: garbage
 // A probe that starts up to this long before its round's instant is put at the instant (the
 // host-to-device clock relation is that uncertain); earlier is a wrong round start: bad.
 inline constexpr uint64_t kMaxClockSkewNs = 100'000;

@@ -80,7 +80,8 @@ struct TenantWindow {
   uint32_t rounds = 0;                  // rounds the tenant was in
   uint32_t rounds_with_work = 0;
   uint32_t missing = 0;      // rounds with work whose SM or memory sample was missing
-  uint32_t bad = 0;          // launches with bad records
+  uint32_t bad = 0;          // launches with bad records (or parameters not the baseline's)
+  uint32_t uncompared = 0;   // SM and memory launches with no baseline to compare with yet
   std::string last_error;    // the latest bad launch's reason
   Estimate compute_share;    // what its work received of the device
   Estimate bandwidth_share;  // of the device's memory bandwidth
@@ -116,7 +117,8 @@ class ShareAggregator {
  private:
   struct Acc {
     Regime regime = Regime::kTimeSliced;
-    uint32_t rounds = 0, with_work = 0, missing = 0, bad = 0, started = 0, started_of = 0;
+    uint32_t rounds = 0, with_work = 0, missing = 0, bad = 0, uncompared = 0, started = 0,
+             started_of = 0;
     std::string last_error;
     std::vector<double> share, bandwidth, latency, clock;
     double spatial = 0, temporal = 0, intra = 0;

@@ -19,6 +19,10 @@
 # cost between two processes (two probes at once); and, when nvidia-cuda-mps-control is found,
 # the multiprocessor count an MPS client sees at several active thread percentages (a real
 # daemon in a temporary pipe directory, quit afterwards; counts that differ count as DIFFERENT).
+# Then the probe kernels (cuda_kernels/probes.cu, through the runner: perf/probe_check) alone and
+# next to a hog (timeslice_probe's back-to-back 1 ms kernels in another process), on the driver and
+# on simgpu: the timer tick, launch-to-start latency, distinct SMs, per-block durations, work rates
+# and clock, to fit the guesses of simgpu's twins (docs/simgpu.md, "Probe kernels").
 # Last, how the device accounts VMM memory only an exported descriptor keeps alive after its
 # maker exited (perf/vmm_export_probe; the broker's left-behind charge relies on it).
 # GPU_CHECK_TIMESLICE_LEVELS=1 also measures the slice at each `nvidia-smi compute-policy
@@ -31,7 +35,8 @@ command -v nvidia-smi >/dev/null || { echo "gpu_check: nvidia-smi not found: not
 if [ "$build_it" = 1 ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
     cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml timeslice_probe \
-      event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe >/dev/null ||
+      event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe probe_check \
+      cushare_probes_fatbin >/dev/null ||
     { echo "gpu_check: build failed" >&2; exit 2; }
 fi
 probe="$build/perf/visibility_probe"
@@ -179,6 +184,24 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
 else
   echo "nvidia-cuda-mps-control not found: MPS not measured"
 fi
+
+echo "== probe kernels: timer tick, launch to start, distinct SMs, block durations (perf/probe_check)"
+echo "   (simgpu's twins guess: tick_ns=1000, cycles_per_ns=1.98, sm work_per_us=495/work_per_step (256),"
+echo "   mem 4.8 TB/s split per SM, no launch latency; launch_to_start is the tick probe's (launched first);"
+echo "   on the driver read rt if %globaltimer counts from the Unix epoch, else compare rounds)"
+fatbin="$build/lib/cushare/probes.fatbin"
+env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/probe_check" "$fatbin" 5 driver-alone 2>&1
+env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/timeslice_probe" 3 1000 >/dev/null 2>&1 &
+hog=$!
+sleep 0.5
+env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/probe_check" "$fatbin" 10 driver-hog 2>&1
+wait "$hog"
+simt "$perfdir/probe_check" "$fatbin" 3 simgpu-alone 2>&1
+simt "$perfdir/timeslice_probe" 3 1000 >/dev/null 2>&1 &
+hog=$!
+sleep 0.5
+simt "$perfdir/probe_check" "$fatbin" 10 simgpu-hog 2>&1
+wait "$hog"
 
 echo "== memory an exited exporter left behind (an exported VMM descriptor, never imported)"
 echo "   (the broker charges it from the device's used memory minus its processes': simgpu counts it in"

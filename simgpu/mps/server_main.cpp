@@ -41,6 +41,7 @@
 #include "config.h"
 #include "device_runner.h"
 #include "mps_protocol.h"
+#include "probe_twin.h"
 
 namespace simgpu::mps {
 namespace {
@@ -80,6 +81,8 @@ struct Client {
 struct Pending {  // a kernel in an engine, waiting for its answer
   int client;     // fd of the client's connection
   uint64_t id;    // the client's id
+  bool traced = false;  // answer its blocks' traces (MpsTrace) before its MpsDone
+  uint64_t blocks = 0;
 };
 
 struct Device {
@@ -87,6 +90,7 @@ struct Device {
   std::atomic<int64_t> queued{0};  // sum of its clients' queuedBehind
   std::unordered_map<uint64_t, Pending> pending;  // engine kernel id -> who waits
   std::vector<std::pair<uint64_t, uint64_t>> completed;  // (engine id, end) since the last answer
+  std::unordered_map<uint64_t, std::vector<BlockEvent>> traces;  // traced kernels' block events
 };
 
 class Server {
@@ -107,6 +111,7 @@ class Server {
   void onHello(Client& c, const MpsHello& h);
   void onKernel(Client& c, const MpsKernel& k);
   void answer(int fd, uint64_t id, int status, uint64_t endNs);
+  void answerTrace(int fd, uint64_t id, uint64_t blocks, const std::vector<BlockEvent>& events);
   void dropClient(Client& c, int status);  // drops its waiting work; answers it with status (0: it is gone)
   void closeClient(int fd);
   void terminate(int32_t pid);
@@ -209,6 +214,18 @@ void Server::answer(int fd, uint64_t id, int status, uint64_t endNs) {
   (void)!send(fd, &d, sizeof d, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+void Server::answerTrace(int fd, uint64_t id, uint64_t blocks, const std::vector<BlockEvent>& events) {
+  std::vector<BlockTrace> traces;
+  foldBlockEvents(events, blocks, &traces);
+  MpsTrace h;
+  h.count = static_cast<uint32_t>(traces.size());
+  h.id = id;
+  std::vector<char> m(sizeof h + traces.size() * sizeof(BlockTrace));
+  std::memcpy(m.data(), &h, sizeof h);
+  if (!traces.empty()) std::memcpy(m.data() + sizeof h, traces.data(), traces.size() * sizeof(BlockTrace));
+  (void)!send(fd, m.data(), m.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 void Server::onClient(int fd) {
   for (;;) {
     auto it = clients_.find(fd);
@@ -263,6 +280,7 @@ Device& Server::device(uint32_t dev) {
     p.switchNs = cfg_.switchNs;
     d.runner = std::make_unique<DeviceRunner>(
         p, [&d](uint64_t id, uint64_t end) { d.completed.emplace_back(id, end); }, &d.queued);
+    d.runner->engine().setBlockObserver([&d](const BlockEvent& e) { d.traces[e.kernel].push_back(e); });
     std::string err;
     Board* b = openBoard(cfg_.stateDir, static_cast<int>(dev), &err);
     if (!b || !d.runner->joinBoard(b, getpid(), true, &err))
@@ -293,7 +311,8 @@ BoardClient* Server::claimStats(Device& d, int32_t pid) {
 void Server::onKernel(Client& c, const MpsKernel& k) {
   if (c.terminated) return answer(c.fd, k.id, kMpsClientTerminated, k.startNs);
   if (k.device >= static_cast<uint32_t>(cfg_.deviceCount) || k.blocks == 0 || k.threadsPerBlock == 0 ||
-      k.threadsPerBlock > 1024 || k.blockNs > kMaxBlockNs)
+      k.threadsPerBlock > 1024 || k.blockNs > kMaxBlockNs || k.timeBoxNs > kMaxBlockNs ||
+      (k.flags & ~kMpsTraceBlocks) || ((k.flags & kMpsTraceBlocks) && k.blocks > kProbeMaxTracedBlocks))
     return answer(c.fd, k.id, kCudaInvalidValue, k.startNs);
   Device& d = device(k.device);
   auto key = std::make_pair(k.device, k.context);
@@ -315,11 +334,13 @@ void Server::onKernel(Client& c, const MpsKernel& k) {
   s.registersPerThread = k.registersPerThread;
   s.sharedPerBlock = k.sharedPerBlock;
   s.blockNs = k.blockNs;
+  s.timeBoxNs = k.timeBoxNs;
+  s.traceBlocks = (k.flags & kMpsTraceBlocks) != 0;
   // Its stream cannot have reached a time beyond now (same clock); a later claim starts now.
   const uint64_t start = std::min(k.startNs, deviceNow());
   const uint64_t id = d.runner->submit(it->second, k.streamPriority, s, start);
   // A kernel that completes inside submit (no SM fits its block) is answered after the step too.
-  d.pending[id] = Pending{c.fd, k.id};
+  d.pending[id] = Pending{c.fd, k.id, s.traceBlocks, s.blocks};
 }
 
 void Server::dropClient(Client& c, int status) {
@@ -337,6 +358,7 @@ void Server::dropClient(Client& c, int status) {
         continue;
       }
       if (status) answer(c.fd, it->second.id, status, deviceNow());
+      d.traces.erase(it->first);
       it = d.pending.erase(it);
     }
   }
@@ -397,7 +419,11 @@ void Server::stepAll() {
     next = std::min(next, d.runner->step(deviceNow()));
     for (auto [id, end] : d.completed) {
       auto it = d.pending.find(id);
+      auto tr = d.traces.find(id);
+      std::vector<BlockEvent> events;
+      if (tr != d.traces.end()) events = std::move(tr->second), d.traces.erase(tr);
       if (it == d.pending.end()) continue;  // its client is gone
+      if (it->second.traced) answerTrace(it->second.client, it->second.id, it->second.blocks, events);
       answer(it->second.client, it->second.id, kCudaSuccess, end);
       d.pending.erase(it);
     }

@@ -62,7 +62,7 @@ uint64_t Engine::submit(int ctx, int streamPriority, const KernelShape& s) {
     return id;
   }
   Kernel k{id, ctx, streamPriority, s, perSm, {}, s.blocks, 0};
-  k.waiting.push_back(Pending{s.blocks, s.blockNs});
+  k.waiting.push_back(Pending{s.blocks, s.blockNs, false, 0});
   c.waitingBlocks += s.blocks;
   kernels_.emplace(id, std::move(k));
   schedule();
@@ -143,7 +143,9 @@ void Engine::preemptGroup(uint64_t g, bool all) {
       finishIfDone(k.id);
       continue;
     }
-    k.waiting.push_front(Pending{r.count, r.end - now_, true});  // resumes with the time it had left
+    observe(BlockEvent::kSave, k, r.sm, r.count, r.firstBlock);
+    // Resumes with the time it had left.
+    k.waiting.push_front(Pending{r.count, r.end - now_, true, r.firstBlock});
     k.waitingBlocks += r.count;
     c.waitingBlocks += r.count;
   }
@@ -206,8 +208,10 @@ void Engine::place(Kernel& k, Ctx& c, bool savedOnly) {
     for (uint32_t i = 0; i < p_.sms; ++i) placed += give[i] = std::min(room[i], level - 1);
     for (uint32_t i = 0; i < p_.sms && placed < n; ++i)
       if (room[i] >= level) ++give[i], ++placed;
+    uint64_t block = p.firstBlock;
     for (uint32_t i = 0; i < p_.sms; ++i)
-      if (give[i]) take(i, k, c, give[i], p.remainingNs);
+      if (give[i]) take(i, k, c, give[i], p, block), block += give[i];
+    p.firstBlock += n;
     p.count -= n;
     k.waitingBlocks -= n;
     c.waitingBlocks -= n;
@@ -215,7 +219,18 @@ void Engine::place(Kernel& k, Ctx& c, bool savedOnly) {
   }
 }
 
-void Engine::take(uint32_t i, Kernel& k, Ctx& c, uint32_t n, uint64_t durNs) {
+void Engine::observe(BlockEvent::Kind kind, const Kernel& k, uint32_t sm, uint32_t count, uint64_t firstBlock) const {
+  if (k.shape.traceBlocks && observe_) observe_(BlockEvent{kind, sm, count, k.id, firstBlock, now_});
+}
+
+void Engine::take(uint32_t i, Kernel& k, Ctx& c, uint32_t n, const Pending& p, uint64_t firstBlock) {
+  uint64_t durNs = p.remainingNs;
+  if (k.shape.timeBoxNs) {
+    if (k.deadline == 0)  // the first block to start sets t0 (a box past the end of time: never ends)
+      k.deadline = k.shape.timeBoxNs > kNever - now_ ? kNever : now_ + k.shape.timeBoxNs;
+    // Until the deadline the block works; after it, it only writes its record (or finishes that).
+    durNs = now_ < k.deadline ? k.deadline - now_ : p.saved ? std::min(p.remainingNs, k.shape.blockNs) : k.shape.blockNs;
+  }
   Sm& sm = sms_[i];
   if (sm.blocks == 0) ++smsBusy_;
   sm.blocks += n;
@@ -227,7 +242,8 @@ void Engine::take(uint32_t i, Kernel& k, Ctx& c, uint32_t n, uint64_t durNs) {
   c.runningBlocks += n;
   k.running += n;
   runningTotal_ += n;
-  runs_.push(Run{now_ + durNs, k.id, i, n, runSeq_++});
+  runs_.push(Run{now_ + durNs, k.id, i, n, runSeq_++, firstBlock});
+  observe(BlockEvent::kStart, k, i, n, firstBlock);
 }
 
 void Engine::release(const Run& r, Kernel& k, Ctx& c) {
@@ -295,6 +311,7 @@ void Engine::advanceTo(uint64_t t) {
       Kernel& k = kernels_.at(r.kernel);
       Ctx& c = ctxs_[k.ctx];
       release(r, k, c);
+      observe(BlockEvent::kEnd, k, r.sm, r.count, r.firstBlock);
       c.stats.blocksRun += r.count;
       totals_.blocksRun += r.count;
       finishIfDone(r.kernel);

@@ -21,6 +21,9 @@
 //   as it was), whatever the priorities of work that arrived meanwhile.
 // - A context's smCap (MPS active thread percentage) bounds how many distinct SMs hold its blocks
 //   at once; not a reservation (contexts may share SMs).
+// - Time-boxed kernels (the probe kernels' twins, probe_twin.h): blocks run until the kernel's
+//   first block's start + timeBoxNs, whenever they (re)start; a traced kernel's blocks' starts,
+//   saves and ends go to the BlockObserver (block indices are kept through saves and restores).
 // Invariants: every kernel completes exactly once; counters only grow; now() never goes back.
 #pragma once
 
@@ -56,6 +59,25 @@ struct KernelShape {
   uint32_t registersPerThread = 0;  // 0: unknown (not limiting)
   uint32_t sharedPerBlock = 0;      // bytes: static + dynamic (+ the reserved 1 KiB)
   uint64_t blockNs = 0;             // how long each block runs
+  // Time-boxed blocks (the probe kernels' twins): > 0 makes each block run until the kernel's
+  // first block's start + timeBoxNs instead of blockNs; a block (re)started after that instant
+  // runs blockNs (a late block writing its record), or what it had left of it.
+  uint64_t timeBoxNs = 0;
+  // Report every block's start, save and end to the engine's BlockObserver (setBlockObserver).
+  bool traceBlocks = false;
+};
+
+// What the engine did with blocks of a traced kernel (KernelShape::traceBlocks): blocks
+// [firstBlock, firstBlock + count) (indices in the grid, 0-based) started or resumed on SM `sm`,
+// were saved out of it (a slice or the process's window ended), or ended, at device time `ns`.
+struct BlockEvent {
+  enum Kind : uint8_t { kStart, kSave, kEnd };
+  Kind kind;
+  uint32_t sm;
+  uint32_t count;
+  uint64_t kernel;
+  uint64_t firstBlock;
+  uint64_t ns;
 };
 
 // How many blocks of `k` fit on one empty SM (0: the kernel can never run).
@@ -75,7 +97,12 @@ class Engine {
   // Called when a kernel completes, with its id and completion time (inside advanceTo/submit).
   using Completion = std::function<void(uint64_t kernel, uint64_t endNs)>;
 
+  // Called for each BlockEvent of traced kernels (inside submit/advanceTo/setWindow), in time
+  // order; a kernel's kEnd events all come before its Completion.
+  using BlockObserver = std::function<void(const BlockEvent&)>;
+
   explicit Engine(const EngineParams& p, Completion done = {});
+  void setBlockObserver(BlockObserver o) { observe_ = std::move(o); }
 
   // A context. group: its time-slice group; smCap: most SMs it may occupy at once (0 or >= sms:
   // all); clientPriority: MPS client priority (0 normal, 1 below normal).
@@ -120,6 +147,7 @@ class Engine {
     uint64_t count;
     uint64_t remainingNs;
     bool saved = false;  // preempted at a slice's end: restored before anything new dispatches
+    uint64_t firstBlock = 0;  // grid indices [firstBlock, firstBlock + count)
   };
   struct Kernel {
     uint64_t id;
@@ -130,6 +158,7 @@ class Engine {
     std::deque<Pending> waiting;  // preempted blocks first, then fresh ones
     uint64_t waitingBlocks = 0;
     uint64_t running = 0;         // blocks on SMs
+    uint64_t deadline = 0;        // time-boxed: the first block's start + timeBoxNs (0: none yet)
   };
   struct Run {  // `count` blocks of one kernel on one SM, ending at `end`
     uint64_t end;
@@ -137,6 +166,7 @@ class Engine {
     uint32_t sm;
     uint32_t count;
     uint64_t seq;  // tie-break for determinism
+    uint64_t firstBlock;  // grid indices [firstBlock, firstBlock + count)
     bool operator>(const Run& o) const { return end != o.end ? end > o.end : seq > o.seq; }
   };
   struct Sm {
@@ -160,7 +190,8 @@ class Engine {
   void dispatch();  // places waiting blocks of the active group
   void place(Kernel& k, Ctx& c, bool savedOnly);
   uint32_t fits(const Sm& sm, const KernelShape& s) const;
-  void take(uint32_t sm, Kernel& k, Ctx& c, uint32_t n, uint64_t durNs);
+  void take(uint32_t sm, Kernel& k, Ctx& c, uint32_t n, const Pending& p, uint64_t firstBlock);
+  void observe(BlockEvent::Kind kind, const Kernel& k, uint32_t sm, uint32_t count, uint64_t firstBlock) const;
   void release(const Run& r, Kernel& k, Ctx& c);
   void preemptGroup(uint64_t g, bool all = false);
   void account(uint64_t dt);
@@ -168,6 +199,7 @@ class Engine {
 
   EngineParams p_;
   Completion done_;
+  BlockObserver observe_;
   uint64_t now_ = 0;
   uint64_t nextKernel_ = 1;
   uint64_t runSeq_ = 0;

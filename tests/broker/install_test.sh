@@ -10,7 +10,7 @@ rm -rf "$work"
 mkdir -p "$work"
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for f in bin/cushare-broker bin/cushare lib/cushare/libcushare.so lib/cushare/simgpu/libcuda.so.1 \
+for f in bin/cushare-broker bin/cushare lib/cushare/libcushare.so lib/cushare/probes.fatbin lib/cushare/simgpu/libcuda.so.1 \
          lib/cushare/simgpu/libcuda.so lib/cushare/simgpu/libnvidia-ml.so.1 \
          share/cushare/examples/vector_add share/cushare/examples/alloc_until_denied; do
   [ -e "$prefix/$f" ] || { echo "install_test: $f is not installed" >&2; exit 1; }

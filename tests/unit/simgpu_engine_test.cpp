@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "cost_table.h"
 #include "device_runner.h"
@@ -246,6 +247,115 @@ TEST(SimgpuEngine, TotalsCountSharedSmsOnceAndSlicedOutTimeOfTheWholeProcess) {
   r.e.submit(a, 0, shape(1, 32, 1 * kMs));
   r.run();
   EXPECT_EQ(r.e.totals().slicedOutNs, 2 * kMs);
+}
+
+// The block hook: what each block of a traced kernel really got (the probe twins' source).
+struct Traced {
+  struct Block {
+    std::vector<std::pair<uint64_t, uint32_t>> starts;  // (ns, sm)
+    std::vector<uint64_t> saves;
+    uint64_t end = 0;
+    int ends = 0;
+  };
+  std::map<uint64_t, std::map<uint64_t, Block>> k;  // kernel -> block index -> what happened
+  void attach(Engine& e) {
+    e.setBlockObserver([this](const BlockEvent& ev) {
+      for (uint64_t b = ev.firstBlock; b < ev.firstBlock + ev.count; ++b) {
+        Block& x = k[ev.kernel][b];
+        if (ev.kind == BlockEvent::kStart) x.starts.emplace_back(ev.ns, ev.sm);
+        else if (ev.kind == BlockEvent::kSave) x.saves.push_back(ev.ns);
+        else x.end = ev.ns, ++x.ends;
+      }
+    });
+  }
+};
+
+KernelShape boxed(uint64_t blocks, uint32_t threads, uint64_t boxNs, uint64_t lateNs = 1 * kUs) {
+  KernelShape s = shape(blocks, threads, lateNs);
+  s.timeBoxNs = boxNs;
+  s.traceBlocks = true;
+  return s;
+}
+
+TEST(SimgpuEngine, TimeBoxedBlocksEndAtTheBoxAndLateOnesOnlyWriteTheirRecord) {
+  Rig r(params(4));
+  Traced t;
+  t.attach(r.e);
+  const int c = r.e.addContext(1);
+  r.e.advanceTo(10 * kUs);
+  // 4 SMs x 2 blocks of 1024 threads fit at once: the first 8 run until 10 + 100 us, the last 4
+  // start at the deadline (late) and take 1 us.
+  const uint64_t id = r.e.submit(c, 0, boxed(12, 1024, 100 * kUs));
+  r.run();
+  EXPECT_EQ(r.end[id], 111 * kUs);
+  ASSERT_EQ(t.k[id].size(), 12u);
+  std::map<uint32_t, int> perSm;
+  for (uint64_t b = 0; b < 12; ++b) {
+    const Traced::Block& x = t.k[id][b];
+    ASSERT_EQ(x.starts.size(), 1u) << b;
+    EXPECT_EQ(x.ends, 1) << b;
+    EXPECT_TRUE(x.saves.empty());
+    ++perSm[x.starts[0].second];
+    if (b < 8) {
+      EXPECT_EQ(x.starts[0].first, 10 * kUs);
+      EXPECT_EQ(x.end, 110 * kUs);
+    } else {
+      EXPECT_EQ(x.starts[0].first, 110 * kUs);
+      EXPECT_EQ(x.end, 111 * kUs);
+    }
+  }
+  EXPECT_EQ(perSm.size(), 4u);
+  for (auto& [sm, n] : perSm) EXPECT_EQ(n, 3) << sm;
+  // Probe blocks are blocks like any other in the ground truth.
+  EXPECT_EQ(r.e.stats(c).blocksRun, 12u);
+  EXPECT_EQ(r.e.stats(c).busyNs, 101 * kUs);
+  EXPECT_EQ(r.e.stats(c).busySmNs, 4 * 101 * kUs);
+  // An untraced kernel reports nothing.
+  const uint64_t plain = r.e.submit(c, 0, shape(4, 32, kUs));
+  r.run();
+  EXPECT_EQ(t.k.count(plain), 0u);
+}
+
+TEST(SimgpuEngine, ABlockSlicedOutReportsTheSaveAndResumesOnlyToFinishAfterTheDeadline) {
+  Rig r(params(2, 2 * kMs, 100 * kUs));
+  Traced t;
+  t.attach(r.e);
+  const int probe = r.e.addContext(1), hog = r.e.addContext(2);
+  const uint64_t p = r.e.submit(probe, 0, boxed(2, 1024, 3 * kMs));
+  r.e.submit(hog, 0, shape(2, 1024, 10 * kMs));
+  r.e.advanceTo(30 * kMs);
+  // The probe holds [0, 2) ms, the hog [2.1, 4.1), the probe resumes at 4.2 ms, past its 3 ms
+  // deadline: it ends after what was left of its 1 us exit.
+  for (uint64_t b = 0; b < 2; ++b) {
+    const Traced::Block& x = t.k[p][b];
+    ASSERT_EQ(x.starts.size(), 2u);
+    EXPECT_EQ(x.starts[0].first, 0u);
+    EXPECT_EQ(x.starts[1].first, 4'200 * kUs);
+    ASSERT_EQ(x.saves.size(), 1u);
+    EXPECT_EQ(x.saves[0], 2 * kMs);
+    EXPECT_EQ(x.end, 4'201 * kUs);
+  }
+  EXPECT_EQ(r.end[p], 4'201 * kUs);
+  // Ground truth agrees: resident 2 ms + 1 us, sliced out 2.2 ms.
+  EXPECT_EQ(r.e.stats(probe).busyNs, 2'001 * kUs);
+  EXPECT_EQ(r.e.stats(probe).slicedOutNs, 2'200 * kUs);
+}
+
+TEST(SimgpuEngine, TracedBlocksOfACappedContextStayOnItsSms) {
+  Rig r(params(8));
+  Traced t;
+  t.attach(r.e);
+  const int c = r.e.addContext(1, 2);  // an MPS client capped at 2 SMs
+  const uint64_t id = r.e.submit(c, 0, boxed(8, 128, 50 * kUs));
+  r.run();
+  std::map<uint32_t, int> sms;
+  for (auto& [b, x] : t.k[id]) {
+    ASSERT_EQ(x.starts.size(), 1u);
+    ++sms[x.starts[0].second];
+    EXPECT_EQ(x.end, 50 * kUs);  // 16 blocks of 128 threads fit an SM: all start at once
+  }
+  EXPECT_EQ(t.k[id].size(), 8u);
+  EXPECT_EQ(sms.size(), 2u);
 }
 
 TEST(SimgpuMps, PercentageToSmsIsTheCeilingRoundedUpToAPair) {

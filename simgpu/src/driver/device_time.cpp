@@ -28,6 +28,7 @@
 #include "driver.h"
 #include "engine.h"
 #include "mps_client.h"
+#include "probe_twin.h"
 #include "timeslice_board.h"
 
 namespace simgpu {
@@ -42,6 +43,7 @@ struct DeviceEngine {
   std::condition_variable done;  // workers: a kernel completed
   DeviceRunner* runner = nullptr;  // the engine and this process's board slot (device_runner.h)
   std::unordered_map<uint64_t, uint64_t> finished;  // kernel id -> end, until its waiter takes it
+  std::unordered_map<uint64_t, std::vector<BlockEvent>> traces;  // traced kernels (probe twins)' blocks
   std::unordered_map<const Context*, int> contexts;
   bool runnerStarted = false;
   std::atomic<int64_t> queued{0};  // kernels launched on streams, not yet at the engine
@@ -95,6 +97,7 @@ void ensureEngine(DeviceEngine& d, int dev) {
     p.sliceNs = cfg.sliceNs;
     p.switchNs = cfg.switchNs;
     d.runner = new DeviceRunner(p, [&d](uint64_t id, uint64_t end) { d.finished[id] = end; }, &d.queued);
+    d.runner->engine().setBlockObserver([&d](const BlockEvent& e) { d.traces[e.kernel].push_back(e); });
     std::string err;
     Board* b = openBoard(cfg.stateDir, hostDevice(dev), &err);  // one board per physical device
     if (!b) {
@@ -119,6 +122,7 @@ void ensureEngine(DeviceEngine& d, int dev) {
     // The parent's engine, contexts and board slot are the parent's: start afresh (leaked).
     d.runner = nullptr;
     new (&d.finished) std::unordered_map<uint64_t, uint64_t>;
+    new (&d.traces) std::unordered_map<uint64_t, std::vector<BlockEvent>>;
     new (&d.contexts) std::unordered_map<const Context*, int>;
     d.queued.store(0);
   }
@@ -177,14 +181,26 @@ CUresult deviceExecute(const KernelParams& k) {
   const Context* ctx = s->ctx;
   const int streamPriority = s->priority;
   DeviceEngine& d = deviceEngine(k.device);
+  ProbeLaunch probe;  // a probe kernel's native twin: time-boxed, traced, writes its records
+  if (k.fn->probeKind) {
+    if (const CUresult r = probeBegin(k, &probe); r != CUDA_SUCCESS) {
+      if (k.queued) d.queued.fetch_sub(1, std::memory_order_acq_rel);
+      return r;
+    }
+  }
+  KernelShape shape = kernelShape(k);
+  probeShape(probe, &shape);
   if (mpsClient()) {
     // The server runs it in its one engine, side by side with its other clients' work.
     const int64_t behind = k.queued ? d.queued.fetch_sub(1, std::memory_order_acq_rel) - 1 : d.queued.load();
     uint64_t end = 0;
-    const CUresult r = mpsRunKernel(hostDevice(k.device), ctx->id, streamPriority, kernelShape(k), tlsStreamNs,
-                                    static_cast<uint32_t>(std::max<int64_t>(0, behind)), &end);
+    std::vector<BlockTrace> traces;
+    const CUresult r = mpsRunKernel(hostDevice(k.device), ctx->id, streamPriority, shape, tlsStreamNs,
+                                    static_cast<uint32_t>(std::max<int64_t>(0, behind)), &end,
+                                    shape.traceBlocks ? &traces : nullptr);
     tlsStreamNs = std::max(tlsStreamNs, end);
-    return r;
+    if (r != CUDA_SUCCESS) return r;
+    return probeEnd(k, probe, traces);
   }
   std::unique_lock l(d.mu);
   ensureEngine(d, k.device);
@@ -195,7 +211,7 @@ CUresult deviceExecute(const KernelParams& k) {
     it->second = d.runner->engine().addContext(p.group, p.smCap, p.clientPriority);
   }
   // The kernel starts where its stream is, or later if the engine already moved past that.
-  const uint64_t id = d.runner->submit(it->second, streamPriority, kernelShape(k), tlsStreamNs);
+  const uint64_t id = d.runner->submit(it->second, streamPriority, shape, tlsStreamNs);
   d.wake.notify_one();
   while (d.finished.count(id) == 0) {
     const uint64_t next = step(d);
@@ -205,7 +221,16 @@ CUresult deviceExecute(const KernelParams& k) {
   }
   tlsStreamNs = std::max(tlsStreamNs, d.finished[id]);
   d.finished.erase(id);
-  return CUDA_SUCCESS;
+  if (!shape.traceBlocks) return CUDA_SUCCESS;
+  std::vector<BlockTrace> traces;
+  if (auto t = d.traces.find(id); t != d.traces.end()) {
+    foldBlockEvents(t->second, shape.blocks, &traces);
+    d.traces.erase(t);
+  } else {
+    traces.assign(shape.blocks, BlockTrace{});
+  }
+  l.unlock();
+  return probeEnd(k, probe, traces);
 }
 
 }  // namespace simgpu

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "config.h"
+#include "cushare/probe_abi.h"
 #include "shared_state.h"
 
 #define SIMGPU_EXPORT __attribute__((visibility("default")))
@@ -301,6 +302,7 @@ struct Function {
   uint32_t staticShared = 0;
   uint64_t blockNs = 0;
   int costParam = -1;
+  uint32_t probeKind = 0;  // a cushare probe kernel (cushare/probe_abi.h): run by its native twin
   CUfunction asFunction() { return reinterpret_cast<CUfunction>(this); }
 };
 struct KernelParams {
@@ -323,6 +325,22 @@ bool blockFitsSm(const Function* f, const unsigned block[3], unsigned sharedMem)
 // stream worker, until they end. Fails only for an MPS client whose server is gone or that was
 // terminated (the MPS error).
 CUresult deviceExecute(const KernelParams& k);
+// The probe kernels' twins (probe_launch.cpp, model in probe_twin.h). probeKindOf: the ProbeKind
+// of a kernel name, 0 for any other kernel. probeBegin: reads and checks a probe launch's
+// arguments (writes the kProbeBadArgs record; an address outside device memory is the process's
+// sticky CUDA_ERROR_ILLEGAL_ADDRESS); probeShape: its engine shape (time-boxed, traced);
+// probeEnd: writes the records the engine's traces give.
+struct BlockTrace;
+struct KernelShape;
+struct ProbeLaunch {
+  uint32_t kind = 0;   // 0: not a probe
+  bool valid = false;  // its arguments pass the kernel's checks
+  cushare::probe::ProbeArgs args{};
+};
+uint32_t probeKindOf(const std::string& name);
+CUresult probeBegin(const KernelParams& k, ProbeLaunch* p);
+void probeShape(const ProbeLaunch& p, KernelShape* s);
+CUresult probeEnd(const KernelParams& k, const ProbeLaunch& p, const std::vector<BlockTrace>& traces);
 // Copies a launch's arguments into k (for graphs); runs a kernel from such a copy.
 CUresult copyKernelArgs(KernelParams* k, void** params, void** extra);
 CUresult runKernelCopy(KernelParams& k);

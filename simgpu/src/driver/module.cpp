@@ -90,6 +90,13 @@ CUresult getFunction(Module* m, const char* name, Function** out) {
       f->blockNs = rule->blockNs;
       f->costParam = rule->param;
     }
+    if ((f->probeKind = probeKindOf(f->name))) {
+      // A probe kernel runs as its native twin (its time comes from its time box, not the cost
+      // table), which reads its one ProbeArgs: the layout is the ABI's, parsed image or not.
+      f->costParam = -1;
+      f->params = {ParamInfo{0, sizeof(cushare::probe::ProbeArgs)}};
+      f->paramsKnown = true;
+    }
     it = m->functions.emplace(name, f).first;
     handleAdd(f, HandleType::kFunction);
   }
@@ -214,7 +221,7 @@ CUresult copyKernelArgs(KernelParams* k, void** params, void** extra) {
                  f->name.c_str());
     return CUDA_ERROR_NOT_SUPPORTED;
   }
-  if (!f->hostFn) return CUDA_SUCCESS;  // nothing will read them
+  if (!f->hostFn && !f->probeKind) return CUDA_SUCCESS;  // nothing will read them
   for (size_t i = 0; i < f->params.size(); ++i)
     k->args.emplace_back(static_cast<const char*>(params[i]), static_cast<const char*>(params[i]) + f->params[i].size);
   return CUDA_SUCCESS;

@@ -2,6 +2,7 @@
 // initialisation status turned into that error: every later API call returns it, as a real
 // context's sticky error, at no cost to the calls themselves.
 #include "mps_client.h"
+#include "probe_twin.h"
 
 #include <pthread.h>
 #include <sys/socket.h>
@@ -53,7 +54,10 @@ struct ServerLink {
   std::mutex mu;
   std::condition_variable cv;
   std::unordered_map<uint64_t, MpsDone> done;  // answers not yet taken by their waiter
+  std::unordered_map<uint64_t, std::vector<BlockTrace>> traces;  // traced kernels' blocks (MpsTrace)
   bool receiving = false;                      // under mu: a worker is in recv
+  // The receiving worker's buffer: the largest answer (an MpsTrace) and one byte more.
+  std::vector<char> rx = std::vector<char>(sizeof(MpsTrace) + kProbeMaxTracedBlocks * sizeof(BlockTrace) + 1);
   bool gone = false;                           // under mu: the server hung up
 };
 ServerLink* gLink = nullptr;
@@ -163,15 +167,25 @@ bool awaitAnswer(ServerLink* link, uint64_t id, MpsDone* out) {
     }
     link->receiving = true;
     l.unlock();
-    MpsDone m;
     ssize_t n;
     do {
-      n = recv(link->fd.load(), &m, sizeof m, 0);
+      n = recv(link->fd.load(), link->rx.data(), link->rx.size(), 0);
     } while (n < 0 && errno == EINTR);
     l.lock();
     link->receiving = false;
-    if (n == static_cast<ssize_t>(sizeof m) && m.type == kMpsDoneType) {
+    uint32_t type = 0;
+    if (n >= 4) std::memcpy(&type, link->rx.data(), 4);
+    MpsTrace th;
+    if (n >= static_cast<ssize_t>(sizeof th)) std::memcpy(&th, link->rx.data(), sizeof th);
+    if (n == static_cast<ssize_t>(sizeof(MpsDone)) && type == kMpsDoneType) {
+      MpsDone m;
+      std::memcpy(&m, link->rx.data(), sizeof m);
       link->done[m.id] = m;
+    } else if (type == kMpsTraceType && n >= static_cast<ssize_t>(sizeof th) && th.count <= kProbeMaxTracedBlocks &&
+               static_cast<size_t>(n) == sizeof th + th.count * sizeof(BlockTrace)) {
+      std::vector<BlockTrace>& t = link->traces[th.id];
+      t.resize(th.count);
+      if (th.count) std::memcpy(t.data(), link->rx.data() + sizeof th, th.count * sizeof(BlockTrace));
     } else {
       if (n > 0) std::fprintf(stderr, "simgpu: the MPS server sent a malformed answer; dropping the connection\n");
       serverGone(link);
@@ -322,7 +336,7 @@ void mpsAttach(const Config& cfg) {
 const MpsClientInfo* mpsClient() { return gClient.load(std::memory_order_acquire); }
 
 CUresult mpsRunKernel(int hostDev, uint64_t context, int streamPriority, const KernelShape& k, uint64_t startNs,
-                      uint32_t queuedBehind, uint64_t* endNs) {
+                      uint32_t queuedBehind, uint64_t* endNs, std::vector<BlockTrace>* traces) {
   ServerLink* link = gLink;
   *endNs = startNs;
   if (const CUresult sticky = mpsClientStatus(); sticky != CUDA_SUCCESS) return sticky;
@@ -339,6 +353,8 @@ CUresult mpsRunKernel(int hostDev, uint64_t context, int streamPriority, const K
   m.blockNs = k.blockNs;
   m.startNs = startNs;
   m.queuedBehind = queuedBehind;
+  m.timeBoxNs = k.timeBoxNs;
+  m.flags = traces ? kMpsTraceBlocks : 0;
   // One packet per kernel: concurrent sends from several stream workers never interleave.
   if (send(link->fd.load(), &m, sizeof m, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof m)) {
     std::lock_guard l(link->mu);
@@ -348,6 +364,15 @@ CUresult mpsRunKernel(int hostDev, uint64_t context, int streamPriority, const K
   MpsDone d;
   if (!awaitAnswer(link, m.id, &d)) return CUDA_ERROR_MPS_RPC_FAILURE;
   *endNs = std::max(startNs, d.endNs);
+  if (traces) {
+    // Sent before the MpsDone on the same connection: here by now, unless the kernel failed.
+    std::lock_guard l(link->mu);
+    if (auto t = link->traces.find(m.id); t != link->traces.end()) {
+      *traces = std::move(t->second);
+      link->traces.erase(t);
+    }
+    if (d.status == 0 && traces->size() != k.blocks) traces->assign(k.blocks, BlockTrace{});  // lost: no block ran
+  }
   return static_cast<CUresult>(d.status);
 }
 CUresult mpsContextStatus() { return gContextStatus.load(std::memory_order_relaxed); }

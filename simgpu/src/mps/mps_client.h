@@ -20,12 +20,14 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "config.h"
 
 namespace simgpu {
 
 struct KernelShape;
+struct BlockTrace;
 
 struct MpsClientInfo {
   int32_t serverPid = 0;      // to the time-slicing scheduler the whole server is one context
@@ -55,7 +57,8 @@ CUresult mpsClientStatus();
 // engine and waits for its end (*endNs, device time). Several stream workers may wait at once.
 // Fails with the client's sticky error, or CUDA_ERROR_MPS_RPC_FAILURE (sticky) once the server is
 // gone, or the server's answer (CUDA_ERROR_MPS_CLIENT_TERMINATED for work terminate_client ended).
+// traces (probe twins: k.traceBlocks): what the server's engine gave each block.
 CUresult mpsRunKernel(int hostDev, uint64_t context, int streamPriority, const KernelShape& k, uint64_t startNs,
-                      uint32_t queuedBehind, uint64_t* endNs);
+                      uint32_t queuedBehind, uint64_t* endNs, std::vector<BlockTrace>* traces = nullptr);
 
 }  // namespace simgpu

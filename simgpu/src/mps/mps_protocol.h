@@ -25,7 +25,9 @@
 //   connects once and speaks in binary, fixed-size packets (below, host byte order: the socket is
 //   local): MpsHello, answered by an MpsDone with id 0 (status 0, or why it is refused); then one
 //   MpsKernel per kernel, answered by an MpsDone with the same id when the server's engine
-//   completed it (several may be outstanding: one per stream). A packet of another size or type,
+//   completed it (several may be outstanding: one per stream). A kernel sent with kMpsTraceBlocks
+//   (a probe kernel's twin: simgpu/src/probe_twin.h) gets, right before its MpsDone, one MpsTrace
+//   packet: a header and one BlockTrace per block (what the engine gave each block). A packet of another size or type,
 //   or with values out of range, ends the connection. A hang-up is the client's exit: the server
 //   drops its waiting work. The server's hang-up fails the client's kernels (sticky
 //   CUDA_ERROR_MPS_RPC_FAILURE).
@@ -63,8 +65,14 @@ inline uint32_t mpsSmCap(uint32_t pctX10, uint32_t sms) {
   return cap < 1 ? 1 : static_cast<uint32_t>(cap);
 }
 
-inline constexpr uint32_t kMpsWireVersion = 1;
-enum MpsWireType : uint32_t { kMpsHelloType = 0x4f4c4548, kMpsKernelType = 0x4e52454b, kMpsDoneType = 0x454e4f44 };
+inline constexpr uint32_t kMpsWireVersion = 2;
+enum MpsWireType : uint32_t {
+  kMpsHelloType = 0x4f4c4548,
+  kMpsKernelType = 0x4e52454b,
+  kMpsDoneType = 0x454e4f44,
+  kMpsTraceType = 0x43415254,
+};
+inline constexpr uint32_t kMpsTraceBlocks = 1u << 0;  // MpsKernel::flags: answer its blocks' traces
 
 struct MpsHello {  // client -> server, first packet
   uint32_t type = kMpsHelloType;
@@ -86,7 +94,8 @@ struct MpsKernel {  // client -> server
   uint64_t blockNs = 0;
   uint64_t startNs = 0;       // device time its stream reached
   uint32_t queuedBehind = 0;  // kernels the client launched on the device, not yet sent
-  uint32_t reserved = 0;
+  uint32_t flags = 0;         // kMpsTraceBlocks
+  uint64_t timeBoxNs = 0;     // KernelShape::timeBoxNs (0: blocks last blockNs)
 };
 struct MpsDone {  // server -> client
   uint32_t type = kMpsDoneType;
@@ -94,6 +103,11 @@ struct MpsDone {  // server -> client
   uint64_t id = 0;
   uint64_t endNs = 0;  // device time the kernel ended
 };
-static_assert(sizeof(MpsHello) == 24 && sizeof(MpsKernel) == 72 && sizeof(MpsDone) == 24);
+struct MpsTrace {  // server -> client, before the MpsDone of a kernel sent with kMpsTraceBlocks
+  uint32_t type = kMpsTraceType;
+  uint32_t count = 0;  // BlockTrace records after this header: the kernel's blocks
+  uint64_t id = 0;
+};
+static_assert(sizeof(MpsHello) == 24 && sizeof(MpsKernel) == 80 && sizeof(MpsDone) == 24 && sizeof(MpsTrace) == 16);
 
 }  // namespace simgpu

@@ -1,0 +1,339 @@
+// Per-tenant window estimates from probe rounds (common/include/cushare/probe_window.h), on the
+// small model of each regime in probe_model.h: hardware time slices, cushare's exclusive turns and
+// MPS with caps, with known shares. The estimates must land within 7 points of the shares the
+// model gave, over 100 rounds at random phases.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "cushare/probe_window.h"
+#include "probe_model.h"
+
+namespace cushare::probe {
+namespace {
+
+using model::Device;
+using model::Schedule;
+
+constexpr double kTolerance = 0.07;
+// Exclusive regimes give one 0/1 sample per round (did the probe start without waiting), whose
+// standard error is sqrt(p(1-p)/n): 5 points at 50 % over 100 rounds, so 7 points hold in about
+// 85 % of 100-round windows (TheStartStatisticIsUnbiasedAndItsErrorHonest measures it) and in
+// nearly all 300-round windows. The fixed-seed checks use 300.
+constexpr int kExclusiveRounds = 300;
+
+struct ExclusiveTenant {
+  std::string name;
+  std::vector<int> contexts;  // its contexts' indices in the schedule
+  bool has_work = true;
+};
+
+Round exclusiveRound(const Device& d, const Schedule& s, const std::vector<ExclusiveTenant>& ts,
+                     Regime regime, double at, std::mt19937_64& rng) {
+  Round r;
+  r.start_ns = uint64_t(at);
+  for (const ExclusiveTenant& t : ts) {
+    TenantRound tr{t.name, regime, t.has_work, {}};
+    for (int c : t.contexts) tr.contexts.push_back(model::exclusiveProbes(d, s, c, at, rng));
+    r.tenants.push_back(std::move(tr));
+  }
+  return r;
+}
+
+// Rounds at random instants: one in each 100 ms, at a uniformly random point of it.
+double roundAt(int k, std::mt19937_64& rng) {
+  return 1e9 + k * 1e8 + std::uniform_real_distribution<double>(0, 1e8)(rng);
+}
+
+std::map<std::string, TenantWindow> byName(const std::vector<TenantWindow>& v) {
+  std::map<std::string, TenantWindow> m;
+  for (const TenantWindow& w : v) m[w.tenant] = w;
+  return m;
+}
+
+double truthOf(const Schedule& s, const ExclusiveTenant& t) {
+  double share = 0;
+  for (int c : t.contexts) share += s.share(c);
+  return share;
+}
+
+std::map<std::string, TenantWindow> runExclusive(const Device& d, const Schedule& s,
+                                                 const std::vector<ExclusiveTenant>& ts,
+                                                 Regime regime, uint64_t seed,
+                                                 int rounds = kExclusiveRounds) {
+  std::mt19937_64 rng(seed);
+  ShareAggregator agg(model::calibrate(d, rng));
+  for (int k = 0; k < rounds; ++k) {
+    Round rr = exclusiveRound(d, s, ts, regime, roundAt(k, rng), rng);
+    const std::vector<std::string> bad = agg.addRound(rr);
+    EXPECT_TRUE(bad.empty()) << bad[0];
+  }
+  return byName(agg.window());
+}
+
+void expectShares(const std::map<std::string, TenantWindow>& w, const Schedule& s,
+                  const std::vector<ExclusiveTenant>& ts) {
+  for (const ExclusiveTenant& t : ts) {
+    if (!t.has_work) continue;
+    const TenantWindow& tw = w.at(t.name);
+    const double truth = truthOf(s, t);
+    ASSERT_TRUE(tw.compute_share.known) << t.name;
+    EXPECT_TRUE(tw.compute_share.enough) << t.name;
+    EXPECT_EQ(tw.compute_share.rounds, uint32_t(kExclusiveRounds)) << t.name;
+    EXPECT_NEAR(tw.compute_share.value, truth, kTolerance) << t.name;
+    // The standard error is the binomial one.
+    const double p = tw.compute_share.value;
+    EXPECT_NEAR(tw.compute_share.stderr_, std::sqrt(p * (1 - p) / kExclusiveRounds), 0.005)
+        << t.name;
+    EXPECT_DOUBLE_EQ(tw.started_fraction, tw.compute_share.value) << t.name;
+    // Exclusive: while it runs it has the whole bandwidth, so its share of it follows its time.
+    ASSERT_TRUE(tw.bandwidth_share.known) << t.name;
+    EXPECT_NEAR(tw.bandwidth_share.value, truth, kTolerance) << t.name;
+    ASSERT_TRUE(tw.compute_index && tw.bandwidth_index && tw.latency_index_ns) << t.name;
+    EXPECT_NEAR(*tw.compute_index, 1 - tw.compute_share.value, 0.03) << t.name;
+  }
+}
+
+// No MPS, no pacing: the GPU gives each context an equal slice (2 ms, 25 us to switch). Tenant B
+// has two processes, so two slices per round of four: 25/50/25. B is probed in both contexts.
+// Tenant D has no work: it gets no share, and its launches wait for the current slice to end.
+TEST(ProbeWindow, TimeSlices25_50_25) {
+  Device d;
+  const Schedule s(
+      {{0, 2e6}, {-1, 25e3}, {1, 2e6}, {-1, 25e3}, {2, 2e6}, {-1, 25e3}, {3, 2e6}, {-1, 25e3}});
+  const std::vector<ExclusiveTenant> ts = {
+      {"A", {0}}, {"B", {1, 3}}, {"C", {2}}, {"D", {4}, /*has_work=*/false}};
+  const auto w = runExclusive(d, s, ts, Regime::kTimeSliced, 11);
+  expectShares(w, s, ts);
+  EXPECT_NEAR(truthOf(s, ts[1]), 0.494, 0.001);
+  const TenantWindow& idle = w.at("D");
+  EXPECT_EQ(idle.rounds, uint32_t(kExclusiveRounds));
+  EXPECT_EQ(idle.rounds_with_work, 0u);
+  EXPECT_FALSE(idle.compute_share.known) << "an idle tenant is assigned no share";
+  EXPECT_FALSE(idle.compute_index);
+  ASSERT_TRUE(idle.latency_index_ns);
+  EXPECT_GT(*idle.latency_index_ns, 1e6) << "it waits for the slice holder, up to 2 ms";
+  EXPECT_GT(*w.at("A").latency_index_ns, 3e6) << "A waits for up to three other slices";
+}
+
+// Slices of unequal length (3 ms and 7 ms): 30/70.
+TEST(ProbeWindow, TimeSlices30_70) {
+  Device d;
+  const Schedule s({{0, 3e6}, {-1, 25e3}, {1, 7e6}, {-1, 25e3}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}};
+  expectShares(runExclusive(d, s, ts, Regime::kTimeSliced, 12), s, ts);
+}
+
+// cushare's turns: 100 ms periods, 1 ms to drain between turns, the probes go through the gates.
+TEST(ProbeWindow, Turns30_70) {
+  Device d;
+  const Schedule s({{0, 30e6}, {-1, 1e6}, {1, 70e6}, {-1, 1e6}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}};
+  expectShares(runExclusive(d, s, ts, Regime::kTurns, 13), s, ts);
+}
+
+TEST(ProbeWindow, Turns25_50_25) {
+  Device d;
+  const Schedule s({{0, 25e6}, {-1, 1e6}, {1, 50e6}, {-1, 1e6}, {2, 25e6}, {-1, 1e6}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}, {"C", {2}}};
+  expectShares(runExclusive(d, s, ts, Regime::kTurns, 14), s, ts);
+}
+
+// The start statistic is a binomial sample: over many windows of 100 rounds it is unbiased, lands
+// within 7 points in most windows (the rest is the sampling error of 100 rounds, about 5 points
+// at 50 %), and the stated standard error covers the truth as a standard error should.
+TEST(ProbeWindow, TheStartStatisticIsUnbiasedAndItsErrorHonest) {
+  Device d;
+  d.sms = 8;  // the statistic does not depend on the SM count; fewer records, faster
+  const Schedule s(
+      {{0, 2e6}, {-1, 25e3}, {1, 2e6}, {-1, 25e3}, {2, 2e6}, {-1, 25e3}, {3, 2e6}, {-1, 25e3}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1, 3}}, {"C", {2}}};
+  constexpr int kWindows = 60;
+  for (const ExclusiveTenant& t : ts) {
+    double bias = 0;
+    int within = 0, covered = 0;
+    for (int i = 0; i < kWindows; ++i) {
+      const auto w = runExclusive(d, s, ts, Regime::kTimeSliced, 1000 + i, 100);
+      const Estimate& e = w.at(t.name).compute_share;
+      const double err = e.value - truthOf(s, t);
+      bias += err / kWindows;
+      within += std::abs(err) <= kTolerance;
+      covered += std::abs(err) <= 2 * e.stderr_ + 1e-9;
+    }
+    EXPECT_LT(std::abs(bias), 0.015) << t.name;
+    EXPECT_GE(within, kWindows * 3 / 4) << t.name;
+    EXPECT_GE(covered, kWindows * 85 / 100) << t.name;
+  }
+}
+
+// --- MPS -----------------------------------------------------------------------------------
+
+struct MpsResult {
+  std::map<std::string, TenantWindow> w;
+  std::vector<double> truth;
+};
+
+// One client per tenant (names "T0", "T1", ...); tenant `late_tenant`'s SM probe finds every block
+// late in `late_fraction` of the rounds.
+MpsResult runMps(const Device& d, const std::vector<double>& caps, uint64_t seed,
+                 int late_tenant = -1, double late_fraction = 0) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  ShareAggregator agg(model::calibrate(d, rng));
+  const model::MpsLayout m = model::mpsLayout(d, caps);
+  MpsResult out;
+  for (size_t i = 0; i < caps.size(); ++i) out.truth.push_back(m.truth(i, d.sms));
+  for (int k = 0; k < 100; ++k) {
+    Round r;
+    const double at = roundAt(k, rng);
+    r.start_ns = uint64_t(at);
+    for (size_t i = 0; i < caps.size(); ++i) {
+      const bool late = int(i) == late_tenant && u(rng) < late_fraction;
+      r.tenants.push_back({"T" + std::to_string(i),
+                           Regime::kConcurrent,
+                           true,
+                           {model::mpsProbes(d, m, i, at, out.truth[i], late, rng)}});
+    }
+    const std::vector<std::string> bad = agg.addRound(r);
+    EXPECT_TRUE(bad.empty()) << bad[0];
+  }
+  out.w = byName(agg.window());
+  return out;
+}
+
+void expectMps(const MpsResult& r) {
+  for (size_t i = 0; i < r.truth.size(); ++i) {
+    const TenantWindow& w = r.w.at("T" + std::to_string(i));
+    ASSERT_TRUE(w.compute_share.known);
+    EXPECT_NEAR(w.compute_share.value, r.truth[i], kTolerance) << w.tenant;
+    EXPECT_NEAR(w.bandwidth_share.value, r.truth[i], kTolerance) << w.tenant;
+    EXPECT_NEAR(w.intra * w.spatial, w.compute_share.value, 0.02) << w.tenant;
+    EXPECT_NEAR(w.clock, 1.0, 0.02);
+    EXPECT_NEAR(*w.compute_index, 1 - w.compute_share.value, 0.02);
+    EXPECT_NEAR(*w.bandwidth_index, 1 - w.bandwidth_share.value, 1e-9);
+    EXPECT_LT(*w.latency_index_ns, 2000) << "MPS clients start at once";
+  }
+}
+
+// Caps 30 and 70 % (40 and 94 SMs of 132, two shared). Every probe launches 132 blocks, stacked
+// three to an SM (the rest late). T1's SM probe is all late in about 30 % of the rounds.
+TEST(ProbeWindow, Mps30_70WithStackingAndMissingRounds) {
+  Device d;
+  const MpsResult r = runMps(d, {0.3, 0.7}, 21, 1, 0.3);
+  EXPECT_NEAR(r.truth[0], 0.295, 0.005);
+  expectMps(r);
+  const TenantWindow& t1 = r.w.at("T1");
+  EXPECT_GT(t1.missing, 20u);
+  EXPECT_EQ(t1.compute_share.rounds + t1.missing, 100u);
+  // Were the missing rounds zeros, the estimate would be far off: the test has the power to see it.
+  const double as_zero = t1.compute_share.value * t1.compute_share.rounds / 100.0;
+  EXPECT_GT(std::abs(as_zero - r.truth[1]), kTolerance);
+  // Were stacked blocks not divided out, the intra-SM factor would be a third.
+  EXPECT_NEAR(t1.intra, 1.0, 0.03);
+}
+
+TEST(ProbeWindow, Mps25_50_25) {
+  Device d;
+  expectMps(runMps(d, {0.25, 0.5, 0.25}, 22));
+}
+
+// Two MPS clients of one tenant: its share is the sum of theirs.
+TEST(ProbeWindow, ClientsOfOneTenantAddUp) {
+  Device d;
+  std::mt19937_64 rng(23);
+  ShareAggregator agg(model::calibrate(d, rng));
+  const model::MpsLayout m = model::mpsLayout(d, {0.25, 0.25, 0.5});
+  for (int k = 0; k < 20; ++k) {
+    Round r;
+    const double at = roundAt(k, rng);
+    r.start_ns = uint64_t(at);
+    r.tenants.push_back({"two",
+                         Regime::kConcurrent,
+                         true,
+                         {model::mpsProbes(d, m, 0, at, m.truth(0, d.sms), false, rng),
+                          model::mpsProbes(d, m, 1, at, m.truth(1, d.sms), false, rng)}});
+    r.tenants.push_back({"one",
+                         Regime::kConcurrent,
+                         true,
+                         {model::mpsProbes(d, m, 2, at, m.truth(2, d.sms), false, rng)}});
+    agg.addRound(r);
+  }
+  const auto w = byName(agg.window());
+  EXPECT_NEAR(w.at("two").compute_share.value, m.truth(0, d.sms) + m.truth(1, d.sms), 0.02);
+  EXPECT_NEAR(w.at("one").compute_share.value, m.truth(2, d.sms), 0.02);
+  EXPECT_NEAR(w.at("two").bandwidth_share.value, 0.5, 0.03);
+}
+
+// A bad launch is reported with its tenant and reason; the tenant's other launches and rounds,
+// and the other tenants, still count.
+TEST(ProbeWindow, BadLaunchesAreReportedAndDoNotSpoilTheRound) {
+  Device d;
+  d.sms = 16;
+  std::mt19937_64 rng(24);
+  ShareAggregator agg(model::calibrate(d, rng), {.min_rounds = 30});
+  const Schedule s({{0, 3e6}, {-1, 25e3}, {1, 7e6}, {-1, 25e3}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}};
+  int bad_lines = 0;
+  for (int k = 0; k < 20; ++k) {
+    Round r = exclusiveRound(d, s, ts, Regime::kTimeSliced, roundAt(k, rng), rng);
+    if (k == 5) r.tenants[0].contexts[0].launches[1].records[0].flags = kProbeBadArgs;
+    const std::vector<std::string> lines = agg.addRound(r);
+    bad_lines += int(lines.size());
+    if (k == 5) {
+      ASSERT_EQ(lines.size(), 1u);
+      EXPECT_EQ(lines[0].rfind("tenant A: SM probe block 0: the kernel rejected", 0), 0u)
+          << lines[0];
+    }
+  }
+  EXPECT_EQ(bad_lines, 1);
+  Round twice = exclusiveRound(d, s, ts, Regime::kTimeSliced, roundAt(20, rng), rng);
+  twice.tenants.push_back(twice.tenants[1]);
+  std::vector<std::string> lines = agg.addRound(twice);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "tenant B: listed twice in one probe round; the second ignored");
+  twice.start_ns = 0;
+  lines = agg.addRound(twice);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("without an instant"), std::string::npos);
+  const auto w = byName(agg.window());
+  EXPECT_EQ(w.at("A").bad, 1u);
+  EXPECT_NE(w.at("A").last_error.find("kProbeBadArgs"), std::string::npos);
+  EXPECT_EQ(w.at("A").compute_share.rounds, 21u) << "the tick and memory probes still dated it";
+  EXPECT_EQ(w.at("B").rounds, 21u) << "listed twice: counted once; no instant: not counted";
+  EXPECT_FALSE(w.at("A").compute_share.enough) << "21 rounds of the 30 asked for";
+  EXPECT_EQ(w.at("B").bad, 0u);
+  agg.reset();
+  EXPECT_TRUE(agg.window().empty());
+}
+
+// Without a baseline (no calibration yet) the SM and memory probes cannot be compared: they are
+// counted as uncompared (no log line each round), and exclusive shares still come from start
+// times (default threshold).
+TEST(ProbeWindow, WithoutABaselineOnlyStartTimesCount) {
+  Device d;
+  d.sms = 8;
+  std::mt19937_64 rng(25);
+  ShareAggregator agg(SoloBaseline{});
+  const Schedule s({{0, 3e6}, {-1, 25e3}, {1, 7e6}, {-1, 25e3}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}};
+  for (int k = 0; k < 100; ++k)
+    EXPECT_TRUE(
+        agg.addRound(exclusiveRound(d, s, ts, Regime::kTimeSliced, roundAt(k, rng), rng)).empty());
+  const auto w = byName(agg.window());
+  EXPECT_NEAR(w.at("A").compute_share.value, truthOf(s, ts[0]), kTolerance);
+  EXPECT_FALSE(w.at("A").bandwidth_share.known);
+  EXPECT_EQ(w.at("A").uncompared, 200u);
+  EXPECT_EQ(w.at("A").bad, 0u);
+  EXPECT_FALSE(w.at("A").latency_index_ns) << "no solo latency to compare with";
+  EXPECT_TRUE(w.at("A").latency_p95_ns);
+  // The rolling baseline's latency from the rounds' fastest starts: a solo start each round.
+  RollingBaseline rolling;
+  for (double f : agg.fastestStarts()) rolling.observeRoundFastestStart(f);
+  const SoloBaseline b = rolling.merged(SoloBaseline{});
+  // Each round's earliest start: 8 us + the least of three launches' jitters (up to 4 us).
+  EXPECT_GE(b.latency_p95_ns, 8'000);
+  EXPECT_LE(b.latency_p95_ns, 11'000);
+}
+
+}  // namespace
+}  // namespace cushare::probe

@@ -80,7 +80,8 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
                                            "unknown_tenants", "admin_group", "state_file",
                                            "hidden_memory_allowance", "context_memory", "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
-                                           "mps", "compute"};
+                                           "mps", "compute", "probes"};
+const std::vector<std::string> kProbeKeys = {"interval_ms", "window_s", "budget_us", "kinds"};
 const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "metering", "fair_share"};
 const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority", "weight"};
 const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
@@ -223,7 +224,52 @@ class Parser {
     if (k == "profiles") return profiles(v, c);
     if (k == "tenants") return tenants(v);
     if (k == "compute") return compute(v, &c->compute);
+    if (k == "probes") return probes(v, &c->probes);
     return unknownKey(key, path, kTopKeys);
+  }
+
+  // probes: off | on | {interval_ms: 20..600000, window_s: 1..3600, budget_us: 20..10000,
+  //                     kinds: [sm, mem, tick]}
+  bool probes(const Node& n, ProbeConfig* out) {
+    ProbeConfig p;
+    if (n.kind == Node::kScalar) {
+      if (n.text != "off" && n.text != "on")
+        return fail(n.mark, "probes", "expected off, on or a map of settings, found '" + n.text + "'");
+      p.on = n.text == "on";
+      *out = p;
+      return true;
+    }
+    if (!map(n, "probes", "off, on or a map of settings (interval_ms, window_s, budget_us, kinds)"))
+      return false;
+    for (size_t i = 0; i < n.keys.size(); ++i) {
+      const Node& key = n.keys[i];
+      const Node& v = n.items[i];
+      const std::string path = join("probes", key.text);
+      std::string text, reason;
+      if (key.text == "interval_ms" || key.text == "window_s" || key.text == "budget_us") {
+        const int64_t lo = key.text == "interval_ms" ? 20 : key.text == "window_s" ? 1 : 20;
+        const int64_t hi = key.text == "interval_ms" ? 600000 : key.text == "window_s" ? 3600 : 10000;
+        if (!scalar(v, path, "a whole number " + std::to_string(lo) + ".." + std::to_string(hi), &text)) return false;
+        int64_t x = 0;
+        if (!parseInt(text, lo, hi, &x, &reason)) return fail(v.mark, path, reason);
+        (key.text == "interval_ms" ? p.intervalMs : key.text == "window_s" ? p.windowS : p.budgetUs) =
+            static_cast<uint32_t>(x);
+      } else if (key.text == "kinds") {
+        if (v.kind != Node::kList || v.items.empty())
+          return fail(v.mark, path, "expected a list of probes from sm, mem and tick, e.g. [sm, tick]");
+        p.kinds = 0;
+        for (const Node& k : v.items) {
+          const uint32_t bit = k.kind != Node::kScalar ? 0 : k.text == "sm" ? 1u : k.text == "mem" ? 2u : k.text == "tick" ? 4u : 0;
+          if (bit == 0) return fail(k.mark, path, "unknown probe '" + k.text + "' (probes: sm, mem, tick)");
+          if (p.kinds & bit) return fail(k.mark, path, "probe '" + k.text + "' listed twice");
+          p.kinds |= bit;
+        }
+      } else {
+        return unknownKey(key, path, kProbeKeys);
+      }
+    }
+    *out = p;
+    return true;
   }
 
   // The mps: block (MpsConfig). Kept apart from the other top-level keys.

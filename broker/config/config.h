@@ -104,9 +104,21 @@ struct ComputeConfig {
   bool fairShare = true;              // contending tenants share devices by weight (docs/compute.md)
 };
 
+// Probe rounds (`probes:` block; docs/probes.md): every interval, the probes run at one instant
+// in one process of each tenant with processes on a device; the broker turns their records into
+// each tenant's achieved share over a window.
+struct ProbeConfig {
+  bool on = true;
+  uint32_t intervalMs = 1000;   // between rounds on a device (a random phase within it)
+  uint32_t windowS = 10;        // shares are estimated over this many seconds of rounds
+  uint32_t budgetUs = 200;      // the SM probe's time box (memory: 3/4 of it, tick: 1/2)
+  uint32_t kinds = 1u | 4u;     // ProbeSet bits: sm 1, mem 2, tick 4 (default sm and tick)
+};
+
 struct Config {
   std::string file;
   ComputeConfig compute;  // the name used in messages (the path given to loadConfig)
+  ProbeConfig probes;
   std::string ledgerDir = "/dev/shm/cushare";
   std::string socket = "/run/cushare/broker.sock";
   std::string metricsHost = "127.0.0.1";  // as written; an IPv6 address without brackets; empty:

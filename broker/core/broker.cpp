@@ -1,5 +1,6 @@
 // See broker.h.
 #include "core/broker.h"
+#include "core/probes.h"
 
 #include <dirent.h>
 #include <fcntl.h>

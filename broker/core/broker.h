@@ -49,6 +49,8 @@
 
 namespace cushare::broker {
 
+class ProbeScheduler;
+
 struct EnvInfo {
   std::string tenant;
   std::string ledgerDir;
@@ -325,6 +327,7 @@ class Broker {
   uint64_t ticks_ = 0;
   std::string deviceError_;  // the device's per-process accounting could not be read (logged once)
   std::shared_ptr<ComputeState> compute_;  // compute.cpp; created by the first computeTick
+  std::unique_ptr<ProbeScheduler> probes_;  // probes.cpp; created by the first computeTick
 };
 
 }  // namespace cushare::broker

@@ -21,6 +21,7 @@
 
 #include "core/broker.h"
 #include "core/bus_guard.h"
+#include "core/probes.h"
 #include "core/log.h"
 
 namespace cushare::broker {
@@ -204,6 +205,8 @@ void Broker::computeSnapshotLocked(const std::string& tenant, size_t device, Ten
 std::chrono::microseconds Broker::computeTick() {
   std::lock_guard<std::mutex> g(mu_);
   if (!compute_) compute_ = std::make_shared<ComputeState>();
+  if (!probes_) probes_ = std::make_unique<ProbeScheduler>(config_.probes, ledgerDir_, devices_.size());
+  probes_->configure(config_.probes);
   ComputeState& cs = *compute_;
   const uint64_t now = monoNs();
   const uint64_t sinceLast = cs.lastTick == 0 ? 0 : now - cs.lastTick;
@@ -381,6 +384,24 @@ std::chrono::microseconds Broker::computeTick() {
       return static_cast<int64_t>(static_cast<double>(period) * m.weight * m.td->correction / std::max(weights, 1e-9));
     };
     const bool schedule = capped || differ || fairOn;
+    // Probe rounds (probes.cpp): every tenant with its device entry here, the regime it runs in.
+    {
+      std::vector<ProbeTenant> pt;
+      for (Member& m : members) {
+        ProbeTenant x;
+        x.name = m.t->name;
+        x.ledger = m.t->ledger.get();
+        x.entry = m.t->entry[d];
+        x.work = m.td->lastWork != 0 && now - m.td->lastWork < kFairActive;
+        x.regime = m.mps ? probe::Regime::kConcurrent
+                         : schedule && m.td->paced ? probe::Regime::kTurns : probe::Regime::kTimeSliced;
+        x.owner = m.t->owner;
+        x.gid = m.t->config.gid ? static_cast<int>(*m.t->config.gid) : -1;
+        x.mode = m.t->config.gid ? 0660 : 0600;
+        pt.push_back(std::move(x));
+      }
+      probes_->step(d, now, pt, [&](const std::function<void()>& f) { return guarded(f); });
+    }
     if (!schedule) {
       dev.holder.clear();
       dev.draining = false;

@@ -209,6 +209,18 @@ bool loadRealDriver(std::string* error) noexcept {
   if (!gDriver.p_cuEventElapsedTime) CUSHARE_RESOLVE(cuEventElapsedTime);
   CUSHARE_RESOLVE(cuStreamCreate);
   CUSHARE_RESOLVE(cuCtxGetStreamPriorityRange);
+  CUSHARE_RESOLVE(cuCtxPushCurrent_v2);
+  CUSHARE_RESOLVE(cuCtxPopCurrent_v2);
+  CUSHARE_RESOLVE(cuDeviceGetAttribute);
+  CUSHARE_RESOLVE(cuDevicePrimaryCtxRetain);
+  CUSHARE_RESOLVE(cuGetErrorName);
+  CUSHARE_RESOLVE(cuGetErrorString);
+  CUSHARE_RESOLVE(cuMemcpyDtoHAsync_v2);
+  CUSHARE_RESOLVE(cuMemsetD8_v2);
+  CUSHARE_RESOLVE(cuMemsetD8Async);
+  CUSHARE_RESOLVE(cuModuleGetFunction);
+  CUSHARE_RESOLVE(cuModuleLoadData);
+  CUSHARE_RESOLVE(cuModuleUnload);
 #undef CUSHARE_RESOLVE
   if (!gDriver.p_cuInit || !gDriver.p_cuGetProcAddress_v2 || !gDriver.p_cuCtxGetDevice || !gDriver.p_cuDeviceGetUuid_v2) {
     if (error) *error = "the CUDA driver libcuda.so.1 lacks entry points the shim needs (driver older than CUDA 12?)";

@@ -51,6 +51,19 @@ struct RealDriver {
   CUresult (*p_cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;
   CUresult (*p_cuStreamCreate)(CUstream*, unsigned) = nullptr;
   CUresult (*p_cuCtxGetStreamPriorityRange)(int*, int*) = nullptr;
+  // The probe thread (probe_thread.cpp, through probe_driver.h): the runner's unhooked calls.
+  CUresult (*p_cuCtxPushCurrent_v2)(CUcontext) = nullptr;
+  CUresult (*p_cuCtxPopCurrent_v2)(CUcontext*) = nullptr;
+  CUresult (*p_cuDeviceGetAttribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
+  CUresult (*p_cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*p_cuGetErrorName)(CUresult, const char**) = nullptr;
+  CUresult (*p_cuGetErrorString)(CUresult, const char**) = nullptr;
+  CUresult (*p_cuMemcpyDtoHAsync_v2)(void*, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*p_cuMemsetD8_v2)(CUdeviceptr, unsigned char, size_t) = nullptr;
+  CUresult (*p_cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
+  CUresult (*p_cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*p_cuModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*p_cuModuleUnload)(CUmodule) = nullptr;
 };
 
 struct RealNvml {

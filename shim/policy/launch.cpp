@@ -35,6 +35,7 @@
 #include "interpose/real.h"
 #include "policy/busy_source.h"
 #include "policy/cupti_source.h"
+#include "policy/probe_thread.h"
 #include "runtime/log.h"
 #include "runtime/mps_env.h"
 #include "runtime/state.h"
@@ -408,6 +409,7 @@ bool pass() noexcept {
     }
     LedgerComputeSlot* slot = ownSlot(i);
     if (slot == nullptr || st.devices[i].compute == nullptr) continue;
+    probeCheck(i, st.devices[i].compute, st.ledger->slot());
     const uint32_t in = slot->inflight.load(std::memory_order_relaxed) != 0 ? kActivityInFlight : 0;
     constexpr uint32_t kMine = kActivityInFlight;
     uint32_t a = slot->activity.load(std::memory_order_relaxed);
@@ -484,6 +486,7 @@ void resetAfterFork() noexcept {
   for (LedgerComputeSlot*& slot : gSlots) slot = nullptr;
   for (BusyUnion& u : gPacer.busy) u.reset();
   cuptiForgetAfterFork();  // CUPTI's threads are the parent's: the child meters with events
+  probeResetAfterFork();
   for (LocalCap& lc : gLocal) {  // the child starts its own budget (its pacer sets it)
     lc.cap = kComputeNoCap;
     lc.last = 0;

@@ -196,7 +196,8 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       {"compute", {kLedgerComputeOffset, kLedgerComputeBytes}},
       {"compute_slots", {kLedgerComputeSlotOffset, kLedgerComputeSlotBytes}},
 #define CD(f) {"compute[d]." #f, {offsetof(LedgerComputeDevice, f), sizeof(LedgerComputeDevice::f)}}
-      CD(mode), CD(gate), CD(gate_epoch), CD(cap), CD(priority), CD(others), CD(reserved1),
+      CD(mode), CD(gate), CD(gate_epoch), CD(cap), CD(priority), CD(others), CD(probe_seq), CD(probe_slot),
+      CD(probe_at_ns), CD(probe_what), CD(probe_budget_us), CD(reserved1),
 #undef CD
 #define CS(f) {"compute_slots[d][s]." #f, {offsetof(LedgerComputeSlot, f), sizeof(LedgerComputeSlot::f)}}
       CS(busy_ns), CS(throttled_ns), CS(activity_ns), CS(activity), CS(inflight),

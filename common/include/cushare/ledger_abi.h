@@ -114,7 +114,17 @@ struct LedgerComputeDevice {
   // highest priority active among the device's other tenants (bits 0..1: 0..2, 3 none) and the
   // floor percent (bits 8..15). 0: not published (an older broker): nothing to yield to.
   std::atomic<uint32_t> others;
-  uint64_t reserved1[5];  // pads the entry to one 64-byte cache line
+  // A probe round (docs/probes.md): the broker asks the process of ledger slot probe_slot to run
+  // the probes in probe_what (ProbeSet bits, cushare/probe_abi.h) at CLOCK_REALTIME probe_at_ns,
+  // the SM probe time-boxed to probe_budget_us, and to write the records to the tenant's probe
+  // file. probe_seq moves last (+1 a request); 0: never asked (formerly reserved, so an older
+  // broker asks nothing and an older shim ignores the words).
+  std::atomic<uint32_t> probe_seq;
+  std::atomic<uint32_t> probe_slot;
+  std::atomic<uint64_t> probe_at_ns;
+  std::atomic<uint32_t> probe_what;
+  std::atomic<uint32_t> probe_budget_us;
+  uint64_t reserved1[2];  // pads the entry to one 64-byte cache line
 };
 
 // Shim-written, one per device entry and process slot (the broker reads them, clamped, and keeps
@@ -183,7 +193,12 @@ static_assert(offsetof(LedgerComputeDevice, gate_epoch) == 8);
 static_assert(offsetof(LedgerComputeDevice, cap) == 12);
 static_assert(offsetof(LedgerComputeDevice, priority) == 16);
 static_assert(offsetof(LedgerComputeDevice, others) == 20);
-static_assert(offsetof(LedgerComputeDevice, reserved1) == 24);
+static_assert(offsetof(LedgerComputeDevice, probe_seq) == 24);
+static_assert(offsetof(LedgerComputeDevice, probe_slot) == 28);
+static_assert(offsetof(LedgerComputeDevice, probe_at_ns) == 32);
+static_assert(offsetof(LedgerComputeDevice, probe_what) == 40);
+static_assert(offsetof(LedgerComputeDevice, probe_budget_us) == 44);
+static_assert(offsetof(LedgerComputeDevice, reserved1) == 48);
 static_assert(sizeof(LedgerComputeDevice) == 64);
 static_assert(offsetof(LedgerComputeSlot, busy_ns) == 0);
 static_assert(offsetof(LedgerComputeSlot, throttled_ns) == 8);

@@ -1,0 +1,280 @@
+#include "core/probes.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/log.h"
+#include "cushare/probe_file.h"
+
+namespace cushare::broker {
+namespace {
+
+constexpr uint64_t kMs = 1'000'000;
+constexpr uint64_t kLead = 20 * kMs;        // a round's instant comes this long after it is asked
+constexpr uint64_t kCollect = 1000 * kMs;   // results not written within this of the instant: lost
+constexpr uint64_t kActiveSlot = 10'000 * kMs;  // a process that launched within this is asked
+// A record's start within this of a launch's host clock tells which clock %globaltimer follows.
+constexpr uint64_t kClockMatch = 60'000 * kMs;
+
+uint64_t realtimeNs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint64_t absDiff(uint64_t a, uint64_t b) { return a > b ? a - b : b - a; }
+
+}  // namespace
+
+ProbeScheduler::ProbeScheduler(const ProbeConfig& config, std::string ledgerDir, size_t devices)
+    : config_(config), ledgerDir_(std::move(ledgerDir)), devices_(devices), rng_(std::random_device{}()) {}
+
+ProbeScheduler::~ProbeScheduler() {
+  for (auto& [name, fd] : fds_)
+    if (fd >= 0) ::close(fd);
+}
+
+void ProbeScheduler::configure(const ProbeConfig& config) { config_ = config; }
+
+void ProbeScheduler::forget(const std::string& tenant) {
+  const auto it = fds_.find(tenant);
+  if (it == fds_.end()) return;
+  if (it->second >= 0) ::close(it->second);
+  fds_.erase(it);
+}
+
+// The tenant's probe file: created (owner, group and mode of its ledger) with a valid header if
+// missing; one that is not a plain file of the broker's or the tenant's user with one link is
+// replaced. Kept open.
+int ProbeScheduler::fileFor(const ProbeTenant& t) {
+  if (const auto it = fds_.find(t.name); it != fds_.end()) return it->second;
+  const std::string path = ledgerDir_ + "/" + t.name + ".probe";
+  int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  struct stat st{};
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
+                  (st.st_uid != geteuid() && st.st_uid != t.owner))) {
+    ::close(fd);
+    fd = -1;
+  }
+  if (fd < 0) {
+    ::unlink(path.c_str());  // whatever was there (a link, a device, another user's file)
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, t.mode);
+    if (fd < 0) {
+      CUSHARE_BLOG(warn, "tenant {}: cannot create its probe file {}: {}", t.name, path, std::strerror(errno));
+      fds_[t.name] = -1;
+      return -1;
+    }
+    probe::ProbeFileHeader h{};
+    h.magic = probe::kProbeFileMagic;
+    h.version = probe::kProbeFileVersion;
+    h.max_records = probe::kProbeFileMaxRecords;
+    const bool ok = ::ftruncate(fd, static_cast<off_t>(probe::kProbeFileBytes)) == 0 &&
+                    ::pwrite(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) &&
+                    (geteuid() != 0 || ::fchown(fd, t.owner, static_cast<gid_t>(t.gid)) == 0) &&
+                    ::fchmod(fd, t.mode) == 0;
+    if (!ok) {
+      CUSHARE_BLOG(warn, "tenant {}: cannot prepare its probe file {}: {}", t.name, path, std::strerror(errno));
+      ::close(fd);
+      ::unlink(path.c_str());
+      fds_[t.name] = -1;
+      return -1;
+    }
+  }
+  fds_[t.name] = fd;
+  return fd;
+}
+
+// Reads the tenant's answer if it is there: false while it is not (or never will be: then the
+// round's deadline drops it). Untrusted bytes: every size checked here, the records by analysis.
+bool ProbeScheduler::collect(int fd, Pending* p, uint32_t* smCount) {
+  probe::ProbeFileHeader h{};
+  if (::pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return false;
+  if (h.magic != probe::kProbeFileMagic || h.version != probe::kProbeFileVersion || h.seq != p->seq) return false;
+  p->done = true;
+  if (h.status != probe::kProbeOk || h.sm_count == 0 || h.sm_count > probe::kMaxSmId) return true;
+  *smCount = h.sm_count;
+  std::vector<uint8_t> bytes;
+  for (const probe::ProbeFileLaunch& l : h.launches) {
+    if (l.kind == 0) continue;
+    if (l.kind > probe::kProbeTick || l.blocks == 0 || l.first_record >= probe::kProbeFileMaxRecords ||
+        l.blocks > probe::kProbeFileMaxRecords - l.first_record)
+      return true;  // a launch that does not fit the file: nothing of this tenant's round counts
+    bytes.resize(size_t{l.blocks} * sizeof(probe::BlockRecord));
+    const off_t at = static_cast<off_t>(probe::kProbeFileRecordsOffset + size_t{l.first_record} * sizeof(probe::BlockRecord));
+    if (::pread(fd, bytes.data(), bytes.size(), at) != static_cast<ssize_t>(bytes.size())) return true;
+    probe::ProbeLaunch launch;
+    std::string err;
+    if (!probe::decodeRecords(bytes, l.blocks, &launch.records, &err)) return true;
+    launch.ctx.kind = static_cast<probe::ProbeKind>(l.kind);
+    launch.ctx.budget_ns = l.budget_ns;
+    launch.ctx.grid_blocks = l.blocks;
+    launch.ctx.work_per_step = l.work_per_step;
+    launch.ctx.sm_count = h.sm_count;
+    for (const probe::BlockRecord& r : launch.records)
+      if (r.start_ns != 0 && (p->firstStart == 0 || r.start_ns < p->firstStart)) p->firstStart = r.start_ns;
+    if (p->launchRealtime == 0) {
+      p->launchRealtime = l.launch_realtime_ns;
+      p->launchMonotonic = l.launch_monotonic_ns;
+    }
+    p->probes.launches.push_back(std::move(launch));
+  }
+  return true;
+}
+
+void ProbeScheduler::step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& tenants,
+                          const std::function<bool(const std::function<void()>&)>& guarded) {
+  if (d >= devices_.size()) return;
+  Device& dev = devices_[d];
+  if (!config_.on) {
+    dev.round.reset();
+    return;
+  }
+  if (!dev.agg) {
+    dev.agg = std::make_unique<probe::ShareAggregator>(probe::SoloBaseline{});
+    dev.windowStart = nowMono;
+  }
+  if (dev.round) {
+    bool all = true;
+    uint32_t sms = 0;
+    for (auto& [name, p] : dev.round->tenants) {
+      if (p.done) continue;
+      const auto it = fds_.find(name);
+      if (it == fds_.end() || it->second < 0 || !collect(it->second, &p, &sms)) all = false;
+    }
+    if (all || nowMono >= dev.round->deadlineMono) finish(d, dev);
+  }
+  if (nowMono - dev.windowStart >= uint64_t{config_.windowS} * 1000 * kMs) {
+    dev.last.clear();
+    for (probe::TenantWindow& w : dev.agg->window()) dev.last[w.tenant] = std::move(w);
+    dev.lastLength = nowMono - dev.windowStart;
+    dev.agg->reset();
+    dev.windowStart = nowMono;
+  }
+  if (dev.round || nowMono < dev.nextMono) return;
+  // A new round: the instant a little ahead (so that every process is asked in time), at a
+  // random phase within the interval (so that rounds do not keep falling on the same part of a
+  // scheduling period).
+  const uint64_t interval = uint64_t{config_.intervalMs} * kMs;
+  dev.nextMono = nowMono + interval;
+  const uint64_t jitter = std::uniform_int_distribution<uint64_t>(0, std::max<uint64_t>(interval / 2, 1))(rng_);
+  Round r;
+  r.atRealtime = realtimeNs() + kLead + jitter;
+  r.deadlineMono = nowMono + kLead + jitter + kCollect;
+  for (ProbeTenant& t : tenants) {
+    if (t.ledger == nullptr || t.entry < 0) continue;
+    const int fd = fileFor(t);
+    if (fd < 0) continue;
+    // The process that launched most lately on the device (it has a pacer thread to answer).
+    int slot = -1;
+    uint64_t latest = 0;
+    const uint64_t nowNs = nowMono;
+    const bool ok = guarded([&] {
+      for (const Ledger::SlotUsage& u : t.ledger->slots()) {
+        if (u.pid == 0 || u.slot < 0) continue;
+        const uint64_t a = t.ledger->computeSlotAt(t.entry, u.slot)->activity_ns.load(std::memory_order_relaxed);
+        if (a != 0 && a <= nowNs && nowNs - a < kActiveSlot && a > latest) {
+          latest = a;
+          slot = u.slot;
+        }
+      }
+      if (slot < 0) return;
+      LedgerComputeDevice* w = t.ledger->compute(t.entry);
+      w->probe_slot.store(static_cast<uint32_t>(slot), std::memory_order_relaxed);
+      w->probe_at_ns.store(r.atRealtime, std::memory_order_relaxed);
+      w->probe_what.store(config_.kinds, std::memory_order_relaxed);
+      w->probe_budget_us.store(config_.budgetUs, std::memory_order_relaxed);
+      w->probe_seq.store(++seq_ == 0 ? ++seq_ : seq_, std::memory_order_release);
+    });
+    if (!ok || slot < 0) continue;
+    Pending p;
+    p.seq = seq_;
+    p.work = t.work;
+    p.regime = t.regime;
+    r.tenants[t.name] = std::move(p);
+  }
+  if (!r.tenants.empty()) dev.round = std::move(r);
+}
+
+// A round's answers into the window: the instant in the device's clock (%globaltimer follows the
+// host's realtime clock on NVIDIA GPUs, the monotonic one on simgpu: the launches' stamps tell
+// which), the rolling baseline fed with every launch.
+void ProbeScheduler::finish(size_t d, Device& dev) {
+  Round r = std::move(*dev.round);
+  dev.round.reset();
+  probe::Round round;
+  uint32_t sms = 0;
+  for (auto& [name, p] : r.tenants) {
+    if (!p.done || p.probes.launches.empty()) continue;
+    if (round.start_ns == 0 && p.firstStart != 0) {
+      if (absDiff(p.firstStart, p.launchRealtime) < kClockMatch) round.start_ns = r.atRealtime;
+      else if (absDiff(p.firstStart, p.launchMonotonic) < kClockMatch && p.launchRealtime >= p.launchMonotonic)
+        round.start_ns = r.atRealtime - (p.launchRealtime - p.launchMonotonic);
+    }
+    if (!p.probes.launches.empty()) sms = p.probes.launches.front().ctx.sm_count;
+  }
+  if (round.start_ns == 0) return;  // nobody answered, or a clock nobody follows
+  for (auto& [name, p] : r.tenants) {
+    if (!p.done) continue;
+    probe::TenantRound tr;
+    tr.tenant = name;
+    tr.regime = p.regime;
+    tr.has_work = p.work;
+    if (!p.probes.launches.empty()) tr.contexts.push_back(std::move(p.probes));
+    round.tenants.push_back(std::move(tr));
+  }
+  // The baseline: the best any launch did (a round that found the device otherwise idle is
+  // solo), and the fastest start of each round.
+  probe::SoloBaseline base = dev.agg->baseline();
+  double fastest = -1;
+  for (probe::TenantRound& tr : round.tenants)
+    for (probe::ContextProbes& c : tr.contexts)
+      for (probe::ProbeLaunch& l : c.launches) {
+        l.ctx.round_start_ns = round.start_ns;
+        probe::LaunchNumbers n;
+        std::string err;
+        if (probe::analyzeLaunch(l.records, l.ctx, &n, &err) != probe::LaunchOutcome::kNumbers) continue;
+        if (l.ctx.kind == probe::kProbeSm) {
+          base.sm_count = l.ctx.sm_count;
+          base.sm_budget_ns = l.ctx.budget_ns;
+          base.sm_work_per_step = l.ctx.work_per_step;
+        } else if (l.ctx.kind == probe::kProbeMem) {
+          base.mem_budget_ns = l.ctx.budget_ns;
+        }
+        if (n.sm_count == 0) n.sm_count = sms;
+        dev.rolling.observe(n);
+        if (n.has_latency && (fastest < 0 || n.start_latency_ns < fastest)) fastest = n.start_latency_ns;
+      }
+  if (fastest >= 0) dev.rolling.observeRoundFastestStart(fastest);
+  dev.agg->setBaseline(dev.rolling.merged(base));
+  for (const std::string& line : dev.agg->addRound(round))
+    CUSHARE_BLOG(debug, "probe round on device {}: {}", d, line);
+}
+
+std::optional<ProbeView> ProbeScheduler::view(const std::string& tenant, size_t d) const {
+  if (d >= devices_.size()) return std::nullopt;
+  const Device& dev = devices_[d];
+  ProbeView v;
+  if (const auto it = dev.last.find(tenant); it != dev.last.end()) {
+    v.known = true;
+    v.window = it->second;
+    v.windowNs = dev.lastLength;
+    v.complete = true;
+    return v;
+  }
+  if (!dev.agg) return std::nullopt;
+  for (probe::TenantWindow& w : dev.agg->window())
+    if (w.tenant == tenant) {
+      v.known = true;
+      v.window = std::move(w);
+      return v;
+    }
+  return std::nullopt;
+}
+
+}  // namespace cushare::broker

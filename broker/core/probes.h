@@ -1,0 +1,100 @@
+// Probe rounds (docs/probes.md, "Rounds"): the broker's side. Every `probes.interval_ms` per
+// device, one round: each tenant with a live process there is asked (its ledger's probe_* words)
+// to run the probes in one of its processes at one instant; the records come back through the
+// tenant's probe file and a ShareAggregator (cushare/probe_window.h) turns them into each
+// tenant's achieved share over `probes.window_s`.
+//
+// Owned by the broker, called from the compute thread under the broker's mutex (computeTick), so
+// it takes no lock of its own. Reads the probe files with pread only (a tenant that truncates its
+// file makes a short read, never a fault); writes the request words inside the caller's guard.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "cushare/ledger.h"
+#include "cushare/probe_analysis.h"
+#include "cushare/probe_window.h"
+
+namespace cushare::broker {
+
+// What the scheduler knows of a tenant on a device at a step.
+struct ProbeTenant {
+  std::string name;
+  Ledger* ledger = nullptr;  // its ledger (the request words, the slots)
+  int entry = -1;            // its device entry in the ledger
+  bool work = false;         // it had work on the device lately (compute state)
+  probe::Regime regime = probe::Regime::kTimeSliced;
+  uid_t owner = 0;           // the probe file's owner, group and mode: the ledger's
+  int gid = -1;
+  mode_t mode = 0600;
+};
+
+// A tenant's share on a device as the last complete window (or, before one, the current) saw it.
+struct ProbeView {
+  bool known = false;
+  probe::TenantWindow window;
+  uint64_t windowNs = 0;  // the window's length
+  bool complete = false;  // a whole window (false: the current one, still filling)
+};
+
+class ProbeScheduler {
+ public:
+  ProbeScheduler(const ProbeConfig& config, std::string ledgerDir, size_t devices);
+  ~ProbeScheduler();
+  void configure(const ProbeConfig& config);  // a reload
+
+  // One step for device d (monotonic now). guarded runs a function touching a ledger's mapping
+  // inside the broker's SIGBUS guard and says whether it faulted (fault: the caller's tenant).
+  void step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& tenants,
+            const std::function<bool(const std::function<void()>&)>& guarded);
+
+  std::optional<ProbeView> view(const std::string& tenant, size_t d) const;
+  void forget(const std::string& tenant);  // a tenant gone: its file descriptor closed
+
+ private:
+  struct Pending {
+    uint32_t seq = 0;
+    bool done = false;
+    bool work = false;
+    probe::Regime regime = probe::Regime::kTimeSliced;
+    probe::ContextProbes probes;
+    uint64_t launchRealtime = 0, launchMonotonic = 0;  // of its first launch
+    uint64_t firstStart = 0;                           // earliest record start (device ns)
+  };
+  struct Round {
+    uint64_t atRealtime = 0;
+    uint64_t deadlineMono = 0;
+    std::map<std::string, Pending> tenants;
+  };
+  struct Device {
+    uint64_t nextMono = 0;
+    std::optional<Round> round;
+    std::unique_ptr<probe::ShareAggregator> agg;
+    probe::RollingBaseline rolling;
+    uint64_t windowStart = 0;
+    std::map<std::string, probe::TenantWindow> last;  // the last complete window
+    uint64_t lastLength = 0;
+  };
+
+  int fileFor(const ProbeTenant& t);  // the tenant's probe file (created if missing); -1: none
+  bool collect(int fd, Pending* p, uint32_t* smCount);
+  void finish(size_t d, Device& dev);
+
+  ProbeConfig config_;
+  std::string ledgerDir_;
+  std::vector<Device> devices_;
+  std::map<std::string, int> fds_;
+  uint32_t seq_ = 0;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace cushare::broker

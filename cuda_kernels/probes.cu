@@ -71,7 +71,7 @@ __device__ void prologue(const ProbeArgs& a, ProbeKind kind, BlockStart* s, uint
       auto* t0 = reinterpret_cast<unsigned long long*>(a.t0);
       const unsigned long long prev = atomicCAS(t0, 0ull, static_cast<unsigned long long>(s->start));
       const uint64_t base = prev == 0 ? s->start : prev;
-      s->deadline = base + a.budget_ns;
+      s->deadline = a.budget_ns > ~0ull - base ? ~0ull : base + a.budget_ns;  // a box past the end of time: never ends
       s->late = s->start >= s->deadline;
     }
   }

@@ -415,16 +415,19 @@ struct Hog {
       pending.append(b, static_cast<size_t>(n));
     }
   }
-  bool start(uint32_t sms) {
+  // A hog process: kernels of 2 x sms x 10 blocks (threads each, 1 ms per block) on two streams.
+  // env: its CUDA_MPS_PIPE_DIRECTORY (default: none, a plain process).
+  bool start(uint32_t sms, const std::vector<std::string>& env = {"CUDA_MPS_PIPE_DIRECTORY=/nonexistent"},
+             uint32_t threads = 1024) {
     int o[2], i[2];
     if (pipe2(o, O_CLOEXEC) || pipe2(i, O_CLOEXEC)) return false;
     pid = fork();
     if (pid == 0) {
       dup2(o[1], 1);
       dup2(i[0], 0);
-      setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent", 1);  // a plain process, not an MPS client
-      const std::string blocks = std::to_string(2 * sms * 10);
-      execl(HOG_BIN, "hog", "loop", blocks.c_str(), "1024", "1000000", "2", static_cast<char*>(nullptr));
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      const std::string blocks = std::to_string(2 * sms * 10), t = std::to_string(threads);
+      execl(HOG_BIN, "hog", "loop", blocks.c_str(), t.c_str(), "1000000", "2", static_cast<char*>(nullptr));
       _exit(127);
     }
     ::close(o[1]);
@@ -615,19 +618,29 @@ int childMain() {
   std::unique_ptr<ProbeRunner> runner;
   ProbeError e = ProbeRunner::load(PROBES_FATBIN, o, &runner);
   RoundRecords r;
-  if (!e) e = runner->runRound(nullptr, kRunSm | kRunTick, ProbeBudgets{100 * kUs, 1, 50 * kUs}, &r);
+  // PROBE_BOX_US: both probes' time box (default 100 us SM, 50 us tick).
+  const char* box = std::getenv("PROBE_BOX_US");
+  const uint64_t boxNs = box ? std::strtoull(box, nullptr, 10) * kUs : 0;
+  if (!e) e = runner->runRound(nullptr, kRunSm | kRunTick, ProbeBudgets{boxNs ? boxNs : 100 * kUs, 1, boxNs ? boxNs : 50 * kUs}, &r);
   if (e) {
     std::printf("error %s\n", e.message().c_str());
     return 1;
   }
   uint32_t ran = 0, late = 0, smax = 0;
+  uint64_t gaps = r.tick.records[0].gap_ns, first = UINT64_MAX, last = 0;
   for (const BlockRecord& b : r.sm.records) {
     ran += (b.flags & kProbeRan) != 0;
     late += (b.flags & kProbeLate) != 0;
     smax = std::max(smax, b.sm_start);
+    gaps += b.gap_ns;
+    first = std::min(first, b.start_ns);
+    last = std::max(last, b.start_ns);
   }
-  std::printf("sms %u blocks %zu distinct %zu ran %u late %u tick %llu smax %u\n", runner->smCount(), r.sm.records.size(),
-              distinctSms(r.sm).size(), ran, late, (unsigned long long)r.tick.records[0].tick_ns, smax);
+  const uint64_t launched = deviceTimeOf(r.tick.launchMonotonicNs), started = r.tick.records[0].start_ns;
+  std::printf("sms %u blocks %zu distinct %zu ran %u late %u tick %llu smax %u gaps %llu spread %llu wait %llu\n",
+              runner->smCount(), r.sm.records.size(), distinctSms(r.sm).size(), ran, late,
+              (unsigned long long)r.tick.records[0].tick_ns, smax, (unsigned long long)gaps, (unsigned long long)(last - first),
+              (unsigned long long)(started > launched ? started - launched : 0));
   return 0;
 }
 
@@ -678,20 +691,35 @@ std::string control(const std::string& input, const std::vector<std::string>& ar
   return out;
 }
 
-TEST(SmCap, AnMpsClientsSmProbeSpreadsOverExactlyItsCap) {
-  const std::string root = std::string(std::getenv("SIMGPU_STATE_DIR")) + "-mps";
-  (void)!system(("rm -rf " + root + " && mkdir -p " + root + "/pipe " + root + "/log").c_str());
-  setenv("CUDA_MPS_PIPE_DIRECTORY", (root + "/pipe").c_str(), 1);
-  setenv("CUDA_MPS_LOG_DIRECTORY", (root + "/log").c_str(), 1);
-  const std::string started = control("", {"-d"});
-  ASSERT_EQ(access((root + "/pipe/control").c_str(), F_OK), 0) << started;
-  EXPECT_EQ(control("set_default_active_thread_percentage 25\n"), "25.0\n");
-  const ChildResult c = runChild({});
-  control("quit\n");
-  for (int i = 0; i < 100 && access((root + "/pipe/control").c_str(), F_OK) == 0; ++i) usleep(20000);
-  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+// A simulated MPS daemon in a directory of this test's own, quit at the end of the scope.
+struct MpsDaemon {
+  std::string root = std::string(std::getenv("SIMGPU_STATE_DIR")) + "-mps";
+  bool up = false;
+  MpsDaemon() {
+    (void)!system(("rm -rf " + root + " && mkdir -p " + root + "/pipe " + root + "/log").c_str());
+    setenv("CUDA_MPS_PIPE_DIRECTORY", (root + "/pipe").c_str(), 1);
+    setenv("CUDA_MPS_LOG_DIRECTORY", (root + "/log").c_str(), 1);
+    const std::string started = control("", {"-d"});
+    up = access((root + "/pipe/control").c_str(), F_OK) == 0;
+    EXPECT_TRUE(up) << started;
   }
-  unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+  ~MpsDaemon() {
+    control("quit\n");
+    for (int i = 0; i < 100 && access((root + "/pipe/control").c_str(), F_OK) == 0; ++i) usleep(20000);
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+  }
+};
+
+TEST(SmCap, AnMpsClientsSmProbeSpreadsOverExactlyItsCap) {
+  ChildResult c;
+  {
+    MpsDaemon d;
+    ASSERT_TRUE(d.up);
+    EXPECT_EQ(control("set_default_active_thread_percentage 25\n"), "25.0\n");
+    c = runChild({});
+  }
   ASSERT_EQ(c.rc, 0) << c.out;
   // 25 % of 132 SMs: ceil(33) rounded up to a pair = 34, the multiprocessor count it sees; 4 blocks
   // per SM, all fit at once; they spread over the cap's SMs, no more (virtual ids, one client).
@@ -703,6 +731,38 @@ TEST(SmCap, AnMpsClientsSmProbeSpreadsOverExactlyItsCap) {
   EXPECT_EQ(c.v.at("distinct"), sms) << c.out;
   EXPECT_EQ(c.v.at("tick"), kSimTickNs) << c.out;
   EXPECT_LT(c.v.at("smax"), 132u) << c.out;
+}
+
+// Under MPS a hog client does not take turns with the probe: they run side by side (the hog's
+// 768-thread blocks leave 512 threads of each SM), so the probe starts at once, its blocks all
+// together on its cap's SMs, and is never saved out during a box of 3 slices (contrast
+// TimeSliced.*, the same hog outside MPS).
+TEST(SmCap, NextToAnMpsHogClientTheProbeRunsSideBySideNeverSlicedOut) {
+  if (!std::getenv("SIMGPU_KERNEL_COSTS")) GTEST_SKIP() << "registered with SIMGPU_KERNEL_COSTS=probes.costs";
+  ChildResult c;
+  {
+    MpsDaemon d;
+    ASSERT_TRUE(d.up);
+    Hog hog;
+    ASSERT_TRUE(hog.start(132, {"CUDA_MPS_PIPE_DIRECTORY=" + d.root + "/pipe"}, 768)) << "the hog did not start";
+    // The hog is a client of the server the probe's client joins (not a process taking turns).
+    const std::string server = control("get_server_list\n");
+    EXPECT_EQ(control("get_client_list " + server), std::to_string(hog.pid) + "\n");
+    // A box of 3 slices: outside MPS it would be cut by the hog's slices (TimeSliced.*).
+    c = runChild({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "PROBE_BOX_US=6000"});
+    std::printf("probe client next to the hog client: %s", c.out.c_str());
+  }
+  ASSERT_EQ(c.rc, 0) << c.out;
+  EXPECT_EQ(c.v.at("sms"), 34u) << c.out;
+  EXPECT_EQ(c.v.at("ran"), 4 * 34u) << c.out;
+  EXPECT_EQ(c.v.at("late"), 0u) << c.out;
+  EXPECT_EQ(c.v.at("distinct"), 34u) << c.out;
+  EXPECT_EQ(c.v.at("gaps"), 0u) << c.out;
+  EXPECT_EQ(c.v.at("spread"), 0u) << c.out;
+  // It started as soon as it reached the server (the host's delay only; SIMGPU_TIME_SCALE=4 keeps
+  // that small in device time): with 1024-thread hog blocks, which fill the SMs, it waits for the
+  // hog's kernels instead (about 19 ms measured).
+  EXPECT_LT(c.v.at("wait"), 1 * kMs) << c.out;
 }
 
 TEST(SmCap, TheTestCapBoundsTheDistinctSmsOfAPlainProcess) {

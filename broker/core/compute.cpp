@@ -200,6 +200,29 @@ void Broker::computeSnapshotLocked(const std::string& tenant, size_t device, Ten
   out->contending = it->second[device].contending;
   out->fairTarget = it->second[device].target;
   out->fairAchieved = it->second[device].achieved;
+  if (!probes_) return;
+  if (const std::optional<ProbeView> v = probes_->view(tenant, device); v && v->known) {
+    const probe::TenantWindow& w = v->window;
+    TenantDeviceSnapshot::Probe& p = out->probe;
+    p.known = true;
+    p.complete = v->complete;
+    p.enough = w.compute_share.enough;
+    p.share = w.compute_share.value;
+    p.shareError = w.compute_share.stderr_;
+    p.rounds = w.rounds;
+    p.roundsWithWork = w.rounds_with_work;
+    p.missing = w.missing;
+    p.bad = w.bad;
+    p.regime = probe::regimeName(w.regime);
+    p.startedFraction = w.started_fraction;
+    if (w.bandwidth_share.known) p.bandwidthShare = w.bandwidth_share.value;
+    p.computeIndex = w.compute_index;
+    p.bandwidthIndex = w.bandwidth_index;
+    p.latencyIndexNs = w.latency_index_ns;
+    p.latencyP95Ns = w.latency_p95_ns;
+    p.windowSeconds = static_cast<double>(v->windowNs) / 1e9;
+    p.lastError = w.last_error;
+  }
 }
 
 std::chrono::microseconds Broker::computeTick() {

@@ -19,6 +19,7 @@ constexpr uint64_t kMs = 1'000'000;
 constexpr uint64_t kLead = 20 * kMs;        // a round's instant comes this long after it is asked
 constexpr uint64_t kCollect = 1000 * kMs;   // results not written within this of the instant: lost
 constexpr uint64_t kActiveSlot = 10'000 * kMs;  // a process that launched within this is asked
+constexpr size_t kMaxRounds = 6;  // rounds asked and not all answered: at most this many (kProbeFileAnswers - 2)
 // A record's start within this of a launch's host clock tells which clock %globaltimer follows.
 constexpr uint64_t kClockMatch = 60'000 * kMs;
 
@@ -57,8 +58,13 @@ int ProbeScheduler::fileFor(const ProbeTenant& t) {
   const std::string path = ledgerDir_ + "/" + t.name + ".probe";
   int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   struct stat st{};
+  probe::ProbeFileHeader have{};
   if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
-                  (st.st_uid != geteuid() && st.st_uid != t.owner))) {
+                  (st.st_uid != geteuid() && st.st_uid != t.owner) ||
+                  st.st_size != static_cast<off_t>(probe::kProbeFileBytes) ||
+                  ::pread(fd, &have, sizeof have, 0) != static_cast<ssize_t>(sizeof have) ||
+                  have.magic != probe::kProbeFileMagic || have.version != probe::kProbeFileVersion ||
+                  have.answers != probe::kProbeFileAnswers || have.max_records != probe::kProbeFileMaxRecords)) {
     ::close(fd);
     fd = -1;
   }
@@ -73,6 +79,7 @@ int ProbeScheduler::fileFor(const ProbeTenant& t) {
     probe::ProbeFileHeader h{};
     h.magic = probe::kProbeFileMagic;
     h.version = probe::kProbeFileVersion;
+    h.answers = probe::kProbeFileAnswers;
     h.max_records = probe::kProbeFileMaxRecords;
     const bool ok = ::ftruncate(fd, static_cast<off_t>(probe::kProbeFileBytes)) == 0 &&
                     ::pwrite(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) &&
@@ -93,9 +100,10 @@ int ProbeScheduler::fileFor(const ProbeTenant& t) {
 // Reads the tenant's answer if it is there: false while it is not (or never will be: then the
 // round's deadline drops it). Untrusted bytes: every size checked here, the records by analysis.
 bool ProbeScheduler::collect(int fd, Pending* p, uint32_t* smCount) {
-  probe::ProbeFileHeader h{};
-  if (::pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return false;
-  if (h.magic != probe::kProbeFileMagic || h.version != probe::kProbeFileVersion || h.seq != p->seq) return false;
+  probe::ProbeAnswerHeader h{};
+  const size_t base = probe::probeAnswerOffset(p->seq);
+  if (::pread(fd, &h, sizeof h, static_cast<off_t>(base)) != static_cast<ssize_t>(sizeof h)) return false;
+  if (h.seq != p->seq) return false;
   p->done = true;
   if (h.status != probe::kProbeOk || h.sm_count == 0 || h.sm_count > probe::kMaxSmId) return true;
   *smCount = h.sm_count;
@@ -106,7 +114,8 @@ bool ProbeScheduler::collect(int fd, Pending* p, uint32_t* smCount) {
         l.blocks > probe::kProbeFileMaxRecords - l.first_record)
       return true;  // a launch that does not fit the file: nothing of this tenant's round counts
     bytes.resize(size_t{l.blocks} * sizeof(probe::BlockRecord));
-    const off_t at = static_cast<off_t>(probe::kProbeFileRecordsOffset + size_t{l.first_record} * sizeof(probe::BlockRecord));
+    const off_t at =
+        static_cast<off_t>(base + sizeof(probe::ProbeAnswerHeader) + size_t{l.first_record} * sizeof(probe::BlockRecord));
     if (::pread(fd, bytes.data(), bytes.size(), at) != static_cast<ssize_t>(bytes.size())) return true;
     probe::ProbeLaunch launch;
     std::string err;
@@ -132,22 +141,29 @@ void ProbeScheduler::step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& 
   if (d >= devices_.size()) return;
   Device& dev = devices_[d];
   if (!config_.on) {
-    dev.round.reset();
+    dev.rounds.clear();
     return;
   }
   if (!dev.agg) {
     dev.agg = std::make_unique<probe::ShareAggregator>(probe::SoloBaseline{});
     dev.windowStart = nowMono;
   }
-  if (dev.round) {
+  for (size_t i = 0; i < dev.rounds.size();) {
+    Round& r = dev.rounds[i];
     bool all = true;
     uint32_t sms = 0;
-    for (auto& [name, p] : dev.round->tenants) {
+    for (auto& [name, p] : r.tenants) {
       if (p.done) continue;
       const auto it = fds_.find(name);
       if (it == fds_.end() || it->second < 0 || !collect(it->second, &p, &sms)) all = false;
     }
-    if (all || nowMono >= dev.round->deadlineMono) finish(d, dev);
+    if (all || nowMono >= r.deadlineMono) {
+      Round done = std::move(r);
+      dev.rounds.erase(dev.rounds.begin() + static_cast<std::ptrdiff_t>(i));
+      finish(d, dev, std::move(done));
+    } else {
+      ++i;
+    }
   }
   if (nowMono - dev.windowStart >= uint64_t{config_.windowS} * 1000 * kMs) {
     dev.last.clear();
@@ -156,13 +172,14 @@ void ProbeScheduler::step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& 
     dev.agg->reset();
     dev.windowStart = nowMono;
   }
-  if (dev.round || nowMono < dev.nextMono) return;
-  // A new round: the instant a little ahead (so that every process is asked in time), at a
-  // random phase within the interval (so that rounds do not keep falling on the same part of a
-  // scheduling period).
+  if (nowMono < dev.nextMono || dev.rounds.size() >= kMaxRounds) return;
+  // A new round every interval, whether the last ones are answered or not: a tenant whose probes
+  // wait for its turn answers late, and waiting for it would lock the rounds to the turns. The
+  // instant a little ahead (every process is asked in time), at a random phase within the
+  // interval (rounds do not keep falling on the same part of a scheduling period).
   const uint64_t interval = uint64_t{config_.intervalMs} * kMs;
   dev.nextMono = nowMono + interval;
-  const uint64_t jitter = std::uniform_int_distribution<uint64_t>(0, std::max<uint64_t>(interval / 2, 1))(rng_);
+  const uint64_t jitter = std::uniform_int_distribution<uint64_t>(0, std::max<uint64_t>(interval, 1))(rng_);
   Round r;
   r.atRealtime = realtimeNs() + kLead + jitter;
   r.deadlineMono = nowMono + kLead + jitter + kCollect;
@@ -170,19 +187,28 @@ void ProbeScheduler::step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& 
     if (t.ledger == nullptr || t.entry < 0) continue;
     const int fd = fileFor(t);
     if (fd < 0) continue;
-    // The process that launched most lately on the device (it has a pacer thread to answer).
+    // The process that launched most lately on the device (paced launches stamp activity_ns),
+    // else the one with the most busy time there (metered: it has a pacer thread to answer).
     int slot = -1;
-    uint64_t latest = 0;
+    uint64_t latest = 0, busiest = 0;
     const uint64_t nowNs = nowMono;
     const bool ok = guarded([&] {
+      int busySlot = -1;
       for (const Ledger::SlotUsage& u : t.ledger->slots()) {
         if (u.pid == 0 || u.slot < 0) continue;
-        const uint64_t a = t.ledger->computeSlotAt(t.entry, u.slot)->activity_ns.load(std::memory_order_relaxed);
+        const LedgerComputeSlot* c = t.ledger->computeSlotAt(t.entry, u.slot);
+        const uint64_t a = c->activity_ns.load(std::memory_order_relaxed);
         if (a != 0 && a <= nowNs && nowNs - a < kActiveSlot && a > latest) {
           latest = a;
           slot = u.slot;
         }
+        const uint64_t b = c->busy_ns.load(std::memory_order_relaxed);
+        if (b > busiest) {
+          busiest = b;
+          busySlot = u.slot;
+        }
       }
+      if (slot < 0) slot = busySlot;
       if (slot < 0) return;
       LedgerComputeDevice* w = t.ledger->compute(t.entry);
       w->probe_slot.store(static_cast<uint32_t>(slot), std::memory_order_relaxed);
@@ -198,15 +224,13 @@ void ProbeScheduler::step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& 
     p.regime = t.regime;
     r.tenants[t.name] = std::move(p);
   }
-  if (!r.tenants.empty()) dev.round = std::move(r);
+  if (!r.tenants.empty()) dev.rounds.push_back(std::move(r));
 }
 
 // A round's answers into the window: the instant in the device's clock (%globaltimer follows the
 // host's realtime clock on NVIDIA GPUs, the monotonic one on simgpu: the launches' stamps tell
 // which), the rolling baseline fed with every launch.
-void ProbeScheduler::finish(size_t d, Device& dev) {
-  Round r = std::move(*dev.round);
-  dev.round.reset();
+void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
   probe::Round round;
   uint32_t sms = 0;
   for (auto& [name, p] : r.tenants) {
@@ -230,7 +254,9 @@ void ProbeScheduler::finish(size_t d, Device& dev) {
   }
   // The baseline: the best any launch did (a round that found the device otherwise idle is
   // solo), and the fastest start of each round.
-  probe::SoloBaseline base = dev.agg->baseline();
+  // Only the parameters: the rates and the latency come from the rolling observations alone (the
+  // merged baseline fed back would keep its worst early latency for ever).
+  probe::SoloBaseline base;
   double fastest = -1;
   for (probe::TenantRound& tr : round.tenants)
     for (probe::ContextProbes& c : tr.contexts)
@@ -247,11 +273,26 @@ void ProbeScheduler::finish(size_t d, Device& dev) {
           base.mem_budget_ns = l.ctx.budget_ns;
         }
         if (n.sm_count == 0) n.sm_count = sms;
+        CUSHARE_BLOG(debug, "probe round device {} tenant {} kind {} latency {:.0f} us", d, tr.tenant,
+                     static_cast<int>(l.ctx.kind), n.has_latency ? n.start_latency_ns / 1e3 : -1.0);
         dev.rolling.observe(n);
         if (n.has_latency && (fastest < 0 || n.start_latency_ns < fastest)) fastest = n.start_latency_ns;
       }
   if (fastest >= 0) dev.rolling.observeRoundFastestStart(fastest);
-  dev.agg->setBaseline(dev.rolling.merged(base));
+
+  probe::SoloBaseline merged = dev.rolling.merged(base);
+  // The start threshold's solo latency: the 75th percentile of the rounds' fastest starts. The
+  // 95th (the analysis's default) takes in the rounds that fell on a turn switch (every tenant
+  // waited a drain), which makes the threshold as long as a switch: with 10 ms turns that
+  // counted a fifth of the waits as starts.
+  if (fastest >= 0) {
+    dev.fastest[dev.fastestNext++ % dev.fastest.size()] = fastest;
+    dev.fastestCount = std::min(dev.fastestCount + 1, dev.fastest.size());
+  }
+  if (dev.fastestCount > 0)
+    merged.latency_p95_ns = probe::nearestRankPercentile(
+        std::vector<double>(dev.fastest.begin(), dev.fastest.begin() + static_cast<std::ptrdiff_t>(dev.fastestCount)), 0.75);
+  dev.agg->setBaseline(merged);
   for (const std::string& line : dev.agg->addRound(round))
     CUSHARE_BLOG(debug, "probe round on device {}: {}", d, line);
 }

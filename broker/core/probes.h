@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -77,17 +78,19 @@ class ProbeScheduler {
   };
   struct Device {
     uint64_t nextMono = 0;
-    std::optional<Round> round;
+    std::vector<Round> rounds;  // asked, not all answered yet (in the order asked)
     std::unique_ptr<probe::ShareAggregator> agg;
     probe::RollingBaseline rolling;
     uint64_t windowStart = 0;
     std::map<std::string, probe::TenantWindow> last;  // the last complete window
+    std::vector<double> fastest = std::vector<double>(256);  // the rounds' fastest starts (a ring)
+    size_t fastestNext = 0, fastestCount = 0;
     uint64_t lastLength = 0;
   };
 
   int fileFor(const ProbeTenant& t);  // the tenant's probe file (created if missing); -1: none
   bool collect(int fd, Pending* p, uint32_t* smCount);
-  void finish(size_t d, Device& dev);
+  void finish(size_t d, Device& dev, Round r);
 
   ProbeConfig config_;
   std::string ledgerDir_;

@@ -42,6 +42,20 @@ struct TenantDeviceSnapshot {
   // (of the contenders' device time, 0..1; 0 before the first 500 ms window).
   bool contending = false;
   double fairTarget = 0, fairAchieved = 0;
+  // Probe rounds (docs/probes.md): the tenant's share as its probes measured it over the last
+  // window (or the current one before a window is complete).
+  struct Probe {
+    bool known = false;
+    bool complete = false;     // a whole window
+    bool enough = false;       // enough rounds for the estimate
+    double share = 0, shareError = 0;  // achieved compute share, its standard error
+    uint32_t rounds = 0, roundsWithWork = 0, missing = 0, bad = 0;
+    std::string regime;        // time-sliced, turns, concurrent
+    double startedFraction = 0;
+    std::optional<double> bandwidthShare, computeIndex, bandwidthIndex, latencyIndexNs, latencyP95Ns;
+    double windowSeconds = 0;
+    std::string lastError;
+  } probe;
 };
 
 struct ProcessSnapshot {

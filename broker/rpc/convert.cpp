@@ -28,6 +28,26 @@ void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, 
   out->set_contending(d.contending);
   out->set_fair_target(d.fairTarget);
   out->set_fair_achieved(d.fairAchieved);
+  if (d.probe.known) {
+    ProbeShare* p = out->mutable_probe();
+    p->set_complete(d.probe.complete);
+    p->set_enough(d.probe.enough);
+    p->set_compute_share(d.probe.share);
+    p->set_compute_share_stderr(d.probe.shareError);
+    p->set_rounds(d.probe.rounds);
+    p->set_rounds_with_work(d.probe.roundsWithWork);
+    p->set_missing(d.probe.missing);
+    p->set_bad(d.probe.bad);
+    p->set_regime(d.probe.regime);
+    p->set_started_fraction(d.probe.startedFraction);
+    if (d.probe.bandwidthShare) p->set_bandwidth_share(*d.probe.bandwidthShare);
+    if (d.probe.computeIndex) p->set_compute_index(*d.probe.computeIndex);
+    if (d.probe.bandwidthIndex) p->set_bandwidth_index(*d.probe.bandwidthIndex);
+    if (d.probe.latencyIndexNs) p->set_latency_index_ns(*d.probe.latencyIndexNs);
+    if (d.probe.latencyP95Ns) p->set_latency_p95_ns(*d.probe.latencyP95Ns);
+    p->set_window_seconds(d.probe.windowSeconds);
+    p->set_last_error(d.probe.lastError);
+  }
 }
 
 void toProto(const TenantSnapshot& t, const broker::ProcessSnapshot& p, const BrokerSnapshot& snap,

@@ -10,6 +10,8 @@
 #include "policy/probe_thread.h"
 
 #include <dlfcn.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -19,6 +21,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -40,9 +43,15 @@ struct Request {
 
 pthread_mutex_t gMu = PTHREAD_MUTEX_INITIALIZER;
 pthread_cond_t gCv = PTHREAD_COND_INITIALIZER;
-Request gQueue[kMaxDevices];  // at most one waiting per device (a newer one replaces it)
-bool gQueued[kMaxDevices] = {};
+// Requests in the order they came (a fixed ring: no allocation under the pacer's lock). A request
+// whose probes wait for the tenant's turn delays the next, whose probes would wait as long: each
+// start is still measured from its own instant. Full: the oldest is dropped (never answered; the
+// broker's round forgets it).
+constexpr int kQueue = 16;
+Request gQueue[kQueue];
+int gHead = 0, gCount = 0;
 bool gStarted = false;
+thread_local int tProbeOrdinal = -1;  // the device the probe thread is launching on
 uint32_t gSeen[kMaxDevices] = {};  // the pacer's last seen probe_seq per device (under the pacer's lock)
 
 // Per device, on the probe thread only.
@@ -58,6 +67,11 @@ int gFile = -1;  // the tenant's probe file
 
 constexpr uint64_t kMissedInstant = 50'000'000;  // later than this past the instant: not run
 constexpr uint64_t kMemBuffer = uint64_t{32} << 20;
+
+long futexShared(std::atomic<uint32_t>* word, uint32_t expected, uint64_t timeoutNs) noexcept {
+  timespec ts{static_cast<time_t>(timeoutNs / 1'000'000'000u), static_cast<long>(timeoutNs % 1'000'000'000u)};
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
 
 uint64_t clockNs(clockid_t c) {
   timespec ts;
@@ -89,10 +103,8 @@ void writeAnswer(const Request& r, int32_t status, const std::string& error, con
       return;
     }
   }
-  probe::ProbeFileHeader h{};
-  h.magic = probe::kProbeFileMagic;
-  h.version = probe::kProbeFileVersion;
-  h.max_records = probe::kProbeFileMaxRecords;
+  const size_t base = probe::probeAnswerOffset(r.seq);
+  probe::ProbeAnswerHeader h{};
   h.entry = r.entry;
   h.status = status;
   h.sm_count = smCount;
@@ -106,7 +118,7 @@ void writeAnswer(const Request& r, int32_t status, const std::string& error, con
       if (run.blocks == 0) continue;
       if (run.records.size() != run.blocks || run.blocks > probe::kProbeFileMaxRecords - next) {
         h.status = probe::kProbeTooManyRecords;
-        std::snprintf(h.error, sizeof h.error, "%u blocks do not fit the probe file", run.blocks);
+        std::snprintf(h.error, sizeof h.error, "%u blocks do not fit an answer", run.blocks);
         break;
       }
       probe::ProbeFileLaunch& l = h.launches[i];
@@ -119,14 +131,17 @@ void writeAnswer(const Request& r, int32_t status, const std::string& error, con
       l.launch_monotonic_ns = run.launchMonotonicNs;
       l.first_record = next;
       const size_t bytes = run.records.size_bytes();
-      const off_t at = static_cast<off_t>(probe::kProbeFileRecordsOffset + size_t{next} * sizeof(probe::BlockRecord));
+      const off_t at = static_cast<off_t>(base + sizeof h + size_t{next} * sizeof(probe::BlockRecord));
       if (pwrite(gFile, run.records.data(), bytes, at) != static_cast<ssize_t>(bytes)) return;
       next += run.blocks;
     }
   }
   h.done_ns = clockNs(CLOCK_REALTIME);
-  // The header last, seq within it: the broker reads a header only once it names its request.
-  (void)pwrite(gFile, &h, sizeof h, 0);
+  // The header without seq, then seq alone (4 aligned bytes): the broker reads an answer only
+  // once its seq names the request, and then finds the whole of it.
+  h.seq = 0;
+  if (pwrite(gFile, &h, sizeof h, static_cast<off_t>(base)) != static_cast<ssize_t>(sizeof h)) return;
+  (void)pwrite(gFile, &r.seq, sizeof r.seq, static_cast<off_t>(base + offsetof(probe::ProbeAnswerHeader, seq)));
 }
 
 void runRequest(const Request& r) {
@@ -196,21 +211,57 @@ void* probeMain(void*) {
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
   for (;;) {
     pthread_mutex_lock(&gMu);
-    int found = -1;
-    while (found < 0) {
-      for (int i = 0; i < kMaxDevices && found < 0; ++i)
-        if (gQueued[i]) found = i;
-      if (found < 0) pthread_cond_wait(&gCv, &gMu);
-    }
-    const Request r = gQueue[found];
-    gQueued[found] = false;
+    while (gCount == 0) pthread_cond_wait(&gCv, &gMu);
+    const Request r = gQueue[gHead];
+    gHead = (gHead + 1) % kQueue;
+    --gCount;
     pthread_mutex_unlock(&gMu);
+    tProbeOrdinal = r.ordinal;
     runRequest(r);
   }
   return nullptr;
 }
 
 }  // namespace
+
+// The probes' launches (probe_driver.h sends the runner's cuLaunchKernel here): like the tenant's
+// kernels they wait for its gate where the broker paces the device (a futex wait, the broker's
+// heartbeat bounding it: 3 s without it and the gate is taken for gone), unless this process's
+// kernels are still in flight (the tenant's turn draining: its work is on the device), then go straight to the
+// driver, neither metered nor counted in flight, so that a probe of the tenant holding the device
+// starts within the launch latency instead of behind its own in-flight kernels.
+CUresult probeLaunch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                     unsigned shared, CUstream s, void** params, void** extra) noexcept {
+  RealDriver& d = realDriver();
+  if (!d.p_cuLaunchKernel) return CUDA_ERROR_NOT_SUPPORTED;
+  const int o = tProbeOrdinal;
+  LedgerComputeDevice* w = o >= 0 && o < kMaxDevices ? state().devices[o].compute : nullptr;
+  const ShimState& st = state();
+  const LedgerComputeSlot* own =
+      w != nullptr && st.ledger->slot() >= 0 ? st.ledger->computeSlotAt(st.devices[o].ledgerIndex, st.ledger->slot()) : nullptr;
+  if (w != nullptr) {
+    uint32_t epoch = w->gate_epoch.load(std::memory_order_acquire);
+    uint64_t still = clockNs(CLOCK_MONOTONIC);
+    for (;;) {
+      if (!(w->mode.load(std::memory_order_acquire) & kComputePaced)) break;
+      const uint32_t gate = w->gate.load(std::memory_order_seq_cst);
+      if (gate == kGateOpen) break;
+      // The process's own kernels still on the device (its turn draining): the tenant holds the
+      // device, and the probe, on the context's highest-priority stream, runs beside them.
+      if (own != nullptr && own->inflight.load(std::memory_order_acquire) != 0) break;
+      const uint32_t e = w->gate_epoch.load(std::memory_order_acquire);
+      const uint64_t now = clockNs(CLOCK_MONOTONIC);
+      if (e != epoch) {
+        epoch = e;
+        still = now;
+      } else if (now - still > 3'000'000'000u) {
+        break;  // the broker is gone: as the launch hook, run unpaced
+      }
+      futexShared(&w->gate, gate, 50'000'000);
+    }
+  }
+  return d.p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+}
 
 void probeCheck(int ordinal, LedgerComputeDevice* w, int slot) noexcept {
   if (ordinal < 0 || ordinal >= kMaxDevices || w == nullptr || slot < 0) return;
@@ -226,8 +277,12 @@ void probeCheck(int ordinal, LedgerComputeDevice* w, int slot) noexcept {
   r.what = w->probe_what.load(std::memory_order_relaxed);
   r.budgetUs = w->probe_budget_us.load(std::memory_order_relaxed);
   pthread_mutex_lock(&gMu);
-  gQueue[ordinal] = r;
-  gQueued[ordinal] = true;
+  if (gCount == kQueue) {
+    gHead = (gHead + 1) % kQueue;
+    --gCount;
+  }
+  gQueue[(gHead + gCount) % kQueue] = r;
+  ++gCount;
   if (!gStarted) {
     pthread_t t;
     pthread_attr_t attr;
@@ -246,8 +301,8 @@ void probeResetAfterFork() noexcept {
   gMu = PTHREAD_MUTEX_INITIALIZER;
   gCv = PTHREAD_COND_INITIALIZER;
   gStarted = false;
+  gHead = gCount = 0;
   for (int i = 0; i < kMaxDevices; ++i) {
-    gQueued[i] = false;
     (void)gDevices[i].runner.release();  // its memory and module are the parent's context's
     gDevices[i] = DeviceProbe{};
   }

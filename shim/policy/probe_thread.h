@@ -1,6 +1,8 @@
 // Probe rounds in a tenant process (probe_thread.cpp; docs/probes.md, "In the shim").
 #pragma once
 
+#include <cuda.h>
+
 #include "cushare/ledger_abi.h"
 
 namespace cushare::shim {
@@ -11,5 +13,9 @@ namespace cushare::shim {
 void probeCheck(int ordinal, LedgerComputeDevice* words, int slot) noexcept;
 // In the child after fork (the pacer's atfork handler).
 void probeResetAfterFork() noexcept;
+// The probe runner's launches (policy/probe_driver.h): wait at the tenant's gate, then the real
+// driver's cuLaunchKernel, unmetered.
+CUresult probeLaunch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                     unsigned shared, CUstream s, void** params, void** extra) noexcept;
 
 }  // namespace cushare::shim

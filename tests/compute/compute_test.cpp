@@ -307,6 +307,68 @@ TEST(Fair, WeightsStayWithinCaps) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Probe rounds (docs/probes.md): the shares the tenants' probes measured, against the shares
+// simgpu's own accounting says they got.
+
+// The broker's probe estimate of tenant's share on device 0 (-1: none yet), printed.
+double probeShare(Broker& b, const std::string& tenant) {
+  const rpc::Tenant t = b.tenant(tenant);
+  if (t.devices_size() < 1 || !t.devices(0).has_probe()) return -1;
+  const rpc::ProbeShare& p = t.devices(0).probe();
+  std::printf("probe %s: share %.3f +- %.3f over %u rounds (%u with work, %u missing, %u bad), regime %s%s%s\n",
+              tenant.c_str(), p.compute_share(), p.compute_share_stderr(), p.rounds(), p.rounds_with_work(),
+              p.missing(), p.bad(), p.regime().c_str(), p.last_error().empty() ? "" : ", last error: ",
+              p.last_error().c_str());
+  return p.compute_share();
+}
+
+TEST(Probe, CapsThirtyAndSeventyMeasuredWithinSevenPoints) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("probes: {interval_ms: 25, window_s: 600, kinds: [tick]}\n"
+                      "tenants:\n  - {name: a, thread_percentage: 30}\n  - {name: c, thread_percentage: 70}\n"));
+  Child a = worker(b, "a"), c = worker(b, "c");
+  a.send("run 11000 2000");
+  c.send("run 11000 2000");
+  const auto s = shares({{&a}, {&c}}, 500, 10000);
+  std::printf("simgpu: a %.3f c %.3f\n", s[0], s[1]);
+  const double pa = probeShare(b, "a"), pc = probeShare(b, "c");
+  EXPECT_NEAR(pa, s[0], 0.07);
+  EXPECT_NEAR(pc, s[1], 0.07);
+  finish({&a, &c});
+}
+
+TEST(Probe, WeightsOneTwoOneMeasuredWithinSevenPoints) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("probes: {interval_ms: 25, window_s: 600, kinds: [tick]}\n"
+                      "tenants:\n  - {name: a}\n  - {name: w, weight: 2}\n  - {name: c}\n"));
+  Child a = worker(b, "a"), w = worker(b, "w"), c = worker(b, "c");
+  for (Child* k : {&a, &w, &c}) k->send("run 11000 2000");
+  const auto s = shares({{&a}, {&w}, {&c}}, 500, 10000);
+  std::printf("simgpu: a %.3f w %.3f c %.3f\n", s[0], s[1], s[2]);
+  EXPECT_NEAR(probeShare(b, "a"), s[0], 0.07);
+  EXPECT_NEAR(probeShare(b, "w"), s[1], 0.07);
+  EXPECT_NEAR(probeShare(b, "c"), s[2], 0.07);
+  finish({&a, &w, &c});
+}
+
+// No caps, no fair share: the device slices time between the two contexts (2 ms slices), and the
+// probes, which do not wait at any gate, see whose context holds the device.
+TEST(Probe, TimeSlicingMeasuredWithinSevenPoints) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("compute: {fair_share: off}\nprobes: {interval_ms: 25, window_s: 600, kinds: [tick]}\n"
+                      "tenants:\n  - {name: a}\n  - {name: c}\n"));
+  Child a = worker(b, "a"), c = worker(b, "c");
+  a.send("run 11000 2000");
+  c.send("run 11000 2000");
+  const auto s = shares({{&a}, {&c}}, 500, 10000);
+  std::printf("simgpu: a %.3f c %.3f\n", s[0], s[1]);
+  EXPECT_NEAR(probeShare(b, "a"), s[0], 0.07);
+  EXPECT_NEAR(probeShare(b, "c"), s[1], 0.07);
+  EXPECT_EQ(b.tenant("a").devices(0).probe().regime(), "time-sliced");
+  finish({&a, &c});
+}
+
+// ---------------------------------------------------------------------------------------------
 
 TEST(Live, ACapChangedByReloadAppliesToRunningProcesses) {
   Broker b(testDir());

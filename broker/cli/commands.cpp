@@ -181,6 +181,29 @@ int tenantsVerb(const Globals& g, const Verb&, const Args& a) {
   return show(g, resp.tenants(), [&] { printTenants(resp.tenants().tenants()); });
 }
 
+// cushare probe [--device N]: each tenant's share of each device as its probes measured it.
+int probeVerb(const Globals& g, const Verb& v, const Args& a) {
+  int64_t device = -1;
+  std::string err;
+  if (a.find("--device") && !parseInt(a.get("--device"), 0, INT32_MAX, &device, &err))
+    return usageError(g, v, "--device: " + printable(err, 120));
+  rpc::Request req = newRequest();
+  req.mutable_tenants()->set_tenant("");
+  rpc::Response resp;
+  if (const int rc = exchange(g, req, rpc::Response::kTenants, &resp)) return rc;
+  rpc::ProbeTable table;
+  for (const rpc::Tenant& t : resp.tenants().tenants())
+    for (const rpc::TenantDevice& d : t.devices()) {
+      if (!d.has_probe() || (device >= 0 && d.device() != device)) continue;
+      rpc::ProbeRow* row = table.add_rows();
+      row->set_tenant(t.name());
+      row->set_device(d.device());
+      row->set_uuid(d.uuid());
+      *row->mutable_probe() = d.probe();
+    }
+  return show(g, table, [&] { printProbeTable(table); });
+}
+
 int processesVerb(const Globals& g, const Verb&, const Args& a) {
   rpc::Request req = newRequest();
   req.mutable_processes()->set_tenant(a.get("--tenant"));
@@ -293,6 +316,16 @@ const std::vector<Verb>& verbs() {
        1,
        false,
        tenantsVerb},
+      {"probe",
+       "probe [--device N]",
+       "each tenant's share of each device, as its probe kernels measured it",
+       {"--device"},
+       {},
+       {},
+       0,
+       0,
+       false,
+       probeVerb},
       {"processes",
        "processes [--tenant NAME]",
        "live tenant processes and their memory",

@@ -205,6 +205,35 @@ void printStatus(const rpc::StatusReply& s) {
   t.print();
 }
 
+// cushare probe: SHARE is the achieved share with its standard error ("0.31 +-0.02"; "?" before
+// enough rounds), the indices "-" where the window could not measure them.
+void printProbeTable(const rpc::ProbeTable& table) {
+  if (table.rows().empty()) {
+    std::printf("no probe windows yet (probes off, no tenant process on a device, or no round answered)\n");
+    return;
+  }
+  Table t({"TENANT", "DEVICE", "REGIME", "SHARE", "ROUNDS", "WITH-WORK", "MISSING", "BANDWIDTH", "COMPUTE-IDX",
+           "BW-IDX", "LATENCY-IDX", "WINDOW"});
+  const auto num = [](double v, const char* fmt) {
+    char b[48];
+    std::snprintf(b, sizeof b, fmt, v);
+    return std::string(b);
+  };
+  for (const rpc::ProbeRow& r : table.rows()) {
+    const rpc::ProbeShare& p = r.probe();
+    std::string share = p.rounds_with_work() == 0 ? "-" : num(p.compute_share(), "%.2f") + " +-" + num(p.compute_share_stderr(), "%.2f");
+    if (p.rounds_with_work() != 0 && !p.enough()) share += " ?";
+    t.add({r.tenant(), std::to_string(r.device()), p.regime(), share, std::to_string(p.rounds()),
+           std::to_string(p.rounds_with_work()), std::to_string(p.missing()),
+           p.has_bandwidth_share() ? num(p.bandwidth_share(), "%.2f") : "-",
+           p.has_compute_index() ? num(p.compute_index(), "%.2f") : "-",
+           p.has_bandwidth_index() ? num(p.bandwidth_index(), "%.2f") : "-",
+           p.has_latency_index_ns() ? num(p.latency_index_ns() / 1000.0, "%.0fus") : "-",
+           p.complete() ? num(p.window_seconds(), "%.0fs") : "filling"});
+  }
+  t.print();
+}
+
 void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants) {
   Table t({"TENANT", "DEVICE", "USED", "LIMIT", "PEAK", "DENIED", "CAP", "BUSY", "THROTTLED", "SHARE", "PROCS", "SOURCE"});
   bool overridden = false;

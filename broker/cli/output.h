@@ -14,6 +14,7 @@ namespace cushare::cli {
 
 void printStatus(const rpc::StatusReply& s);
 void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants);
+void printProbeTable(const rpc::ProbeTable& table);
 void printProcesses(const rpc::ProcessesReply& p);
 
 // One message as JSON on stdout, zero values included so every field is there to read, 64-bit

@@ -250,6 +250,45 @@ void renderTenantFairShare(const BrokerSnapshot& s, Writer& w) {
   }
 }
 
+// Probe rounds (docs/probes.md): each tenant's share as its probes measured it, over the last
+// window (the current one before a window is complete). Only where the tenant has a window.
+void renderTenantProbes(const BrokerSnapshot& s, Writer& w) {
+  const auto each = [&](const auto& fn) {
+    for (const TenantSnapshot& t : s.tenants) {
+      if (!t.error.empty()) continue;
+      for (const TenantDeviceSnapshot& d : t.devices)
+        if (d.probe.known) fn(t, d);
+    }
+  };
+  w.family("cushare_tenant_compute_share", kGauge,
+           "Share of the device the tenant's work received, as its probe kernels measured it over the window (0..1; "
+           "only once rounds with work were measured).");
+  each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
+    if (d.probe.roundsWithWork > 0)
+      w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, d.probe.share);
+  });
+  w.family("cushare_tenant_bandwidth_share", kGauge,
+           "Share of the device's memory bandwidth the tenant's memory probes got over the window (0..1).");
+  each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
+    if (d.probe.bandwidthShare) w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, *d.probe.bandwidthShare);
+  });
+  w.family("cushare_tenant_interference", kGauge,
+           "Interference the tenant's probes measured over the window, by kind: compute (1 - 1/slowdown), bandwidth "
+           "(1 - bandwidth share), latency (p95 start latency above solo, seconds).");
+  each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
+    const std::string dev = deviceLabel(s, d.device);
+    if (d.probe.computeIndex) w.sampleFloat({{"tenant", t.name}, {"device", dev}, {"kind", "compute"}}, *d.probe.computeIndex);
+    if (d.probe.bandwidthIndex)
+      w.sampleFloat({{"tenant", t.name}, {"device", dev}, {"kind", "bandwidth"}}, *d.probe.bandwidthIndex);
+    if (d.probe.latencyIndexNs)
+      w.sampleFloat({{"tenant", t.name}, {"device", dev}, {"kind", "latency"}}, *d.probe.latencyIndexNs / 1e9);
+  });
+  w.family("cushare_tenant_probe_rounds", kGauge, "Probe rounds the tenant was in over the window.");
+  each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
+    w.sample({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, d.probe.rounds);
+  });
+}
+
 void renderTenants(const BrokerSnapshot& s, Writer& w) {
   w.family("cushare_tenant_processes", kGauge, "Live processes of the tenant.");
   for (const TenantSnapshot& t : s.tenants) w.sample({{"tenant", t.name}}, t.processes.size());
@@ -304,6 +343,7 @@ std::string renderMetrics(const BrokerSnapshot& s) {
   renderTenantDevices(s, w);
   renderTenantCompute(s, w);
   renderTenantFairShare(s, w);
+  renderTenantProbes(s, w);
   renderTenants(s, w);
   renderMps(s.mps, w);
   return w.take();

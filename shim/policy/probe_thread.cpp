@@ -66,7 +66,8 @@ DeviceProbe gDevices[kMaxDevices];
 int gFile = -1;  // the tenant's probe file
 
 constexpr uint64_t kMissedInstant = 50'000'000;  // later than this past the instant: not run
-constexpr uint64_t kMemBuffer = uint64_t{32} << 20;
+constexpr uint64_t kMemBuffer = uint64_t{32} << 20;  // the memory probe's buffer
+constexpr uint64_t kSmallBuffer = uint64_t{64} << 10;  // without the memory probe
 
 long futexShared(std::atomic<uint32_t>* word, uint32_t expected, uint64_t timeoutNs) noexcept {
   timespec ts{static_cast<time_t>(timeoutNs / 1'000'000'000u), static_cast<long>(timeoutNs % 1'000'000'000u)};
@@ -147,6 +148,14 @@ void writeAnswer(const Request& r, int32_t status, const std::string& error, con
 void runRequest(const Request& r) {
   DeviceProbe& dp = gDevices[r.ordinal];
   RealDriver& d = realDriver();
+  // The memory probe's buffer (charged to the tenant) only when the memory probe is asked for;
+  // a runner loaded without it is loaded again the first time it is.
+  const uint64_t memBuffer = (r.what & probe::kRunMem) ? kMemBuffer : kSmallBuffer;
+  if (dp.runner && dp.runner->options().memBufferBytes < memBuffer) {
+    dp.runner.reset();
+    if (dp.stream != nullptr) cuStreamDestroy_v2(dp.stream);
+    dp.stream = nullptr;
+  }
   if (!dp.runner && !dp.failed) {
     const std::string path = fatbinPath();
     CUdevice dev = 0;
@@ -163,7 +172,7 @@ void runRequest(const Request& r) {
       dp.error = "no primary context for the device";
     } else {
       probe::RunnerOptions o;
-      o.memBufferBytes = kMemBuffer;
+      o.memBufferBytes = memBuffer;
       if (const probe::ProbeError e = probe::ProbeRunner::load(path.c_str(), o, &dp.runner); e) {
         dp.failed = true;
         dp.status = probe::kProbeLoadFailed;

@@ -334,6 +334,27 @@ TEST(Probe, CapsThirtyAndSeventyMeasuredWithinSevenPoints) {
   const double pa = probeShare(b, "a"), pc = probeShare(b, "c");
   EXPECT_NEAR(pa, s[0], 0.07);
   EXPECT_NEAR(pc, s[1], 0.07);
+  // What an operator sees: `cushare probe`, its --json, and the metrics.
+  const auto run = [&](const std::string& args) {
+    std::string out;
+    if (FILE* f = ::popen((std::string(CLI_BIN) + " --socket " + b.socket() + " " + args + " 2>&1").c_str(), "r")) {
+      char buf[4096];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+      ::pclose(f);
+    }
+    return out;
+  };
+  const std::string table = run("probe --device 0");
+  std::printf("%s", table.c_str());
+  EXPECT_NE(table.find("TENANT"), std::string::npos) << table;
+  EXPECT_NE(table.find("turns"), std::string::npos) << table;
+  const std::string json = run("probe --json");
+  EXPECT_NE(json.find("\"compute_share\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"tenant\":\"a\""), std::string::npos) << json;
+  EXPECT_NE(run("probe --device 7").find("no probe windows"), std::string::npos);
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_compute_share{tenant=\"a\",device=\"0\"} 0."), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_interference{tenant=\"a\",device=\"0\",kind=\"latency\"}"), std::string::npos) << m;
   finish({&a, &c});
 }
 

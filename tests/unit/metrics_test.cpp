@@ -130,6 +130,11 @@ BrokerSnapshot twoTenants() {
   alpha.devices[0].fairTarget = 0.5;
   alpha.devices[0].fairAchieved = 0.25;
   alpha.weight = 2;
+  alpha.devices[0].probe.known = true;
+  alpha.devices[0].probe.share = 0.3;
+  alpha.devices[0].probe.rounds = 40;
+  alpha.devices[0].probe.roundsWithWork = 38;
+  alpha.devices[0].probe.latencyIndexNs = 2'500'000;
   alpha.processes = {{10, {256 * kMiB}}, {11, {256 * kMiB}}};
   alpha.tamper = {{"hidden", 2}, {"limit", 1}};
   TenantSnapshot beta;
@@ -222,6 +227,17 @@ cushare_tenant_fair_share_target{tenant="alpha",device="0"} 0.5
 # HELP cushare_tenant_fair_share_achieved Share of the contending tenants' device time the tenant got in the controller's last window (0..1; only while it contends).
 # TYPE cushare_tenant_fair_share_achieved gauge
 cushare_tenant_fair_share_achieved{tenant="alpha",device="0"} 0.25
+# HELP cushare_tenant_compute_share Share of the device the tenant's work received, as its probe kernels measured it over the window (0..1; only once rounds with work were measured).
+# TYPE cushare_tenant_compute_share gauge
+cushare_tenant_compute_share{tenant="alpha",device="0"} 0.3
+# HELP cushare_tenant_bandwidth_share Share of the device's memory bandwidth the tenant's memory probes got over the window (0..1).
+# TYPE cushare_tenant_bandwidth_share gauge
+# HELP cushare_tenant_interference Interference the tenant's probes measured over the window, by kind: compute (1 - 1/slowdown), bandwidth (1 - bandwidth share), latency (p95 start latency above solo, seconds).
+# TYPE cushare_tenant_interference gauge
+cushare_tenant_interference{tenant="alpha",device="0",kind="latency"} 0.0025
+# HELP cushare_tenant_probe_rounds Probe rounds the tenant was in over the window.
+# TYPE cushare_tenant_probe_rounds gauge
+cushare_tenant_probe_rounds{tenant="alpha",device="0"} 40
 # HELP cushare_tenant_processes Live processes of the tenant.
 # TYPE cushare_tenant_processes gauge
 cushare_tenant_processes{tenant="alpha"} 2
@@ -269,7 +285,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 32u);
+    EXPECT_EQ(helps.size(), 36u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

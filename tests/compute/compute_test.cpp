@@ -324,12 +324,12 @@ double probeShare(Broker& b, const std::string& tenant) {
 
 TEST(Probe, CapsThirtyAndSeventyMeasuredWithinSevenPoints) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("probes: {interval_ms: 25, window_s: 600, kinds: [tick]}\n"
+  ASSERT_TRUE(b.start("probes: {interval_ms: 20, window_s: 600, kinds: [tick]}\n"
                       "tenants:\n  - {name: a, thread_percentage: 30}\n  - {name: c, thread_percentage: 70}\n"));
   Child a = worker(b, "a"), c = worker(b, "c");
-  a.send("run 11000 2000");
-  c.send("run 11000 2000");
-  const auto s = shares({{&a}, {&c}}, 500, 10000);
+  a.send("run 13000 2000");
+  c.send("run 13000 2000");
+  const auto s = shares({{&a}, {&c}}, 500, 12000);
   std::printf("simgpu: a %.3f c %.3f\n", s[0], s[1]);
   const double pa = probeShare(b, "a"), pc = probeShare(b, "c");
   EXPECT_NEAR(pa, s[0], 0.07);
@@ -360,11 +360,11 @@ TEST(Probe, CapsThirtyAndSeventyMeasuredWithinSevenPoints) {
 
 TEST(Probe, WeightsOneTwoOneMeasuredWithinSevenPoints) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("probes: {interval_ms: 25, window_s: 600, kinds: [tick]}\n"
+  ASSERT_TRUE(b.start("probes: {interval_ms: 20, window_s: 600, kinds: [tick]}\n"
                       "tenants:\n  - {name: a}\n  - {name: w, weight: 2}\n  - {name: c}\n"));
   Child a = worker(b, "a"), w = worker(b, "w"), c = worker(b, "c");
-  for (Child* k : {&a, &w, &c}) k->send("run 11000 2000");
-  const auto s = shares({{&a}, {&w}, {&c}}, 500, 10000);
+  for (Child* k : {&a, &w, &c}) k->send("run 13000 2000");
+  const auto s = shares({{&a}, {&w}, {&c}}, 500, 12000);
   std::printf("simgpu: a %.3f w %.3f c %.3f\n", s[0], s[1], s[2]);
   EXPECT_NEAR(probeShare(b, "a"), s[0], 0.07);
   EXPECT_NEAR(probeShare(b, "w"), s[1], 0.07);
@@ -376,12 +376,12 @@ TEST(Probe, WeightsOneTwoOneMeasuredWithinSevenPoints) {
 // probes, which do not wait at any gate, see whose context holds the device.
 TEST(Probe, TimeSlicingMeasuredWithinSevenPoints) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("compute: {fair_share: off}\nprobes: {interval_ms: 25, window_s: 600, kinds: [tick]}\n"
+  ASSERT_TRUE(b.start("compute: {fair_share: off}\nprobes: {interval_ms: 20, window_s: 600, kinds: [tick]}\n"
                       "tenants:\n  - {name: a}\n  - {name: c}\n"));
   Child a = worker(b, "a"), c = worker(b, "c");
-  a.send("run 11000 2000");
-  c.send("run 11000 2000");
-  const auto s = shares({{&a}, {&c}}, 500, 10000);
+  a.send("run 13000 2000");
+  c.send("run 13000 2000");
+  const auto s = shares({{&a}, {&c}}, 500, 12000);
   std::printf("simgpu: a %.3f c %.3f\n", s[0], s[1]);
   EXPECT_NEAR(probeShare(b, "a"), s[0], 0.07);
   EXPECT_NEAR(probeShare(b, "c"), s[1], 0.07);

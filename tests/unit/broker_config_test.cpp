@@ -570,6 +570,34 @@ TEST(BrokerConfig, ComputeBlock) {
             std::string::npos);
 }
 
+// The probes block (docs/probes.md): defaults, off/on, each key's range, the kinds list.
+TEST(BrokerConfig, ProbesBlock) {
+  const Config d = parseOk("{}\n");
+  EXPECT_TRUE(d.probes.on);
+  EXPECT_EQ(d.probes.intervalMs, 1000u);
+  EXPECT_EQ(d.probes.windowS, 10u);
+  EXPECT_EQ(d.probes.budgetUs, 200u);
+  EXPECT_EQ(d.probes.kinds, 5u);  // sm and tick
+  EXPECT_FALSE(parseOk("probes: off\n").probes.on);
+  EXPECT_TRUE(parseOk("probes: on\n").probes.on);
+  const Config c = parseOk("probes: {interval_ms: 25, window_s: 60, budget_us: 100, kinds: [tick, mem]}\n");
+  EXPECT_EQ(c.probes.intervalMs, 25u);
+  EXPECT_EQ(c.probes.windowS, 60u);
+  EXPECT_EQ(c.probes.budgetUs, 100u);
+  EXPECT_EQ(c.probes.kinds, 6u);
+  for (const char* bad : {"probes: {interval_ms: 19}\n", "probes: {interval_ms: 600001}\n", "probes: {window_s: 0}\n",
+                          "probes: {budget_us: 10001}\n", "probes: {budget_us: 1.5}\n"}) {
+    const std::string e = parseError(bad);
+    EXPECT_NE(e.find("probes."), std::string::npos) << bad << ": " << e;
+  }
+  EXPECT_NE(parseError("probes: {kinds: [sm, gpu]}\n").find("unknown probe 'gpu'"), std::string::npos);
+  EXPECT_NE(parseError("probes: {kinds: [sm, sm]}\n").find("listed twice"), std::string::npos);
+  EXPECT_NE(parseError("probes: {kinds: []}\n").find("probes.kinds"), std::string::npos);
+  EXPECT_NE(parseError("probes: {kinds: sm}\n").find("expected a list"), std::string::npos);
+  EXPECT_NE(parseError("probes: sometimes\n").find("expected off, on or a map"), std::string::npos);
+  EXPECT_NE(parseError("probes: {rate: 1}\n").find("unknown key 'rate'"), std::string::npos);
+}
+
 // Weights (docs/compute.md, "Fair share"): 1 by default, from the profile unless the tenant sets
 // its own, whole numbers 1..1000 only.
 TEST(BrokerConfig, Weights) {

@@ -90,6 +90,7 @@ struct Broker::ComputeState {
     // kBlockedStale the waiter is not running (stopped) and the bit is not counted as work until
     // it clears or activity_ns moves.
     uint64_t blockedOpen = 0, activity = 0;
+    uint64_t lastMove = 0;  // the last step its busy time moved or it had work (fair share counts processes)
     bool ignoreBlocked = false;
   };
   struct TenantDevice {
@@ -271,8 +272,10 @@ std::chrono::microseconds Broker::computeTick() {
               *prev += x;
               return x;
             };
-            td.busyTotal += take(busy, &last.busy);
+            const uint64_t moved = take(busy, &last.busy);
+            td.busyTotal += moved;
             td.throttledTotal += take(thr, &last.throttled);
+            if (moved != 0) last.lastMove = now;
           } else {
             last.busy = busy;
             last.throttled = thr;
@@ -280,7 +283,10 @@ std::chrono::microseconds Broker::computeTick() {
           const uint32_t in = c->inflight.load(std::memory_order_seq_cst);
           const uint32_t act = c->activity.load(std::memory_order_seq_cst);
           if (in != last.stuck) last.stuck = 0;  // it moved: live again
-          if (in != 0 && in < kInFlightSane && last.stuck == 0) td.work = td.inflight = true;
+          if (in != 0 && in < kInFlightSane && last.stuck == 0) {
+            td.work = td.inflight = true;
+            last.lastMove = now;
+          }
           // A launch waiting at a gate that has been open for kBlockedStale is not waiting: its
           // process does not run (stopped). Counted again once the bit clears and comes back.
           const bool open = td.open;  // as the broker set it at the last step
@@ -389,7 +395,24 @@ std::chrono::microseconds Broker::computeTick() {
       if (!m.td->contending) m.td->target = m.td->achieved = 0.0;
       contenders += m.td->contending;
     }
-    const bool fairOn = contenders >= 2;
+    // The hardware already slices time alike between contexts: fair share takes over only where
+    // that would not give shares in proportion to weights, i.e. where the contenders' weights
+    // per process running there differ (different weights, or one tenant with more processes).
+    // Turns cost a little at each switch (more on a loaded host), so equal tenants are left to
+    // the hardware.
+    const auto processes = [&](const Member& m) {
+      uint64_t n = 0;
+      for (const ComputeState::Slot& sl : m.td->slots) n += sl.lastMove != 0 && now - sl.lastMove < kFairActive;
+      return std::max<uint64_t>(n, 1);
+    };
+    bool unequal = false;
+    const Member* first = nullptr;
+    for (Member& m : members) {
+      if (!m.td->contending) continue;
+      if (first == nullptr) first = &m;
+      else if (uint64_t{m.weight} * processes(*first) != uint64_t{first->weight} * processes(m)) unequal = true;
+    }
+    const bool fairOn = contenders >= 2 && unequal;
     if (fairOn != dev.fair) {
       dev.fair = fairOn;
       dev.fairStep = now;

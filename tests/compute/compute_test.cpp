@@ -258,10 +258,11 @@ TEST(Fair, ATenantsProcessesShareItsWeight) {
 
 // A hostile tenant that claims work it never launches (a launch "waiting" at the gate, its liveness
 // stamp fresh, nothing in flight) to take fair-share turns: its turns cost it their wall time, so
-// it idles the device for at most its own share; y keeps its half.
+// it idles the device for at most its own share; y keeps its two thirds.
 TEST(Fair, ATenantClaimingWorkItNeverLaunchesGetsNoMoreThanItsShare) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("tenants:\n  - {name: x}\n  - {name: y}\n"));
+  // Weights 1:2, so that the device is shared in turns (equal weights are left to the hardware).
+  ASSERT_TRUE(b.start("tenants:\n  - {name: x}\n  - {name: y, weight: 2}\n"));
   Child x = worker(b, "x"), y = worker(b, "y");
   const int fd = ::open((b.ledgerDir() + "/x.ledger").c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
@@ -285,8 +286,8 @@ TEST(Fair, ATenantClaimingWorkItNeverLaunchesGetsNoMoreThanItsShare) {
   claimer.join();
   ::munmap(map, kLedgerFileSize);
   ::close(fd);
-  std::printf("share of y next to x claiming work: %.3f\n", s[0]);
-  EXPECT_GE(s[0], 0.45) << b.log();
+  std::printf("share of y (weight 2) next to x (weight 1) claiming work: %.3f\n", s[0]);
+  EXPECT_GE(s[0], 0.62) << b.log();
   finish({&y});
   x.send("quit");
   x.wait();
@@ -530,10 +531,7 @@ TEST(Lowering, EnvironmentCapLowersAnUncappedTenantsProcess) {
   std::printf("shares: a %.3f (its environment 0.25), c %.3f (uncapped)\n", s[0], s[1]);
   EXPECT_LE(s[0], 0.28);
   EXPECT_GE(s[0], 0.08) << "lowered, not starved";
-  // The two contend, so fair share schedules the device in turns: a's short turns (its own budget
-  // runs out) each cost a switch, and c takes most of the rest (0.63..0.69 measured).
-  EXPECT_GE(s[1], 0.55) << "the neighbour takes the rest";
-  EXPECT_GE(s[0] + s[1], 0.85);
+  EXPECT_GE(s[1], 0.60) << "the neighbour takes the rest";
   finish({&a, &c});
 }
 

@@ -72,8 +72,10 @@ int ProbeScheduler::fileFor(const ProbeTenant& t) {
     ::unlink(path.c_str());  // whatever was there (a link, a device, another user's file)
     fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, t.mode);
     if (fd < 0) {
-      CUSHARE_BLOG(warn, "tenant {}: cannot create its probe file {}: {}", t.name, path, std::strerror(errno));
-      fds_[t.name] = -1;
+      // Tried again at the next round (something was put there between the unlink and the
+      // create); said once.
+      if (warned_.insert(t.name).second)
+        CUSHARE_BLOG(warn, "tenant {}: cannot create its probe file {}: {}", t.name, path, std::strerror(errno));
       return -1;
     }
     probe::ProbeFileHeader h{};
@@ -86,13 +88,14 @@ int ProbeScheduler::fileFor(const ProbeTenant& t) {
                     (geteuid() != 0 || ::fchown(fd, t.owner, static_cast<gid_t>(t.gid)) == 0) &&
                     ::fchmod(fd, t.mode) == 0;
     if (!ok) {
-      CUSHARE_BLOG(warn, "tenant {}: cannot prepare its probe file {}: {}", t.name, path, std::strerror(errno));
+      if (warned_.insert(t.name).second)
+        CUSHARE_BLOG(warn, "tenant {}: cannot prepare its probe file {}: {}", t.name, path, std::strerror(errno));
       ::close(fd);
       ::unlink(path.c_str());
-      fds_[t.name] = -1;
       return -1;
     }
   }
+  warned_.erase(t.name);
   fds_[t.name] = fd;
   return fd;
 }

@@ -17,6 +17,7 @@
 #include <optional>
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,7 @@ class ProbeScheduler {
   std::string ledgerDir_;
   std::vector<Device> devices_;
   std::map<std::string, int> fds_;
+  std::set<std::string> warned_;  // tenants whose probe file could not be made (said once)
   uint32_t seq_ = 0;
   std::mt19937_64 rng_;
 };

@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cerrno>
 #include <cstdio>
 #include <cstddef>
@@ -51,6 +53,7 @@ constexpr int kQueue = 16;
 Request gQueue[kQueue];
 int gHead = 0, gCount = 0;
 bool gStarted = false;
+std::atomic<bool> gExiting{false};  // the process is exiting: no more driver calls from the thread
 thread_local int tProbeOrdinal = -1;  // the device the probe thread is launching on
 uint32_t gSeen[kMaxDevices] = {};  // the pacer's last seen probe_seq per device (under the pacer's lock)
 
@@ -146,6 +149,7 @@ void writeAnswer(const Request& r, int32_t status, const std::string& error, con
 }
 
 void runRequest(const Request& r) {
+  if (gExiting.load(std::memory_order_acquire)) return;
   DeviceProbe& dp = gDevices[r.ordinal];
   RealDriver& d = realDriver();
   // The memory probe's buffer (charged to the tenant) only when the memory probe is asked for;
@@ -197,6 +201,7 @@ void runRequest(const Request& r) {
   timespec at{static_cast<time_t>(r.at / 1'000'000'000u), static_cast<long>(r.at % 1'000'000'000u)};
   while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &at, nullptr) == EINTR) {
   }
+  if (gExiting.load(std::memory_order_acquire)) return;
   if (clockNs(CLOCK_REALTIME) > r.at + kMissedInstant) {
     writeAnswer(r, probe::kProbeRunFailed, "missed the round's instant", nullptr, 0, 0);
     return;
@@ -297,6 +302,8 @@ void probeCheck(int ordinal, LedgerComputeDevice* w, int slot) noexcept {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    static bool atexitSet = false;
+    if (!atexitSet) atexitSet = std::atexit([] { gExiting.store(true, std::memory_order_release); }) == 0;
     gStarted = pthread_create(&t, &attr, probeMain, nullptr) == 0;
     pthread_attr_destroy(&attr);
     if (!gStarted) logLine(LogLevel::kWarn, "cushare: cannot start the probe thread: probe rounds not answered");

@@ -725,8 +725,14 @@ std::chrono::microseconds Broker::computeTick() {
     }
   }
   // Forget tenants that are gone.
-  for (auto it = cs.tenants.begin(); it != cs.tenants.end();)
-    it = tenants_.count(it->first) ? std::next(it) : cs.tenants.erase(it);
+  for (auto it = cs.tenants.begin(); it != cs.tenants.end();) {
+    if (tenants_.count(it->first)) {
+      ++it;
+      continue;
+    }
+    probes_->forget(it->first);  // its probe file closed and removed
+    it = cs.tenants.erase(it);
+  }
   bool any = false;
   for (const ComputeState::Device& dev : cs.devices) any = any || dev.periodStart != 0;
   if (fast) return std::chrono::microseconds(100);

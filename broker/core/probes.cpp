@@ -44,10 +44,12 @@ ProbeScheduler::~ProbeScheduler() {
 void ProbeScheduler::configure(const ProbeConfig& config) { config_ = config; }
 
 void ProbeScheduler::forget(const std::string& tenant) {
+  warned_.erase(tenant);
   const auto it = fds_.find(tenant);
   if (it == fds_.end()) return;
   if (it->second >= 0) ::close(it->second);
   fds_.erase(it);
+  ::unlink((ledgerDir_ + "/" + tenant + ".probe").c_str());
 }
 
 // The tenant's probe file: created (owner, group and mode of its ledger) with a valid header if
@@ -188,8 +190,6 @@ void ProbeScheduler::step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& 
   r.deadlineMono = nowMono + kLead + jitter + kCollect;
   for (ProbeTenant& t : tenants) {
     if (t.ledger == nullptr || t.entry < 0) continue;
-    const int fd = fileFor(t);
-    if (fd < 0) continue;
     // The process that launched most lately on the device (paced launches stamp activity_ns),
     // else the one with the most busy time there (metered: it has a pacer thread to answer).
     int slot = -1;
@@ -212,7 +212,11 @@ void ProbeScheduler::step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& 
         }
       }
       if (slot < 0) slot = busySlot;
-      if (slot < 0) return;
+      // A probe file only for a tenant with a process to answer (made before the request).
+      if (slot < 0 || fileFor(t) < 0) {
+        slot = -1;
+        return;
+      }
       LedgerComputeDevice* w = t.ledger->compute(t.entry);
       w->probe_slot.store(static_cast<uint32_t>(slot), std::memory_order_relaxed);
       w->probe_at_ns.store(r.atRealtime, std::memory_order_relaxed);

@@ -60,7 +60,7 @@ class ProbeScheduler {
             const std::function<bool(const std::function<void()>&)>& guarded);
 
   std::optional<ProbeView> view(const std::string& tenant, size_t d) const;
-  void forget(const std::string& tenant);  // a tenant gone: its file descriptor closed
+  void forget(const std::string& tenant);  // a tenant gone: its probe file closed and removed
 
  private:
   struct Pending {

@@ -148,6 +148,19 @@ void writeAnswer(const Request& r, int32_t status, const std::string& error, con
   (void)pwrite(gFile, &r.seq, sizeof r.seq, static_cast<off_t>(base + offsetof(probe::ProbeAnswerHeader, seq)));
 }
 
+// The whole device's multiprocessors. An MPS client with an active thread percentage sees only
+// its share of them (the attribute reflects the limit), so its count is scaled back by the
+// percentage the shim set for it (mps_env.cpp): exact on simgpu, within the server's rounding to
+// whole TPCs on a GPU (a client of 30 % of 132 SMs sees 40: 133).
+uint32_t deviceSms(uint32_t visible) {
+  const char* p = std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+  if (p == nullptr || *p == '\0') return visible;
+  char* end = nullptr;
+  const double pct = std::strtod(p, &end);
+  if (end == p || pct <= 0 || pct >= 100) return visible;
+  return static_cast<uint32_t>(visible * 100.0 / pct + 0.5);
+}
+
 void runRequest(const Request& r) {
   if (gExiting.load(std::memory_order_acquire)) return;
   DeviceProbe& dp = gDevices[r.ordinal];
@@ -216,7 +229,7 @@ void runRequest(const Request& r) {
     writeAnswer(r, probe::kProbeRunFailed, e.message(), nullptr, 0, 0);
     return;
   }
-  writeAnswer(r, probe::kProbeOk, "", &rec, dp.runner->smCount(), dp.runner->options().workPerStep);
+  writeAnswer(r, probe::kProbeOk, "", &rec, deviceSms(dp.runner->smCount()), dp.runner->options().workPerStep);
 }
 
 void* probeMain(void*) {

@@ -19,6 +19,7 @@
 
 #include "core/broker.h"
 #include "core/bus_guard.h"
+#include "core/containers.h"
 #include "core/control_server.h"
 #include "core/devices.h"
 #include "core/log.h"
@@ -105,6 +106,14 @@ int main(int argc, char** argv) {
       std::printf("%s: mps %s: %s\n", configPath.c_str(), mpsModeName(c.mps.mode),
                   control.empty() ? ("off (" + why + ")").c_str() : ("control daemon " + control).c_str());
     }
+    if (loadConfig(configPath, &c, &err)) {
+      std::string line;
+      if (!describeCdi(c, &line, &err)) {
+        spdlog::error("{}", err);
+        return 1;
+      }
+      std::printf("%s: %s\n", configPath.c_str(), line.c_str());
+    }
     std::printf("%s: valid for this host's %zu device(s)\n", configPath.c_str(), devices.size());
     return 0;
   }
@@ -119,9 +128,24 @@ int main(int argc, char** argv) {
     spdlog::error("{}", err);
     return 1;
   }
-  auto reload = [&broker, &mps](std::string* e) {
+  // The CDI spec (docs/containers.md), before the control socket answers. A failure stops the
+  // broker when the configuration asks for CDI explicitly; the default only warns.
+  auto publishCdi = [&broker, &mps](bool atStart) {
+    const Config c = broker.config();
+    std::string why;
+    if (publishCdiSpec(c, mps.pipeDir(), &why)) return true;
+    const bool fatal = atStart && c.cdi.mark.line != 0;
+    if (fatal) spdlog::error("{}", why);
+    else spdlog::warn("{}{}", why, atStart ? " (cdi is on by default; cdi: off silences this)" : "; the spec written before stays");
+    return !fatal;
+  };
+  if (!publishCdi(true)) return 1;
+  auto reload = [&broker, &mps, &publishCdi](std::string* e) {
     const bool ok = broker.reload(e);
-    if (ok) mps.refresh();
+    if (ok) {
+      mps.refresh();
+      publishCdi(false);
+    }
     return ok;
   };
   Reaper reaper(broker);
@@ -159,7 +183,7 @@ int main(int argc, char** argv) {
     if (n != sizeof si) continue;
     if (si.ssi_signo == SIGHUP) {
       std::string why;
-      if (broker.reload(&why)) mps.refresh();  // logs either way
+      reload(&why);  // logs either way
       continue;
     }
     spdlog::info("stopping on signal {}; the ledgers and their limits stay in force", si.ssi_signo);
@@ -171,5 +195,6 @@ int main(int argc, char** argv) {
   control.stop();
   reaper.stop();
   mps.stop();  // quits the daemon
+  unpublishCdiSpec(broker.config());
   return 0;
 }

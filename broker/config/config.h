@@ -104,6 +104,17 @@ struct ComputeConfig {
   bool fairShare = true;              // contending tenants share devices by weight (docs/compute.md)
 };
 
+// The CDI spec the broker writes (the cdi: block; docs/containers.md).
+struct CdiConfig {
+  bool enabled = true;                  // cdi: off turns it off
+  std::string specDir = "/var/run/cdi";  // where the spec goes (CDI's directory for generated specs)
+  // The shim's path on the host (the spec's mount source). Empty: the one installed beside the
+  // broker (<prefix>/lib/cushare/libcushare.so), as `cushare run` finds it.
+  std::string shim;
+  bool removeOnStop = false;            // remove the spec when the broker stops
+  SourceMark mark;                      // of the cdi: key's value; line 0: not in the file
+};
+
 struct Config {
   std::string file;
   ComputeConfig compute;  // the name used in messages (the path given to loadConfig)
@@ -131,6 +142,7 @@ struct Config {
   // memory, not as memory hidden from the ledger (no warning, no tamper count).
   uint64_t contextMemory = uint64_t{512} << 20;
   MpsConfig mps;
+  CdiConfig cdi;
   std::vector<Profile> profiles;      // in the order written
   std::vector<Tenant> tenants;        // in the order written; names unique
 };

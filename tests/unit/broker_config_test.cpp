@@ -587,5 +587,30 @@ TEST(BrokerConfig, Weights) {
   EXPECT_NE(parseError("profiles:\n  p: {weight: 0}\n").find("profiles.p.weight"), std::string::npos);
 }
 
+
+// The cdi block (docs/containers.md): on by default in /var/run/cdi, off, its fields, refusals.
+TEST(BrokerConfig, CdiBlock) {
+  const Config d = parseOk("{}\n");
+  EXPECT_TRUE(d.cdi.enabled);
+  EXPECT_EQ(d.cdi.specDir, "/var/run/cdi");
+  EXPECT_TRUE(d.cdi.shim.empty());
+  EXPECT_FALSE(d.cdi.removeOnStop);
+  EXPECT_EQ(d.cdi.mark.line, 0) << "not written: the default";
+  EXPECT_FALSE(parseOk("cdi: off\n").cdi.enabled);
+  const Config c = parseOk("cdi: {spec_dir: /etc/cdi/, shim: /opt/cushare/lib/libcushare.so, remove_on_stop: on}\n");
+  EXPECT_TRUE(c.cdi.enabled);
+  EXPECT_EQ(c.cdi.specDir, "/etc/cdi");
+  EXPECT_EQ(c.cdi.shim, "/opt/cushare/lib/libcushare.so");
+  EXPECT_TRUE(c.cdi.removeOnStop);
+  EXPECT_EQ(c.cdi.mark.line, 1);
+  EXPECT_NE(parseError("cdi: {spec_dir: cdi}\n").find("cdi.spec_dir: not an absolute path"), std::string::npos);
+  EXPECT_NE(parseError("cdi: {shim: /a:b/libcushare.so}\n").find("cdi.shim: a ':' or a space"), std::string::npos);
+  EXPECT_NE(parseError("cdi: {remove_on_stop: yes}\n").find("cdi.remove_on_stop: expected on or off"),
+            std::string::npos);
+  EXPECT_NE(parseError("cdi: {specdir: /x}\n").find("unknown key 'specdir'; did you mean 'spec_dir'?"),
+            std::string::npos);
+  EXPECT_NE(parseError("cdi: on\n").find("cdi: expected off, or a map"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace cushare::broker

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <map>
 #include <vector>
 
 #include <spdlog/sinks/stdout_sinks.h>
@@ -26,6 +27,9 @@
 #include "core/mps_daemon.h"
 #include "core/compute_thread.h"
 #include "core/reaper.h"
+#if CUSHARE_DEVICE_PLUGIN
+#include "kubernetes/device_plugin.h"
+#endif
 #include "metrics/http_server.h"
 #include "metrics/prometheus.h"
 
@@ -140,11 +144,72 @@ int main(int argc, char** argv) {
     return !fatal;
   };
   if (!publishCdi(true)) return 1;
-  auto reload = [&broker, &mps, &publishCdi](std::string* e) {
+#if CUSHARE_DEVICE_PLUGIN
+  // The kubelet device plugin (docs/kubernetes.md): healthy while the GPU is listed by NVML and
+  // MPS (when the broker runs it) answers and has no faulted server.
+  std::vector<std::string> gpuUuids;
+  for (const DeviceInfo& d : devices) gpuUuids.push_back(d.uuid);
+  auto health = [&broker, &mps] {
+    std::map<std::string, bool> h;
+    std::vector<DeviceInfo> now;
+    std::string why;
+    if (!listDevices(&now, &why)) return h;  // NVML gone: every GPU unhealthy
+    bool mpsOk = true;
+    if (mps.active()) {
+      const MpsSnapshot m = broker.snapshot().mps;
+      mpsOk = m.up;
+      for (const MpsServerSnapshot& s : m.servers) mpsOk = mpsOk && s.state != "FAULT";
+    }
+    for (const DeviceInfo& d : now) h[d.uuid] = mpsOk;
+    return h;
+  };
+  cushare::kubernetes::DevicePlugin plugin(health);
+  auto pluginSettings = [&](const Config& c, cushare::kubernetes::PluginSettings* s, std::string* e) {
+    std::vector<TenantEditsOf> edits;
+    std::vector<std::string> leftOut;
+    if (!containerEdits(c, mps.pipeDir(), &edits, &leftOut, e)) return false;
+    for (const std::string& why : leftOut) spdlog::warn("kubernetes: tenant {} has no resource", why);
+    s->dir = c.kubernetes.devicePluginDir;
+    s->devicesPerGpu = c.kubernetes.devicesPerGpu;
+    s->gpus = gpuUuids;
+    for (TenantEditsOf& t : edits) s->tenants.push_back({t.tenant, std::move(t.edits), t.cdiDevice});
+    return true;
+  };
+  const Config startConfig = broker.config();
+  bool pluginOn = startConfig.kubernetes.enabled;
+  if (pluginOn) {
+    cushare::kubernetes::PluginSettings s;
+    if (!pluginSettings(startConfig, &s, &err) || !plugin.start(s, &err)) {
+      spdlog::error("{}", err);
+      return 1;
+    }
+  }
+  auto refreshPlugin = [&] {
+    const Config c = broker.config();
+    if (c.kubernetes.enabled != pluginOn ||
+        (pluginOn && c.kubernetes.devicePluginDir != startConfig.kubernetes.devicePluginDir))
+      spdlog::warn("kubernetes: turning the device plugin on or off, or moving its directory, takes effect when the "
+                   "broker restarts");
+    if (!pluginOn) return;
+    cushare::kubernetes::PluginSettings s;
+    std::string why;
+    if (pluginSettings(c, &s, &why)) plugin.update(s);
+    else spdlog::error("{}; the device plugin keeps its tenants", why);
+  };
+#else
+  if (broker.config().kubernetes.enabled) {
+    spdlog::error("kubernetes: this cushare-broker was built without gRPC (libgrpc++-dev), so it cannot serve the "
+                  "kubelet device plugin; remove the kubernetes block or rebuild");
+    return 1;
+  }
+  auto refreshPlugin = [] {};
+#endif
+  auto reload = [&broker, &mps, &publishCdi, &refreshPlugin](std::string* e) {
     const bool ok = broker.reload(e);
     if (ok) {
       mps.refresh();
       publishCdi(false);
+      refreshPlugin();
     }
     return ok;
   };
@@ -194,6 +259,9 @@ int main(int argc, char** argv) {
   metrics.stop();
   control.stop();
   reaper.stop();
+#if CUSHARE_DEVICE_PLUGIN
+  plugin.stop();  // the kubelet sees the resources' sockets go
+#endif
   mps.stop();  // quits the daemon
   unpublishCdiSpec(broker.config());
   return 0;

@@ -115,6 +115,16 @@ struct CdiConfig {
   SourceMark mark;                      // of the cdi: key's value; line 0: not in the file
 };
 
+// The kubelet device plugin the broker serves (the kubernetes: block; docs/kubernetes.md). Off
+// unless the block is written.
+struct KubernetesConfig {
+  bool enabled = false;
+  std::string devicePluginDir = "/var/lib/kubelet/device-plugins";  // kubelet.sock is here
+  uint32_t devicesPerGpu = 8;  // devices (container slots) of each tenant's resource per GPU, 1..100
+  SourceMark mark;             // of the kubernetes: key's value
+};
+inline constexpr size_t kMaxDevicePluginDir = 70;  // <dir>/cushare-<name>.sock must fit 107 bytes
+
 struct Config {
   std::string file;
   ComputeConfig compute;  // the name used in messages (the path given to loadConfig)
@@ -143,6 +153,7 @@ struct Config {
   uint64_t contextMemory = uint64_t{512} << 20;
   MpsConfig mps;
   CdiConfig cdi;
+  KubernetesConfig kubernetes;
   std::vector<Profile> profiles;      // in the order written
   std::vector<Tenant> tenants;        // in the order written; names unique
 };

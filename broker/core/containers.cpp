@@ -62,6 +62,26 @@ bool publishCdiSpec(const Config& c, const std::string& mpsPipeDir, std::string*
   return true;
 }
 
+bool containerEdits(const Config& c, const std::string& mpsPipeDir, std::vector<TenantEditsOf>* out,
+                    std::vector<std::string>* leftOut, std::string* err) {
+  container::HostPlaces h;
+  if (!hostPlaces(c, mpsPipeDir, true, &h, err)) return false;
+  std::vector<TenantEditsOf> all;
+  for (const Tenant& t : c.tenants) {
+    TenantEditsOf e;
+    e.tenant = t.name;
+    std::string why;
+    if (!container::tenantEdits(t.name, h, container::View::kContainer, &e.edits, &why)) {
+      leftOut->push_back(t.name + ": " + why);
+      continue;
+    }
+    if (c.cdi.enabled && container::validCdiDeviceName(t.name, &why)) e.cdiDevice = container::cdiDeviceName(t.name);
+    all.push_back(std::move(e));
+  }
+  *out = std::move(all);
+  return true;
+}
+
 void unpublishCdiSpec(const Config& c) {
   if (!c.cdi.enabled || !c.cdi.removeOnStop) return;
   std::string err;

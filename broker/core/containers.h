@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "container/tenant_edits.h"
@@ -19,6 +20,16 @@ bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, 
 // tenants it left out. False with *err (one line) when it cannot; the caller decides whether that
 // stops the broker (an explicit cdi: block at start) or is logged (a default, a reload).
 bool publishCdiSpec(const Config& c, const std::string& mpsPipeDir, std::string* err);
+
+// The tenants' edits for the device plugin's Allocate (container view) and their CDI device names
+// (when CDI is on), in c's order. Tenants whose edits cannot be made are left out with *leftOut.
+struct TenantEditsOf {
+  std::string tenant;
+  container::TenantEdits edits;
+  std::string cdiDevice;  // empty when CDI is off
+};
+bool containerEdits(const Config& c, const std::string& mpsPipeDir, std::vector<TenantEditsOf>* out,
+                    std::vector<std::string>* leftOut, std::string* err);
 
 // At stop: removes the spec when cdi.remove_on_stop says so.
 void unpublishCdiSpec(const Config& c);

@@ -612,5 +612,25 @@ TEST(BrokerConfig, CdiBlock) {
   EXPECT_NE(parseError("cdi: on\n").find("cdi: expected off, or a map"), std::string::npos);
 }
 
+// The kubernetes block (docs/kubernetes.md): off unless written; its fields and refusals.
+TEST(BrokerConfig, KubernetesBlock) {
+  EXPECT_FALSE(parseOk("{}\n").kubernetes.enabled);
+  const Config d = parseOk("kubernetes:\n");
+  EXPECT_TRUE(d.kubernetes.enabled);
+  EXPECT_EQ(d.kubernetes.devicePluginDir, "/var/lib/kubelet/device-plugins");
+  EXPECT_EQ(d.kubernetes.devicesPerGpu, 8u);
+  const Config c = parseOk("kubernetes: {device_plugin_dir: /tmp/dp/, devices_per_gpu: 100}\n");
+  EXPECT_EQ(c.kubernetes.devicePluginDir, "/tmp/dp");
+  EXPECT_EQ(c.kubernetes.devicesPerGpu, 100u);
+  EXPECT_NE(parseError("kubernetes: {devices_per_gpu: 0}\n").find("kubernetes.devices_per_gpu"), std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {devices_per_gpu: 101}\n").find("kubernetes.devices_per_gpu"), std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {device_plugin_dir: dp}\n").find("not an absolute path"), std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {device_plugin_dir: /" + std::string(70, 'd') + "}\n").find("longer than 70"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {device_plugins_dir: /x}\n").find("did you mean 'device_plugin_dir'?"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: on\n").find("kubernetes: expected a map"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace cushare::broker

@@ -111,6 +111,15 @@ int main(int argc, char** argv) {
                   control.empty() ? ("off (" + why + ")").c_str() : ("control daemon " + control).c_str());
     }
     if (loadConfig(configPath, &c, &err)) {
+#if !CUSHARE_DEVICE_PLUGIN
+      if (c.kubernetes.enabled) {
+        spdlog::error("{}: kubernetes: this cushare-broker was built without gRPC (libgrpc++-dev)", configPath);
+        return 1;
+      }
+#endif
+      if (c.kubernetes.enabled)
+        std::printf("%s: kubernetes: device plugin in %s, %u device(s) per GPU per tenant\n", configPath.c_str(),
+                    c.kubernetes.devicePluginDir.c_str(), c.kubernetes.devicesPerGpu);
       std::string line;
       if (!describeCdi(c, &line, &err)) {
         spdlog::error("{}", err);

@@ -198,6 +198,35 @@ TEST(Containers, WithMpsTheProcessIsAClientOfTheBrokersDaemon) {
   EXPECT_EQ(b.stop(), 0);  // quits the daemon
 }
 
+// --check says what would be written, writes nothing, and names a shim that is not on this host
+// (a ConfigMap names the node's path) without refusing the configuration.
+TEST(Containers, CheckDescribesTheSpec) {
+  const std::string dir = testDir();
+  auto check = [&](const std::string& cdi, int* status) {
+    std::ofstream(dir + "/config.yaml") << brokerConfig(dir, cdi + kTenants);
+    Child c = Child::spawn({BROKER_BIN, "--config", dir + "/config.yaml", "--check"}, {{"LD_PRELOAD", ""}},
+                           dir + "/check.log");
+    std::string out;
+    for (std::string line; !(line = c.readLine(10000)).empty();) out += line + "\n";
+    const int st = c.wait();
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+  };
+  int status = -1;
+  std::string out = check("cdi: {spec_dir: " + dir + "/cdi}\n", &status);
+  EXPECT_EQ(status, 0) << out << readFile(dir + "/check.log");
+  EXPECT_NE(out.find("cdi: " + dir + "/cdi/cushare.io-tenant.json with 2 tenant device(s), cdiVersion 0.3.0, shim "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("left out: gamma-: "), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/cdi")) << "--check writes nothing";
+  out = check("cdi: {spec_dir: " + dir + "/cdi, shim: /nonexistent/libcushare.so}\n", &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("shim /nonexistent/libcushare.so (not found on this host"), std::string::npos) << out;
+  out = check("cdi: off\n", &status);
+  EXPECT_NE(out.find(": cdi: off"), std::string::npos) << out;
+}
+
 // The spec's environment alone, without its ledger mount: the shim refuses to run standalone
 // (CUSHARE_REQUIRE_BROKER=1), so a container whose mount went missing fails closed.
 TEST(Containers, WithoutTheLedgerMountTheProcessFailsClosed) {

@@ -1,8 +1,10 @@
 // The device plugin of the real cushare-broker on simgpu against the fake kubelet: a pod that asks
 // for cushare.io/alpha gets, from Allocate, edits that make its process tenant alpha (run here with
 // exactly those edits: tests/containers/cdi_spec.py applies them as a runtime would); the plugin
-// registers again when the kubelet restarts; a vanished kubelet and protocol errors leave the
-// tenants' accounting (the broker's and the device's own) as it was.
+// registers again when the kubelet restarts; a faulted MPS server turns the devices unhealthy; a
+// vanished kubelet and protocol errors leave the tenants' accounting (the broker's and the
+// device's own) as it was.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -122,6 +124,42 @@ TEST(BrokerPlugin, APodAskingForATenantIsThatTenantAndSurvivesKubeletRestarts) {
   EXPECT_EQ(usedOn0(b.tenant("alpha")), 0u);
   EXPECT_EQ(b.stop(), 0);
   EXPECT_FALSE(std::filesystem::exists(dp + "/cushare-alpha.sock")) << "the broker removes its sockets at stop";
+  std::filesystem::remove_all(dp);
+}
+
+// A faulted MPS server makes every device unhealthy (the kubelet places no new pod on it) until it
+// serves again; the kubelet hears it on the ListAndWatch stream.
+TEST(BrokerPlugin, AFaultedMpsServerMakesTheDevicesUnhealthyUntilItRecovers) {
+  Broker b(testDir());
+  const std::string dp = "/tmp/cushare-dp-" + std::to_string(::getpid()) + "-mps";
+  const std::string pipe = "/tmp/cushare-test-mps/plugin-" + std::to_string(::getpid());
+  ::mkdir("/tmp/cushare-test-mps", 0755);
+  std::filesystem::remove_all(dp);
+  std::filesystem::remove_all(pipe);
+  FakeKubelet kubelet(dp);
+  ASSERT_TRUE(kubelet.start());
+  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 2}\n"
+                      "mps: {mode: on, control: " SIMGPU_MPS_BIN "/nvidia-cuda-mps-control, pipe_dir: " + pipe +
+                      ", log_dir: " + b.dir() + "/mps-log, context_reserve: 256MiB}\n"
+                      "tenants:\n  - {name: alpha, memory: 256MiB, thread_percentage: 30}\n"))
+      << b.log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 2); })) << b.log();
+  Child w = Child::spawn({MPS_WORKER_BIN}, {{"LD_PRELOAD", SHIM_LIB}, {"CUSHARE_TENANT", "alpha"},
+                                            {"CUSHARE_LEDGER_DIR", b.ledgerDir()}, {"CUSHARE_LOG_LEVEL", "warn"}},
+                         b.dir() + "/tenants.log");
+  ASSERT_EQ(w.readLine(), "ready 30");
+  ASSERT_EQ(w.ask("fault 700"), "ok");  // CUDA_ERROR_ILLEGAL_ADDRESS: the server enters FAULT
+  auto allUnhealthy = [](const FakeKubelet::Plugin& p) {
+    if (p.devices.size() != 2) return false;
+    for (const auto& d : p.devices)
+      if (d.health() != "Unhealthy") return false;
+    return true;
+  };
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", allUnhealthy, 20000)) << b.log();
+  w.send("quit");
+  w.wait();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 2); }, 20000)) << b.log();
+  EXPECT_EQ(b.stop(), 0);
   std::filesystem::remove_all(dp);
 }
 

@@ -196,6 +196,7 @@ TEST(Containers, WithMpsTheProcessIsAClientOfTheBrokersDaemon) {
   beta.ask("quit");
   beta.wait();
   EXPECT_EQ(b.stop(), 0);  // quits the daemon
+  std::filesystem::remove_all(pipe);
 }
 
 // --check says what would be written, writes nothing, and names a shim that is not on this host

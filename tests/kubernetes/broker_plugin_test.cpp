@@ -161,6 +161,7 @@ TEST(BrokerPlugin, AFaultedMpsServerMakesTheDevicesUnhealthyUntilItRecovers) {
   EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 2); }, 20000)) << b.log();
   EXPECT_EQ(b.stop(), 0);
   std::filesystem::remove_all(dp);
+  std::filesystem::remove_all(pipe);
 }
 
 }  // namespace

@@ -24,11 +24,20 @@ using kubernetes::PluginSettings;
 const std::string kGpu0 = "GPU-00000000-0000-0000-0000-000000000000";
 const std::string kGpu1 = "GPU-11111111-1111-1111-1111-111111111111";
 
+// The tests' plugin directories, removed when the program ends.
+struct Dirs {
+  std::vector<std::string> made;
+  ~Dirs() {
+    for (const std::string& d : made) std::filesystem::remove_all(d);
+  }
+} gDirs;
+
 std::string dirFor(const std::string& name) {
   // Short: the sockets' paths must fit 107 bytes.
   const std::string d = "/tmp/cushare-dp-" + std::to_string(::getpid()) + "-" + name;
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
+  gDirs.made.push_back(d);
   return d;
 }
 

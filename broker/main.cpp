@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <map>
 #include <vector>
 
 #include <spdlog/sinks/stdout_sinks.h>
@@ -19,12 +20,16 @@
 
 #include "core/broker.h"
 #include "core/bus_guard.h"
+#include "core/containers.h"
 #include "core/control_server.h"
 #include "core/devices.h"
 #include "core/log.h"
 #include "core/mps_daemon.h"
 #include "core/compute_thread.h"
 #include "core/reaper.h"
+#if CUSHARE_DEVICE_PLUGIN
+#include "kubernetes/device_plugin.h"
+#endif
 #include "metrics/http_server.h"
 #include "metrics/prometheus.h"
 
@@ -105,6 +110,26 @@ int main(int argc, char** argv) {
       std::printf("%s: mps %s: %s\n", configPath.c_str(), mpsModeName(c.mps.mode),
                   control.empty() ? ("off (" + why + ")").c_str() : ("control daemon " + control).c_str());
     }
+    if (loadConfig(configPath, &c, &err)) {
+#if !CUSHARE_DEVICE_PLUGIN
+      if (c.kubernetes.enabled) {
+        spdlog::error("{}: kubernetes: this cushare-broker was built without gRPC (libgrpc++-dev)", configPath);
+        return 1;
+      }
+#endif
+      if (c.kubernetes.enabled)
+        std::printf("%s: kubernetes: device plugin in %s, %u device(s) per GPU per tenant\n", configPath.c_str(),
+                    c.kubernetes.devicePluginDir.c_str(), c.kubernetes.devicesPerGpu);
+      std::string line;
+      if (!describeCdi(c, &line, &err)) {
+        if (c.cdi.mark.line != 0) {  // asked for: the start would fail
+          spdlog::error("{}", err);
+          return 1;
+        }
+        line = err + " (cdi is on by default: the broker would warn and run without a spec; cdi: off silences it)";
+      }
+      std::printf("%s: %s\n", configPath.c_str(), line.c_str());
+    }
     std::printf("%s: valid for this host's %zu device(s)\n", configPath.c_str(), devices.size());
     return 0;
   }
@@ -119,9 +144,85 @@ int main(int argc, char** argv) {
     spdlog::error("{}", err);
     return 1;
   }
-  auto reload = [&broker, &mps](std::string* e) {
+  // The CDI spec (docs/containers.md), before the control socket answers. A failure stops the
+  // broker when the configuration asks for CDI explicitly; the default only warns.
+  auto publishCdi = [&broker, &mps](bool atStart) {
+    const Config c = broker.config();
+    std::string why;
+    if (publishCdiSpec(c, mps.pipeDir(), &why)) return true;
+    const bool fatal = atStart && c.cdi.mark.line != 0;
+    if (fatal) spdlog::error("{}", why);
+    else spdlog::warn("{}{}", why, atStart ? " (cdi is on by default; cdi: off silences this)" : "; the spec written before stays");
+    return !fatal;
+  };
+  if (!publishCdi(true)) return 1;
+#if CUSHARE_DEVICE_PLUGIN
+  // The kubelet device plugin (docs/kubernetes.md): healthy while the GPU is listed by NVML and
+  // MPS (when the broker runs it) answers and has no faulted server.
+  std::vector<std::string> gpuUuids;
+  for (const DeviceInfo& d : devices) gpuUuids.push_back(d.uuid);
+  auto health = [&broker, &mps] {
+    std::map<std::string, bool> h;
+    std::vector<DeviceInfo> now;
+    std::string why;
+    if (!listDevices(&now, &why)) return h;  // NVML gone: every GPU unhealthy
+    bool mpsOk = true;
+    if (mps.active()) {
+      const MpsSnapshot m = broker.snapshot().mps;
+      mpsOk = m.up;
+      for (const MpsServerSnapshot& s : m.servers) mpsOk = mpsOk && s.state != "FAULT";
+    }
+    for (const DeviceInfo& d : now) h[d.uuid] = mpsOk;
+    return h;
+  };
+  cushare::kubernetes::DevicePlugin plugin(health);
+  auto pluginSettings = [&](const Config& c, cushare::kubernetes::PluginSettings* s, std::string* e) {
+    std::vector<TenantEditsOf> edits;
+    std::vector<std::string> leftOut;
+    if (!containerEdits(c, mps.pipeDir(), &edits, &leftOut, e)) return false;
+    for (const std::string& why : leftOut) spdlog::warn("kubernetes: tenant {} has no resource", why);
+    s->dir = c.kubernetes.devicePluginDir;
+    s->devicesPerGpu = c.kubernetes.devicesPerGpu;
+    s->gpus = gpuUuids;
+    for (TenantEditsOf& t : edits) s->tenants.push_back({t.tenant, std::move(t.edits), t.cdiDevice});
+    return true;
+  };
+  const Config startConfig = broker.config();
+  bool pluginOn = startConfig.kubernetes.enabled;
+  if (pluginOn) {
+    cushare::kubernetes::PluginSettings s;
+    if (!pluginSettings(startConfig, &s, &err) || !plugin.start(s, &err)) {
+      spdlog::error("{}", err);
+      return 1;
+    }
+  }
+  auto refreshPlugin = [&] {
+    const Config c = broker.config();
+    if (c.kubernetes.enabled != pluginOn ||
+        (pluginOn && c.kubernetes.devicePluginDir != startConfig.kubernetes.devicePluginDir))
+      spdlog::warn("kubernetes: turning the device plugin on or off, or moving its directory, takes effect when the "
+                   "broker restarts");
+    if (!pluginOn) return;
+    cushare::kubernetes::PluginSettings s;
+    std::string why;
+    if (pluginSettings(c, &s, &why)) plugin.update(s);
+    else spdlog::error("{}; the device plugin keeps its tenants", why);
+  };
+#else
+  if (broker.config().kubernetes.enabled) {
+    spdlog::error("kubernetes: this cushare-broker was built without gRPC (libgrpc++-dev), so it cannot serve the "
+                  "kubelet device plugin; remove the kubernetes block or rebuild");
+    return 1;
+  }
+  auto refreshPlugin = [] {};
+#endif
+  auto reload = [&broker, &mps, &publishCdi, &refreshPlugin](std::string* e) {
     const bool ok = broker.reload(e);
-    if (ok) mps.refresh();
+    if (ok) {
+      mps.refresh();
+      publishCdi(false);
+      refreshPlugin();
+    }
     return ok;
   };
   Reaper reaper(broker);
@@ -159,7 +260,7 @@ int main(int argc, char** argv) {
     if (n != sizeof si) continue;
     if (si.ssi_signo == SIGHUP) {
       std::string why;
-      if (broker.reload(&why)) mps.refresh();  // logs either way
+      reload(&why);  // logs either way
       continue;
     }
     spdlog::info("stopping on signal {}; the ledgers and their limits stay in force", si.ssi_signo);
@@ -170,6 +271,10 @@ int main(int argc, char** argv) {
   metrics.stop();
   control.stop();
   reaper.stop();
+#if CUSHARE_DEVICE_PLUGIN
+  plugin.stop();  // the kubelet sees the resources' sockets go
+#endif
   mps.stop();  // quits the daemon
+  unpublishCdiSpec(broker.config());
   return 0;
 }

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <string_view>
 
 #include "cushare/parse.h"
@@ -16,8 +15,6 @@ extern char** environ;
 
 namespace cushare::cli {
 namespace {
-
-namespace fs = std::filesystem;
 
 bool fail(std::string* err, std::string why) {
   if (err) *err = std::move(why);
@@ -29,55 +26,6 @@ std::string withoutPrefix(std::string message) {
   constexpr std::string_view kPrefix = "cushare: ";
   if (message.starts_with(kPrefix)) message.erase(0, kPrefix.size());
   return message;
-}
-
-// Runs the shim's own parser over vars (nothing else is looked up), so a value fails with the
-// message the shim would print.
-bool checkLikeShim(const EnvVars& vars, std::string* err) {
-  auto lookup = [&](const char* name) -> const char* {
-    for (const auto& [key, value] : vars)
-      if (key == name) return value.c_str();
-    return nullptr;
-  };
-  ShimConfig ignored;
-  std::string why;
-  if (!loadShimConfig(lookup, &ignored, &why)) return fail(err, withoutPrefix(why));
-  return true;
-}
-
-// ld.so splits LD_PRELOAD at ':' and spaces; such a path would preload something else, or
-// nothing, and the tenant would run without limits.
-bool preloadable(const std::string& path, std::string* err) {
-  for (const char c : path)
-    if (c == ':' || c == ' ' || c == '\t' || static_cast<unsigned char>(c) < 0x20)
-      return fail(err, "shim path '" + printable(path, 200) +
-                           "' cannot go in LD_PRELOAD (it splits paths at ':' and spaces)");
-  return !path.empty() || fail(err, "the shim path is empty");
-}
-
-bool isFile(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_regular_file(p, ec);
-}
-
-// The shim that belongs to this cushare, found from where the executable lies.
-bool shimNextToExe(std::string* out, std::string* err) {
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec)
-    return fail(err, "cannot find this program's path (/proc/self/exe): " + ec.message() +
-                         "; use --shim PATH");
-  const fs::path prefix = exe.parent_path().parent_path();
-  const fs::path candidates[] = {prefix / "lib/cushare/libcushare.so",  // installed
-                                 prefix / "lib/libcushare.so"};         // build tree
-  for (const fs::path& c : candidates) {
-    if (isFile(c)) {
-      *out = fs::canonical(c, ec).string();
-      return !ec || fail(err, c.string() + ": " + ec.message());
-    }
-  }
-  return fail(err, "cannot find the shim: neither " + candidates[0].string() + " nor " +
-                       candidates[1].string() + " exists; use --shim PATH");
 }
 
 // Unknown CUSHARE_* names in the final environment: the shim refuses them (a misspelt variable
@@ -127,35 +75,22 @@ bool checkMemoryLimit(const std::string& value, std::string* err) {
   return checkLikeShim({{"CUSHARE_MEMORY_LIMIT", value}}, err);
 }
 
-bool findShim(const std::string& given, bool mustExist, std::string* out, std::string* err) {
-  std::string path = given;
-  if (path.empty()) {
-    if (!shimNextToExe(&path, err)) return false;
-  } else if (mustExist) {
-    // A missing preload is only a warning from ld.so: the command would run unlimited.
-    if (!isFile(path)) return fail(err, "shim not found at " + given);
-    std::error_code ec;
-    path = fs::absolute(path, ec).string();  // the command may change directory
-  }
-  if (!preloadable(path, err)) return false;
-  *out = std::move(path);
-  return true;
-}
-
 bool tenantEnvironment(const rpc::EnvReply& reply, const std::string& memory,
                        const std::string& shim, bool carryLimit, EnvVars* out, std::string* err) {
-  // The broker answered: a process started with these variables must find it (a ledger directory
-  // not mounted, or misspelt, fails closed rather than running standalone).
-  EnvVars vars = {{"CUSHARE_TENANT", reply.tenant()},
-                  {"CUSHARE_LEDGER_DIR", reply.ledger_dir()},
-                  {"CUSHARE_REQUIRE_BROKER", "1"}};
+  // Who the process is (container/tenant_edits.h, this host's view), then the broker's settings.
+  container::TenantEdits edits;
+  if (!container::tenantEdits(reply.tenant(), {shim, reply.ledger_dir(), ""}, container::View::kHost, &edits, err))
+    return false;
+  EnvVars vars = std::move(edits.env);
+  const auto preload = vars.back();  // LD_PRELOAD stays last
+  vars.pop_back();
   if (const std::string limit = carryLimit ? memoryLimit(reply, memory) : memory; !limit.empty())
     vars.emplace_back("CUSHARE_MEMORY_LIMIT", limit);
   if (reply.has_thread_percentage())
     vars.emplace_back("CUSHARE_THREAD_PERCENTAGE", std::to_string(reply.thread_percentage()));
   if (!reply.priority().empty()) vars.emplace_back("CUSHARE_PRIORITY", reply.priority());
   if (!checkLikeShim(vars, err)) return false;
-  vars.emplace_back("LD_PRELOAD", shim);
+  vars.push_back(preload);
   *out = std::move(vars);
   return true;
 }

@@ -12,21 +12,20 @@
 #include <utility>
 #include <vector>
 
+#include "container/tenant_edits.h"
 #include "control.pb.h"
 
 namespace cushare::cli {
 
-using EnvVars = std::vector<std::pair<std::string, std::string>>;
+using container::EnvVars;
+using container::checkLikeShim;
+using container::findShim;
 
 // Checks a --memory value as the shim checks CUSHARE_MEMORY_LIMIT.
 bool checkMemoryLimit(const std::string& value, std::string* err);
 
-// The shim to preload: `given` when not empty (it must exist when mustExist), else the first
-// existing of <exe dir>/../lib/cushare/libcushare.so (installed) and <exe dir>/../lib/libcushare.so
-// (build tree). With mustExist, the result is an absolute path.
-bool findShim(const std::string& given, bool mustExist, std::string* out, std::string* err);
-
-// CUSHARE_TENANT, CUSHARE_LEDGER_DIR, CUSHARE_REQUIRE_BROKER=1, CUSHARE_MEMORY_LIMIT,
+// The identity of container/tenant_edits.h (this host's view: CUSHARE_TENANT, CUSHARE_LEDGER_DIR,
+// CUSHARE_REQUIRE_BROKER=1, LD_PRELOAD last) and the broker's settings: CUSHARE_MEMORY_LIMIT,
 // CUSHARE_THREAD_PERCENTAGE and CUSHARE_PRIORITY (when the broker sets them), LD_PRELOAD.
 // CUSHARE_MEMORY_LIMIT: with carryLimit (`cushare env`: a container, where the ledger directory
 // may be missing), the broker's limits, lowered by `memory` when it is one size (a per-device

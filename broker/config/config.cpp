@@ -80,7 +80,7 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
                                            "unknown_tenants", "admin_group", "state_file",
                                            "hidden_memory_allowance", "context_memory", "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
-                                           "mps", "compute", "probes"};
+                                           "mps", "compute", "probes", "cdi", "kubernetes"};
 const std::vector<std::string> kProbeKeys = {"interval_ms", "window_s", "budget_us", "kinds"};
 const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "metering", "fair_share"};
 const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority", "weight"};
@@ -225,6 +225,8 @@ class Parser {
     if (k == "tenants") return tenants(v);
     if (k == "compute") return compute(v, &c->compute);
     if (k == "probes") return probes(v, &c->probes);
+    if (k == "cdi") return cdi(v, &c->cdi);
+    if (k == "kubernetes") return kubernetes(v, &c->kubernetes);
     return unknownKey(key, path, kTopKeys);
   }
 
@@ -312,6 +314,77 @@ class Parser {
     }
     if (m->pipeDir == m->logDir)
       return fail(n.mark, "mps", "pipe_dir and log_dir are the same directory " + quote(m->pipeDir));
+    return true;
+  }
+
+  // cdi: off, or {spec_dir: DIR, shim: PATH, remove_on_stop: on|off}. Kept apart from the rest.
+  bool cdi(const Node& n, CdiConfig* out) {
+    static const std::vector<std::string> kCdiKeys = {"spec_dir", "shim", "remove_on_stop"};
+    CdiConfig c;
+    c.mark = sourceMark(n.mark);
+    if (n.kind == Node::kScalar && n.text == "off") {
+      c.enabled = false;
+      *out = c;
+      return true;
+    }
+    if (!map(n, "cdi", "off, or a map of CDI settings (spec_dir, shim, remove_on_stop)")) return false;
+    for (size_t i = 0; i < n.keys.size(); ++i) {
+      const Node& key = n.keys[i];
+      const Node& v = n.items[i];
+      const std::string path = join("cdi", key.text);
+      std::string text, reason;
+      if (key.text == "spec_dir" || key.text == "shim") {
+        std::string* dest = key.text == "shim" ? &c.shim : &c.specDir;
+        if (!scalar(v, path, "an absolute path", &text)) return false;
+        if (!parseLedgerDir(text, dest, &reason)) return fail(v.mark, path, reason);
+        if (key.text == "shim")
+          for (const char ch : *dest)
+            if (ch == ':' || ch == ' ' || ch == '\t')
+              return fail(v.mark, path, "a ':' or a space in the path: LD_PRELOAD splits paths there");
+      } else if (key.text == "remove_on_stop") {
+        if (!scalar(v, path, "on or off", &text)) return false;
+        if (text != "on" && text != "off") return fail(v.mark, path, "expected on or off, found " + quote(text));
+        c.removeOnStop = text == "on";
+      } else {
+        return unknownKey(key, path, kCdiKeys);
+      }
+    }
+    *out = c;
+    return true;
+  }
+
+  // kubernetes: {device_plugin_dir: DIR, devices_per_gpu: 1..100}. Kept apart from the rest.
+  bool kubernetes(const Node& n, KubernetesConfig* out) {
+    static const std::vector<std::string> kKeys = {"device_plugin_dir", "devices_per_gpu"};
+    KubernetesConfig k;
+    k.enabled = true;
+    k.mark = sourceMark(n.mark);
+    if (yaml::isNull(n)) {  // "kubernetes:" alone: the defaults
+      *out = k;
+      return true;
+    }
+    if (!map(n, "kubernetes", "a map of device plugin settings (device_plugin_dir, devices_per_gpu)")) return false;
+    for (size_t i = 0; i < n.keys.size(); ++i) {
+      const Node& key = n.keys[i];
+      const Node& v = n.items[i];
+      const std::string path = join("kubernetes", key.text);
+      std::string text, reason;
+      if (key.text == "device_plugin_dir") {
+        if (!scalar(v, path, "an absolute path", &text)) return false;
+        if (!parseLedgerDir(text, &k.devicePluginDir, &reason)) return fail(v.mark, path, reason);
+        if (k.devicePluginDir.size() > kMaxDevicePluginDir)
+          return fail(v.mark, path, "longer than " + std::to_string(kMaxDevicePluginDir) +
+                                    " bytes: the plugins' sockets in it must fit a Unix socket address (107 bytes)");
+      } else if (key.text == "devices_per_gpu") {
+        if (!scalar(v, path, "a count, 1..100", &text)) return false;
+        int64_t x = 0;
+        if (!parseInt(text, 1, 100, &x, &reason)) return fail(v.mark, path, reason);
+        k.devicesPerGpu = static_cast<uint32_t>(x);
+      } else {
+        return unknownKey(key, path, kKeys);
+      }
+    }
+    *out = k;
     return true;
   }
 

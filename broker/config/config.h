@@ -115,6 +115,27 @@ struct ProbeConfig {
   uint32_t kinds = 1u | 4u;     // ProbeSet bits: sm 1, mem 2, tick 4 (default sm and tick)
 };
 
+// The CDI spec the broker writes (the cdi: block; docs/containers.md).
+struct CdiConfig {
+  bool enabled = true;                  // cdi: off turns it off
+  std::string specDir = "/var/run/cdi";  // where the spec goes (CDI's directory for generated specs)
+  // The shim's path on the host (the spec's mount source). Empty: the one installed beside the
+  // broker (<prefix>/lib/cushare/libcushare.so), as `cushare run` finds it.
+  std::string shim;
+  bool removeOnStop = false;            // remove the spec when the broker stops
+  SourceMark mark;                      // of the cdi: key's value; line 0: not in the file
+};
+
+// The kubelet device plugin the broker serves (the kubernetes: block; docs/kubernetes.md). Off
+// unless the block is written.
+struct KubernetesConfig {
+  bool enabled = false;
+  std::string devicePluginDir = "/var/lib/kubelet/device-plugins";  // kubelet.sock is here
+  uint32_t devicesPerGpu = 8;  // devices (container slots) of each tenant's resource per GPU, 1..100
+  SourceMark mark;             // of the kubernetes: key's value
+};
+inline constexpr size_t kMaxDevicePluginDir = 70;  // <dir>/cushare-<name>.sock must fit 107 bytes
+
 struct Config {
   std::string file;
   ComputeConfig compute;  // the name used in messages (the path given to loadConfig)
@@ -143,6 +164,8 @@ struct Config {
   // memory, not as memory hidden from the ledger (no warning, no tamper count).
   uint64_t contextMemory = uint64_t{512} << 20;
   MpsConfig mps;
+  CdiConfig cdi;
+  KubernetesConfig kubernetes;
   std::vector<Profile> profiles;      // in the order written
   std::vector<Tenant> tenants;        // in the order written; names unique
 };

@@ -803,6 +803,11 @@ bool Broker::env(const std::string& tenant, EnvInfo* out, std::string* err) cons
   return true;
 }
 
+Config Broker::config() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return config_;
+}
+
 bool Broker::isAdmin(const Peer& p) const {
   if (p.uid == 0 || p.uid == ::geteuid()) return true;
   std::lock_guard<std::mutex> g(mu_);

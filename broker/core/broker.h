@@ -126,6 +126,8 @@ class Broker {
   // What the MPS supervisor last saw (core/mps_daemon.h); snapshot() carries it.
   void setMpsSnapshot(MpsSnapshot m);
   const std::string& ledgerDir() const { return ledgerDir_; }
+  // The configuration in force (the file at start or at the last accepted reload).
+  Config config() const;
   std::string socketPath() const;
   std::string metricsHost() const;
   uint16_t metricsPort() const;

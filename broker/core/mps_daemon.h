@@ -69,6 +69,8 @@ class MpsSupervisor {
   void refresh();
   void stop();
   bool active() const { return active_; }
+  // The daemon's pipe directory while active (fixed from start to stop); empty when MPS is off.
+  std::string pipeDir() const { return active_ ? config_.pipeDir : std::string(); }
 
  private:
   bool startMps(std::string* err);  // mode on or auto: false when MPS stays off (*err: fatal)

@@ -304,7 +304,8 @@ bool writeMpsFile(const std::string& dir, const std::string& name, const std::st
 bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, const ShimConfig& config,
                   const std::function<const char*(const char*)>& getenv, MpsClientEnv* out, std::string* err) {
   MpsClientEnv e;
-  e.pipeDir = host.pipeDir;
+  // A container sees the broker's pipe directory where it is mounted (CUSHARE_MPS_PIPE_DIR).
+  e.pipeDir = config.mpsPipeDir.empty() ? host.pipeDir : config.mpsPipeDir;
   // Active thread percentage: the lowest of the tenant's cap, CUSHARE_THREAD_PERCENTAGE and the
   // process's own value.
   std::optional<int> cap = tenant.threads;

@@ -248,6 +248,18 @@ bool parseLedgerDir(std::string_view text, std::string* out, std::string* reason
   return true;
 }
 
+bool parseMpsPipeDir(std::string_view text, std::string* out, std::string* reason) {
+  constexpr size_t kMaxPipeDir = 99;  // "<dir>/control" must fit sockaddr_un's 107 bytes
+  std::string dir;
+  if (text.empty()) return fail(reason, "empty; unset the variable for the broker's pipe_dir");
+  if (!parseLedgerDir(text, &dir, reason)) return false;
+  if (dir.size() > kMaxPipeDir)
+    return fail(reason, "path of " + std::to_string(dir.size()) + " bytes, at most " +
+                            std::to_string(kMaxPipeDir) + " allowed (<dir>/control must fit a Unix socket address)");
+  *out = std::move(dir);
+  return true;
+}
+
 bool loadShimConfig(const std::function<const char*(const char*)>& getenv, ShimConfig* out,
                     std::string* error) {
   ShimConfig c;
@@ -276,6 +288,7 @@ bool loadShimConfig(const std::function<const char*(const char*)>& getenv, ShimC
   if (get("CUSHARE_LOG_LEVEL") && !parseLogLevel(v, &c.logLevel, &reason)) return bad();
   if (get("CUSHARE_REQUIRE_BROKER") && !parseRequireBroker(v, &c.requireBroker, &reason)) return bad();
   if (get("CUSHARE_METERING") && !parseMetering(v, &c.metering, &reason)) return bad();
+  if (get("CUSHARE_MPS_PIPE_DIR") && !parseMpsPipeDir(v, &c.mpsPipeDir, &reason)) return bad();
   *out = std::move(c);
   return true;
 }

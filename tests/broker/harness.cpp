@@ -170,8 +170,12 @@ std::string socketFor(const std::string& dir) {
 }
 
 std::string brokerConfig(const std::string& dir, const std::string& body) {
+  // The CDI spec goes in the test's directory (never the host's /var/run/cdi) unless body says.
+  const bool ownCdi = body.starts_with("cdi:") || body.find("\ncdi:") != std::string::npos;
   return "ledger_dir: " + dir + "/ledgers\n" + "socket: " + socketFor(dir) + "\n" +
-         "state_file: " + dir + "/broker.state\n" + "metrics_listen: 127.0.0.1:0\n" + body;
+         "state_file: " + dir + "/broker.state\n" + "metrics_listen: 127.0.0.1:0\n" + body +
+         // last, so that the line numbers of body's errors stay what the tests expect
+         (ownCdi ? "" : std::string(body.empty() || body.back() == '\n' ? "" : "\n") + "cdi: {spec_dir: " + dir + "/cdi}\n");
 }
 
 Broker::~Broker() {

@@ -27,6 +27,7 @@ ledger_dir: $work/ledgers
 socket: $sock
 state_file: $work/broker.state
 metrics_listen: off
+cdi: {spec_dir: $work/cdi}
 tenants:
   - {name: alpha, memory: 256MiB}
 YAML
@@ -49,4 +50,8 @@ grep -qx "LD_PRELOAD=$prefix/lib/cushare/libcushare.so" "$work/alpha.env" ||
 grep -q "correct" "$work/run.out" || { cat "$work/run.out" >&2; exit 1; }
 # Under the shim the installed example sees alpha's 256 MiB as the device.
 grep -q "SMs, 0.2 GiB$" "$work/run.out" || { echo "install_test: not the tenant's view:" >&2; cat "$work/run.out" >&2; exit 1; }
+# The CDI spec names the installed shim on the host side and the fixed container path.
+grep -q "\"hostPath\": \"$prefix/lib/cushare/libcushare.so\", \"containerPath\": \"/usr/local/cushare/lib/libcushare.so\"" \
+  "$work/cdi/cushare.io-tenant.json" ||
+  { echo "install_test: the CDI spec does not mount the installed shim:" >&2; cat "$work/cdi/cushare.io-tenant.json" "$work/broker.log" >&2; exit 1; }
 echo "install_test: layout and installed tools work"

@@ -615,5 +615,50 @@ TEST(BrokerConfig, Weights) {
   EXPECT_NE(parseError("profiles:\n  p: {weight: 0}\n").find("profiles.p.weight"), std::string::npos);
 }
 
+
+// The cdi block (docs/containers.md): on by default in /var/run/cdi, off, its fields, refusals.
+TEST(BrokerConfig, CdiBlock) {
+  const Config d = parseOk("{}\n");
+  EXPECT_TRUE(d.cdi.enabled);
+  EXPECT_EQ(d.cdi.specDir, "/var/run/cdi");
+  EXPECT_TRUE(d.cdi.shim.empty());
+  EXPECT_FALSE(d.cdi.removeOnStop);
+  EXPECT_EQ(d.cdi.mark.line, 0) << "not written: the default";
+  EXPECT_FALSE(parseOk("cdi: off\n").cdi.enabled);
+  const Config c = parseOk("cdi: {spec_dir: /etc/cdi/, shim: /opt/cushare/lib/libcushare.so, remove_on_stop: on}\n");
+  EXPECT_TRUE(c.cdi.enabled);
+  EXPECT_EQ(c.cdi.specDir, "/etc/cdi");
+  EXPECT_EQ(c.cdi.shim, "/opt/cushare/lib/libcushare.so");
+  EXPECT_TRUE(c.cdi.removeOnStop);
+  EXPECT_EQ(c.cdi.mark.line, 1);
+  EXPECT_NE(parseError("cdi: {spec_dir: cdi}\n").find("cdi.spec_dir: not an absolute path"), std::string::npos);
+  EXPECT_NE(parseError("cdi: {shim: /a:b/libcushare.so}\n").find("cdi.shim: a ':' or a space"), std::string::npos);
+  EXPECT_NE(parseError("cdi: {remove_on_stop: yes}\n").find("cdi.remove_on_stop: expected on or off"),
+            std::string::npos);
+  EXPECT_NE(parseError("cdi: {specdir: /x}\n").find("unknown key 'specdir'; did you mean 'spec_dir'?"),
+            std::string::npos);
+  EXPECT_NE(parseError("cdi: on\n").find("cdi: expected off, or a map"), std::string::npos);
+}
+
+// The kubernetes block (docs/kubernetes.md): off unless written; its fields and refusals.
+TEST(BrokerConfig, KubernetesBlock) {
+  EXPECT_FALSE(parseOk("{}\n").kubernetes.enabled);
+  const Config d = parseOk("kubernetes:\n");
+  EXPECT_TRUE(d.kubernetes.enabled);
+  EXPECT_EQ(d.kubernetes.devicePluginDir, "/var/lib/kubelet/device-plugins");
+  EXPECT_EQ(d.kubernetes.devicesPerGpu, 8u);
+  const Config c = parseOk("kubernetes: {device_plugin_dir: /tmp/dp/, devices_per_gpu: 100}\n");
+  EXPECT_EQ(c.kubernetes.devicePluginDir, "/tmp/dp");
+  EXPECT_EQ(c.kubernetes.devicesPerGpu, 100u);
+  EXPECT_NE(parseError("kubernetes: {devices_per_gpu: 0}\n").find("kubernetes.devices_per_gpu"), std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {devices_per_gpu: 101}\n").find("kubernetes.devices_per_gpu"), std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {device_plugin_dir: dp}\n").find("not an absolute path"), std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {device_plugin_dir: /" + std::string(70, 'd') + "}\n").find("longer than 70"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {device_plugins_dir: /x}\n").find("did you mean 'device_plugin_dir'?"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: on\n").find("kubernetes: expected a map"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace cushare::broker

@@ -200,5 +200,18 @@ TEST(MpsConfig, DefaultsAndValues) {
   EXPECT_NE(err.find("mps: pipe_dir and log_dir are the same directory"), std::string::npos) << err;
 }
 
+// In a container the pipe directory is mounted elsewhere: CUSHARE_MPS_PIPE_DIR names it there.
+TEST(MpsSettings, PipeDirOfTheProcessView) {
+  MpsClientEnv e;
+  std::string err;
+  ASSERT_TRUE(clientEnv(host(), tenant(50), {}, &e, &err)) << err;
+  EXPECT_EQ(e.pipeDir, host().pipeDir);
+  ShimConfig c;
+  c.mpsPipeDir = "/run/cushare/mps-in-container";
+  ASSERT_TRUE(clientEnv(host(), tenant(50), {}, &e, &err, c)) << err;
+  EXPECT_EQ(e.pipeDir, "/run/cushare/mps-in-container");
+  EXPECT_EQ(e.threads, "50");
+}
+
 }  // namespace
 }  // namespace cushare

@@ -635,5 +635,20 @@ TEST(ShimConfig, FirstInvalidVariableIsReportedAndOutputIsUntouched) {
   EXPECT_EQ(c.logLevel, LogLevel::kError);
 }
 
+// CUSHARE_MPS_PIPE_DIR: a container's view of the broker's MPS pipe directory (docs/containers.md).
+TEST(ShimConfig, MpsPipeDir) {
+  ShimConfig c;
+  EXPECT_EQ(loadError("CUSHARE_MPS_PIPE_DIR", "/run/cushare/mps/", &c), "");
+  EXPECT_EQ(c.mpsPipeDir, "/run/cushare/mps");
+  EXPECT_TRUE(isShimVariable("CUSHARE_MPS_PIPE_DIR"));
+  std::string e = loadError("CUSHARE_MPS_PIPE_DIR", "run/mps");
+  EXPECT_NE(e.find("not an absolute path"), std::string::npos) << e;
+  e = loadError("CUSHARE_MPS_PIPE_DIR", "");
+  EXPECT_NE(e.find("empty"), std::string::npos) << e;
+  e = loadError("CUSHARE_MPS_PIPE_DIR", "/" + std::string(99, 'x'));
+  EXPECT_NE(e.find("at most 99"), std::string::npos) << e;
+  EXPECT_EQ(loadError("CUSHARE_MPS_PIPE_DIR", "/" + std::string(98, 'x')), "");
+}
+
 }  // namespace
 }  // namespace cushare

@@ -57,6 +57,9 @@ struct ShimConfig {
   // CUSHARE_METERING: the busy-time source. CUPTI that does not start (simgpu, no libcupti) falls
   // back to events whatever this says.
   MeteringSource metering = MeteringSource::kAuto;
+  // CUSHARE_MPS_PIPE_DIR: where the broker's MPS pipe directory is in this process's view (a
+  // container mounts it at a path of its own); empty: the broker's pipe_dir, as mps.conf names it.
+  std::string mpsPipeDir;
 };
 
 inline constexpr uint64_t kUnlimited = UINT64_MAX;
@@ -98,13 +101,15 @@ bool parseLedgerDir(std::string_view text, std::string* out, std::string* reason
 bool parseLogLevel(std::string_view text, LogLevel* out, std::string* reason);
 bool parseRequireBroker(std::string_view text, bool* out, std::string* reason);  // "1" or "0"
 bool parseMetering(std::string_view text, MeteringSource* out, std::string* reason);  // events|cupti|auto
+// An absolute directory whose "<dir>/control" fits a Unix socket address (at most 99 bytes).
+bool parseMpsPipeDir(std::string_view text, std::string* out, std::string* reason);
 
 // Every variable loadShimConfig reads. isShimVariable lets the shim find a misspelt CUSHARE_*
 // name in the environment (a typo such as CUSHARE_MEMORY_LIMT would otherwise mean no limit).
 inline constexpr const char* kShimVariables[] = {
     "CUSHARE_TENANT",   "CUSHARE_MEMORY_LIMIT", "CUSHARE_THREAD_PERCENTAGE",
     "CUSHARE_PRIORITY", "CUSHARE_LEDGER_DIR",   "CUSHARE_LOG_LEVEL",
-    "CUSHARE_REQUIRE_BROKER", "CUSHARE_METERING",
+    "CUSHARE_REQUIRE_BROKER", "CUSHARE_METERING", "CUSHARE_MPS_PIPE_DIR",
 };
 bool isShimVariable(std::string_view name);
 

@@ -1,0 +1,139 @@
+// The broker's CDI spec; see cdi.h.
+#include "cdi.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace cushare::container {
+namespace {
+
+bool fail(std::string* err, std::string why) {
+  if (err) *err = std::move(why);
+  return false;
+}
+
+bool alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+std::string json(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// mkdir -p, mode 0755 for what it creates.
+bool makeDirs(const std::string& dir, std::string* err) {
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i != dir.size() && dir[i] != '/') continue;
+    const std::string part = dir.substr(0, i);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return fail(err, sysErr("cannot create " + part));
+  }
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) return fail(err, sysErr("cannot use " + dir));
+  if (!S_ISDIR(st.st_mode)) return fail(err, dir + " is not a directory");
+  return true;
+}
+
+}  // namespace
+
+std::string cdiDeviceName(const std::string& tenant) { return std::string(kCdiKind) + "=" + tenant; }
+
+bool validCdiDeviceName(std::string_view name, std::string* reason) {
+  if (name.empty()) return fail(reason, "an empty name");
+  if (!alnum(name.front()) || !alnum(name.back()))
+    return fail(reason, "a CDI device name must start and end with a letter or a digit");
+  for (const char c : name)
+    if (!alnum(c) && c != '_' && c != '-' && c != '.' && c != ':')
+      return fail(reason, std::string("character '") + c + "' is not allowed in a CDI device name");
+  return true;
+}
+
+bool buildCdiSpec(const std::vector<std::string>& tenants, const HostPlaces& host, CdiSpec* out,
+                  std::string* err) {
+  CdiSpec spec;
+  spec.version = "0.3.0";
+  std::string devices;
+  for (const std::string& t : tenants) {
+    std::string why;
+    if (!validCdiDeviceName(t, &why)) {
+      spec.leftOut.push_back(t + ": " + why);
+      continue;
+    }
+    TenantEdits e;
+    if (!tenantEdits(t, host, View::kContainer, &e, err)) return false;
+    // CDI 0.5.0 allowed device names that start with a digit.
+    if (t.front() >= '0' && t.front() <= '9') spec.version = "0.5.0";
+    std::string env, mounts;
+    for (const auto& [k, v] : e.env) env += std::string(env.empty() ? "" : ",") + "\n          " + json(k + "=" + v);
+    for (const Mount& m : e.mounts)
+      mounts += std::string(mounts.empty() ? "" : ",") + "\n          {\"hostPath\": " + json(m.hostPath) +
+                ", \"containerPath\": " + json(m.containerPath) + ", \"options\": [" +
+                (m.readOnly ? "\"ro\"" : "\"rw\"") + ", \"nosuid\", \"nodev\", \"bind\"]}";
+    devices += std::string(devices.empty() ? "" : ",") + "\n    {\n      \"name\": " + json(t) +
+               ",\n      \"containerEdits\": {\n        \"env\": [" + env + "\n        ],\n        \"mounts\": [" +
+               mounts + "\n        ]\n      }\n    }";
+    spec.devices.push_back(t);
+  }
+  if (!spec.devices.empty())
+    spec.json = "{\n  \"cdiVersion\": " + json(spec.version) + ",\n  \"kind\": " + json(kCdiKind) +
+                ",\n  \"devices\": [" + devices + "\n  ]\n}\n";
+  *out = std::move(spec);
+  return true;
+}
+
+bool writeCdiSpec(const std::string& dir, const std::string& text, std::string* err) {
+  if (!makeDirs(dir, err)) return false;
+  const std::string path = dir + "/" + kCdiSpecFile;
+  // Hidden and without the .json ending: runtimes scanning the directory skip it.
+  std::string tmp = dir + "/." + kCdiSpecFile + ".XXXXXX";
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (fd < 0) return fail(err, sysErr("cannot write in " + dir));
+  bool ok = ::fchmod(fd, 0644) == 0;
+  for (size_t done = 0; ok && done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ok && ::fsync(fd) == 0;
+  const int e = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (!ok) errno = e;
+    const std::string why = sysErr("cannot write " + path);
+    ::unlink(tmp.c_str());
+    return fail(err, why);
+  }
+  if (const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
+    ::fsync(d);  // the rename itself survives a crash
+    ::close(d);
+  }
+  return true;
+}
+
+bool removeCdiSpec(const std::string& dir, std::string* err) {
+  const std::string path = dir + "/" + kCdiSpecFile;
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return fail(err, sysErr("cannot remove " + path));
+  return true;
+}
+
+}  // namespace cushare::container

@@ -1,0 +1,52 @@
+// The broker's CDI spec (Container Device Interface): one file of kind cushare.io/tenant with a
+// device per configured tenant, whose container edits are tenantEdits' (tenant_edits.h), so that
+// `podman run --device cushare.io/tenant=alpha` (or any CDI runtime) makes the container tenant
+// alpha. Reference: docs/containers.md.
+//
+// Invariants:
+// - The spec uses only cdiVersion, kind, devices[].name and containerEdits.env/mounts (hostPath,
+//   containerPath, options; no mount type), and declares the lowest version that has them:
+//   0.3.0, or 0.5.0 when a device name starts with a digit. Runtimes refuse a spec that declares
+//   a version they do not know (podman 4.3 refuses 0.6.0) or lower than its fields need.
+// - A tenant whose name is not a valid CDI device name (it must start and end with a letter or a
+//   digit) is left out, with the reason, never written half-valid.
+// - The file is replaced atomically (a hidden temporary beside it, fsync, rename): a runtime
+//   reading the directory sees the old spec or the new one, never a part.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "container/tenant_edits.h"
+
+namespace cushare::container {
+
+inline constexpr char kCdiKind[] = "cushare.io/tenant";
+inline constexpr char kCdiSpecFile[] = "cushare.io-tenant.json";
+
+// "cushare.io/tenant=<tenant>": what a runtime's --device, or the device plugin's Allocate, names.
+std::string cdiDeviceName(const std::string& tenant);
+
+// CDI's rule for a device name: letters, digits, '_', '-', '.', ':', starting and ending with a
+// letter or a digit. False with *reason.
+bool validCdiDeviceName(std::string_view name, std::string* reason);
+
+struct CdiSpec {
+  std::string version;                // cdiVersion written
+  std::vector<std::string> devices;   // the tenants in it
+  std::vector<std::string> leftOut;   // "<tenant>: <reason>" for the tenants left out
+  std::string json;                   // the file's contents; empty when no tenant could go in
+};
+
+// The spec for tenants (in this order). False with *err (one line) when the host's places are
+// ones the shim would refuse (tenantEdits).
+bool buildCdiSpec(const std::vector<std::string>& tenants, const HostPlaces& host, CdiSpec* out,
+                  std::string* err);
+
+// Writes json as dir/kCdiSpecFile atomically, creating dir (mode 0755) when missing; mode 0644.
+bool writeCdiSpec(const std::string& dir, const std::string& json, std::string* err);
+// Removes dir/kCdiSpecFile; true when it is gone (or never was).
+bool removeCdiSpec(const std::string& dir, std::string* err);
+
+}  // namespace cushare::container

@@ -1,0 +1,112 @@
+// The broker's CDI spec; see containers.h.
+#include "core/containers.h"
+
+#include <sys/stat.h>
+
+#include "container/cdi.h"
+#include "core/log.h"
+
+namespace cushare::broker {
+
+bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, container::HostPlaces* out,
+                std::string* err) {
+  container::HostPlaces h;
+  if (!container::findShim(c.cdi.shim, mustExist, &h.shim, err)) {
+    *err = "cdi: " + *err + (c.cdi.shim.empty() ? " (set cdi.shim to the shim's path on the host)" : "");
+    return false;
+  }
+  h.ledgerDir = c.ledgerDir;
+  h.mpsPipeDir = mpsPipeDir;
+  *out = std::move(h);
+  return true;
+}
+
+namespace {
+
+std::vector<std::string> configuredTenants(const Config& c) {
+  std::vector<std::string> names;
+  for (const Tenant& t : c.tenants) names.push_back(t.name);
+  return names;
+}
+
+bool build(const Config& c, const std::string& mpsPipeDir, bool mustExist, container::CdiSpec* spec,
+           std::string* err) {
+  container::HostPlaces h;
+  if (!hostPlaces(c, mpsPipeDir, mustExist, &h, err)) return false;
+  if (!container::buildCdiSpec(configuredTenants(c), h, spec, err)) {
+    *err = "cdi: " + *err;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool publishCdiSpec(const Config& c, const std::string& mpsPipeDir, std::string* err) {
+  if (!c.cdi.enabled) return true;
+  container::CdiSpec spec;
+  if (!build(c, mpsPipeDir, true, &spec, err)) return false;
+  for (const std::string& why : spec.leftOut) CUSHARE_BLOG(warn, "cdi: tenant {} left out of the spec", why);
+  const std::string path = c.cdi.specDir + "/" + container::kCdiSpecFile;
+  if (spec.json.empty()) {
+    if (!container::removeCdiSpec(c.cdi.specDir, err)) return false;
+    CUSHARE_BLOG(info, "cdi: no configured tenant can be a CDI device; {} removed", path);
+    return true;
+  }
+  if (!container::writeCdiSpec(c.cdi.specDir, spec.json, err)) {
+    *err = "cdi: " + *err;
+    return false;
+  }
+  CUSHARE_BLOG(info, "cdi: wrote {} (cdiVersion {}, {} tenant device(s){})", path, spec.version, spec.devices.size(),
+               mpsPipeDir.empty() ? "" : ", MPS pipe directory " + mpsPipeDir);
+  return true;
+}
+
+bool containerEdits(const Config& c, const std::string& mpsPipeDir, std::vector<TenantEditsOf>* out,
+                    std::vector<std::string>* leftOut, std::string* err) {
+  container::HostPlaces h;
+  if (!hostPlaces(c, mpsPipeDir, true, &h, err)) return false;
+  std::vector<TenantEditsOf> all;
+  for (const Tenant& t : c.tenants) {
+    TenantEditsOf e;
+    e.tenant = t.name;
+    std::string why;
+    if (!container::tenantEdits(t.name, h, container::View::kContainer, &e.edits, &why)) {
+      leftOut->push_back(t.name + ": " + why);
+      continue;
+    }
+    if (c.cdi.enabled && container::validCdiDeviceName(t.name, &why)) e.cdiDevice = container::cdiDeviceName(t.name);
+    all.push_back(std::move(e));
+  }
+  *out = std::move(all);
+  return true;
+}
+
+void unpublishCdiSpec(const Config& c) {
+  if (!c.cdi.enabled || !c.cdi.removeOnStop) return;
+  std::string err;
+  if (container::removeCdiSpec(c.cdi.specDir, &err))
+    CUSHARE_BLOG(info, "cdi: removed {}/{} (remove_on_stop)", c.cdi.specDir, container::kCdiSpecFile);
+  else
+    CUSHARE_BLOG(error, "cdi: {}", err);
+}
+
+bool describeCdi(const Config& c, std::string* line, std::string* err) {
+  if (!c.cdi.enabled) {
+    *line = "cdi: off";
+    return true;
+  }
+  container::CdiSpec spec;
+  if (!build(c, c.mps.mode == MpsConfig::Mode::kOff ? "" : c.mps.pipeDir, false, &spec, err)) return false;
+  container::HostPlaces h;
+  std::string ignored;
+  hostPlaces(c, "", false, &h, &ignored);
+  struct stat st{};
+  *line = "cdi: " + c.cdi.specDir + "/" + container::kCdiSpecFile + " with " + std::to_string(spec.devices.size()) +
+          " tenant device(s), cdiVersion " + spec.version + ", shim " + h.shim +
+          (::stat(h.shim.c_str(), &st) == 0 ? "" : " (not found on this host: it must exist where the broker runs)");
+  for (const std::string& why : spec.leftOut) *line += "; left out: " + why;
+  return true;
+}
+
+}  // namespace cushare::broker

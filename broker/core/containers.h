@@ -1,0 +1,41 @@
+// The broker's face to container runtimes: the CDI spec (container/cdi.h) written from the
+// configuration in force, at start and after every reload. Reference: docs/containers.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "container/tenant_edits.h"
+
+namespace cushare::broker {
+
+// The host's places of a tenant's edits: the shim (cdi.shim, else the one beside this broker), the
+// ledger directory, the MPS pipe directory (mpsPipeDir; empty: MPS off). With mustExist, a shim
+// that is not a file here fails.
+bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, container::HostPlaces* out,
+                std::string* err);
+
+// Writes the spec for c's tenants (or removes it when none can go in). Logs what it wrote and the
+// tenants it left out. False with *err (one line) when it cannot; the caller decides whether that
+// stops the broker (an explicit cdi: block at start) or is logged (a default, a reload).
+bool publishCdiSpec(const Config& c, const std::string& mpsPipeDir, std::string* err);
+
+// The tenants' edits for the device plugin's Allocate (container view) and their CDI device names
+// (when CDI is on), in c's order. Tenants whose edits cannot be made are left out with *leftOut.
+struct TenantEditsOf {
+  std::string tenant;
+  container::TenantEdits edits;
+  std::string cdiDevice;  // empty when CDI is off
+};
+bool containerEdits(const Config& c, const std::string& mpsPipeDir, std::vector<TenantEditsOf>* out,
+                    std::vector<std::string>* leftOut, std::string* err);
+
+// At stop: removes the spec when cdi.remove_on_stop says so.
+void unpublishCdiSpec(const Config& c);
+
+// For --check: one line saying what the broker would write ("cdi: off", "cdi: DIR/FILE with N
+// tenants ..."). False with *err when the spec cannot be built.
+bool describeCdi(const Config& c, std::string* line, std::string* err);
+
+}  // namespace cushare::broker

@@ -1,0 +1,441 @@
+// The kubelet device plugin; see device_plugin.h.
+#include "kubernetes/device_plugin.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "core/log.h"
+#include "deviceplugin_v1beta1.grpc.pb.h"
+
+namespace cushare::kubernetes {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr char kKubeletSocket[] = "kubelet.sock";
+constexpr size_t kMaxSocket = 107;
+
+bool alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+// One tenant's resource as its service sees it.
+struct Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  PluginTenant tenant;
+  std::string resource;
+  std::vector<std::pair<std::string, std::string>> ids;  // device ID, its GPU's UUID
+  std::map<std::string, bool> health;                     // GPU UUID -> healthy
+  uint64_t generation = 1;                                // bumped on every change of the list
+  bool stopping = false;
+};
+
+std::vector<std::pair<std::string, std::string>> deviceIds(const PluginSettings& s) {
+  std::vector<std::pair<std::string, std::string>> ids;
+  for (const std::string& gpu : s.gpus)
+    for (uint32_t n = 0; n < s.devicesPerGpu; ++n) ids.emplace_back(gpu + "::" + std::to_string(n), gpu);
+  return ids;
+}
+
+class Service final : public v1beta1::DevicePlugin::Service {
+ public:
+  explicit Service(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+
+  grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
+                                      v1beta1::DevicePluginOptions* out) override {
+    out->set_pre_start_required(false);
+    out->set_get_preferred_allocation_available(false);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListAndWatch(grpc::ServerContext* ctx, const v1beta1::Empty*,
+                            grpc::ServerWriter<v1beta1::ListAndWatchResponse>* writer) override {
+    uint64_t sent = 0;
+    std::unique_lock<std::mutex> l(s_->mu);
+    // Ends when the plugin stops or the kubelet goes: a stream that never ends would hold
+    // Server::Shutdown forever.
+    while (!s_->stopping && !ctx->IsCancelled()) {
+      if (sent != s_->generation) {
+        v1beta1::ListAndWatchResponse r;
+        for (const auto& [id, gpu] : s_->ids) {
+          v1beta1::Device* d = r.add_devices();
+          d->set_id(id);
+          const auto h = s_->health.find(gpu);
+          d->set_health(h != s_->health.end() && h->second ? "Healthy" : "Unhealthy");
+        }
+        sent = s_->generation;
+        l.unlock();
+        const bool ok = writer->Write(r);
+        l.lock();
+        if (!ok) break;
+      }
+      s_->cv.wait_for(l, std::chrono::milliseconds(200));
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetPreferredAllocation(grpc::ServerContext*, const v1beta1::PreferredAllocationRequest*,
+                                      v1beta1::PreferredAllocationResponse*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "cushare does not prefer devices (its options say so)");
+  }
+
+  grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
+                        v1beta1::AllocateResponse* out) override {
+    std::lock_guard<std::mutex> g(s_->mu);
+    if (req->container_requests_size() == 0)
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "an Allocate request without containers");
+    for (const v1beta1::ContainerAllocateRequest& c : req->container_requests()) {
+      if (c.devices_ids_size() == 0)
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a container request without device IDs");
+      for (const std::string& id : c.devices_ids()) {
+        bool known = false;
+        for (const auto& [have, gpu] : s_->ids) known = known || have == id;
+        if (!known)
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "device ID '" + id.substr(0, 100) + "' is not one of " + s_->resource + "'s");
+      }
+      v1beta1::ContainerAllocateResponse* r = out->add_container_responses();
+      for (const auto& [k, v] : s_->tenant.edits.env) (*r->mutable_envs())[k] = v;
+      for (const container::Mount& m : s_->tenant.edits.mounts) {
+        v1beta1::Mount* pm = r->add_mounts();
+        pm->set_container_path(m.containerPath);
+        pm->set_host_path(m.hostPath);
+        pm->set_read_only(m.readOnly);
+      }
+      if (!s_->tenant.cdiDevice.empty()) r->add_cdi_devices()->set_name(s_->tenant.cdiDevice);
+    }
+    CUSHARE_BLOG(info, "kubernetes: {}: allocated to {} container(s)", s_->resource, req->container_requests_size());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status PreStartContainer(grpc::ServerContext*, const v1beta1::PreStartContainerRequest*,
+                                 v1beta1::PreStartContainerResponse*) override {
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::shared_ptr<Shared> s_;
+};
+
+struct TenantServer {
+  std::shared_ptr<Shared> shared;
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string endpoint;  // file name in the plugin directory
+  ino_t inode = 0;       // of the socket it listens on
+  bool registered = false;
+};
+
+// cushare-<tenant>.sock, or a hashed name when that would not fit a socket address.
+std::string endpointFor(const std::string& dir, const std::string& tenant) {
+  std::string name = "cushare-" + tenant + ".sock";
+  if (dir.size() + 1 + name.size() > kMaxSocket) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "cushare-h%016zx.sock", std::hash<std::string>()(tenant));
+    name = buf;
+  }
+  return name;
+}
+
+ino_t inodeOf(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+}  // namespace
+
+bool validResourceName(const std::string& tenant, std::string* reason) {
+  auto fail = [&](std::string why) {
+    if (reason) *reason = std::move(why);
+    return false;
+  };
+  if (tenant.empty() || tenant.size() > 63) return fail("a resource name is 1..63 characters");
+  if (!alnum(tenant.front()) || !alnum(tenant.back()))
+    return fail("a resource name must start and end with a letter or a digit");
+  for (const char c : tenant)
+    if (!alnum(c) && c != '-' && c != '_' && c != '.')
+      return fail(std::string("character '") + c + "' is not allowed in a resource name");
+  return true;
+}
+
+struct DevicePlugin::Impl {
+  HealthProbe probe;
+  PluginTiming timing;
+  std::mutex mu;  // guards everything below
+  PluginSettings settings;
+  std::map<std::string, TenantServer> servers;
+  std::map<std::string, bool> health;
+  std::atomic<uint64_t> registrations{0};
+  int inotifyFd = -1;
+  int stopFd = -1;
+  std::thread watcher;
+  Clock::time_point lastHealth{}, lastRetry{};
+
+  std::string path(const std::string& name) const { return settings.dir + "/" + name; }
+
+  bool serve(const std::string& name, TenantServer* t, std::string* err) {
+    const std::string sock = path(t->endpoint);
+    ::unlink(sock.c_str());
+    t->shared->stopping = false;
+    t->service = std::make_unique<Service>(t->shared);
+    grpc::ServerBuilder b;
+    b.AddListeningPort("unix://" + sock, grpc::InsecureServerCredentials());
+    b.RegisterService(t->service.get());
+    t->server = b.BuildAndStart();
+    if (!t->server) {
+      *err = "kubernetes: cannot serve " + t->shared->resource + " on " + sock;
+      return false;
+    }
+    t->inode = inodeOf(sock);
+    t->registered = false;
+    (void)name;
+    return true;
+  }
+
+  void shutdown(TenantServer* t, bool removeSocket) {
+    {
+      std::lock_guard<std::mutex> g(t->shared->mu);
+      t->shared->stopping = true;
+    }
+    t->shared->cv.notify_all();
+    if (t->server) {
+      t->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      t->server->Wait();
+      t->server.reset();
+    }
+    const std::string sock = path(t->endpoint);
+    if (removeSocket && t->inode != 0 && inodeOf(sock) == t->inode) ::unlink(sock.c_str());
+    t->registered = false;
+  }
+
+  bool kubeletThere() const {
+    struct stat st{};
+    return ::stat(path(kKubeletSocket).c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+  }
+
+  // Registers t; until that succeeds it is retried every retry period (a kubelet that has just
+  // created its socket may not accept connections yet).
+  void registerWithKubelet(TenantServer* t) {
+    t->registered = false;
+    if (!kubeletThere()) return;
+    auto channel = grpc::CreateChannel("unix://" + path(kKubeletSocket), grpc::InsecureChannelCredentials());
+    auto stub = v1beta1::Registration::NewStub(channel);
+    v1beta1::RegisterRequest req;
+    req.set_version("v1beta1");
+    req.set_endpoint(t->endpoint);
+    req.set_resource_name(t->shared->resource);
+    req.mutable_options()->set_pre_start_required(false);
+    req.mutable_options()->set_get_preferred_allocation_available(false);
+    v1beta1::Empty ignored;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    const grpc::Status st = stub->Register(&ctx, req, &ignored);
+    if (st.ok()) {
+      t->registered = true;
+      ++registrations;
+      CUSHARE_BLOG(info, "kubernetes: registered {} ({} devices) with the kubelet", t->shared->resource,
+                   t->shared->ids.size());
+    } else {
+      CUSHARE_BLOG(warn, "kubernetes: the kubelet refused or did not answer the registration of {}: {}; trying again "
+                   "in {:.1f} s", t->shared->resource, st.error_message().substr(0, 300), timing.retry.count() / 1000.0);
+    }
+  }
+
+  // Serves anew and registers (the kubelet deleted the socket, or restarted).
+  void restart(const std::string& name, TenantServer* t) {
+    shutdown(t, true);
+    std::string err;
+    if (!serve(name, t, &err)) {
+      CUSHARE_BLOG(error, "{}", err);
+      return;
+    }
+    registerWithKubelet(t);
+  }
+
+  void applyHealth(const std::map<std::string, bool>& h) {
+    if (h != health) {
+      for (const std::string& gpu : settings.gpus) {
+        const auto was = health.find(gpu);
+        const auto now = h.find(gpu);
+        const bool wasOk = was != health.end() && was->second, nowOk = now != h.end() && now->second;
+        if (wasOk != nowOk || was == health.end())
+          spdlog::log(nowOk ? spdlog::level::info : spdlog::level::warn, "kubernetes: the {} devices of {} are {}",
+                      settings.devicesPerGpu, gpu, nowOk ? "healthy" : "unhealthy");
+      }
+    }
+    health = h;
+    for (auto& [name, t] : servers) {
+      std::lock_guard<std::mutex> g(t.shared->mu);
+      if (t.shared->health != h) {
+        t.shared->health = h;
+        ++t.shared->generation;
+        t.shared->cv.notify_all();
+      }
+    }
+  }
+
+  void tick(bool kubeletCreated, const std::set<std::string>& deleted) {
+    std::lock_guard<std::mutex> g(mu);
+    const auto now = Clock::now();
+    if (now - lastHealth >= timing.health) {
+      lastHealth = now;
+      applyHealth(probe());
+    }
+    for (auto& [name, t] : servers) {
+      // A new kubelet deletes every socket, then creates its own: serve again where the socket is
+      // gone, and register with the new kubelet (a second registration of a live endpoint only
+      // replaces the first).
+      if (deleted.count(t.endpoint) || inodeOf(path(t.endpoint)) != t.inode) {
+        CUSHARE_BLOG(info, "kubernetes: the socket of {} was removed (a kubelet restart?); serving it again",
+                     t.shared->resource);
+        restart(name, &t);
+      } else if (kubeletCreated) {
+        CUSHARE_BLOG(info, "kubernetes: kubelet.sock was created (the kubelet restarted); registering {} again",
+                     t.shared->resource);
+        registerWithKubelet(&t);
+      }
+    }
+    if (now - lastRetry >= timing.retry) {
+      lastRetry = now;
+      for (auto& [name, t] : servers)
+        if (!t.registered) registerWithKubelet(&t);
+    }
+  }
+
+  void watch() {
+    char buf[4096] __attribute__((aligned(alignof(inotify_event))));
+    for (;;) {
+      pollfd p[2] = {{inotifyFd, POLLIN, 0}, {stopFd, POLLIN, 0}};
+      const int n = ::poll(p, 2, 200);
+      if (n < 0 && errno != EINTR) break;
+      if (p[1].revents) break;
+      bool kubeletCreated = false;
+      std::set<std::string> deleted;
+      if (n > 0 && (p[0].revents & POLLIN)) {
+        const ssize_t len = ::read(inotifyFd, buf, sizeof buf);
+        for (ssize_t off = 0; len > 0 && off < len;) {
+          const auto* e = reinterpret_cast<const inotify_event*>(buf + off);
+          const std::string name = e->len ? e->name : "";
+          if ((e->mask & (IN_CREATE | IN_MOVED_TO)) && name == kKubeletSocket) kubeletCreated = true;
+          if (e->mask & (IN_DELETE | IN_MOVED_FROM)) deleted.insert(name);
+          off += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+        }
+      }
+      tick(kubeletCreated, deleted);
+    }
+  }
+
+  bool add(const PluginTenant& pt, std::string* err) {
+    std::string why;
+    if (!validResourceName(pt.name, &why)) {
+      CUSHARE_BLOG(warn, "kubernetes: tenant {} has no resource: {}", pt.name, why);
+      return true;
+    }
+    TenantServer t;
+    t.shared = std::make_shared<Shared>();
+    t.shared->tenant = pt;
+    t.shared->resource = kResourcePrefix + pt.name;
+    t.shared->ids = deviceIds(settings);
+    t.shared->health = health;
+    t.endpoint = endpointFor(settings.dir, pt.name);
+    if (!serve(pt.name, &t, err)) return false;
+    registerWithKubelet(&t);
+    servers.emplace(pt.name, std::move(t));
+    return true;
+  }
+};
+
+DevicePlugin::DevicePlugin(HealthProbe probe, PluginTiming timing) : impl_(std::make_unique<Impl>()) {
+  impl_->probe = std::move(probe);
+  impl_->timing = timing;
+}
+
+DevicePlugin::~DevicePlugin() { stop(); }
+
+bool DevicePlugin::start(const PluginSettings& s, std::string* err) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> g(m.mu);
+  m.settings = s;
+  for (size_t i = 1; i <= s.dir.size(); ++i)
+    if (i == s.dir.size() || s.dir[i] == '/') ::mkdir(s.dir.substr(0, i).c_str(), 0755);
+  m.inotifyFd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  m.stopFd = ::eventfd(0, EFD_CLOEXEC);
+  if (m.inotifyFd < 0 || m.stopFd < 0 ||
+      ::inotify_add_watch(m.inotifyFd, s.dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM) < 0) {
+    *err = "kubernetes: cannot watch the device plugin directory " + s.dir + ": " + std::strerror(errno);
+    return false;
+  }
+  m.health = m.probe();
+  m.lastHealth = m.lastRetry = Clock::now();
+  for (const PluginTenant& t : s.tenants)
+    if (!m.add(t, err)) return false;
+  if (!m.kubeletThere())
+    CUSHARE_BLOG(info, "kubernetes: no kubelet at {}/kubelet.sock yet; registering when it appears", s.dir);
+  m.watcher = std::thread([&m] { m.watch(); });
+  return true;
+}
+
+void DevicePlugin::update(const PluginSettings& s) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> g(m.mu);
+  const bool devicesChanged = s.gpus != m.settings.gpus || s.devicesPerGpu != m.settings.devicesPerGpu;
+  m.settings.gpus = s.gpus;
+  m.settings.devicesPerGpu = s.devicesPerGpu;
+  std::set<std::string> keep;
+  for (const PluginTenant& t : s.tenants) keep.insert(t.name);
+  for (auto it = m.servers.begin(); it != m.servers.end();) {
+    if (keep.count(it->first)) {
+      ++it;
+      continue;
+    }
+    CUSHARE_BLOG(info, "kubernetes: {} is no longer configured; its plugin stops", it->second.shared->resource);
+    m.shutdown(&it->second, true);
+    it = m.servers.erase(it);
+  }
+  for (const PluginTenant& t : s.tenants) {
+    auto it = m.servers.find(t.name);
+    if (it == m.servers.end()) {
+      std::string err;
+      if (!m.add(t, &err)) CUSHARE_BLOG(error, "{}", err);
+      continue;
+    }
+    std::lock_guard<std::mutex> sg(it->second.shared->mu);
+    it->second.shared->tenant = t;
+    if (devicesChanged) {
+      it->second.shared->ids = deviceIds(m.settings);
+      ++it->second.shared->generation;
+      it->second.shared->cv.notify_all();
+    }
+  }
+  m.settings.tenants = s.tenants;
+}
+
+void DevicePlugin::stop() {
+  Impl& m = *impl_;
+  if (m.watcher.joinable()) {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t w = ::write(m.stopFd, &one, sizeof one);
+    m.watcher.join();
+  }
+  std::lock_guard<std::mutex> g(m.mu);
+  for (auto& [name, t] : m.servers) m.shutdown(&t, true);
+  m.servers.clear();
+  if (m.inotifyFd >= 0) ::close(m.inotifyFd);
+  if (m.stopFd >= 0) ::close(m.stopFd);
+  m.inotifyFd = m.stopFd = -1;
+}
+
+uint64_t DevicePlugin::registrations() const { return impl_->registrations.load(); }
+
+}  // namespace cushare::kubernetes

@@ -1,0 +1,284 @@
+// The kubelet device plugin (broker/kubernetes/device_plugin.h) against a fake kubelet written
+// apart from it (fake_kubelet.h): registration, ListAndWatch, Allocate, health, a kubelet that
+// restarts, refuses, appears late or vanishes, and protocol errors. Plus the wire bytes of the
+// messages whose field numbers matter most, against the published definition's numbers.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <filesystem>
+
+#include "deviceplugin_v1beta1.pb.h"
+#include "fake_kubelet.h"
+#include "kubernetes/device_plugin.h"
+
+namespace cushare::test {
+namespace {
+
+using kubernetes::DevicePlugin;
+using kubernetes::PluginSettings;
+
+const std::string kGpu0 = "GPU-00000000-0000-0000-0000-000000000000";
+const std::string kGpu1 = "GPU-11111111-1111-1111-1111-111111111111";
+
+// The tests' plugin directories, removed when the program ends.
+struct Dirs {
+  std::vector<std::string> made;
+  ~Dirs() {
+    for (const std::string& d : made) std::filesystem::remove_all(d);
+  }
+} gDirs;
+
+std::string dirFor(const std::string& name) {
+  // Short: the sockets' paths must fit 107 bytes.
+  const std::string d = "/tmp/cushare-dp-" + std::to_string(::getpid()) + "-" + name;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  gDirs.made.push_back(d);
+  return d;
+}
+
+PluginSettings settings(const std::string& dir, uint32_t perGpu = 3) {
+  PluginSettings s;
+  s.dir = dir;
+  s.devicesPerGpu = perGpu;
+  s.gpus = {kGpu0, kGpu1};
+  for (const std::string t : {"alpha", "beta"}) {
+    kubernetes::PluginTenant p;
+    p.name = t;
+    p.edits.env = {{"CUSHARE_TENANT", t}, {"LD_PRELOAD", "/usr/local/cushare/lib/libcushare.so"}};
+    p.edits.mounts = {{"/host/libcushare.so", "/usr/local/cushare/lib/libcushare.so", true},
+                      {"/dev/shm/cushare", "/run/cushare/ledgers", false}};
+    p.cdiDevice = "cushare.io/tenant=" + t;
+    s.tenants.push_back(p);
+  }
+  return s;
+}
+
+struct Health {
+  std::mutex mu;
+  std::map<std::string, bool> h = {{kGpu0, true}, {kGpu1, true}};
+  kubernetes::HealthProbe probe() {
+    return [this] {
+      std::lock_guard<std::mutex> g(mu);
+      return h;
+    };
+  }
+  void set(const std::string& gpu, bool ok) {
+    std::lock_guard<std::mutex> g(mu);
+    h[gpu] = ok;
+  }
+};
+
+constexpr kubernetes::PluginTiming kFast{std::chrono::milliseconds(50), std::chrono::milliseconds(100)};
+
+bool allHealthy(const FakeKubelet::Plugin& p, size_t n) {
+  if (p.devices.size() != n) return false;
+  for (const auto& d : p.devices)
+    if (d.health() != "Healthy") return false;
+  return true;
+}
+
+grpc::Status allocate(FakeKubelet& k, const std::string& resource, const std::vector<std::vector<std::string>>& ids,
+                      v1beta1::AllocateResponse* out) {
+  v1beta1::AllocateRequest req;
+  for (const auto& c : ids) {
+    auto* cr = req.add_container_requests();
+    for (const auto& id : c) cr->add_devices_ids(id);
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return k.dial(resource)->Allocate(&ctx, req, out);
+}
+
+TEST(DevicePlugin, RegistersEachTenantAndListsItsDevices) {
+  const std::string dir = dirFor("reg");
+  FakeKubelet kubelet(dir);
+  ASSERT_TRUE(kubelet.start());
+  Health h;
+  DevicePlugin plugin(h.probe(), kFast);
+  std::string err;
+  ASSERT_TRUE(plugin.start(settings(dir), &err)) << err;
+  for (const std::string t : {"alpha", "beta"}) {
+    const std::string r = "cushare.io/" + t;
+    ASSERT_TRUE(kubelet.waitFor(r, [](const auto& p) { return allHealthy(p, 6) && p.optionsAsked; })) << r;
+    const auto p = kubelet.plugin(r);
+    EXPECT_EQ(p.request.version(), "v1beta1");
+    EXPECT_EQ(p.request.endpoint(), "cushare-" + t + ".sock");
+    EXPECT_EQ(p.request.resource_name(), r);
+    EXPECT_FALSE(p.request.options().pre_start_required());
+    EXPECT_EQ(p.registrations, 1);
+    EXPECT_EQ(p.devices[0].id(), kGpu0 + "::0");
+    EXPECT_EQ(p.devices[5].id(), kGpu1 + "::2");
+    for (const auto& d : p.devices) EXPECT_LE(d.id().size(), 63u);
+  }
+  EXPECT_EQ(plugin.registrations(), 2u);
+  plugin.stop();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/cushare-alpha.sock")) << "a stopped plugin removes its socket";
+}
+
+TEST(DevicePlugin, AllocateGivesTheTenantsEditsAndRefusesForeignIds) {
+  const std::string dir = dirFor("alloc");
+  FakeKubelet kubelet(dir);
+  ASSERT_TRUE(kubelet.start());
+  Health h;
+  DevicePlugin plugin(h.probe(), kFast);
+  std::string err;
+  ASSERT_TRUE(plugin.start(settings(dir), &err)) << err;
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return allHealthy(p, 6); }));
+  v1beta1::AllocateResponse r;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/beta", {{kGpu1 + "::1"}, {kGpu0 + "::0", kGpu0 + "::2"}}, &r).ok());
+  ASSERT_EQ(r.container_responses_size(), 2);
+  for (const auto& c : r.container_responses()) {
+    EXPECT_EQ(c.envs().at("CUSHARE_TENANT"), "beta");
+    EXPECT_EQ(c.envs().at("LD_PRELOAD"), "/usr/local/cushare/lib/libcushare.so");
+    ASSERT_EQ(c.cdi_devices_size(), 1);
+    EXPECT_EQ(c.cdi_devices(0).name(), "cushare.io/tenant=beta");
+    ASSERT_EQ(c.mounts_size(), 2);
+    EXPECT_EQ(c.mounts(0).host_path(), "/host/libcushare.so");
+    EXPECT_TRUE(c.mounts(0).read_only());
+    EXPECT_FALSE(c.mounts(1).read_only());
+  }
+  // Protocol errors: an ID it never advertised (alpha's are the same form, but not beta's own
+  // count: ::3 does not exist), an empty request, a container without IDs.
+  grpc::Status st = allocate(kubelet, "cushare.io/beta", {{kGpu0 + "::3"}}, &r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("is not one of cushare.io/beta's"), std::string::npos) << st.error_message();
+  EXPECT_EQ(allocate(kubelet, "cushare.io/beta", {}, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(allocate(kubelet, "cushare.io/beta", {{}}, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The optional calls: GetPreferredAllocation is not offered, PreStartContainer answers.
+  {
+    grpc::ClientContext ctx;
+    v1beta1::PreferredAllocationRequest pr;
+    v1beta1::PreferredAllocationResponse pa;
+    EXPECT_EQ(kubelet.dial("cushare.io/beta")->GetPreferredAllocation(&ctx, pr, &pa).error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+  }
+  // Still serving after the errors.
+  r.Clear();
+  EXPECT_TRUE(allocate(kubelet, "cushare.io/beta", {{kGpu0 + "::0"}}, &r).ok());
+}
+
+TEST(DevicePlugin, ARestartedKubeletGetsEveryResourceRegisteredAgain) {
+  const std::string dir = dirFor("restart");
+  FakeKubelet kubelet(dir);
+  ASSERT_TRUE(kubelet.start());
+  Health h;
+  DevicePlugin plugin(h.probe(), kFast);
+  std::string err;
+  ASSERT_TRUE(plugin.start(settings(dir), &err)) << err;
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
+  for (int round = 2; round <= 3; ++round) {
+    kubelet.stop(true);  // a new kubelet deletes every socket in the directory
+    EXPECT_FALSE(std::filesystem::exists(dir + "/cushare-alpha.sock"));
+    ASSERT_TRUE(kubelet.start());
+    for (const std::string r : {"cushare.io/alpha", "cushare.io/beta"})
+      // Registered with the new kubelet (the socket's removal and kubelet.sock's creation may each
+      // lead to one registration).
+      ASSERT_TRUE(kubelet.waitFor(r, [&](const auto& p) { return p.registrations >= 1 && p.lists > 0 &&
+                                                                 allHealthy(p, 6); }))
+          << r << " round " << round << ": " << kubelet.plugin(r).registrations;
+    v1beta1::AllocateResponse a;
+    EXPECT_TRUE(allocate(kubelet, "cushare.io/alpha", {{kGpu0 + "::1"}}, &a).ok());
+  }
+}
+
+TEST(DevicePlugin, AKubeletThatComesLaterOrRefusesIsRegisteredWithWhenItCan) {
+  const std::string dir = dirFor("late");
+  Health h;
+  DevicePlugin plugin(h.probe(), kFast);
+  std::string err;
+  ASSERT_TRUE(plugin.start(settings(dir), &err)) << err;  // no kubelet yet: not an error
+  FakeKubelet kubelet(dir);
+  kubelet.refuseWith("not ready");
+  ASSERT_TRUE(kubelet.start());
+  for (int i = 0; i < 200 && kubelet.refused() < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_GE(kubelet.refused(), 4) << "the plugin keeps trying";
+  kubelet.refuseWith("");
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return allHealthy(p, 6); }));
+}
+
+TEST(DevicePlugin, DevicesOfALostGpuTurnUnhealthyAndBack) {
+  const std::string dir = dirFor("health");
+  FakeKubelet kubelet(dir);
+  ASSERT_TRUE(kubelet.start());
+  Health h;
+  DevicePlugin plugin(h.probe(), kFast);
+  std::string err;
+  ASSERT_TRUE(plugin.start(settings(dir, 2), &err)) << err;
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 4); }));
+  h.set(kGpu1, false);
+  auto gpu1Down = [](const FakeKubelet::Plugin& p) {
+    if (p.devices.size() != 4) return false;
+    for (const auto& d : p.devices)
+      if ((d.health() == "Healthy") != d.id().starts_with(kGpu0)) return false;
+    return true;
+  };
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", gpu1Down));
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/beta", gpu1Down));
+  h.set(kGpu1, true);
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 4); }));
+}
+
+TEST(DevicePlugin, AVanishedKubeletLeavesThePluginServingAndAReloadChangesTenants) {
+  const std::string dir = dirFor("vanish");
+  auto kubelet = std::make_unique<FakeKubelet>(dir);
+  ASSERT_TRUE(kubelet->start());
+  Health h;
+  DevicePlugin plugin(h.probe(), kFast);
+  std::string err;
+  ASSERT_TRUE(plugin.start(settings(dir), &err)) << err;
+  ASSERT_TRUE(kubelet->waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
+  kubelet->stop(false);  // gone, sockets left as they are
+  kubelet.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // several retry periods
+  // A reload drops beta and adds gamma while no kubelet is there.
+  PluginSettings s = settings(dir);
+  s.tenants[1].name = "gamma";
+  plugin.update(s);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/cushare-beta.sock"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/cushare-gamma.sock"));
+  FakeKubelet again(dir);
+  ASSERT_TRUE(again.start());
+  ASSERT_TRUE(again.waitFor("cushare.io/gamma", [](const auto& p) { return allHealthy(p, 6); }));
+  ASSERT_TRUE(again.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
+  EXPECT_EQ(again.plugin("cushare.io/beta").registrations, 0);
+}
+
+TEST(DevicePlugin, ResourceNames) {
+  std::string why;
+  EXPECT_TRUE(kubernetes::validResourceName("alpha", &why));
+  EXPECT_TRUE(kubernetes::validResourceName("team.a-1_b", &why));
+  EXPECT_FALSE(kubernetes::validResourceName("-a", &why));
+  EXPECT_FALSE(kubernetes::validResourceName("a.", &why));
+  EXPECT_FALSE(kubernetes::validResourceName(std::string(64, 'a'), &why));
+}
+
+// The field numbers on the wire, as the published definition gives them.
+TEST(DevicePlugin, WireBytesMatchThePublishedFieldNumbers) {
+  v1beta1::RegisterRequest r;
+  r.set_version("v1beta1");
+  r.set_endpoint("e");
+  r.set_resource_name("r");
+  r.mutable_options()->set_get_preferred_allocation_available(true);
+  EXPECT_EQ(r.SerializeAsString(), std::string("\x0a\x07v1beta1\x12\x01" "e\x1a\x01r\x22\x02\x10\x01", 19));
+  v1beta1::ContainerAllocateResponse c;
+  c.add_cdi_devices()->set_name("x");
+  auto* m = c.add_mounts();
+  m->set_read_only(true);
+  EXPECT_EQ(c.SerializeAsString(), std::string("\x12\x02\x18\x01\x2a\x03\x0a\x01x", 9));
+  v1beta1::Device d;
+  d.set_id("i");
+  d.set_health("Healthy");
+  EXPECT_EQ(d.SerializeAsString(), std::string("\x0a\x01i\x12\x07Healthy", 12));
+  v1beta1::ContainerAllocateRequest a;
+  a.add_devices_ids("z");
+  EXPECT_EQ(a.SerializeAsString(), std::string("\x0a\x01z", 3));
+}
+
+}  // namespace
+}  // namespace cushare::test

@@ -1,0 +1,132 @@
+// A tenant's edits (broker/container/tenant_edits.h) and the CDI spec built from them
+// (broker/container/cdi.h): container paths fixed whatever the host's layout, the mounts that put
+// things there, and values the shim would refuse refused here.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "container/cdi.h"
+#include "container/tenant_edits.h"
+
+namespace cushare::container {
+namespace {
+
+const HostPlaces kHost = {"/opt/x/lib/libcushare.so", "/dev/shm/cushare", ""};
+
+std::string envOf(const TenantEdits& e, const std::string& key) {
+  for (const auto& [k, v] : e.env)
+    if (k == key) return v;
+  return "<unset>";
+}
+
+TEST(TenantEdits, ContainerPathsDoNotDependOnTheHost) {
+  TenantEdits a, b;
+  std::string err;
+  ASSERT_TRUE(tenantEdits("alpha", kHost, View::kContainer, &a, &err)) << err;
+  ASSERT_TRUE(tenantEdits("alpha", {"/usr/lib/cushare/libcushare.so", "/srv/ledgers", ""}, View::kContainer, &b, &err))
+      << err;
+  EXPECT_EQ(a.env, b.env) << "the environment names container paths only";
+  EXPECT_EQ(a.env, (EnvVars{{"CUSHARE_TENANT", "alpha"},
+                            {"CUSHARE_LEDGER_DIR", kContainerLedgerDir},
+                            {"CUSHARE_REQUIRE_BROKER", "1"},
+                            {"LD_PRELOAD", kContainerShim}}));
+  EXPECT_EQ(a.mounts, (std::vector<Mount>{{kHost.shim, kContainerShim, true},
+                                          {kHost.ledgerDir, kContainerLedgerDir, false}}));
+  EXPECT_EQ(b.mounts[1].hostPath, "/srv/ledgers");
+}
+
+TEST(TenantEdits, MpsAddsThePipeDirectory) {
+  TenantEdits e;
+  std::string err;
+  HostPlaces h = kHost;
+  h.mpsPipeDir = "/run/cushare/mps-host";
+  ASSERT_TRUE(tenantEdits("alpha", h, View::kContainer, &e, &err)) << err;
+  EXPECT_EQ(envOf(e, "CUSHARE_MPS_PIPE_DIR"), kContainerMpsPipeDir);
+  ASSERT_EQ(e.mounts.size(), 3u);
+  EXPECT_EQ(e.mounts[2], (Mount{"/run/cushare/mps-host", kContainerMpsPipeDir, false}));
+  EXPECT_EQ(e.env.back().first, "LD_PRELOAD");
+  // On the host the shim reads the pipe directory from mps.conf: nothing to add, nothing to mount.
+  ASSERT_TRUE(tenantEdits("alpha", h, View::kHost, &e, &err)) << err;
+  EXPECT_EQ(envOf(e, "CUSHARE_MPS_PIPE_DIR"), "<unset>");
+  EXPECT_EQ(envOf(e, "LD_PRELOAD"), kHost.shim);
+  EXPECT_EQ(envOf(e, "CUSHARE_LEDGER_DIR"), kHost.ledgerDir);
+  EXPECT_TRUE(e.mounts.empty());
+}
+
+TEST(TenantEdits, RefusesWhatTheShimWouldRefuse) {
+  TenantEdits e;
+  std::string err;
+  EXPECT_FALSE(tenantEdits("al/pha", kHost, View::kContainer, &e, &err));
+  EXPECT_NE(err.find("invalid CUSHARE_TENANT='al/pha'"), std::string::npos) << err;
+  EXPECT_FALSE(tenantEdits("alpha", {"/a b/libcushare.so", "/dev/shm/cushare", ""}, View::kContainer, &e, &err));
+  EXPECT_NE(err.find("cannot go in LD_PRELOAD"), std::string::npos) << err;
+  EXPECT_FALSE(tenantEdits("alpha", {"lib/libcushare.so", "/dev/shm/cushare", ""}, View::kContainer, &e, &err));
+  EXPECT_NE(err.find("not absolute"), std::string::npos) << err;
+  EXPECT_FALSE(tenantEdits("alpha", {kHost.shim, "relative", ""}, View::kContainer, &e, &err));
+  EXPECT_NE(err.find("CUSHARE_LEDGER_DIR='relative'"), std::string::npos) << err;
+  EXPECT_FALSE(tenantEdits("alpha", {kHost.shim, "/dev/shm/cushare", "/" + std::string(120, 'p')}, View::kContainer,
+                           &e, &err));
+  EXPECT_NE(err.find("at most 99"), std::string::npos) << err;
+}
+
+TEST(Cdi, DeviceNames) {
+  std::string why;
+  EXPECT_TRUE(validCdiDeviceName("alpha", &why));
+  EXPECT_TRUE(validCdiDeviceName("a", &why));
+  EXPECT_TRUE(validCdiDeviceName("team.a_b-1", &why));
+  EXPECT_TRUE(validCdiDeviceName("7up", &why));
+  EXPECT_FALSE(validCdiDeviceName("-x", &why));
+  EXPECT_FALSE(validCdiDeviceName("x.", &why));
+  EXPECT_FALSE(validCdiDeviceName("_", &why));
+  EXPECT_FALSE(validCdiDeviceName("a/b", &why));
+  EXPECT_FALSE(validCdiDeviceName("", &why));
+  EXPECT_EQ(cdiDeviceName("alpha"), "cushare.io/tenant=alpha");
+}
+
+TEST(Cdi, TheLowestVersionThatCoversTheFields) {
+  CdiSpec s;
+  std::string err;
+  ASSERT_TRUE(buildCdiSpec({"alpha", "beta"}, kHost, &s, &err)) << err;
+  EXPECT_EQ(s.version, "0.3.0");
+  EXPECT_EQ(s.devices, (std::vector<std::string>{"alpha", "beta"}));
+  EXPECT_NE(s.json.find("\"options\": [\"ro\", \"nosuid\", \"nodev\", \"bind\"]"), std::string::npos) << s.json;
+  EXPECT_EQ(s.json.find("\"type\""), std::string::npos) << "a mount type needs CDI 0.4.0";
+  ASSERT_TRUE(buildCdiSpec({"alpha", "9lives", "x-"}, kHost, &s, &err)) << err;
+  EXPECT_EQ(s.version, "0.5.0");
+  EXPECT_EQ(s.devices, (std::vector<std::string>{"alpha", "9lives"}));
+  ASSERT_EQ(s.leftOut.size(), 1u);
+  EXPECT_TRUE(s.leftOut[0].starts_with("x-: ")) << s.leftOut[0];
+  ASSERT_TRUE(buildCdiSpec({"x-"}, kHost, &s, &err)) << err;
+  EXPECT_TRUE(s.json.empty()) << "no device: no spec (CDI needs at least one)";
+}
+
+TEST(Cdi, PathsAreEscapedInJson) {
+  CdiSpec s;
+  std::string err;
+  ASSERT_TRUE(buildCdiSpec({"alpha"}, {"/opt/q\"uote\\/libcushare.so", "/dev/shm/cushare", ""}, &s, &err)) << err;
+  EXPECT_NE(s.json.find("\"hostPath\": \"/opt/q\\\"uote\\\\/libcushare.so\""), std::string::npos) << s.json;
+}
+
+TEST(Cdi, WritesAtomicallyAndRemoves) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("cushare-cdi-unit-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::string err;
+  ASSERT_TRUE(writeCdiSpec(dir + "/a/b", "{}\n", &err)) << err;
+  std::ifstream in(dir + "/a/b/" + kCdiSpecFile);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "{}\n");
+  ASSERT_TRUE(writeCdiSpec(dir + "/a/b", "{\"x\": 1}\n", &err)) << err;
+  int files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir + "/a/b")) ++files;
+  EXPECT_EQ(files, 1) << "no temporary left";
+  EXPECT_TRUE(removeCdiSpec(dir + "/a/b", &err)) << err;
+  EXPECT_TRUE(removeCdiSpec(dir + "/a/b", &err)) << "gone already is fine";
+  std::ofstream(dir + "/file") << "x";
+  EXPECT_FALSE(writeCdiSpec(dir + "/file/cdi", "{}", &err));
+  EXPECT_NE(err.find("cannot create " + dir + "/file/cdi"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace cushare::container

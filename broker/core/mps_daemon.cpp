@@ -402,6 +402,12 @@ void MpsSupervisor::publish(bool force) {
   MpsHostSettings host;
   host.pipeDir = config_.pipeDir;
   host.contextReserve = config_.contextReserve;
+  // The directory's identity: a process told (CUSHARE_MPS_PIPE_DIR) that the pipe directory is
+  // mounted elsewhere must find this same directory there (a bind mount keeps both numbers).
+  if (struct stat st{}; ::stat(config_.pipeDir.c_str(), &st) == 0) {
+    host.pipeDev = static_cast<uint64_t>(st.st_dev);
+    host.pipeIno = static_cast<uint64_t>(st.st_ino);
+  }
   if (!full_.unknownTenantsProfile.empty()) {
     for (const Profile& p : full_.profiles) {
       if (p.name != full_.unknownTenantsProfile) continue;

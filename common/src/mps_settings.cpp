@@ -180,6 +180,8 @@ int readFile(const std::string& dir, const std::string& file, std::string* text,
 std::string formatMpsHost(const MpsHostSettings& s) {
   std::string out = "# written by cushare-broker: MPS is on (docs/mps.md); do not edit\nformat 1\n";
   out += "pipe_dir " + s.pipeDir + "\n";
+  if (s.pipeDev != 0 || s.pipeIno != 0)
+    out += "pipe_id " + std::to_string(s.pipeDev) + ":" + std::to_string(s.pipeIno) + "\n";
   out += "context_reserve " + std::to_string(s.contextReserve) + "\n";
   out += std::string("unknown_tenants ") + (s.unknown ? "admit" : "refuse") + "\n";
   if (s.unknown) out += fmtTenant(*s.unknown, "unknown_");
@@ -209,6 +211,15 @@ bool parseMpsHost(std::string_view text, const std::string& name, MpsHostSetting
                       " bytes, found '" + printable(l.value, 64) + "'", false;
       s.pipeDir = l.value;
       pipe = true;
+    } else if (l.key == "pipe_id") {
+      const size_t colon = l.value.find(':');
+      int64_t dev = 0, ino = 0;
+      if (colon == std::string::npos || !parseInt(l.value.substr(0, colon), 0, INT64_MAX, &dev, &reason) ||
+          !parseInt(l.value.substr(colon + 1), 1, INT64_MAX, &ino, &reason))
+        return *err = where(name, l) + ": expected <device>:<inode> of the pipe directory, found '" +
+                      printable(l.value, 64) + "'", false;
+      s.pipeDev = static_cast<uint64_t>(dev);
+      s.pipeIno = static_cast<uint64_t>(ino);
     } else if (l.key == "context_reserve") {
       int64_t n = 0;
       if (!parseInt(l.value, 0, INT64_MAX, &n, &reason)) return *err = where(name, l) + ": " + reason, false;
@@ -304,8 +315,20 @@ bool writeMpsFile(const std::string& dir, const std::string& name, const std::st
 bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, const ShimConfig& config,
                   const std::function<const char*(const char*)>& getenv, MpsClientEnv* out, std::string* err) {
   MpsClientEnv e;
-  // A container sees the broker's pipe directory where it is mounted (CUSHARE_MPS_PIPE_DIR).
+  // A container sees the broker's pipe directory where it is mounted (CUSHARE_MPS_PIPE_DIR): the
+  // same directory (device and inode, when the broker published them), or the process would
+  // leave MPS through a directory of its own choosing.
   e.pipeDir = config.mpsPipeDir.empty() ? host.pipeDir : config.mpsPipeDir;
+  if (!config.mpsPipeDir.empty() && (host.pipeDev != 0 || host.pipeIno != 0)) {
+    struct stat st{};
+    if (::stat(config.mpsPipeDir.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_dev) != host.pipeDev ||
+        static_cast<uint64_t>(st.st_ino) != host.pipeIno) {
+      *err = "cushare: CUSHARE_MPS_PIPE_DIR='" + printable(config.mpsPipeDir, 64) +
+             "' is not the broker's MPS pipe directory (not the directory mps.conf names, or not mounted there): "
+             "refusing to leave MPS";
+      return false;
+    }
+  }
   // Active thread percentage: the lowest of the tenant's cap, CUSHARE_THREAD_PERCENTAGE and the
   // process's own value.
   std::optional<int> cap = tenant.threads;

@@ -172,8 +172,9 @@ TEST(DevicePlugin, ARestartedKubeletGetsEveryResourceRegisteredAgain) {
   ASSERT_TRUE(plugin.start(settings(dir), &err)) << err;
   ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
   for (int round = 2; round <= 3; ++round) {
-    kubelet.stop(true);  // a new kubelet deletes every socket in the directory
-    EXPECT_FALSE(std::filesystem::exists(dir + "/cushare-alpha.sock"));
+    // A new kubelet deletes every socket in the directory (the plugin may serve its socket again
+    // at once: what counts is that it registers with the new kubelet, below).
+    kubelet.stop(true);
     ASSERT_TRUE(kubelet.start());
     for (const std::string r : {"cushare.io/alpha", "cushare.io/beta"})
       // Registered with the new kubelet (the socket's removal and kubelet.sock's creation may each

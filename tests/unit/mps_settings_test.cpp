@@ -213,5 +213,43 @@ TEST(MpsSettings, PipeDirOfTheProcessView) {
   EXPECT_EQ(e.threads, "50");
 }
 
+// Where the broker published its pipe directory's identity, CUSHARE_MPS_PIPE_DIR must name that
+// same directory (a bind mount keeps device and inode): a directory of the process's own choosing
+// would take it out of MPS, so it is refused. The identity survives mps.conf's format and parser.
+TEST(MpsSettings, APipeDirOfTheProcessesOwnChoosingIsRefused) {
+  char real[] = "/tmp/cushare-pipe-XXXXXX", other[] = "/tmp/cushare-pipe-XXXXXX";
+  ASSERT_NE(::mkdtemp(real), nullptr);
+  ASSERT_NE(::mkdtemp(other), nullptr);
+  struct stat st{};
+  ASSERT_EQ(::stat(real, &st), 0);
+  MpsHostSettings h = host();
+  h.pipeDir = real;
+  h.pipeDev = static_cast<uint64_t>(st.st_dev);
+  h.pipeIno = static_cast<uint64_t>(st.st_ino);
+  MpsHostSettings back;
+  std::string err;
+  ASSERT_TRUE(parseMpsHost(formatMpsHost(h), "mps.conf", &back, &err)) << err;
+  EXPECT_EQ(back.pipeDev, h.pipeDev);
+  EXPECT_EQ(back.pipeIno, h.pipeIno);
+  MpsClientEnv e;
+  ShimConfig c;
+  c.mpsPipeDir = real;  // the same directory (as a bind mount shows it)
+  EXPECT_TRUE(clientEnv(back, tenant(50), {}, &e, &err, c)) << err;
+  c.mpsPipeDir = other;  // a directory of its own
+  EXPECT_FALSE(clientEnv(back, tenant(50), {}, &e, &err, c));
+  EXPECT_NE(err.find("is not the broker's MPS pipe directory"), std::string::npos) << err;
+  c.mpsPipeDir = std::string(real) + "/missing";
+  EXPECT_FALSE(clientEnv(back, tenant(50), {}, &e, &err, c));
+  for (const char* bad : {"pipe_id 12\n", "pipe_id a:b\n", "pipe_id 1:0\n"}) {
+    std::string text = formatMpsHost(host());
+    text.insert(text.find("context_reserve"), bad);
+    EXPECT_FALSE(parseMpsHost(text, "mps.conf", &back, &err)) << bad;
+    EXPECT_NE(err.find("pipe_id") == std::string::npos ? err.find("expected <device>:<inode>") : 0, std::string::npos)
+        << err;
+  }
+  ::rmdir(real);
+  ::rmdir(other);
+}
+
 }  // namespace
 }  // namespace cushare

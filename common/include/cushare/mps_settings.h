@@ -47,6 +47,9 @@ struct MpsTenantSettings {
 
 struct MpsHostSettings {
   std::string pipeDir;  // the daemon's CUDA_MPS_PIPE_DIRECTORY
+  // The pipe directory's st_dev and st_ino (0, 0: not published, an older broker). A process whose
+  // CUSHARE_MPS_PIPE_DIR names another directory is refused (mpsClientEnv).
+  uint64_t pipeDev = 0, pipeIno = 0;
   // Bytes added to a tenant's memory limit for its MPS pinned-memory limit: the CUDA context and
   // module images, which the device counts and the shim's limit does not.
   uint64_t contextReserve = 0;

@@ -234,6 +234,7 @@ class Parser {
   //                     kinds: [sm, mem, tick]}
   bool probes(const Node& n, ProbeConfig* out) {
     ProbeConfig p;
+    p.on = true;  // a probes: block turns them on unless it says off
     if (n.kind == Node::kScalar) {
       if (n.text != "off" && n.text != "on")
         return fail(n.mark, "probes", "expected off, on or a map of settings, found '" + n.text + "'");

@@ -70,8 +70,10 @@ uint64_t DeviceRunner::arbitrate(uint64_t due) {
     e.setWindow(start, boardEndOf(packed));
     return boardEndOf(packed) - p_.sliceNs / 2;
   };
+  // Nobody else wanted the device: the window runs on from its end, or from now when this process
+  // was kept off the CPU past it (the device was idle for everyone else: not a slice lost).
   auto renew = [&]() -> uint64_t {
-    const uint64_t packed = boardPack(slot_, end + p_.sliceNs);
+    const uint64_t packed = boardPack(slot_, std::max(end, due) + p_.sliceNs);
     if (!b->holder.compare_exchange_strong(h, packed, std::memory_order_acq_rel)) return due;
     e.setWindow(windowStart_, boardEndOf(packed));
     return boardEndOf(packed) - p_.sliceNs / 2;

@@ -371,12 +371,22 @@ TEST(SimgpuMps, PercentageToSmsIsTheCeilingRoundedUpToAPair) {
 
 // Two processes' runners on one board, stepped on the virtual clock in turn: they take the device
 // by slices, never side by side; an MPS server's runner (its clients in one group) is one slot.
-TEST(SimgpuDeviceRunner, TwoSlotsTakeTurnsAndAServersClientsShareItsWindows) {
-  char dir[] = "/tmp/simgpu-runner-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+// A time-slice board of device 0 in a directory of its own, removed at the end.
+struct TempBoard {
+  char dir[32] = "/tmp/simgpu-runner-XXXXXX";
+  Board* b = nullptr;
   std::string err;
-  Board* b = openBoard(dir, 0, &err);
-  ASSERT_NE(b, nullptr) << err;
+  TempBoard() {
+    if (mkdtemp(dir)) b = openBoard(dir, 0, &err);
+  }
+  ~TempBoard() { (void)!system((std::string("rm -rf ") + dir).c_str()); }
+};
+
+TEST(SimgpuDeviceRunner, TwoSlotsTakeTurnsAndAServersClientsShareItsWindows) {
+  TempBoard tb;
+  Board* b = tb.b;
+  ASSERT_NE(b, nullptr) << tb.err;
+  std::string err;
   const EngineParams p = params(4, 2 * kMs, 100 * kUs);
   std::map<uint64_t, uint64_t> endA, endS;
   DeviceRunner plain(p, [&](uint64_t id, uint64_t t) { endA[id] = t; });
@@ -407,7 +417,28 @@ TEST(SimgpuDeviceRunner, TwoSlotsTakeTurnsAndAServersClientsShareItsWindows) {
   EXPECT_GT(server.engine().totals().slicedOutNs, 0u);
   EXPECT_EQ(b->slot[server.slot()].blocksRun.load(), 40u);  // published
   EXPECT_GE(b->switches.load(), 2u);
-  (void)!system((std::string("rm -rf ") + dir).c_str());
+}
+
+// A process alone on the device whose runner is kept off the CPU for many slices (a loaded host)
+// renews its window from the time it runs again: nobody else wanted the device, so the device ran
+// on all that time, as a real one would (it used to catch up one slice per step, late).
+TEST(SimgpuDeviceRunner, ASoleHolderSteppedLateRunsOnAsADeviceWould) {
+  TempBoard tb;
+  Board* b = tb.b;
+  ASSERT_NE(b, nullptr) << tb.err;
+  std::string err;
+  const EngineParams p = params(4, 2 * kMs, 100 * kUs);
+  DeviceRunner r(p, [](uint64_t, uint64_t) {});
+  ASSERT_TRUE(r.joinBoard(b, getpid(), false, &err)) << err;
+  const int a = r.engine().addContext(0);
+  const uint64_t t0 = 10 * kMs;
+  r.submit(a, 0, shape(400, 1024, 1 * kMs), t0);  // 100 ms of the whole device
+  for (uint64_t t = t0; t < t0 + 4 * kMs; t += 50 * kUs) r.step(t);
+  r.step(t0 + 24 * kMs);  // 20 ms (10 slices) without a step
+  EXPECT_EQ(r.engine().stats(a).busyNs, 24 * kMs) << "the device ran on while the host was away";
+  for (uint64_t t = t0 + 24 * kMs; t < t0 + 30 * kMs; t += 50 * kUs) r.step(t);
+  EXPECT_EQ(r.engine().totals().slicedOutNs, 0u);
+  EXPECT_EQ(r.engine().stats(a).busyNs, r.engine().now() - t0) << "busy all the time it had work";
 }
 
 TEST(SimgpuCostTable, SourceNamesDropReturnTypeAndParameters) {

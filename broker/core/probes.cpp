@@ -130,6 +130,10 @@ bool ProbeScheduler::collect(int fd, Pending* p, uint32_t* smCount) {
     launch.ctx.grid_blocks = l.blocks;
     launch.ctx.work_per_step = l.work_per_step;
     launch.ctx.sm_count = h.sm_count;
+    // Realtime here; finish() puts it in the device's clock. Only when the thread was idle at
+    // the instant (kAnswerIdleAtInstant): a late launch then is the host's delay, not a wait at
+    // the tenant's gate.
+    if (h.flags & probe::kAnswerIdleAtInstant) launch.ctx.launch_ns = l.launch_realtime_ns;
     for (const probe::BlockRecord& r : launch.records)
       if (r.start_ns != 0 && (p->firstStart == 0 || r.start_ns < p->firstStart)) p->firstStart = r.start_ns;
     if (p->launchRealtime == 0) {
@@ -250,8 +254,11 @@ void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
     if (!p.probes.launches.empty()) sms = p.probes.launches.front().ctx.sm_count;
   }
   if (round.start_ns == 0) return;  // nobody answered, or a clock nobody follows
+  const uint64_t realtimeAhead = r.atRealtime - round.start_ns;  // 0 when the device follows realtime
   for (auto& [name, p] : r.tenants) {
     if (!p.done) continue;
+    for (probe::ProbeLaunch& l : p.probes.launches)
+      if (l.ctx.launch_ns != 0) l.ctx.launch_ns = l.ctx.launch_ns > realtimeAhead ? l.ctx.launch_ns - realtimeAhead : 0;
     probe::TenantRound tr;
     tr.tenant = name;
     tr.regime = p.regime;

@@ -249,7 +249,8 @@ LaunchOutcome analyzeLaunch(std::span<const BlockRecord> records, const LaunchCo
       return LaunchOutcome::kBad;
     }
     n.has_latency = true;
-    n.start_latency_ns = first >= ctx.round_start_ns ? double(first - ctx.round_start_ns) : 0.0;
+    const uint64_t arrived = std::max(ctx.round_start_ns, ctx.launch_ns);
+    n.start_latency_ns = first >= arrived ? double(first - arrived) : 0.0;
   }
   if (n.ran == 0) {
     *out = n;

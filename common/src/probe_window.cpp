@@ -62,17 +62,11 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
   }
   double fastest = std::numeric_limits<double>::infinity();
   std::set<std::string> seen;
-  // Exclusive regimes: one tenant holds the device at a time. A round in which two or more
-  // tenants with work took part and none of their probes started without waiting measured
-  // nothing (the host was slow to launch, or the instant fell on a switch between holders): it
-  // is a missing sample for each, not a zero for all (which would bias every share down by the
-  // host's delays).
-  struct Deferred {
-    Acc* a;
-    bool started, memOk, memMissing;
-    double bw;
-  };
-  std::vector<Deferred> deferred;
+  // Exclusive regimes: one tenant holds the device at a time, and each tenant's sample is whether
+  // its probe started without waiting once launched: a sample of who held the device at that
+  // moment, on its own. (Rounds in which nobody started used to be dropped as missing, for host
+  // delays; with late launches judged from their arrival that only biased the shares: it dropped
+  // the zeros of a late tenant whose instant fell in its own slice, not its ones.)
   for (const TenantRound& t : round.tenants) {
     if (!seen.insert(t.tenant).second) {
       lines.push_back("tenant " + t.tenant +
@@ -145,9 +139,16 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
     if (!t.has_work) continue;  // no share sample: an idle tenant leaves the device to others
     if (exclusive(t.regime)) {
       if (!std::isfinite(latency)) continue;  // no launch told when it started
-      // Decided once every tenant of the round is known (below).
-      deferred.push_back({&a, latency <= startThreshold(), mem_contexts && !mem_missing, mem_missing,
-                          mem_contexts ? bw_sum / mem_contexts : 0.0});
+      // Started without waiting once launched: a launch the host made late (a probe thread kept
+      // off the CPU) still samples whether the tenant held the device when it came.
+      const bool started = latency <= startThreshold();
+      ++a.started_of;
+      a.started += started;
+      a.share.push_back(started ? 1.0 : 0.0);
+      if (mem_contexts && !mem_missing)
+        a.bandwidth.push_back(started ? std::min(bw_sum / mem_contexts, 1.0) : 0.0);
+      else if (mem_missing)
+        ++a.missing;
     } else {
       if (sm_missing || mem_missing) ++a.missing;
       if (sm_contexts && !sm_missing) {
@@ -159,22 +160,6 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
       }
       if (mem_contexts && !mem_missing) a.bandwidth.push_back(std::min(bw_sum, 1.0));
     }
-  }
-  bool anyStarted = false;
-  for (const Deferred& x : deferred) anyStarted = anyStarted || x.started;
-  for (const Deferred& x : deferred) {
-    Acc& a = *x.a;
-    if (deferred.size() >= 2 && !anyStarted) {
-      ++a.missing;
-      continue;
-    }
-    ++a.started_of;
-    a.started += x.started;
-    a.share.push_back(x.started ? 1.0 : 0.0);
-    if (x.memOk)
-      a.bandwidth.push_back(x.started ? std::min(x.bw, 1.0) : 0.0);
-    else if (x.memMissing)
-      ++a.missing;
   }
   if (std::isfinite(fastest)) fastest_.push_back(fastest);
   return lines;

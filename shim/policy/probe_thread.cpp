@@ -96,7 +96,7 @@ std::string fatbinPath() {
 }
 
 void writeAnswer(const Request& r, int32_t status, const std::string& error, const probe::RoundRecords* rec,
-                 uint32_t smCount, uint32_t workPerStep) {
+                 uint32_t smCount, uint32_t workPerStep, uint32_t flags = 0) {
   if (gFile < 0) {
     const ShimState& st = state();
     const std::string path = st.config.ledgerDir + "/" + st.config.tenant + ".probe";
@@ -113,6 +113,7 @@ void writeAnswer(const Request& r, int32_t status, const std::string& error, con
   h.status = status;
   h.sm_count = smCount;
   h.at_ns = r.at;
+  h.flags = flags;
   std::snprintf(h.error, sizeof h.error, "%s", error.c_str());
   uint32_t next = 0;
   if (rec != nullptr && status == probe::kProbeOk) {
@@ -211,6 +212,7 @@ void runRequest(const Request& r) {
   }
   // The instant (CLOCK_REALTIME, absolute); a request already long past is not run (its start
   // would read as a wait for the device).
+  const bool idleAtInstant = clockNs(CLOCK_REALTIME) <= r.at;
   timespec at{static_cast<time_t>(r.at / 1'000'000'000u), static_cast<long>(r.at % 1'000'000'000u)};
   while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &at, nullptr) == EINTR) {
   }
@@ -229,7 +231,8 @@ void runRequest(const Request& r) {
     writeAnswer(r, probe::kProbeRunFailed, e.message(), nullptr, 0, 0);
     return;
   }
-  writeAnswer(r, probe::kProbeOk, "", &rec, deviceSms(dp.runner->smCount()), dp.runner->options().workPerStep);
+  writeAnswer(r, probe::kProbeOk, "", &rec, deviceSms(dp.runner->smCount()), dp.runner->options().workPerStep,
+              idleAtInstant ? probe::kAnswerIdleAtInstant : 0);
 }
 
 void* probeMain(void*) {

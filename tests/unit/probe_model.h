@@ -173,14 +173,17 @@ inline LaunchContext context(const Device& d, ProbeKind kind, uint32_t grid) {
 
 // The three probes of one context in one round of an exclusive regime (c: the context's index in
 // the schedule). `round` is the round's instant.
+// hostDelay: how late after the round's instant the host made the launch call (a probe thread
+// kept off the CPU); the launch's stamp (launch_ns) says so.
 inline ContextProbes exclusiveProbes(const Device& d, const Schedule& s, int c, double round,
-                                     std::mt19937_64& rng) {
+                                     std::mt19937_64& rng, double hostDelay = 0) {
   std::uniform_real_distribution<double> u(0, 1);
   ContextProbes out;
   for (ProbeKind kind : {kProbeTick, kProbeSm, kProbeMem}) {
     const uint32_t grid = kind == kProbeTick ? 1 : kind == kProbeSm ? d.sms : 2 * d.sms;
     ProbeLaunch l{context(d, kind, grid), {}};
-    const double arrive = round + d.launch_latency_ns + u(rng) * d.latency_jitter_ns;
+    l.ctx.launch_ns = uint64_t(round + hostDelay);
+    const double arrive = round + hostDelay + d.launch_latency_ns + u(rng) * d.latency_jitter_ns;
     // A context without slices (a tenant with no work) gets the device when the current slice
     // ends, and its short probe then runs alone.
     const bool idle = s.share(c) == 0;

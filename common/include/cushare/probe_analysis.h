@@ -44,6 +44,11 @@ struct LaunchContext {
   uint32_t sm_count = 0;       // multiprocessors of the whole device (not an MPS client's view)
   // Device time (ns, the %globaltimer clock) of the round's instant; 0: unknown (no latency).
   uint64_t round_start_ns = 0;
+  // Device time of the host's launch call (the same clock); 0: unknown or not to be used. Given
+  // only when the probe thread was idle at the instant, so that a late launch is the host's CPU
+  // delay (uncorrelated with who holds the device; judged from the instant it would drop the
+  // holder's sample) and not a wait at the tenant's own gate (which is the share being measured).
+  uint64_t launch_ns = 0;
 };
 
 enum class LaunchOutcome { kNumbers, kMissing, kBad };
@@ -60,7 +65,9 @@ struct LaunchNumbers {
   uint32_t migrated = 0;        // blocks that ended on another SM than they started on
   uint64_t first_start_ns = 0;  // earliest entry of any block (ran or late)
   bool has_latency = false;     // round_start_ns was given
-  double start_latency_ns = 0;  // first_start_ns - round_start_ns (>= 0)
+  // first_start_ns - max(round_start_ns, ctx.launch_ns) (>= 0): how long the probe waited once
+  // it was launched (from the instant when the launch time is unknown or earlier).
+  double start_latency_ns = 0;
   double window_ns = 0;         // earliest entry to latest exit of the blocks that ran
   // SM probe.
   double steps_per_us = 0;       // progress steps of all blocks per us of the window

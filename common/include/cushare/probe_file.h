@@ -67,8 +67,14 @@ struct ProbeAnswerHeader {
   uint64_t done_ns;      // CLOCK_REALTIME when the records were written
   ProbeFileLaunch launches[3];  // tick, SM, memory (the order they are launched in)
   char error[64];        // status != 0: why, NUL-terminated
-  uint8_t reserved[32];
+  uint32_t flags;        // kAnswer* below
+  uint8_t reserved[28];
 };
+// The probe thread was idle when the instant came (it had answered every earlier request): a
+// launch later than the instant is then the host's CPU delay, and the broker judges the probe's
+// wait from the launch (docs/probe-analysis.md). Without it (a request queued behind one that
+// waited at the tenant's gate) the wait counts from the instant.
+inline constexpr uint32_t kAnswerIdleAtInstant = 1;
 static_assert(sizeof(ProbeAnswerHeader) == 272);
 
 inline constexpr size_t kProbeAnswerBytes = sizeof(ProbeAnswerHeader) + sizeof(BlockRecord) * kProbeFileMaxRecords;

@@ -5,6 +5,7 @@
 
 #include "container/cdi.h"
 #include "core/log.h"
+#include "core/places.h"
 
 namespace cushare::broker {
 
@@ -13,6 +14,14 @@ bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, 
   container::HostPlaces h;
   if (!container::findShim(c.cdi.shim, mustExist, &h.shim, err)) {
     *err = "cdi: " + *err + (c.cdi.shim.empty() ? " (set cdi.shim to the shim's path on the host)" : "");
+    return false;
+  }
+  // Every tenant's container preloads the shim and runtimes trust every spec in spec_dir: neither
+  // may be replaceable by another user.
+  if (!checkTrustedFile(h.shim, "cdi.shim", err) ||
+      (c.cdi.enabled &&
+       !checkParentsOf(c.cdi.specDir + "/" + container::kCdiSpecFile, "cdi.spec_dir", /*strict=*/true, err))) {
+    *err = "cdi: " + *err;
     return false;
   }
   h.ledgerDir = c.ledgerDir;

@@ -82,6 +82,35 @@ bool makeParents(const std::string& path, std::string* err) {
 
 }  // namespace
 
+bool checkParentsOf(const std::string& path, const std::string& what, bool strict, std::string* err) {
+  return checkParents(path, what, strict, err);
+}
+
+bool checkTrustedFile(const std::string& path, const std::string& what, std::string* err) {
+  char* real = ::realpath(path.c_str(), nullptr);
+  if (real == nullptr) return true;  // missing: whoever uses it says so
+  const std::string target = real;
+  std::free(real);
+  const std::string named = target == path ? path : path + " (" + target + ")";
+  if (!checkParents(target, what, /*strict=*/true, err)) return false;
+  struct stat st;
+  if (::stat(target.c_str(), &st) != 0) {
+    *err = sysErr("cannot access " + what + " " + named);
+    return false;
+  }
+  std::string why;
+  if (!S_ISREG(st.st_mode))
+    why = "is not a regular file";
+  else if (st.st_uid != 0 && st.st_uid != ::geteuid())
+    why = "belongs to uid " + std::to_string(st.st_uid);
+  else if ((st.st_mode & 022) != 0)
+    why = "is writable by other users (mode " + octal(st.st_mode & 07777) + ")";
+  if (why.empty()) return true;
+  *err = what + " " + named + " refused: it " + why +
+         ", so another user could change what runs in every tenant's container; install it as root, mode 0644 or 0755";
+  return false;
+}
+
 bool checkPlaces(const Config& c, std::string* err) {
   const std::string& dir = c.ledgerDir;
   if (!checkParents(dir, "ledger_dir", /*strict=*/false, err) ||

@@ -19,6 +19,16 @@ namespace cushare::broker {
 // path, the directory at fault and what to do.
 bool checkPlaces(const Config& c, std::string* err);
 
+// Refuses a place another user could replace: every existing directory above path belongs to root
+// or the broker's user and is writable by others only with the sticky bit; with strict, the
+// directory holding path is not writable by others at all. `what` names it in the message.
+bool checkParentsOf(const std::string& path, const std::string& what, bool strict, std::string* err);
+
+// Refuses a file that another user could replace or change: after symlinks, its directories as
+// checkParentsOf with strict, and the file itself a regular file of root or the broker's user,
+// writable by neither group nor others. A missing file is not refused here.
+bool checkTrustedFile(const std::string& path, const std::string& what, std::string* err);
+
 // Creates ledger_dir (and the directories above it, the state file's and the socket's), moving
 // aside, unread, anything of another user found at its path, and checks the places again.
 bool prepareLedgerDir(const Config& c, std::string* err);

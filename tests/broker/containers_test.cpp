@@ -120,11 +120,62 @@ TEST(Containers, AnExplicitSpecDirThatCannotBeWrittenStopsTheBroker) {
   Broker b(testDir());
   std::ofstream(b.dir() + "/plain") << "a file";
   EXPECT_FALSE(b.start("cdi: {spec_dir: " + b.dir() + "/plain/cdi}\n" + kTenants));
-  EXPECT_NE(b.log().find("cdi: cannot create " + b.dir() + "/plain/cdi"), std::string::npos) << b.log();
+  EXPECT_NE(b.log().find("cdi: cdi.spec_dir " + b.dir() + "/plain/cdi/cushare.io-tenant.json cannot be created: " +
+                         b.dir() + "/plain is not a directory"),
+            std::string::npos)
+      << b.log();
   Broker c(testDir() + "/noshim");
   std::filesystem::create_directories(c.dir());
   EXPECT_FALSE(c.start("cdi: {spec_dir: " + c.dir() + "/cdi, shim: " + c.dir() + "/none.so}\n" + kTenants));
   EXPECT_NE(c.log().find("cdi: shim not found at " + c.dir() + "/none.so"), std::string::npos) << c.log();
+}
+
+// Every tenant's container preloads the shim, and runtimes trust every spec in the spec
+// directory: a shim or a spec directory that another user could replace or change is refused,
+// naming the path and why (a review found both accepted).
+TEST(Containers, AShimOrSpecDirAnotherUserCouldChangeIsRefused) {
+  namespace fs = std::filesystem;
+  const std::string dir = testDir();
+  fs::create_directories(dir + "/open");
+  fs::permissions(dir + "/open", fs::perms::all);  // 0777, no sticky bit
+  Broker a(dir + "/a");
+  fs::create_directories(a.dir());
+  EXPECT_FALSE(a.start("cdi: {spec_dir: " + dir + "/open/cdi}\n" + kTenants));
+  EXPECT_NE(a.log().find("cdi: cdi.spec_dir " + dir + "/open/cdi/cushare.io-tenant.json refused: the directory " +
+                         dir + "/open is writable by other users without the sticky bit"),
+            std::string::npos)
+      << a.log();
+  fs::create_directories(dir + "/specs");
+  fs::permissions(dir + "/specs", fs::perms::all | fs::perms::sticky_bit);  // 1777: still anyone's
+  Broker s(dir + "/s");
+  fs::create_directories(s.dir());
+  EXPECT_FALSE(s.start("cdi: {spec_dir: " + dir + "/specs}\n" + kTenants));
+  EXPECT_NE(s.log().find("the directory " + dir + "/specs is writable by other users (mode 1777)"), std::string::npos)
+      << s.log();
+  // A shim others may write, or another user's.
+  const std::string shim = dir + "/libcushare.so";
+  fs::copy_file(SHIM_LIB, shim, fs::copy_options::overwrite_existing);
+  fs::permissions(shim, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read | fs::perms::others_write);
+  Broker w(dir + "/w");
+  fs::create_directories(w.dir());
+  EXPECT_FALSE(w.start("cdi: {spec_dir: " + w.dir() + "/cdi, shim: " + shim + "}\n" + kTenants));
+  EXPECT_NE(w.log().find("cdi: cdi.shim " + shim + " refused: it is writable by other users (mode 0746)"),
+            std::string::npos)
+      << w.log();
+  fs::permissions(shim, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read);
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(shim.c_str(), 4242, 4242), 0);
+    Broker o(dir + "/o");
+    fs::create_directories(o.dir());
+    EXPECT_FALSE(o.start("cdi: {spec_dir: " + o.dir() + "/cdi, shim: " + shim + "}\n" + kTenants));
+    EXPECT_NE(o.log().find("refused: it belongs to uid 4242"), std::string::npos) << o.log();
+    ASSERT_EQ(::chown(shim.c_str(), 0, 0), 0);
+  }
+  // Through a link, the file it leads to is judged; a good one starts.
+  fs::create_symlink(shim, dir + "/link.so");
+  Broker g(dir + "/g");
+  fs::create_directories(g.dir());
+  EXPECT_TRUE(g.start("cdi: {spec_dir: " + g.dir() + "/cdi, shim: " + dir + "/link.so}\n" + kTenants)) << g.log();
 }
 
 TEST(Containers, AProcessWithTheSpecsEditsIsTheTenant) {

@@ -26,6 +26,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr char kKubeletSocket[] = "kubelet.sock";
 constexpr size_t kMaxSocket = 107;
+constexpr std::chrono::seconds kRegisterDeadline{5};  // one pass of registrations, all tenants together
 
 bool alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
 
@@ -134,7 +135,20 @@ struct TenantServer {
   std::unique_ptr<grpc::Server> server;
   std::string endpoint;  // file name in the plugin directory
   ino_t inode = 0;       // of the socket it listens on
+  uint64_t served = 0;   // bumped each time it serves anew: a registration answer for an older one is stale
   bool registered = false;
+  bool wanted = false;   // to be registered on the watcher's next pass
+};
+
+// One registration the watcher sends (outside the plugin's lock).
+struct Registering {
+  std::string name, endpoint, resource;
+  uint64_t served = 0;
+  size_t devices = 0;
+  grpc::ClientContext ctx;
+  v1beta1::Empty reply;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1beta1::Empty>> call;
 };
 
 // cushare-<tenant>.sock, or a hashed name when that would not fit a socket address.
@@ -177,6 +191,9 @@ struct DevicePlugin::Impl {
   std::map<std::string, TenantServer> servers;
   std::map<std::string, bool> health;
   std::atomic<uint64_t> registrations{0};
+  std::mutex sendingMu;                     // guards the two below (taken without mu)
+  std::vector<grpc::ClientContext*> sending;  // registrations in flight: cancelled on stop
+  bool stopping = false;
   int inotifyFd = -1;
   int stopFd = -1;
   std::thread watcher;
@@ -198,6 +215,7 @@ struct DevicePlugin::Impl {
       return false;
     }
     t->inode = inodeOf(sock);
+    ++t->served;
     t->registered = false;
     (void)name;
     return true;
@@ -224,31 +242,84 @@ struct DevicePlugin::Impl {
     return ::stat(path(kKubeletSocket).c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
   }
 
-  // Registers t; until that succeeds it is retried every retry period (a kubelet that has just
-  // created its socket may not accept connections yet).
+  // Asks for t to be registered: the watcher sends it on its next pass (within 200 ms), outside
+  // the plugin's lock, so that a kubelet that accepts connections but never answers stalls
+  // neither start, nor a reload, nor the other tenants; a failed one is retried every retry
+  // period (a kubelet that has just created its socket may not accept connections yet).
   void registerWithKubelet(TenantServer* t) {
     t->registered = false;
-    if (!kubeletThere()) return;
-    auto channel = grpc::CreateChannel("unix://" + path(kKubeletSocket), grpc::InsecureChannelCredentials());
+    t->wanted = true;
+  }
+
+  // Sends the wanted registrations together (one deadline for all of them: a hung kubelet costs
+  // one deadline per pass, whatever the number of tenants), without the lock; cancelled by stop().
+  void sendRegistrations() {
+    std::vector<std::unique_ptr<Registering>> batch;
+    std::string kubelet;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (!kubeletThere()) return;
+      kubelet = path(kKubeletSocket);
+      for (auto& [name, t] : servers) {
+        if (!t.wanted) continue;
+        t.wanted = false;
+        auto r = std::make_unique<Registering>();
+        r->name = name;
+        r->endpoint = t.endpoint;
+        r->resource = t.shared->resource;
+        r->served = t.served;
+        r->devices = t.shared->ids.size();
+        batch.push_back(std::move(r));
+      }
+    }
+    if (batch.empty()) return;
+    auto channel = grpc::CreateChannel("unix://" + kubelet, grpc::InsecureChannelCredentials());
     auto stub = v1beta1::Registration::NewStub(channel);
-    v1beta1::RegisterRequest req;
-    req.set_version("v1beta1");
-    req.set_endpoint(t->endpoint);
-    req.set_resource_name(t->shared->resource);
-    req.mutable_options()->set_pre_start_required(false);
-    req.mutable_options()->set_get_preferred_allocation_available(false);
-    v1beta1::Empty ignored;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    const grpc::Status st = stub->Register(&ctx, req, &ignored);
-    if (st.ok()) {
-      t->registered = true;
-      ++registrations;
-      CUSHARE_BLOG(info, "kubernetes: registered {} ({} devices) with the kubelet", t->shared->resource,
-                   t->shared->ids.size());
-    } else {
-      CUSHARE_BLOG(warn, "kubernetes: the kubelet refused or did not answer the registration of {}: {}; trying again "
-                   "in {:.1f} s", t->shared->resource, st.error_message().substr(0, 300), timing.retry.count() / 1000.0);
+    grpc::CompletionQueue cq;
+    const auto deadline = std::chrono::system_clock::now() + kRegisterDeadline;
+    {
+      std::lock_guard<std::mutex> g(sendingMu);
+      for (auto& r : batch) {
+        v1beta1::RegisterRequest req;
+        req.set_version("v1beta1");
+        req.set_endpoint(r->endpoint);
+        req.set_resource_name(r->resource);
+        req.mutable_options()->set_pre_start_required(false);
+        req.mutable_options()->set_get_preferred_allocation_available(false);
+        r->ctx.set_deadline(deadline);
+        r->call = stub->AsyncRegister(&r->ctx, req, &cq);
+        r->call->Finish(&r->reply, &r->status, r.get());
+        sending.push_back(&r->ctx);
+      }
+      if (stopping) for (grpc::ClientContext* c : sending) c->TryCancel();
+    }
+    for (size_t done = 0; done < batch.size();) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (!cq.Next(&tag, &ok)) break;
+      ++done;
+    }
+    {
+      std::lock_guard<std::mutex> g(sendingMu);
+      sending.clear();
+    }
+    cq.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.Next(&tag, &ok)) {
+    }
+    std::lock_guard<std::mutex> g(mu);
+    for (const auto& r : batch) {
+      const auto it = servers.find(r->name);
+      if (it == servers.end() || it->second.served != r->served) continue;  // stopped or served anew since
+      if (r->status.ok()) {
+        it->second.registered = true;
+        ++registrations;
+        CUSHARE_BLOG(info, "kubernetes: registered {} ({} devices) with the kubelet", r->resource, r->devices);
+      } else {
+        CUSHARE_BLOG(warn, "kubernetes: the kubelet refused or did not answer the registration of {}: {}; trying again "
+                     "in {:.1f} s", r->resource, r->status.error_message().substr(0, 300), timing.retry.count() / 1000.0);
+      }
     }
   }
 
@@ -333,6 +404,7 @@ struct DevicePlugin::Impl {
         }
       }
       tick(kubeletCreated, deleted);
+      sendRegistrations();
     }
   }
 
@@ -365,6 +437,10 @@ DevicePlugin::~DevicePlugin() { stop(); }
 
 bool DevicePlugin::start(const PluginSettings& s, std::string* err) {
   Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> g(m.sendingMu);
+    m.stopping = false;
+  }
   std::lock_guard<std::mutex> g(m.mu);
   m.settings = s;
   for (size_t i = 1; i <= s.dir.size(); ++i)
@@ -423,6 +499,11 @@ void DevicePlugin::update(const PluginSettings& s) {
 
 void DevicePlugin::stop() {
   Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> g(m.sendingMu);
+    m.stopping = true;
+    for (grpc::ClientContext* c : m.sending) c->TryCancel();
+  }
   if (m.watcher.joinable()) {
     const uint64_t one = 1;
     [[maybe_unused]] const ssize_t w = ::write(m.stopFd, &one, sizeof one);

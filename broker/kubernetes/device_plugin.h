@@ -8,7 +8,9 @@
 //   (cushare-<tenant>.sock), serving before it registers with the kubelet (kubelet.sock).
 // - When kubelet.sock is created again (a kubelet restart, which deletes every socket in the
 //   directory), or a plugin's own socket disappears, the plugin serves anew and registers again.
-//   Registrations that fail are retried every retry period while kubelet.sock exists.
+//   Registrations that fail are retried every retry period while kubelet.sock exists. They are
+//   sent only by the watcher thread, all wanted ones together with one deadline, without the
+//   plugin's lock: start(), update() and stop() never wait for the kubelet.
 // - Devices are Healthy while their GPU is present and MPS (when the broker runs it) is not
 //   faulted, as the health probe says; a change is sent on every ListAndWatch stream at once.
 // - Nothing here touches the broker's state: a kubelet that misbehaves or vanishes costs the

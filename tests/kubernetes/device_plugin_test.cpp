@@ -2,7 +2,9 @@
 // apart from it (fake_kubelet.h): registration, ListAndWatch, Allocate, health, a kubelet that
 // restarts, refuses, appears late or vanishes, and protocol errors. Plus the wire bytes of the
 // messages whose field numbers matter most, against the published definition's numbers.
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -248,6 +250,60 @@ TEST(DevicePlugin, AVanishedKubeletLeavesThePluginServingAndAReloadChangesTenant
   ASSERT_TRUE(again.waitFor("cushare.io/gamma", [](const auto& p) { return allHealthy(p, 6); }));
   ASSERT_TRUE(again.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
   EXPECT_EQ(again.plugin("cushare.io/beta").registrations, 0);
+}
+
+// A kubelet.sock that accepts connections and never answers (a hung kubelet): registrations are
+// sent by the watcher outside the plugin's lock, all tenants within one deadline, so neither the
+// start, nor a reload, nor stopping waits for it (each used to wait 5 s per tenant under the lock,
+// at the broker's start too). When a real kubelet takes its place every tenant is registered.
+TEST(DevicePlugin, AHungKubeletStallsNeitherStartNorReloadNorStop) {
+  const std::string dir = dirFor("hung");
+  const int hung = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(hung, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s/kubelet.sock", dir.c_str());
+  ASSERT_EQ(::bind(hung, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(hung, 64), 0);  // never accepted: connections wait in the backlog
+  PluginSettings s = settings(dir);
+  for (const std::string t : {"gamma", "delta", "eps"}) {
+    s.tenants.push_back(s.tenants[0]);
+    s.tenants.back().name = t;
+  }
+  Health h;
+  DevicePlugin plugin(h.probe(), kFast);
+  std::string err;
+  auto seconds = [](auto since) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(plugin.start(s, &err)) << err;
+  EXPECT_LT(seconds(t0), 1.0) << "start waited for the kubelet";
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a registration pass is in flight
+  s.tenants.pop_back();
+  t0 = std::chrono::steady_clock::now();
+  plugin.update(s);
+  EXPECT_LT(seconds(t0), 1.0) << "a reload waited for the kubelet";
+  EXPECT_FALSE(std::filesystem::exists(dir + "/cushare-eps.sock"));
+  EXPECT_EQ(plugin.registrations(), 0u);
+  // The kubelet restarts: its socket is made anew, and every tenant gets registered.
+  ::close(hung);
+  ::unlink(a.sun_path);
+  FakeKubelet kubelet(dir);
+  ASSERT_TRUE(kubelet.start());
+  for (const std::string t : {"alpha", "beta", "gamma", "delta"})
+    EXPECT_TRUE(kubelet.waitFor("cushare.io/" + t, [](const auto& p) { return allHealthy(p, 6); })) << t;
+  kubelet.stop(false);
+  // Hung again, with a pass in flight: stopping cancels it.
+  const int again = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ::unlink(a.sun_path);
+  ASSERT_EQ(::bind(again, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(again, 64), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // created: every tenant registers again
+  t0 = std::chrono::steady_clock::now();
+  plugin.stop();
+  EXPECT_LT(seconds(t0), 2.5) << "stop waited for the kubelet";
+  ::close(again);
 }
 
 TEST(DevicePlugin, ResourceNames) {

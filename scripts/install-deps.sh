@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build python3 pkg-config
   libspdlog-dev libfmt-dev
   libprotobuf-dev protobuf-compiler
-  libgrpc++-dev protobuf-compiler-grpc python3-yaml
+  libgrpc++-dev protobuf-compiler-grpc python3-yaml python3-venv
   libunwind-dev
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev valgrind

@@ -47,7 +47,7 @@ def main(deploy, broker, work):
         need(isinstance(d.get("apiVersion"), str) and d["apiVersion"], f"{where}: apiVersion missing")
         need(isinstance(d.get("kind"), str) and d["kind"], f"{where}: kind missing")
         need(get(d, "metadata.name"), f"{where}: metadata.name missing")
-        if d.get("kind") not in ("Namespace",):
+        if d.get("kind") not in ("Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
             need(get(d, "metadata.namespace"), f"{where}: metadata.namespace missing")
         by_kind.setdefault(d.get("kind"), []).append((where, d))
 
@@ -94,9 +94,9 @@ def main(deploy, broker, work):
             need(mp == hp, f"{where}: hostPath {hp} is mounted at {mp}, not at the same path")
 
     # ConfigMap: the broker accepts it, and the DaemonSet mounts what it names.
-    cms = by_kind.get("ConfigMap", [])
+    cms = [(w, cm) for w, cm in by_kind.get("ConfigMap", []) if get(cm, "metadata.name") == "cushare-broker"]
     tenants = []
-    need(len(cms) == 1, "expected one ConfigMap")
+    need(len(cms) == 1, "expected one ConfigMap cushare-broker")
     for where, cm in cms:
         text = (cm.get("data") or {}).get("broker.yaml")
         if not need(isinstance(text, str), f"{where}: data.broker.yaml missing"):

@@ -118,8 +118,10 @@ int main(int argc, char** argv) {
       }
 #endif
       if (c.kubernetes.enabled)
-        std::printf("%s: kubernetes: device plugin in %s, %u device(s) per GPU per tenant\n", configPath.c_str(),
-                    c.kubernetes.devicePluginDir.c_str(), c.kubernetes.devicesPerGpu);
+        std::printf("%s: kubernetes: device plugin in %s, %u device(s) per GPU per tenant%s\n", configPath.c_str(),
+                    c.kubernetes.devicePluginDir.c_str(), c.kubernetes.devicesPerGpu,
+                    c.kubernetes.gpuCdiDevice.empty() ? ""
+                                                      : ("; each GPU as the CDI device " + c.kubernetes.gpuCdiDevice).c_str());
       std::string line;
       if (!describeCdi(c, &line, &err)) {
         if (c.cdi.mark.line != 0) {  // asked for: the start would fail
@@ -184,6 +186,7 @@ int main(int argc, char** argv) {
     s->dir = c.kubernetes.devicePluginDir;
     s->devicesPerGpu = c.kubernetes.devicesPerGpu;
     s->gpus = gpuUuids;
+    s->gpuCdiDevice = c.kubernetes.gpuCdiDevice;
     for (TenantEditsOf& t : edits) s->tenants.push_back({t.tenant, std::move(t.edits), t.cdiDevice});
     return true;
   };

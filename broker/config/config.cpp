@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "container/cdi.h"
 #include "cushare/mps_settings.h"
 #include "cushare/parse.h"
 #include "yaml_tree.h"
@@ -354,9 +355,9 @@ class Parser {
     return true;
   }
 
-  // kubernetes: {device_plugin_dir: DIR, devices_per_gpu: 1..100}. Kept apart from the rest.
+  // kubernetes: {device_plugin_dir: DIR, devices_per_gpu: 1..100, gpu_cdi_device: TEMPLATE}.
   bool kubernetes(const Node& n, KubernetesConfig* out) {
-    static const std::vector<std::string> kKeys = {"device_plugin_dir", "devices_per_gpu"};
+    static const std::vector<std::string> kKeys = {"device_plugin_dir", "devices_per_gpu", "gpu_cdi_device"};
     KubernetesConfig k;
     k.enabled = true;
     k.mark = sourceMark(n.mark);
@@ -381,6 +382,12 @@ class Parser {
         int64_t x = 0;
         if (!parseInt(text, 1, 100, &x, &reason)) return fail(v.mark, path, reason);
         k.devicesPerGpu = static_cast<uint32_t>(x);
+      } else if (key.text == "gpu_cdi_device") {
+        if (!scalar(v, path, "a CDI device name with {uuid} or {index}, e.g. nvidia.com/gpu={uuid}", &text)) return false;
+        std::string sample;
+        if (!container::gpuCdiDevice(text, "GPU-00000000-0000-0000-0000-000000000000", 0, &sample, &reason))
+          return fail(v.mark, path, reason);
+        k.gpuCdiDevice = text;
       } else {
         return unknownKey(key, path, kKeys);
       }

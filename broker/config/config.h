@@ -132,6 +132,8 @@ struct KubernetesConfig {
   bool enabled = false;
   std::string devicePluginDir = "/var/lib/kubelet/device-plugins";  // kubelet.sock is here
   uint32_t devicesPerGpu = 8;  // devices (container slots) of each tenant's resource per GPU, 1..100
+  // The CDI device Allocate adds for each GPU of the allocated IDs ({uuid}, {index}); empty: none.
+  std::string gpuCdiDevice;
   SourceMark mark;             // of the kubernetes: key's value
 };
 inline constexpr size_t kMaxDevicePluginDir = 70;  // <dir>/cushare-<name>.sock must fit 107 bytes

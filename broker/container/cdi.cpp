@@ -67,6 +67,44 @@ bool validCdiDeviceName(std::string_view name, std::string* reason) {
   return true;
 }
 
+bool gpuCdiDevice(std::string_view tmpl, const std::string& uuid, uint32_t index, std::string* out,
+                  std::string* err) {
+  std::string name;
+  for (size_t i = 0; i < tmpl.size();) {
+    if (tmpl[i] != '{') {
+      name += tmpl[i++];
+      continue;
+    }
+    const size_t close = tmpl.find('}', i);
+    const std::string_view word = tmpl.substr(i, close == std::string_view::npos ? std::string_view::npos : close - i + 1);
+    if (word == "{uuid}") name += uuid;
+    else if (word == "{index}") name += std::to_string(index);
+    else return fail(err, "'" + std::string(word.substr(0, 40)) + "' is not {uuid} or {index}");
+    i += word.size();
+  }
+  const size_t slash = name.find('/'), eq = name.find('=');
+  if (slash == std::string::npos || eq == std::string::npos || slash > eq)
+    return fail(err, "'" + name.substr(0, 200) + "' is not a qualified CDI device name (vendor/class=name)");
+  const std::string_view vendor = std::string_view(name).substr(0, slash),
+                         cls = std::string_view(name).substr(slash + 1, eq - slash - 1),
+                         dev = std::string_view(name).substr(eq + 1);
+  auto part = [&](std::string_view p, const char* what, std::string_view extra) {
+    if (p.empty() || !alnum(p.front()) || !alnum(p.back()))
+      return fail(err, std::string("the CDI ") + what + " in '" + name.substr(0, 200) +
+                           "' must start and end with a letter or a digit");
+    for (const char c : p)
+      if (!alnum(c) && extra.find(c) == std::string_view::npos)
+        return fail(err, std::string("character '") + c + "' is not allowed in the CDI " + what + " of '" +
+                             name.substr(0, 200) + "'");
+    return true;
+  };
+  std::string why;
+  if (!part(vendor, "vendor", "-_.") || !part(cls, "class", "-_")) return false;
+  if (!validCdiDeviceName(dev, &why)) return fail(err, why + " ('" + name.substr(0, 200) + "')");
+  *out = std::move(name);
+  return true;
+}
+
 bool buildCdiSpec(const std::vector<std::string>& tenants, const HostPlaces& host, CdiSpec* out,
                   std::string* err) {
   CdiSpec spec;

@@ -32,6 +32,13 @@ std::string cdiDeviceName(const std::string& tenant);
 // letter or a digit. False with *reason.
 bool validCdiDeviceName(std::string_view name, std::string* reason);
 
+// The qualified CDI device that gives a container GPU `index` (UUID `uuid`), from a template in
+// which {uuid} and {index} stand for them: "nvidia.com/gpu={uuid}" names the devices NVIDIA's
+// `nvidia-ctk cdi generate` writes. False with *err when the template holds another {...} or the
+// result is not vendor/class=name by CDI's rules.
+bool gpuCdiDevice(std::string_view tmpl, const std::string& uuid, uint32_t index, std::string* out,
+                  std::string* err);
+
 struct CdiSpec {
   std::string version;                // cdiVersion written
   std::vector<std::string> devices;   // the tenants in it

@@ -9,6 +9,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 #include <set>
 #include <thread>
 
+#include "container/cdi.h"
 #include "core/log.h"
 #include "deviceplugin_v1beta1.grpc.pb.h"
 
@@ -37,10 +39,24 @@ struct Shared {
   PluginTenant tenant;
   std::string resource;
   std::vector<std::pair<std::string, std::string>> ids;  // device ID, its GPU's UUID
+  std::map<std::string, std::string> gpuDevices;          // GPU UUID -> its CDI device (gpu_cdi_device)
   std::map<std::string, bool> health;                     // GPU UUID -> healthy
   uint64_t generation = 1;                                // bumped on every change of the list
   bool stopping = false;
 };
+
+// Per GPU, the CDI device Allocate names for it; empty without gpuCdiDevice (a template the
+// configuration already checked: a GPU it cannot name is left out, logged).
+std::map<std::string, std::string> gpuDevicesOf(const PluginSettings& s) {
+  std::map<std::string, std::string> out;
+  if (s.gpuCdiDevice.empty()) return out;
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    std::string name, why;
+    if (container::gpuCdiDevice(s.gpuCdiDevice, s.gpus[i], static_cast<uint32_t>(i), &name, &why)) out[s.gpus[i]] = name;
+    else CUSHARE_BLOG(error, "kubernetes: gpu_cdi_device for {}: {}", s.gpus[i], why);
+  }
+  return out;
+}
 
 std::vector<std::pair<std::string, std::string>> deviceIds(const PluginSettings& s) {
   std::vector<std::pair<std::string, std::string>> ids;
@@ -99,14 +115,17 @@ class Service final : public v1beta1::DevicePlugin::Service {
     for (const v1beta1::ContainerAllocateRequest& c : req->container_requests()) {
       if (c.devices_ids_size() == 0)
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a container request without device IDs");
+      std::vector<std::string> gpus;  // the GPUs of the container's IDs, once each
       for (const std::string& id : c.devices_ids()) {
-        bool known = false;
-        for (const auto& [have, gpu] : s_->ids) known = known || have == id;
-        if (!known)
+        const auto it = std::find_if(s_->ids.begin(), s_->ids.end(), [&](const auto& p) { return p.first == id; });
+        if (it == s_->ids.end())
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               "device ID '" + id.substr(0, 100) + "' is not one of " + s_->resource + "'s");
+        if (std::find(gpus.begin(), gpus.end(), it->second) == gpus.end()) gpus.push_back(it->second);
       }
       v1beta1::ContainerAllocateResponse* r = out->add_container_responses();
+      for (const std::string& gpu : gpus)
+        if (const auto d = s_->gpuDevices.find(gpu); d != s_->gpuDevices.end()) r->add_cdi_devices()->set_name(d->second);
       for (const auto& [k, v] : s_->tenant.edits.env) (*r->mutable_envs())[k] = v;
       for (const container::Mount& m : s_->tenant.edits.mounts) {
         v1beta1::Mount* pm = r->add_mounts();
@@ -419,6 +438,7 @@ struct DevicePlugin::Impl {
     t.shared->tenant = pt;
     t.shared->resource = kResourcePrefix + pt.name;
     t.shared->ids = deviceIds(settings);
+    t.shared->gpuDevices = gpuDevicesOf(settings);
     t.shared->health = health;
     t.endpoint = endpointFor(settings.dir, pt.name);
     if (!serve(pt.name, &t, err)) return false;
@@ -468,6 +488,8 @@ void DevicePlugin::update(const PluginSettings& s) {
   const bool devicesChanged = s.gpus != m.settings.gpus || s.devicesPerGpu != m.settings.devicesPerGpu;
   m.settings.gpus = s.gpus;
   m.settings.devicesPerGpu = s.devicesPerGpu;
+  m.settings.gpuCdiDevice = s.gpuCdiDevice;
+  const std::map<std::string, std::string> gpuDevices = gpuDevicesOf(m.settings);
   std::set<std::string> keep;
   for (const PluginTenant& t : s.tenants) keep.insert(t.name);
   for (auto it = m.servers.begin(); it != m.servers.end();) {
@@ -488,6 +510,7 @@ void DevicePlugin::update(const PluginSettings& s) {
     }
     std::lock_guard<std::mutex> sg(it->second.shared->mu);
     it->second.shared->tenant = t;
+    it->second.shared->gpuDevices = gpuDevices;
     if (devicesChanged) {
       it->second.shared->ids = deviceIds(m.settings);
       ++it->second.shared->generation;

@@ -40,8 +40,11 @@ struct PluginTenant {
 struct PluginSettings {
   std::string dir;                  // the kubelet's device plugin directory
   uint32_t devicesPerGpu = 1;
-  std::vector<std::string> gpus;    // the broker's devices, by UUID
+  std::vector<std::string> gpus;    // the broker's devices, by UUID, in index order
   std::vector<PluginTenant> tenants;
+  // When set, Allocate also names the CDI device of each GPU of the IDs it is given
+  // (container::gpuCdiDevice: {uuid}, {index}), so pods get the GPU through the resource.
+  std::string gpuCdiDevice;
 };
 
 // Per GPU UUID: healthy. A GPU missing from the answer is unhealthy.

@@ -306,6 +306,44 @@ TEST(DevicePlugin, AHungKubeletStallsNeitherStartNorReloadNorStop) {
   ::close(again);
 }
 
+// With gpu_cdi_device, Allocate also names each GPU of the container's IDs as a CDI device (once,
+// in the order of the IDs), so the resource alone gives the pod its GPU; a reload changes it.
+TEST(DevicePlugin, AllocateNamesTheGpusOfTheIdsAsCdiDevices) {
+  const std::string dir = dirFor("gpucdi");
+  FakeKubelet kubelet(dir);
+  ASSERT_TRUE(kubelet.start());
+  Health h;
+  DevicePlugin plugin(h.probe(), kFast);
+  PluginSettings s = settings(dir);
+  s.gpuCdiDevice = "nvidia.com/gpu={uuid}";
+  std::string err;
+  ASSERT_TRUE(plugin.start(s, &err)) << err;
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
+  v1beta1::AllocateResponse a;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", {{kGpu1 + "::0", kGpu1 + "::2", kGpu0 + "::1"}, {kGpu0 + "::0"}}, &a)
+                  .ok());
+  ASSERT_EQ(a.container_responses_size(), 2);
+  std::vector<std::string> names;
+  for (const auto& d : a.container_responses(0).cdi_devices()) names.push_back(d.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"nvidia.com/gpu=" + kGpu1, "nvidia.com/gpu=" + kGpu0,
+                                             "cushare.io/tenant=alpha"}));
+  names.clear();
+  for (const auto& d : a.container_responses(1).cdi_devices()) names.push_back(d.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"nvidia.com/gpu=" + kGpu0, "cushare.io/tenant=alpha"}));
+  s.gpuCdiDevice = "nvidia.com/gpu={index}";
+  plugin.update(s);
+  v1beta1::AllocateResponse b;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/beta", {{kGpu1 + "::1"}}, &b).ok());
+  ASSERT_EQ(b.container_responses(0).cdi_devices_size(), 2);
+  EXPECT_EQ(b.container_responses(0).cdi_devices(0).name(), "nvidia.com/gpu=1");
+  s.gpuCdiDevice.clear();
+  plugin.update(s);
+  v1beta1::AllocateResponse c;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/beta", {{kGpu1 + "::1"}}, &c).ok());
+  ASSERT_EQ(c.container_responses(0).cdi_devices_size(), 1);
+  EXPECT_EQ(c.container_responses(0).cdi_devices(0).name(), "cushare.io/tenant=beta");
+}
+
 TEST(DevicePlugin, ResourceNames) {
   std::string why;
   EXPECT_TRUE(kubernetes::validResourceName("alpha", &why));

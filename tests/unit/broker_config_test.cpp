@@ -659,6 +659,20 @@ TEST(BrokerConfig, KubernetesBlock) {
   EXPECT_NE(parseError("kubernetes: {device_plugins_dir: /x}\n").find("did you mean 'device_plugin_dir'?"),
             std::string::npos);
   EXPECT_NE(parseError("kubernetes: on\n").find("kubernetes: expected a map"), std::string::npos);
+  // The GPU's own CDI device, named by a template.
+  EXPECT_TRUE(d.kubernetes.gpuCdiDevice.empty());
+  EXPECT_EQ(parseOk("kubernetes: {gpu_cdi_device: 'nvidia.com/gpu={uuid}'}\n").kubernetes.gpuCdiDevice,
+            "nvidia.com/gpu={uuid}");
+  EXPECT_EQ(parseOk("kubernetes: {gpu_cdi_device: nvidia.com/gpu=all}\n").kubernetes.gpuCdiDevice, "nvidia.com/gpu=all");
+  EXPECT_NE(parseError("kubernetes: {gpu_cdi_device: 'nvidia.com/gpu={id}'}\n").find("'{id}' is not {uuid} or {index}"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {gpu_cdi_device: 'gpu={uuid}'}\n").find("not a qualified CDI device name"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {gpu_cdi_device: 'nvidia.com/g pu={index}'}\n")
+                .find("character ' ' is not allowed in the CDI class"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {gpu_cdi_device: 'nvidia.com/gpu='}\n").find("kubernetes.gpu_cdi_device"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -274,7 +274,9 @@ void Engine::finishIfDone(uint64_t id) {
 uint64_t Engine::nextEventTime() const {
   uint64_t t = runs_.empty() ? kNever : runs_.top().end;
   if (switchEnd_ > now_) t = std::min(t, switchEnd_);
-  if (haveActive_ && othersWaiting(active_)) t = std::min(t, std::max(sliceEnd_, now_));
+  // A slice's end is an event only while the window is open: schedule() switches groups only
+  // then (a closed window's next event is its opening, below, or the runner's next setWindow).
+  if (haveActive_ && othersWaiting(active_) && windowOpen()) t = std::min(t, std::max(sliceEnd_, now_));
   if (!kernels_.empty()) {
     if (now_ < winStart_) t = std::min(t, winStart_);
     else if (now_ < winEnd_ && winEnd_ != kNever) t = std::min(t, winEnd_);

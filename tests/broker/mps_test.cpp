@@ -560,9 +560,10 @@ TEST(BrokerMps, MpsVariablesChangedBeforeCuInitAreSetAgain) {
 // paces its tenant as without MPS: held to its cap by the device's own accounting (unpaced, it
 // would time-slice with the server for about half the device). The other tenant's clients are
 // left to MPS, never paced.
-TEST(BrokerMps, AProcessOutsideMpsIsPacedToItsCapAndClientsAreNot) {
+// extra: more of the broker's configuration (a probes: block).
+void pacedOutsideMps(const std::string& extra) {
   MpsCase m(testDir());
-  ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + extra + kTenants)) << m.broker.log();
   std::string first;
   Child large = m.worker("large", &first);
   ASSERT_EQ(first, "ready 70");
@@ -615,6 +616,16 @@ TEST(BrokerMps, AProcessOutsideMpsIsPacedToItsCapAndClientsAreNot) {
   ASSERT_EQ(first, "ready 30");
   EXPECT_TRUE(eventually([&] { return !m.broker.tenant("small").devices(0).paced(); }))
       << m.broker.tenant("small").DebugString();
+}
+
+TEST(BrokerMps, AProcessOutsideMpsIsPacedToItsCapAndClientsAreNot) { pacedOutsideMps(""); }
+
+// The same with probe rounds every 20 ms in every tenant process: the escaped process then has
+// two contexts (its own and the primary one its probe thread uses), and simgpu's engine used to
+// spin for ever when a slice between them ended while the process's window was closed (0.000 of
+// the device, its work never finished; SimgpuEngine.ASliceEndingWhileTheWindowIsClosedWaitsForTheNextWindow).
+TEST(BrokerMps, AProcessOutsideMpsIsPacedToItsCapWithProbesOn) {
+  pacedOutsideMps("probes: {interval_ms: 20}\n");
 }
 
 // Hole (c): a process of the tenant holds its ledger's flock and damages it, so the broker cannot

@@ -4,7 +4,10 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <map>
 #include <string>
 #include <vector>
@@ -371,6 +374,37 @@ TEST(SimgpuMps, PercentageToSmsIsTheCeilingRoundedUpToAPair) {
 
 // Two processes' runners on one board, stepped on the virtual clock in turn: they take the device
 // by slices, never side by side; an MPS server's runner (its clients in one group) is one slot.
+// Two contexts of one process (an application's own and the primary one a probe thread uses)
+// take turns; when the process's window on the board closes and the running slice ends while it
+// is closed, the engine waits for the next window. It used to take the slice's end, already past,
+// as the next event for ever: advanceTo spun at 100 % CPU and the process never ran again (a
+// paced process with probes on, under MPS, in BrokerMps.AProcessOutsideMpsIsPacedToItsCapAndClientsAreNot).
+TEST(SimgpuEngine, ASliceEndingWhileTheWindowIsClosedWaitsForTheNextWindow) {
+  auto* e = new Engine(params(4, 2 * kMs, 100 * kUs), [](uint64_t, uint64_t) {});
+  const int a = e->addContext(1), b = e->addContext(2);
+  e->submit(a, 0, shape(400, 1024, 1 * kMs));
+  e->submit(b, 0, shape(400, 1024, 1 * kMs));
+  e->setWindow(0, 3 * kMs);  // a's slice, the switch, then b's slice outlives the window
+  std::atomic<bool> done{false};
+  std::thread t([e, &done] {
+    e->advanceTo(10 * kMs);
+    done = true;
+  });
+  for (int i = 0; i < 500 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!done) {
+    t.detach();  // spinning for ever: the engine is left to it
+    FAIL() << "advanceTo did not return";
+  }
+  t.join();
+  EXPECT_EQ(e->now(), 10 * kMs);
+  EXPECT_EQ(e->smsInUse(a) + e->smsInUse(b), 0u) << "nothing runs while the window is closed";
+  const uint64_t busy = e->stats(a).busyNs + e->stats(b).busyNs;
+  e->setWindow(10 * kMs, 20 * kMs);  // the next window: work goes on
+  e->advanceTo(12 * kMs);
+  EXPECT_GT(e->stats(a).busyNs + e->stats(b).busyNs, busy);
+  delete e;
+}
+
 // A time-slice board of device 0 in a directory of its own, removed at the end.
 struct TempBoard {
   char dir[32] = "/tmp/simgpu-runner-XXXXXX";

@@ -108,7 +108,7 @@ struct ComputeConfig {
 // in one process of each tenant with processes on a device; the broker turns their records into
 // each tenant's achieved share over a window.
 struct ProbeConfig {
-  bool on = false;  // opt-in for now: docs/probes.md, "Configuration", says why
+  bool on = true;  // probes: off turns them off (docs/probes.md, "Configuration")
   uint32_t intervalMs = 1000;   // between rounds on a device (a random phase within it)
   uint32_t windowS = 10;        // shares are estimated over this many seconds of rounds
   uint32_t budgetUs = 200;      // the SM probe's time box (memory: 3/4 of it, tick: 1/2)

@@ -573,7 +573,7 @@ TEST(BrokerConfig, ComputeBlock) {
 // The probes block (docs/probes.md): defaults, off/on, each key's range, the kinds list.
 TEST(BrokerConfig, ProbesBlock) {
   const Config d = parseOk("{}\n");
-  EXPECT_FALSE(d.probes.on) << "opt-in for now (docs/probes.md)";
+  EXPECT_TRUE(d.probes.on) << "on by default (docs/probes.md)";
   EXPECT_TRUE(parseOk("probes: {}\n").probes.on);
   EXPECT_EQ(d.probes.intervalMs, 1000u);
   EXPECT_EQ(d.probes.windowS, 10u);

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cushare/atomic_file.h"
+
 namespace cushare::container {
 namespace {
 
@@ -140,32 +142,8 @@ bool buildCdiSpec(const std::vector<std::string>& tenants, const HostPlaces& hos
 
 bool writeCdiSpec(const std::string& dir, const std::string& text, std::string* err) {
   if (!makeDirs(dir, err)) return false;
-  const std::string path = dir + "/" + kCdiSpecFile;
-  // Hidden and without the .json ending: runtimes scanning the directory skip it.
-  std::string tmp = dir + "/." + kCdiSpecFile + ".XXXXXX";
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) return fail(err, sysErr("cannot write in " + dir));
-  bool ok = ::fchmod(fd, 0644) == 0;
-  for (size_t done = 0; ok && done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) done += static_cast<size_t>(n);
-  }
-  ok = ok && ::fsync(fd) == 0;
-  const int e = errno;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    if (!ok) errno = e;
-    const std::string why = sysErr("cannot write " + path);
-    ::unlink(tmp.c_str());
-    return fail(err, why);
-  }
-  if (const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
-    ::fsync(d);  // the rename itself survives a crash
-    ::close(d);
-  }
-  return true;
+  // Hidden and without the .json ending: runtimes scanning the directory skip the temporary.
+  return writeFileAtomically(dir + "/" + kCdiSpecFile, dir + "/." + kCdiSpecFile + ".XXXXXX", text, 0644, err);
 }
 
 bool removeCdiSpec(const std::string& dir, std::string* err) {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/devices.h"
+#include "cushare/atomic_file.h"
 #include "cushare/ledger.h"
 #include "cushare/parse.h"
 #include "cushare/shim_config.h"
@@ -156,23 +157,9 @@ bool saveState(const std::string& path, const BrokerState& s, std::string* err) 
   for (const auto& [tenant, p] : s.priorities) text << "priority " << tenant << " " << priorityName(p) << "\n";
   for (const KeptFile& f : s.files)
     text << "file " << f.tenant << " " << f.file << " " << f.dev << " " << f.ino << "\n";
-  const std::string data = text.str();
-  const std::string tmp = path + ".tmp";
-  ::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  bool ok = fd >= 0;
-  for (size_t off = 0; ok && off < data.size();) {
-    const ssize_t w = ::write(fd, data.data() + off, data.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    ok = w > 0;
-    if (ok) off += static_cast<size_t>(w);
-  }
-  ok = ok && ::fsync(fd) == 0;
-  const int e = errno;
-  if (fd >= 0) ::close(fd);
-  if (ok && ::rename(tmp.c_str(), path.c_str()) == 0) return true;
-  *err = "cannot write the state file " + path + ": " + std::strerror(ok ? errno : e);
-  ::unlink(tmp.c_str());
+  std::string why;
+  if (writeFileAtomically(path, path + ".XXXXXX", text.str(), 0600, &why)) return true;
+  *err = "the state file: " + why;
   return false;
 }
 

@@ -55,7 +55,7 @@ struct TenantDeviceSnapshot {
     std::optional<double> bandwidthShare, computeIndex, bandwidthIndex, latencyIndexNs, latencyP95Ns;
     double windowSeconds = 0;
     std::string lastError;
-  } probe;
+  } probe{};
 };
 
 struct ProcessSnapshot {

@@ -1,6 +1,8 @@
 // See host_segment.h.
 #include "cushare/host_segment.h"
 
+#include "cushare/atomic_file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,18 +17,6 @@ namespace cushare {
 namespace {
 
 std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
-
-bool writeAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
 
 std::string check(const HostSegmentLayout& h, uint64_t fileBytes) {
   auto field = [](const char* name, uint64_t got, uint64_t want) {
@@ -146,19 +136,10 @@ bool writeHostSegment(const std::string& dir, const HostInfo& info, std::string*
   const std::string path = dir + "/" + kHostSegmentName;
   // An unpredictable temporary name (mkostemp: O_EXCL, never follows a link): the directory may
   // be writable by tenants, who must not be able to block or redirect the write.
-  std::string tmp = path + ".XXXXXX";
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) {
-    *err = sysErr("cannot create a temporary file beside " + path);
-    return false;
-  }
-  const bool ok = ::fchmod(fd, 0644) == 0 && writeAll(fd, &h, sizeof h) && ::fsync(fd) == 0;
-  const int e = errno;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    errno = ok ? errno : e;
-    *err = sysErr("cannot write the host segment " + path);
-    ::unlink(tmp.c_str());
+  std::string why;
+  if (!writeFileAtomically(path, path + ".XXXXXX", std::string(reinterpret_cast<const char*>(&h), sizeof h), 0644,
+                           &why)) {
+    *err = "the host segment: " + why;
     return false;
   }
   return true;

@@ -1,6 +1,8 @@
 // See mps_settings.h. Both files are lines of "key value"; '#' starts a comment line.
 #include "cushare/mps_settings.h"
 
+#include "cushare/atomic_file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -287,29 +289,7 @@ int readMpsTenant(const std::string& dir, const std::string& tenant, MpsTenantSe
 
 bool writeMpsFile(const std::string& dir, const std::string& name, const std::string& text, std::string* err) {
   const std::string path = dir + "/" + name;
-  std::string tmp = path + ".XXXXXX";  // unpredictable (the directory may be writable by tenants)
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) {
-    *err = sysErr("cannot create a temporary file beside " + path);
-    return false;
-  }
-  bool ok = ::fchmod(fd, 0644) == 0;
-  for (size_t done = 0; ok && done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) done += static_cast<size_t>(n);
-  }
-  ok = ok && ::fsync(fd) == 0;
-  const int e = errno;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    if (!ok) errno = e;
-    *err = sysErr("cannot write " + path);
-    ::unlink(tmp.c_str());
-    return false;
-  }
-  return true;
+  return writeFileAtomically(path, path + ".XXXXXX", text, 0644, err);
 }
 
 bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, const ShimConfig& config,

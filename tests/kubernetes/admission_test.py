@@ -64,23 +64,34 @@ def variables_cel(values):
     return celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in values.items()})
 
 
-def pod(*containers, user=None, init=()):
+def pod(*containers, user=None, init=(), group=None, supplemental=None, fs_group=None):
     p = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
          "spec": {"containers": list(containers)}}
+    sc = {}
     if user is not None:
-        p["spec"]["securityContext"] = {"runAsUser": user}
+        sc["runAsUser"] = user
+    if group is not None:
+        sc["runAsGroup"] = group
+    if supplemental is not None:
+        sc["supplementalGroups"] = supplemental
+    if fs_group is not None:
+        sc["fsGroup"] = fs_group
+    if sc:
+        p["spec"]["securityContext"] = sc
     if init:
         p["spec"]["initContainers"] = list(init)
     return p
 
 
-def container(name="app", resources=None, user=None, env=None, env_from=None, privileged=None):
+def container(name="app", resources=None, user=None, env=None, env_from=None, privileged=None, group=None):
     c = {"name": name, "image": "inference:1"}
     if resources is not None:
         c["resources"] = {"limits": resources}
     sc = {}
     if user is not None:
         sc["runAsUser"] = user
+    if group is not None:
+        sc["runAsGroup"] = group
     if privileged is not None:
         sc["privileged"] = privileged
     if sc:
@@ -117,13 +128,18 @@ def main(deploy):
     (cm,) = [d for d in load(deploy, "configmap.yaml") if d["kind"] == "ConfigMap"]
     conf = yaml.safe_load(cm["data"]["broker.yaml"])
     uids = {t["name"]: str(t["uid"]) for t in conf["tenants"] if "uid" in t}
+    uids.update({"gid." + t["name"]: str(t["gid"]) for t in conf["tenants"] if "gid" in t})
     need(params.get("data") == uids, f"cushare-tenant-uids {params.get('data')} != the broker's tenants' uids {uids}")
 
     policy = Policy(vap["spec"])
     data = params
     alpha = {"cushare.io/alpha": 1}
     m = {msg: msg for msg, _ in policy.validations}
-    one, known, uid, env, env_from, priv = list(m)
+    one, known, uid, groups, env, env_from, priv = list(m)
+    # Beta with a group (0660 ledger): nobody else may hold it; with groups, runAsGroup is required.
+    grouped = copy.deepcopy(data)
+    grouped["data"]["gid.beta"] = "2001"
+    beta = {"cushare.io/beta": 1}
     cases = [
         ("alpha as 1000 (container)", pod(container(resources=alpha, user=1000)), data, []),
         ("alpha as 1000 (pod)", pod(container(resources=alpha), user=1000), data, []),
@@ -149,6 +165,19 @@ def main(deploy):
         ("privileged", pod(container(resources=alpha, user=1000, privileged=True)), data, [priv]),
         ("parameters without data", pod(container(resources=alpha, user=1000)),
          {k: v for k, v in data.items() if k != "data"}, [known, uid]),
+        ("groups: alpha with its own group", pod(container(resources=alpha, user=1000), group=1000), grouped, []),
+        ("groups: beta with beta's group", pod(container(resources=beta, user=1001, group=2001)), grouped, []),
+        ("groups: beta with beta's group as a supplemental one",
+         pod(container(resources=beta, user=1001), group=1001, supplemental=[2001]), grouped, []),
+        ("groups: alpha without runAsGroup (an image's USER may name beta's group)",
+         pod(container(resources=alpha, user=1000)), grouped, [groups]),
+        ("groups: alpha as beta's group", pod(container(resources=alpha, user=1000, group=2001)), grouped, [groups]),
+        ("groups: alpha with beta's group supplemental", pod(container(resources=alpha, user=1000), group=1000,
+                                                             supplemental=[5, 2001]), grouped, [groups]),
+        ("groups: alpha with beta's group as fsGroup", pod(container(resources=alpha, user=1000), group=1000,
+                                                           fs_group=2001), grouped, [groups]),
+        ("groups: a tenant named like a group entry", pod(container(resources={"cushare.io/gid.beta": 1}, user=2001),
+                                                          group=7), grouped, [known, uid, groups]),
     ]
     for name, p, prm, want in cases:
         got = policy.denials(copy.deepcopy(p), prm)

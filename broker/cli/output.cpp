@@ -223,7 +223,8 @@ void printProbeTable(const rpc::ProbeTable& table) {
     const rpc::ProbeShare& p = r.probe();
     std::string share = p.rounds_with_work() == 0 ? "-" : num(p.compute_share(), "%.2f") + " +-" + num(p.compute_share_stderr(), "%.2f");
     if (p.rounds_with_work() != 0 && !p.enough()) share += " ?";
-    t.add({r.tenant(), std::to_string(r.device()), p.regime(), share, std::to_string(p.rounds()),
+    t.add({r.tenant(), std::to_string(r.device()), p.regime().empty() ? "-" : p.regime(), share,
+           std::to_string(p.rounds()),
            std::to_string(p.rounds_with_work()), std::to_string(p.missing()),
            p.has_bandwidth_share() ? num(p.bandwidth_share(), "%.2f") : "-",
            p.has_compute_index() ? num(p.compute_index(), "%.2f") : "-",
@@ -232,6 +233,9 @@ void printProbeTable(const rpc::ProbeTable& table) {
            p.complete() ? num(p.window_seconds(), "%.0fs") : "filling"});
   }
   t.print();
+  for (const rpc::ProbeRow& r : table.rows())
+    if (!r.probe().last_error().empty())
+      std::printf("%s on device %d: %s\n", r.tenant().c_str(), r.device(), r.probe().last_error().c_str());
 }
 
 void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants) {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "cushare/parse.h"
 #include "cushare/probe_file.h"
 
 namespace cushare::broker {
@@ -104,13 +105,23 @@ int ProbeScheduler::fileFor(const ProbeTenant& t) {
 
 // Reads the tenant's answer if it is there: false while it is not (or never will be: then the
 // round's deadline drops it). Untrusted bytes: every size checked here, the records by analysis.
-bool ProbeScheduler::collect(int fd, Pending* p, uint32_t* smCount) {
+bool ProbeScheduler::collect(int fd, Pending* p, uint32_t* smCount, std::string* why) {
   probe::ProbeAnswerHeader h{};
   const size_t base = probe::probeAnswerOffset(p->seq);
   if (::pread(fd, &h, sizeof h, static_cast<off_t>(base)) != static_cast<ssize_t>(sizeof h)) return false;
   if (h.seq != p->seq) return false;
   p->done = true;
-  if (h.status != probe::kProbeOk || h.sm_count == 0 || h.sm_count > probe::kMaxSmId) return true;
+  if (h.status != probe::kProbeOk) {
+    // The tenant's own bytes: at most the field, NUL or not, and printable only.
+    *why = "answered without records: " +
+           printable(std::string(h.error, ::strnlen(h.error, sizeof h.error)), sizeof h.error);
+    return true;
+  }
+  if (h.sm_count == 0 || h.sm_count > probe::kMaxSmId) {
+    *why = "answered with a multiprocessor count of " + std::to_string(h.sm_count);
+    return true;
+  }
+  why->clear();
   *smCount = h.sm_count;
   std::vector<uint8_t> bytes;
   for (const probe::ProbeFileLaunch& l : h.launches) {
@@ -164,7 +175,13 @@ void ProbeScheduler::step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& 
     for (auto& [name, p] : r.tenants) {
       if (p.done) continue;
       const auto it = fds_.find(name);
-      if (it == fds_.end() || it->second < 0 || !collect(it->second, &p, &sms)) all = false;
+      std::string why;
+      if (it == fds_.end() || it->second < 0 || !collect(it->second, &p, &sms, &why)) {
+        all = false;
+        continue;
+      }
+      if (why.empty()) dev.answerError.erase(name);
+      else dev.answerError[name] = why;
     }
     if (all || nowMono >= r.deadlineMono) {
       Round done = std::move(r);
@@ -320,16 +337,22 @@ std::optional<ProbeView> ProbeScheduler::view(const std::string& tenant, size_t 
     v.window = it->second;
     v.windowNs = dev.lastLength;
     v.complete = true;
-    return v;
+  } else if (dev.agg) {
+    for (probe::TenantWindow& w : dev.agg->window())
+      if (w.tenant == tenant) {
+        v.known = true;
+        v.window = std::move(w);
+        break;
+      }
   }
-  if (!dev.agg) return std::nullopt;
-  for (probe::TenantWindow& w : dev.agg->window())
-    if (w.tenant == tenant) {
-      v.known = true;
-      v.window = std::move(w);
-      return v;
-    }
-  return std::nullopt;
+  // An answer without records says why the tenant is not measured (or not any more).
+  if (const auto e = dev.answerError.find(tenant); e != dev.answerError.end()) {
+    if (!v.known) v.window.tenant = tenant;
+    v.known = true;
+    if (v.window.last_error.empty()) v.window.last_error = e->second;
+  }
+  if (!v.known) return std::nullopt;
+  return v;
 }
 
 }  // namespace cushare::broker

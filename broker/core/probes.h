@@ -87,10 +87,14 @@ class ProbeScheduler {
     std::vector<double> fastest = std::vector<double>(256);  // the rounds' fastest starts (a ring)
     size_t fastestNext = 0, fastestCount = 0;
     uint64_t lastLength = 0;
+    // Per tenant, why its last answer carried no records (the shim's own words, e.g. "the process
+    // does not use the device's primary context: not probed"); cleared by an answer with records.
+    std::map<std::string, std::string> answerError;
   };
 
   int fileFor(const ProbeTenant& t);  // the tenant's probe file (created if missing); -1: none
-  bool collect(int fd, Pending* p, uint32_t* smCount);
+  // why: set to the answer's error when it came without records, cleared when it came with them.
+  bool collect(int fd, Pending* p, uint32_t* smCount, std::string* why);
   void finish(size_t d, Device& dev, Round r);
 
   ProbeConfig config_;

@@ -95,6 +95,15 @@ std::string fatbinPath() {
   return "";
 }
 
+// Whether the process already uses the device's primary context (every CUDA runtime program does).
+bool primaryContextInUse(RealDriver& d, int ordinal) {
+  CUdevice dev = 0;
+  unsigned flags = 0;
+  int active = 0;
+  return d.p_cuDeviceGet && d.p_cuDevicePrimaryCtxGetState && d.p_cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS &&
+         d.p_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active != 0;
+}
+
 void writeAnswer(const Request& r, int32_t status, const std::string& error, const probe::RoundRecords* rec,
                  uint32_t smCount, uint32_t workPerStep, uint32_t flags = 0) {
   if (gFile < 0) {
@@ -182,6 +191,14 @@ void runRequest(const Request& r) {
       dp.failed = true;
       dp.status = probe::kProbeNoFatbin;
       dp.error = "probes.fatbin not found beside the shim";
+    } else if (!primaryContextInUse(d, r.ordinal)) {
+      // A program with contexts of its own (driver API): a probe in the primary context would be
+      // a context beside the program's, time-sliced against it (measuring the program as
+      // interference) and, on a GPU, hundreds of MiB the ledger does not see. Not probed; asked
+      // again next round (the program may start using it).
+      writeAnswer(r, probe::kProbeRunFailed, "not probed: the process does not use the primary context",
+                  nullptr, 0, 0);
+      return;
     } else if (!d.p_cuDeviceGet || !d.p_cuDevicePrimaryCtxRetain || !d.p_cuCtxSetCurrent ||
                d.p_cuDeviceGet(&dev, r.ordinal) != CUDA_SUCCESS ||
                d.p_cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || d.p_cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {

@@ -375,7 +375,7 @@ struct DevicePlugin::Impl {
     }
   }
 
-  void tick(bool kubeletCreated, const std::set<std::string>& deleted) {
+  void tick(bool kubeletCreated) {
     std::lock_guard<std::mutex> g(mu);
     const auto now = Clock::now();
     if (now - lastHealth >= timing.health) {
@@ -385,8 +385,10 @@ struct DevicePlugin::Impl {
     for (auto& [name, t] : servers) {
       // A new kubelet deletes every socket, then creates its own: serve again where the socket is
       // gone, and register with the new kubelet (a second registration of a live endpoint only
-      // replaces the first).
-      if (deleted.count(t.endpoint) || inodeOf(path(t.endpoint)) != t.inode) {
+      // replaces the first). Judged by what is at the path, not by the deletion events: serving
+      // anew removes the old socket itself, and taking that event for the kubelet's served anew
+      // again, for ever (a CI run saw alpha re-served every millisecond).
+      if (inodeOf(path(t.endpoint)) != t.inode) {
         CUSHARE_BLOG(info, "kubernetes: the socket of {} was removed (a kubelet restart?); serving it again",
                      t.shared->resource);
         restart(name, &t);
@@ -410,19 +412,19 @@ struct DevicePlugin::Impl {
       const int n = ::poll(p, 2, 200);
       if (n < 0 && errno != EINTR) break;
       if (p[1].revents) break;
+      // Deletions only wake the loop (tick looks at what is at each path); a kubelet.sock created
+      // means a new kubelet to register with.
       bool kubeletCreated = false;
-      std::set<std::string> deleted;
       if (n > 0 && (p[0].revents & POLLIN)) {
         const ssize_t len = ::read(inotifyFd, buf, sizeof buf);
         for (ssize_t off = 0; len > 0 && off < len;) {
           const auto* e = reinterpret_cast<const inotify_event*>(buf + off);
           const std::string name = e->len ? e->name : "";
           if ((e->mask & (IN_CREATE | IN_MOVED_TO)) && name == kKubeletSocket) kubeletCreated = true;
-          if (e->mask & (IN_DELETE | IN_MOVED_FROM)) deleted.insert(name);
           off += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
         }
       }
-      tick(kubeletCreated, deleted);
+      tick(kubeletCreated);
       sendRegistrations();
     }
   }

@@ -187,6 +187,20 @@ TEST(DevicePlugin, ARestartedKubeletGetsEveryResourceRegisteredAgain) {
     v1beta1::AllocateResponse a;
     EXPECT_TRUE(allocate(kubelet, "cushare.io/alpha", {{kGpu0 + "::1"}}, &a).ok());
   }
+  // Settled: no registration storm. And a deletion event for a socket that is still the plugin's
+  // (moved away and back) changes nothing: the plugin judges by what is at the path. It used to
+  // serve anew on the event, removing its own socket, whose deletion event made it serve anew
+  // again, for ever (a CI run: alpha re-registered every millisecond).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int before = kubelet.plugin("cushare.io/alpha").registrations;
+  EXPECT_LE(before, 3);
+  const std::string sock = dir + "/cushare-alpha.sock";
+  ASSERT_EQ(::rename(sock.c_str(), (sock + ".moved").c_str()), 0);
+  ASSERT_EQ(::rename((sock + ".moved").c_str(), sock.c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(kubelet.plugin("cushare.io/alpha").registrations, before);
+  v1beta1::AllocateResponse a;
+  EXPECT_TRUE(allocate(kubelet, "cushare.io/alpha", {{kGpu0 + "::1"}}, &a).ok());
 }
 
 TEST(DevicePlugin, AKubeletThatComesLaterOrRefusesIsRegisteredWithWhenItCan) {

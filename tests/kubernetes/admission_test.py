@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Evaluates deploy/kubernetes/admission-policy.yaml's CEL, as the API server would, on pods that
-must pass and pods that must be denied (each by the one rule meant to catch it), with cel-python
+must pass and pods that must be denied (each by the rules meant to catch it), with cel-python
 (a CEL implementation apart from Kubernetes'; the policy uses only standard CEL, no Kubernetes
-library functions, so both read it alike). Also: the policy's parameters name the same tenants
-and uids as the broker's configuration.
+library functions, so both read it alike). Also: the policy's tenants are the broker's (same
+names, uids and gids as configmap.yaml), and the example Deployment's pods pass.
 
 usage: admission_test.py DEPLOY_DIR   (run by admission_test.sh in a venv with cel-python)
 """
@@ -28,22 +28,42 @@ def load(deploy, name):
         return [d for d in yaml.safe_load_all(fh) if d is not None]
 
 
+def to_python(v):
+    if isinstance(v, celpy.celtypes.MapType):
+        return {str(k): to_python(x) for k, x in v.items()}
+    if isinstance(v, celpy.celtypes.ListType):
+        return [to_python(x) for x in v]
+    if isinstance(v, celpy.celtypes.IntType):
+        return int(v)
+    return v
+
+
 class Policy:
-    def __init__(self, spec):
+    def __init__(self, spec, tenants_expression=None):
         self.env = celpy.Environment()
-        self.variables = [(v["name"], self.compile(v["expression"])) for v in spec.get("variables", [])]
+        self.conditions = [self.compile(c["expression"]) for c in spec.get("matchConditions", [])]
+        self.variables = []
+        for v in spec.get("variables", []):
+            text = tenants_expression if (v["name"] == "tenants" and tenants_expression) else v["expression"]
+            self.variables.append((v["name"], self.compile(text)))
         self.validations = [(v["message"], self.compile(v["expression"])) for v in spec["validations"]]
 
     def compile(self, text):
         return self.env.program(self.env.compile(text))
 
-    # The messages of the validations that deny the pod (an evaluation error denies too, as
+    def tenants(self):
+        return to_python(dict(self.variables)["tenants"].evaluate({}))
+
+    # None when the policy does not judge the pod (its match conditions are false); else the
+    # messages of the validations that deny it (an evaluation error denies too, as
     # failurePolicy: Fail makes it).
-    def denials(self, pod, params):
-        act = {"object": celpy.json_to_cel(pod), "params": celpy.json_to_cel(params)}
+    def denials(self, pod):
+        act = {"object": celpy.json_to_cel(pod)}
+        if not all(bool(c.evaluate(act)) for c in self.conditions):
+            return None
         variables = {}
         for name, prog in self.variables:
-            act["variables"] = celpy.json_to_cel(variables) if not variables else variables_cel(variables)
+            act["variables"] = variables_cel(variables)
             variables[name] = prog.evaluate(act)
         act["variables"] = variables_cel(variables)
         out = []
@@ -64,26 +84,30 @@ def variables_cel(values):
     return celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in values.items()})
 
 
-def pod(*containers, user=None, init=(), group=None, supplemental=None, fs_group=None):
+def pod(*containers, user=None, init=(), group=None, supplemental=None, fs_group=None, strict=None,
+        share_pid=None, ephemeral=None):
     p = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
          "spec": {"containers": list(containers)}}
     sc = {}
-    if user is not None:
-        sc["runAsUser"] = user
-    if group is not None:
-        sc["runAsGroup"] = group
-    if supplemental is not None:
-        sc["supplementalGroups"] = supplemental
-    if fs_group is not None:
-        sc["fsGroup"] = fs_group
+    for key, value in (("runAsUser", user), ("runAsGroup", group), ("supplementalGroups", supplemental),
+                       ("fsGroup", fs_group), ("supplementalGroupsPolicy", strict)):
+        if value is not None:
+            sc[key] = value
     if sc:
         p["spec"]["securityContext"] = sc
     if init:
         p["spec"]["initContainers"] = list(init)
+    if share_pid is not None:
+        p["spec"]["shareProcessNamespace"] = share_pid
+    if ephemeral is not None:
+        p["spec"]["ephemeralContainers"] = ephemeral
     return p
 
 
-def container(name="app", resources=None, user=None, env=None, env_from=None, privileged=None, group=None):
+# A container as a careful operator writes it (no escalation, every capability dropped); the
+# keywords take that away or add what a case needs.
+def container(name="app", resources=None, user=None, env=None, env_from=None, privileged=None, group=None,
+              escalation=False, drop=("ALL",)):
     c = {"name": name, "image": "inference:1"}
     if resources is not None:
         c["resources"] = {"limits": resources}
@@ -94,6 +118,10 @@ def container(name="app", resources=None, user=None, env=None, env_from=None, pr
         sc["runAsGroup"] = group
     if privileged is not None:
         sc["privileged"] = privileged
+    if escalation is not None:
+        sc["allowPrivilegeEscalation"] = escalation
+    if drop is not None:
+        sc["capabilities"] = {"drop": list(drop)}
     if sc:
         c["securityContext"] = sc
     if env is not None:
@@ -106,91 +134,96 @@ def container(name="app", resources=None, user=None, env=None, env_from=None, pr
 def main(deploy):
     docs = load(deploy, "admission-policy.yaml")
     by_kind = {d["kind"]: d for d in docs}
-    need(set(by_kind) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap"},
-         f"admission-policy.yaml: expected a policy, its binding and its parameters, got {sorted(by_kind)}")
-    vap, binding, params = by_kind["ValidatingAdmissionPolicy"], by_kind["ValidatingAdmissionPolicyBinding"], by_kind["ConfigMap"]
+    need(set(by_kind) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"},
+         f"admission-policy.yaml: expected a policy and its binding, got {sorted(by_kind)}")
+    vap, binding = by_kind["ValidatingAdmissionPolicy"], by_kind["ValidatingAdmissionPolicyBinding"]
+    spec = vap["spec"]
     need(vap["apiVersion"] == "admissionregistration.k8s.io/v1", "policy: admissionregistration.k8s.io/v1")
-    need(vap["spec"].get("failurePolicy") == "Fail", "policy: failurePolicy Fail (an error denies)")
-    need(vap["spec"].get("paramKind") == {"apiVersion": "v1", "kind": "ConfigMap"}, "policy: paramKind ConfigMap")
-    rules = vap["spec"]["matchConstraints"]["resourceRules"]
-    need(any("pods" in r["resources"] and {"CREATE", "UPDATE"} <= set(r["operations"]) for r in rules),
-         "policy: matches pods on CREATE and UPDATE")
+    need(spec.get("failurePolicy") == "Fail", "policy: failurePolicy Fail (an error denies)")
+    need("paramKind" not in spec and "paramRef" not in binding["spec"],
+         "no parameters object: a missing one would deny every pod of the cluster")
+    rules = {(tuple(r["operations"]), tuple(r["resources"])) for r in spec["matchConstraints"]["resourceRules"]}
+    need(rules == {(("CREATE",), ("pods",)), (("UPDATE",), ("pods/ephemeralcontainers",))},
+         f"policy: pods on CREATE and ephemeral containers on UPDATE, got {rules}")
     for d in (vap, binding):
         need("namespace" not in d["metadata"], f"{d['kind']}: cluster-scoped, no namespace")
     need(binding["spec"]["policyName"] == vap["metadata"]["name"], "binding: names the policy")
     need(binding["spec"].get("validationActions") == ["Deny"], "binding: validationActions [Deny]")
-    ref = binding["spec"]["paramRef"]
-    need(ref.get("name") == params["metadata"]["name"] and ref.get("namespace") == params["metadata"]["namespace"],
-         "binding: paramRef names the parameters ConfigMap")
-    need(ref.get("parameterNotFoundAction") == "Deny", "binding: parameterNotFoundAction Deny (fail closed)")
 
-    # The parameters agree with the broker's configuration.
+    # The policy's tenants are the broker's.
+    policy = Policy(spec)
     (cm,) = [d for d in load(deploy, "configmap.yaml") if d["kind"] == "ConfigMap"]
     conf = yaml.safe_load(cm["data"]["broker.yaml"])
-    uids = {t["name"]: str(t["uid"]) for t in conf["tenants"] if "uid" in t}
-    uids.update({"gid." + t["name"]: str(t["gid"]) for t in conf["tenants"] if "gid" in t})
-    need(params.get("data") == uids, f"cushare-tenant-uids {params.get('data')} != the broker's tenants' uids {uids}")
+    want = {t["name"]: {k: t[k] for k in ("uid", "gid") if k in t} for t in conf["tenants"]}
+    need(policy.tenants() == want, f"the policy's tenants {policy.tenants()} != the broker's {want}")
 
-    policy = Policy(vap["spec"])
-    data = params
+    m = [msg for msg, _ in policy.validations]
+    one, known, uid, priv, env, env_from, pidns, groups = m
+    # Beta with a group (0660 ledger): nobody else may hold it.
+    grouped = Policy(spec, "{'alpha': {'uid': 1000}, 'beta': {'uid': 1001, 'gid': 2001}}")
     alpha = {"cushare.io/alpha": 1}
-    m = {msg: msg for msg, _ in policy.validations}
-    one, known, uid, groups, env, env_from, priv = list(m)
-    # Beta with a group (0660 ledger): nobody else may hold it; with groups, runAsGroup is required.
-    grouped = copy.deepcopy(data)
-    grouped["data"]["gid.beta"] = "2001"
     beta = {"cushare.io/beta": 1}
+    ok = container(resources=alpha, user=1000)
     cases = [
-        ("alpha as 1000 (container)", pod(container(resources=alpha, user=1000)), data, []),
-        ("alpha as 1000 (pod)", pod(container(resources=alpha), user=1000), data, []),
-        ("container's uid over the pod's", pod(container(resources=alpha, user=1000), user=1001), data, []),
-        ("no cushare resource, any uid", pod(container(user=0)), data, []),
-        ("alpha with prefixed envFrom and other variables",
-         pod(container(resources=alpha, user=1000, env={"MODEL": "x"}, env_from=[{"prefix": "APP_", "configMapRef": {"name": "c"}}])),
-         data, []),
-        ("alpha without runAsUser (an image's USER does not count)", pod(container(resources=alpha)), data, [uid]),
-        ("alpha as beta's uid", pod(container(resources=alpha, user=1001)), data, [uid]),
-        ("alpha as root", pod(container(resources=alpha, user=0)), data, [uid]),
-        ("pod uid right, container's wrong", pod(container(resources=alpha, user=1001), user=1000), data, [uid]),
-        ("init container as the wrong uid", pod(container(), init=[container("init", resources=alpha, user=1001)]),
-         data, [uid]),
-        ("a tenant not in the parameters", pod(container(resources={"cushare.io/gamma": 1}, user=1000)), data,
-         [known, uid]),
-        ("two tenants", pod(container(resources={"cushare.io/alpha": 1, "cushare.io/beta": 1}, user=1000)), data,
+        ("alpha as 1000 (container)", policy, pod(ok), []),
+        ("alpha as 1000 (pod)", policy, pod(container(resources=alpha), user=1000), []),
+        ("container's uid over the pod's", policy, pod(ok, user=1001), []),
+        ("no cushare resource: not judged, whatever it does", policy,
+         pod(container(user=0, privileged=True, escalation=True, env={"LD_PRELOAD": "/x.so"})), None),
+        ("alpha with prefixed envFrom and other variables", policy,
+         pod(container(resources=alpha, user=1000, env={"MODEL": "x"},
+                       env_from=[{"prefix": "APP_", "configMapRef": {"name": "c"}}])), []),
+        ("alpha without runAsUser (an image's USER does not count)", policy, pod(container(resources=alpha)), [uid]),
+        ("alpha as beta's uid", policy, pod(container(resources=alpha, user=1001)), [uid]),
+        ("alpha as root", policy, pod(container(resources=alpha, user=0)), [uid]),
+        ("pod uid right, container's wrong", policy, pod(container(resources=alpha, user=1001), user=1000), [uid]),
+        ("init container as the wrong uid", policy, pod(container(), init=[container("init", resources=alpha, user=1001)]),
+         [uid]),
+        ("a tenant not in the policy", policy, pod(container(resources={"cushare.io/gamma": 1}, user=1000)), [known, uid]),
+        ("two tenants", policy, pod(container(resources={"cushare.io/alpha": 1, "cushare.io/beta": 1}, user=1000)),
          [one, uid]),
-        ("sets CUSHARE_TENANT", pod(container(resources=alpha, user=1000, env={"CUSHARE_TENANT": "beta"})), data, [env]),
-        ("replaces LD_PRELOAD", pod(container(resources=alpha, user=1000, env={"LD_PRELOAD": "/x.so"})), data, [env]),
-        ("envFrom without a prefix", pod(container(resources=alpha, user=1000, env_from=[{"configMapRef": {"name": "c"}}])),
-         data, [env_from]),
-        ("privileged", pod(container(resources=alpha, user=1000, privileged=True)), data, [priv]),
-        ("parameters without data", pod(container(resources=alpha, user=1000)),
-         {k: v for k, v in data.items() if k != "data"}, [known, uid]),
-        ("groups: alpha with its own group", pod(container(resources=alpha, user=1000), group=1000), grouped, []),
-        ("groups: beta with beta's group", pod(container(resources=beta, user=1001, group=2001)), grouped, []),
-        ("groups: beta with beta's group as a supplemental one",
-         pod(container(resources=beta, user=1001), group=1001, supplemental=[2001]), grouped, []),
-        ("groups: alpha without runAsGroup (an image's USER may name beta's group)",
-         pod(container(resources=alpha, user=1000)), grouped, [groups]),
-        ("groups: alpha as beta's group", pod(container(resources=alpha, user=1000, group=2001)), grouped, [groups]),
-        ("groups: alpha with beta's group supplemental", pod(container(resources=alpha, user=1000), group=1000,
-                                                             supplemental=[5, 2001]), grouped, [groups]),
-        ("groups: alpha with beta's group as fsGroup", pod(container(resources=alpha, user=1000), group=1000,
-                                                           fs_group=2001), grouped, [groups]),
-        ("groups: a tenant named like a group entry", pod(container(resources={"cushare.io/gid.beta": 1}, user=2001),
-                                                          group=7), grouped, [known, uid, groups]),
+        ("privilege escalation allowed (a setuid-root binary makes it root)", policy,
+         pod(container(resources=alpha, user=1000, escalation=True)), [priv]),
+        ("escalation not said", policy, pod(container(resources=alpha, user=1000, escalation=None)), [priv]),
+        ("capabilities kept", policy, pod(container(resources=alpha, user=1000, drop=None)), [priv]),
+        ("privileged", policy, pod(container(resources=alpha, user=1000, privileged=True)), [priv]),
+        ("a privileged sidecar beside the tenant container", policy,
+         pod(ok, container("sidecar", user=0, privileged=True)), [priv]),
+        ("sets CUSHARE_TENANT", policy, pod(container(resources=alpha, user=1000, env={"CUSHARE_TENANT": "beta"})), [env]),
+        ("replaces LD_PRELOAD", policy, pod(container(resources=alpha, user=1000, env={"LD_PRELOAD": "/x.so"})), [env]),
+        ("a sidecar sets CUSHARE_LEDGER_DIR", policy, pod(ok, container("side", env={"CUSHARE_LEDGER_DIR": "/x"})), [env]),
+        ("envFrom without a prefix", policy,
+         pod(container(resources=alpha, user=1000, env_from=[{"configMapRef": {"name": "c"}}])), [env_from]),
+        ("a shared process namespace", policy, pod(ok, share_pid=True), [pidns]),
+        ("an ephemeral container added", policy, pod(ok, ephemeral=[{"name": "debug", "image": "busybox"}]), [pidns]),
+        ("groups: alpha with its own group", grouped, pod(ok, group=1000, strict="Strict"), []),
+        ("groups: beta with beta's group", grouped, pod(container(resources=beta, user=1001, group=2001), strict="Strict"),
+         []),
+        ("groups: beta's group as a supplemental one", grouped,
+         pod(container(resources=beta, user=1001), group=1001, supplemental=[2001], strict="Strict"), []),
+        ("groups: without supplementalGroupsPolicy Strict (the image's /etc/group may add beta's group)", grouped,
+         pod(ok, group=1000), [groups]),
+        ("groups: alpha without runAsGroup (an image's USER may name beta's group)", grouped, pod(ok, strict="Strict"),
+         [groups]),
+        ("groups: alpha as beta's group", grouped, pod(container(resources=alpha, user=1000, group=2001), strict="Strict"),
+         [groups]),
+        ("groups: alpha with beta's group supplemental", grouped,
+         pod(ok, group=1000, supplemental=[5, 2001], strict="Strict"), [groups]),
+        ("groups: alpha with beta's group as fsGroup", grouped, pod(ok, group=1000, fs_group=2001, strict="Strict"),
+         [groups]),
     ]
-    for name, p, prm, want in cases:
-        got = policy.denials(copy.deepcopy(p), prm)
-        need(got == want, f"{name}: denied by {got}, expected {want}")
-        print(f"{name}: {'allowed' if not got else 'denied (' + '; '.join(got) + ')'}")
+    for name, pol, p, want_denials in cases:
+        got = pol.denials(copy.deepcopy(p))
+        need(got == want_denials, f"{name}: denied by {got}, expected {want_denials}")
+        print(f"{name}: {'not judged' if got is None else 'allowed' if not got else 'denied (' + '; '.join(got) + ')'}")
     # The example Deployment's pods pass.
     for d in load(deploy, "example-inference.yaml"):
         if d["kind"] == "Deployment":
             tpl = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "example"}, "spec": d["spec"]["template"]["spec"]}
-            got = policy.denials(tpl, data)
-            need(got == [], f"example-inference.yaml: its pods are denied: {got}")
+            got = policy.denials(tpl)
+            need(got == [], f"example-inference.yaml: its pods are denied (or not judged): {got}")
     # Every rule denies at least one case: none of them is a check that cannot fail.
-    denied = {msg for _, p, prm, want in cases for msg in want}
+    denied = {msg for _, _, _, want_denials in cases for msg in (want_denials or [])}
     need(denied == set(m), f"rules no case denies: {set(m) - denied}")
 
 

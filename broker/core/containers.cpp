@@ -18,12 +18,16 @@ bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, 
   }
   // Every tenant's container preloads the shim and runtimes trust every spec in spec_dir: neither
   // may be replaceable by another user.
-  if (!checkTrustedFile(h.shim, "cdi.shim", err) ||
+  // The spec and the plugin's answers carry the resolved path: a link another user may repoint
+  // later is never handed to a runtime.
+  std::string resolved;
+  if (!checkTrustedFile(h.shim, "cdi.shim", &resolved, err) ||
       (c.cdi.enabled &&
        !checkParentsOf(c.cdi.specDir + "/" + container::kCdiSpecFile, "cdi.spec_dir", /*strict=*/true, err))) {
     *err = "cdi: " + *err;
     return false;
   }
+  h.shim = resolved;
   h.ledgerDir = c.ledgerDir;
   h.mpsPipeDir = mpsPipeDir;
   *out = std::move(h);

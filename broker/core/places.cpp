@@ -86,11 +86,15 @@ bool checkParentsOf(const std::string& path, const std::string& what, bool stric
   return checkParents(path, what, strict, err);
 }
 
-bool checkTrustedFile(const std::string& path, const std::string& what, std::string* err) {
+bool checkTrustedFile(const std::string& path, const std::string& what, std::string* resolved, std::string* err) {
   char* real = ::realpath(path.c_str(), nullptr);
-  if (real == nullptr) return true;  // missing: whoever uses it says so
+  if (real == nullptr) {  // missing: whoever uses it says so; where it would appear is checked
+    *resolved = path;
+    return checkParents(path, what, /*strict=*/true, err);
+  }
   const std::string target = real;
   std::free(real);
+  *resolved = target;
   const std::string named = target == path ? path : path + " (" + target + ")";
   if (!checkParents(target, what, /*strict=*/true, err)) return false;
   struct stat st;

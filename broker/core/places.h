@@ -26,8 +26,10 @@ bool checkParentsOf(const std::string& path, const std::string& what, bool stric
 
 // Refuses a file that another user could replace or change: after symlinks, its directories as
 // checkParentsOf with strict, and the file itself a regular file of root or the broker's user,
-// writable by neither group nor others. A missing file is not refused here.
-bool checkTrustedFile(const std::string& path, const std::string& what, std::string* err);
+// writable by neither group nor others. *resolved: the path with every link resolved (what to
+// hand on: a link someone else may repoint later must not be); a missing file is not refused
+// here, but the directories it would appear in are checked.
+bool checkTrustedFile(const std::string& path, const std::string& what, std::string* resolved, std::string* err);
 
 // Creates ledger_dir (and the directories above it, the state file's and the socket's), moving
 // aside, unread, anything of another user found at its path, and checks the places again.

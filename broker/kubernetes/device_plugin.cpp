@@ -154,7 +154,7 @@ struct TenantServer {
   std::unique_ptr<grpc::Server> server;
   std::string endpoint;  // file name in the plugin directory
   ino_t inode = 0;       // of the socket it listens on
-  uint64_t served = 0;   // bumped each time it serves anew: a registration answer for an older one is stale
+  uint64_t served = 0;   // which serve() this is (plugin-wide): a registration answer for another is stale
   bool registered = false;
   bool wanted = false;   // to be registered on the watcher's next pass
 };
@@ -210,6 +210,7 @@ struct DevicePlugin::Impl {
   std::map<std::string, TenantServer> servers;
   std::map<std::string, bool> health;
   std::atomic<uint64_t> registrations{0};
+  uint64_t servedCount = 0;  // under mu: each serve() of any tenant takes the next
   std::mutex sendingMu;                     // guards the two below (taken without mu)
   std::vector<grpc::ClientContext*> sending;  // registrations in flight: cancelled on stop
   bool stopping = false;
@@ -234,7 +235,7 @@ struct DevicePlugin::Impl {
       return false;
     }
     t->inode = inodeOf(sock);
-    ++t->served;
+    t->served = ++servedCount;  // unique across tenants and reloads: an old answer never matches
     t->registered = false;
     (void)name;
     return true;

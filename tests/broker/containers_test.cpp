@@ -171,11 +171,15 @@ TEST(Containers, AShimOrSpecDirAnotherUserCouldChangeIsRefused) {
     EXPECT_NE(o.log().find("refused: it belongs to uid 4242"), std::string::npos) << o.log();
     ASSERT_EQ(::chown(shim.c_str(), 0, 0), 0);
   }
-  // Through a link, the file it leads to is judged; a good one starts.
+  // Through a link, the file it leads to is judged; a good one starts, and the spec names the file
+  // itself: a link could be repointed later by whoever may write where it lies.
   fs::create_symlink(shim, dir + "/link.so");
   Broker g(dir + "/g");
   fs::create_directories(g.dir());
   EXPECT_TRUE(g.start("cdi: {spec_dir: " + g.dir() + "/cdi, shim: " + dir + "/link.so}\n" + kTenants)) << g.log();
+  const std::string spec = readFile(g.dir() + "/cdi/cushare.io-tenant.json");
+  EXPECT_NE(spec.find("\"hostPath\": \"" + shim + "\""), std::string::npos) << spec;
+  EXPECT_EQ(spec.find("link.so"), std::string::npos) << spec;
 }
 
 TEST(Containers, AProcessWithTheSpecsEditsIsTheTenant) {

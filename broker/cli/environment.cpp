@@ -21,13 +21,6 @@ bool fail(std::string* err, std::string why) {
   return false;
 }
 
-// The shim's messages start with "cushare: "; the CLI adds that prefix to every error itself.
-std::string withoutPrefix(std::string message) {
-  constexpr std::string_view kPrefix = "cushare: ";
-  if (message.starts_with(kPrefix)) message.erase(0, kPrefix.size());
-  return message;
-}
-
 // Unknown CUSHARE_* names in the final environment: the shim refuses them (a misspelt variable
 // would otherwise mean no limit). CUSHARE_SOCKET is the CLI's and the shim lets it pass.
 bool checkNames(std::string* err) {
@@ -105,7 +98,7 @@ int execWith(const EnvVars& vars, const std::vector<std::string>& command, std::
   ShimConfig ignored;
   std::string why;
   if (!loadShimConfig(std::getenv, &ignored, &why)) {
-    *err = withoutPrefix(why);
+    *err = container::withoutShimPrefix(why);  // the CLI adds "cushare: " itself
     return 1;
   }
   if (!checkNames(err)) return 1;

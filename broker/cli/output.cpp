@@ -52,22 +52,6 @@ std::string count(uint64_t n, const std::string& what) {
 }
 
 // A JSON string literal: quotes, backslashes and control characters escaped.
-std::string jsonString(const std::string& text) {
-  std::string json = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      json += '\\';
-      json += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      json += buf;
-    } else {
-      json += c;
-    }
-  }
-  return json + "\"";
-}
 
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
@@ -110,10 +94,10 @@ void appendValue(const Message& m, const FieldDescriptor* f, int i, std::string*
       *out += (rep ? r->GetRepeatedBool(m, f, i) : r->GetBool(m, f)) ? "true" : "false";
       return;
     case FieldDescriptor::CPPTYPE_ENUM:
-      *out += jsonString((rep ? r->GetRepeatedEnum(m, f, i) : r->GetEnum(m, f))->name());
+      *out += jsonQuoted((rep ? r->GetRepeatedEnum(m, f, i) : r->GetEnum(m, f))->name());
       return;
     case FieldDescriptor::CPPTYPE_STRING:
-      *out += jsonString(rep ? r->GetRepeatedString(m, f, i) : r->GetString(m, f));
+      *out += jsonQuoted(rep ? r->GetRepeatedString(m, f, i) : r->GetString(m, f));
       return;
     case FieldDescriptor::CPPTYPE_MESSAGE:
       appendJson(rep ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f), out);
@@ -133,7 +117,7 @@ void appendJson(const Message& m, std::string* out) {
     if (!f->is_repeated() && f->has_presence() && !r->HasField(m, f)) continue;
     *out += first ? "" : ",";
     first = false;
-    *out += jsonString(f->name()) + ":";
+    *out += jsonQuoted(f->name()) + ":";
     if (!f->is_repeated()) {
       appendValue(m, f, -1, out);
       continue;
@@ -328,13 +312,13 @@ void printJson(const google::protobuf::Message& m) {
 }
 
 void printJsonError(const std::string& message) {
-  std::printf("{\"error\": %s}\n", jsonString(message).c_str());
+  std::printf("{\"error\": %s}\n", jsonQuoted(message).c_str());
 }
 
 void printJsonObject(const std::vector<std::pair<std::string, std::string>>& fields) {
   std::string json = "{";
   for (const auto& [key, value] : fields)
-    json += (json.size() > 1 ? ", " : "") + jsonString(key) + ": " + jsonString(value);
+    json += (json.size() > 1 ? ", " : "") + jsonQuoted(key) + ": " + jsonQuoted(value);
   std::printf("%s}\n", json.c_str());
 }
 

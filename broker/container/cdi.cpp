@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "cushare/atomic_file.h"
+#include "cushare/parse.h"
 
 namespace cushare::container {
 namespace {
@@ -21,24 +22,6 @@ bool fail(std::string* err, std::string why) {
 }
 
 bool alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
-
-std::string json(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20 || u == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", u);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -123,18 +106,18 @@ bool buildCdiSpec(const std::vector<std::string>& tenants, const HostPlaces& hos
     // CDI 0.5.0 allowed device names that start with a digit.
     if (t.front() >= '0' && t.front() <= '9') spec.version = "0.5.0";
     std::string env, mounts;
-    for (const auto& [k, v] : e.env) env += std::string(env.empty() ? "" : ",") + "\n          " + json(k + "=" + v);
+    for (const auto& [k, v] : e.env) env += std::string(env.empty() ? "" : ",") + "\n          " + jsonQuoted(k + "=" + v);
     for (const Mount& m : e.mounts)
-      mounts += std::string(mounts.empty() ? "" : ",") + "\n          {\"hostPath\": " + json(m.hostPath) +
-                ", \"containerPath\": " + json(m.containerPath) + ", \"options\": [" +
+      mounts += std::string(mounts.empty() ? "" : ",") + "\n          {\"hostPath\": " + jsonQuoted(m.hostPath) +
+                ", \"containerPath\": " + jsonQuoted(m.containerPath) + ", \"options\": [" +
                 (m.readOnly ? "\"ro\"" : "\"rw\"") + ", \"nosuid\", \"nodev\", \"bind\"]}";
-    devices += std::string(devices.empty() ? "" : ",") + "\n    {\n      \"name\": " + json(t) +
+    devices += std::string(devices.empty() ? "" : ",") + "\n    {\n      \"name\": " + jsonQuoted(t) +
                ",\n      \"containerEdits\": {\n        \"env\": [" + env + "\n        ],\n        \"mounts\": [" +
                mounts + "\n        ]\n      }\n    }";
     spec.devices.push_back(t);
   }
   if (!spec.devices.empty())
-    spec.json = "{\n  \"cdiVersion\": " + json(spec.version) + ",\n  \"kind\": " + json(kCdiKind) +
+    spec.json = "{\n  \"cdiVersion\": " + jsonQuoted(spec.version) + ",\n  \"kind\": " + jsonQuoted(kCdiKind) +
                 ",\n  \"devices\": [" + devices + "\n  ]\n}\n";
   *out = std::move(spec);
   return true;

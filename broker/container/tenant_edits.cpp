@@ -17,13 +17,6 @@ bool fail(std::string* err, std::string why) {
   return false;
 }
 
-// The shim's messages start with "cushare: "; callers add their own prefix.
-std::string withoutPrefix(std::string message) {
-  constexpr std::string_view kPrefix = "cushare: ";
-  if (message.starts_with(kPrefix)) message.erase(0, kPrefix.size());
-  return message;
-}
-
 // ld.so splits LD_PRELOAD at ':' and spaces; such a path would preload something else, or
 // nothing, and the tenant would run without limits.
 bool preloadable(const std::string& path, std::string* err) {
@@ -61,6 +54,12 @@ bool shimNextToExe(std::string* out, std::string* err) {
 
 }  // namespace
 
+std::string withoutShimPrefix(std::string message) {
+  constexpr std::string_view kPrefix = "cushare: ";
+  if (message.starts_with(kPrefix)) message.erase(0, kPrefix.size());
+  return message;
+}
+
 bool checkLikeShim(const EnvVars& vars, std::string* err) {
   auto lookup = [&](const char* name) -> const char* {
     for (const auto& [key, value] : vars)
@@ -69,7 +68,7 @@ bool checkLikeShim(const EnvVars& vars, std::string* err) {
   };
   ShimConfig ignored;
   std::string why;
-  if (!loadShimConfig(lookup, &ignored, &why)) return fail(err, withoutPrefix(why));
+  if (!loadShimConfig(lookup, &ignored, &why)) return fail(err, withoutShimPrefix(why));
   return true;
 }
 

@@ -60,6 +60,9 @@ bool tenantEdits(const std::string& tenant, const HostPlaces& host, View view, T
 // without its "cushare: " prefix.
 bool checkLikeShim(const EnvVars& vars, std::string* err);
 
+// A shim message without its "cushare: " prefix (callers add their own).
+std::string withoutShimPrefix(std::string message);
+
 // The shim to preload: `given` when not empty (it must exist when mustExist), else the first
 // existing of <exe dir>/../lib/cushare/libcushare.so (installed) and <exe dir>/../lib/libcushare.so
 // (build tree). With mustExist, or when found next to the executable, the result is absolute.

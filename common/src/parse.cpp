@@ -129,6 +129,24 @@ bool parseInt(std::string_view text, int64_t min, int64_t max, int64_t* out, std
   return true;
 }
 
+std::string jsonQuoted(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
 std::string printable(std::string_view s, size_t max) {
   std::string r;
   const size_t n = s.size() < max ? s.size() : max;

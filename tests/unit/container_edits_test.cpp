@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cushare/parse.h"
 #include "container/cdi.h"
 #include "container/tenant_edits.h"
 
@@ -106,6 +107,14 @@ TEST(Cdi, PathsAreEscapedInJson) {
   std::string err;
   ASSERT_TRUE(buildCdiSpec({"alpha"}, {"/opt/q\"uote\\/libcushare.so", "/dev/shm/cushare", ""}, &s, &err)) << err;
   EXPECT_NE(s.json.find("\"hostPath\": \"/opt/q\\\"uote\\\\/libcushare.so\""), std::string::npos) << s.json;
+}
+
+// The escaper the spec and the CLI's --json share (cushare/parse.h).
+TEST(Cdi, JsonQuotedEscapesQuotesBackslashesAndControls) {
+  EXPECT_EQ(cushare::jsonQuoted("plain"), "\"plain\"");
+  EXPECT_EQ(cushare::jsonQuoted("a\"b\\c"), "\"a\\\"b\\\\c\"");
+  EXPECT_EQ(cushare::jsonQuoted(std::string("\n\x01\x7f", 3)), "\"\\u000a\\u0001\\u007f\"");
+  EXPECT_EQ(cushare::jsonQuoted("\xc3\xa9"), "\"\xc3\xa9\"") << "UTF-8 passes through";
 }
 
 TEST(Cdi, WritesAtomicallyAndRemoves) {

@@ -32,6 +32,9 @@ std::string formatSize(uint64_t bytes);
 // the text shortened to max bytes, with its full length noted.
 std::string printable(std::string_view text, size_t max);
 
+// A JSON string literal of text: quotes, backslashes and control characters (DEL too) escaped.
+std::string jsonQuoted(std::string_view text);
+
 // Removes leading and trailing ASCII whitespace.
 std::string_view trim(std::string_view text);
 

@@ -96,14 +96,26 @@ grpc::Status allocate(FakeKubelet& k, const std::string& resource, const std::ve
   return k.dial(resource)->Allocate(&ctx, req, out);
 }
 
+// A fake kubelet serving dir and a plugin started with s on it; the tests name the parts with
+// `auto& [kubelet, h, plugin] = running;` (members destroyed plugin first, as locals would be).
+struct Running {
+  FakeKubelet kubelet;
+  Health h;
+  DevicePlugin plugin;
+  explicit Running(const std::string& dir) : kubelet(dir), plugin(h.probe(), kFast) {}
+  ::testing::AssertionResult start(const PluginSettings& s) {
+    if (!kubelet.start()) return ::testing::AssertionFailure() << "the fake kubelet did not start";
+    std::string err;
+    if (!plugin.start(s, &err)) return ::testing::AssertionFailure() << err;
+    return ::testing::AssertionSuccess();
+  }
+};
+
 TEST(DevicePlugin, RegistersEachTenantAndListsItsDevices) {
   const std::string dir = dirFor("reg");
-  FakeKubelet kubelet(dir);
-  ASSERT_TRUE(kubelet.start());
-  Health h;
-  DevicePlugin plugin(h.probe(), kFast);
-  std::string err;
-  ASSERT_TRUE(plugin.start(settings(dir), &err)) << err;
+  Running running(dir);
+  ASSERT_TRUE(running.start(settings(dir)));
+  auto& [kubelet, h, plugin] = running;
   for (const std::string t : {"alpha", "beta"}) {
     const std::string r = "cushare.io/" + t;
     ASSERT_TRUE(kubelet.waitFor(r, [](const auto& p) { return allHealthy(p, 6) && p.optionsAsked; })) << r;
@@ -124,12 +136,9 @@ TEST(DevicePlugin, RegistersEachTenantAndListsItsDevices) {
 
 TEST(DevicePlugin, AllocateGivesTheTenantsEditsAndRefusesForeignIds) {
   const std::string dir = dirFor("alloc");
-  FakeKubelet kubelet(dir);
-  ASSERT_TRUE(kubelet.start());
-  Health h;
-  DevicePlugin plugin(h.probe(), kFast);
-  std::string err;
-  ASSERT_TRUE(plugin.start(settings(dir), &err)) << err;
+  Running running(dir);
+  ASSERT_TRUE(running.start(settings(dir)));
+  auto& [kubelet, h, plugin] = running;
   ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return allHealthy(p, 6); }));
   v1beta1::AllocateResponse r;
   ASSERT_TRUE(allocate(kubelet, "cushare.io/beta", {{kGpu1 + "::1"}, {kGpu0 + "::0", kGpu0 + "::2"}}, &r).ok());
@@ -166,12 +175,9 @@ TEST(DevicePlugin, AllocateGivesTheTenantsEditsAndRefusesForeignIds) {
 
 TEST(DevicePlugin, ARestartedKubeletGetsEveryResourceRegisteredAgain) {
   const std::string dir = dirFor("restart");
-  FakeKubelet kubelet(dir);
-  ASSERT_TRUE(kubelet.start());
-  Health h;
-  DevicePlugin plugin(h.probe(), kFast);
-  std::string err;
-  ASSERT_TRUE(plugin.start(settings(dir), &err)) << err;
+  Running running(dir);
+  ASSERT_TRUE(running.start(settings(dir)));
+  auto& [kubelet, h, plugin] = running;
   ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
   for (int round = 2; round <= 3; ++round) {
     // A new kubelet deletes every socket in the directory (the plugin may serve its socket again
@@ -221,12 +227,9 @@ TEST(DevicePlugin, AKubeletThatComesLaterOrRefusesIsRegisteredWithWhenItCan) {
 
 TEST(DevicePlugin, DevicesOfALostGpuTurnUnhealthyAndBack) {
   const std::string dir = dirFor("health");
-  FakeKubelet kubelet(dir);
-  ASSERT_TRUE(kubelet.start());
-  Health h;
-  DevicePlugin plugin(h.probe(), kFast);
-  std::string err;
-  ASSERT_TRUE(plugin.start(settings(dir, 2), &err)) << err;
+  Running running(dir);
+  ASSERT_TRUE(running.start(settings(dir, 2)));
+  auto& [kubelet, h, plugin] = running;
   ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 4); }));
   h.set(kGpu1, false);
   auto gpu1Down = [](const FakeKubelet::Plugin& p) {
@@ -324,14 +327,11 @@ TEST(DevicePlugin, AHungKubeletStallsNeitherStartNorReloadNorStop) {
 // in the order of the IDs), so the resource alone gives the pod its GPU; a reload changes it.
 TEST(DevicePlugin, AllocateNamesTheGpusOfTheIdsAsCdiDevices) {
   const std::string dir = dirFor("gpucdi");
-  FakeKubelet kubelet(dir);
-  ASSERT_TRUE(kubelet.start());
-  Health h;
-  DevicePlugin plugin(h.probe(), kFast);
   PluginSettings s = settings(dir);
   s.gpuCdiDevice = "nvidia.com/gpu={uuid}";
-  std::string err;
-  ASSERT_TRUE(plugin.start(s, &err)) << err;
+  Running running(dir);
+  ASSERT_TRUE(running.start(s));
+  auto& [kubelet, h, plugin] = running;
   ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
   v1beta1::AllocateResponse a;
   ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", {{kGpu1 + "::0", kGpu1 + "::2", kGpu0 + "::1"}, {kGpu0 + "::0"}}, &a)

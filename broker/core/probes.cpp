@@ -30,7 +30,6 @@ uint64_t realtimeNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-uint64_t absDiff(uint64_t a, uint64_t b) { return a > b ? a - b : b - a; }
 
 }  // namespace
 
@@ -256,33 +255,40 @@ void ProbeScheduler::step(size_t d, uint64_t nowMono, std::vector<ProbeTenant>& 
 }
 
 // A round's answers into the window: the instant in the device's clock (%globaltimer follows the
-// host's realtime clock on NVIDIA GPUs, the monotonic one on simgpu: the launches' stamps tell
-// which), the rolling baseline fed with every launch.
+// host's realtime clock on NVIDIA GPUs, the monotonic one on simgpu), judged for each tenant from
+// its own launches' stamps: a tenant's records can only place its own samples in time, never
+// another's (the instant used to come from the first tenant whose records matched its stamps,
+// so a tenant could move every tenant's instant). The rolling baseline is fed with every launch.
 void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
   probe::Round round;
   uint32_t sms = 0;
   for (auto& [name, p] : r.tenants) {
-    if (!p.done || p.probes.launches.empty()) continue;
-    if (round.start_ns == 0 && p.firstStart != 0) {
-      if (absDiff(p.firstStart, p.launchRealtime) < kClockMatch) round.start_ns = r.atRealtime;
-      else if (absDiff(p.firstStart, p.launchMonotonic) < kClockMatch && p.launchRealtime >= p.launchMonotonic)
-        round.start_ns = r.atRealtime - (p.launchRealtime - p.launchMonotonic);
-    }
-    if (!p.probes.launches.empty()) sms = p.probes.launches.front().ctx.sm_count;
-  }
-  if (round.start_ns == 0) return;  // nobody answered, or a clock nobody follows
-  const uint64_t realtimeAhead = r.atRealtime - round.start_ns;  // 0 when the device follows realtime
-  for (auto& [name, p] : r.tenants) {
     if (!p.done) continue;
-    for (probe::ProbeLaunch& l : p.probes.launches)
-      if (l.ctx.launch_ns != 0) l.ctx.launch_ns = l.ctx.launch_ns > realtimeAhead ? l.ctx.launch_ns - realtimeAhead : 0;
     probe::TenantRound tr;
     tr.tenant = name;
     tr.regime = p.regime;
     tr.has_work = p.work;
-    if (!p.probes.launches.empty()) tr.contexts.push_back(std::move(p.probes));
+    if (!p.probes.launches.empty()) {
+      sms = p.probes.launches.front().ctx.sm_count;
+      const uint64_t start =
+          probe::instantInRecordsClock(r.atRealtime, p.firstStart, p.launchRealtime, p.launchMonotonic, kClockMatch);
+      if (p.firstStart == 0) {
+        tr.contexts.push_back(std::move(p.probes));  // no start to place: the analysis says why
+      } else if (start == 0) {
+        tr.error = "probe records follow neither of the host's clocks at their launch";
+      } else {
+        const uint64_t realtimeAhead = r.atRealtime - start;  // 0 when the device follows realtime
+        for (probe::ProbeLaunch& l : p.probes.launches) {
+          l.ctx.round_start_ns = start;
+          if (l.ctx.launch_ns != 0) l.ctx.launch_ns = l.ctx.launch_ns > realtimeAhead ? l.ctx.launch_ns - realtimeAhead : 0;
+        }
+        if (round.start_ns == 0) round.start_ns = start;
+        tr.contexts.push_back(std::move(p.probes));
+      }
+    }
     round.tenants.push_back(std::move(tr));
   }
+  if (round.start_ns == 0) return;  // nobody answered with records in a host clock
   // The baseline: the best any launch did (a round that found the device otherwise idle is
   // solo), and the fastest start of each round.
   // Only the parameters: the rates and the latency come from the rolling observations alone (the
@@ -292,7 +298,6 @@ void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
   for (probe::TenantRound& tr : round.tenants)
     for (probe::ContextProbes& c : tr.contexts)
       for (probe::ProbeLaunch& l : c.launches) {
-        l.ctx.round_start_ns = round.start_ns;
         probe::LaunchNumbers n;
         std::string err;
         if (probe::analyzeLaunch(l.records, l.ctx, &n, &err) != probe::LaunchOutcome::kNumbers) continue;

@@ -32,6 +32,17 @@ bool exclusive(Regime r) { return r == Regime::kTimeSliced || r == Regime::kTurn
 
 }  // namespace
 
+uint64_t instantInRecordsClock(uint64_t at_realtime, uint64_t first_start, uint64_t launch_realtime,
+                               uint64_t launch_monotonic, uint64_t match_ns) {
+  const auto near = [&](uint64_t a, uint64_t b) { return (a > b ? a - b : b - a) < match_ns; };
+  if (first_start == 0) return 0;
+  if (near(first_start, launch_realtime)) return at_realtime;
+  if (near(first_start, launch_monotonic) && launch_realtime >= launch_monotonic &&
+      at_realtime > launch_realtime - launch_monotonic)
+    return at_realtime - (launch_realtime - launch_monotonic);
+  return 0;
+}
+
 const char* regimeName(Regime r) {
   switch (r) {
     case Regime::kTimeSliced:
@@ -82,6 +93,10 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
       a.last_error = why;
       lines.push_back("tenant " + t.tenant + ": " + why);
     };
+    if (!t.error.empty()) {
+      bad(t.error);
+      continue;
+    }
     double latency = std::numeric_limits<double>::infinity();
     // Per context: its SM factors and memory ratio, or why there is none.
     bool sm_missing = false, mem_missing = false;
@@ -90,7 +105,7 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
     for (const ContextProbes& c : t.contexts) {
       for (const ProbeLaunch& l : c.launches) {
         LaunchContext ctx = l.ctx;
-        ctx.round_start_ns = round.start_ns;
+        if (ctx.round_start_ns == 0) ctx.round_start_ns = round.start_ns;
         LaunchNumbers n;
         std::string err;
         const LaunchOutcome o = analyzeLaunch(l.records, ctx, &n, &err);

@@ -36,7 +36,7 @@ Round exclusiveRound(const Device& d, const Schedule& s, const std::vector<Exclu
   Round r;
   r.start_ns = uint64_t(at);
   for (const ExclusiveTenant& t : ts) {
-    TenantRound tr{t.name, regime, t.has_work, {}};
+    TenantRound tr{t.name, regime, t.has_work, {}, {}};
     std::uniform_real_distribution<double> u(0, 1);
     double delay = 0;
     if (t.late_probability > 0 && u(rng) < t.late_probability) delay = u(rng) * t.late_ns;
@@ -165,6 +165,65 @@ TEST(ProbeWindow, ALateProbeThreadDoesNotBiasTheShares) {
   }
 }
 
+// Each tenant's records are placed in time by that tenant's own stamps (the broker's
+// instantInRecordsClock), never by another's: here B's device clock runs 1000 s ahead of A's (a
+// device that follows the host's monotonic clock, seen from realtime), and its launches carry
+// the instant in its own clock. The aggregator judges each launch from its own instant; it used
+// to judge every launch from the round's one instant, which one tenant's stamps chose: B's probes
+// then read as waits of 1000 s (a share of 0) and a tenant could shift everyone's samples.
+TEST(ProbeWindow, EachTenantIsJudgedInTheClockOfItsOwnRecords) {
+  constexpr uint64_t kAhead = 1'000'000'000'000;  // 1000 s
+  EXPECT_EQ(instantInRecordsClock(5'000, 5'100, 5'050, 100, 1'000), 5'000u) << "follows realtime";
+  EXPECT_EQ(instantInRecordsClock(kAhead + 5'000, 5'100, kAhead + 5'050, 5'050, 1'000), 5'000u)
+      << "follows the monotonic clock: the instant moves by the launch's own offset";
+  EXPECT_EQ(instantInRecordsClock(5'000, 900'000, 5'050, 100, 1'000), 0u) << "neither";
+  EXPECT_EQ(instantInRecordsClock(5'000, 0, 5'050, 100, 1'000), 0u) << "no start to judge";
+  EXPECT_EQ(instantInRecordsClock(50, 150, 100, 200, 1'000), 50u) << "both near: realtime first";
+
+  Device d;
+  const Schedule s({{0, 3e6}, {-1, 25e3}, {1, 7e6}, {-1, 25e3}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}};
+  for (bool own : {true, false}) {
+    std::mt19937_64 rng(31);
+    ShareAggregator agg(model::calibrate(d, rng));
+    int bad = 0;
+    for (int k = 0; k < kExclusiveRounds; ++k) {
+      const double at = roundAt(k, rng);
+      Round r = exclusiveRound(d, s, ts, Regime::kTimeSliced, at, rng);
+      for (ProbeLaunch& l : r.tenants[1].contexts[0].launches) {
+        for (BlockRecord& b : l.records) {
+          if (b.start_ns) b.start_ns += kAhead;
+          if (b.end_ns) b.end_ns += kAhead;
+        }
+        // The old way put B's launch times in A's clock too.
+        if (own && l.ctx.launch_ns) l.ctx.launch_ns += kAhead;
+        if (own) l.ctx.round_start_ns = uint64_t(at) + kAhead;
+      }
+      bad += int(agg.addRound(r).size());
+    }
+    const auto w = byName(agg.window());
+    if (own) {
+      EXPECT_EQ(bad, 0);
+      for (const ExclusiveTenant& t : ts)
+        EXPECT_NEAR(w.at(t.name).compute_share.value, truthOf(s, t), kTolerance) << t.name;
+    } else {
+      EXPECT_NEAR(w.at("B").compute_share.value, 0.0, 0.01) << "judged from A's instant: every probe a wait";
+    }
+  }
+  // A tenant whose answer could not be placed in time: bad, with the reason, no sample.
+  std::mt19937_64 rng(32);
+  ShareAggregator agg(model::calibrate(d, rng));
+  Round r = exclusiveRound(d, s, ts, Regime::kTimeSliced, roundAt(0, rng), rng);
+  r.tenants[1].error = "probe records follow neither of the host's clocks at their launch";
+  const std::vector<std::string> lines = agg.addRound(r);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "tenant B: probe records follow neither of the host's clocks at their launch");
+  const auto w = byName(agg.window());
+  EXPECT_EQ(w.at("B").bad, 1u);
+  EXPECT_EQ(w.at("B").compute_share.rounds, 0u);
+  EXPECT_EQ(w.at("A").compute_share.rounds, 1u);
+}
+
 // The start statistic is a binomial sample: over many windows of 100 rounds it is unbiased, lands
 // within 7 points in most windows (the rest is the sampling error of 100 rounds, about 5 points
 // at 50 %), and the stated standard error covers the truth as a standard error should.
@@ -218,7 +277,8 @@ MpsResult runMps(const Device& d, const std::vector<double>& caps, uint64_t seed
       r.tenants.push_back({"T" + std::to_string(i),
                            Regime::kConcurrent,
                            true,
-                           {model::mpsProbes(d, m, i, at, out.truth[i], late, rng)}});
+                           {model::mpsProbes(d, m, i, at, out.truth[i], late, rng)},
+                           {}});
     }
     const std::vector<std::string> bad = agg.addRound(r);
     EXPECT_TRUE(bad.empty()) << bad[0];
@@ -277,11 +337,13 @@ TEST(ProbeWindow, ClientsOfOneTenantAddUp) {
                          Regime::kConcurrent,
                          true,
                          {model::mpsProbes(d, m, 0, at, m.truth(0, d.sms), false, rng),
-                          model::mpsProbes(d, m, 1, at, m.truth(1, d.sms), false, rng)}});
+                          model::mpsProbes(d, m, 1, at, m.truth(1, d.sms), false, rng)},
+                         {}});
     r.tenants.push_back({"one",
                          Regime::kConcurrent,
                          true,
-                         {model::mpsProbes(d, m, 2, at, m.truth(2, d.sms), false, rng)}});
+                         {model::mpsProbes(d, m, 2, at, m.truth(2, d.sms), false, rng)},
+                         {}});
     agg.addRound(r);
   }
   const auto w = byName(agg.window());

@@ -32,8 +32,20 @@ namespace cushare::probe {
 enum class Regime : uint8_t { kTimeSliced, kTurns, kConcurrent };
 const char* regimeName(Regime r);
 
+// Where a tenant's round instant lies in the clock its records follow. The broker asks for the
+// instant in host realtime (at_realtime); %globaltimer follows realtime on NVIDIA GPUs, the host's
+// monotonic clock on simgpu. The tenant's answer carries both host clocks at its launch
+// (launch_realtime, launch_monotonic: a container's time namespace may shift its monotonic clock)
+// and its records' earliest start (first_start); the records follow the clock first_start lies
+// within `match_ns` of. Returns the instant in that clock, 0 when they follow neither. Judged per
+// tenant: one tenant's stamps never place another's samples in time.
+uint64_t instantInRecordsClock(uint64_t at_realtime, uint64_t first_start, uint64_t launch_realtime,
+                               uint64_t launch_monotonic, uint64_t match_ns);
+
 struct ProbeLaunch {
-  LaunchContext ctx;  // ctx.round_start_ns is overwritten with the round's instant
+  // ctx.round_start_ns: the round's instant in the clock of this tenant's records (each tenant's
+  // clock is judged from its own stamps, so no tenant can move another's instant); 0: the round's.
+  LaunchContext ctx;
   std::vector<BlockRecord> records;
 };
 
@@ -47,10 +59,13 @@ struct TenantRound {
   Regime regime = Regime::kTimeSliced;
   bool has_work = false;  // the tenant had kernels queued or running at the round's instant
   std::vector<ContextProbes> contexts;
+  // Why this tenant's answer cannot be placed in time (e.g. its records follow neither host
+  // clock): counted as bad with this reason, no sample; empty when fine.
+  std::string error;
 };
 
 struct Round {
-  uint64_t start_ns = 0;  // the round's instant in device time (%globaltimer ns)
+  uint64_t start_ns = 0;  // the round's instant in device time (%globaltimer ns); launches may carry their own
   std::vector<TenantRound> tenants;
 };
 

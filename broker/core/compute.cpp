@@ -216,6 +216,11 @@ void Broker::computeSnapshotLocked(const std::string& tenant, size_t device, Ten
     p.bad = w.bad;
     p.regime = probe::regimeName(w.regime);
     p.startedFraction = w.started_fraction;
+    if (w.regime == probe::Regime::kConcurrent && (w.spatial > 0 || w.temporal > 0 || w.intra > 0)) {
+      p.spatial = w.spatial;
+      p.temporal = w.temporal;
+      p.intra = w.intra;
+    }
     if (w.bandwidth_share.known) p.bandwidthShare = w.bandwidth_share.value;
     p.computeIndex = w.compute_index;
     p.bandwidthIndex = w.bandwidth_index;

@@ -52,6 +52,8 @@ struct TenantDeviceSnapshot {
     uint32_t rounds = 0, roundsWithWork = 0, missing = 0, bad = 0;
     std::string regime;        // time-sliced, turns, concurrent
     double startedFraction = 0;
+    // Concurrent (MPS) rounds: the SM probe's factors, means over those rounds (none: no such round).
+    std::optional<double> spatial, temporal, intra;
     std::optional<double> bandwidthShare, computeIndex, bandwidthIndex, latencyIndexNs, latencyP95Ns;
     double windowSeconds = 0;
     std::string lastError;

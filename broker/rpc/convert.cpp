@@ -40,6 +40,9 @@ void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, 
     p->set_bad(d.probe.bad);
     p->set_regime(d.probe.regime);
     p->set_started_fraction(d.probe.startedFraction);
+    if (d.probe.spatial) p->set_spatial(*d.probe.spatial);
+    if (d.probe.temporal) p->set_temporal(*d.probe.temporal);
+    if (d.probe.intra) p->set_intra(*d.probe.intra);
     if (d.probe.bandwidthShare) p->set_bandwidth_share(*d.probe.bandwidthShare);
     if (d.probe.computeIndex) p->set_compute_index(*d.probe.computeIndex);
     if (d.probe.bandwidthIndex) p->set_bandwidth_index(*d.probe.bandwidthIndex);

@@ -355,6 +355,20 @@ uint64_t limitOn0(const rpc::Tenant& t) {
   return t.devices_size() && t.devices(0).has_limit_bytes() ? t.devices(0).limit_bytes() : UINT64_MAX;
 }
 
+double probeShareOn0(Broker& b, const std::string& tenant, rpc::ProbeShare* share_out) {
+  const rpc::Tenant t = b.tenant(tenant);
+  if (t.devices_size() < 1 || !t.devices(0).has_probe()) return -1;
+  const rpc::ProbeShare& p = t.devices(0).probe();
+  std::printf("probe %s: share %.3f +- %.3f over %u rounds (%u with work, %u missing, %u bad), regime %s%s%s\n",
+              tenant.c_str(), p.compute_share(), p.compute_share_stderr(), p.rounds(), p.rounds_with_work(),
+              p.missing(), p.bad(), p.regime().c_str(), p.last_error().empty() ? "" : ", last error: ",
+              p.last_error().c_str());
+  if (p.has_spatial())
+    std::printf("  factors: spatial %.3f temporal %.3f intra %.3f\n", p.spatial(), p.temporal(), p.intra());
+  if (share_out) *share_out = p;
+  return p.compute_share();
+}
+
 uint64_t hiddenOf(Broker& b, const std::string& tenant) {
   const std::string m = b.metrics();
   const std::string key = "cushare_tenant_hidden_bytes{tenant=\"" + tenant + "\",device=\"0\"} ";

@@ -118,6 +118,9 @@ uint64_t deviceUsed();
 
 uint64_t usedOn0(const rpc::Tenant& t);
 uint64_t limitOn0(const rpc::Tenant& t);
+// The broker's probe estimate of tenant's share on device 0 (-1: none yet), printed with its
+// rounds, regime and, for concurrent rounds, the SM factors; *share_out: the whole row.
+double probeShareOn0(Broker& b, const std::string& tenant, rpc::ProbeShare* share_out = nullptr);
 // cushare_tenant_hidden_bytes of tenant on device 0 (the broker's metrics); UINT64_MAX if absent.
 uint64_t hiddenOf(Broker& b, const std::string& tenant);
 

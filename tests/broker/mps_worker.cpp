@@ -6,7 +6,8 @@
 //   fault CODE    -> simgpu_debug_fault(CODE) (as a faulting kernel would): "ok"
 //   sync          -> "sync CODE" (cuCtxSynchronize)
 //   spin MS       -> launches mps_spin kernels (the cost table says how long a block lasts), each
-//                    filling the device, for MS ms of host time: "spun KERNELS"
+//                    filling the SMs of a client capped at 30 or 70 % in whole waves, four queued
+//                    at all times, for MS ms of host time: "spun KERNELS"
 //   quit          -> exits 0
 // Options, applied in main before cuInit (a program changing its own environment after the
 // shim's constructor ran):
@@ -16,6 +17,8 @@
 //                         to everyone (the driver included) whatever the environment holds: a
 //                         program that defeats its MPS settings in a way the shim cannot repair
 //                         (the executable exports getenv, so it interposes on the libraries').
+//   --primary 1           use the device's primary context (as every runtime program does)
+//                         instead of a context of its own (cuCtxCreate)
 #include <cuda.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -53,24 +56,40 @@ std::string spin(long ms) {
   if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&f, m, "mps_spin");
   if (r == CUDA_SUCCESS) r = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
   if (r != CUDA_SUCCESS) return "err " + std::to_string(r);
+  // Keep four kernels queued at all times, so the device never waits for the host: before each
+  // launch, wait for the kernel four back (its event) only.
+  constexpr int kQueued = 4;
+  // 840 blocks of 1024 threads, two per SM: whole waves on 30 SMs (14) and on 70 (6), so a
+  // client capped at 30 or 70 % of simgpu's 100 SMs fills every one of its SMs to the last block
+  // (1024 blocks left a last wave on 44 of 70 SMs: 5 % of a kernel's SM-time empty).
+  constexpr unsigned kBlocks = 840;
+  CUevent done[kQueued] = {};
+  for (int i = 0; i < kQueued && r == CUDA_SUCCESS; ++i) r = cuEventCreate(&done[i], CU_EVENT_DISABLE_TIMING);
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   long kernels = 0;
   while (r == CUDA_SUCCESS && std::chrono::steady_clock::now() < end) {
-    // Keep a few kernels queued so the device never waits for the host.
-    for (int i = 0; i < 4 && r == CUDA_SUCCESS; ++i, ++kernels)
-      r = cuLaunchKernel(f, 1024, 1, 1, 1024, 1, 1, 0, s, nullptr, nullptr);
-    if (r == CUDA_SUCCESS) r = cuStreamSynchronize(s);
+    CUevent& e = done[kernels % kQueued];
+    if (kernels >= kQueued) r = cuEventSynchronize(e);
+    if (r == CUDA_SUCCESS) r = cuLaunchKernel(f, kBlocks, 1, 1, 1024, 1, 1, 0, s, nullptr, nullptr);
+    if (r == CUDA_SUCCESS) r = cuEventRecord(e, s);
+    if (r == CUDA_SUCCESS) ++kernels;
   }
+  if (r == CUDA_SUCCESS) r = cuStreamSynchronize(s);
+  for (CUevent e : done)
+    if (e) cuEventDestroy(e);
   return r == CUDA_SUCCESS ? "spun " + std::to_string(kernels) : "err " + std::to_string(r);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool primary = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string opt = argv[i], arg = argv[i + 1];
     const size_t eq = arg.find('=');
-    if (opt == "--unset") {
+    if (opt == "--primary") {
+      primary = arg == "1";
+    } else if (opt == "--unset") {
       ::unsetenv(arg.c_str());
     } else if (opt == "--set" && eq != std::string::npos) {
       ::setenv(arg.substr(0, eq).c_str(), arg.c_str() + eq + 1, 1);
@@ -88,7 +107,8 @@ int main(int argc, char** argv) {
   int sms = -1;
   CUresult r = cuInit(0);
   if (r == CUDA_SUCCESS) r = cuDeviceGet(&dev, 0);
-  if (r == CUDA_SUCCESS) r = cuCtxCreate(&ctx, nullptr, 0, dev);
+  if (r == CUDA_SUCCESS) r = primary ? cuDevicePrimaryCtxRetain(&ctx, dev) : cuCtxCreate(&ctx, nullptr, 0, dev);
+  if (r == CUDA_SUCCESS && primary) r = cuCtxSetCurrent(ctx);
   if (r == CUDA_SUCCESS) r = cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
   if (r != CUDA_SUCCESS) {
     say("init-failed " + std::to_string(r));

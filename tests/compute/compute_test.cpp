@@ -314,18 +314,6 @@ TEST(Fair, WeightsStayWithinCaps) {
 // Probe rounds (docs/probes.md): the shares the tenants' probes measured, against the shares
 // simgpu's own accounting says they got.
 
-// The broker's probe estimate of tenant's share on device 0 (-1: none yet), printed.
-double probeShare(Broker& b, const std::string& tenant) {
-  const rpc::Tenant t = b.tenant(tenant);
-  if (t.devices_size() < 1 || !t.devices(0).has_probe()) return -1;
-  const rpc::ProbeShare& p = t.devices(0).probe();
-  std::printf("probe %s: share %.3f +- %.3f over %u rounds (%u with work, %u missing, %u bad), regime %s%s%s\n",
-              tenant.c_str(), p.compute_share(), p.compute_share_stderr(), p.rounds(), p.rounds_with_work(),
-              p.missing(), p.bad(), p.regime().c_str(), p.last_error().empty() ? "" : ", last error: ",
-              p.last_error().c_str());
-  return p.compute_share();
-}
-
 // Saturating workers of `tenants` (one each) for 13 s; each tenant's probe share must be within 7
 // points of the share simgpu's own per-process device time gives it over 12 s. `meanwhile` runs
 // with the broker and the workers still up.
@@ -342,7 +330,7 @@ void probesMatchSimgpu(Broker& b, const std::vector<std::string>& tenants,
   }
   const auto s = shares(groups, 500, 12000);
   for (size_t i = 0; i < tenants.size(); ++i) std::printf("simgpu: %s %.3f\n", tenants[i].c_str(), s[i]);
-  for (size_t i = 0; i < tenants.size(); ++i) EXPECT_NEAR(probeShare(b, tenants[i]), s[i], 0.07) << tenants[i];
+  for (size_t i = 0; i < tenants.size(); ++i) EXPECT_NEAR(probeShareOn0(b, tenants[i]), s[i], 0.07) << tenants[i];
   if (meanwhile) meanwhile();
   finish(all);
 }

@@ -426,5 +426,31 @@ TEST(ProbeBaseline, RollingMaximumRaisesToTheBestSoloLikeRound) {
   EXPECT_DOUBLE_EQ(rolling.merged(none).latency_p95_ns, 20'000);
 }
 
+// A launch whose blocks were stacked (several on one SM at once) is no observation of the solo
+// cycles per step: its SM cycles are divided by the depth, and blocks that do not slow each other
+// (the SM probe's latency-bound chain) then read 1/depth of solo. Taken as the best, it made every
+// unstacked launch after it read an intra-SM factor of 1/depth (0.83 on simgpu's MPS).
+TEST(ProbeBaseline, AStackedLaunchDoesNotLowerTheSoloCyclesPerStep) {
+  Device d;
+  std::mt19937_64 rng(9);
+  const SoloBaseline solo = model::calibrate(d, rng);
+  RollingBaseline rolling(16);
+  LaunchNumbers stacked;
+  stacked.kind = kProbeSm;
+  stacked.ran = d.sms;
+  stacked.work_per_step = solo.sm_work_per_step;
+  stacked.sm_count = solo.sm_count;
+  stacked.budget_ns = solo.sm_budget_ns;
+  stacked.distinct_sms = d.sms / 2;
+  stacked.max_stack = 2;
+  stacked.cycles_per_step = solo.sm_cycles_per_step / 2;
+  stacked.cycles_per_ns = solo.sm_cycles_per_ns;
+  rolling.observe(stacked);
+  EXPECT_DOUBLE_EQ(rolling.merged(solo).sm_cycles_per_step, solo.sm_cycles_per_step);
+  stacked.max_stack = 1;  // the same numbers from blocks that each had their SM: taken
+  rolling.observe(stacked);
+  EXPECT_DOUBLE_EQ(rolling.merged(solo).sm_cycles_per_step, solo.sm_cycles_per_step / 2);
+}
+
 }  // namespace
 }  // namespace cushare::probe

@@ -224,6 +224,35 @@ TEST(ProbeWindow, EachTenantIsJudgedInTheClockOfItsOwnRecords) {
   EXPECT_EQ(w.at("A").compute_share.rounds, 1u);
 }
 
+// A tenant whose regime changes within a window (the broker learnt its processes are MPS
+// clients) starts its window anew: the exclusive rounds before (each a 0/1 start) are not mixed
+// with the concurrent ones (SM fractions). Mixed, 20 exclusive rounds that started at once raised
+// a 30 % client to 0.36.
+TEST(ProbeWindow, ARegimeChangeStartsTheTenantsWindowAnew) {
+  Device d;
+  d.sms = 100;
+  std::mt19937_64 rng(41);
+  ShareAggregator agg(model::calibrate(d, rng));
+  const Schedule alone({{0, 1e9}});
+  for (int k = 0; k < 20; ++k) {
+    const std::vector<ExclusiveTenant> ts = {{"A", {0}}};
+    agg.addRound(exclusiveRound(d, alone, ts, Regime::kTimeSliced, roundAt(k, rng), rng));
+  }
+  EXPECT_NEAR(byName(agg.window()).at("A").compute_share.value, 1.0, 1e-9);
+  const model::MpsLayout m = model::mpsLayout(d, {0.3, 0.7});
+  for (int k = 20; k < 120; ++k) {
+    Round r;
+    const double at = roundAt(k, rng);
+    r.start_ns = uint64_t(at);
+    r.tenants.push_back({"A", Regime::kConcurrent, true, {model::mpsProbes(d, m, 0, at, m.truth(0, d.sms), false, rng)}, {}});
+    agg.addRound(r);
+  }
+  const TenantWindow w = byName(agg.window()).at("A");
+  EXPECT_EQ(w.regime, Regime::kConcurrent);
+  EXPECT_EQ(w.rounds, 100u) << "the exclusive rounds before the change are not in the window";
+  EXPECT_NEAR(w.compute_share.value, m.truth(0, d.sms), 0.02);
+}
+
 // The start statistic is a binomial sample: over many windows of 100 rounds it is unbiased, lands
 // within 7 points in most windows (the rest is the sampling error of 100 rounds, about 5 points
 // at 50 %), and the stated standard error covers the truth as a standard error should.

@@ -11,7 +11,8 @@
 //       launch_to_start_us=<first start - launch>, against CLOCK_REALTIME (rt) and CLOCK_MONOTONIC
 //       (mono): %globaltimer's epoch is not documented; one of the two is meaningful (on simgpu,
 //       mono: device time is CLOCK_MONOTONIC / SIMGPU_TIME_SCALE)
-//   and a line "<label> cost_us=<round cost>": the sum over blocks of resident time / SMs.
+//   and a line "<label> cost_us=<round cost>": roundCostUs (the sum over the blocks that ran or
+//   were late of their resident time, over the SMs).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -65,7 +66,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "probe_check: %s\n", e.message().c_str());
       return 1;
     }
-    double resident = 0;
     for (const ProbeRun* p : {&r.tick, &r.sm, &r.mem}) {
       std::vector<uint64_t> dur, res;
       std::vector<double> rate, clk;
@@ -85,7 +85,6 @@ int main(int argc, char** argv) {
         const uint64_t d = b.end_ns - b.start_ns, in = d - std::min(d, b.gap_ns);
         dur.push_back(d);
         res.push_back(in);
-        resident += static_cast<double>(in);
         if (in) rate.push_back(static_cast<double>(b.work) * 1000.0 / static_cast<double>(in));
         if (in) clk.push_back(static_cast<double>(b.cycles) / static_cast<double>(in));
         gap = std::max(gap, b.gap_ns);
@@ -103,7 +102,7 @@ int main(int argc, char** argv) {
                   us(gap), us(maxGap), median(rate), median(clk), static_cast<unsigned long long>(tick),
                   latency(p->launchRealtimeNs), latency(p->launchMonotonicNs));
     }
-    std::printf("%s round=%d cost_us=%.1f\n", label, i, resident / sms / 1000.0);
+    std::printf("%s round=%d cost_us=%.1f\n", label, i, roundCostUs(r, sms));
   }
   return 0;
 }

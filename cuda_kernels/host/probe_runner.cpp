@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -226,6 +227,14 @@ ProbeError ProbeRunner::runRound(CUstream stream, uint32_t what, const ProbeBudg
   if (out->mem.blocks) out->mem.records = {h + smBlocks_, memBlocks_};
   if (out->tick.blocks) out->tick.records = {h + smBlocks_ + memBlocks_, tickBlocks_};
   return {};
+}
+
+double roundCostUs(const RoundRecords& r, uint32_t sms) {
+  uint64_t sum = 0;
+  for (const ProbeRun* p : {&r.tick, &r.sm, &r.mem})
+    for (const BlockRecord& b : p->records)
+      if (b.flags & (kProbeRan | kProbeLate)) sum += b.end_ns - b.start_ns - std::min(b.gap_ns, b.end_ns - b.start_ns);
+  return sms ? static_cast<double>(sum) / sms / 1000.0 : 0.0;
 }
 
 }  // namespace cushare::probe

@@ -71,6 +71,11 @@ struct RoundRecords {
   ProbeRun tick, sm, mem;  // launched in this order
 };
 
+// A round's GPU cost by its records, in us of whole-device time: the sum over every block that ran
+// (or wrote a late record) of its resident time (end - start - gaps), over the device's SMs, as if
+// each block held a whole SM (docs/probes.md, "Cost of a round").
+double roundCostUs(const RoundRecords& r, uint32_t sms);
+
 class ProbeRunner {
  public:
   // Loads the fatbin at fatbinPath into the calling thread's current context (which must be

@@ -179,18 +179,8 @@ double timeScale() {
 // The device time (simgpu's engine clock) of a CLOCK_MONOTONIC reading of the runner.
 uint64_t deviceTimeOf(uint64_t monotonicNs) { return static_cast<uint64_t>(static_cast<double>(monotonicNs) / timeScale()); }
 
-// The GPU cost of a round, in whole-device time: the sum over every block of the time it was
-// resident (end - start - gap_ns: its span less the time it was saved out), divided by the SMs.
-// A block holds one SM at most, so this bounds the SM-time the round took from other tenants, as
-// if each block had a whole SM to itself (it has a fraction).
-double roundCostUs(const RoundRecords& r, uint32_t sms) {
-  uint64_t sum = 0;
-  for (const ProbeRun* p : {&r.tick, &r.sm, &r.mem})
-    for (const BlockRecord& b : p->records)
-      if (b.flags & (kProbeRan | kProbeLate)) sum += b.end_ns - b.start_ns - std::min(b.gap_ns, b.end_ns - b.start_ns);
-  return static_cast<double>(sum) / sms / 1000.0;
-}
-
+// The GPU cost of a round (roundCostUs, probe_runner.h): a block holds one SM at most, so this
+// bounds the SM-time the round took from other tenants, as if each block had a whole SM to itself.
 class Runner : public ::testing::Test {
  protected:
   void SetUp() override {

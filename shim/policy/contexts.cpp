@@ -4,6 +4,7 @@
 // and returns the charges of the others (memory.cpp), then settles the pools (pools.cpp).
 #include "interpose/hooks.h"
 #include "interpose/real.h"
+#include "policy/probe_thread.h"
 #include "runtime/state.h"
 
 namespace cushare::shim {
@@ -32,7 +33,6 @@ CUresult afterRelease(CUresult r, CUdevice dev) noexcept {
       d.p_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
     pacerForgetContexts();
   return afterTeardown(r);
-  return r;
 }
 
 }  // namespace
@@ -45,19 +45,25 @@ CUresult hook_cuCtxDestroy_v2(CUcontext ctx) noexcept {
   pacerForgetContexts();
   return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx));
 }
+// The probe thread lets go of the primary context first (probe_thread.h): a reset finds no probe
+// using it, and the program's last release destroys it as the program asked.
 CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept {
+  probeLetGoOfPrimaryContext(dev);
   pacerForgetContexts();
   return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset(dev));
 }
 CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
+  probeLetGoOfPrimaryContext(dev);
   pacerForgetContexts();
   return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset_v2(dev));
 }
 CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept {
+  probeLetGoOfPrimaryContext(dev);
   pacerForgetContexts();
   return afterRelease(realDriver().p_cuDevicePrimaryCtxRelease(dev), dev);
 }
 CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept {
+  probeLetGoOfPrimaryContext(dev);
   return afterRelease(realDriver().p_cuDevicePrimaryCtxRelease_v2(dev), dev);
 }
 

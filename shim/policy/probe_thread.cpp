@@ -57,15 +57,21 @@ std::atomic<bool> gExiting{false};  // the process is exiting: no more driver ca
 thread_local int tProbeOrdinal = -1;  // the device the probe thread is launching on
 uint32_t gSeen[kMaxDevices] = {};  // the pacer's last seen probe_seq per device (under the pacer's lock)
 
-// Per device, on the probe thread only.
+// Per device: on the probe thread, and in probeLetGoOfPrimaryContext; always under gRoundMu.
 struct DeviceProbe {
   std::unique_ptr<probe::ProbeRunner> runner;
   CUstream stream = nullptr;
+  bool retained = false;  // the thread holds a reference to the device's primary context
+  CUdevice device = 0;    // the device it retained
   bool failed = false;  // loading failed: every later request answered with the same status
   int32_t status = probe::kProbeOk;
   std::string error;
 };
 DeviceProbe gDevices[kMaxDevices];
+// Held while the thread loads or runs a round (never while it sleeps until an instant), and by a
+// program's release or reset of a primary context while the probes let go of it: the two never
+// use a context at once.
+pthread_mutex_t gRoundMu = PTHREAD_MUTEX_INITIALIZER;
 int gFile = -1;  // the tenant's probe file
 
 constexpr uint64_t kMissedInstant = 50'000'000;  // later than this past the instant: not run
@@ -171,6 +177,29 @@ uint32_t deviceSms(uint32_t visible) {
   return static_cast<uint32_t>(visible * 100.0 / pct + 0.5);
 }
 
+// Frees the runner (its module and memory, in its context, while it still exists: their charges
+// return through the shim's hooks), then the thread's reference to the primary context. Under
+// gRoundMu. The next request loads again if the process uses the context then.
+void letGo(DeviceProbe& dp) {
+  RealDriver& d = realDriver();
+  if (dp.stream != nullptr) cuStreamDestroy_v2(dp.stream);
+  dp.stream = nullptr;
+  dp.runner.reset();
+  if (dp.retained && d.p_cuDevicePrimaryCtxRelease_v2) d.p_cuDevicePrimaryCtxRelease_v2(dp.device);
+  const CUdevice dev = dp.device;
+  dp = DeviceProbe{};
+  dp.device = dev;
+}
+
+void runRequest(const Request& r);
+
+// runRequest under gRoundMu; the wait for the round's instant outside it.
+void runRequestLocked(const Request& r) {
+  pthread_mutex_lock(&gRoundMu);
+  runRequest(r);
+  pthread_mutex_unlock(&gRoundMu);
+}
+
 void runRequest(const Request& r) {
   if (gExiting.load(std::memory_order_acquire)) return;
   DeviceProbe& dp = gDevices[r.ordinal];
@@ -201,7 +230,8 @@ void runRequest(const Request& r) {
       return;
     } else if (!d.p_cuDeviceGet || !d.p_cuDevicePrimaryCtxRetain || !d.p_cuCtxSetCurrent ||
                d.p_cuDeviceGet(&dev, r.ordinal) != CUDA_SUCCESS ||
-               d.p_cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || d.p_cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+               d.p_cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+               ((dp.retained = true), (dp.device = dev), d.p_cuCtxSetCurrent(ctx) != CUDA_SUCCESS)) {
       dp.failed = true;
       dp.status = probe::kProbeLoadFailed;
       dp.error = "no primary context for the device";
@@ -228,12 +258,19 @@ void runRequest(const Request& r) {
     return;
   }
   // The instant (CLOCK_REALTIME, absolute); a request already long past is not run (its start
-  // would read as a wait for the device).
+  // would read as a wait for the device). The wait is outside gRoundMu: a program's release or
+  // reset meanwhile lets go of the runner, which is then loaded again.
   const bool idleAtInstant = clockNs(CLOCK_REALTIME) <= r.at;
   timespec at{static_cast<time_t>(r.at / 1'000'000'000u), static_cast<long>(r.at % 1'000'000'000u)};
+  pthread_mutex_unlock(&gRoundMu);
   while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &at, nullptr) == EINTR) {
   }
+  pthread_mutex_lock(&gRoundMu);
   if (gExiting.load(std::memory_order_acquire)) return;
+  if (!dp.runner) {
+    writeAnswer(r, probe::kProbeRunFailed, "the program released the primary context before the instant", nullptr, 0, 0);
+    return;
+  }
   if (clockNs(CLOCK_REALTIME) > r.at + kMissedInstant) {
     writeAnswer(r, probe::kProbeRunFailed, "missed the round's instant", nullptr, 0, 0);
     return;
@@ -264,7 +301,7 @@ void* probeMain(void*) {
     --gCount;
     pthread_mutex_unlock(&gMu);
     tProbeOrdinal = r.ordinal;
-    runRequest(r);
+    runRequestLocked(r);
   }
   return nullptr;
 }
@@ -345,9 +382,17 @@ void probeCheck(int ordinal, LedgerComputeDevice* w, int slot) noexcept {
   pthread_mutex_unlock(&gMu);
 }
 
+void probeLetGoOfPrimaryContext(CUdevice dev) noexcept {
+  pthread_mutex_lock(&gRoundMu);
+  for (DeviceProbe& dp : gDevices)
+    if (dp.retained && dp.device == dev) letGo(dp);
+  pthread_mutex_unlock(&gRoundMu);
+}
+
 void probeResetAfterFork() noexcept {
   // The thread, its runners and the parent's requests are not the child's.
   gMu = PTHREAD_MUTEX_INITIALIZER;
+  gRoundMu = PTHREAD_MUTEX_INITIALIZER;
   gCv = PTHREAD_COND_INITIALIZER;
   gStarted = false;
   gHead = gCount = 0;

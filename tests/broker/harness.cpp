@@ -355,6 +355,15 @@ uint64_t limitOn0(const rpc::Tenant& t) {
   return t.devices_size() && t.devices(0).has_limit_bytes() ? t.devices(0).limit_bytes() : UINT64_MAX;
 }
 
+bool eventually(const std::function<bool()>& pred, int ms) {
+  for (const auto start = std::chrono::steady_clock::now();
+       std::chrono::steady_clock::now() - start < std::chrono::milliseconds(ms);) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return pred();
+}
+
 double probeShareOn0(Broker& b, const std::string& tenant, rpc::ProbeShare* share_out) {
   const rpc::Tenant t = b.tenant(tenant);
   if (t.devices_size() < 1 || !t.devices(0).has_probe()) return -1;

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -106,6 +107,9 @@ class Broker {
   std::string dir_;
   Child proc_;
 };
+
+// Waits up to ms for pred (polled every 50 ms); its last answer.
+bool eventually(const std::function<bool()>& pred, int ms = 15000);
 
 // A connected Unix stream socket to path, or -1.
 int connectUnix(const std::string& path);

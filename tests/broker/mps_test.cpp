@@ -49,15 +49,6 @@ bool gone(int pid) {
   return paren == std::string::npos || (paren + 2 < stat.size() && stat[paren + 2] == 'Z');
 }
 
-// Waits up to ms for pred.
-bool eventually(const std::function<bool()>& pred, int ms = 15000) {
-  for (const auto start = Clock::now(); Clock::now() - start < std::chrono::milliseconds(ms);) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return pred();
-}
-
 struct MpsCase {
   std::string dir, pipe, logs;
   Broker broker;
@@ -559,6 +550,32 @@ TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
   EXPECT_NEAR(probe("large"), b, 0.07);
   EXPECT_EQ(small.readLine(60000).rfind("spun ", 0), 0u);
   EXPECT_EQ(large.readLine(60000).rfind("spun ", 0), 0u);
+}
+
+// A program's last release of its primary context destroys it, with everything in it, even with
+// the probes loaded there: the probe thread frees its runner and drops its own reference first.
+// Before, that reference kept the context alive: the program's 64 MiB stayed on the device (and
+// charged to the tenant) after the program let go of it, and on a GPU the context's own memory.
+TEST(BrokerMps, AReleasedPrimaryContextGoesWithTheProbesLoadedInIt) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "probes: {interval_ms: 20, kinds: [sm, tick]}\n" + kTenants))
+      << m.broker.log();
+  std::string first;
+  Child small = m.worker("small", &first, {}, true, {"--primary", "1"});
+  ASSERT_EQ(first, "ready 30");
+  ASSERT_EQ(small.ask("alloc 67108864"), "ok");
+  EXPECT_EQ(small.ask("spin 300").rfind("spun ", 0), 0u);
+  // The probes answer with records from the program's context.
+  ASSERT_TRUE(eventually([&] { return m.broker.tenant("small").devices(0).probe().rounds_with_work() > 0; }))
+      << m.broker.tenant("small").DebugString();
+  ASSERT_GT(deviceMemoryOn0()[small.pid()], uint64_t{64} << 20) << "the program's 64 MiB and the probes'";
+  EXPECT_EQ(small.ask("release"), "release 0");
+  EXPECT_TRUE(eventually([&] { return deviceMemoryOn0()[small.pid()] == 0; }, 3000))
+      << deviceMemoryOn0()[small.pid()] << " bytes still on the device";
+  EXPECT_TRUE(eventually([&] { return usedOn0(m.broker.tenant("small")) == 0; }, 3000))
+      << usedOn0(m.broker.tenant("small")) << " bytes still charged";
+  small.send("quit");
+  small.wait();
 }
 
 // Hole (a), the shim's side: a program that changes its own MPS variables in main, after the

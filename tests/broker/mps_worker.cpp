@@ -8,6 +8,8 @@
 //   spin MS       -> launches mps_spin kernels (the cost table says how long a block lasts), each
 //                    filling the SMs of a client capped at 30 or 70 % in whole waves, four queued
 //                    at all times, for MS ms of host time: "spun KERNELS"
+//   release       -> cuDevicePrimaryCtxRelease (with --primary 1: the program lets go of its
+//                    context and everything in it): "release CODE"
 //   quit          -> exits 0
 // Options, applied in main before cuInit (a program changing its own environment after the
 // shim's constructor ran):
@@ -135,6 +137,8 @@ int main(int argc, char** argv) {
       say("sync " + std::to_string(cuCtxSynchronize()));
     } else if (cmd == "spin") {
       say(spin(std::atol(arg.c_str())));
+    } else if (cmd == "release") {
+      say("release " + std::to_string(cuDevicePrimaryCtxRelease(dev)));
     } else if (cmd == "quit") {
       return 0;
     } else {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cushare/ledger_abi.h"
+#include "cushare/probe_file.h"
 #include "harness.h"
 #include "timeslice_board.h"
 
@@ -380,6 +381,69 @@ TEST(Probe, TimeSlicingMeasuredWithinSevenPoints) {
                       "tenants:\n  - {name: a}\n  - {name: c}\n"));
   probesMatchSimgpu(b, {"a", "c"},
                     [&] { EXPECT_EQ(b.tenant("a").devices(0).probe().regime(), "time-sliced"); });
+}
+
+// The newest answer in a tenant's probe file (docs/probes.md, "The probe file"): its status, its
+// error and whether it carries records.
+struct LatestAnswer {
+  uint32_t seq = 0;
+  int32_t status = -1;
+  std::string error;
+  bool records = false;
+};
+LatestAnswer latestAnswer(Broker& b, const std::string& tenant) {
+  LatestAnswer out;
+  std::ifstream in(b.ledgerDir() + "/" + tenant + ".probe", std::ios::binary);
+  for (uint32_t i = 0; i < probe::kProbeFileAnswers; ++i) {
+    probe::ProbeAnswerHeader h{};
+    in.seekg(static_cast<std::streamoff>(probe::probeAnswerOffset(i)));
+    if (!in.read(reinterpret_cast<char*>(&h), sizeof h)) break;
+    if (h.seq <= out.seq) continue;
+    out.seq = h.seq;
+    out.status = h.status;
+    h.error[sizeof h.error - 1] = '\0';
+    out.error = h.error;
+    out.records = false;
+    for (const probe::ProbeFileLaunch& l : h.launches) out.records |= l.kind != 0 && l.blocks != 0;
+  }
+  return out;
+}
+
+// A program that resets its device (cudaDeviceReset) takes the probes with it: the probe thread
+// frees its module and memory and drops its reference to the primary context before the reset
+// (a reset does not release a reference, and the probes' handles die with the context), is not
+// loaded again while the program does not use the context, and is loaded again once it does.
+// Before, every later round failed ("CUDA_ERROR_...") for the life of the process.
+TEST(Probe, AResetTakesTheProbesWithItAndTheyComeBackWithTheContext) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("probes: {interval_ms: 20, window_s: 600, kinds: [sm, tick]}\ntenants:\n  - {name: a}\n"));
+  Child a = worker(b, "a");
+  a.send("run 600 200");
+  ASSERT_EQ(a.readLine(20000).rfind("done ", 0), 0u);
+  LatestAnswer got;
+  ASSERT_TRUE(eventually([&] { return (got = latestAnswer(b, "a")).status == probe::kProbeOk && got.records; }))
+      << got.status << " " << got.error;
+  EXPECT_GT(deviceMemoryOn0()[a.pid()], 0u) << "the probes' module and records, in the program's context";
+  EXPECT_EQ(a.ask("reset"), "reset 0");
+  // Nothing of the process is left on the device, by its own count and the ledger's.
+  EXPECT_EQ(deviceMemoryOn0()[a.pid()], 0u);
+  EXPECT_EQ(usedOn0(b.tenant("a")), 0u);
+  // Rounds go on: the process does not use the primary context now, so it is not probed (and
+  // the probes hold nothing on the device).
+  const uint32_t afterReset = latestAnswer(b, "a").seq;
+  ASSERT_TRUE(eventually([&] {
+    got = latestAnswer(b, "a");
+    return got.seq > afterReset + 2 && got.status != probe::kProbeOk;
+  })) << got.seq << " " << got.status;
+  EXPECT_EQ(got.error, "not probed: the process does not use the primary context");
+  EXPECT_EQ(deviceMemoryOn0()[a.pid()], 0u);
+  // The program works on: a new primary context, and the probes in it again.
+  a.send("run 600 200");
+  ASSERT_EQ(a.readLine(20000).rfind("done ", 0), 0u);
+  ASSERT_TRUE(eventually([&] { return (got = latestAnswer(b, "a")).status == probe::kProbeOk && got.records; }))
+      << got.status << " " << got.error;
+  a.send("quit");
+  a.wait();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 //   prio P                -> a stream created with priority P: "prio GOT" (its priority)
 //   range                 -> "range LEAST GREATEST"
 //   pid                   -> "pid PID"
+//   reset                 -> cudaDeviceReset (every allocation and stream of the device goes): "reset CODE"
 //   quit
 // At start it prints "ready" (after the context exists), or "init-failed CODE".
 #include <cuda_runtime.h>
@@ -130,6 +131,8 @@ int main() {
       int least = 0, greatest = 0;
       cudaDeviceGetStreamPriorityRange(&least, &greatest);
       std::printf("range %d %d\n", least, greatest);
+    } else if (cmd == "reset") {
+      std::printf("reset %d\n", static_cast<int>(cudaDeviceReset()));
     } else if (cmd == "pid") {
       std::printf("pid %d\n", static_cast<int>(getpid()));
     } else if (cmd == "quit") {

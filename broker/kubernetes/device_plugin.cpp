@@ -157,6 +157,11 @@ struct TenantServer {
   uint64_t served = 0;   // which serve() this is (plugin-wide): a registration answer for another is stale
   bool registered = false;
   bool wanted = false;   // to be registered on the watcher's next pass
+  // Serving anew failed (the socket's path cannot be taken): the next try not before serveAfter,
+  // the wait doubling from 200 ms to 5 s; the error logged when it first comes or changes.
+  Clock::time_point serveAfter{};
+  std::chrono::milliseconds serveBackoff{0};
+  std::string serveError;
 };
 
 // One registration the watcher sends (outside the plugin's lock).
@@ -343,14 +348,27 @@ struct DevicePlugin::Impl {
     }
   }
 
-  // Serves anew and registers (the kubelet deleted the socket, or restarted).
-  void restart(const std::string& name, TenantServer* t) {
+  // Serves anew and registers (the kubelet deleted the socket, or restarted). A failure is tried
+  // again with a growing wait (200 ms doubling to 5 s), logged when it first comes or changes
+  // (it was logged, and tried, every 200 ms for as long as it lasted).
+  void restart(const std::string& name, TenantServer* t, Clock::time_point now) {
     shutdown(t, true);
     std::string err;
     if (!serve(name, t, &err)) {
-      CUSHARE_BLOG(error, "{}", err);
+      t->serveBackoff = std::min<std::chrono::milliseconds>(
+          std::max<std::chrono::milliseconds>(2 * t->serveBackoff, std::chrono::milliseconds(200)),
+          std::chrono::milliseconds(5000));
+      t->serveAfter = now + t->serveBackoff;
+      if (err != t->serveError)
+        CUSHARE_BLOG(error, "{}; trying again with a growing wait, up to every 5 s (logged again when the error changes)",
+                     err);
+      t->serveError = err;
       return;
     }
+    if (!t->serveError.empty())
+      CUSHARE_BLOG(info, "kubernetes: serving {} again", t->shared->resource);
+    t->serveBackoff = std::chrono::milliseconds(0);
+    t->serveError.clear();
     registerWithKubelet(t);
   }
 
@@ -390,9 +408,11 @@ struct DevicePlugin::Impl {
       // anew removes the old socket itself, and taking that event for the kubelet's served anew
       // again, for ever (a CI run saw alpha re-served every millisecond).
       if (inodeOf(path(t.endpoint)) != t.inode) {
-        CUSHARE_BLOG(info, "kubernetes: the socket of {} was removed (a kubelet restart?); serving it again",
-                     t.shared->resource);
-        restart(name, &t);
+        if (now < t.serveAfter) continue;  // serving anew failed: waiting to try again
+        if (t.serveError.empty())
+          CUSHARE_BLOG(info, "kubernetes: the socket of {} was removed (a kubelet restart?); serving it again",
+                       t.shared->resource);
+        restart(name, &t, now);
       } else if (kubeletCreated) {
         CUSHARE_BLOG(info, "kubernetes: kubelet.sock was created (the kubelet restarted); registering {} again",
                      t.shared->resource);

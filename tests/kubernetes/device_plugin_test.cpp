@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <thread>
@@ -205,6 +207,43 @@ TEST(DevicePlugin, ARestartedKubeletGetsEveryResourceRegisteredAgain) {
   ASSERT_EQ(::rename((sock + ".moved").c_str(), sock.c_str()), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(kubelet.plugin("cushare.io/alpha").registrations, before);
+  v1beta1::AllocateResponse a;
+  EXPECT_TRUE(allocate(kubelet, "cushare.io/alpha", {{kGpu0 + "::1"}}, &a).ok());
+}
+
+// A socket that cannot be served anew (something else took its path) is tried again with a
+// growing wait and logged once, not every 200 ms for as long as it lasts (10 error lines in 2 s
+// before); once the path is free it is served and registered again.
+TEST(DevicePlugin, ASocketThatCannotBeServedAgainIsRetriedWithAGrowingWaitAndLoggedOnce) {
+  // The log, caught before the plugin's threads start and let go after they end.
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
+  spdlog::default_logger()->sinks().push_back(ring);
+  struct Unhook {
+    std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> r;
+    ~Unhook() { std::erase(spdlog::default_logger()->sinks(), r); }
+  } unhook{ring};
+  const std::string dir = dirFor("blocked");
+  Running running(dir);
+  ASSERT_TRUE(running.start(settings(dir)));
+  auto& [kubelet, h, plugin] = running;
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
+  const std::string sock = dir + "/cushare-alpha.sock";
+  ASSERT_EQ(::unlink(sock.c_str()), 0);
+  ASSERT_EQ(::mkdir(sock.c_str(), 0755), 0);  // the path taken: serving it fails
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  auto count = [&](const std::string& what) {
+    int n = 0;
+    for (const std::string& line : ring->last_formatted())
+      if (line.find(what) != std::string::npos) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("cannot serve cushare.io/alpha"), 1);
+  EXPECT_EQ(count("the socket of cushare.io/alpha was removed"), 1);
+  const int before = kubelet.plugin("cushare.io/alpha").registrations;
+  ASSERT_EQ(::rmdir(sock.c_str()), 0);
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [&](const auto& p) { return p.registrations > before; }))
+      << "served and registered again once the path is free";
+  EXPECT_EQ(count("serving cushare.io/alpha again"), 1);
   v1beta1::AllocateResponse a;
   EXPECT_TRUE(allocate(kubelet, "cushare.io/alpha", {{kGpu0 + "::1"}}, &a).ok());
 }

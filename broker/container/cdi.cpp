@@ -25,19 +25,6 @@ bool alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || 
 
 std::string sysErr(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-// mkdir -p, mode 0755 for what it creates.
-bool makeDirs(const std::string& dir, std::string* err) {
-  for (size_t i = 1; i <= dir.size(); ++i) {
-    if (i != dir.size() && dir[i] != '/') continue;
-    const std::string part = dir.substr(0, i);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return fail(err, sysErr("cannot create " + part));
-  }
-  struct stat st{};
-  if (::stat(dir.c_str(), &st) != 0) return fail(err, sysErr("cannot use " + dir));
-  if (!S_ISDIR(st.st_mode)) return fail(err, dir + " is not a directory");
-  return true;
-}
-
 }  // namespace
 
 std::string cdiDeviceName(const std::string& tenant) { return std::string(kCdiKind) + "=" + tenant; }
@@ -124,7 +111,7 @@ bool buildCdiSpec(const std::vector<std::string>& tenants, const HostPlaces& hos
 }
 
 bool writeCdiSpec(const std::string& dir, const std::string& text, std::string* err) {
-  if (!makeDirs(dir, err)) return false;
+  if (!makeDirectories(dir, 0755, "", err)) return false;
   // Hidden and without the .json ending: runtimes scanning the directory skip the temporary.
   return writeFileAtomically(dir + "/" + kCdiSpecFile, dir + "/." + kCdiSpecFile + ".XXXXXX", text, 0644, err);
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "cushare/atomic_file.h"
 
 namespace cushare::broker {
 namespace {
@@ -63,19 +64,6 @@ bool checkParents(const std::string& path, const std::string& what, bool strict,
       return false;
     }
     if (d == holder) break;
-  }
-  return true;
-}
-
-// mkdir -p for the directories above path (mode 0755); the last component is left to the caller.
-bool makeParents(const std::string& path, std::string* err) {
-  for (size_t i = 1; i < path.size(); ++i) {
-    if (path[i] != '/') continue;
-    const std::string p = path.substr(0, i);
-    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) {
-      *err = sysErr("cannot create directory " + p);
-      return false;
-    }
   }
   return true;
 }
@@ -146,7 +134,7 @@ bool checkPlaces(const Config& c, std::string* err) {
 
 bool prepareLedgerDir(const Config& c, std::string* err) {
   const std::string& dir = c.ledgerDir;
-  if (!makeParents(dir, err)) return false;
+  if (!makeParentDirectories(dir, err)) return false;
   if (::mkdir(dir.c_str(), 0711) != 0 && errno != EEXIST) {
     *err = sysErr("cannot create ledger_dir " + dir);
     return false;
@@ -192,7 +180,7 @@ bool prepareLedgerDir(const Config& c, std::string* err) {
     *err = sysErr("cannot set the mode of ledger_dir " + dir);
     return false;
   }
-  if (!makeParents(c.stateFile, err) || !makeParents(c.socket, err)) return false;
+  if (!makeParentDirectories(c.stateFile, err) || !makeParentDirectories(c.socket, err)) return false;
   // Checked again now that every directory exists: one created by someone else meanwhile is refused.
   return checkPlaces(c, err);
 }

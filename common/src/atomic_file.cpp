@@ -46,4 +46,27 @@ bool writeFileAtomically(const std::string& path, std::string tmpTemplate, const
   return true;
 }
 
+bool makeDirectories(const std::string& dir, mode_t mode, const std::string& what, std::string* err) {
+  auto fail = [&](const std::string& why) {
+    if (err) *err = why;
+    return false;
+  };
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i != dir.size() && dir[i] != '/') continue;
+    const std::string part = dir.substr(0, i);
+    if (::mkdir(part.c_str(), i == dir.size() ? mode : 0755) != 0 && errno != EEXIST)
+      return fail("cannot create " + what + part + ": " + std::strerror(errno));
+  }
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) return fail("cannot use " + what + dir + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return fail(what + dir + " is not a directory");
+  return true;
+}
+
+bool makeParentDirectories(const std::string& path, std::string* err) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos || slash == 0) return true;  // in the working directory, or in /
+  return makeDirectories(path.substr(0, slash), 0755, "directory ", err);
+}
+
 }  // namespace cushare

@@ -37,6 +37,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cushare/atomic_file.h"
+
 namespace cushare {
 namespace {
 
@@ -158,28 +160,6 @@ void lockSlotPid(int fd, uint32_t slot) noexcept {
 void unlockSlot(int fd, uint32_t slot) noexcept {
   struct flock fl = byteLock(F_UNLCK, kLedgerSlotLockBase + slot);
   ::fcntl(fd, F_OFD_SETLK, &fl);
-}
-
-// mkdir -p; only the ledger directory itself gets 0700 (as `mkdir -p -m 0700`).
-bool makeDirs(const std::string& dir, std::string* err) {
-  for (size_t i = 1; i < dir.size(); ++i)
-    if (dir[i] == '/') ::mkdir(dir.substr(0, i).c_str(), 0755);  // errors: the last mkdir says
-  if (::mkdir(dir.c_str(), 0700) == 0) return true;
-  const int e = errno;
-  if (e != EEXIST) {
-    *err = errnoText("cannot create ledger directory " + dir, e);
-    return false;
-  }
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) {
-    *err = errnoText("cannot access ledger directory " + dir, errno);
-    return false;
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    *err = "ledger directory " + dir + " exists and is not a directory";
-    return false;
-  }
-  return true;
 }
 
 template <class T>
@@ -305,7 +285,8 @@ std::unique_ptr<Ledger> Ledger::open(const std::string& dir, const std::string& 
     *err = "ledger directory is empty (CUSHARE_LEDGER_DIR)";
     return nullptr;
   }
-  if (options.createDir && !makeDirs(dir, err)) return nullptr;
+  // mkdir -p; only the ledger directory itself gets 0700 (as `mkdir -p -m 0700`).
+  if (options.createDir && !makeDirectories(dir, 0700, "ledger directory ", err)) return nullptr;
   const std::string path = dir + "/" + (options.fileName.empty() ? tenant + ".ledger" : options.fileName);
 
   // O_NOFOLLOW: the directory may be shared; never follow a link planted in it.

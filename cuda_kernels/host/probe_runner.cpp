@@ -155,6 +155,13 @@ void ProbeRunner::release() noexcept {
 
 ProbeRunner::~ProbeRunner() { release(); }
 
+void ProbeRunner::abandon() noexcept {
+  ctx_ = nullptr;
+  module_ = nullptr;
+  for (CUfunction& f : fn_) f = nullptr;
+  buffer_ = records_ = t0_ = 0;
+}
+
 ProbeError ProbeRunner::launch(CUstream stream, CUfunction f, ProbeKind kind, uint32_t slot, uint32_t blocks,
                                uint32_t threads, uint64_t budgetNs, uint64_t records, ProbeRun* run) noexcept {
   ProbeArgs a{};

@@ -90,6 +90,10 @@ class ProbeRunner {
   // those not run).
   ProbeError runRound(CUstream stream, uint32_t what, const ProbeBudgets& budget, RoundRecords* out) noexcept;
 
+  // The context was destroyed under the runner (its program released or reset it): every handle
+  // died with it; forget them without a driver call (the destructor then makes none).
+  void abandon() noexcept;
+
   CUcontext context() const { return ctx_; }
   uint32_t smCount() const { return sms_; }  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
   const RunnerOptions& options() const { return opts_; }

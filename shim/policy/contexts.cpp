@@ -45,26 +45,33 @@ CUresult hook_cuCtxDestroy_v2(CUcontext ctx) noexcept {
   pacerForgetContexts();
   return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx));
 }
-// The probe thread lets go of the primary context first (probe_thread.h): a reset finds no probe
-// using it, and the program's last release destroys it as the program asked.
+// The probe thread is kept off the context across the program's call, and lets go of its own
+// reference (ProbeContextGuard, probe_thread.h): a reset finds no probe using the context, and the
+// program's last release destroys it as the program asked.
 CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept {
-  probeLetGoOfPrimaryContext(dev);
+  ProbeContextGuard probes(dev);
+  probes.letGoBeforeReset();
   pacerForgetContexts();
   return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset(dev));
 }
 CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
-  probeLetGoOfPrimaryContext(dev);
+  ProbeContextGuard probes(dev);
+  probes.letGoBeforeReset();
   pacerForgetContexts();
   return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset_v2(dev));
 }
 CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept {
-  probeLetGoOfPrimaryContext(dev);
+  ProbeContextGuard probes(dev);
   pacerForgetContexts();
-  return afterRelease(realDriver().p_cuDevicePrimaryCtxRelease(dev), dev);
+  const CUresult r = realDriver().p_cuDevicePrimaryCtxRelease(dev);
+  probes.afterRelease(r);
+  return afterRelease(r, dev);
 }
 CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept {
-  probeLetGoOfPrimaryContext(dev);
-  return afterRelease(realDriver().p_cuDevicePrimaryCtxRelease_v2(dev), dev);
+  ProbeContextGuard probes(dev);
+  const CUresult r = realDriver().p_cuDevicePrimaryCtxRelease_v2(dev);
+  probes.afterRelease(r);
+  return afterRelease(r, dev);
 }
 
 }  // namespace cushare::shim

@@ -57,7 +57,7 @@ std::atomic<bool> gExiting{false};  // the process is exiting: no more driver ca
 thread_local int tProbeOrdinal = -1;  // the device the probe thread is launching on
 uint32_t gSeen[kMaxDevices] = {};  // the pacer's last seen probe_seq per device (under the pacer's lock)
 
-// Per device: on the probe thread, and in probeLetGoOfPrimaryContext; always under gRoundMu.
+// Per device: on the probe thread, and in ProbeContextGuard (probe_thread.h); always under gRoundMu.
 struct DeviceProbe {
   std::unique_ptr<probe::ProbeRunner> runner;
   CUstream stream = nullptr;
@@ -68,10 +68,13 @@ struct DeviceProbe {
   std::string error;
 };
 DeviceProbe gDevices[kMaxDevices];
-// Held while the thread loads or runs a round (never while it sleeps until an instant), and by a
-// program's release or reset of a primary context while the probes let go of it: the two never
-// use a context at once.
+// Held while the thread loads or runs a round (never while it sleeps until an instant), and by
+// the shim's hooks across a program's release or reset of a primary context (ProbeContextGuard):
+// the two never use a context at once.
 pthread_mutex_t gRoundMu = PTHREAD_MUTEX_INITIALIZER;
+// Guards waiting for gRoundMu: a probe launch waiting at the tenant's gate gives up (the round
+// fails), so a release or reset never waits for a turn the tenant may never get.
+std::atomic<int> gGuardsWaiting{0};
 int gFile = -1;  // the tenant's probe file
 
 constexpr uint64_t kMissedInstant = 50'000'000;  // later than this past the instant: not run
@@ -186,9 +189,7 @@ void letGo(DeviceProbe& dp) {
   dp.stream = nullptr;
   dp.runner.reset();
   if (dp.retained && d.p_cuDevicePrimaryCtxRelease_v2) d.p_cuDevicePrimaryCtxRelease_v2(dp.device);
-  const CUdevice dev = dp.device;
   dp = DeviceProbe{};
-  dp.device = dev;
 }
 
 void runRequest(const Request& r);
@@ -268,7 +269,8 @@ void runRequest(const Request& r) {
   pthread_mutex_lock(&gRoundMu);
   if (gExiting.load(std::memory_order_acquire)) return;
   if (!dp.runner) {
-    writeAnswer(r, probe::kProbeRunFailed, "the program released the primary context before the instant", nullptr, 0, 0);
+    writeAnswer(r, probe::kProbeRunFailed, "the program let go of the primary context before the instant", nullptr,
+                0, 0);
     return;
   }
   if (clockNs(CLOCK_REALTIME) > r.at + kMissedInstant) {
@@ -309,8 +311,9 @@ void* probeMain(void*) {
 }  // namespace
 
 // The probes' launches (probe_driver.h sends the runner's cuLaunchKernel here): like the tenant's
-// kernels they wait for its gate where the broker paces the device (a futex wait, the broker's
-// heartbeat bounding it: 3 s without it and the gate is taken for gone), unless this process's
+// kernels they wait for its gate where the broker paces the device (a futex wait until the
+// tenant's turn, which a tenant without work never gets; 3 s without the broker's heartbeat and
+// the gate is taken for gone; given up when a ProbeContextGuard waits or the process exits), unless this process's
 // kernels are still in flight (the tenant's turn draining: its work is on the device), then go straight to the
 // driver, neither metered nor counted in flight, so that a probe of the tenant holding the device
 // starts within the launch latency instead of behind its own in-flight kernels.
@@ -327,6 +330,10 @@ CUresult probeLaunch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsign
     uint32_t epoch = w->gate_epoch.load(std::memory_order_acquire);
     uint64_t still = clockNs(CLOCK_MONOTONIC);
     for (;;) {
+      // A release or reset of the context waits for this round: give up rather than wait for a
+      // turn the tenant may never get (it may have no work); so at exit.
+      if (gGuardsWaiting.load(std::memory_order_acquire) > 0 || gExiting.load(std::memory_order_acquire))
+        return CUDA_ERROR_NOT_PERMITTED;
       if (!(w->mode.load(std::memory_order_acquire) & kComputePaced)) break;
       const uint32_t gate = w->gate.load(std::memory_order_seq_cst);
       if (gate == kGateOpen) break;
@@ -382,17 +389,48 @@ void probeCheck(int ordinal, LedgerComputeDevice* w, int slot) noexcept {
   pthread_mutex_unlock(&gMu);
 }
 
-void probeLetGoOfPrimaryContext(CUdevice dev) noexcept {
+ProbeContextGuard::ProbeContextGuard(CUdevice dev) noexcept : dev_(dev) {
+  gGuardsWaiting.fetch_add(1, std::memory_order_acq_rel);
   pthread_mutex_lock(&gRoundMu);
-  for (DeviceProbe& dp : gDevices)
-    if (dp.retained && dp.device == dev) letGo(dp);
+}
+
+ProbeContextGuard::~ProbeContextGuard() {
   pthread_mutex_unlock(&gRoundMu);
+  gGuardsWaiting.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void ProbeContextGuard::letGoBeforeReset() noexcept {
+  for (DeviceProbe& dp : gDevices)
+    if (dp.retained && dp.device == dev_) letGo(dp);
+}
+
+void ProbeContextGuard::afterRelease(CUresult programsRelease) noexcept {
+  if (programsRelease != CUDA_SUCCESS) return;
+  RealDriver& d = realDriver();
+  for (DeviceProbe& dp : gDevices) {
+    if (!dp.retained || dp.device != dev_) continue;
+    if (!d.p_cuDevicePrimaryCtxRelease_v2 || !d.p_cuDevicePrimaryCtxGetState || !d.p_cuDevicePrimaryCtxRetain) {
+      letGo(dp);  // cannot look: free it all while the context surely lives (the program's call is done)
+      continue;
+    }
+    d.p_cuDevicePrimaryCtxRelease_v2(dev_);  // the thread's reference
+    unsigned flags = 0;
+    int active = 0;
+    CUcontext ctx = nullptr;
+    if (d.p_cuDevicePrimaryCtxGetState(dev_, &flags, &active) == CUDA_SUCCESS && active &&
+        d.p_cuDevicePrimaryCtxRetain(&ctx, dev_) == CUDA_SUCCESS)
+      continue;  // the program still holds it: the reference back, the runner kept
+    // Gone with the thread's reference: everything of the runner died with the context.
+    if (dp.runner) dp.runner->abandon();
+    dp = DeviceProbe{};
+  }
 }
 
 void probeResetAfterFork() noexcept {
   // The thread, its runners and the parent's requests are not the child's.
   gMu = PTHREAD_MUTEX_INITIALIZER;
   gRoundMu = PTHREAD_MUTEX_INITIALIZER;
+  gGuardsWaiting.store(0, std::memory_order_relaxed);
   gCv = PTHREAD_COND_INITIALIZER;
   gStarted = false;
   gHead = gCount = 0;

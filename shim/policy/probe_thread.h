@@ -11,13 +11,31 @@ namespace cushare::shim {
 // request for this process's slot goes to the probe thread (started at the first). Under the
 // pacer's lock; no system call unless a request is new.
 void probeCheck(int ordinal, LedgerComputeDevice* words, int slot) noexcept;
-// The program releases or resets the device's primary context (the shim's hooks, before the real
-// call): the probe thread frees its runner there and drops its own reference first, so the
-// context goes when the program lets go of it (the thread's reference kept it, and on a GPU its
-// memory, alive) and a reset finds no probe using it. Waits for a round in progress (its launches
-// may wait at the tenant's gate, bounded by the broker's heartbeat). The next request loads the
-// probes again if the process uses the context then.
-void probeLetGoOfPrimaryContext(CUdevice dev) noexcept;
+// Held by the shim's hooks across a program's release or reset of a device's primary context
+// (contexts.cpp). It keeps the probe thread off every context meanwhile: a round in progress ends
+// first (one waiting at the tenant's gate gives up within 50 ms), and no round loads or runs
+// until the program's call has returned. The probe thread holds its own reference to the
+// context, so:
+// - before a reset, letGoBeforeReset frees the probes' runner there (its memory's charges return
+//   through the shim's hooks) and drops that reference: the reset finds no probe using the
+//   context, and the next round loads again if the program uses the context then;
+// - after the program's release, afterRelease drops that reference too and looks: if the context
+//   went with it (the program held no more), the runner's handles died with it and are forgotten,
+//   as the program meant; if it lives on (the program still holds it), the reference is taken
+//   back and the runner kept (a program that pairs retain and release around its calls does not
+//   make the probes reload).
+class ProbeContextGuard {
+ public:
+  explicit ProbeContextGuard(CUdevice dev) noexcept;
+  ~ProbeContextGuard();
+  ProbeContextGuard(const ProbeContextGuard&) = delete;
+  ProbeContextGuard& operator=(const ProbeContextGuard&) = delete;
+  void letGoBeforeReset() noexcept;
+  void afterRelease(CUresult programsRelease) noexcept;
+
+ private:
+  CUdevice dev_;
+};
 // In the child after fork (the pacer's atfork handler).
 void probeResetAfterFork() noexcept;
 // The probe runner's launches (policy/probe_driver.h): wait at the tenant's gate, then the real

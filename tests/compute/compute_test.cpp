@@ -446,6 +446,35 @@ TEST(Probe, AResetTakesTheProbesWithItAndTheyComeBackWithTheContext) {
   a.wait();
 }
 
+// A reset while the process's probe waits at its tenant's closed gate: the tenant is paced (the
+// other tenant's cap puts the device in turns) and has no work of its own, so it gets no turn
+// while the other runs. The reset keeps the probe thread off the context, and the probe's launch
+// gives up rather than wait for that turn: the reset returns at once (it would wait for as long as
+// the other tenant kept the device busy, and for ever with a tenant that never stops).
+TEST(Probe, AResetDoesNotWaitForAProbeHeldAtTheTenantsGate) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("probes: {interval_ms: 20, window_s: 600, kinds: [tick]}\n"
+                      "tenants:\n  - {name: a}\n  - {name: c, thread_percentage: 30}\n"));
+  Child a = worker(b, "a"), c = worker(b, "c");
+  a.send("run 200 200");
+  ASSERT_EQ(a.readLine(20000).rfind("done ", 0), 0u);
+  c.send("run 8000 2000");
+  // a's probes now wait at its closed gate: asked, not answered for a while.
+  ASSERT_TRUE(eventually([&] { return b.tenant("a").devices_size() == 1 && b.tenant("a").devices(0).paced(); }))
+      << b.tenant("a").DebugString();
+  sleepMs(500);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(a.ask("reset", 6000), "reset 0");
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("reset beside a paced neighbour: %.0f ms\n", ms);
+  EXPECT_LT(ms, 1500) << "the reset waited for the probe's turn";
+  ASSERT_EQ(c.readLine(20000).rfind("done ", 0), 0u);
+  a.send("quit");
+  c.send("quit");
+  a.wait();
+  c.wait();
+}
+
 // ---------------------------------------------------------------------------------------------
 
 TEST(Live, ACapChangedByReloadAppliesToRunningProcesses) {

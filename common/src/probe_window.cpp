@@ -85,11 +85,13 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
       continue;
     }
     Acc& a = acc_[t.tenant];
-    // Samples of different regimes are different statistics (a 0/1 start, an SM fraction): when
-    // the tenant's regime changes (the broker learnt its processes are MPS clients, or began to
-    // pace it) its window starts anew. Mixed, the first rounds of an MPS client, taken before
-    // the broker had the server's client list, read as exclusive starts of 1 and raised its share.
-    if (a.rounds > 0 && a.regime != t.regime) a = Acc{};
+    // Exclusive and concurrent samples are different statistics (a 0/1 start, an SM fraction):
+    // when the tenant's regime changes between them (the broker learnt its processes are MPS
+    // clients, or found one outside MPS) its window starts anew. Mixed, the first rounds of an
+    // MPS client, taken before the broker had the server's client list, read as exclusive starts
+    // of 1 and raised its share. Turns and time slices give the same statistic: a switch between
+    // them (fair share starting and stopping as another tenant's work comes and goes) keeps it.
+    if (a.rounds > 0 && exclusive(a.regime) != exclusive(t.regime)) a = Acc{};
     ++a.rounds;
     a.regime = t.regime;
     if (t.has_work) ++a.with_work;

@@ -251,6 +251,14 @@ TEST(ProbeWindow, ARegimeChangeStartsTheTenantsWindowAnew) {
   EXPECT_EQ(w.regime, Regime::kConcurrent);
   EXPECT_EQ(w.rounds, 100u) << "the exclusive rounds before the change are not in the window";
   EXPECT_NEAR(w.compute_share.value, m.truth(0, d.sms), 0.02);
+  // Turns and time slices give the same 0/1 statistic: switching between them (fair share
+  // starting and stopping with another tenant's work) keeps the window, whoever causes it.
+  ShareAggregator ex(model::calibrate(d, rng));
+  const Schedule half({{0, 2e6}, {-1, 25e3}, {1, 2e6}, {-1, 25e3}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}};
+  for (int k = 0; k < 200; ++k)
+    ex.addRound(exclusiveRound(d, half, ts, k % 2 ? Regime::kTurns : Regime::kTimeSliced, roundAt(k, rng), rng));
+  EXPECT_EQ(byName(ex.window()).at("A").rounds, 200u);
 }
 
 // The start statistic is a binomial sample: over many windows of 100 rounds it is unbiased, lands

@@ -422,7 +422,7 @@ struct DevicePlugin::Impl {
     if (now - lastRetry >= timing.retry) {
       lastRetry = now;
       for (auto& [name, t] : servers)
-        if (!t.registered) registerWithKubelet(&t);
+        if (!t.registered && t.server) registerWithKubelet(&t);  // not an endpoint nobody serves
     }
   }
 

@@ -293,7 +293,10 @@ void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
   // solo), and the fastest start of each round.
   // Only the parameters: the rates and the latency come from the rolling observations alone (the
   // merged baseline fed back would keep its worst early latency for ever).
+  // The baseline's work per step is the shim's, never what a tenant's records claim (a tenant that
+  // claimed another made every other tenant's SM launches "differ": no concurrent share at all).
   probe::SoloBaseline base;
+  base.sm_work_per_step = probe::kProbeWorkPerStep;
   double fastest = -1;
   for (probe::TenantRound& tr : round.tenants)
     for (probe::ContextProbes& c : tr.contexts)
@@ -302,9 +305,8 @@ void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
         std::string err;
         if (probe::analyzeLaunch(l.records, l.ctx, &n, &err) != probe::LaunchOutcome::kNumbers) continue;
         if (l.ctx.kind == probe::kProbeSm) {
-          base.sm_count = l.ctx.sm_count;
+          base.sm_count = l.ctx.sm_count;  // per-SM factors do not depend on it
           base.sm_budget_ns = l.ctx.budget_ns;
-          base.sm_work_per_step = l.ctx.work_per_step;
         } else if (l.ctx.kind == probe::kProbeMem) {
           base.mem_budget_ns = l.ctx.budget_ns;
         }

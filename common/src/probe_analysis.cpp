@@ -294,18 +294,18 @@ double SmFactors::share() const {
 bool smFactors(const LaunchNumbers& n, const SoloBaseline& b, SmFactors* out, std::string* err) {
   if (n.kind != kProbeSm) return fail(err, "SM factors of a launch that is not an SM probe");
   if (!b.hasSm()) return fail(err, "SM factors: the solo baseline has no SM probe numbers");
-  if (n.work_per_step != b.sm_work_per_step || n.sm_count != b.sm_count)
-    return fail(err, "SM factors: the launch (work_per_step " + std::to_string(n.work_per_step) +
-                         ", " + std::to_string(n.sm_count) + " SMs) and the solo baseline (" +
-                         std::to_string(b.sm_work_per_step) + ", " + std::to_string(b.sm_count) +
-                         " SMs) differ");
+  // The factors are per SM, so launches on different SM counts compare (an MPS client's count is
+  // scaled back from its percentage, within the server's rounding: 132 and 133 on one device).
+  if (n.work_per_step != b.sm_work_per_step)
+    return fail(err, "SM factors: the launch's work_per_step " + std::to_string(n.work_per_step) +
+                         " and the solo baseline's " + std::to_string(b.sm_work_per_step) + " differ");
   if (n.ran == 0 || n.steps_per_us <= 0)
     return fail(err, "SM factors of a missing sample (no block ran)");
   out->spatial = double(n.distinct_sms) / double(n.sm_count);
   out->temporal = b.sm_resident_fraction > 0 ? n.resident_fraction / b.sm_resident_fraction : 1.0;
   out->intra = b.sm_cycles_per_step / n.cycles_per_step;
   out->clock = b.sm_cycles_per_ns > 0 ? n.cycles_per_ns / b.sm_cycles_per_ns : 1.0;
-  out->rate = n.steps_per_us / b.sm_steps_per_us;
+  out->rate = (n.steps_per_us / double(n.sm_count)) / (b.sm_steps_per_us / double(b.sm_count));
   return true;
 }
 

@@ -132,9 +132,11 @@ SoloBaseline RollingBaseline::merged(const SoloBaseline& base) const {
     b.sm_count = latest.sm_count;
   }
   for (const LaunchNumbers& n : sm_) {
-    if (n.work_per_step != b.sm_work_per_step || n.sm_count != b.sm_count) continue;
-    b.sm_steps_per_us = std::max(b.sm_steps_per_us, n.steps_per_us);
-    b.sm_distinct = std::max(b.sm_distinct, n.distinct_sms);
+    // Per-SM numbers from every launch with the baseline's work per step; the device-wide rate
+    // scaled to the baseline's SM count, the distinct SMs only from launches on that count.
+    if (n.work_per_step != b.sm_work_per_step || n.sm_count == 0) continue;
+    b.sm_steps_per_us = std::max(b.sm_steps_per_us, n.steps_per_us * double(b.sm_count) / double(n.sm_count));
+    if (n.sm_count == b.sm_count) b.sm_distinct = std::max(b.sm_distinct, n.distinct_sms);
     b.sm_resident_fraction = std::max(b.sm_resident_fraction, n.resident_fraction);
     b.sm_cycles_per_ns = std::max(b.sm_cycles_per_ns, n.cycles_per_ns);
     // Cycles per step only from launches whose blocks each had an SM to themselves: stacked

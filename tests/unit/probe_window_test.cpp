@@ -296,9 +296,10 @@ struct MpsResult {
 };
 
 // One client per tenant (names "T0", "T1", ...); tenant `late_tenant`'s SM probe finds every block
-// late in `late_fraction` of the rounds.
+// late in `late_fraction` of the rounds; tenant `plus_one_tenant` answers with one SM more than
+// the device has (an MPS client's count scaled back from its percentage, rounded).
 MpsResult runMps(const Device& d, const std::vector<double>& caps, uint64_t seed,
-                 int late_tenant = -1, double late_fraction = 0) {
+                 int late_tenant = -1, double late_fraction = 0, int plus_one_tenant = -1) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0, 1);
   ShareAggregator agg(model::calibrate(d, rng));
@@ -316,6 +317,8 @@ MpsResult runMps(const Device& d, const std::vector<double>& caps, uint64_t seed
                            true,
                            {model::mpsProbes(d, m, i, at, out.truth[i], late, rng)},
                            {}});
+      if (int(i) == plus_one_tenant)
+        for (ProbeLaunch& l : r.tenants.back().contexts[0].launches) ++l.ctx.sm_count;
     }
     const std::vector<std::string> bad = agg.addRound(r);
     EXPECT_TRUE(bad.empty()) << bad[0];
@@ -353,6 +356,17 @@ TEST(ProbeWindow, Mps30_70WithStackingAndMissingRounds) {
   EXPECT_GT(std::abs(as_zero - r.truth[1]), kTolerance);
   // Were stacked blocks not divided out, the intra-SM factor would be a third.
   EXPECT_NEAR(t1.intra, 1.0, 0.03);
+}
+
+// Two clients whose answers carry different SM counts for one device (132 and 133: a client of
+// 30 % of 132 SMs sees 40, scaled back to 133) are both compared with the device's baseline: its
+// factors are per SM. Every launch of the second client was refused ("differ") before.
+TEST(ProbeWindow, MpsClientsWhoseScaledSmCountsDifferAreBothMeasured) {
+  Device d;
+  MpsResult r = runMps(d, {0.3, 0.7}, 23, -1, 0, 1);
+  r.truth[1] *= double(d.sms) / (d.sms + 1);  // its spatial factor is over the SMs it was told of
+  expectMps(r);
+  EXPECT_EQ(r.w.at("T1").bad, 0u);
 }
 
 TEST(ProbeWindow, Mps25_50_25) {

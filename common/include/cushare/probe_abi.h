@@ -20,6 +20,9 @@
 namespace cushare::probe {
 
 inline constexpr uint32_t kProbeAbiVersion = 1;
+// The SM probe's dependent FMAs per progress step that the shim's runner uses (RunnerOptions):
+// the broker's solo baseline is for this value, whatever a tenant's records claim.
+inline constexpr uint32_t kProbeWorkPerStep = 256;
 
 // Kernel names (extern "C", so the same in the fatbin, in simgpu's table and in cuModuleGetFunction).
 inline constexpr const char* kSmProbeName = "cushare_probe_sm";      // SM share

@@ -546,8 +546,15 @@ TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
     return share;
   };
   std::printf("simgpu: small %.3f large %.3f\n", a, b);
-  EXPECT_NEAR(probe("small"), a, 0.07);
-  EXPECT_NEAR(probe("large"), b, 0.07);
+  const double ps = probe("small"), pl = probe("large");
+  // Under ThreadSanitizer the instrumented workers cannot keep their SMs busy from the host
+  // (0.16 each for caps 30 and 70 on 2 cores) while the probe reads a client's reach: the shares
+  // are compared in the plain stage only. The run itself still checks the probe thread and the
+  // program sharing the primary context (a race in simgpu's context state, found here).
+  if (!kUnderThreadSanitizer) {
+    EXPECT_NEAR(ps, a, 0.07);
+    EXPECT_NEAR(pl, b, 0.07);
+  }
   EXPECT_EQ(small.readLine(60000).rfind("spun ", 0), 0u);
   EXPECT_EQ(large.readLine(60000).rfind("spun ", 0), 0u);
 }

@@ -136,7 +136,9 @@ struct Context {
   bool primary = false;
   unsigned flags = 0;
   int refs = 0;            // primary: retain count; created: 1 until destroyed
-  bool active = false;     // primary: retained at least once since the last reset
+  // primary: retained at least once since the last reset. Written under ctxMutex, read without it
+  // by every call that needs a current context (another thread may retain or release meanwhile).
+  std::atomic<bool> active{false};
   Stream* legacy = nullptr;  // the NULL stream
   size_t limits[16] = {};  // CUlimit values
   CUfunc_cache cacheConfig = CU_FUNC_CACHE_PREFER_NONE;

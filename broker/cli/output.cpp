@@ -217,6 +217,11 @@ void printProbeTable(const rpc::ProbeTable& table) {
            p.complete() ? num(p.window_seconds(), "%.0fs") : "filling"});
   }
   t.print();
+  // Concurrent (MPS) rows: the SM probe's factors the share is made of (docs/probe-analysis.md).
+  for (const rpc::ProbeRow& r : table.rows())
+    if (r.probe().has_spatial())
+      std::printf("%s on device %d: spatial %.2f x temporal %.2f x intra-SM %.2f\n", r.tenant().c_str(), r.device(),
+                  r.probe().spatial(), r.probe().temporal(), r.probe().intra());
   for (const rpc::ProbeRow& r : table.rows())
     if (!r.probe().last_error().empty())
       std::printf("%s on device %d: %s\n", r.tenant().c_str(), r.device(), r.probe().last_error().c_str());

@@ -555,6 +555,16 @@ TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
     EXPECT_NEAR(ps, a, 0.07);
     EXPECT_NEAR(pl, b, 0.07);
   }
+  // What an operator sees: `cushare probe` names the regime and the factors under its table.
+  const std::string out = m.dir + "/probe.txt";
+  const int st =
+      std::system((std::string(CLI_BIN) + " --socket " + m.broker.socket() + " probe > " + out + " 2>&1").c_str());
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  std::ifstream in(out);
+  const std::string table((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(table.find("concurrent"), std::string::npos) << table;
+  EXPECT_NE(table.find("small on device 0: spatial 0.30 x temporal"), std::string::npos) << table;
+  EXPECT_NE(table.find("large on device 0: spatial 0.70 x temporal"), std::string::npos) << table;
   EXPECT_EQ(small.readLine(60000).rfind("spun ", 0), 0u);
   EXPECT_EQ(large.readLine(60000).rfind("spun ", 0), 0u);
 }

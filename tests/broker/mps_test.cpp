@@ -114,6 +114,14 @@ struct MpsCase {
     argv.insert(argv.end(), args.begin(), args.end());
     return Child::spawn(argv, e, dir + "/tenants.log");
   }
+  // `cushare probe` against the broker: its output (stdout and stderr); a failed run fails the test.
+  std::string probeTable() const {
+    const std::string out = dir + "/probe.txt";
+    const int st =
+        std::system((std::string(CLI_BIN) + " --socket " + broker.socket() + " probe > " + out + " 2>&1").c_str());
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    return readFile(out);
+  }
   std::string serverPid() const {
     std::istringstream in(control("get_server_list"));
     std::string pid;
@@ -556,12 +564,7 @@ TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
     EXPECT_NEAR(pl, b, 0.07);
   }
   // What an operator sees: `cushare probe` names the regime and the factors under its table.
-  const std::string out = m.dir + "/probe.txt";
-  const int st =
-      std::system((std::string(CLI_BIN) + " --socket " + m.broker.socket() + " probe > " + out + " 2>&1").c_str());
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  std::ifstream in(out);
-  const std::string table((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string table = m.probeTable();
   EXPECT_NE(table.find("concurrent"), std::string::npos) << table;
   EXPECT_NE(table.find("small on device 0: spatial 0.30 x temporal"), std::string::npos) << table;
   EXPECT_NE(table.find("large on device 0: spatial 0.70 x temporal"), std::string::npos) << table;
@@ -690,12 +693,7 @@ void pacedOutsideMps(const std::string& extra) {
         "answered without records: not probed: the process does not use the primary context";
     EXPECT_TRUE(eventually([&] { return m.broker.tenant("small").devices(0).probe().last_error() == why; }))
         << m.broker.tenant("small").DebugString();
-    const std::string out = m.dir + "/probe.txt";
-    const int st =
-        std::system((std::string(CLI_BIN) + " --socket " + m.broker.socket() + " probe > " + out + " 2>&1").c_str());
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    std::ifstream in(out);
-    const std::string table((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string table = m.probeTable();
     EXPECT_NE(table.find("small on device 0: " + why), std::string::npos) << table;
   }
   // Named once at warn level, and counted.

@@ -126,6 +126,8 @@ ProbeError ProbeRunner::load(const char* fatbinPath, const RunnerOptions& opts, 
     r->t0_ = 0;
     return cuFail("cuMemAlloc(t0 words)", c);
   }
+  if (CUresult c = cuPointerGetAttribute(&r->t0Id_, CU_POINTER_ATTRIBUTE_BUFFER_ID, r->t0_); c != CUDA_SUCCESS)
+    return cuFail("cuPointerGetAttribute(t0 words, buffer id)", c);
   if (CUresult c = cuMemAlloc(&r->records_, nRecords * sizeof(BlockRecord)); c != CUDA_SUCCESS) {
     r->records_ = 0;
     return cuFail("cuMemAlloc(probe records)", c);
@@ -154,6 +156,12 @@ void ProbeRunner::release() noexcept {
 }
 
 ProbeRunner::~ProbeRunner() { release(); }
+
+bool ProbeRunner::ownsItsMemory() const noexcept {
+  unsigned long long id = 0;
+  return t0_ != 0 && t0Id_ != 0 && cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, t0_) == CUDA_SUCCESS &&
+         id == t0Id_;
+}
 
 void ProbeRunner::abandon() noexcept {
   ctx_ = nullptr;

@@ -93,6 +93,9 @@ class ProbeRunner {
   // The context was destroyed under the runner (its program released or reset it): every handle
   // died with it; forget them without a driver call (the destructor then makes none).
   void abandon() noexcept;
+  // Whether the runner's device memory is still the allocation it made (its buffer id, which the
+  // driver never reuses): false once its context was destroyed, even if a new one took its handle.
+  bool ownsItsMemory() const noexcept;
 
   CUcontext context() const { return ctx_; }
   uint32_t smCount() const { return sms_; }  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
@@ -111,6 +114,7 @@ class ProbeRunner {
   uint32_t sms_ = 0;
   uint32_t smBlocks_ = 0, memBlocks_ = 0, tickBlocks_ = 1;
   CUdeviceptr t0_ = 0;             // three uint64_t words: sm, mem, tick
+  unsigned long long t0Id_ = 0;    // t0_'s CU_POINTER_ATTRIBUTE_BUFFER_ID
   CUdeviceptr records_ = 0;        // BlockRecord[smBlocks_ + memBlocks_ + tickBlocks_]
   CUdeviceptr buffer_ = 0;         // memory probe buffer
   std::vector<BlockRecord> host_;  // copies of the records, same layout

@@ -27,4 +27,5 @@
 #define cuModuleGetFunction(...) CUSHARE_PROBE_REAL(cuModuleGetFunction, __VA_ARGS__)
 #define cuModuleLoadData(...) CUSHARE_PROBE_REAL(cuModuleLoadData, __VA_ARGS__)
 #define cuModuleUnload(...) CUSHARE_PROBE_REAL(cuModuleUnload, __VA_ARGS__)
+#define cuPointerGetAttribute(...) CUSHARE_PROBE_REAL(cuPointerGetAttribute, __VA_ARGS__)
 #define cuLaunchKernel(...) ::cushare::shim::probeLaunch(__VA_ARGS__)

@@ -67,7 +67,12 @@ struct DeviceProbe {
   int32_t status = probe::kProbeOk;
   std::string error;
 };
-DeviceProbe gDevices[kMaxDevices];
+// On the heap and never destroyed: the detached probe thread may be in a round when the process's
+// static destructors run, and a library's destructor may release a context after ours would run.
+DeviceProbe (&gDevices)[kMaxDevices] = *new DeviceProbe[1][kMaxDevices];
+// probes.fatbin's path, found once by the thread before it takes any lock (dladdr takes the
+// loader's lock, which a library's teardown may hold while it releases a context).
+const std::string* gFatbin = nullptr;
 // Held while the thread loads or runs a round (never while it sleeps until an instant), and by
 // the shim's hooks across a program's release or reset of a primary context (ProbeContextGuard):
 // the two never use a context at once.
@@ -208,13 +213,9 @@ void runRequest(const Request& r) {
   // The memory probe's buffer (charged to the tenant) only when the memory probe is asked for;
   // a runner loaded without it is loaded again the first time it is.
   const uint64_t memBuffer = (r.what & probe::kRunMem) ? kMemBuffer : kSmallBuffer;
-  if (dp.runner && dp.runner->options().memBufferBytes < memBuffer) {
-    dp.runner.reset();
-    if (dp.stream != nullptr) cuStreamDestroy_v2(dp.stream);
-    dp.stream = nullptr;
-  }
+  if (dp.runner && dp.runner->options().memBufferBytes < memBuffer) letGo(dp);  // its reference too
   if (!dp.runner && !dp.failed) {
-    const std::string path = fatbinPath();
+    const std::string path = gFatbin != nullptr ? *gFatbin : std::string();
     CUdevice dev = 0;
     CUcontext ctx = nullptr;
     if (path.empty()) {
@@ -295,6 +296,7 @@ void* probeMain(void*) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  gFatbin = new std::string(fatbinPath());
   for (;;) {
     pthread_mutex_lock(&gMu);
     while (gCount == 0) pthread_cond_wait(&gCv, &gMu);
@@ -418,8 +420,15 @@ void ProbeContextGuard::afterRelease(CUresult programsRelease) noexcept {
     int active = 0;
     CUcontext ctx = nullptr;
     if (d.p_cuDevicePrimaryCtxGetState(dev_, &flags, &active) == CUDA_SUCCESS && active &&
-        d.p_cuDevicePrimaryCtxRetain(&ctx, dev_) == CUDA_SUCCESS)
-      continue;  // the program still holds it: the reference back, the runner kept
+        d.p_cuDevicePrimaryCtxRetain(&ctx, dev_) == CUDA_SUCCESS) {
+      // The program still holds it: the reference back, the runner kept. Unless another thread of
+      // the program retained a new context between the last release and the look (a retain is not
+      // hooked): the runner's memory is then gone (its buffer's id is another's or none), so it is
+      // forgotten, and the reference to the new context dropped (the next round loads afresh).
+      if (!dp.runner || dp.runner->ownsItsMemory()) continue;
+      dp.runner->abandon();
+      d.p_cuDevicePrimaryCtxRelease_v2(dev_);
+    }
     // Gone with the thread's reference: everything of the runner died with the context.
     if (dp.runner) dp.runner->abandon();
     dp = DeviceProbe{};

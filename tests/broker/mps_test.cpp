@@ -588,7 +588,13 @@ TEST(BrokerMps, AReleasedPrimaryContextGoesWithTheProbesLoadedInIt) {
   // The probes answer with records from the program's context.
   ASSERT_TRUE(eventually([&] { return m.broker.tenant("small").devices(0).probe().rounds_with_work() > 0; }))
       << m.broker.tenant("small").DebugString();
-  ASSERT_GT(deviceMemoryOn0()[small.pid()], uint64_t{64} << 20) << "the program's 64 MiB and the probes'";
+  // The memory probe asked for by a reload: the probes load again with its buffer (their
+  // reference to the context taken once: a second one, kept, held the context after the release).
+  std::ofstream(m.dir + "/config.yaml")
+      << brokerConfig(m.dir, m.mpsBlock() + "probes: {interval_ms: 20, kinds: [sm, tick, mem]}\n" + kTenants);
+  ASSERT_TRUE(m.broker.reload().ok());
+  ASSERT_TRUE(eventually([&] { return deviceMemoryOn0()[small.pid()] > (uint64_t{64} << 20) + (uint64_t{16} << 20); }))
+      << deviceMemoryOn0()[small.pid()] << " bytes: the memory probe's 32 MiB buffer never came";
   EXPECT_EQ(small.ask("release"), "release 0");
   EXPECT_TRUE(eventually([&] { return deviceMemoryOn0()[small.pid()] == 0; }, 3000))
       << deviceMemoryOn0()[small.pid()] << " bytes still on the device";

@@ -290,6 +290,33 @@ TEST_F(Alone, BlocksThatStartAfterTheDeadlineAreLateAndDoNoWork) {
   EXPECT_FALSE(r.tick.blocks || r.mem.blocks);  // only what was asked ran
 }
 
+// A runner knows whether its memory is still its own (the buffer id the driver gave its first
+// allocation): after its context is reset, and after a new context takes the old one's handle and
+// allocates, it is not, and abandon() forgets every handle so that nothing is freed twice (the
+// shim's probe thread, when another thread of the program made the context anew under it).
+TEST_F(Alone, ARunnerKnowsWhenItsMemoryIsNoLongerItsOwn) {
+  EXPECT_TRUE(runner_->ownsItsMemory());
+  CUdevice dev;
+  CU_OK(cuDeviceGet(&dev, 0));
+  CU_OK(cuDevicePrimaryCtxReset(dev));
+  EXPECT_FALSE(runner_->ownsItsMemory()) << "its memory went with the reset";
+  CUcontext again;
+  CU_OK(cuDevicePrimaryCtxRetain(&again, dev));
+  CU_OK(cuCtxSetCurrent(again));
+  std::vector<CUdeviceptr> fresh(8);
+  for (CUdeviceptr& p : fresh) CU_OK(cuMemAlloc(&p, 64));
+  EXPECT_FALSE(runner_->ownsItsMemory()) << "a new allocation at its old address is not its own";
+  runner_->abandon();
+  EXPECT_FALSE(runner_->ownsItsMemory());
+  runner_.reset();  // makes no driver call: the new context's memory is untouched
+  unsigned long long id = 0;
+  for (CUdeviceptr p : fresh) {
+    EXPECT_EQ(cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p), CUDA_SUCCESS);
+    CU_OK(cuMemFree(p));
+  }
+  CU_OK(cuDevicePrimaryCtxRelease(dev));
+}
+
 TEST_F(Alone, BadArgumentsFlagTheFirstRecordOnly) {
   std::vector<char> image;
   {

@@ -15,9 +15,6 @@
 // the device at the default rate), wall_per_empty (the round's host time, launch to records back,
 // over BM_EmptyRound's in this run: what a round keeps the probe thread waiting).
 #include <benchmark/benchmark.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +25,7 @@
 #include <string>
 
 #include "probe_runner.h"
+#include "simgpu_hog.h"
 #include "timeslice_board.h"
 
 using namespace cushare::probe;
@@ -51,43 +49,6 @@ simgpu::ProcessDeviceStats mine() {
   return me;
 }
 
-// A saturating process beside this one (simgpu's mps_hog, a plain process: time slices).
-struct Hog {
-  pid_t pid = -1;
-  int in = -1;
-  bool start(uint32_t sms) {
-    int i[2], o[2];
-    if (pipe2(i, O_CLOEXEC) || pipe2(o, O_CLOEXEC)) return false;
-    pid = fork();
-    if (pid == 0) {
-      dup2(i[0], 0);
-      dup2(o[1], 1);
-      putenv(const_cast<char*>("CUDA_MPS_PIPE_DIRECTORY=/nonexistent"));
-      const std::string blocks = std::to_string(2 * sms * 10);
-      execl(HOG_BIN, "hog", "loop", blocks.c_str(), "1024", "1000000", "2", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    ::close(i[0]);
-    ::close(o[1]);
-    in = i[1];
-    // "ready N", then "running".
-    std::string got;
-    for (char c; got.find("running") == std::string::npos;) {
-      pollfd p{o[0], POLLIN, 0};
-      if (poll(&p, 1, 20000) <= 0 || read(o[0], &c, 1) != 1) break;
-      got += c;
-    }
-    ::close(o[0]);
-    return got.find("running") != std::string::npos;
-  }
-  ~Hog() {
-    if (pid <= 0) return;
-    (void)!write(in, "s", 1);
-    ::close(in);
-    int st;
-    waitpid(pid, &st, 0);
-  }
-};
 
 struct Probes {
   CUcontext ctx = nullptr;
@@ -121,8 +82,8 @@ void runRounds(benchmark::State& state, uint32_t what, const ProbeBudgets& budge
     state.SkipWithError(p.error.c_str());
     return;
   }
-  Hog h;
-  if (hog && !h.start(p.runner->smCount())) {
+  cushare::simhog::Hog h;  // a saturating plain process: time slices
+  if (hog && !h.start(HOG_BIN, p.runner->smCount())) {
     state.SkipWithError("the hog process did not start");
     return;
   }

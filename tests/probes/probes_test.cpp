@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "probe_runner.h"
+#include "simgpu_hog.h"
 #include "timeslice_board.h"
 
 namespace {
@@ -412,57 +413,7 @@ TEST(RunnerErrors, NameTheStepAndTheCause) {
 // Next to a hog (time slicing): a plain process of simgpu_mps_hog keeps every SM busy with 1 ms
 // blocks; the device alternates between it and this process in slices (SIMGPU_TIME_SLICE_US).
 
-struct Hog {
-  pid_t pid = -1;
-  int out = -1, in = -1;
-  std::string pending;
-  std::string line(int ms = 20000) {
-    for (;;) {
-      const size_t nl = pending.find('\n');
-      if (nl != std::string::npos) {
-        std::string l = pending.substr(0, nl);
-        pending.erase(0, nl + 1);
-        return l;
-      }
-      pollfd p{out, POLLIN, 0};
-      if (poll(&p, 1, ms) <= 0) return "";
-      char b[256];
-      const ssize_t n = read(out, b, sizeof b);
-      if (n <= 0) return "";
-      pending.append(b, static_cast<size_t>(n));
-    }
-  }
-  // A hog process: kernels of 2 x sms x 10 blocks (threads each, 1 ms per block) on two streams.
-  // env: its CUDA_MPS_PIPE_DIRECTORY (default: none, a plain process).
-  bool start(uint32_t sms, const std::vector<std::string>& env = {"CUDA_MPS_PIPE_DIRECTORY=/nonexistent"},
-             uint32_t threads = 1024) {
-    int o[2], i[2];
-    if (pipe2(o, O_CLOEXEC) || pipe2(i, O_CLOEXEC)) return false;
-    pid = fork();
-    if (pid == 0) {
-      dup2(o[1], 1);
-      dup2(i[0], 0);
-      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-      const std::string blocks = std::to_string(2 * sms * 10), t = std::to_string(threads);
-      execl(HOG_BIN, "hog", "loop", blocks.c_str(), t.c_str(), "1000000", "2", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    ::close(o[1]);
-    ::close(i[0]);
-    out = o[0];
-    in = i[1];
-    const std::string ready = line();
-    return ready.rfind("ready ", 0) == 0 && line() == "running";
-  }
-  ~Hog() {
-    if (pid <= 0) return;
-    (void)!write(in, "s", 1);
-    ::close(in);
-    ::close(out);
-    int st;
-    waitpid(pid, &st, 0);
-  }
-};
+using cushare::simhog::Hog;
 
 class TimeSliced : public Runner {
  protected:
@@ -471,7 +422,7 @@ class TimeSliced : public Runner {
     const char* slice = std::getenv("SIMGPU_TIME_SLICE_US");
     sliceNs_ = (slice ? std::strtoull(slice, nullptr, 10) : 2000) * kUs;
     Runner::SetUp();
-    ASSERT_TRUE(hog_.start(runner_->smCount())) << "the hog did not start";
+    ASSERT_TRUE(hog_.start(HOG_BIN, runner_->smCount())) << "the hog did not start";
   }
   uint64_t sliceNs_ = 0;
   Hog hog_;
@@ -761,7 +712,7 @@ TEST(SmCap, NextToAnMpsHogClientTheProbeRunsSideBySideNeverSlicedOut) {
     MpsDaemon d;
     ASSERT_TRUE(d.up);
     Hog hog;
-    ASSERT_TRUE(hog.start(132, {"CUDA_MPS_PIPE_DIRECTORY=" + d.root + "/pipe"}, 768)) << "the hog did not start";
+    ASSERT_TRUE(hog.start(HOG_BIN, 132, {"CUDA_MPS_PIPE_DIRECTORY=" + d.root + "/pipe"}, 768)) << "the hog did not start";
     // The hog is a client of the server the probe's client joins (not a process taking turns).
     const std::string server = control("get_server_list\n");
     EXPECT_EQ(control("get_client_list " + server), std::to_string(hog.pid) + "\n");

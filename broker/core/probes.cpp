@@ -30,7 +30,6 @@ uint64_t realtimeNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-
 }  // namespace
 
 ProbeScheduler::ProbeScheduler(const ProbeConfig& config, std::string ledgerDir, size_t devices)
@@ -280,7 +279,8 @@ void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
         const uint64_t realtimeAhead = r.atRealtime - start;  // 0 when the device follows realtime
         for (probe::ProbeLaunch& l : p.probes.launches) {
           l.ctx.round_start_ns = start;
-          if (l.ctx.launch_ns != 0) l.ctx.launch_ns = l.ctx.launch_ns > realtimeAhead ? l.ctx.launch_ns - realtimeAhead : 0;
+          if (l.ctx.launch_ns != 0)
+            l.ctx.launch_ns = l.ctx.launch_ns > realtimeAhead ? l.ctx.launch_ns - realtimeAhead : 0;
         }
         if (round.start_ns == 0) round.start_ns = start;
         tr.contexts.push_back(std::move(p.probes));

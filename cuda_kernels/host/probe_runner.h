@@ -37,7 +37,7 @@ struct RunnerOptions {
   uint32_t memBlocksPerSm = 2;             // memory probe grid = SMs x this
   uint32_t smThreads = 128;                // threads per block (whole warps)
   uint32_t memThreads = 256;
-  uint32_t workPerStep = kProbeWorkPerStep;              // SM probe: dependent FMAs per progress step
+  uint32_t workPerStep = kProbeWorkPerStep;  // SM probe: dependent FMAs per progress step
 };
 
 struct ProbeBudgets {  // each probe's time box, ns from its first block's start

@@ -197,13 +197,17 @@ void letGo(DeviceProbe& dp) {
   dp = DeviceProbe{};
 }
 
-void runRequest(const Request& r);
-
-// runRequest under gRoundMu; the wait for the round's instant outside it.
-void runRequestLocked(const Request& r) {
-  pthread_mutex_lock(&gRoundMu);
-  runRequest(r);
-  pthread_mutex_unlock(&gRoundMu);
+// The thread's own reference to the device's primary context (recorded in dp, so that letGo and
+// ProbeContextGuard drop it), made current on this thread.
+bool retainAndMakeCurrent(RealDriver& d, int ordinal, DeviceProbe& dp) {
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  if (!d.p_cuDeviceGet || !d.p_cuDevicePrimaryCtxRetain || !d.p_cuCtxSetCurrent ||
+      d.p_cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS || d.p_cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+    return false;
+  dp.retained = true;
+  dp.device = dev;
+  return d.p_cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
 }
 
 void runRequest(const Request& r) {
@@ -216,8 +220,6 @@ void runRequest(const Request& r) {
   if (dp.runner && dp.runner->options().memBufferBytes < memBuffer) letGo(dp);  // its reference too
   if (!dp.runner && !dp.failed) {
     const std::string path = gFatbin != nullptr ? *gFatbin : std::string();
-    CUdevice dev = 0;
-    CUcontext ctx = nullptr;
     if (path.empty()) {
       dp.failed = true;
       dp.status = probe::kProbeNoFatbin;
@@ -230,10 +232,7 @@ void runRequest(const Request& r) {
       writeAnswer(r, probe::kProbeRunFailed, "not probed: the process does not use the primary context",
                   nullptr, 0, 0);
       return;
-    } else if (!d.p_cuDeviceGet || !d.p_cuDevicePrimaryCtxRetain || !d.p_cuCtxSetCurrent ||
-               d.p_cuDeviceGet(&dev, r.ordinal) != CUDA_SUCCESS ||
-               d.p_cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
-               ((dp.retained = true), (dp.device = dev), d.p_cuCtxSetCurrent(ctx) != CUDA_SUCCESS)) {
+    } else if (!retainAndMakeCurrent(d, r.ordinal, dp)) {
       dp.failed = true;
       dp.status = probe::kProbeLoadFailed;
       dp.error = "no primary context for the device";
@@ -290,6 +289,13 @@ void runRequest(const Request& r) {
   }
   writeAnswer(r, probe::kProbeOk, "", &rec, deviceSms(dp.runner->smCount()), dp.runner->options().workPerStep,
               idleAtInstant ? probe::kAnswerIdleAtInstant : 0);
+}
+
+// runRequest under gRoundMu (which it lets go of while it waits for the round's instant).
+void runRequestLocked(const Request& r) {
+  pthread_mutex_lock(&gRoundMu);
+  runRequest(r);
+  pthread_mutex_unlock(&gRoundMu);
 }
 
 void* probeMain(void*) {
@@ -426,10 +432,9 @@ void ProbeContextGuard::afterRelease(CUresult programsRelease) noexcept {
       // hooked): the runner's memory is then gone (its buffer's id is another's or none), so it is
       // forgotten, and the reference to the new context dropped (the next round loads afresh).
       if (!dp.runner || dp.runner->ownsItsMemory()) continue;
-      dp.runner->abandon();
       d.p_cuDevicePrimaryCtxRelease_v2(dev_);
     }
-    // Gone with the thread's reference: everything of the runner died with the context.
+    // Gone (with the thread's reference, or under it): everything of the runner died with it.
     if (dp.runner) dp.runner->abandon();
     dp = DeviceProbe{};
   }

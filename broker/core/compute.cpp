@@ -47,7 +47,8 @@ constexpr int64_t kUncapped = INT64_MAX / 4;
 constexpr uint64_t kPriorityActive = 500 * kMs;
 constexpr uint64_t kPriorityYield = 20 * kMs;
 // Fair share (weights): a tenant contends on a device while it had work there within kFairActive;
-// with two or more contending (outside MPS) the device is scheduled in weighted turns. The
+// with two or more contending (outside MPS, or under MPS where they reach the same SMs) the
+// device is scheduled in weighted turns. The
 // controller corrects each contender's quantum every kFairControl.
 constexpr uint64_t kFairActive = 100 * kMs;
 // A contender with work and more of its quantum left than the holder (in proportion, by
@@ -330,6 +331,8 @@ std::chrono::microseconds Broker::computeTick() {
       uint32_t band;  // 0 high, 1 normal, 2 low
       bool lower = false;  // a higher-priority tenant is active
       bool mps = false;    // left to MPS: all its processes here are clients (never paced)
+      bool mpsTurns = false;  // all its processes here are clients, and it takes weighted turns
+      int word = 100;         // the cap published in its words (its percentage, also under MPS)
       uint32_t weight = 1;
     };
     std::vector<Member> members;
@@ -341,6 +344,7 @@ std::chrono::microseconds Broker::computeTick() {
       const int cap = std::clamp(threadsLocked(t).value_or(100), 1, 100);
       Member m{&t, &cs.tenants[name][d], t.ledger->compute(t.entry[d]), cap, priorityWord(priorityLocked(t))};
       m.mps = computeUnderMpsLocked(t, d);
+      m.word = cap;
       m.weight = std::max<uint32_t>(1, t.config.weight);
       if (m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive) topBand = std::min(topBand, m.band);
       members.push_back(m);
@@ -351,6 +355,43 @@ std::chrono::microseconds Broker::computeTick() {
     for (Member& m : members) {
       m.lower = m.band > topBand && m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive;
       differ = differ || (m.lower && !m.mps);
+    }
+    // Weights under MPS (docs/compute.md, "Weights under MPS"). Clients side by side share the
+    // SMs they both reach by the hardware's dispatch, not by weight. Where the tenants that would
+    // contend reach the same SMs and turns leave none idle that side by side would fill (one
+    // outside MPS, which time-slices against the whole server anyway; or MPS tenants that all
+    // reach every SM) and their weights per process differ, the MPS tenants among them take the
+    // weighted turns like any other: gated, with the server still bounding their SMs (so no
+    // time cap of their own). Percentages that do not overlap (30 and 70) or overlap in part (70
+    // and 70: each holder would idle the SMs beyond its reach) are left side by side.
+    const auto wouldContend = [&](const Member& m) {
+      return cc.fairShare && !m.td->suspect && !m.lower && m.td->lastWork != 0 && now - m.td->lastWork < kFairActive;
+    };
+    const auto processes = [&](const Member& m) {
+      uint64_t n = 0;
+      for (const ComputeState::Slot& sl : m.td->slots) n += sl.lastMove != 0 && now - sl.lastMove < kFairActive;
+      return std::max<uint64_t>(n, 1);
+    };
+    {
+      int n = 0;
+      bool outside = false, unequal = false, partial = false;
+      const Member* first = nullptr;
+      for (Member& m : members) {
+        if (!wouldContend(m)) continue;
+        ++n;
+        if (!m.mps) outside = true;
+        else partial = partial || m.cap < 100;
+        if (first == nullptr) first = &m;
+        else if (uint64_t{m.weight} * processes(*first) != uint64_t{first->weight} * processes(m)) unequal = true;
+      }
+      const bool join = n >= 2 && unequal && (outside || !partial);
+      for (Member& m : members) {
+        m.mpsTurns = join && m.mps && wouldContend(m);
+        if (m.mpsTurns) {
+          m.mps = false;
+          m.cap = 100;  // its percentage is the server's bound on its SMs, not a time budget
+        }
+      }
     }
     for (Member& m : members) {
       if (m.band > topBand) m.cap = std::min<int>(m.cap, std::max<int>(1, static_cast<int>(cc.priorityFloorPercent)));
@@ -405,11 +446,6 @@ std::chrono::microseconds Broker::computeTick() {
     // per process running there differ (different weights, or one tenant with more processes).
     // Turns cost a little at each switch (more on a loaded host), so equal tenants are left to
     // the hardware.
-    const auto processes = [&](const Member& m) {
-      uint64_t n = 0;
-      for (const ComputeState::Slot& sl : m.td->slots) n += sl.lastMove != 0 && now - sl.lastMove < kFairActive;
-      return std::max<uint64_t>(n, 1);
-    };
     bool unequal = false;
     const Member* first = nullptr;
     for (Member& m : members) {
@@ -711,7 +747,7 @@ std::chrono::microseconds Broker::computeTick() {
       if (!guarded([&] {
             LedgerComputeDevice* w = m.words;
             if (w->mode.load() != mode) w->mode.store(mode, std::memory_order_seq_cst);
-            const uint32_t cap = static_cast<uint32_t>(m.cap) * 100;
+            const uint32_t cap = static_cast<uint32_t>(m.mpsTurns ? m.word : m.cap) * 100;
             if (w->cap.load() != cap) w->cap.store(cap);
             const uint32_t pr = priorityWord(priorityLocked(*m.t));
             if (w->priority.load() != pr) w->priority.store(pr);

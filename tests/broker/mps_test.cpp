@@ -114,6 +114,15 @@ struct MpsCase {
     argv.insert(argv.end(), args.begin(), args.end());
     return Child::spawn(argv, e, dir + "/tenants.log");
   }
+  // A worker of tenant that starts as a client of `percent` % (its first line; a mismatch fails
+  // the test) and launches kernels for ms from now (its "spun" line comes at the end).
+  Child spinning(const std::string& tenant, int percent, int ms, const std::vector<std::string>& args = {}) {
+    std::string first;
+    Child c = worker(tenant, &first, {}, true, args);
+    EXPECT_EQ(first, "ready " + std::to_string(percent)) << tenant;
+    c.send("spin " + std::to_string(ms));
+    return c;
+  }
   // `cushare probe` against the broker: its output (stdout and stderr); a failed run fails the test.
   std::string probeTable() const {
     const std::string out = dir + "/probe.txt";
@@ -153,6 +162,21 @@ double smiNumber(const std::string& json, int pid, const std::string& key) {
   const size_t f = e.find("\"" + key + "\": ");
   return f == std::string::npos ? 0.0 : std::strtod(e.c_str() + f + key.size() + 4, nullptr);
 }
+
+// simgpu's ground truth over a window of `ms` from now: what each process ran in it (per process:
+// delta(pid, "busy_ns"), "busy_sm_ns", ...), and the window's wall time in ns.
+struct SmiWindow {
+  std::string j0, j1;
+  double wall = 0;
+  explicit SmiWindow(int ms) {
+    j0 = smiJson();
+    const auto t0 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    j1 = smiJson();
+    wall = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  }
+  double delta(int pid, const std::string& key) const { return smiNumber(j1, pid, key) - smiNumber(j0, pid, key); }
+};
 
 constexpr char kTenants[] =
     "tenants:\n"
@@ -485,13 +509,8 @@ TEST(BrokerMps, DamagedSettingsFailClosed) {
 TEST(BrokerMps, CapsOf30And70GiveSmTimeSharesOf30And70) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();
-  std::string first;
-  Child small = m.worker("small", &first);
-  ASSERT_EQ(first, "ready 30");
-  Child large = m.worker("large", &first);
-  ASSERT_EQ(first, "ready 70");
-  small.send("spin 3000");
-  large.send("spin 3000");
+  Child small = m.spinning("small", 30, 3000);
+  Child large = m.spinning("large", 70, 3000);
   EXPECT_EQ(small.readLine(60000).rfind("spun ", 0), 0u);
   EXPECT_EQ(large.readLine(60000).rfind("spun ", 0), 0u);
   // Ground truth: simgpu-smi --json, busy SM-time per process.
@@ -526,7 +545,13 @@ TEST(BrokerMps, CapsOf30And70GiveSmTimeSharesOf30And70) {
 // the broker had the client list).
 TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
   MpsCase m(testDir());
-  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "probes: {interval_ms: 20, window_s: 600, kinds: [sm, tick]}\n" + kTenants))
+  // Weights 3 and 1 at one priority: percentages that do not overlap leave the clients side by
+  // side whatever their weights (each has SMs nobody else can use: docs/compute.md, "Weights
+  // under MPS"), so the regime stays concurrent.
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "probes: {interval_ms: 20, window_s: 600, kinds: [sm, tick]}\n" +
+                             "tenants:\n"
+                             "  - name: small\n    thread_percentage: 30\n    memory: 1GiB\n    weight: 3\n"
+                             "  - name: large\n    thread_percentage: 70\n    memory: 512MiB\n"))
       << m.broker.log();
   std::string first;
   Child small = m.worker("small", &first, {}, true, {"--primary", "1"});
@@ -536,14 +561,8 @@ TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
   small.send("spin 11000");
   large.send("spin 11000");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const std::string j0 = smiJson();
-  const auto t0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::milliseconds(10000));
-  const std::string j1 = smiJson();
-  const double wall = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
-  auto truth = [&](const Child& c) {
-    return (smiNumber(j1, c.pid(), "busy_sm_ns") - smiNumber(j0, c.pid(), "busy_sm_ns")) / (100 * wall);
-  };
+  const SmiWindow w(10000);
+  auto truth = [&](const Child& c) { return w.delta(c.pid(), "busy_sm_ns") / (100 * w.wall); };
   const double a = truth(small), b = truth(large);
   auto probe = [&](const std::string& tenant) {
     rpc::ProbeShare p;
@@ -570,6 +589,99 @@ TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
   EXPECT_NE(table.find("large on device 0: spatial 0.70 x temporal"), std::string::npos) << table;
   EXPECT_EQ(small.readLine(60000).rfind("spun ", 0), 0u);
   EXPECT_EQ(large.readLine(60000).rfind("spun ", 0), 0u);
+}
+
+// Weights under MPS (docs/compute.md, "Weights under MPS"): two saturating clients, weights 1
+// and 2, tenant one at `percent`. Side by side the server would split the SMs they share by its
+// dispatch, about half each whatever the weights; where turns idle no SM that side by side would
+// fill, the broker takes them into weighted turns. Judged by simgpu's own count over a 10 s
+// window: each client's busy time and busy SM-time (1/3 and 2/3 within 7 points, SM-time as a
+// part of each one's reach), the SMs a client held while it ran (its percentage, still bounded by
+// the server in its turns), and each tenant's probe share against its busy time. Before 2026-12-05
+// both got the same (weights did not act under MPS).
+// outside: tenant two, uncapped (outside MPS a percentage is a time cap), runs a process that is
+// not a client (its getenv hides the pipe directory): it time-slices against the whole server,
+// so it reaches the same SMs whatever tenant one's percentage. Otherwise tenant two is a client at
+// `percent` too.
+void weightsUnderMps(int percent, bool outside) {
+  MpsCase m(testDir());
+  const std::string pct = "    thread_percentage: " + std::to_string(percent) + "\n";
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "probes: {interval_ms: 20, window_s: 600, kinds: [sm, tick]}\n"
+                             "tenants:\n"
+                             "  - name: one\n    weight: 1\n    memory: 1GiB\n" + pct +
+                             "  - name: two\n    weight: 2\n    memory: 1GiB\n" + (outside ? "" : pct)))
+      << m.broker.log();
+  Child one = m.spinning("one", percent, 12000, {"--primary", "1"});
+  std::vector<std::string> args = {"--primary", "1"};
+  if (outside) args.insert(args.end(), {"--hide", "CUDA_MPS_PIPE_DIRECTORY=/tmp/cushare-test-mps/nowhere"});
+  const int reachTwo = outside ? 100 : percent;
+  Child two = m.spinning("two", reachTwo, 12000, args);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the controller's first windows
+  const SmiWindow w(10000);
+  const std::string& j1 = w.j1;
+  const double wall = w.wall;
+  auto delta = [&](const Child& c, const std::string& key) { return w.delta(c.pid(), key); };
+  const double busyOne = delta(one, "busy_ns") / wall, busyTwo = delta(two, "busy_ns") / wall;
+  const double smOne = delta(one, "busy_sm_ns") / (100 * wall), smTwo = delta(two, "busy_sm_ns") / (100 * wall);
+  std::printf("simgpu: busy %.3f / %.3f, SM-time %.3f / %.3f, SMs while busy %.1f / %.1f\n", busyOne, busyTwo,
+              smOne, smTwo, 100 * smOne / busyOne, 100 * smTwo / busyTwo);
+  EXPECT_NEAR(busyOne / (busyOne + busyTwo), 1.0 / 3, 0.07) << j1;
+  EXPECT_NEAR(smOne / percent / (smOne / percent + smTwo / reachTwo), 1.0 / 3, 0.07) << j1;
+  EXPECT_LE(100 * smOne / busyOne, percent + 0.5) << j1;
+  EXPECT_LE(100 * smTwo / busyTwo, reachTwo + 0.5) << j1;
+  if (!kUnderThreadSanitizer) {
+    // The turns keep the SMs the holder reaches busy (the workers' last waves leave about 12 %).
+    EXPECT_GE(smOne * 100 / percent + smTwo * 100 / reachTwo, 0.85) << j1;
+  }
+  rpc::ProbeShare p;
+  const double po = probeShareOn0(m.broker, "one", &p);
+  EXPECT_EQ(p.regime(), "turns");
+  const double pt = probeShareOn0(m.broker, "two", &p);
+  EXPECT_EQ(p.regime(), "turns");
+  // The probes read the turns' share of device time (as outside MPS: docs/probes.md), which
+  // simgpu counts as each client's busy time.
+  if (!kUnderThreadSanitizer) {
+    EXPECT_NEAR(po, busyOne, 0.07);
+    EXPECT_NEAR(pt, busyTwo, 0.07);
+  }
+  EXPECT_EQ(one.readLine(60000).rfind("spun ", 0), 0u);
+  EXPECT_EQ(two.readLine(60000).rfind("spun ", 0), 0u);
+}
+
+TEST(BrokerMps, WeightsOneToTwoHoldBetweenClientsThatReachTheSameSms) { weightsUnderMps(100, false); }
+
+// A client of 30 % (weight 1) and a process outside MPS (weight 2), which time-slices against the
+// server: without turns they got about half the device's time each (0.494 / 0.494 busy).
+TEST(BrokerMps, WeightsOneToTwoHoldBetweenAClientAndAProcessOutsideMps) { weightsUnderMps(30, true); }
+
+// Percentages that overlap in part (70 and 70, weights 1 and 2) stay side by side: turns would
+// leave 30 of the 100 SMs idle in every turn (measured with turns: 0.227 + 0.459 of the device's
+// SM-time). Both run all the time and hold about half the SMs each, the device full.
+TEST(BrokerMps, ClientsWhosePercentagesOverlapInPartStaySideBySide) {
+  MpsCase m(testDir());
+  const std::string pct = "    thread_percentage: 70\n";
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "tenants:\n"
+                             "  - name: one\n    weight: 1\n    memory: 1GiB\n" + pct +
+                             "  - name: two\n    weight: 2\n    memory: 1GiB\n" + pct))
+      << m.broker.log();
+  Child one = m.spinning("one", 70, 4000);
+  Child two = m.spinning("two", 70, 4000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const SmiWindow w(2000);
+  const std::string& j1 = w.j1;
+  for (const Child* c : {&one, &two}) {
+    const double busy = w.delta(c->pid(), "busy_ns") / w.wall;
+    const double sms = w.delta(c->pid(), "busy_sm_ns") / (busy * w.wall);
+    std::printf("client %d: busy %.3f at %.1f SMs\n", c->pid(), busy, sms);
+    if (!kUnderThreadSanitizer) {
+      EXPECT_GE(busy, 0.9) << "not gated\n" << j1;
+      EXPECT_NEAR(sms, 50, 8) << "side by side\n" << j1;
+    }
+  }
+  EXPECT_FALSE(m.broker.tenant("one").devices(0).paced());
+  EXPECT_FALSE(m.broker.tenant("two").devices(0).paced());
+  EXPECT_EQ(one.readLine(60000).rfind("spun ", 0), 0u);
+  EXPECT_EQ(two.readLine(60000).rfind("spun ", 0), 0u);
 }
 
 // A program's last release of its primary context destroys it, with everything in it, even with
@@ -674,14 +786,12 @@ void pacedOutsideMps(const std::string& extra) {
   escaped.send("spin 4000");
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   const uint64_t throttledBefore = m.broker.tenant("large").devices(0).throttled_ns();
-  const std::string j0 = smiJson();
-  const auto t0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
-  const std::string j1 = smiJson();
-  const double wall = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
-  const double share = (smiNumber(j1, escaped.pid(), "busy_ns") - smiNumber(j0, escaped.pid(), "busy_ns")) / wall;
-  const double largeBusy = smiNumber(j1, large.pid(), "busy_ns") - smiNumber(j0, large.pid(), "busy_ns");
-  const double largeSms = (smiNumber(j1, large.pid(), "busy_sm_ns") - smiNumber(j0, large.pid(), "busy_sm_ns")) / largeBusy;
+  const SmiWindow w(2000);
+  const std::string &j0 = w.j0, &j1 = w.j1;
+  const double wall = w.wall;
+  const double share = w.delta(escaped.pid(), "busy_ns") / wall;
+  const double largeBusy = w.delta(large.pid(), "busy_ns");
+  const double largeSms = w.delta(large.pid(), "busy_sm_ns") / largeBusy;
   std::printf("escaped (cap 30, not an MPS client): device share %.3f; large (client, cap 70): busy %.3f of the "
               "window at %.1f SMs\n", share, largeBusy / wall, largeSms);
   EXPECT_LE(share, 0.35) << "held to its cap of 30% (within 5 points)\n" << j0 << "\n" << j1;

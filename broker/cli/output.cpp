@@ -222,9 +222,12 @@ void printProbeTable(const rpc::ProbeTable& table) {
     if (r.probe().has_spatial())
       std::printf("%s on device %d: spatial %.2f x temporal %.2f x intra-SM %.2f\n", r.tenant().c_str(), r.device(),
                   r.probe().spatial(), r.probe().temporal(), r.probe().intra());
-  for (const rpc::ProbeRow& r : table.rows())
+  for (const rpc::ProbeRow& r : table.rows()) {
+    if (!r.probe().caveat().empty())
+      std::printf("%s on device %d: %s\n", r.tenant().c_str(), r.device(), r.probe().caveat().c_str());
     if (!r.probe().last_error().empty())
       std::printf("%s on device %d: %s\n", r.tenant().c_str(), r.device(), r.probe().last_error().c_str());
+  }
 }
 
 void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants) {

@@ -102,6 +102,9 @@ struct ComputeConfig {
   uint32_t priorityFloorPercent = 10; // what lower-priority tenants keep next to a busy high one
   bool metering = true;               // measure every tenant's GPU busy time (launch markers)
   bool fairShare = true;              // contending tenants share devices by weight (docs/compute.md)
+  // Weights also gate MPS clients whose SMs overlap (docs/compute.md, "Weights under MPS"): off by
+  // default, as gating binds cooperating processes only, where the server binds every client.
+  bool mpsWeights = false;
 };
 
 // Probe rounds (`probes:` block; docs/probes.md): every interval, the probes run at one instant

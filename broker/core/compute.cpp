@@ -107,6 +107,10 @@ struct Broker::ComputeState {
     uint64_t suspectBusy = 0;  // busyTotal when it became suspect
     uint64_t lastWork = 0;  // monotonic ns of the last step that saw work
     bool paced = false;
+    // Left to MPS beside other clients with work whose percentages and its own sum over 100: they
+    // share SMs, and its probe share reads the SMs it reaches, not its part of them (said with
+    // the share: docs/probes.md).
+    bool sharedSms = false;
     uint64_t turnEnd = 0, allowance = 0;  // its last turn's end, and the wall time not charged
     // Fair share: weighted deficit round robin (credit in ns, refilled by quantum when every
     // contender with work has spent it) and the controller's correction of the quantum.
@@ -128,6 +132,8 @@ struct Broker::ComputeState {
     uint64_t turnBusyStart = 0;              // the holder's busyTotal when its turn began
     size_t next = 0;  // round robin position
     bool fair = false;        // weighted turns in force (two or more contenders, fair_share on)
+    bool mpsTurns = false;    // MPS clients take the weighted turns (docs/compute.md, "Weights under MPS")
+    uint64_t mpsTurnsOff = 0; // since when its reasons are gone (0: they hold)
     uint64_t fairStep = 0;    // the controller's last step (monotonic ns)
   };
   std::map<std::string, std::vector<TenantDevice>> tenants;
@@ -229,6 +235,9 @@ void Broker::computeSnapshotLocked(const std::string& tenant, size_t device, Ten
     p.latencyP95Ns = w.latency_p95_ns;
     p.windowSeconds = static_cast<double>(v->windowNs) / 1e9;
     p.lastError = w.last_error;
+    if (it->second[device].sharedSms && w.regime == probe::Regime::kConcurrent)
+      p.caveat = "shares SMs with other MPS clients (their percentages and its own sum over 100 %): the share is "
+                 "the SMs it reaches, not its part of them";
   }
 }
 
@@ -351,21 +360,25 @@ std::chrono::microseconds Broker::computeTick() {
     }
     bool differ = false;
     // A tenant left to MPS counts for the priorities of the others (its work holds lower ones
-    // back), but takes no turn and is never gated.
+    // back), but takes no turn and is never gated (unless weights take it into turns, below).
     for (Member& m : members) {
       m.lower = m.band > topBand && m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive;
       differ = differ || (m.lower && !m.mps);
     }
-    // Weights under MPS (docs/compute.md, "Weights under MPS"). Clients side by side share the
-    // SMs they both reach by the hardware's dispatch, not by weight. Where the tenants that would
-    // contend reach the same SMs and turns leave none idle that side by side would fill (one
-    // outside MPS, which time-slices against the whole server anyway; or MPS tenants that all
-    // reach every SM) and their weights per process differ, the MPS tenants among them take the
-    // weighted turns like any other: gated, with the server still bounding their SMs (so no
-    // time cap of their own). Percentages that do not overlap (30 and 70) or overlap in part (70
-    // and 70: each holder would idle the SMs beyond its reach) are left side by side.
+    // Weights under MPS (docs/compute.md, "Weights under MPS"; compute.mps_weights, off by
+    // default: gating binds cooperating processes only, where the server binds every client).
+    // Clients side by side share the SMs they both reach by the hardware's dispatch, not by
+    // weight. The MPS tenants among the would-be contenders take the weighted turns like any
+    // other (gated, the server still bounding their SMs, so no time cap of their own) where their
+    // weights per process differ and turns idle no SM that side by side would fill: one client
+    // beside tenants outside MPS (which time-slice against the server), or clients that all reach
+    // every SM; and only where every client with work here is among them (a lower-priority or
+    // suspect client left side by side would take the SMs of every turn). Once in force it holds
+    // for kFairControl after its reasons go, so that a tenant's process count or work flickering
+    // does not gate and ungate the clients every step.
+    const auto recentWork = [&](const Member& m) { return m.td->lastWork != 0 && now - m.td->lastWork < kFairActive; };
     const auto wouldContend = [&](const Member& m) {
-      return cc.fairShare && !m.td->suspect && !m.lower && m.td->lastWork != 0 && now - m.td->lastWork < kFairActive;
+      return cc.fairShare && !m.td->suspect && !m.lower && recentWork(m);
     };
     const auto processes = [&](const Member& m) {
       uint64_t n = 0;
@@ -373,25 +386,40 @@ std::chrono::microseconds Broker::computeTick() {
       return std::max<uint64_t>(n, 1);
     };
     {
-      int n = 0;
-      bool outside = false, unequal = false, partial = false;
+      int n = 0, clients = 0;
+      bool unequal = false, partial = false, leftOut = false;
       const Member* first = nullptr;
       for (Member& m : members) {
+        if (m.mps && recentWork(m) && !wouldContend(m)) leftOut = true;
         if (!wouldContend(m)) continue;
         ++n;
-        if (!m.mps) outside = true;
-        else partial = partial || m.cap < 100;
+        if (m.mps) {
+          ++clients;
+          partial = partial || m.cap < 100;
+        }
         if (first == nullptr) first = &m;
         else if (uint64_t{m.weight} * processes(*first) != uint64_t{first->weight} * processes(m)) unequal = true;
       }
-      const bool join = n >= 2 && unequal && (outside || !partial);
+      const bool want =
+          cc.mpsWeights && clients > 0 && n >= 2 && unequal && !leftOut && (clients == 1 || !partial);
+      if (want) {
+        dev.mpsTurns = true;
+        dev.mpsTurnsOff = 0;
+      } else if (dev.mpsTurns) {
+        if (dev.mpsTurnsOff == 0) dev.mpsTurnsOff = now;
+        if (!cc.mpsWeights || now - dev.mpsTurnsOff >= kFairControl) dev.mpsTurns = false;
+      }
       for (Member& m : members) {
-        m.mpsTurns = join && m.mps && wouldContend(m);
+        m.mpsTurns = dev.mpsTurns && m.mps && wouldContend(m);
         if (m.mpsTurns) {
           m.mps = false;
           m.cap = 100;  // its percentage is the server's bound on its SMs, not a time budget
         }
       }
+      int sideBySide = 0;
+      for (Member& m : members)
+        if (m.mps && recentWork(m)) sideBySide += m.cap;
+      for (Member& m : members) m.td->sharedSms = m.mps && recentWork(m) && sideBySide > 100;
     }
     for (Member& m : members) {
       if (m.band > topBand) m.cap = std::min<int>(m.cap, std::max<int>(1, static_cast<int>(cc.priorityFloorPercent)));
@@ -423,7 +451,8 @@ std::chrono::microseconds Broker::computeTick() {
         if (&o != &m && o.td->lastWork != 0 && now - o.td->lastWork < kPriorityActive) top = std::min(top, o.band);
       return top;
     };
-    // Fair share: two or more tenants outside MPS with work lately share the device by weight.
+    // Fair share: two or more tenants (outside MPS, or clients taken into the turns above) with
+    // work lately share the device by weight.
     int contenders = 0;
     for (Member& m : members) {
       const bool was = m.td->contending;

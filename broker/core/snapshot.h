@@ -57,6 +57,7 @@ struct TenantDeviceSnapshot {
     std::optional<double> bandwidthShare, computeIndex, bandwidthIndex, latencyIndexNs, latencyP95Ns;
     double windowSeconds = 0;
     std::string lastError;
+    std::string caveat;  // why the share may not be what it got (empty: none known)
   } probe{};
 };
 

@@ -50,6 +50,7 @@ void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, 
     if (d.probe.latencyP95Ns) p->set_latency_p95_ns(*d.probe.latencyP95Ns);
     p->set_window_seconds(d.probe.windowSeconds);
     p->set_last_error(d.probe.lastError);
+    p->set_caveat(d.probe.caveat);
   }
 }
 

@@ -585,6 +585,7 @@ TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
   // What an operator sees: `cushare probe` names the regime and the factors under its table.
   const std::string table = m.probeTable();
   EXPECT_NE(table.find("concurrent"), std::string::npos) << table;
+  EXPECT_EQ(table.find("shares SMs"), std::string::npos) << "30 + 70: no SM shared\n" << table;
   EXPECT_NE(table.find("small on device 0: spatial 0.30 x temporal"), std::string::npos) << table;
   EXPECT_NE(table.find("large on device 0: spatial 0.70 x temporal"), std::string::npos) << table;
   EXPECT_EQ(small.readLine(60000).rfind("spun ", 0), 0u);
@@ -597,7 +598,7 @@ TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
 // fill, the broker takes them into weighted turns. Judged by simgpu's own count over a 10 s
 // window: each client's busy time and busy SM-time (1/3 and 2/3 within 7 points, SM-time as a
 // part of each one's reach), the SMs a client held while it ran (its percentage, still bounded by
-// the server in its turns), and each tenant's probe share against its busy time. Before 2026-12-05
+// the server in its turns), and each tenant's probe share against its busy time. Before 2026-12-04
 // both got the same (weights did not act under MPS).
 // outside: tenant two, uncapped (outside MPS a percentage is a time cap), runs a process that is
 // not a client (its getenv hides the pipe directory): it time-slices against the whole server,
@@ -607,6 +608,7 @@ void weightsUnderMps(int percent, bool outside) {
   MpsCase m(testDir());
   const std::string pct = "    thread_percentage: " + std::to_string(percent) + "\n";
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + "probes: {interval_ms: 20, window_s: 600, kinds: [sm, tick]}\n"
+                             "compute: {mps_weights: on}\n"
                              "tenants:\n"
                              "  - name: one\n    weight: 1\n    memory: 1GiB\n" + pct +
                              "  - name: two\n    weight: 2\n    memory: 1GiB\n" + (outside ? "" : pct)))
@@ -636,6 +638,7 @@ void weightsUnderMps(int percent, bool outside) {
   rpc::ProbeShare p;
   const double po = probeShareOn0(m.broker, "one", &p);
   EXPECT_EQ(p.regime(), "turns");
+  EXPECT_EQ(p.caveat(), "") << "turns: the share is of device time";
   const double pt = probeShareOn0(m.broker, "two", &p);
   EXPECT_EQ(p.regime(), "turns");
   // The probes read the turns' share of device time (as outside MPS: docs/probes.md), which
@@ -656,16 +659,19 @@ TEST(BrokerMps, WeightsOneToTwoHoldBetweenAClientAndAProcessOutsideMps) { weight
 
 // Percentages that overlap in part (70 and 70, weights 1 and 2) stay side by side: turns would
 // leave 30 of the 100 SMs idle in every turn (measured with turns: 0.227 + 0.459 of the device's
-// SM-time). Both run all the time and hold about half the SMs each, the device full.
+// SM-time). Both run all the time and hold about half the SMs each, the device full. Their
+// probes read the SMs each reaches, not its part of them: the share comes with that caveat.
 TEST(BrokerMps, ClientsWhosePercentagesOverlapInPartStaySideBySide) {
   MpsCase m(testDir());
   const std::string pct = "    thread_percentage: 70\n";
-  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "tenants:\n"
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "probes: {interval_ms: 20, kinds: [sm, tick]}\n" +
+                             "compute: {mps_weights: on}\n"
+                             "tenants:\n"
                              "  - name: one\n    weight: 1\n    memory: 1GiB\n" + pct +
                              "  - name: two\n    weight: 2\n    memory: 1GiB\n" + pct))
       << m.broker.log();
-  Child one = m.spinning("one", 70, 4000);
-  Child two = m.spinning("two", 70, 4000);
+  Child one = m.spinning("one", 70, 4000, {"--primary", "1"});
+  Child two = m.spinning("two", 70, 4000, {"--primary", "1"});
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   const SmiWindow w(2000);
   const std::string& j1 = w.j1;
@@ -680,8 +686,63 @@ TEST(BrokerMps, ClientsWhosePercentagesOverlapInPartStaySideBySide) {
   }
   EXPECT_FALSE(m.broker.tenant("one").devices(0).paced());
   EXPECT_FALSE(m.broker.tenant("two").devices(0).paced());
+  const std::string caveat = "shares SMs with other MPS clients (their percentages and its own sum over 100 %): the "
+                             "share is the SMs it reaches, not its part of them";
+  for (const char* tenant : {"one", "two"}) {
+    rpc::ProbeShare p;
+    probeShareOn0(m.broker, tenant, &p);
+    EXPECT_EQ(p.regime(), "concurrent") << tenant;
+    EXPECT_EQ(p.caveat(), caveat) << tenant;
+  }
+  const std::string table = m.probeTable();
+  EXPECT_NE(table.find("one on device 0: " + caveat), std::string::npos) << table;
   EXPECT_EQ(one.readLine(60000).rfind("spun ", 0), 0u);
   EXPECT_EQ(two.readLine(60000).rfind("spun ", 0), 0u);
+}
+
+// Clients that would take weighted turns stay side by side when (a) compute.mps_weights is off
+// (the default: gating binds cooperating processes only) or (b) another client with work would
+// be left out of the turns (here one of a lower priority: left side by side, it would share the
+// SMs of every turn). Every worker saturates at 100 %; no tenant is gated (its throttled time
+// stands still) over 1.5 s, once the broker has the server's client list (until then a new
+// process counts as outside MPS and its tenant is paced: docs/mps.md).
+void clientsStaySideBySide(const std::string& compute, bool lowPriorityThird) {
+  MpsCase m(testDir());
+  std::string tenants = "tenants:\n"
+                        "  - name: one\n    weight: 1\n    memory: 1GiB\n"
+                        "  - name: two\n    weight: 2\n    memory: 1GiB\n";
+  if (lowPriorityThird) tenants += "  - name: low\n    priority: low\n    memory: 1GiB\n";
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + compute + tenants)) << m.broker.log();
+  std::vector<Child> workers;
+  workers.push_back(m.spinning("one", 100, 4000));
+  workers.push_back(m.spinning("two", 100, 4000));
+  if (lowPriorityThird) workers.push_back(m.spinning("low", 100, 4000));
+  std::vector<std::string> names = {"one", "two"};
+  if (lowPriorityThird) names.push_back("low");
+  const auto throttled = [&] {
+    std::vector<uint64_t> v;
+    for (const std::string& t : names) {
+      const rpc::Tenant r = m.broker.tenant(t);
+      v.push_back(r.devices_size() == 1 ? r.devices(0).throttled_ns() : UINT64_MAX);
+    }
+    return v;
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const std::vector<uint64_t> before = throttled();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const std::vector<uint64_t> after = throttled();
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_NE(before[i], UINT64_MAX) << names[i];
+    EXPECT_EQ(after[i], before[i]) << names[i] << " was gated";
+    EXPECT_FALSE(m.broker.tenant(names[i]).devices(0).paced()) << names[i];
+  }
+  for (Child& w : workers) EXPECT_EQ(w.readLine(60000).rfind("spun ", 0), 0u);
+}
+
+TEST(BrokerMps, WeightsLeaveClientsSideBySideUnlessMpsWeightsIsOn) { clientsStaySideBySide("", false); }
+
+TEST(BrokerMps, WeightsLeaveClientsSideBySideWhereALowerPriorityClientWouldShareEveryTurn) {
+  clientsStaySideBySide("compute: {mps_weights: on}\n", true);
 }
 
 // A program's last release of its primary context destroys it, with everything in it, even with

@@ -566,6 +566,10 @@ TEST(BrokerConfig, ComputeBlock) {
   EXPECT_NE(parseError("compute: 50\n").find("compute"), std::string::npos);
   EXPECT_TRUE(d.compute.fairShare);
   EXPECT_FALSE(parseOk("compute: {fair_share: off}\n").compute.fairShare);
+  EXPECT_FALSE(parseOk("compute: {fair_share: on}\n").compute.mpsWeights);
+  EXPECT_TRUE(parseOk("compute: {mps_weights: on}\n").compute.mpsWeights);
+  EXPECT_NE(parseError("compute: {mps_weights: yes}\n").find("compute.mps_weights: expected on or off, found 'yes'"),
+            std::string::npos);
   EXPECT_NE(parseError("compute: {fair_share: weighted}\n").find("compute.fair_share: expected on or off"),
             std::string::npos);
 }

@@ -164,6 +164,7 @@ if [ "${GPU_CHECK_TIMESLICE_LEVELS:-0}" = 1 ]; then
   done
   nvidia-smi compute-policy -i 0 --set-timeslice 0 >/dev/null 2>&1
 fi
+fatbin="$build/lib/cushare/probes.fatbin"
 echo "== MPS: the multiprocessor count a client sees (simgpu: ceil(pct x SMs) rounded up to even)"
 if command -v nvidia-cuda-mps-control >/dev/null; then
   real_mps() { env CUDA_MPS_PIPE_DIRECTORY="$tmp/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$tmp/mps-log" "$@"; }
@@ -178,6 +179,19 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
     if [ "$real" != "$simg" ]; then mark="   DIFFERENT (simgpu: $simg)"; differ=$((differ + 1)); fi
     printf 'MPS client at %5s %%: driver: %s%s\n' "$pct" "$real" "$mark"
   done
+  echo "== MPS: the probe kernels in a client of 100 % alone, then beside another client's hog of 100 %"
+  echo "   (simgpu guesses blocks of two clients on one SM each run at full rate: the SM probe's"
+  echo "   work_per_us and distinct_sms would not change; on a GPU, how far they fall is the intra-SM"
+  echo "   factor the probe reads for clients whose percentages overlap: docs/probes.md, \"Limits\")"
+  for side in driver simgpu; do
+    if [ "$side" = driver ]; then runner=real_mps; else runner=sim_mps; fi
+    $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 3 "$side-mps-alone" 2>&1
+    $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/timeslice_probe" 3 1000 >/dev/null 2>&1 &
+    hog=$!
+    sleep 0.5
+    $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 10 "$side-mps-hog" 2>&1
+    wait "$hog"
+  done
   echo quit | real_mps nvidia-cuda-mps-control
   echo quit | sim_mps "$build/lib/simgpu/bin/nvidia-cuda-mps-control"
   echo "(simgpu's SIMGPU_SMS is 132 by default: compare on an H100/H200, or set it to the GPU's count)"
@@ -189,7 +203,6 @@ echo "== probe kernels: timer tick, launch to start, distinct SMs, block duratio
 echo "   (simgpu's twins guess: tick_ns=1000, cycles_per_ns=1.98, sm work_per_us=495/work_per_step (256),"
 echo "   mem 4.8 TB/s split per SM, no launch latency; launch_to_start is the tick probe's (launched first);"
 echo "   on the driver read rt if %globaltimer counts from the Unix epoch, else compare rounds)"
-fatbin="$build/lib/cushare/probes.fatbin"
 env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/probe_check" "$fatbin" 5 driver-alone 2>&1
 env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/timeslice_probe" 3 1000 >/dev/null 2>&1 &
 hog=$!

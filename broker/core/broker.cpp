@@ -503,6 +503,23 @@ bool Broker::check(std::string* err) const {
   return checkEffective(p.config, effectiveLimitsLocked(p.config, p.configured, st.limits), p.unknown, err);
 }
 
+namespace {
+
+// Weights among MPS clients act only with compute.mps_weights on (docs/compute.md, "Weights under
+// MPS"): an operator who configured different weights with MPS on is told once per load.
+void noteWeightsUnderMps(const Config& c) {
+  if (c.mps.mode == MpsConfig::Mode::kOff || !c.compute.fairShare || c.compute.mpsWeights) return;
+  for (const Tenant& t : c.tenants)
+    if (t.weight != c.tenants.front().weight) {
+      CUSHARE_BLOG(warn, "tenants' weights differ, but with MPS on they do not gate MPS clients (compute.mps_weights "
+                   "is off): clients share the SMs they both reach side by side, whatever their weights "
+                   "(docs/compute.md, \"Weights under MPS\")");
+      return;
+    }
+}
+
+}  // namespace
+
 bool Broker::start(std::string* err) {
   Prepared p;
   if (!prepare(&p, err)) return false;
@@ -521,6 +538,7 @@ bool Broker::start(std::string* err) {
 
   std::lock_guard<std::mutex> g(mu_);
   config_ = c;
+  noteWeightsUnderMps(c);
   adminGid_ = admin;
   ledgerDir_ = c.ledgerDir;
   overrides_ = std::move(o);
@@ -618,6 +636,7 @@ bool Broker::reload(std::string* err) {
 
   // Committed from here on: nothing below can refuse the configuration.
   config_ = c;
+  noteWeightsUnderMps(c);
   adminGid_ = admin;
   overrides_ = std::move(o);
   threadOverrides_ = next.threads;

@@ -701,28 +701,27 @@ TEST(BrokerMps, ClientsWhosePercentagesOverlapInPartStaySideBySide) {
 }
 
 // Clients that would take weighted turns stay side by side when (a) compute.mps_weights is off
-// (the default: gating binds cooperating processes only) or (b) another client with work would
-// be left out of the turns (here one of a lower priority: left side by side, it would share the
-// SMs of every turn). Every worker saturates at 100 %; no tenant is gated (its throttled time
-// stands still) over 1.5 s, once the broker has the server's client list (until then a new
-// process counts as outside MPS and its tenant is paced: docs/mps.md).
-void clientsStaySideBySide(const std::string& compute, bool lowPriorityThird) {
+// (the default: gating binds cooperating processes only; the broker says so once), (b) another
+// client with work would be left out of the turns (here one of a lower priority: left side by
+// side, it would share the SMs of every turn), or (c) two clients whose percentages overlap in
+// part contend beside a process outside MPS (separate turns would idle what the other fills).
+// Every worker saturates; no tenant is gated (its throttled time stands still) over 1.5 s, once
+// the broker has the server's client list (until then a new process counts as outside MPS and
+// its tenant is paced: docs/mps.md).
+struct Spinner {
+  std::string tenant;
+  int percent;  // what it starts as (100 outside MPS)
+  std::vector<std::string> args;
+};
+void clientsStaySideBySide(const std::string& config, const std::vector<Spinner>& spinners) {
   MpsCase m(testDir());
-  std::string tenants = "tenants:\n"
-                        "  - name: one\n    weight: 1\n    memory: 1GiB\n"
-                        "  - name: two\n    weight: 2\n    memory: 1GiB\n";
-  if (lowPriorityThird) tenants += "  - name: low\n    priority: low\n    memory: 1GiB\n";
-  ASSERT_TRUE(m.broker.start(m.mpsBlock() + compute + tenants)) << m.broker.log();
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + config)) << m.broker.log();
   std::vector<Child> workers;
-  workers.push_back(m.spinning("one", 100, 4000));
-  workers.push_back(m.spinning("two", 100, 4000));
-  if (lowPriorityThird) workers.push_back(m.spinning("low", 100, 4000));
-  std::vector<std::string> names = {"one", "two"};
-  if (lowPriorityThird) names.push_back("low");
+  for (const Spinner& w : spinners) workers.push_back(m.spinning(w.tenant, w.percent, 4000, w.args));
   const auto throttled = [&] {
     std::vector<uint64_t> v;
-    for (const std::string& t : names) {
-      const rpc::Tenant r = m.broker.tenant(t);
+    for (const Spinner& w : spinners) {
+      const rpc::Tenant r = m.broker.tenant(w.tenant);
       v.push_back(r.devices_size() == 1 ? r.devices(0).throttled_ns() : UINT64_MAX);
     }
     return v;
@@ -731,18 +730,41 @@ void clientsStaySideBySide(const std::string& compute, bool lowPriorityThird) {
   const std::vector<uint64_t> before = throttled();
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   const std::vector<uint64_t> after = throttled();
-  for (size_t i = 0; i < names.size(); ++i) {
-    EXPECT_NE(before[i], UINT64_MAX) << names[i];
-    EXPECT_EQ(after[i], before[i]) << names[i] << " was gated";
-    EXPECT_FALSE(m.broker.tenant(names[i]).devices(0).paced()) << names[i];
+  for (size_t i = 0; i < spinners.size(); ++i) {
+    EXPECT_NE(before[i], UINT64_MAX) << spinners[i].tenant;
+    EXPECT_EQ(after[i], before[i]) << spinners[i].tenant << " was gated";
+    EXPECT_FALSE(m.broker.tenant(spinners[i].tenant).devices(0).paced()) << spinners[i].tenant;
   }
   for (Child& w : workers) EXPECT_EQ(w.readLine(60000).rfind("spun ", 0), 0u);
+  const std::string note = "tenants' weights differ, but with MPS on they do not gate MPS clients";
+  const bool off = config.find("mps_weights: on") == std::string::npos;
+  EXPECT_EQ(m.broker.log().find(note) != std::string::npos, off) << m.broker.log();
 }
 
-TEST(BrokerMps, WeightsLeaveClientsSideBySideUnlessMpsWeightsIsOn) { clientsStaySideBySide("", false); }
+constexpr char kOneTwo[] =
+    "tenants:\n"
+    "  - name: one\n    weight: 1\n    memory: 1GiB\n"
+    "  - name: two\n    weight: 2\n    memory: 1GiB\n";
+
+TEST(BrokerMps, WeightsLeaveClientsSideBySideUnlessMpsWeightsIsOn) {
+  clientsStaySideBySide(kOneTwo, {{"one", 100, {}}, {"two", 100, {}}});
+}
 
 TEST(BrokerMps, WeightsLeaveClientsSideBySideWhereALowerPriorityClientWouldShareEveryTurn) {
-  clientsStaySideBySide("compute: {mps_weights: on}\n", true);
+  clientsStaySideBySide(std::string("compute: {mps_weights: on}\n") + kOneTwo +
+                            "  - name: low\n    priority: low\n    memory: 1GiB\n",
+                        {{"one", 100, {}}, {"two", 100, {}}, {"low", 100, {}}});
+}
+
+TEST(BrokerMps, WeightsLeaveClientsOverlappingInPartSideBySideBesideAProcessOutsideMps) {
+  clientsStaySideBySide("compute: {mps_weights: on}\n"
+                        "tenants:\n"
+                        "  - name: one\n    thread_percentage: 30\n    memory: 1GiB\n"
+                        "  - name: two\n    weight: 2\n    memory: 1GiB\n"
+                        "  - name: three\n    thread_percentage: 80\n    memory: 1GiB\n",
+                        {{"one", 30, {}},
+                         {"two", 100, {"--hide", "CUDA_MPS_PIPE_DIRECTORY=/tmp/cushare-test-mps/nowhere"}},
+                         {"three", 80, {}}});
 }
 
 // A program's last release of its primary context destroys it, with everything in it, even with

@@ -168,7 +168,7 @@ fatbin="$build/lib/cushare/probes.fatbin"
 echo "== MPS: the multiprocessor count a client sees (simgpu: ceil(pct x SMs) rounded up to even)"
 if command -v nvidia-cuda-mps-control >/dev/null; then
   real_mps() { env CUDA_MPS_PIPE_DIRECTORY="$tmp/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$tmp/mps-log" "$@"; }
-  sim_mps() { sim env CUDA_MPS_PIPE_DIRECTORY="$tmp/sim-pipe" CUDA_MPS_LOG_DIRECTORY="$tmp/sim-log" "$@"; }
+  sim_mps() { sim env CUDA_MPS_PIPE_DIRECTORY="$tmp/sim-pipe" CUDA_MPS_LOG_DIRECTORY="$tmp/sim-log" SIMGPU_KERNEL_COSTS="$tmp/probe.costs" "$@"; }
   real_mps nvidia-cuda-mps-control -d && sim_mps "$build/lib/simgpu/bin/nvidia-cuda-mps-control" -d ||
     echo "gpu_check: cannot start an MPS control daemon" >&2
   echo "driver SMs without MPS: $(env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/mps_sm_probe" 2>&1)"
@@ -180,13 +180,14 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
     printf 'MPS client at %5s %%: driver: %s%s\n' "$pct" "$real" "$mark"
   done
   echo "== MPS: the probe kernels in a client of 100 % alone, then beside another client's hog of 100 %"
+  echo "   (timeslice_probe fill: 1 ms kernels of two 1024-thread blocks per SM, every thread slot)"
   echo "   (simgpu guesses blocks of two clients on one SM each run at full rate: the SM probe's"
   echo "   work_per_us and distinct_sms would not change; on a GPU, how far they fall is the intra-SM"
   echo "   factor the probe reads for clients whose percentages overlap: docs/probes.md, \"Limits\")"
   for side in driver simgpu; do
     if [ "$side" = driver ]; then runner=real_mps; else runner=sim_mps; fi
     $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 3 "$side-mps-alone" 2>&1
-    $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/timeslice_probe" 3 1000 >/dev/null 2>&1 &
+    $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/timeslice_probe" 3 1000 fill >/dev/null 2>&1 &
     hog=$!
     sleep 0.5
     $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 10 "$side-mps-hog" 2>&1

@@ -4,7 +4,9 @@
 // device times: consecutive events normally lie one kernel apart; a larger step is a gap, the time
 // another context held the device. Runs between gaps are this process's slices.
 //
-//   usage: timeslice_probe <seconds> <kernel_us>
+//   usage: timeslice_probe <seconds> <kernel_us> [fill]
+//   fill: each kernel is one full wave of 1024-thread blocks, two per SM (a hog that holds every
+//   thread slot of the device or of its MPS client's SMs), not one warp
 //   prints: timeslice slice_us=<median run> gap_us=<median gap> switch_us=<(gap - slice) / 2>
 //           runs=<runs between gaps, the first and last dropped>
 // With two identical processes a gap is the other's slice plus two switches, hence switch_us.
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "probe_spin.cuh"
@@ -22,6 +25,13 @@ int main(int argc, char** argv) {
   const double kernelUs = argc > 2 ? std::atof(argv[2]) : 20.0;
   const long n = std::min<long>(200000, static_cast<long>(seconds * 1e6 / kernelUs));
   if (n < 10) return 2;
+  unsigned blocks = 1, threads = 32;
+  if (argc > 3 && std::string(argv[3]) == "fill") {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess || sms <= 0) return 1;
+    blocks = 2 * static_cast<unsigned>(sms);
+    threads = 1024;
+  }
   std::vector<cudaEvent_t> ev(n + 1);
   for (auto& e : ev)
     if (cudaEventCreate(&e) != cudaSuccess) return 1;
@@ -29,7 +39,7 @@ int main(int argc, char** argv) {
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   cudaEventRecord(ev[0], s);
   for (long i = 0; i < n; ++i) {
-    probe_spin<<<1, 32, 0, s>>>(static_cast<long long>(kernelUs * 1000));
+    probe_spin<<<blocks, threads, 0, s>>>(static_cast<long long>(kernelUs * 1000));
     cudaEventRecord(ev[i + 1], s);
   }
   if (cudaStreamSynchronize(s) != cudaSuccess) return 1;

@@ -111,6 +111,7 @@ struct Broker::ComputeState {
     // share SMs, and its probe share reads the SMs it reaches, not its part of them (said with
     // the share: docs/probes.md).
     bool sharedSms = false;
+    bool mpsTurns = false;  // an MPS client taken into weighted turns at the last step
     uint64_t turnEnd = 0, allowance = 0;  // its last turn's end, and the wall time not charged
     // Fair share: weighted deficit round robin (credit in ns, refilled by quantum when every
     // contender with work has spent it) and the controller's correction of the quantum.
@@ -374,8 +375,9 @@ std::chrono::microseconds Broker::computeTick() {
     // beside tenants outside MPS (which time-slice against the server), or clients that all reach
     // every SM; and only where every client with work here is among them (a lower-priority or
     // suspect client left side by side would take the SMs of every turn). Once in force it holds
-    // for kFairControl after its reasons go, so that a tenant's process count or work flickering
-    // does not gate and ungate the clients every step.
+    // for kFairControl after a contender's work or process count no longer calls for it, so that
+    // their flickering does not gate and ungate the clients every step; what rules it out (the
+    // setting off, a client left out, percentages overlapping in part) ends it at once.
     const auto recentWork = [&](const Member& m) { return m.td->lastWork != 0 && now - m.td->lastWork < kFairActive; };
     const auto wouldContend = [&](const Member& m) {
       return cc.fairShare && !m.td->suspect && !m.lower && recentWork(m);
@@ -400,17 +402,22 @@ std::chrono::microseconds Broker::computeTick() {
         if (first == nullptr) first = &m;
         else if (uint64_t{m.weight} * processes(*first) != uint64_t{first->weight} * processes(m)) unequal = true;
       }
-      const bool want =
-          cc.mpsWeights && clients > 0 && n >= 2 && unequal && !leftOut && (clients == 1 || !partial);
+      // What rules turns out ends them at once; what only flickers (a contender's work, process
+      // count) ends them after the hold, which keeps in turns only the clients already in them.
+      const bool barred = !cc.mpsWeights || leftOut || (clients > 1 && partial);
+      const bool want = !barred && clients > 0 && n >= 2 && unequal;
       if (want) {
         dev.mpsTurns = true;
         dev.mpsTurnsOff = 0;
+      } else if (barred) {
+        dev.mpsTurns = false;
       } else if (dev.mpsTurns) {
         if (dev.mpsTurnsOff == 0) dev.mpsTurnsOff = now;
-        if (!cc.mpsWeights || now - dev.mpsTurnsOff >= kFairControl) dev.mpsTurns = false;
+        if (now - dev.mpsTurnsOff >= kFairControl) dev.mpsTurns = false;
       }
       for (Member& m : members) {
-        m.mpsTurns = dev.mpsTurns && m.mps && wouldContend(m);
+        m.mpsTurns = dev.mpsTurns && m.mps && wouldContend(m) && (want || m.td->mpsTurns);
+        m.td->mpsTurns = m.mpsTurns;
         if (m.mpsTurns) {
           m.mps = false;
           m.cap = 100;  // its percentage is the server's bound on its SMs, not a time budget

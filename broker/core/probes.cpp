@@ -301,6 +301,7 @@ void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
   for (probe::TenantRound& tr : round.tenants)
     for (probe::ContextProbes& c : tr.contexts)
       for (probe::ProbeLaunch& l : c.launches) {
+        const bool first = &l == &c.launches.front();  // launched at the instant (the others after it)
         probe::LaunchNumbers n;
         std::string err;
         if (probe::analyzeLaunch(l.records, l.ctx, &n, &err) != probe::LaunchOutcome::kNumbers) continue;
@@ -314,7 +315,7 @@ void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
         CUSHARE_BLOG(debug, "probe round device {} tenant {} kind {} latency {:.0f} us", d, tr.tenant,
                      static_cast<int>(l.ctx.kind), n.has_latency ? n.start_latency_ns / 1e3 : -1.0);
         dev.rolling.observe(n);
-        if (n.has_latency && (fastest < 0 || n.start_latency_ns < fastest)) fastest = n.start_latency_ns;
+        if (first && n.has_latency && (fastest < 0 || n.start_latency_ns < fastest)) fastest = n.start_latency_ns;
       }
   if (fastest >= 0) dev.rolling.observeRoundFastestStart(fastest);
 

@@ -120,7 +120,11 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
           bad(err);
           continue;
         }
-        if (n.has_latency) latency = std::min(latency, n.start_latency_ns);
+        // The start latency is the context's first launch's, the one made at the instant: a later
+        // launch of the round went after the first had waited (for the tenant's gate or its slice)
+        // and run, so its latency from its own launch says nothing about the instant (a tenant
+        // sliced out at the instant read as started by its second probe).
+        if (n.has_latency && &l == &c.launches.front()) latency = std::min(latency, n.start_latency_ns);
         if (o == LaunchOutcome::kMissing) {
           if (n.kind == kProbeSm) sm_missing = true;
           if (n.kind == kProbeMem) mem_missing = true;
@@ -162,8 +166,14 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
     if (exclusive(t.regime)) {
       if (!std::isfinite(latency)) continue;  // no launch told when it started
       // Started without waiting once launched: a launch the host made late (a probe thread kept
-      // off the CPU) still samples whether the tenant held the device when it came.
-      const bool started = latency <= startThreshold();
+      // off the CPU) still samples whether the tenant held the device when it came. In turns the
+      // holder's probe may wait behind its own running blocks (a self-inflicted wait up to one
+      // of its blocks) while the waits that mark another's turn last most of a turn (10 ms and
+      // more): the threshold there is at least turns_min_start_threshold_ns.
+      const double threshold = t.regime == Regime::kTurns
+                                   ? std::max(startThreshold(), options_.turns_min_start_threshold_ns)
+                                   : startThreshold();
+      const bool started = latency <= threshold;
       ++a.started_of;
       a.started += started;
       a.share.push_back(started ? 1.0 : 0.0);

@@ -140,6 +140,59 @@ TEST(ProbeWindow, Turns30_70) {
   expectShares(runExclusive(d, s, ts, Regime::kTurns, 13), s, ts);
 }
 
+// In turns the holder's probe may wait behind the tenant's own running blocks (a self-inflicted
+// wait up to one of its blocks: here up to 300 us) while a wait for another tenant's turn lasts
+// most of a turn (30 or 70 ms). Calibrated alone (nothing of its own in the way: starts within
+// 12 us), the start threshold counted those self-waits as waits: the holder read about 0.05 of
+// the device (BrokerMps.WeightsOneToTwo... read 0.575 for 0.658 on simgpu, blocks of 0.1 ms in
+// whole waves). In turns the threshold is at least 500 us; time slices (2 ms) keep the tight one.
+TEST(ProbeWindow, AHoldersWaitBehindItsOwnBlocksIsAStartInTurns) {
+  Device solo, busy;
+  busy.latency_jitter_ns = 300'000;
+  const Schedule s({{0, 30e6}, {-1, 1e6}, {1, 70e6}, {-1, 1e6}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}};
+  std::mt19937_64 rng(41);
+  ShareAggregator agg(model::calibrate(solo, rng));
+  for (int k = 0; k < kExclusiveRounds; ++k)
+    EXPECT_TRUE(agg.addRound(exclusiveRound(busy, s, ts, Regime::kTurns, roundAt(k, rng), rng)).empty());
+  const auto w = byName(agg.window());
+  for (const ExclusiveTenant& t : ts)
+    EXPECT_NEAR(w.at(t.name).compute_share.value, truthOf(s, t), kTolerance) << t.name;
+  // The same waits under time slicing are not taken for starts (the threshold stays tight there).
+  ShareAggregator sliced(model::calibrate(solo, rng));
+  for (int k = 0; k < 100; ++k)
+    EXPECT_TRUE(sliced.addRound(exclusiveRound(busy, s, ts, Regime::kTimeSliced, roundAt(k, rng), rng)).empty());
+  EXPECT_LT(byName(sliced.window()).at("B").compute_share.value, 0.3);
+}
+
+// A round's later launches went after its first had waited and run (the shim launches the tick,
+// SM and memory probes one after another): each one's latency from its own launch says nothing
+// about the instant. Here every later launch carries a launch time just before its start (as a
+// probe launched right after its tick probe waited for the tenant's slice would): the shares must
+// not move. Before, the least latency of any launch was the sample, and A and B read near 1.
+TEST(ProbeWindow, ALaterLaunchOfTheRoundIsNotItsStart) {
+  Device d;
+  const Schedule s({{0, 3e6}, {-1, 25e3}, {1, 7e6}, {-1, 25e3}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}};
+  std::mt19937_64 rng(43);
+  ShareAggregator agg(model::calibrate(d, rng));
+  for (int k = 0; k < kExclusiveRounds; ++k) {
+    Round r = exclusiveRound(d, s, ts, Regime::kTimeSliced, roundAt(k, rng), rng);
+    for (TenantRound& t : r.tenants)
+      for (ContextProbes& c : t.contexts)
+        for (size_t i = 1; i < c.launches.size(); ++i) {
+          uint64_t first = UINT64_MAX;
+          for (const BlockRecord& b : c.launches[i].records)
+            if (b.start_ns) first = std::min<uint64_t>(first, b.start_ns);
+          if (first != UINT64_MAX) c.launches[i].ctx.launch_ns = first - 1'000;
+        }
+    EXPECT_TRUE(agg.addRound(r).empty());
+  }
+  const auto w = byName(agg.window());
+  for (const ExclusiveTenant& t : ts)
+    EXPECT_NEAR(w.at(t.name).compute_share.value, truthOf(s, t), kTolerance) << t.name;
+}
+
 TEST(ProbeWindow, Turns25_50_25) {
   Device d;
   const Schedule s({{0, 25e6}, {-1, 1e6}, {1, 50e6}, {-1, 1e6}, {2, 25e6}, {-1, 1e6}});
@@ -337,7 +390,7 @@ void expectMps(const MpsResult& r) {
     EXPECT_NEAR(w.clock, 1.0, 0.02);
     EXPECT_NEAR(*w.compute_index, 1 - w.compute_share.value, 0.02);
     EXPECT_NEAR(*w.bandwidth_index, 1 - w.bandwidth_share.value, 1e-9);
-    EXPECT_LT(*w.latency_index_ns, 2000) << "MPS clients start at once";
+    EXPECT_LT(*w.latency_index_ns, 4000) << "MPS clients start at once (within a launch's jitter)";
   }
 }
 
@@ -469,9 +522,10 @@ TEST(ProbeWindow, WithoutABaselineOnlyStartTimesCount) {
   RollingBaseline rolling;
   for (double f : agg.fastestStarts()) rolling.observeRoundFastestStart(f);
   const SoloBaseline b = rolling.merged(SoloBaseline{});
-  // Each round's earliest start: 8 us + the least of three launches' jitters (up to 4 us).
+  // Each round's earliest start: a first launch's 8 us + its jitter (up to 4 us; later launches
+  // of a round are not its start: ProbeWindow.ALaterLaunchOfTheRoundIsNotItsStart).
   EXPECT_GE(b.latency_p95_ns, 8'000);
-  EXPECT_LE(b.latency_p95_ns, 11'000);
+  EXPECT_LE(b.latency_p95_ns, 12'000);
 }
 
 }  // namespace

@@ -78,6 +78,10 @@ struct AggregatorOptions {
   double start_epsilon_fraction = 0.5;
   // Without a solo latency in the baseline: this is the whole threshold.
   double default_start_threshold_ns = 100'000;
+  // In turns, at least this (docs/probes.md, "The start threshold"): turns last 10 ms and more,
+  // so a wait shorter than this is the holder's own (behind its running blocks), not another's
+  // turn; the bias it adds is about this over a turn's length.
+  double turns_min_start_threshold_ns = 500'000;
   uint32_t min_rounds = 10;  // fewer valid rounds: the estimate is given but not `enough`
 };
 

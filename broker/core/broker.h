@@ -49,6 +49,11 @@
 
 namespace cushare::broker {
 
+// Ticks in a row that must find memory beyond a tenant's ledger before it is charged as hidden
+// (hidden_memory.cpp): an honest allocation made and freed between the broker's two reads of the
+// ledger in one tick is seen on the device and in neither read.
+inline constexpr size_t kHiddenTicks = 5;
+
 class ProbeScheduler;
 
 struct EnvInfo {
@@ -161,9 +166,10 @@ class Broker {
     // tick (lockBusy), then reported as an error and retried without waiting (lockHeld).
     bool lockBusy = false, lockHeld = false;
     std::map<int, size_t> entryDevice;    // ledger entry -> the device it was seen naming
-    // per ledger entry: what the last two checks found hidden (a charge must persist, see
-    // hidden_memory.cpp)
-    std::vector<uint64_t> hiddenSeen, hiddenSeenBefore;
+    // Per ledger device entry: what the last kHiddenTicks - 1 ticks found beyond the ledger, the
+    // latest first (a charge must persist: hidden_memory.cpp charges the least of them and this
+    // tick's).
+    std::vector<std::array<uint64_t, kHiddenTicks - 1>> hiddenSeen;
     std::vector<uint64_t> hidden;         // per device: what the broker charges now
     std::vector<uint8_t> hiddenReported;  // per device: the charge exceeds context memory (warned)
     std::vector<uint64_t> hiddenCharge;   // per ledger entry: the hidden part of the charge slot

@@ -289,7 +289,7 @@ TEST(Operator, LedgerOfAnotherUserIsReplacedAndItsUsageStillCounts) {
   EXPECT_EQ(after.st_ino, before.st_ino);
   EXPECT_EQ(usedOn0(b.tenant("delta")), 192 * MiB) << "the squatter's usage still counts";
   EXPECT_EQ(limitOn0(b.tenant("delta")), 512 * MiB);
-  // Charged once: the broker's check for memory hidden from the ledger (three ticks) counts what
+  // Charged once: the broker's check for memory hidden from the ledger (five ticks) counts what
   // the former ledger's processes hold as explained.
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
   EXPECT_EQ(hiddenOf(b, "delta"), 0u) << b.log();

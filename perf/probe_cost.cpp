@@ -102,7 +102,8 @@ void runRounds(benchmark::State& state, uint32_t what, const ProbeBudgets& budge
     ++rounds;
   }
   const double wall =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / double(rounds ? rounds : 1);
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+      double(rounds ? rounds : 1);
   const simgpu::ProcessDeviceStats after = mine();
   if (rounds == 0 || after.updatedNs == 0) {
     state.SkipWithError("no counters on simgpu's board");

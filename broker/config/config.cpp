@@ -400,7 +400,9 @@ class Parser {
   // compute: {period_ms: 5..1000, priority_floor_percent: 0..100, metering: on|off, fair_share: on|off,
   //           mps_weights: on|off}
   bool compute(const Node& n, ComputeConfig* out) {
-    if (!map(n, "compute", "a map of settings (period_ms, priority_floor_percent, metering, fair_share, mps_weights)")) return false;
+    if (!map(n, "compute",
+             "a map of settings (period_ms, priority_floor_percent, metering, fair_share, mps_weights)"))
+      return false;
     ComputeConfig c;
     for (size_t i = 0; i < n.keys.size(); ++i) {
       const Node& key = n.keys[i];

@@ -382,15 +382,25 @@ std::chrono::microseconds Broker::computeTick() {
     const auto wouldContend = [&](const Member& m) {
       return cc.fairShare && !m.td->suspect && !m.lower && recentWork(m);
     };
-    const auto processes = [&](const Member& m) {
-      uint64_t n = 0;
-      for (const ComputeState::Slot& sl : m.td->slots) n += sl.lastMove != 0 && now - sl.lastMove < kFairActive;
-      return std::max<uint64_t>(n, 1);
+    // Whether the members `in` selects have different weights per process running here
+    // (different weights, or one tenant with more processes than another of the same weight).
+    const auto weightsDiffer = [&](const auto& in) {
+      const auto processes = [&](const Member& m) {
+        uint64_t n = 0;
+        for (const ComputeState::Slot& sl : m.td->slots) n += sl.lastMove != 0 && now - sl.lastMove < kFairActive;
+        return std::max<uint64_t>(n, 1);
+      };
+      const Member* first = nullptr;
+      for (const Member& m : members) {
+        if (!in(m)) continue;
+        if (first == nullptr) first = &m;
+        else if (uint64_t{m.weight} * processes(*first) != uint64_t{first->weight} * processes(m)) return true;
+      }
+      return false;
     };
     {
       int n = 0, clients = 0;
-      bool unequal = false, partial = false, leftOut = false;
-      const Member* first = nullptr;
+      bool partial = false, leftOut = false;
       for (Member& m : members) {
         if (m.mps && recentWork(m) && !wouldContend(m)) leftOut = true;
         if (!wouldContend(m)) continue;
@@ -399,13 +409,11 @@ std::chrono::microseconds Broker::computeTick() {
           ++clients;
           partial = partial || m.cap < 100;
         }
-        if (first == nullptr) first = &m;
-        else if (uint64_t{m.weight} * processes(*first) != uint64_t{first->weight} * processes(m)) unequal = true;
       }
       // What rules turns out ends them at once; what only flickers (a contender's work, process
       // count) ends them after the hold, which keeps in turns only the clients already in them.
       const bool barred = !cc.mpsWeights || leftOut || (clients > 1 && partial);
-      const bool want = !barred && clients > 0 && n >= 2 && unequal;
+      const bool want = !barred && clients > 0 && n >= 2 && weightsDiffer(wouldContend);
       if (want) {
         dev.mpsTurns = true;
         dev.mpsTurnsOff = 0;
@@ -482,14 +490,7 @@ std::chrono::microseconds Broker::computeTick() {
     // per process running there differ (different weights, or one tenant with more processes).
     // Turns cost a little at each switch (more on a loaded host), so equal tenants are left to
     // the hardware.
-    bool unequal = false;
-    const Member* first = nullptr;
-    for (Member& m : members) {
-      if (!m.td->contending) continue;
-      if (first == nullptr) first = &m;
-      else if (uint64_t{m.weight} * processes(*first) != uint64_t{first->weight} * processes(m)) unequal = true;
-    }
-    const bool fairOn = contenders >= 2 && unequal;
+    const bool fairOn = contenders >= 2 && weightsDiffer([](const Member& m) { return m.td->contending; });
     if (fairOn != dev.fair) {
       dev.fair = fairOn;
       dev.fairStep = now;

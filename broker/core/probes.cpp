@@ -290,18 +290,16 @@ void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
   }
   if (round.start_ns == 0) return;  // nobody answered with records in a host clock
   // The baseline: the best any launch did (a round that found the device otherwise idle is
-  // solo), and the fastest start of each round.
+  // solo), and the fastest start of each round (the aggregator's: each context's first launch).
   // Only the parameters: the rates and the latency come from the rolling observations alone (the
   // merged baseline fed back would keep its worst early latency for ever).
   // The baseline's work per step is the shim's, never what a tenant's records claim (a tenant that
   // claimed another made every other tenant's SM launches "differ": no concurrent share at all).
   probe::SoloBaseline base;
   base.sm_work_per_step = probe::kProbeWorkPerStep;
-  double fastest = -1;
   for (probe::TenantRound& tr : round.tenants)
     for (probe::ContextProbes& c : tr.contexts)
       for (probe::ProbeLaunch& l : c.launches) {
-        const bool first = &l == &c.launches.front();  // launched at the instant (the others after it)
         probe::LaunchNumbers n;
         std::string err;
         if (probe::analyzeLaunch(l.records, l.ctx, &n, &err) != probe::LaunchOutcome::kNumbers) continue;
@@ -315,25 +313,13 @@ void ProbeScheduler::finish(size_t d, Device& dev, Round r) {
         CUSHARE_BLOG(debug, "probe round device {} tenant {} kind {} latency {:.0f} us", d, tr.tenant,
                      static_cast<int>(l.ctx.kind), n.has_latency ? n.start_latency_ns / 1e3 : -1.0);
         dev.rolling.observe(n);
-        if (first && n.has_latency && (fastest < 0 || n.start_latency_ns < fastest)) fastest = n.start_latency_ns;
       }
-  if (fastest >= 0) dev.rolling.observeRoundFastestStart(fastest);
-
-  probe::SoloBaseline merged = dev.rolling.merged(base);
-  // The start threshold's solo latency: the 75th percentile of the rounds' fastest starts. The
-  // 95th (the analysis's default) takes in the rounds that fell on a turn switch (every tenant
-  // waited a drain), which makes the threshold as long as a switch: with 10 ms turns that
-  // counted a fifth of the waits as starts.
-  if (fastest >= 0) {
-    dev.fastest[dev.fastestNext++ % dev.fastest.size()] = fastest;
-    dev.fastestCount = std::min(dev.fastestCount + 1, dev.fastest.size());
-  }
-  if (dev.fastestCount > 0)
-    merged.latency_p95_ns = probe::nearestRankPercentile(
-        std::vector<double>(dev.fastest.begin(), dev.fastest.begin() + static_cast<std::ptrdiff_t>(dev.fastestCount)), 0.75);
-  dev.agg->setBaseline(merged);
+  dev.agg->setBaseline(dev.rolling.merged(base));
+  const size_t starts = dev.agg->fastestStarts().size();
   for (const std::string& line : dev.agg->addRound(round))
     CUSHARE_BLOG(debug, "probe round on device {}: {}", d, line);
+  if (dev.agg->fastestStarts().size() > starts)
+    dev.rolling.observeRoundFastestStart(dev.agg->fastestStarts().back());
 }
 
 std::optional<ProbeView> ProbeScheduler::view(const std::string& tenant, size_t d) const {

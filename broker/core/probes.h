@@ -81,11 +81,13 @@ class ProbeScheduler {
     uint64_t nextMono = 0;
     std::vector<Round> rounds;  // asked, not all answered yet (in the order asked)
     std::unique_ptr<probe::ShareAggregator> agg;
-    probe::RollingBaseline rolling;
+    // The start threshold's solo latency is the 75th percentile of the rounds' fastest starts: the
+    // 95th (the analysis's default) takes in the rounds that fell on a turn switch (every tenant
+    // waited a drain), which makes the threshold as long as a switch (with 10 ms turns that
+    // counted a fifth of the waits as starts).
+    probe::RollingBaseline rolling{256, 0.75};
     uint64_t windowStart = 0;
     std::map<std::string, probe::TenantWindow> last;  // the last complete window
-    std::vector<double> fastest = std::vector<double>(256);  // the rounds' fastest starts (a ring)
-    size_t fastestNext = 0, fastestCount = 0;
     uint64_t lastLength = 0;
     // Per tenant, why its last answer carried no records (the shim's own words, e.g. "the process
     // does not use the device's primary context: not probed"); cleared by an answer with records.

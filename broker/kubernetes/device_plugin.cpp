@@ -360,7 +360,9 @@ struct DevicePlugin::Impl {
           std::chrono::milliseconds(5000));
       t->serveAfter = now + t->serveBackoff;
       if (err != t->serveError)
-        CUSHARE_BLOG(error, "{}; trying again with a growing wait, up to every 5 s (logged again when the error changes)",
+        CUSHARE_BLOG(error,
+                     "{}; trying again with a growing wait, up to every 5 s (logged again when the error "
+                     "changes)",
                      err);
       t->serveError = err;
       return;

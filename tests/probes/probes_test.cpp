@@ -712,7 +712,8 @@ TEST(SmCap, NextToAnMpsHogClientTheProbeRunsSideBySideNeverSlicedOut) {
     MpsDaemon d;
     ASSERT_TRUE(d.up);
     Hog hog;
-    ASSERT_TRUE(hog.start(HOG_BIN, 132, {"CUDA_MPS_PIPE_DIRECTORY=" + d.root + "/pipe"}, 768)) << "the hog did not start";
+    ASSERT_TRUE(hog.start(HOG_BIN, 132, {"CUDA_MPS_PIPE_DIRECTORY=" + d.root + "/pipe"}, 768))
+        << "the hog did not start";
     // The hog is a client of the server the probe's client joins (not a process taking turns).
     const std::string server = control("get_server_list\n");
     EXPECT_EQ(control("get_client_list " + server), std::to_string(hog.pid) + "\n");

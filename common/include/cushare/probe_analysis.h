@@ -151,12 +151,12 @@ class BaselineCalibration {
 // Rolling maximum, for devices that are never idle long enough to calibrate: the best any probe
 // did over the last `capacity` observations. A round that found the device otherwise idle equals
 // solo, so the maximum converges to solo from below; a calibrated value is never lowered.
-// Latency: the 95th percentile of each round's fastest start (under exclusive turns or time slices
-// the resident tenant's probe starts without waiting, so the fastest start of a round is a solo
-// start).
+// Latency: a percentile (the 95th unless told) of each round's fastest start (under exclusive
+// turns or time slices the resident tenant's probe starts without waiting, so the fastest start of
+// a round is a solo start).
 class RollingBaseline {
  public:
-  explicit RollingBaseline(size_t capacity = 256);
+  explicit RollingBaseline(size_t capacity = 256, double latencyPercentile = 0.95);
   void observe(const LaunchNumbers& n);  // any numbers of a launch with the baseline's parameters
   void observeRoundFastestStart(double latency_ns);
   // base with every rate raised (cycles per step lowered) to the best seen; base's parameters kept.
@@ -164,6 +164,7 @@ class RollingBaseline {
 
  private:
   size_t capacity_;
+  double latencyPercentile_;
   std::vector<LaunchNumbers> sm_, mem_;
   std::vector<double> fastest_;
   size_t sm_next_ = 0, mem_next_ = 0, fastest_next_ = 0;

@@ -506,16 +506,19 @@ bool Broker::check(std::string* err) const {
 namespace {
 
 // Weights among MPS clients act only with compute.mps_weights on (docs/compute.md, "Weights under
-// MPS"): an operator who configured different weights with MPS on is told once per load.
+// MPS"): an operator who configured different weights with MPS on (or auto) is told once per
+// load. The weights compared are the tenants' and, with unknown tenants admitted, their
+// profile's.
 void noteWeightsUnderMps(const Config& c) {
   if (c.mps.mode == MpsConfig::Mode::kOff || !c.compute.fairShare || c.compute.mpsWeights) return;
-  for (const Tenant& t : c.tenants)
-    if (t.weight != c.tenants.front().weight) {
-      CUSHARE_BLOG(warn, "tenants' weights differ, but with MPS on they do not gate MPS clients (compute.mps_weights "
-                   "is off): clients share the SMs they both reach side by side, whatever their weights "
-                   "(docs/compute.md, \"Weights under MPS\")");
-      return;
-    }
+  std::set<uint32_t> weights;
+  for (const Tenant& t : c.tenants) weights.insert(t.weight);
+  if (!c.unknownTenantsProfile.empty()) weights.insert(unknownTenantConfig(c, "").weight);
+  if (weights.size() < 2) return;
+  CUSHARE_BLOG(warn, "tenants' weights differ, but with MPS {} they do not gate MPS clients (compute.mps_weights "
+               "is off): clients share the SMs they both reach side by side, whatever their weights "
+               "(docs/compute.md, \"Weights under MPS\")",
+               c.mps.mode == MpsConfig::Mode::kAuto ? "on where it runs (mps: auto)" : "on");
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "cushare/ledger_abi.h"
 #include "harness.h"
@@ -795,6 +796,29 @@ TEST(BrokerMps, WeightsLeaveClientsOverlappingInPartSideBySideBesideAProcessOuts
                         {{"one", 30, {}},
                          {"two", 100, {"--hide", "CUDA_MPS_PIPE_DIRECTORY=/tmp/cushare-test-mps/nowhere"}},
                          {"three", 80, {}}});
+}
+
+// The warning that weights do not gate MPS clients counts the unknown tenants' profile: with one
+// tenant listed, a profile of another weight is what makes the weights differ (it was ignored).
+// Under mps: auto it says that it applies where MPS runs.
+TEST(BrokerMps, TheWeightsWarningCountsTheUnknownTenantsProfile) {
+  const std::string note = "tenants' weights differ, but with MPS ";
+  for (const auto& [mode, profileWeight, expected] :
+       std::vector<std::tuple<std::string, int, std::string>>{
+           {"on", 2, "with MPS on they do not gate MPS clients"},
+           {"auto", 3, "with MPS on where it runs (mps: auto) they do not gate MPS clients"},
+           {"on", 1, ""}}) {
+    MpsCase m(testDir());
+    ASSERT_TRUE(m.broker.start(m.mpsBlock(mode) + "unknown_tenants: guest\nprofiles:\n  guest: {memory: 256MiB, weight: " +
+                               std::to_string(profileWeight) + "}\ntenants:\n  - {name: one, memory: 1GiB}\n"))
+        << m.broker.log();
+    const std::string log = m.broker.log();
+    if (expected.empty()) {
+      EXPECT_EQ(log.find(note), std::string::npos) << log;
+    } else {
+      EXPECT_NE(log.find(expected), std::string::npos) << mode << " " << profileWeight << ": " << log;
+    }
+  }
 }
 
 // A program's last release of its primary context destroys it, with everything in it, even with

@@ -32,6 +32,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <algorithm>
 #include <vector>
 
 namespace cushare {
@@ -1099,10 +1100,17 @@ TEST(Ledger, ObserverNeverWaitsForTheFlock) {
   bool busy = false;
   o.busy = &busy;
   std::string err;
-  const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(Ledger::open(dir, "locked", o, &err), nullptr);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(20));
-  EXPECT_TRUE(busy) << err;
+  // A wait for the lock (blocking, or a bounded one of 100 ms) would show in every try; one
+  // preemption on a loaded host shows in one: the fastest of five is judged.
+  auto fastest = std::chrono::steady_clock::duration::max();
+  for (int i = 0; i < 5; ++i) {
+    busy = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(Ledger::open(dir, "locked", o, &err), nullptr);
+    fastest = std::min(fastest, std::chrono::steady_clock::now() - t0);
+    EXPECT_TRUE(busy) << err;
+  }
+  EXPECT_LT(fastest, std::chrono::milliseconds(20));
   ::flock(fd, LOCK_UN);
   busy = false;
   auto observer = Ledger::open(dir, "locked", o, &err);

@@ -678,9 +678,16 @@ TEST(RpcCall, BusyIsRetriedWithBackoffThenReported) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(call(server.path(), statusRequest(), &resp, &err, o));
   const auto took = std::chrono::steady_clock::now() - t0;
-  // Tries at 0, 50, 150 and 350 ms, and a last one at 0.7 s (the 400 ms wait cut short).
-  EXPECT_EQ(err, busyAnswer().error() + " (still busy after 5 tries in 0.7 s)");
-  EXPECT_EQ(server.connections(), 5);
+  // Tries at 0, 50, 150 and 350 ms, and a last one at 0.7 s (the 400 ms wait cut short): five,
+  // or one or two fewer where a loaded host delays the tries (no backoff would make dozens, no
+  // retry one).
+  int tries = 0;
+  ASSERT_EQ(std::sscanf(err.c_str(), (busyAnswer().error() + " (still busy after %d tries in 0.7 s)").c_str(), &tries), 1)
+      << err;
+  EXPECT_EQ(err, busyAnswer().error() + " (still busy after " + std::to_string(tries) + " tries in 0.7 s)");
+  EXPECT_GE(tries, 3) << err;
+  EXPECT_LE(tries, 5) << err;
+  EXPECT_EQ(server.connections(), tries);
   EXPECT_GE(took, std::chrono::milliseconds(700));
   EXPECT_LT(took, std::chrono::milliseconds(1500));
 }

@@ -440,27 +440,28 @@ TEST(TimeSlicing, AloneAProcessRunsUninterruptedAndNvmlSeesIt) {
 
 TEST(TimeSlicing, TwoProcessesTakeTurnsNeverSideBySide) {
   Child a, c;
-  ASSERT_NO_FATAL_FAILURE(spawn(&a, {"hog", "20"}));
-  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hog", "20"}));
+  ASSERT_NO_FATAL_FAILURE(spawn(&a, {"hog", "60"}));
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"hog", "60"}));
   ASSERT_EQ(a.readLine(), "ready");
   ASSERT_EQ(c.readLine(), "ready");
   a.send('g');
   c.send('g');
-  // Each needs 20 ms of the whole device; sharing it by slices, each waits about as long as the
-  // other runs. Side by side (no slicing) each would read 20 ms.
+  // Each needs 60 ms of the whole device; sharing it by slices, each waits about as long as the
+  // other runs while both have work. Side by side (no slicing) each would read 60 ms.
   const long long ea = elapsedUs(a), ec = elapsedUs(c);
   std::printf("elapsed device time: %lld us and %lld us\n", ea, ec);
-  // The two starts may be apart by a few ms on a loaded host (one runs alone meanwhile), so the
-  // bound leaves 10 ms for that; side by side, both would read about 20 ms.
-  EXPECT_GE(std::max(ea, ec), 30'000) << ea << " " << ec;
-  EXPECT_GE(std::min(ea, ec), 20'000) << ea << " " << ec;
+  // The two starts may be apart by some ms on a loaded host (one runs alone meanwhile: the work
+  // is 60 ms so that 40 ms of it still overlaps with starts 20 ms apart; it was 20 ms, and a
+  // start 10 ms late failed the bounds); side by side, both would read about 60 ms.
+  EXPECT_GE(std::max(ea, ec), 90'000) << ea << " " << ec;
+  EXPECT_GE(std::min(ea, ec), 60'000) << ea << " " << ec;
   simgpu::Board* b = board();
   ASSERT_TRUE(b);
   for (Child* k : {&a, &c}) {
     const simgpu::BoardSlot* s = slotOf(b, k->pid);
     ASSERT_TRUE(s);
-    EXPECT_EQ(s->busyNs.load(), 20'000'000u);  // all of its work ran...
-    EXPECT_GE(s->slicedOutNs.load(), 10'000'000u) << "...but not while the other held the device";
+    EXPECT_EQ(s->busyNs.load(), 60'000'000u);  // all of its work ran...
+    EXPECT_GE(s->slicedOutNs.load(), 20'000'000u) << "...but not while the other held the device";
   }
   EXPECT_GE(b->switches.load(), 4u);
 }

@@ -21,6 +21,7 @@
 
 #include "core/broker.h"
 #include "core/bus_guard.h"
+#include "core/mps_turns.h"
 #include "core/probes.h"
 #include "core/log.h"
 
@@ -133,8 +134,7 @@ struct Broker::ComputeState {
     uint64_t turnBusyStart = 0;              // the holder's busyTotal when its turn began
     size_t next = 0;  // round robin position
     bool fair = false;        // weighted turns in force (two or more contenders, fair_share on)
-    bool mpsTurns = false;    // MPS clients take the weighted turns (docs/compute.md, "Weights under MPS")
-    uint64_t mpsTurnsOff = 0; // since when its reasons are gone (0: they hold)
+    MpsTurnsHold mpsTurns;    // MPS clients take the weighted turns (docs/compute.md, "Weights under MPS")
     uint64_t fairStep = 0;    // the controller's last step (monotonic ns)
   };
   std::map<std::string, std::vector<TenantDevice>> tenants;
@@ -414,17 +414,9 @@ std::chrono::microseconds Broker::computeTick() {
       // count) ends them after the hold, which keeps in turns only the clients already in them.
       const bool barred = !cc.mpsWeights || leftOut || (clients > 1 && partial);
       const bool want = !barred && clients > 0 && n >= 2 && weightsDiffer(wouldContend);
-      if (want) {
-        dev.mpsTurns = true;
-        dev.mpsTurnsOff = 0;
-      } else if (barred) {
-        dev.mpsTurns = false;
-      } else if (dev.mpsTurns) {
-        if (dev.mpsTurnsOff == 0) dev.mpsTurnsOff = now;
-        if (now - dev.mpsTurnsOff >= kFairControl) dev.mpsTurns = false;
-      }
+      dev.mpsTurns.step(want, barred, now, kFairControl);
       for (Member& m : members) {
-        m.mpsTurns = dev.mpsTurns && m.mps && wouldContend(m) && (want || m.td->mpsTurns);
+        m.mpsTurns = dev.mpsTurns.member(m.mps, wouldContend(m), m.td->mpsTurns);
         m.td->mpsTurns = m.mpsTurns;
         if (m.mpsTurns) {
           m.mps = false;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The demo: a GPU host shared by two tenants under cushare-broker. Builds cushare, starts a broker
-# with tenants alpha (512 MiB) and beta (1 GiB), runs one tenant program for each (they allocate
-# until denied), shows alpha stopped at its limit while beta proceeds, raises alpha's limit live,
-# kills a tenant and shows its memory returned at once, then cleans up.
+# with tenants alpha (512 MiB, compute cap 30 %, priority high) and beta (1 GiB, cap 50 %), runs
+# one tenant program for each (they allocate until denied), shows alpha stopped at its limit while
+# beta proceeds, raises alpha's limit live, kills a tenant and shows its memory returned at once;
+# then both run kernels that would fill the device and get their caps (beta yields to alpha's
+# priority while alpha has work), metered in busy time; then cleans up.
 # On simgpu, the simulated GPU, unless a real NVIDIA GPU answers (nvidia-smi); DEMO_SIMGPU=1 forces
 # simgpu.
 set -euo pipefail
@@ -18,6 +20,8 @@ if [ "${DEMO_SIMGPU:-0}" != 1 ] && command -v nvidia-smi >/dev/null && nvidia-sm
 else
   export LD_LIBRARY_PATH="$root/build/lib/simgpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export SIMGPU_STATE_DIR="$work/simgpu" SIMGPU_MEMORY=4GiB
+  # busy_for's kernel: each block lasts 1 ms, as it spins on a GPU.
+  export SIMGPU_KERNEL_COSTS="$root/examples/tenant/busy_for.costs"
   echo "== on simgpu, the simulated GPU (one device, 4 GiB)"
 fi
 
@@ -92,13 +96,28 @@ sleep 0.1
 cushare tenants
 
 echo
-echo "== 5. what Prometheus scrapes (http://$(cushare --json status | sed -n 's/.*"metrics_address":"\([^"]*\)".*/\1/p')/metrics), tenant lines:"
-addr=$(cushare --json status | sed -n 's/.*"metrics_address":"\([^"]*\)".*/\1/p')
-python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://$addr/metrics').read().decode())" |
-  grep -E '^cushare_tenant_memory_(used|limit)_bytes|^cushare_tenant_processes'
+echo "== 5. compute: alpha's program frees its memory and exits; then alpha (cap 30 %, priority high)"
+echo "   runs kernels for 3 s and beta (cap 50 %) for 6 s, each enough to fill the device alone."
+echo "   While alpha has work (and for 0.5 s after), beta is held to the priority floor (10 %)."
+kill -TERM "$alpha_pid"; wait "$alpha_pid" 2>/dev/null || true; tail -1 "$work/alpha.out"; alpha_pid=""
+"$bin/cushare" run --tenant beta -- build/examples/tenant/busy_for --seconds 6 >"$work/beta-busy.out" 2>&1 &
+beta_pid=$!
+"$bin/cushare" run --tenant alpha -- build/examples/tenant/busy_for --seconds 3 >"$work/alpha-busy.out" 2>&1 &
+alpha_pid=$!
+wait "$alpha_pid"; alpha_pid=""
+wait "$beta_pid"; beta_pid=""
+echo "-- alpha:"; cat "$work/alpha-busy.out"
+echo "-- beta:"; cat "$work/beta-busy.out"
+echo
+cushare tenants
 
 echo
-echo "== 6. clean up: stop alpha, stop the broker"
-kill -TERM "$alpha_pid"; wait "$alpha_pid" 2>/dev/null || true; tail -1 "$work/alpha.out"; alpha_pid=""
+echo "== 6. what Prometheus scrapes (http://$(cushare --json status | sed -n 's/.*"metrics_address":"\([^"]*\)".*/\1/p')/metrics), tenant lines:"
+addr=$(cushare --json status | sed -n 's/.*"metrics_address":"\([^"]*\)".*/\1/p')
+python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://$addr/metrics').read().decode())" |
+  grep -E '^cushare_tenant_memory_(used|limit)_bytes|^cushare_tenant_processes|^cushare_tenant_gpu_busy_seconds_total'
+
+echo
+echo "== 7. clean up: stop the broker"
 kill -TERM "$broker_pid"; wait "$broker_pid" 2>/dev/null || true; broker_pid=""
 tail -1 "$work/broker.log"

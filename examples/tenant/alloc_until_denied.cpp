@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cushare/parse.h"
+#include "tenant_program.h"
 
 namespace {
 
@@ -39,50 +40,31 @@ struct Options {
 
 // Fills *o from argv. On a usage error returns false with *err set to one line.
 bool parseArgs(int argc, char** argv, Options* o, std::string* err) {
-  const char* tenant = std::getenv("CUSHARE_TENANT");
-  o->name = tenant && *tenant ? tenant : "default";
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view opt = argv[i];
-    if (opt != "--step" && opt != "--max" && opt != "--device" && opt != "--name") {
-      *err = "unknown argument '" + cushare::printable(opt, 64) + "'";
-      return false;
-    }
-    if (i + 1 == argc) {
-      *err = std::string(opt) + " needs a value";
-      return false;
-    }
-    const std::string_view value = argv[++i];
-    std::string why;
-    int64_t device = 0;
-    if (opt == "--name") {
-      o->name = value;
-    } else if (opt == "--device") {
-      if (!cushare::parseInt(value, 0, INT_MAX, &device, &why)) {
-        *err = "--device: " + why;
-        return false;
-      }
-      o->device = static_cast<int>(device);
-    } else if (!cushare::parseSize(value, opt == "--step" ? &o->step : &o->max, &why)) {
-      *err = std::string(opt) + ": " + why;
-      return false;
-    }
-  }
+  o->name = tenant_program::defaultLabel();
+  const bool parsed = tenant_program::parseOptions(
+      argc, argv, {"--step", "--max", "--device", "--name"},
+      [&](std::string_view opt, std::string_view value, std::string* why) {
+        int64_t device = 0;
+        if (opt == "--name") {
+          o->name = value;
+          return true;
+        }
+        if (opt == "--device") {
+          if (!cushare::parseInt(value, 0, INT_MAX, &device, why)) return false;
+          o->device = static_cast<int>(device);
+          return true;
+        }
+        return cushare::parseSize(value, opt == "--step" ? &o->step : &o->max, why);
+      },
+      err);
+  if (!parsed) return false;
   if (o->step == 0) *err = "--step: must be more than 0 bytes";
   if (o->name.empty()) *err = "--name: must not be empty";
   return err->empty();
 }
 
 // True for CUDA_SUCCESS; otherwise prints "alloc_until_denied: <what>: <text> (<name>)".
-bool ok(CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return true;
-  const char* name = nullptr;
-  const char* text = nullptr;
-  cuGetErrorName(r, &name);
-  cuGetErrorString(r, &text);
-  std::fprintf(stderr, "alloc_until_denied: %s: %s (%s)\n", what, text ? text : "unknown error",
-               name ? name : "unknown CUresult");
-  return false;
-}
+bool ok(CUresult r, const char* what) { return tenant_program::cudaOk("alloc_until_denied", r, what); }
 
 // The memory this program holds, in allocations of one step each.
 class Holding {
@@ -165,17 +147,11 @@ bool serveSignals(const sigset_t& set, Holding* holding) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // one line at a time, also into a pipe or a log
   Options o;
-  std::string err;
-  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  if (!parseArgs(argc, argv, &o, &err)) {
-    std::fprintf(stderr, "alloc_until_denied: %s\n%s", err.c_str(), kUsage);
-    return 2;
-  }
+  if (const int rc = tenant_program::begin("alloc_until_denied", kUsage, argc, argv,
+                                           [&](std::string* err) { return parseArgs(argc, argv, &o, err); });
+      rc >= 0)
+    return rc;
 
   // Block the signals before cuInit: the driver's threads inherit this mask, so the signals stay
   // pending for sigwait below instead of being delivered to (and by default killing the process

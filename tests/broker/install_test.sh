@@ -12,7 +12,8 @@ prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
 for f in bin/cushare-broker bin/cushare lib/cushare/libcushare.so lib/cushare/probes.fatbin lib/cushare/simgpu/libcuda.so.1 \
          lib/cushare/simgpu/libcuda.so lib/cushare/simgpu/libnvidia-ml.so.1 \
-         share/cushare/examples/vector_add share/cushare/examples/alloc_until_denied; do
+         share/cushare/examples/vector_add share/cushare/examples/alloc_until_denied \
+         share/cushare/examples/busy_for share/cushare/examples/busy_for.costs; do
   [ -e "$prefix/$f" ] || { echo "install_test: $f is not installed" >&2; exit 1; }
 done
 
@@ -29,7 +30,7 @@ state_file: $work/broker.state
 metrics_listen: off
 cdi: {spec_dir: $work/cdi}
 tenants:
-  - {name: alpha, memory: 256MiB}
+  - {name: alpha, memory: 256MiB, thread_percentage: 30}
 YAML
 "$prefix/bin/cushare-broker" --config "$work/broker.yaml" --check
 "$prefix/bin/cushare-broker" --config "$work/broker.yaml" 2>"$work/broker.log" &
@@ -54,4 +55,15 @@ grep -q "SMs, 0.2 GiB$" "$work/run.out" || { echo "install_test: not the tenant'
 grep -q "\"hostPath\": \"$prefix/lib/cushare/libcushare.so\", \"containerPath\": \"/usr/local/cushare/lib/libcushare.so\"" \
   "$work/cdi/cushare.io-tenant.json" ||
   { echo "install_test: the CDI spec does not mount the installed shim:" >&2; cat "$work/cdi/cushare.io-tenant.json" "$work/broker.log" >&2; exit 1; }
+# The installed busy_for under alpha's cap of 30 %: the share it reports for its second second
+# (100 alone) is the cap's, within what a loaded host's scheduling moves; a usage error exits 2.
+SIMGPU_KERNEL_COSTS="$prefix/share/cushare/examples/busy_for.costs" \
+  "$prefix/bin/cushare" run --tenant alpha -- "$prefix/share/cushare/examples/busy_for" --seconds 3 >"$work/busy.out"
+share=$(sed -n 's/^\[alpha\] second 2: *\([0-9]*\) % of the device.s time$/\1/p' "$work/busy.out")
+[ -n "$share" ] && [ "$share" -ge 15 ] && [ "$share" -le 45 ] ||
+  { echo "install_test: busy_for under a cap of 30 % did not report about 30 %:" >&2; cat "$work/busy.out" >&2; exit 1; }
+rc=0
+"$prefix/share/cushare/examples/busy_for" --seconds 0 2>"$work/busy.err" || rc=$?
+[ $rc -eq 2 ] && grep -q "^busy_for: --seconds: " "$work/busy.err" ||
+  { echo "install_test: busy_for --seconds 0 exited $rc:" >&2; cat "$work/busy.err" >&2; exit 1; }
 echo "install_test: layout and installed tools work"

@@ -1,0 +1,145 @@
+// A tenant program for the demo: keeps the device busy for a while with kernels that would fill
+// it (one block per SM, each spinning for a fixed time), and says, every second, what share of
+// the device's time its kernels got. Under cushare that share is the tenant's: its compute cap,
+// or less while a tenant of a higher priority has work (docs/compute.md). Plain C++ on the CUDA
+// driver API with the kernel in PTX, so it runs unchanged on a GPU (the block spins on
+// %globaltimer) and on simgpu (with the cost table examples/tenant/busy_for.costs, whose blocks
+// last 1 ms: the default --block-us).
+//
+//   usage: busy_for [--seconds N] [--block-us N] [--device N] [--name LABEL]
+//
+// Every line of output starts with [LABEL] (default: $CUSHARE_TENANT, else "default"). The share
+// of a second is the device time of the kernels that completed in it (each kernel one wave of
+// blocks of --block-us) over the second's wall time. Exit status: 0 when done, 1 on a CUDA
+// error, 2 on a usage error.
+#include <cuda.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "cushare/parse.h"
+#include "tenant_program.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: busy_for [--seconds N] [--block-us N] [--device N] [--name LABEL]\n"
+    "  Launches kernels of one block per SM, each block busy for --block-us (default 1000), for\n"
+    "  --seconds (default 4), two at a time; prints the share of the device's time it got each second.\n";
+
+// Each block spins until %globaltimer has moved by its parameter (ns). No output, no memory.
+constexpr char kSpinPtx[] =
+    ".version 8.0\n"
+    ".target sm_80\n"
+    ".address_size 64\n"
+    ".visible .entry cushare_demo_spin(.param .u64 ns)\n"
+    "{\n"
+    "  .reg .pred %p<2>;\n"
+    "  .reg .b64 %rd<5>;\n"
+    "  ld.param.u64 %rd1, [ns];\n"
+    "  mov.u64 %rd2, %globaltimer;\n"
+    "  add.u64 %rd3, %rd2, %rd1;\n"
+    "SPIN:\n"
+    "  mov.u64 %rd4, %globaltimer;\n"
+    "  setp.lt.u64 %p1, %rd4, %rd3;\n"
+    "  @%p1 bra SPIN;\n"
+    "  ret;\n"
+    "}\n";
+
+struct Options {
+  int64_t seconds = 4;
+  int64_t blockUs = 1000;
+  int device = 0;
+  std::string name;
+};
+
+// Fills *o from argv. On a usage error returns false with *err set to one line.
+bool parseArgs(int argc, char** argv, Options* o, std::string* err) {
+  o->name = tenant_program::defaultLabel();
+  return tenant_program::parseOptions(
+      argc, argv, {"--seconds", "--block-us", "--device", "--name"},
+      [&](std::string_view opt, std::string_view value, std::string* why) {
+        int64_t device = 0;
+        if (opt == "--name") {
+          o->name = value;
+          if (o->name.empty()) *why = "must not be empty";
+          return !o->name.empty();
+        }
+        if (opt == "--seconds") return cushare::parseInt(value, 1, 3600, &o->seconds, why);
+        if (opt == "--block-us") return cushare::parseInt(value, 10, 100000, &o->blockUs, why);
+        if (!cushare::parseInt(value, 0, INT_MAX, &device, why)) return false;
+        o->device = static_cast<int>(device);
+        return true;
+      },
+      err);
+}
+
+bool ok(CUresult r, const char* what) { return tenant_program::cudaOk("busy_for", r, what); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const int rc = tenant_program::begin("busy_for", kUsage, argc, argv,
+                                           [&](std::string* err) { return parseArgs(argc, argv, &o, err); });
+      rc >= 0)
+    return rc;
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  CUmodule mod = nullptr;
+  CUfunction spin = nullptr;
+  CUstream stream = nullptr;
+  int sms = 0;
+  if (!ok(cuInit(0), "cuInit") || !ok(cuDeviceGet(&dev, o.device), "cuDeviceGet") ||
+      !ok(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain") ||
+      !ok(cuCtxSetCurrent(ctx), "cuCtxSetCurrent") ||
+      !ok(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute") ||
+      !ok(cuModuleLoadData(&mod, kSpinPtx), "cuModuleLoadData") ||
+      !ok(cuModuleGetFunction(&spin, mod, "cushare_demo_spin"), "cuModuleGetFunction") ||
+      !ok(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate"))
+    return 1;
+  std::printf("[%s] %lld s of kernels of %d blocks (one per SM) of %lld us each\n", o.name.c_str(),
+              static_cast<long long>(o.seconds), sms, static_cast<long long>(o.blockUs));
+
+  // Two kernels in flight, each followed by an event: a kernel counts in the second its event
+  // completed in (the host sees it then; good to a kernel's time, a millisecond here).
+  using Clock = std::chrono::steady_clock;
+  CUevent done[2] = {};
+  for (CUevent& e : done)
+    if (!ok(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate")) return 1;
+  uint64_t ns = static_cast<uint64_t>(o.blockUs) * 1000;
+  void* params[] = {&ns};
+  const auto launch = [&](int slot) {
+    return ok(cuLaunchKernel(spin, static_cast<unsigned>(sms), 1, 1, 128, 1, 1, 0, stream, params, nullptr),
+              "cuLaunchKernel") &&
+           ok(cuEventRecord(done[slot], stream), "cuEventRecord");
+  };
+  const auto start = Clock::now();
+  const auto end = start + std::chrono::seconds(o.seconds);
+  auto secondStart = start;
+  int64_t kernelsThisSecond = 0, second = 1;
+  if (!launch(0) || !launch(1)) return 1;
+  for (int slot = 0;; slot ^= 1) {
+    if (!ok(cuEventSynchronize(done[slot]), "cuEventSynchronize")) return 1;
+    ++kernelsThisSecond;
+    const auto now = Clock::now();
+    if (now - secondStart >= std::chrono::seconds(1)) {
+      const double wall = std::chrono::duration<double>(now - secondStart).count();
+      std::printf("[%s] second %lld: %3.0f %% of the device's time\n", o.name.c_str(), static_cast<long long>(second),
+                  100.0 * static_cast<double>(kernelsThisSecond) * static_cast<double>(o.blockUs) / 1e6 / wall);
+      ++second;
+      secondStart = now;
+      kernelsThisSecond = 0;
+    }
+    if (now >= end) break;
+    if (!launch(slot)) return 1;
+  }
+  if (!ok(cuStreamSynchronize(stream), "cuStreamSynchronize")) return 1;
+  std::printf("[%s] done\n", o.name.c_str());
+  return 0;
+}

@@ -2,71 +2,184 @@
 # On a host with a real NVIDIA GPU: measures what docs/simgpu.md marks [unverified] and compares
 # simgpu with the real driver, without and with libcushare.so preloaded.
 #   usage: perf/gpu_check.sh [--no-build] [build dir]   (default: build)
-# Builds (unless --no-build) the shim and perf/visibility_probe, then runs the probe for each
-# CUDA_VISIBLE_DEVICES value below, once against the real driver and once against simgpu set up
-# with as many devices as the host has (UUIDs are written as {U0}, {U1}, ... and replaced by each
-# side's own), both with CUDA_DEVICE_ORDER=PCI_BUS_ID so that indices are nvidia-smi's. The
-# probe's devices are printed as host indices. Then the same with the shim preloaded (a 1 GiB
-# limit): the devices seen must not change, and on each visible device 1 GiB is granted and one
-# more byte denied. Prints one line per case and "DIFFERENT" where simgpu and the driver disagree;
-# exits 1 if any case differs, 0 otherwise. Needs nvidia-smi; changes nothing on the host (the
-# shim's ledger and simgpu's state live in a temporary directory). The test suite's end-to-end
-# tests judge limits by simgpu's own count, so they run on simgpu only; these probe runs are their
-# counterpart against the real driver.
-# Then the constants docs/simgpu.md ("Device time", "MPS") marks as guesses, each measured by a
-# small nvcc-built probe (perf/*.cu, also run on simgpu by tests/simgpu/process/mps_test.cpp),
-# printed for the driver and for simgpu: the event timer's resolution; the time slice and switch
-# cost between two processes (two probes at once); and, when nvidia-cuda-mps-control is found,
-# the multiprocessor count an MPS client sees at several active thread percentages (a real
-# daemon in a temporary pipe directory, quit afterwards; counts that differ count as DIFFERENT).
-# Then the probe kernels (cuda_kernels/probes.cu, through the runner: perf/probe_check) alone and
-# next to a hog (timeslice_probe's back-to-back 1 ms kernels in another process), on the driver and
-# on simgpu: the timer tick, launch-to-start latency, distinct SMs, per-block durations, work rates
-# and clock, to fit the guesses of simgpu's twins (docs/simgpu.md, "Probe kernels").
-# Last, how the device accounts VMM memory only an exported descriptor keeps alive after its
-# maker exited (perf/vmm_export_probe; the broker's left-behind charge relies on it).
-# GPU_CHECK_TIMESLICE_LEVELS=1 also measures the slice at each `nvidia-smi compute-policy
-# --set-timeslice` level (needs root; changes the GPU's policy, restored to 0 = default after).
+#
+# On a borrowed GPU machine without network access, stage the binaries here first and carry them:
+#   perf/gpu_check_stage.sh build build-gpu        (about 40 MB: the programs below, stripped)
+#   perf/gpu_check.sh --no-build build-gpu         (on the GPU machine, from the repository root)
+# Everything it prints also goes to $OUT/gpu_check.log as it runs ($OUT: the device tool's output
+# folder; default ./gpu-check-out), beside nvidia-smi -q and the MPS logs. Every program runs
+# under a timeout (GPU_CHECK_STEP_TIMEOUT, default 60 s); a step that fails is reported and the
+# next one runs; MPS daemons started here are quit on exit, also after a failure or a signal.
+# GPU_CHECK_STEPS (default "1 2 3 4 5") picks the steps below, for a rerun of one of them.
+# GPU_CHECK_DRY_RUN=1 runs every step with simgpu standing in for the driver too (ctest
+# gpu_check_dry_run), so the script itself is tested without a GPU.
+#
+# Steps:
+# 1. Device visibility: perf/visibility_probe for each CUDA_VISIBLE_DEVICES value below, once
+#    against the real driver and once against simgpu set up with as many devices as the host has
+#    (UUIDs are written as {U0}, {U1}, ... and replaced by each side's own), both with
+#    CUDA_DEVICE_ORDER=PCI_BUS_ID so that indices are nvidia-smi's; the probe's devices are printed
+#    as host indices. Then the same with the shim preloaded (a 1 GiB limit): the devices seen must
+#    not change, and on each visible device 1 GiB is granted and one more byte denied (checked on
+#    the driver's side: "SHIM NOT ENFORCING" otherwise). "DIFFERENT" where the two sides disagree.
+# 2. The constants docs/simgpu.md ("Device time", "MPS") marks as guesses, each measured by a small
+#    nvcc-built probe (perf/*.cu): the event timer's resolution; the time slice and switch cost
+#    between two processes; when nvidia-cuda-mps-control is found, the multiprocessor count an MPS
+#    client sees at several active thread percentages (counts that differ are DIFFERENT), and the
+#    probe kernels in a client alone and beside another client's hog that fills every SM.
+# 3. The probe kernels (cuda_kernels/probes.cu through perf/probe_check) alone and next to a hog
+#    in another process: timer tick, launch-to-start latency, distinct SMs, block durations, work
+#    rates and clock, to fit the guesses of simgpu's twins (docs/simgpu.md, "Probe kernels").
+# 4. How the device accounts VMM memory only an exported descriptor keeps alive after its maker
+#    exited (perf/vmm_export_probe; the broker's left-behind charge relies on it).
+# 5. The demo's tenant program (examples/tenant/busy_for: a PTX kernel spinning on %globaltimer)
+#    alone: about 100 % of the device's time each second.
+# Exits 1 if a comparison differs or the shim did not enforce its limit, 2 if it could not run.
+# Changes nothing on the host: the shim's ledger, simgpu's state and the MPS daemons' pipe
+# directories live in temporary or fixed /tmp directories, and no GPU setting is touched.
 set -uo pipefail
 build_it=1
 if [ "${1:-}" = --no-build ]; then build_it=0; shift; fi
 build=${1:-build}
-command -v nvidia-smi >/dev/null || { echo "gpu_check: nvidia-smi not found: not a GPU host" >&2; exit 2; }
-if [ "$build_it" = 1 ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
-    cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml timeslice_probe \
-      event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe probe_check \
-      cushare_probes_fatbin >/dev/null ||
-    { echo "gpu_check: build failed" >&2; exit 2; }
-fi
-probe="$build/perf/visibility_probe"
-shim="$build/lib/libcushare.so"
-tmp=$(mktemp -d /tmp/cushare-gpu-check.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-export CUDA_DEVICE_ORDER=PCI_BUS_ID
+out=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$out" || exit 2
+dry=${GPU_CHECK_DRY_RUN:-0}
+T=${GPU_CHECK_STEP_TIMEOUT:-60}
+steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5} "
 
-mapfile -t real_uuids < <(nvidia-smi --query-gpu=uuid --format=csv,noheader | tr -d ' ')
-n=${#real_uuids[@]}
-[ "$n" -ge 1 ] || { echo "gpu_check: nvidia-smi lists no GPU" >&2; exit 2; }
-echo "host: $n GPU(s); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+main() {
+  # The caller's CUDA settings would change what every step sees.
+  unset CUDA_VISIBLE_DEVICES LD_PRELOAD CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY \
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_DEVICE_MAX_CONNECTIONS SIMGPU_KERNEL_COSTS
+  export PATH="$PATH:/usr/local/nvidia/bin"
+  export CUDA_DEVICE_ORDER=PCI_BUS_ID
+  echo "gpu_check: $(date -u +%FT%TZ) on $(hostname); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  [ "$dry" = 1 ] && echo "gpu_check: DRY RUN: simgpu stands in for the driver (nothing here is a GPU measurement)"
 
-# simgpu with as many devices; its UUIDs in host order.
-sim() { env LD_LIBRARY_PATH="$build/lib/simgpu" SIMGPU_DEVICES="$n" SIMGPU_STATE_DIR="$tmp/simgpu" "$@"; }
-mapfile -t sim_uuids < <(sim env -u CUDA_VISIBLE_DEVICES "$probe" | sed -n 's/.*uuids=\([^ ]*\).*/\1/p' | tr ',' '\n')
-[ "${#sim_uuids[@]}" = "$n" ] || { echo "gpu_check: simgpu does not show $n devices" >&2; exit 2; }
+  if [ "$build_it" = 1 ]; then
+    if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null ||
+       ! cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml timeslice_probe \
+           event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe probe_check \
+           cushare_probes_fatbin busy_for >/dev/null; then
+      echo "gpu_check: the build failed; going on with what $build holds"
+    fi
+  fi
+  build=$(realpath "$build") || { echo "gpu_check: no build directory" >&2; return 2; }
+  perfdir="$build/perf"
+  probe="$perfdir/visibility_probe"
+  shim="$build/lib/libcushare.so"
+  fatbin="$build/lib/cushare/probes.fatbin"
+  busy="$build/examples/tenant/busy_for"
+  simlib="$build/lib/simgpu"
+  deps="$build/lib/deps"  # libraries the staged shim needs that a GPU image may lack (gpu_check_stage.sh)
+  local f missing=0
+  for f in "$probe" "$shim" "$fatbin" "$simlib/libcuda.so.1" "$simlib/libnvidia-ml.so.1" \
+           "$simlib/bin/nvidia-cuda-mps-control" "$simlib/bin/nvidia-cuda-mps-server" "$perfdir/timeslice_probe" \
+           "$perfdir/event_resolution" "$perfdir/mps_sm_probe" "$perfdir/vmm_export_probe" "$perfdir/probe_check" "$busy"; do
+    [ -e "$f" ] || { echo "gpu_check: missing $f"; missing=1; }
+  done
+  [ "$missing" = 0 ] || { echo "gpu_check: build or stage first (perf/gpu_check_stage.sh)" >&2; return 2; }
+  tmp=$(mktemp -d /tmp/cushare-gpu-check.XXXXXX)
+  mps_pipe=/tmp/cushare-gpu-check-mps sim_pipe=/tmp/cushare-gpu-check-sim-mps
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+  printf 'probe_spin block_ns_param=0\ncushare_demo_spin block_ns=1000000\n' >"$tmp/probe.costs"
+
+  # The driver's side. Dry run: a second simgpu of two devices, with its own state.
+  if [ "$dry" = 1 ]; then
+    drv() {
+      timeout -k 5 "$T" env LD_LIBRARY_PATH="$simlib" SIMGPU_DEVICES=2 SIMGPU_STATE_DIR="$tmp/drv-simgpu" \
+        SIMGPU_KERNEL_COSTS="$tmp/probe.costs" "$@"
+    }
+    mps_control="$simlib/bin/nvidia-cuda-mps-control"
+  else
+    drv() { timeout -k 5 "$T" env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$deps" "$@"; }
+    mps_control=$(command -v nvidia-cuda-mps-control || true)
+  fi
+  # Never an MPS client by accident: a daemon running at the default pipe directory would take them.
+  nomps() { drv env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$@"; }
+
+  if [ "$dry" = 1 ]; then
+    mapfile -t real_uuids < <(drv "$probe" | sed -n 's/.*uuids=\([^ ]*\).*/\1/p' | tr ',' '\n')
+    echo "host: ${#real_uuids[@]} simulated GPU(s) standing in for the driver"
+  else
+    command -v nvidia-smi >/dev/null || { echo "gpu_check: nvidia-smi not found: not a GPU host" >&2; return 2; }
+    mapfile -t real_uuids < <(t nvidia-smi --query-gpu=uuid --format=csv,noheader | tr -d ' ')
+    echo "host: ${#real_uuids[@]} GPU(s); driver $(t nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+    t nvidia-smi -q >"$out/nvidia-smi-q.txt" 2>&1
+    t nvidia-smi --query-gpu=index,name,mig.mode.current,compute_mode,persistence_mode,clocks.sm,clocks.max.sm \
+      --format=csv 2>&1 | sed 's/^/nvidia-smi: /'
+  fi
+  n=${#real_uuids[@]}
+  [ "$n" -ge 1 ] || { echo "gpu_check: no GPU listed" >&2; return 2; }
+  compute_mode=Default
+  [ "$dry" = 1 ] || compute_mode=$(t nvidia-smi -i 0 --query-gpu=compute_mode --format=csv,noheader | tr -d ' ')
+  { echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"; echo "PATH=$PATH"
+    for f in "$shim" "$probe" "$perfdir/probe_check" "$busy"; do echo "== ldd $f"; drv ldd "$f" 2>&1; done
+  } >"$out/environment.txt"
+  # The shim must load, or both of its sides would run without it and agree.
+  if drv ldd "$shim" 2>&1 | grep -q 'not found'; then
+    echo "gpu_check: the shim's libraries are not all found (stage them: perf/gpu_check_stage.sh):"
+    drv ldd "$shim" | grep 'not found'
+  fi
+
+  differ=0 shim_bad=0
+  [[ "$steps" == *" 1 "* ]] && step_visibility
+  [[ "$steps" == *" 2 "* ]] && step_device_time
+  if [ "$compute_mode" = Default ]; then
+    [[ "$steps" == *" 2 "* ]] && step_mps
+    [[ "$steps" == *" 3 "* ]] && step_probes
+  else
+    echo "== compute mode $compute_mode: the steps with two processes on the GPU are left out"
+  fi
+  [[ "$steps" == *" 4 "* ]] && step_vmm
+  [[ "$steps" == *" 5 "* ]] && step_busy_for
+
+  echo "gpu_check: $differ case(s) where simgpu differs from the driver; $shim_bad case(s) where the shim did not enforce"
+  [ "$differ" = 0 ] && [ "$shim_bad" = 0 ]
+}
+
+# Every program runs under a timeout: external ones through t, the rest through the runners below
+# (drv: the driver's side; nomps: it outside MPS; sim, simt: simgpu, with the probes' cost table),
+# which start with one.
+t() { timeout -k 5 "$T" "$@"; }
+# simgpu with as many devices as the driver's side.
+sim() { timeout -k 5 "$T" env LD_LIBRARY_PATH="$simlib" SIMGPU_DEVICES="$n" SIMGPU_STATE_DIR="$tmp/simgpu" "$@"; }
+simt() { sim env SIMGPU_KERNEL_COSTS="$tmp/probe.costs" CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$@"; }
+
+# Quits the MPS daemons of a pipe directory (waiting up to 10 s for the daemon to go).
+quit_mps() {  # $1: control binary, $2: pipe directory, $3: runner (drv or sim)
+  local control=$1 pipe=$2 runner=$3
+  [ -e "$pipe/control" ] || return 0
+  local pid
+  pid=$(cat "$pipe/nvidia-cuda-mps-control.pid" 2>/dev/null)
+  echo quit | T=15 $runner env CUDA_MPS_PIPE_DIRECTORY="$pipe" "$control" >/dev/null 2>&1
+  for _ in $(seq 1 100); do
+    { [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; } && break
+    sleep 0.1
+  done
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "gpu_check: the MPS daemon $pid did not quit"; fi
+}
+
+cleanup() {
+  [ -n "${mps_control:-}" ] && declare -F drv >/dev/null && quit_mps "$mps_control" "$mps_pipe" drv
+  quit_mps "$simlib/bin/nvidia-cuda-mps-control" "$sim_pipe" sim
+  tar -C /tmp -czf "$out/mps-logs.tgz" cushare-gpu-check-mps cushare-gpu-check-sim-mps 2>/dev/null
+  rm -rf "$tmp" "$mps_pipe" "$sim_pipe"
+}
 
 # A probe line with its UUIDs turned into host indices of that side.
 indices() {  # $1: line, rest: that side's UUIDs in host order
   local line=$1; shift
-  local list u i k found out=()
+  local list u i k found idx=()
   list=$(sed -n 's/.*uuids=\([^ ]*\).*/\1/p' <<<"$line")
   IFS=, read -ra seen <<<"$list"
   for u in "${seen[@]}"; do
-    k=0 found=?
+    k=0 found='?'
     for i in "$@"; do [ "$i" = "$u" ] && found=$k; k=$((k + 1)); done
-    out+=("$found")
+    idx+=("$found")
   done
-  echo "$(sed 's/ uuids=[^ ]*//' <<<"$line") devices=$(IFS=,; echo "${out[*]}")"
+  echo "$(sed 's/ uuids=[^ ]*//' <<<"$line") devices=$(IFS=,; echo "${idx[*]}")"
 }
 # The shortest prefix of $1 (at least GPU- and 8 digits) that no other UUID of the side starts with.
 unique_prefix() {
@@ -99,129 +212,173 @@ subst() {  # $1: value; rest: that side's UUIDs in host order
   echo "${v//\{C\}/$c}"
 }
 
-cases=("<unset>" "" "0" "+0" " 0" "0abc" "0,-1" "0,0" "{U0}" "{P0}" "{X0}" "{N0}" "0,{U0}" "{U0},0" "MIG-{U0}" "GPU-")
-if [ "$n" -ge 2 ]; then cases+=("1" "1,0" "1,1" "0,1,0" "1,7,0" "1,{U0}" "{U1},{U0}" "{U1},1" "{P1},{P0}" "{C}"); fi
-
-differ=0
 run_cases() {  # $1: label, rest: extra env for both sides
   local label=$1; shift
   local c v_real v_sim real simg
   for c in "${cases[@]}"; do
     if [ "$c" = "<unset>" ]; then
-      real=$(env -u CUDA_VISIBLE_DEVICES "$@" "$probe" "${allocs[@]}" 2>/dev/null)
-      simg=$(sim env -u CUDA_VISIBLE_DEVICES "$@" "$probe" "${allocs[@]}" 2>/dev/null)
+      real=$(nomps env -u CUDA_VISIBLE_DEVICES "$@" "$probe" "${allocs[@]}" 2>>"$out/stderr.txt")
+      simg=$(sim env -u CUDA_VISIBLE_DEVICES "$@" "$probe" "${allocs[@]}" 2>>"$out/stderr.txt")
     else
       v_real=$(subst "$c" "${real_uuids[@]}")
       v_sim=$(subst "$c" "${sim_uuids[@]}")
-      real=$(env "$@" CUDA_VISIBLE_DEVICES="$v_real" "$probe" "${allocs[@]}" 2>/dev/null)
-      simg=$(sim env "$@" CUDA_VISIBLE_DEVICES="$v_sim" "$probe" "${allocs[@]}" 2>/dev/null)
+      real=$(nomps env "$@" CUDA_VISIBLE_DEVICES="$v_real" "$probe" "${allocs[@]}" 2>>"$out/stderr.txt")
+      simg=$(sim env "$@" CUDA_VISIBLE_DEVICES="$v_sim" "$probe" "${allocs[@]}" 2>>"$out/stderr.txt")
     fi
     real=$(indices "$real" "${real_uuids[@]}")
     simg=$(indices "$simg" "${sim_uuids[@]}")
     local mark=""
     if [ "$real" != "$simg" ]; then mark="   DIFFERENT (simgpu: $simg)"; differ=$((differ + 1)); fi
+    # With the shim, every device the driver shows grants 1 GiB and denies one byte more.
+    if [ "${#allocs[@]}" -gt 0 ] && [[ "$real" == *" count="[1-9]* ]]; then
+      local pairs bad
+      pairs=$(sed -n 's/.* alloc=\(.*\) devices=.*/\1/p' <<<"$real")
+      bad=$(tr ' ' '\n' <<<"$pairs" | grep -cv '^0/2$')
+      if [ -z "$pairs" ] || [ "$bad" != 0 ]; then mark="$mark   SHIM NOT ENFORCING"; shim_bad=$((shim_bad + 1)); fi
+    fi
     printf '%-8s CUDA_VISIBLE_DEVICES=%-14s driver: %s%s\n' "$label" "'$c'" "$real" "$mark"
   done
 }
 
-allocs=()
-run_cases "no shim"
-allocs=($((1 << 30)) 1)
-run_cases "shim" LD_PRELOAD="$shim" CUSHARE_TENANT=gpucheck CUSHARE_MEMORY_LIMIT=1GiB \
-  CUSHARE_LEDGER_DIR="$tmp/ledger" CUSHARE_LOG_LEVEL=error
-echo "codes: 0 success, 2 out of memory, 3 not initialized, 100 no device. {U0}: device 0's UUID,"
-echo "{P0}: its shortest unique prefix, {X0}: it in upper case, {N0}: it without GPU-, {C}: the"
-echo "prefix devices 0 and 1 share."
+step_visibility() {
+  echo "== 1. device visibility, without and with the shim"
+  mapfile -t sim_uuids < <(sim env -u CUDA_VISIBLE_DEVICES "$probe" | sed -n 's/.*uuids=\([^ ]*\).*/\1/p' | tr ',' '\n')
+  if [ "${#sim_uuids[@]}" != "$n" ]; then
+    echo "gpu_check: simgpu does not show $n devices (${#sim_uuids[@]}): visibility not compared"
+    differ=$((differ + 1))
+    return
+  fi
+  cases=("<unset>" "" "0" "+0" " 0" "0abc" "0,-1" "0,0" "{U0}" "{P0}" "{X0}" "{N0}" "0,{U0}" "{U0},0" "MIG-{U0}" "GPU-")
+  if [ "$n" -ge 2 ]; then cases+=("1" "1,0" "1,1" "0,1,0" "1,7,0" "1,{U0}" "{U1},{U0}" "{U1},1" "{P1},{P0}" "{C}"); fi
+  allocs=()
+  run_cases "no shim"
+  allocs=($((1 << 30)) 1)
+  run_cases "shim" LD_PRELOAD="$shim" CUSHARE_TENANT=gpucheck CUSHARE_MEMORY_LIMIT=1GiB \
+    CUSHARE_LEDGER_DIR="$tmp/ledger" CUSHARE_LOG_LEVEL=error
+  echo "codes: 0 success, 2 out of memory, 3 not initialized, 100 no device. {U0}: device 0's UUID,"
+  echo "{P0}: its shortest unique prefix, {X0}: it in upper case, {N0}: it without GPU-, {C}: the"
+  echo "prefix devices 0 and 1 share."
+}
 
-# ---- Device time and MPS: the constants simgpu guesses ---------------------------------------
-perfdir="$build/perf"
-printf 'probe_spin block_ns_param=0\n' >"$tmp/probe.costs"
-simt() { sim env SIMGPU_KERNEL_COSTS="$tmp/probe.costs" CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$@"; }
-# Two timeslice probes at once; prints both lines. $1: driver|simgpu, $2: kernel us.
+# Two timeslice probes at once; prints both lines. $1: runner, $2: kernel us.
 two_probes() {
-  local runner=env
-  [ "$1" = simgpu ] && runner=simt
-  $runner "$perfdir/timeslice_probe" 1 "$2" >"$tmp/ts1" 2>&1 &
+  local runner=$1
+  $runner "$perfdir/timeslice_probe" 3 "$2" >"$tmp/ts1" 2>&1 &
   local first=$!
-  $runner "$perfdir/timeslice_probe" 1 "$2" >"$tmp/ts2" 2>&1
+  $runner "$perfdir/timeslice_probe" 3 "$2" >"$tmp/ts2" 2>&1
   wait "$first"
   cat "$tmp/ts1" "$tmp/ts2"
 }
-echo "== event timer resolution (simgpu: 0.5 us)"
-echo "driver: $(env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/event_resolution" 2>&1)"
-echo "simgpu: $(simt "$perfdir/event_resolution" 2>&1)"
-echo "== time slice and switch cost between two processes, back-to-back kernels"
-echo "   (simgpu: SIMGPU_TIME_SLICE_US=2000, SIMGPU_SWITCH_US=25; fit them to the driver's lines)"
-two_probes driver 20 | sed 's/^/driver (20 us kernels): /'
-two_probes simgpu 500 | sed 's/^/simgpu (500 us kernels): /'
-if [ "${GPU_CHECK_TIMESLICE_LEVELS:-0}" = 1 ]; then
-  for level in 1 2 3; do
-    if nvidia-smi compute-policy -i 0 --set-timeslice "$level" >/dev/null 2>&1; then
-      two_probes driver 20 | sed "s/^/driver, timeslice level $level: /"
-    else
-      echo "driver, timeslice level $level: nvidia-smi compute-policy --set-timeslice failed (root?)"
-    fi
-  done
-  nvidia-smi compute-policy -i 0 --set-timeslice 0 >/dev/null 2>&1
-fi
-fatbin="$build/lib/cushare/probes.fatbin"
-echo "== MPS: the multiprocessor count a client sees (simgpu: ceil(pct x SMs) rounded up to even)"
-if command -v nvidia-cuda-mps-control >/dev/null; then
-  real_mps() { env CUDA_MPS_PIPE_DIRECTORY="$tmp/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$tmp/mps-log" "$@"; }
-  sim_mps() { sim env CUDA_MPS_PIPE_DIRECTORY="$tmp/sim-pipe" CUDA_MPS_LOG_DIRECTORY="$tmp/sim-log" SIMGPU_KERNEL_COSTS="$tmp/probe.costs" "$@"; }
-  real_mps nvidia-cuda-mps-control -d && sim_mps "$build/lib/simgpu/bin/nvidia-cuda-mps-control" -d ||
-    echo "gpu_check: cannot start an MPS control daemon" >&2
-  echo "driver SMs without MPS: $(env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/mps_sm_probe" 2>&1)"
+
+step_device_time() {
+  echo "== 2. event timer resolution (simgpu: 0.5 us)"
+  echo "driver: $(nomps "$perfdir/event_resolution" 2>&1)"
+  echo "simgpu: $(simt "$perfdir/event_resolution" 2>&1)"
+  if [ "$compute_mode" != Default ]; then return; fi
+  echo "== 2. time slice and switch cost between two processes, back-to-back kernels"
+  echo "   (simgpu: SIMGPU_TIME_SLICE_US=2000, SIMGPU_SWITCH_US=25; fit them to the driver's lines)"
+  two_probes nomps 20 | sed 's/^/driver (20 us kernels): /'
+  two_probes simt 500 | sed 's/^/simgpu (500 us kernels): /'
+}
+
+# Starts a hog in the background (its pid in $hog) and waits until it runs: on the driver, until
+# nvidia-smi lists a compute process, at least 2 s; on simgpu 1 s.
+start_hog() {  # $1: driver|simgpu, rest: the command
+  local side=$1; shift
+  "$@" >/dev/null 2>&1 &
+  hog=$!
+  if [ "$side" = driver ] && [ "$dry" != 1 ]; then
+    for _ in $(seq 1 50); do
+      [ -n "$(t nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && break
+      sleep 0.2
+    done
+    sleep 2
+  else
+    sleep 1
+  fi
+}
+
+step_mps() {
+  echo "== 2. MPS: the multiprocessor count a client sees (simgpu: ceil(pct x SMs) rounded up to even)"
+  if [ -z "$mps_control" ]; then
+    echo "nvidia-cuda-mps-control not found: MPS not measured"
+    return
+  fi
+  real_mps() { drv env CUDA_MPS_PIPE_DIRECTORY="$mps_pipe" CUDA_MPS_LOG_DIRECTORY="$mps_pipe/log" "$@"; }
+  sim_mps() {
+    sim env CUDA_MPS_PIPE_DIRECTORY="$sim_pipe" CUDA_MPS_LOG_DIRECTORY="$sim_pipe/log" \
+      SIMGPU_KERNEL_COSTS="$tmp/probe.costs" "$@"
+  }
+  # Daemons a killed earlier run left on these pipe directories go first.
+  quit_mps "$mps_control" "$mps_pipe" drv
+  quit_mps "$simlib/bin/nvidia-cuda-mps-control" "$sim_pipe" sim
+  rm -rf "$mps_pipe" "$sim_pipe"
+  mkdir -p "$mps_pipe/log" "$sim_pipe/log"
+  real_mps "$mps_control" -d || echo "gpu_check: the driver's MPS control daemon did not start"
+  sim_mps "$simlib/bin/nvidia-cuda-mps-control" -d || echo "gpu_check: simgpu's MPS control daemon did not start"
+  for _ in $(seq 1 100); do [ -S "$mps_pipe/control" ] && [ -S "$sim_pipe/control" ] && break; sleep 0.1; done
+  echo "driver SMs without MPS: $(nomps "$perfdir/mps_sm_probe" 2>&1)"
+  local pct real simg mark active=1
   for pct in 1 5 10 12.5 25 30 33.3 50 70 75 100; do
     real=$(real_mps env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="$pct" "$perfdir/mps_sm_probe" 2>&1)
     simg=$(sim_mps env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="$pct" "$perfdir/mps_sm_probe" 2>&1)
+    if [ "$pct" = 1 ]; then
+      # The first client started the server: without one, the clients ran outside MPS.
+      if [ -z "$(echo get_server_list | real_mps "$mps_control" 2>/dev/null)" ]; then
+        echo "gpu_check: MPS inactive on the driver's side (no server after a client): counts not compared"
+        active=0
+      fi
+    fi
     mark=""
-    if [ "$real" != "$simg" ]; then mark="   DIFFERENT (simgpu: $simg)"; differ=$((differ + 1)); fi
+    if [ "$active" = 1 ] && [ "$real" != "$simg" ]; then mark="   DIFFERENT (simgpu: $simg)"; differ=$((differ + 1)); fi
     printf 'MPS client at %5s %%: driver: %s%s\n' "$pct" "$real" "$mark"
   done
-  echo "== MPS: the probe kernels in a client of 100 % alone, then beside another client's hog of 100 %"
+  echo "== 2. MPS: the probe kernels in a client of 100 % alone, then beside another client's hog of 100 %"
   echo "   (timeslice_probe fill: 1 ms kernels of two 1024-thread blocks per SM, every thread slot)"
   echo "   (simgpu guesses blocks of two clients on one SM each run at full rate: the SM probe's"
   echo "   work_per_us and distinct_sms would not change; on a GPU, how far they fall is the intra-SM"
   echo "   factor the probe reads for clients whose percentages overlap: docs/probes.md, \"Limits\")"
+  local side runner
   for side in driver simgpu; do
     if [ "$side" = driver ]; then runner=real_mps; else runner=sim_mps; fi
     $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 3 "$side-mps-alone" 2>&1
-    $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/timeslice_probe" 3 1000 fill >/dev/null 2>&1 &
-    hog=$!
-    sleep 0.5
+    start_hog "$side" $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/timeslice_probe" 8 1000 fill
     $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 10 "$side-mps-hog" 2>&1
     wait "$hog"
   done
-  echo quit | real_mps nvidia-cuda-mps-control
-  echo quit | sim_mps "$build/lib/simgpu/bin/nvidia-cuda-mps-control"
+  quit_mps "$mps_control" "$mps_pipe" drv
+  quit_mps "$simlib/bin/nvidia-cuda-mps-control" "$sim_pipe" sim
   echo "(simgpu's SIMGPU_SMS is 132 by default: compare on an H100/H200, or set it to the GPU's count)"
-else
-  echo "nvidia-cuda-mps-control not found: MPS not measured"
-fi
+}
 
-echo "== probe kernels: timer tick, launch to start, distinct SMs, block durations (perf/probe_check)"
-echo "   (simgpu's twins guess: tick_ns=1000, cycles_per_ns=1.98, sm work_per_us=495/work_per_step (256),"
-echo "   mem 4.8 TB/s split per SM, no launch latency; launch_to_start is the tick probe's (launched first);"
-echo "   on the driver read rt if %globaltimer counts from the Unix epoch, else compare rounds)"
-env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/probe_check" "$fatbin" 5 driver-alone 2>&1
-env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/timeslice_probe" 3 1000 >/dev/null 2>&1 &
-hog=$!
-sleep 0.5
-env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/probe_check" "$fatbin" 10 driver-hog 2>&1
-wait "$hog"
-simt "$perfdir/probe_check" "$fatbin" 3 simgpu-alone 2>&1
-simt "$perfdir/timeslice_probe" 3 1000 >/dev/null 2>&1 &
-hog=$!
-sleep 0.5
-simt "$perfdir/probe_check" "$fatbin" 10 simgpu-hog 2>&1
-wait "$hog"
+step_probes() {
+  echo "== 3. probe kernels: timer tick, launch to start, distinct SMs, block durations (perf/probe_check)"
+  echo "   (simgpu's twins guess: tick_ns=1000, cycles_per_ns=1.98, sm work_per_us=495/work_per_step (256),"
+  echo "   mem 4.8 TB/s split per SM, no launch latency; launch_to_start is the tick probe's (launched first);"
+  echo "   on the driver read rt if %globaltimer counts from the Unix epoch, else compare rounds)"
+  nomps "$perfdir/probe_check" "$fatbin" 5 driver-alone 2>&1
+  start_hog driver nomps "$perfdir/timeslice_probe" 8 1000
+  nomps "$perfdir/probe_check" "$fatbin" 10 driver-hog 2>&1
+  wait "$hog"
+  simt "$perfdir/probe_check" "$fatbin" 3 simgpu-alone 2>&1
+  start_hog simgpu simt "$perfdir/timeslice_probe" 8 1000
+  simt "$perfdir/probe_check" "$fatbin" 10 simgpu-hog 2>&1
+  wait "$hog"
+}
 
-echo "== memory an exited exporter left behind (an exported VMM descriptor, never imported)"
-echo "   (the broker charges it from the device's used memory minus its processes': simgpu counts it in"
-echo "   device_used and in no process after the exporter exits; fd_target says what a /proc scan would see)"
-env CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$perfdir/vmm_export_probe" 2>&1 | sed 's/^/driver: /'
-sim "$perfdir/vmm_export_probe" 2>&1 | sed 's/^/simgpu: /'
+step_vmm() {
+  echo "== 4. memory an exited exporter left behind (an exported VMM descriptor, never imported)"
+  echo "   (the broker charges it from the device's used memory minus its processes': simgpu counts it in"
+  echo "   device_used and in no process after the exporter exits; fd_target says what a /proc scan would see)"
+  nomps "$perfdir/vmm_export_probe" 2>&1 | sed 's/^/driver: /'
+  sim "$perfdir/vmm_export_probe" 2>&1 | sed 's/^/simgpu: /'
+}
 
-echo "gpu_check: $differ case(s) where simgpu differs from the driver"
-[ "$differ" = 0 ]
+step_busy_for() {
+  echo "== 5. the demo's busy_for alone (a PTX kernel spinning on %globaltimer: about 100 % each second)"
+  nomps "$busy" --seconds 2 --name driver 2>&1
+  simt "$busy" --seconds 2 --name simgpu 2>&1
+}
+
+main "$@" 2>&1 | tee "$out/gpu_check.log"
+exit "${PIPESTATUS[0]}"

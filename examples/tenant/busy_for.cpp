@@ -119,24 +119,26 @@ int main(int argc, char** argv) {
               "cuLaunchKernel") &&
            ok(cuEventRecord(done[slot], stream), "cuEventRecord");
   };
+  // Seconds are counted from the start, so the last one ends with the run and is printed too.
   const auto start = Clock::now();
-  const auto end = start + std::chrono::seconds(o.seconds);
-  auto secondStart = start;
+  auto lastPrint = start;
   int64_t kernelsThisSecond = 0, second = 1;
   if (!launch(0) || !launch(1)) return 1;
   for (int slot = 0;; slot ^= 1) {
     if (!ok(cuEventSynchronize(done[slot]), "cuEventSynchronize")) return 1;
     ++kernelsThisSecond;
     const auto now = Clock::now();
-    if (now - secondStart >= std::chrono::seconds(1)) {
-      const double wall = std::chrono::duration<double>(now - secondStart).count();
-      std::printf("[%s] second %lld: %3.0f %% of the device's time\n", o.name.c_str(), static_cast<long long>(second),
+    if (now - start >= std::chrono::seconds(second)) {
+      // Since the last line (a second, or more where the host stalled this program).
+      const auto whole = std::chrono::duration_cast<std::chrono::seconds>(now - start).count();
+      const double wall = std::chrono::duration<double>(now - lastPrint).count();
+      std::printf("[%s] second %lld: %3.0f %% of the device's time\n", o.name.c_str(), static_cast<long long>(whole),
                   100.0 * static_cast<double>(kernelsThisSecond) * static_cast<double>(o.blockUs) / 1e6 / wall);
-      ++second;
-      secondStart = now;
+      lastPrint = now;
       kernelsThisSecond = 0;
+      second = whole + 1;
+      if (whole >= o.seconds) break;
     }
-    if (now >= end) break;
     if (!launch(slot)) return 1;
   }
   if (!ok(cuStreamSynchronize(stream), "cuStreamSynchronize")) return 1;

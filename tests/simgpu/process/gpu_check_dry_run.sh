@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# perf/gpu_check.sh run through on simgpu (GPU_CHECK_DRY_RUN=1: simgpu stands in for the driver),
+# so that the one run it gets on a borrowed GPU does not fail on the script itself: every step
+# runs and is logged to $OUT, nothing differs, the shim's limit is checked on the driver's side
+# (and a "shim" that does not enforce is caught), the MPS daemons are gone afterwards.
+# Runs it from the folder perf/gpu_check_stage.sh stages, as a GPU machine gets it.
+#   usage: gpu_check_dry_run.sh SOURCE_DIR BUILD_DIR WORK_DIR
+set -uo pipefail
+src=$1 build=$2 work=$3
+rm -rf "$work"
+mkdir -p "$work"
+cd "$src" || exit 1
+fail() { echo "gpu_check_dry_run: $*" >&2; exit 1; }
+
+# Run from the staged folder a GPU machine gets (perf/gpu_check_stage.sh), as it will be there.
+perf/gpu_check_stage.sh "$build" "$work/stage" >"$work/stage.txt" 2>&1 || { cat "$work/stage.txt" >&2; fail "staging failed"; }
+GPU_CHECK_DRY_RUN=1 OUT="$work/out" perf/gpu_check.sh --no-build "$work/stage" >"$work/stdout.txt" 2>&1
+rc=$?
+log="$work/out/gpu_check.log"
+[ "$rc" = 0 ] || { cat "$work/stdout.txt" >&2; fail "exited $rc"; }
+cmp -s "$work/stdout.txt" "$log" || fail "the log in \$OUT is not what it printed"
+for h in "== 1. device visibility" "== 2. event timer" "== 2. time slice" "== 2. MPS: the multiprocessor count" \
+         "== 2. MPS: the probe kernels" "== 3. probe kernels" "== 4. memory an exited exporter" "== 5. the demo's busy_for"; do
+  grep -q "^$h" "$log" || fail "no step '$h' in the log"
+done
+grep -q "^gpu_check: 0 case(s) where simgpu differs from the driver; 0 case(s) where the shim did not enforce$" "$log" ||
+  fail "its summary is missing or not clean"
+[ "$(grep -c "^shim .*count=[1-9].* alloc=0/2" "$log")" -ge 10 ] || fail "the shim's cases do not show 1 GiB granted and a byte denied"
+[ "$(grep -c "^MPS client at .*sms attribute=" "$log")" = 11 ] || fail "not every MPS percentage was measured"
+for side in driver simgpu; do
+  grep -q "^$side-mps-hog round=9 probe=sm " "$log" || fail "no $side probe round beside an MPS hog"
+  grep -q "^$side-hog round=9 probe=sm " "$log" || fail "no $side probe round beside a hog"
+  # Alone it keeps the device busy (100 %, less where a loaded host delays its launches).
+  grep -Eq "^\[$side\] second 2: +([5-9][0-9]|100) % of the device's time" "$log" || fail "busy_for on the $side side"
+done
+for f in environment.txt mps-logs.tgz; do [ -s "$work/out/$f" ] || fail "no $f in \$OUT"; done
+for d in /tmp/cushare-gpu-check-mps /tmp/cushare-gpu-check-sim-mps; do [ ! -e "$d" ] || fail "$d left behind"; done
+
+# A preloaded library that limits nothing (simgpu's NVML, as a stand-in shim): every shim case
+# with a device is reported, and the run fails. Visibility only.
+cp -a "$work/stage" "$work/noshim"
+cp "$work/stage/lib/simgpu/libnvidia-ml.so.1" "$work/noshim/lib/libcushare.so"
+GPU_CHECK_DRY_RUN=1 GPU_CHECK_STEPS=1 OUT="$work/out-noshim" perf/gpu_check.sh --no-build "$work/noshim" >/dev/null 2>&1
+rc=$?
+[ "$rc" = 1 ] || fail "a shim that limits nothing: exit $rc, not 1"
+[ "$(grep -c "SHIM NOT ENFORCING" "$work/out-noshim/gpu_check.log")" -ge 10 ] || fail "a shim that limits nothing was not reported"
+grep -q "^== 2\." "$work/out-noshim/gpu_check.log" && fail "GPU_CHECK_STEPS=1 ran other steps"
+
+# Nothing to run: a clear refusal (2), not a run of missing programs.
+OUT="$work/out-empty" GPU_CHECK_DRY_RUN=1 perf/gpu_check.sh --no-build "$work/empty-build" >/dev/null 2>&1
+rc=$?
+[ "$rc" = 2 ] || fail "a missing build dir: exit $rc, not 2"
+echo "gpu_check_dry_run: every step ran, nothing differs, a shim that limits nothing is caught"

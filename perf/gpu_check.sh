@@ -4,12 +4,14 @@
 #   usage: perf/gpu_check.sh [--no-build] [build dir]   (default: build)
 #
 # On a borrowed GPU machine without network access, stage the binaries here first and carry them:
-#   perf/gpu_check_stage.sh build build-gpu        (about 40 MB: the programs below, stripped)
+#   perf/gpu_check_stage.sh build build-gpu        (about 7 MiB: the programs below, stripped)
 #   perf/gpu_check.sh --no-build build-gpu         (on the GPU machine, from the repository root)
 # Everything it prints also goes to $OUT/gpu_check.log as it runs ($OUT: the device tool's output
 # folder; default ./gpu-check-out), beside nvidia-smi -q and the MPS logs. Every program runs
-# under a timeout (GPU_CHECK_STEP_TIMEOUT, default 60 s); a step that fails is reported and the
-# next one runs; MPS daemons started here are quit on exit, also after a failure or a signal.
+# under a timeout (GPU_CHECK_STEP_TIMEOUT, default 60 s); a program that fails or times out is
+# reported ("FAILED"), counted, and the next one runs; MPS daemons started here are quit on exit,
+# also after a failure, or after INT or TERM once the program then running has ended (a daemon a
+# killed run left behind is quit by the next run, whose pipe directories are the same).
 # GPU_CHECK_STEPS (default "1 2 3 4 5") picks the steps below, for a rerun of one of them.
 # GPU_CHECK_DRY_RUN=1 runs every step with simgpu standing in for the driver too (ctest
 # gpu_check_dry_run), so the script itself is tested without a GPU.
@@ -34,7 +36,8 @@
 #    exited (perf/vmm_export_probe; the broker's left-behind charge relies on it).
 # 5. The demo's tenant program (examples/tenant/busy_for: a PTX kernel spinning on %globaltimer)
 #    alone: about 100 % of the device's time each second.
-# Exits 1 if a comparison differs or the shim did not enforce its limit, 2 if it could not run.
+# Exits 1 if a comparison differs, the shim did not enforce its limit, a program failed or an MPS
+# daemon did not quit; 2 if it could not run.
 # Changes nothing on the host: the shim's ledger, simgpu's state and the MPS daemons' pipe
 # directories live in temporary or fixed /tmp directories, and no GPU setting is touched.
 set -uo pipefail
@@ -48,6 +51,7 @@ T=${GPU_CHECK_STEP_TIMEOUT:-60}
 steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5} "
 
 main() {
+  exec 3>&1  # the log, also from within $(...) whose output is captured (guarded's FAILED lines)
   # The caller's CUDA settings would change what every step sees.
   unset CUDA_VISIBLE_DEVICES LD_PRELOAD CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY \
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_DEVICE_MAX_CONNECTIONS SIMGPU_KERNEL_COSTS
@@ -82,18 +86,20 @@ main() {
   tmp=$(mktemp -d /tmp/cushare-gpu-check.XXXXXX)
   mps_pipe=/tmp/cushare-gpu-check-mps sim_pipe=/tmp/cushare-gpu-check-sim-mps
   trap cleanup EXIT
-  trap 'exit 130' INT TERM
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  : >"$tmp/failures"
   printf 'probe_spin block_ns_param=0\ncushare_demo_spin block_ns=1000000\n' >"$tmp/probe.costs"
 
   # The driver's side. Dry run: a second simgpu of two devices, with its own state.
   if [ "$dry" = 1 ]; then
     drv() {
-      timeout -k 5 "$T" env LD_LIBRARY_PATH="$simlib" SIMGPU_DEVICES=2 SIMGPU_STATE_DIR="$tmp/drv-simgpu" \
+      guarded env LD_LIBRARY_PATH="$simlib:$deps" SIMGPU_DEVICES=2 SIMGPU_STATE_DIR="$tmp/drv-simgpu" \
         SIMGPU_KERNEL_COSTS="$tmp/probe.costs" "$@"
     }
     mps_control="$simlib/bin/nvidia-cuda-mps-control"
   else
-    drv() { timeout -k 5 "$T" env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$deps" "$@"; }
+    drv() { guarded env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$deps" "$@"; }
     mps_control=$(command -v nvidia-cuda-mps-control || true)
   fi
   # Never an MPS client by accident: a daemon running at the default pipe directory would take them.
@@ -117,11 +123,15 @@ main() {
   { echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"; echo "PATH=$PATH"
     for f in "$shim" "$probe" "$perfdir/probe_check" "$busy"; do echo "== ldd $f"; drv ldd "$f" 2>&1; done
   } >"$out/environment.txt"
-  # The shim must load, or both of its sides would run without it and agree.
-  if drv ldd "$shim" 2>&1 | grep -q 'not found'; then
-    echo "gpu_check: the shim's libraries are not all found (stage them: perf/gpu_check_stage.sh):"
-    drv ldd "$shim" | grep 'not found'
-  fi
+  # The shim must load on both sides, or its cases would run without it (and simgpu be blamed).
+  local side
+  for side in drv sim; do
+    if $side ldd "$shim" 2>&1 | grep -q 'not found'; then
+      echo "gpu_check: the shim's libraries are not all found on the $side side (stage them: perf/gpu_check_stage.sh):"
+      $side ldd "$shim" | grep 'not found'
+      return 2
+    fi
+  done
 
   differ=0 shim_bad=0
   [[ "$steps" == *" 1 "* ]] && step_visibility
@@ -135,16 +145,28 @@ main() {
   [[ "$steps" == *" 4 "* ]] && step_vmm
   [[ "$steps" == *" 5 "* ]] && step_busy_for
 
-  echo "gpu_check: $differ case(s) where simgpu differs from the driver; $shim_bad case(s) where the shim did not enforce"
-  [ "$differ" = 0 ] && [ "$shim_bad" = 0 ]
+  local failed
+  failed=$(wc -l <"$tmp/failures")
+  echo "gpu_check: $differ case(s) where simgpu differs from the driver; $shim_bad case(s) where the shim did not enforce;" \
+    "$failed program(s) failed"
+  [ "$differ" = 0 ] && [ "$shim_bad" = 0 ] && [ "$failed" = 0 ]
 }
 
 # Every program runs under a timeout: external ones through t, the rest through the runners below
 # (drv: the driver's side; nomps: it outside MPS; sim, simt: simgpu, with the probes' cost table),
-# which start with one.
-t() { timeout -k 5 "$T" "$@"; }
-# simgpu with as many devices as the driver's side.
-sim() { timeout -k 5 "$T" env LD_LIBRARY_PATH="$simlib" SIMGPU_DEVICES="$n" SIMGPU_STATE_DIR="$tmp/simgpu" "$@"; }
+# which start with one. A program that fails is said and counted.
+guarded() {
+  timeout -k 5 "$T" "$@"
+  local rc=$?
+  if [ "$rc" != 0 ]; then
+    echo "gpu_check: FAILED (exit $rc$([ "$rc" = 124 ] && echo ", timed out after $T s")): ${*: -5}" >&3
+    echo "$rc" >>"$tmp/failures"
+  fi
+  return "$rc"
+}
+t() { guarded "$@"; }
+# simgpu with as many devices as the driver's side (the staged shim's libraries found there too).
+sim() { guarded env LD_LIBRARY_PATH="$simlib:$deps" SIMGPU_DEVICES="$n" SIMGPU_STATE_DIR="$tmp/simgpu" "$@"; }
 simt() { sim env SIMGPU_KERNEL_COSTS="$tmp/probe.costs" CUDA_MPS_PIPE_DIRECTORY="$tmp/no-mps" "$@"; }
 
 # Quits the MPS daemons of a pipe directory (waiting up to 10 s for the daemon to go).
@@ -158,14 +180,19 @@ quit_mps() {  # $1: control binary, $2: pipe directory, $3: runner (drv or sim)
     { [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; } && break
     sleep 0.1
   done
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "gpu_check: the MPS daemon $pid did not quit"; fi
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    echo "gpu_check: the MPS daemon $pid did not quit"
+    return 1
+  fi
 }
 
 cleanup() {
-  [ -n "${mps_control:-}" ] && declare -F drv >/dev/null && quit_mps "$mps_control" "$mps_pipe" drv
-  quit_mps "$simlib/bin/nvidia-cuda-mps-control" "$sim_pipe" sim
+  local rc=$? left=0
+  if [ -n "${mps_control:-}" ] && declare -F drv >/dev/null; then quit_mps "$mps_control" "$mps_pipe" drv || left=1; fi
+  quit_mps "$simlib/bin/nvidia-cuda-mps-control" "$sim_pipe" sim || left=1
   tar -C /tmp -czf "$out/mps-logs.tgz" cushare-gpu-check-mps cushare-gpu-check-sim-mps 2>/dev/null
   rm -rf "$tmp" "$mps_pipe" "$sim_pipe"
+  if [ "$left" = 1 ] && [ "$rc" = 0 ]; then exit 1; fi
 }
 
 # A probe line with its UUIDs turned into host indices of that side.
@@ -281,21 +308,20 @@ step_device_time() {
   two_probes simt 500 | sed 's/^/simgpu (500 us kernels): /'
 }
 
-# Starts a hog in the background (its pid in $hog) and waits until it runs: on the driver, until
-# nvidia-smi lists a compute process, at least 2 s; on simgpu 1 s.
+# Starts a hog of 12 s in the background (its pid in $hog) and gives it time to start (2 s on the
+# driver, 1 s on simgpu). hog_done says whether it ran through what was measured beside it.
 start_hog() {  # $1: driver|simgpu, rest: the command
   local side=$1; shift
   "$@" >/dev/null 2>&1 &
   hog=$!
-  if [ "$side" = driver ] && [ "$dry" != 1 ]; then
-    for _ in $(seq 1 50); do
-      [ -n "$(t nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && break
-      sleep 0.2
-    done
-    sleep 2
-  else
-    sleep 1
+  if [ "$side" = driver ] && [ "$dry" != 1 ]; then sleep 2; else sleep 1; fi
+}
+hog_done() {  # $1: what was measured beside it
+  if ! kill -0 "$hog" 2>/dev/null; then
+    echo "gpu_check: FAILED: the hog ended before $1 did: not measured beside it"
+    echo hog >>"$tmp/failures"
   fi
+  wait "$hog"
 }
 
 step_mps() {
@@ -342,12 +368,12 @@ step_mps() {
   for side in driver simgpu; do
     if [ "$side" = driver ]; then runner=real_mps; else runner=sim_mps; fi
     $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 3 "$side-mps-alone" 2>&1
-    start_hog "$side" $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/timeslice_probe" 8 1000 fill
+    start_hog "$side" $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/timeslice_probe" 12 1000 fill
     $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 10 "$side-mps-hog" 2>&1
-    wait "$hog"
+    hog_done "$side-mps-hog"
   done
-  quit_mps "$mps_control" "$mps_pipe" drv
-  quit_mps "$simlib/bin/nvidia-cuda-mps-control" "$sim_pipe" sim
+  quit_mps "$mps_control" "$mps_pipe" drv || echo mps >>"$tmp/failures"
+  quit_mps "$simlib/bin/nvidia-cuda-mps-control" "$sim_pipe" sim || echo mps >>"$tmp/failures"
   echo "(simgpu's SIMGPU_SMS is 132 by default: compare on an H100/H200, or set it to the GPU's count)"
 }
 
@@ -357,13 +383,13 @@ step_probes() {
   echo "   mem 4.8 TB/s split per SM, no launch latency; launch_to_start is the tick probe's (launched first);"
   echo "   on the driver read rt if %globaltimer counts from the Unix epoch, else compare rounds)"
   nomps "$perfdir/probe_check" "$fatbin" 5 driver-alone 2>&1
-  start_hog driver nomps "$perfdir/timeslice_probe" 8 1000
+  start_hog driver nomps "$perfdir/timeslice_probe" 12 1000
   nomps "$perfdir/probe_check" "$fatbin" 10 driver-hog 2>&1
-  wait "$hog"
+  hog_done driver-hog
   simt "$perfdir/probe_check" "$fatbin" 3 simgpu-alone 2>&1
-  start_hog simgpu simt "$perfdir/timeslice_probe" 8 1000
+  start_hog simgpu simt "$perfdir/timeslice_probe" 12 1000
   simt "$perfdir/probe_check" "$fatbin" 10 simgpu-hog 2>&1
-  wait "$hog"
+  hog_done simgpu-hog
 }
 
 step_vmm() {
@@ -380,5 +406,6 @@ step_busy_for() {
   simt "$busy" --seconds 2 --name simgpu 2>&1
 }
 
-main "$@" 2>&1 | tee "$out/gpu_check.log"
+# The log outlives a signal to the whole group (INT, TERM): it records the cleanup too.
+main "$@" 2>&1 | (trap '' INT TERM; tee "$out/gpu_check.log")
 exit "${PIPESTATUS[0]}"

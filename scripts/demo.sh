@@ -104,8 +104,11 @@ kill -TERM "$alpha_pid"; wait "$alpha_pid" 2>/dev/null || true; tail -1 "$work/a
 beta_pid=$!
 "$bin/cushare" run --tenant alpha -- build/examples/tenant/busy_for --seconds 3 >"$work/alpha-busy.out" 2>&1 &
 alpha_pid=$!
-wait "$alpha_pid"; alpha_pid=""
-wait "$beta_pid"; beta_pid=""
+for t in alpha beta; do
+  pid_var="${t}_pid"
+  wait "${!pid_var}" || { echo "busy_for ($t) failed:" >&2; cat "$work/$t-busy.out" >&2; exit 1; }
+  printf -v "$pid_var" ''
+done
 echo "-- alpha:"; cat "$work/alpha-busy.out"
 echo "-- beta:"; cat "$work/beta-busy.out"
 echo

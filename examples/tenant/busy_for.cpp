@@ -10,8 +10,11 @@
 //
 // Every line of output starts with [LABEL] (default: $CUSHARE_TENANT, else "default"). The share
 // of a second is the device time of the kernels that completed in it (each kernel one wave of
-// blocks of --block-us) over the second's wall time. Exit status: 0 when done, 1 on a CUDA
-// error, 2 on a usage error.
+// blocks of --block-us) over the second's wall time. On a GPU a block spins until a time, so a
+// block the hardware slices out meanwhile counts as if it ran; under cushare's pacing tenants
+// take exclusive turns (docs/compute.md), so it does not arise there. `busy_for --ptx` prints the
+// kernel's PTX (the ctest busy_for_ptx compiles it with ptxas). Exit status: 0 when done, 1 on a
+// CUDA error, 2 on a usage error.
 #include <cuda.h>
 
 #include <chrono>
@@ -28,14 +31,15 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: busy_for [--seconds N] [--block-us N] [--device N] [--name LABEL]\n"
+    "usage: busy_for [--seconds N] [--block-us N] [--device N] [--name LABEL] | --ptx\n"
     "  Launches kernels of one block per SM, each block busy for --block-us (default 1000), for\n"
     "  --seconds (default 4), two at a time; prints the share of the device's time it got each second.\n";
 
-// Each block spins until %globaltimer has moved by its parameter (ns). No output, no memory.
+// Each block spins until %globaltimer has moved by its parameter (ns). No output, no memory. PTX
+// ISA 6.0 for sm_50: nothing newer is used, so any GPU and driver of the last years JIT it.
 constexpr char kSpinPtx[] =
-    ".version 8.0\n"
-    ".target sm_80\n"
+    ".version 6.0\n"
+    ".target sm_50\n"
     ".address_size 64\n"
     ".visible .entry cushare_demo_spin(.param .u64 ns)\n"
     "{\n"
@@ -81,9 +85,23 @@ bool parseArgs(int argc, char** argv, Options* o, std::string* err) {
 
 bool ok(CUresult r, const char* what) { return tenant_program::cudaOk("busy_for", r, what); }
 
+// Loads the PTX; a JIT failure prints the compiler's log.
+bool loadSpin(CUmodule* mod) {
+  char log[4096] = {};
+  CUjit_option opts[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* values[] = {log, reinterpret_cast<void*>(static_cast<uintptr_t>(sizeof log))};
+  if (ok(cuModuleLoadDataEx(mod, kSpinPtx, 2, opts, values), "cuModuleLoadDataEx")) return true;
+  if (log[0] != 0) std::fprintf(stderr, "busy_for: the JIT said: %s\n", log);
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string_view(argv[1]) == "--ptx") {
+    std::fputs(kSpinPtx, stdout);
+    return 0;
+  }
   Options o;
   if (const int rc = tenant_program::begin("busy_for", kUsage, argc, argv,
                                            [&](std::string* err) { return parseArgs(argc, argv, &o, err); });
@@ -99,7 +117,7 @@ int main(int argc, char** argv) {
       !ok(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain") ||
       !ok(cuCtxSetCurrent(ctx), "cuCtxSetCurrent") ||
       !ok(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute") ||
-      !ok(cuModuleLoadData(&mod, kSpinPtx), "cuModuleLoadData") ||
+      !loadSpin(&mod) ||
       !ok(cuModuleGetFunction(&spin, mod, "cushare_demo_spin"), "cuModuleGetFunction") ||
       !ok(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate"))
     return 1;

@@ -30,7 +30,7 @@ TEST(MpsTurnsHold, ReasonsThatFlickerEndTurnsOnlyAfterTheHoldKeepingOnlyTheClien
   EXPECT_TRUE(h.step(false, false, 2100 * kMs, kHold));
   EXPECT_TRUE(h.step(true, false, 2400 * kMs, kHold));
   EXPECT_TRUE(h.step(false, false, 2500 * kMs, kHold));
-  EXPECT_TRUE(h.step(false, false, 2999 * kMs, kHold)) << "the hold counts from the last step that wanted turns";
+  EXPECT_TRUE(h.step(false, false, 2999 * kMs, kHold)) << "the hold counts anew from the first step without the reasons after they came back (2500 ms)";
   EXPECT_FALSE(h.step(false, false, 3000 * kMs, kHold));
 }
 

@@ -23,8 +23,14 @@ for h in "== 1. device visibility" "== 2. event timer" "== 2. time slice" "== 2.
          "== 2. MPS: the probe kernels" "== 3. probe kernels" "== 4. memory an exited exporter" "== 5. the demo's busy_for"; do
   grep -q "^$h" "$log" || fail "no step '$h' in the log"
 done
-grep -q "^gpu_check: 0 case(s) where simgpu differs from the driver; 0 case(s) where the shim did not enforce$" "$log" ||
+grep -q "^gpu_check: 0 case(s) where simgpu differs from the driver; 0 case(s) where the shim did not enforce; 0 program(s) failed$" "$log" ||
   fail "its summary is missing or not clean"
+grep -q "did not quit\|FAILED" "$log" && fail "a daemon did not quit or a program failed"
+# The staged shim finds the libraries staged beside it (a GPU image may lack them).
+for lib in libunwind.so.8 liblzma.so.5; do
+  LD_LIBRARY_PATH="$work/stage/lib/deps" ldd "$work/stage/lib/libcushare.so" | grep -q "$lib => $work/stage/lib/deps/$lib" ||
+    fail "the staged shim does not find the staged $lib"
+done
 [ "$(grep -c "^shim .*count=[1-9].* alloc=0/2" "$log")" -ge 10 ] || fail "the shim's cases do not show 1 GiB granted and a byte denied"
 [ "$(grep -c "^MPS client at .*sms attribute=" "$log")" = 11 ] || fail "not every MPS percentage was measured"
 for side in driver simgpu; do
@@ -45,6 +51,15 @@ rc=$?
 [ "$rc" = 1 ] || fail "a shim that limits nothing: exit $rc, not 1"
 [ "$(grep -c "SHIM NOT ENFORCING" "$work/out-noshim/gpu_check.log")" -ge 10 ] || fail "a shim that limits nothing was not reported"
 grep -q "^== 2\." "$work/out-noshim/gpu_check.log" && fail "GPU_CHECK_STEPS=1 ran other steps"
+
+# A program that runs past its timeout is said, counted, and fails the run; the next one runs.
+GPU_CHECK_DRY_RUN=1 GPU_CHECK_STEPS=5 GPU_CHECK_STEP_TIMEOUT=1 OUT="$work/out-timeout" \
+  perf/gpu_check.sh --no-build "$work/stage" >/dev/null 2>&1
+rc=$?
+[ "$rc" = 1 ] || fail "programs past their timeout: exit $rc, not 1"
+[ "$(grep -c "^gpu_check: FAILED (exit 124, timed out after 1 s): .*busy_for --seconds 2 --name" "$work/out-timeout/gpu_check.log")" = 2 ] ||
+  fail "busy_for past its timeout on both sides was not reported"
+grep -q "; 2 program(s) failed$" "$work/out-timeout/gpu_check.log" || fail "the failures were not counted"
 
 # Nothing to run: a clear refusal (2), not a run of missing programs.
 OUT="$work/out-empty" GPU_CHECK_DRY_RUN=1 perf/gpu_check.sh --no-build "$work/empty-build" >/dev/null 2>&1

@@ -4,7 +4,8 @@
 # one tenant program for each (they allocate until denied), shows alpha stopped at its limit while
 # beta proceeds, raises alpha's limit live, kills a tenant and shows its memory returned at once;
 # then both run kernels that would fill the device and get their caps (beta yields to alpha's
-# priority while alpha has work), metered in busy time; then cleans up.
+# priority while alpha has work), metered in busy time and measured by the probe kernels; then
+# cleans up.
 # On simgpu, the simulated GPU, unless a real NVIDIA GPU answers (nvidia-smi); DEMO_SIMGPU=1 forces
 # simgpu.
 set -euo pipefail
@@ -45,6 +46,7 @@ profiles:
 tenants:
   - {name: alpha, memory: 512MiB, thread_percentage: 30, priority: high}
   - {name: beta, profile: balanced}
+probes: {interval_ms: 25, window_s: 2}   # probe rounds every 25 ms, shares over the last 2 s
 YAML
 export CUSHARE_SOCKET="$work/broker.sock"
 cushare() { "$bin/cushare" "$@"; }
@@ -104,6 +106,10 @@ kill -TERM "$alpha_pid"; wait "$alpha_pid" 2>/dev/null || true; tail -1 "$work/a
 beta_pid=$!
 "$bin/cushare" run --tenant alpha -- build/examples/tenant/busy_for --seconds 3 >"$work/alpha-busy.out" 2>&1 &
 alpha_pid=$!
+sleep 2.5
+echo "-- 2.5 s in, what the probe kernels measured in each tenant's context over the last 2 s"
+echo "   (REGIME turns: the broker paces them; SHARE: the part of the time it held the device):"
+cushare probe
 for t in alpha beta; do
   pid_var="${t}_pid"
   wait "${!pid_var}" || { echo "busy_for ($t) failed:" >&2; cat "$work/$t-busy.out" >&2; exit 1; }

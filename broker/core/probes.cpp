@@ -121,6 +121,7 @@ bool ProbeScheduler::collect(int fd, Pending* p, uint32_t* smCount, std::string*
   }
   why->clear();
   *smCount = h.sm_count;
+  p->probes.waited_at_gate = (h.flags & probe::kAnswerFirstLaunchWaitedAtGate) != 0;
   std::vector<uint8_t> bytes;
   for (const probe::ProbeFileLaunch& l : h.launches) {
     if (l.kind == 0) continue;

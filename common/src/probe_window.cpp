@@ -104,7 +104,10 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
       bad(t.error);
       continue;
     }
+    // The earliest start of any context's first launch (the latency index), and of those that did
+    // not wait at the tenant's closed gate (a start, and the round's fastest start).
     double latency = std::numeric_limits<double>::infinity();
+    double ungated = std::numeric_limits<double>::infinity();
     // Per context: its SM factors and memory ratio, or why there is none.
     bool sm_missing = false, mem_missing = false;
     uint32_t sm_contexts = 0, mem_contexts = 0;
@@ -124,7 +127,10 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
         // launch of the round went after the first had waited (for the tenant's gate or its slice)
         // and run, so its latency from its own launch says nothing about the instant (a tenant
         // sliced out at the instant read as started by its second probe).
-        if (n.has_latency && &l == &c.launches.front()) latency = std::min(latency, n.start_latency_ns);
+        if (n.has_latency && &l == &c.launches.front()) {
+          latency = std::min(latency, n.start_latency_ns);
+          if (!c.waited_at_gate) ungated = std::min(ungated, n.start_latency_ns);
+        }
         if (o == LaunchOutcome::kMissing) {
           if (n.kind == kProbeSm) sm_missing = true;
           if (n.kind == kProbeMem) mem_missing = true;
@@ -158,10 +164,11 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
         }
       }
     }
-    if (std::isfinite(latency)) {
-      a.latency.push_back(latency);
-      fastest = std::min(fastest, latency);
-    }
+    if (std::isfinite(latency)) a.latency.push_back(latency);
+    // Only a launch that went while its tenant held the device (or with no gate at all) is a
+    // solo-like start: waits at closed gates made the threshold as long as the device's idle
+    // time where caps left it idle, and then every wait read as a start.
+    if (std::isfinite(ungated)) fastest = std::min(fastest, ungated);
     if (!t.has_work) continue;  // no share sample: an idle tenant leaves the device to others
     if (exclusive(t.regime)) {
       if (!std::isfinite(latency)) continue;  // no launch told when it started
@@ -173,7 +180,7 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
       const double threshold = t.regime == Regime::kTurns
                                    ? std::max(startThreshold(), options_.turns_min_start_threshold_ns)
                                    : startThreshold();
-      const bool started = latency <= threshold;
+      const bool started = ungated <= threshold;
       ++a.started_of;
       a.started += started;
       a.share.push_back(started ? 1.0 : 0.0);

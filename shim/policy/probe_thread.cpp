@@ -55,6 +55,23 @@ int gHead = 0, gCount = 0;
 bool gStarted = false;
 std::atomic<bool> gExiting{false};  // the process is exiting: no more driver calls from the thread
 thread_local int tProbeOrdinal = -1;  // the device the probe thread is launching on
+// The round's launches so far, and whether its first waited at the tenant's closed gate
+// (kAnswerFirstLaunchWaitedAtGate).
+thread_local unsigned tRoundLaunches = 0;
+thread_local bool tFirstLaunchWaited = false;
+// The thread's last waits at the gate (CLOCK_REALTIME, [start, end]): a request whose instant came
+// while the thread waited at the gate for an earlier one waited behind that gate too (it runs
+// once the gate opens, its latency counted from its instant, and is no solo start).
+struct GateWait {
+  uint64_t start = 0, end = 0;
+};
+thread_local GateWait tGateWaits[8];
+thread_local unsigned tGateWaitCount = 0;
+bool waitedAtGateAt(uint64_t at) {
+  for (const GateWait& w : tGateWaits)
+    if (w.end != 0 && w.start <= at && at <= w.end) return true;
+  return false;
+}
 uint32_t gSeen[kMaxDevices] = {};  // the pacer's last seen probe_seq per device (under the pacer's lock)
 
 // Per device: on the probe thread, and in ProbeContextGuard (probe_thread.h); always under gRoundMu.
@@ -283,12 +300,15 @@ void runRequest(const Request& r) {
   b.memNs = budget * 3 / 4;
   b.tickNs = budget / 2;
   probe::RoundRecords rec;
+  tRoundLaunches = 0;
+  tFirstLaunchWaited = false;
   if (const probe::ProbeError e = dp.runner->runRound(dp.stream, r.what & probe::kRunAll, b, &rec); e) {
     writeAnswer(r, probe::kProbeRunFailed, e.message(), nullptr, 0, 0);
     return;
   }
   writeAnswer(r, probe::kProbeOk, "", &rec, deviceSms(dp.runner->smCount()), dp.runner->options().workPerStep,
-              idleAtInstant ? probe::kAnswerIdleAtInstant : 0);
+              (idleAtInstant ? probe::kAnswerIdleAtInstant : 0) |
+                  (tFirstLaunchWaited || waitedAtGateAt(r.at) ? probe::kAnswerFirstLaunchWaitedAtGate : 0));
 }
 
 // runRequest under gRoundMu (which it lets go of while it waits for the round's instant).
@@ -334,6 +354,8 @@ CUresult probeLaunch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsign
   const ShimState& st = state();
   const LedgerComputeSlot* own =
       w != nullptr && st.ledger->slot() >= 0 ? st.ledger->computeSlotAt(st.devices[o].ledgerIndex, st.ledger->slot()) : nullptr;
+  const bool first = tRoundLaunches++ == 0;
+  uint64_t waitStart = 0;  // CLOCK_REALTIME when this launch began waiting at the gate; 0: it did not
   if (w != nullptr) {
     uint32_t epoch = w->gate_epoch.load(std::memory_order_acquire);
     uint64_t still = clockNs(CLOCK_MONOTONIC);
@@ -356,9 +378,13 @@ CUresult probeLaunch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsign
       } else if (now - still > 3'000'000'000u) {
         break;  // the broker is gone: as the launch hook, run unpaced
       }
+      // The tenant does not hold the device: whenever the gate opens, this start is a wait.
+      if (first) tFirstLaunchWaited = true;
+      if (waitStart == 0) waitStart = clockNs(CLOCK_REALTIME);
       futexShared(&w->gate, gate, 50'000'000);
     }
   }
+  if (waitStart != 0) tGateWaits[tGateWaitCount++ % 8] = {waitStart, clockNs(CLOCK_REALTIME)};
   return d.p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
 }
 

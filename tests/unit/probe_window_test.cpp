@@ -193,6 +193,46 @@ TEST(ProbeWindow, ALaterLaunchOfTheRoundIsNotItsStart) {
     EXPECT_NEAR(w.at(t.name).compute_share.value, truthOf(s, t), kTolerance) << t.name;
 }
 
+// Turns that leave the device idle half of each period (caps summing to 50 %): a probe that waited
+// at its tenant's closed gate (as the shim flags it: the tenant did not hold the device at the
+// instant) is a wait, and no round in which every tenant waited gives a fastest start. Before,
+// the waits for the next period fed the broker's start threshold, which grew to match, and every
+// wait read as a start: 0.72 and 0.65 for 0.30 and 0.20 on simgpu (Probe.CapsThatLeaveTheDevice
+// IdleMeasuredWithinSevenPoints in tests/compute).
+TEST(ProbeWindow, AProbeThatWaitedAtItsTenantsGateIsAWaitAndNoSoloStart) {
+  Device d;
+  const Schedule s({{0, 30e6}, {1, 20e6}, {-1, 50e6}});
+  const std::vector<ExclusiveTenant> ts = {{"A", {0}}, {"B", {1}}};
+  std::mt19937_64 rng(44);
+  ShareAggregator agg(model::calibrate(d, rng));
+  int held = 0;
+  for (int k = 0; k < kExclusiveRounds; ++k) {
+    const double at = roundAt(k, rng);
+    Round r = exclusiveRound(d, s, ts, Regime::kTurns, at, rng);
+    for (size_t i = 0; i < ts.size(); ++i)
+      for (size_t j = 0; j < ts[i].contexts.size(); ++j)
+        r.tenants[i].contexts[j].waited_at_gate = !s.holds(ts[i].contexts[j], at);
+    held += s.holds(0, at) || s.holds(1, at);
+    EXPECT_TRUE(agg.addRound(r).empty());
+  }
+  const auto w = byName(agg.window());
+  for (const ExclusiveTenant& t : ts)
+    EXPECT_NEAR(w.at(t.name).compute_share.value, truthOf(s, t), kTolerance) << t.name;
+  EXPECT_EQ(agg.fastestStarts().size(), static_cast<size_t>(held)) << "only rounds in which a tenant held the device";
+  for (const double f : agg.fastestStarts()) EXPECT_LT(f, 1e6) << "a wait for the next period taken as a solo start";
+
+  // Flagged, a probe that started at once (its gate opened just then) is still a wait.
+  ShareAggregator flagged(model::calibrate(d, rng));
+  for (int k = 0; k < 50; ++k) {
+    const double at = roundAt(k, rng);
+    Round r = exclusiveRound(d, s, ts, Regime::kTurns, at, rng);
+    for (TenantRound& t : r.tenants) t.contexts[0].waited_at_gate = true;
+    EXPECT_TRUE(flagged.addRound(r).empty());
+  }
+  for (const TenantWindow& tw : flagged.window()) EXPECT_EQ(tw.compute_share.value, 0.0) << tw.tenant;
+  EXPECT_TRUE(flagged.fastestStarts().empty());
+}
+
 TEST(ProbeWindow, Turns25_50_25) {
   Device d;
   const Schedule s({{0, 25e6}, {-1, 1e6}, {1, 50e6}, {-1, 1e6}, {2, 25e6}, {-1, 1e6}});

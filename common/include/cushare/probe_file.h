@@ -75,6 +75,10 @@ struct ProbeAnswerHeader {
 // wait from the launch (docs/probe-analysis.md). Without it (a request queued behind one that
 // waited at the tenant's gate) the wait counts from the instant.
 inline constexpr uint32_t kAnswerIdleAtInstant = 1;
+// The round's first launch waited at the tenant's closed compute gate (the device paced and the
+// tenant not holding it), or the round's instant came while the probe thread waited at that gate
+// for an earlier round: a wait, however soon the gate opened (docs/probe-analysis.md).
+inline constexpr uint32_t kAnswerFirstLaunchWaitedAtGate = 2;
 static_assert(sizeof(ProbeAnswerHeader) == 272);
 
 inline constexpr size_t kProbeAnswerBytes = sizeof(ProbeAnswerHeader) + sizeof(BlockRecord) * kProbeFileMaxRecords;

@@ -52,6 +52,10 @@ struct ProbeLaunch {
 // The probes run in one context (process) of a tenant in one round.
 struct ContextProbes {
   std::vector<ProbeLaunch> launches;
+  // Its first launch waited at the tenant's closed compute gate (the shim's
+  // kAnswerFirstLaunchWaitedAtGate): the tenant did not hold the device at the instant, so this
+  // context did not start, however soon the gate opened; nor is its start a solo latency.
+  bool waited_at_gate = false;
 };
 
 struct TenantRound {

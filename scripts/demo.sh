@@ -107,7 +107,7 @@ beta_pid=$!
 "$bin/cushare" run --tenant alpha -- build/examples/tenant/busy_for --seconds 3 >"$work/alpha-busy.out" 2>&1 &
 alpha_pid=$!
 sleep 2.5
-echo "-- 2.5 s in, what the probe kernels measured in each tenant's context over the last 2 s"
+echo "-- 2.5 s in, what the probe kernels measured in each tenant's context over its last 2 s window"
 echo "   (REGIME turns: the broker paces them; SHARE: the part of the time it held the device):"
 cushare probe
 for t in alpha beta; do

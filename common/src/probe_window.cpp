@@ -72,6 +72,13 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
     return lines;
   }
   double fastest = std::numeric_limits<double>::infinity();
+  // Whether some context's first launch went without waiting at its tenant's closed gate. Only
+  // then is the round's fastest start (over every launch, so that a tenant holding the device
+  // alone among waiters cannot claim a slow start as the round's: the others' waits bound it) a
+  // solo-like start: in a round in which every gate was closed (caps leaving the device idle) it
+  // is the wait for the next period, and such rounds made the threshold grow until every wait
+  // read as a start.
+  bool ungatedStart = false;
   std::set<std::string> seen;
   // Exclusive regimes: one tenant holds the device at a time, and each tenant's sample is whether
   // its probe started without waiting once launched: a sample of who held the device at that
@@ -105,7 +112,7 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
       continue;
     }
     // The earliest start of any context's first launch (the latency index), and of those that did
-    // not wait at the tenant's closed gate (a start, and the round's fastest start).
+    // not wait at the tenant's closed gate (a start; with one, the round gives a fastest start).
     double latency = std::numeric_limits<double>::infinity();
     double ungated = std::numeric_limits<double>::infinity();
     // Per context: its SM factors and memory ratio, or why there is none.
@@ -164,11 +171,11 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
         }
       }
     }
-    if (std::isfinite(latency)) a.latency.push_back(latency);
-    // Only a launch that went while its tenant held the device (or with no gate at all) is a
-    // solo-like start: waits at closed gates made the threshold as long as the device's idle
-    // time where caps left it idle, and then every wait read as a start.
-    if (std::isfinite(ungated)) fastest = std::min(fastest, ungated);
+    if (std::isfinite(latency)) {
+      a.latency.push_back(latency);
+      fastest = std::min(fastest, latency);
+    }
+    ungatedStart = ungatedStart || std::isfinite(ungated);
     if (!t.has_work) continue;  // no share sample: an idle tenant leaves the device to others
     if (exclusive(t.regime)) {
       if (!std::isfinite(latency)) continue;  // no launch told when it started
@@ -200,7 +207,7 @@ std::vector<std::string> ShareAggregator::addRound(const Round& round) {
       if (mem_contexts && !mem_missing) a.bandwidth.push_back(std::min(bw_sum, 1.0));
     }
   }
-  if (std::isfinite(fastest)) fastest_.push_back(fastest);
+  if (ungatedStart && std::isfinite(fastest)) fastest_.push_back(fastest);
   return lines;
 }
 

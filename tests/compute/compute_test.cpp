@@ -369,7 +369,7 @@ TEST(Probe, CapsThirtyAndSeventyMeasuredWithinSevenPoints) {
 // Caps that sum below 100 %: every gate is closed for half of each period and the device idles.
 // A probe that waited at its tenant's closed gate is a wait however soon it started after: before,
 // the start threshold (a percentile of the rounds' fastest starts) grew to the waits for the next
-// period, and the shares read about 0.7 each (docs/probes.md, "Caps that leave the device idle").
+// period, and the shares read about 0.7 each (docs/probes.md, "Analysis").
 TEST(Probe, CapsThatLeaveTheDeviceIdleMeasuredWithinSevenPoints) {
   Broker b(testDir());
   ASSERT_TRUE(b.start("probes: {interval_ms: 20, window_s: 600, kinds: [tick]}\n"

@@ -52,9 +52,10 @@ struct ProbeLaunch {
 // The probes run in one context (process) of a tenant in one round.
 struct ContextProbes {
   std::vector<ProbeLaunch> launches;
-  // Its first launch waited at the tenant's closed compute gate (the shim's
-  // kAnswerFirstLaunchWaitedAtGate): the tenant did not hold the device at the instant, so this
-  // context did not start, however soon the gate opened; nor is its start a solo latency.
+  // Its first launch waited at the tenant's closed compute gate, or the instant came while the
+  // probe thread waited at it for an earlier round (the shim's kAnswerFirstLaunchWaitedAtGate):
+  // the tenant did not hold the device at the instant, so this context did not start, however
+  // soon the gate opened; nor is its start a solo latency.
   bool waited_at_gate = false;
 };
 
@@ -76,15 +77,16 @@ struct Round {
 struct AggregatorOptions {
   // A probe whose round's earliest start came within solo p95 latency + max(start_epsilon_ns,
   // start_epsilon_fraction x solo p95) of the instant did not wait for the device. Small on
-  // purpose: a launch that arrives within the threshold before the tenant's slice or turn begins
-  // counts as started, a bias of about threshold / cycle per slice.
+  // purpose: a launch that arrives within the threshold before the tenant's hardware slice begins
+  // counts as started, a bias of about threshold / cycle per slice (before its turn, under
+  // cushare's turns, it waits at its closed gate: a wait).
   double start_epsilon_ns = 5'000;
   double start_epsilon_fraction = 0.5;
   // Without a solo latency in the baseline: this is the whole threshold.
   double default_start_threshold_ns = 100'000;
   // In turns, at least this (docs/probes.md, "The start threshold"): turns last 10 ms and more,
   // so a wait shorter than this is the holder's own (behind its running blocks), not another's
-  // turn; the bias it adds is about this over a turn's length.
+  // turn (a launch before its own turn waits at its gate and is a wait whatever its latency).
   double turns_min_start_threshold_ns = 500'000;
   uint32_t min_rounds = 10;  // fewer valid rounds: the estimate is given but not `enough`
 };

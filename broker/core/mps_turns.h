@@ -32,7 +32,6 @@ class MpsTurnsHold {
     }
     return on_;
   }
-  bool on() const { return on_; }
   // Whether a member takes the turns at this step: a client that would contend, taken while the
   // reasons hold, kept during the hold only if it was in turns at the last step.
   bool member(bool client, bool contends, bool wasIn) const {

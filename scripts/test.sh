@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what the build needs, builds once, runs every CTest test in
-# parallel. Tests need no GPU: they run on simgpu, the simulated GPU built here. Then the shim and
-# the unit tests again under ThreadSanitizer (the shim's atomics, its once-only start-up and the
-# ledger are where races would hide) and the broker's tests (its threads share the tenants' state);
-# NO_SANITIZERS=1 skips that stage. Last, the control socket's request decoder is fuzzed briefly
+# The whole test suite: installs what the build needs, builds once, runs every CTest test (in
+# parallel, then the `timing` ones one at a time: scripts/run-tests.sh). Tests need no GPU: they
+# run on simgpu, the simulated GPU built here. Then the shim and the unit tests again under
+# ThreadSanitizer (the shim's atomics, its once-only start-up and the ledger are where races would
+# hide) and the broker's tests (its threads share the tenants' state); NO_SANITIZERS=1 skips that
+# stage. Last, the control socket's request decoder is fuzzed briefly
 # with libFuzzer (scripts/fuzz.sh; FUZZ_SECONDS, default 20; 0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
-(cd build && ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@")
+# Two stages: the parallel one, then the tests that judge time one at a time (scripts/run-tests.sh).
+scripts/run-tests.sh build "$@"
 
 if [ "${NO_SANITIZERS:-0}" != 1 ]; then
   echo "== ThreadSanitizer: unit, shim and broker tests"

@@ -250,6 +250,7 @@ void Broker::ownLocked(TenantState* t) {
     noteError(t, err);
     return;
   }
+  t->owner = want;  // the tenant's other files (its probe file) go to the same user
   if (changed)
     CUSHARE_BLOG(warn, "tenant {}: {} given mode {}{} (it had another group or mode)", t->name, t->ledger->path(),
                  t->config.gid ? "0660" : "0600", gid >= 0 ? " and group " + std::to_string(gid) : "");

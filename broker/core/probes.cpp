@@ -48,20 +48,31 @@ void ProbeScheduler::forget(const std::string& tenant) {
   if (it == fds_.end()) return;
   if (it->second >= 0) ::close(it->second);
   fds_.erase(it);
+  made_.erase(tenant);
   ::unlink((ledgerDir_ + "/" + tenant + ".probe").c_str());
 }
 
 // The tenant's probe file: created (owner, group and mode of its ledger) with a valid header if
-// missing; one that is not a plain file of the broker's or the tenant's user with one link is
-// replaced. Kept open.
+// missing; one that is not a plain file with one link, the owner, group and mode the tenant's
+// ledger has now and a valid header is replaced (a file of the tenant's former user, or of the
+// broker's before a tenant's uid was configured, is useless to the tenant or writable by someone
+// else). Kept open; made anew when the tenant's owner, group or mode change.
 int ProbeScheduler::fileFor(const ProbeTenant& t) {
-  if (const auto it = fds_.find(t.name); it != fds_.end()) return it->second;
+  const bool asRoot = geteuid() == 0;
+  const uid_t owner = asRoot ? t.owner : geteuid();  // only root can give a file away
+  if (const auto it = fds_.find(t.name); it != fds_.end()) {
+    const auto made = made_.find(t.name);
+    if (made != made_.end() && made->second == std::make_tuple(owner, t.gid, t.mode)) return it->second;
+    if (it->second >= 0) ::close(it->second);
+    fds_.erase(it);
+  }
   const std::string path = ledgerDir_ + "/" + t.name + ".probe";
   int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   struct stat st{};
   probe::ProbeFileHeader have{};
-  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
-                  (st.st_uid != geteuid() && st.st_uid != t.owner) ||
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != owner ||
+                  (asRoot && t.gid >= 0 && st.st_gid != static_cast<gid_t>(t.gid)) ||
+                  (st.st_mode & 07777) != t.mode ||
                   st.st_size != static_cast<off_t>(probe::kProbeFileBytes) ||
                   ::pread(fd, &have, sizeof have, 0) != static_cast<ssize_t>(sizeof have) ||
                   have.magic != probe::kProbeFileMagic || have.version != probe::kProbeFileVersion ||
@@ -86,7 +97,7 @@ int ProbeScheduler::fileFor(const ProbeTenant& t) {
     h.max_records = probe::kProbeFileMaxRecords;
     const bool ok = ::ftruncate(fd, static_cast<off_t>(probe::kProbeFileBytes)) == 0 &&
                     ::pwrite(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) &&
-                    (geteuid() != 0 || ::fchown(fd, t.owner, static_cast<gid_t>(t.gid)) == 0) &&
+                    (!asRoot || ::fchown(fd, t.owner, static_cast<gid_t>(t.gid)) == 0) &&
                     ::fchmod(fd, t.mode) == 0;
     if (!ok) {
       if (warned_.insert(t.name).second)
@@ -98,6 +109,7 @@ int ProbeScheduler::fileFor(const ProbeTenant& t) {
   }
   warned_.erase(t.name);
   fds_[t.name] = fd;
+  made_[t.name] = std::make_tuple(owner, t.gid, t.mode);
   return fd;
 }
 

@@ -19,6 +19,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "config/config.h"
@@ -103,6 +104,7 @@ class ProbeScheduler {
   std::string ledgerDir_;
   std::vector<Device> devices_;
   std::map<std::string, int> fds_;
+  std::map<std::string, std::tuple<uid_t, int, mode_t>> made_;  // owner, group, mode fds_ were made for
   std::set<std::string> warned_;  // tenants whose probe file could not be made (said once)
   uint32_t seq_ = 0;
   std::mt19937_64 rng_;

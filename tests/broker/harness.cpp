@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -290,6 +291,33 @@ Child Broker::tenantProcessWith(const std::vector<std::string>& wrapper, const s
   if (first != nullptr) *first = line;
   else EXPECT_EQ(line, "ready") << "tenant " << tenant << ": see " << dir_ << "/tenants.log";
   return c;
+}
+
+UidTenants::UidTenants() {
+  // Laid out as installed: the shim, its probes in cushare/ beside it, simgpu's libcuda in simgpu/.
+  const std::string lib = std::filesystem::path(SHIM_LIB).parent_path().string();
+  shim_ = stage_.copy(SHIM_LIB, "lib/libcushare.so");
+  stage_.copy(lib + "/cushare", "lib/cushare");
+  lib_ = stage_.copy(lib + "/simgpu", "lib/simgpu");
+  // simgpu's kernel cost table, read by each process (it lies in the source tree).
+  if (const char* costs = std::getenv("SIMGPU_KERNEL_COSTS"); costs != nullptr && *costs != '\0')
+    costs_ = stage_.copy(costs, "kernel.costs");
+}
+
+Child UidTenants::spawn(uid_t uid, const std::string& program, Broker& b, const std::string& tenant,
+                        const std::map<std::string, std::string>& env) {
+  std::string& staged = programs_[program];
+  if (staged.empty()) staged = stage_.copy(program, "bin/" + std::filesystem::path(program).filename().string());
+  std::map<std::string, std::string> e = {{"LD_PRELOAD", shim_},
+                                          {"LD_LIBRARY_PATH", lib_},
+                                          {"CUSHARE_TENANT", tenant},
+                                          {"CUSHARE_LEDGER_DIR", b.ledgerDir()},
+                                          {"CUSHARE_LOG_LEVEL", "warn"}};
+  if (!costs_.empty()) e["SIMGPU_KERNEL_COSTS"] = costs_;
+  for (const auto& [k, v] : env) e[k] = v;
+  const std::string id = std::to_string(uid);
+  return Child::spawn({"/usr/bin/setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups", staged}, e,
+                      b.dir() + "/tenants.log");
 }
 
 int connectUnix(const std::string& path) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "control.pb.h"
+#include "user_stage.h"
 
 namespace cushare::test {
 
@@ -106,6 +107,26 @@ class Broker {
 
   std::string dir_;
   Child proc_;
+};
+
+// Tenant processes on uids of their own, as docs/security.md deploys them (the suite runs as
+// root). The program, the shim with its probes and simgpu's driver libraries are staged where any
+// user can read them (UserStage: the checkout may lie where other users cannot enter), and each
+// process starts through setpriv as that uid (its group the same number, no other groups). Files
+// the test's environment names that a tenant reads (SIMGPU_KERNEL_COSTS) are staged too.
+class UidTenants {
+ public:
+  UidTenants();
+  // Stages program (once) and starts it as uid under the staged shim: env adds to the tenant's
+  // variables (CUSHARE_TENANT, CUSHARE_LEDGER_DIR of b); its stderr goes to b.dir()/tenants.log.
+  Child spawn(uid_t uid, const std::string& program, Broker& b, const std::string& tenant,
+              const std::map<std::string, std::string>& env = {});
+  const UserStage& stage() const { return stage_; }
+
+ private:
+  UserStage stage_;
+  std::string shim_, lib_, costs_;
+  std::map<std::string, std::string> programs_;  // build path -> staged path
 };
 
 // Waits up to ms for pred (polled every 50 ms); its last answer.

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -392,6 +393,38 @@ TEST(Probe, TimeSlicingMeasuredWithinSevenPoints) {
                       "tenants:\n  - {name: a}\n  - {name: c}\n"));
   probesMatchSimgpu(b, {"a", "c"},
                     [&] { EXPECT_EQ(b.tenant("a").devices(0).probe().regime(), "time-sliced"); });
+}
+
+// Probes with tenants on uids of their own, as docs/security.md deploys them: each tenant's probe
+// file belongs to its tenant's user (mode 0600, as its ledger), so its processes answer rounds.
+// It was created root:root 0600 (the broker never learnt a configured tenant's user), every tenant
+// process got "Permission denied" and `cushare probe` showed nothing; tests ran tenants as root.
+TEST(Uids, ProbesAnswerTenantsOnTheirOwnUids) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run tenants as uids 1000 and 1001";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("probes: {interval_ms: 20, window_s: 600, kinds: [tick]}\n"
+                      "tenants:\n  - {name: a, thread_percentage: 30, uid: 1000}\n"
+                      "  - {name: c, thread_percentage: 70, uid: 1001}\n"));
+  UidTenants users;
+  ASSERT_TRUE(UserStage::reachable(b.ledgerDir() + "/a.ledger", 1000))
+      << "uid 1000 cannot read its ledger " << b.ledgerDir() << "/a.ledger: a directory on its way is private";
+  Child a = users.spawn(1000, COMPUTE_WORKER, b, "a"), c = users.spawn(1001, COMPUTE_WORKER, b, "c");
+  ASSERT_EQ(a.readLine(), "ready") << "see " << b.dir() << "/tenants.log";
+  ASSERT_EQ(c.readLine(), "ready") << "see " << b.dir() << "/tenants.log";
+  a.send("run 4000 2000");
+  c.send("run 4000 2000");
+  for (const auto& [tenant, uid] : {std::pair{"a", 1000}, std::pair{"c", 1001}}) {
+    struct stat st{};
+    ASSERT_TRUE(eventually([&] { return ::stat((b.ledgerDir() + "/" + tenant + ".probe").c_str(), &st) == 0; }));
+    EXPECT_EQ(st.st_uid, static_cast<uid_t>(uid)) << tenant << "'s probe file";
+    EXPECT_EQ(st.st_mode & 07777, 0600u) << tenant << "'s probe file";
+    // Rounds with work answered with records: a share, from the tenant's own process.
+    rpc::ProbeShare p;
+    EXPECT_TRUE(eventually([&] { return probeShareOn0(b, tenant, &p) > 0 && p.rounds_with_work() >= 10; }, 3500))
+        << tenant << ": no probe answers from a tenant on uid " << uid << "; last error: " << p.last_error();
+    EXPECT_GT(p.rounds_with_work(), p.missing()) << tenant;
+  }
+  finish({&a, &c});
 }
 
 // The newest answer in a tenant's probe file (docs/probes.md, "The probe file"): its status, its

@@ -21,15 +21,18 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "mps_table.h"
+#include "user_stage.h"
 #include "simgpu/nvml.h"
 #include "timeslice_board.h"
 
@@ -220,7 +224,8 @@ class Mps : public ::testing::Test {
     ASSERT_GT(daemonPid_, 0);
   }
 
-  Child& spawn(const std::vector<std::string>& env = {}, uid_t uid = 0) {
+  // A client: this program again (or its staged copy, for another uid: see UserStage).
+  Child& spawn(const std::vector<std::string>& env = {}, uid_t uid = 0, const std::string& exe = "/proc/self/exe") {
     int rep[2], ctl[2];
     EXPECT_EQ(pipe2(rep, O_CLOEXEC), 0);
     EXPECT_EQ(pipe2(ctl, O_CLOEXEC), 0);
@@ -229,8 +234,8 @@ class Mps : public ::testing::Test {
       dup2(rep[1], kReportFd);
       dup2(ctl[0], kControlFd);
       for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-      if (uid != 0 && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(126);
-      execl("/proc/self/exe", "mps_child", "--child", static_cast<char*>(nullptr));
+      if (uid != 0 && (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0)) _exit(126);
+      execl(exe.c_str(), "mps_child", "--child", static_cast<char*>(nullptr));
       _exit(127);
     }
     ::close(rep[1]);
@@ -350,6 +355,7 @@ class Mps : public ::testing::Test {
   std::string root_, pipe_, log_;
   bool started_ = false;
   std::string controlPath_ = kBin + "/nvidia-cuda-mps-control";
+  std::unique_ptr<cushare::test::UserStage> stage_;  // programs another uid runs (if any)
   pid_t daemonPid_ = 0;  // our descendant: this test is its subreaper
   std::vector<Child> children_;  // reserved so references stay valid
  public:
@@ -615,11 +621,23 @@ TEST_F(Mps, AServerThatCannotStartRefusesItsClientsInsteadOfRespawning) {
 
 TEST_F(Mps, AClientOfAnotherUserWaitsUntilTheServersClientsExit) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as uid 1000";
-  startDaemon();
-  Child& root = spawn();
+  // uid 1000 runs the client and its server: both from a stage it can read, since the checkout
+  // may lie where it cannot enter (a 0700 directory); the daemon too, which starts the server
+  // from beside itself.
+  stage_ = std::make_unique<cushare::test::UserStage>();  // kept until TearDown has quit the daemon
+  const std::string lib = stage_->copy(std::filesystem::path(kBin).parent_path().string(), "simgpu");
+  const std::string exe = stage_->copy("/proc/self/exe", "mps_child");
+  const std::string libPath = "LD_LIBRARY_PATH=" + lib;
+  controlPath_ = lib + "/bin/nvidia-cuda-mps-control";
+  startDaemon({libPath});
+  Child& root = spawn({libPath});
   ASSERT_EQ(line(root), "attached 0 132");
+  const char* state = std::getenv("SIMGPU_STATE_DIR");
+  ASSERT_TRUE(state == nullptr || cushare::test::UserStage::reachable(std::string(state) + "/.", 1000))
+      << "uid 1000 cannot reach the simulated host's state " << state << " (a directory on its way is private)";
+  ASSERT_TRUE(cushare::test::UserStage::reachable(pipe_ + "/.", 1000)) << "uid 1000 cannot reach " << pipe_;
   const std::string first = serverPid();
-  Child& user = spawn({}, 1000);
+  Child& user = spawn({libPath}, 1000, exe);
   EXPECT_TRUE(waitFor([&] {
     return logHas("control.log", "NEW CLIENT " + std::to_string(user.pid) +
                                      " from user 1000: Server is not ready, push client to pending list");

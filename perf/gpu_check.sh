@@ -12,7 +12,7 @@
 # reported ("FAILED"), counted, and the next one runs; MPS daemons started here are quit on exit,
 # also after a failure, or after INT or TERM once the program then running has ended (a daemon a
 # killed run left behind is quit by the next run, whose pipe directories are the same).
-# GPU_CHECK_STEPS (default "1 2 3 4 5") picks the steps below, for a rerun of one of them.
+# GPU_CHECK_STEPS (default "1 2 3 4 5 6") picks the steps below, for a rerun of one of them.
 # GPU_CHECK_DRY_RUN=1 runs every step with simgpu standing in for the driver too (ctest
 # gpu_check_dry_run), so the script itself is tested without a GPU.
 #
@@ -36,6 +36,9 @@
 #    exited (perf/vmm_export_probe; the broker's left-behind charge relies on it).
 # 5. The demo's tenant program (examples/tenant/busy_for: a PTX kernel spinning on %globaltimer)
 #    alone: about 100 % of the device's time each second.
+# 6. NVML's per-process utilization as the broker reads it to check what tenants meter
+#    (perf/process_util_probe beside a saturating hog): the driver's sampling period and how much
+#    of the hog's time the samples add up to (docs/simgpu.md, "NVML").
 # Exits 1 if a comparison differs, the shim did not enforce its limit, a program failed or an MPS
 # daemon did not quit; 2 if it could not run.
 # Changes nothing on the host: the shim's ledger, simgpu's state and the MPS daemons' pipe
@@ -48,7 +51,7 @@ out=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$out" || exit 2
 dry=${GPU_CHECK_DRY_RUN:-0}
 T=${GPU_CHECK_STEP_TIMEOUT:-60}
-steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5} "
+steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5 6} "
 
 main() {
   exec 3>&1  # the log, also from within $(...) whose output is captured (guarded's FAILED lines)
@@ -77,7 +80,7 @@ main() {
   simlib="$build/lib/simgpu"
   deps="$build/lib/deps"  # libraries the staged shim needs that a GPU image may lack (gpu_check_stage.sh)
   local f missing=0
-  for f in "$probe" "$shim" "$fatbin" "$simlib/libcuda.so.1" "$simlib/libnvidia-ml.so.1" \
+  for f in "$probe" "$perfdir/process_util_probe" "$shim" "$fatbin" "$simlib/libcuda.so.1" "$simlib/libnvidia-ml.so.1" \
            "$simlib/bin/nvidia-cuda-mps-control" "$simlib/bin/nvidia-cuda-mps-server" "$perfdir/timeslice_probe" \
            "$perfdir/event_resolution" "$perfdir/mps_sm_probe" "$perfdir/vmm_export_probe" "$perfdir/probe_check" "$busy"; do
     [ -e "$f" ] || { echo "gpu_check: missing $f"; missing=1; }
@@ -144,6 +147,7 @@ main() {
   fi
   [[ "$steps" == *" 4 "* ]] && step_vmm
   [[ "$steps" == *" 5 "* ]] && step_busy_for
+  [[ "$steps" == *" 6 "* ]] && step_process_util
 
   local failed
   failed=$(wc -l <"$tmp/failures")
@@ -158,6 +162,8 @@ main() {
 guarded() {
   timeout -k 5 "$T" "$@"
   local rc=$?
+  # A hog (start_hog) ends by hog_done's TERM once what ran beside it is measured.
+  if [ "${GPU_CHECK_HOG:-0}" = 1 ] && [ "$rc" = 143 ]; then return 0; fi
   if [ "$rc" != 0 ]; then
     echo "gpu_check: FAILED (exit $rc$([ "$rc" = 124 ] && echo ", timed out after $T s")): ${*: -5}" >&3
     echo "$rc" >>"$tmp/failures"
@@ -308,11 +314,13 @@ step_device_time() {
   two_probes simt 500 | sed 's/^/simgpu (500 us kernels): /'
 }
 
-# Starts a hog of 12 s in the background (its pid in $hog) and gives it time to start (2 s on the
-# driver, 1 s on simgpu). hog_done says whether it ran through what was measured beside it.
+# Starts a hog in the background (its runner's pid in $hog) and gives it time to start (2 s on the
+# driver, 1 s on simgpu). Its command runs for longer than anything measured beside it (30 s):
+# hog_done checks that it still runs, so what was measured ran beside it however slow the host,
+# then ends it (TERM) and waits for it.
 start_hog() {  # $1: driver|simgpu, rest: the command
   local side=$1; shift
-  "$@" >/dev/null 2>&1 &
+  GPU_CHECK_HOG=1 "$@" >/dev/null 2>&1 &
   hog=$!
   if [ "$side" = driver ] && [ "$dry" != 1 ]; then sleep 2; else sleep 1; fi
 }
@@ -321,6 +329,7 @@ hog_done() {  # $1: what was measured beside it
     echo "gpu_check: FAILED: the hog ended before $1 did: not measured beside it"
     echo hog >>"$tmp/failures"
   fi
+  pkill -TERM -P "$hog" timeout 2>/dev/null
   wait "$hog"
 }
 
@@ -368,7 +377,7 @@ step_mps() {
   for side in driver simgpu; do
     if [ "$side" = driver ]; then runner=real_mps; else runner=sim_mps; fi
     $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 3 "$side-mps-alone" 2>&1
-    start_hog "$side" $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/timeslice_probe" 12 1000 fill
+    start_hog "$side" $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/timeslice_probe" 30 1000 fill
     $runner env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$perfdir/probe_check" "$fatbin" 10 "$side-mps-hog" 2>&1
     hog_done "$side-mps-hog"
   done
@@ -383,11 +392,11 @@ step_probes() {
   echo "   mem 4.8 TB/s split per SM, no launch latency; launch_to_start is the tick probe's (launched first);"
   echo "   on the driver read rt if %globaltimer counts from the Unix epoch, else compare rounds)"
   nomps "$perfdir/probe_check" "$fatbin" 5 driver-alone 2>&1
-  start_hog driver nomps "$perfdir/timeslice_probe" 12 1000
+  start_hog driver nomps "$perfdir/timeslice_probe" 30 1000
   nomps "$perfdir/probe_check" "$fatbin" 10 driver-hog 2>&1
   hog_done driver-hog
   simt "$perfdir/probe_check" "$fatbin" 3 simgpu-alone 2>&1
-  start_hog simgpu simt "$perfdir/timeslice_probe" 12 1000
+  start_hog simgpu simt "$perfdir/timeslice_probe" 30 1000
   simt "$perfdir/probe_check" "$fatbin" 10 simgpu-hog 2>&1
   hog_done simgpu-hog
 }
@@ -404,6 +413,19 @@ step_busy_for() {
   echo "== 5. the demo's busy_for alone (a PTX kernel spinning on %globaltimer: about 100 % each second)"
   nomps "$busy" --seconds 2 --name driver 2>&1
   simt "$busy" --seconds 2 --name simgpu 2>&1
+}
+
+step_process_util() {
+  echo "== 6. NVML per-process utilization beside a saturating hog (1 ms kernels), polled every 50 ms"
+  echo "   (the broker bills the larger of what a tenant metered and what these samples add up to;"
+  echo "   simgpu: one sample per process per query, over the period since the previous one; the"
+  echo "   driver's period is what period_us shows, busy_fraction should be near 1)"
+  start_hog driver nomps "$perfdir/timeslice_probe" 30 1000
+  nomps "$perfdir/process_util_probe" 3 50 driver-util 2>&1
+  hog_done driver-util
+  start_hog simgpu simt "$perfdir/timeslice_probe" 30 1000
+  simt "$perfdir/process_util_probe" 3 50 simgpu-util 2>&1
+  hog_done simgpu-util
 }
 
 # The log outlives a signal to the whole group (INT, TERM): it records the cleanup too.

@@ -391,8 +391,10 @@ void Broker::refuseUnknownLocked(const std::string& name, const std::string& fil
                                  const std::string& why) {
   refused_[file] = static_cast<uint64_t>(st.st_ino);
   ++unknownRefused_;
-  CUSHARE_BLOG(warn, "ledger {} (uid {}): refused, {}; not adopted (its processes get no memory) until the "
-               "file is removed", file, st.st_uid, why);
+  // Any user who may write the ledger directory can cause this line: within a budget.
+  if (std::string more; refusedLog_.allow(&more))
+    CUSHARE_BLOG(warn, "ledger {} (uid {}): refused, {}; not adopted (its processes get no memory) until the "
+                 "file is removed{}", file, st.st_uid, why, more);
   if (file != name + kLedgerSuffix) return;
   // The shim created it with the unknown-tenant profile's limit: set every device to 0, once,
   // through a descriptor held only for this.
@@ -941,6 +943,7 @@ BrokerSnapshot Broker::snapshot() {
   s.reapedProcesses = reaped_;
   s.reloadsRefused = reloadsRefused_;
   s.ledgersRefused = unknownRefused_;
+  s.logLinesDropped = gLogLinesDropped.load(std::memory_order_relaxed);
   s.mps = mps_;
   for (const DeviceInfo& d : devices_) s.devices.push_back({d.ordinal, d.uuid, d.totalBytes, 0});
   auto add = [&](TenantState& t) {
@@ -967,6 +970,9 @@ int Broker::tick(bool scanDirectory) {
   std::vector<uint64_t> deviceUsed;
   std::string err;
   const bool device = processMemory(devices_.size(), &onDevice, &err, &deviceUsed);
+  std::vector<std::map<int, uint64_t>> deviceBusy;
+  std::string busyErr;
+  const bool busyRead = device && busyReader_.read(devices_.size(), &deviceBusy, &busyErr);
   std::vector<std::string> busy;
   int reaped = 0;
   {
@@ -979,6 +985,11 @@ int Broker::tick(bool scanDirectory) {
     if (device) {
       attributeLocked(onDevice);
       checkLeftBehindLocked(onDevice, deviceUsed);
+      if (!busyRead && busyError_ != busyErr)
+        CUSHARE_BLOG(error, "the device's per-process busy time cannot be read, metering is not checked against it: {}",
+                     busyErr);
+      busyError_ = busyRead ? "" : busyErr;
+      if (busyRead) checkBusyLocked(deviceBusy);
     }
     reaped = tickLocked(scanDirectory, &busy);
     mpsClientsLocked();

@@ -43,6 +43,8 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/devices.h"
+#include "core/log_limit.h"
 #include "core/overrides.h"
 #include "core/snapshot.h"
 #include "cushare/ledger.h"
@@ -175,6 +177,16 @@ class Broker {
     std::vector<uint64_t> hiddenCharge;   // per ledger entry: the hidden part of the charge slot
     std::vector<uint64_t> leftBehind;     // per device: memory its exited processes left (left_behind.cpp)
     std::map<std::string, uint64_t> tamper;  // kind -> count (see TenantSnapshot::tamper)
+    // busy_check.cpp: per device, the busy time the device counted for the tenant's processes
+    // (ns, monotone; the scheduler bills the larger of it and what they metered), and the window
+    // that compares the two.
+    std::vector<uint64_t> deviceBusy;
+    struct BusyWindow {
+      uint64_t startNs = 0, metered = 0, device = 0;  // at the window's start (monotonic ns)
+      int short_ = 0;         // consecutive windows that metered far less than the device counted
+      bool flagged = false;   // warned and counted as tampering; cleared by a window that agrees
+    };
+    std::vector<BusyWindow> busyWindows;
     std::map<int32_t, uint64_t> keptPids; // slot pid -> times kept although its lock was free
     int links = 1;                        // hard links of the ledger file, last seen
     // Under the broker's MPS (compute.cpp, mpsClientsLocked): per device, every live process of
@@ -266,6 +278,9 @@ class Broker {
                          const std::map<std::string, ShownSums>& before,
                          const std::map<std::string, ShownSums>& after);
   void attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevice);
+  // busy_check.cpp: the device's per-process busy time (NVML) added to each attributed process's
+  // tenant, and each tenant's metering compared with it.
+  void checkBusyLocked(const std::vector<std::map<int, uint64_t>>& busy);
   // left_behind.cpp: memory exited processes left on the device (exported VMM descriptors).
   void checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
                              const std::vector<uint64_t>& deviceUsed);
@@ -324,6 +339,10 @@ class Broker {
   // file name -> inode, forgotten when the file goes.
   std::map<std::string, uint64_t> refused_;
   uint64_t unknownRefused_ = 0;   // counter: unknown-tenant ledgers refused (caps)
+  // Lines other users can cause at will (log_limit.h): refused ledger files, GPU processes that
+  // are no tenant's. 20 at once, then one every 6 s each.
+  LogLimit refusedLog_{20, std::chrono::milliseconds(6000)};
+  LogLimit strangersLog_{20, std::chrono::milliseconds(6000)};
   BrokerState state_;             // as last written to the state file
   bool stateDirty_ = false;       // the state file is behind (a shadow came or went)
   bool unknownFull_ = false;      // the host segment offers new unknown tenants nothing (caps reached)
@@ -334,6 +353,8 @@ class Broker {
   std::map<int, DeviceProcess> deviceProcesses_;  // host pid -> (the device's processes only)
   uint64_t ticks_ = 0;
   std::string deviceError_;  // the device's per-process accounting could not be read (logged once)
+  std::string busyError_;    // the device's per-process busy time could not be read (logged once)
+  ProcessBusyReader busyReader_;  // used by tick() only (the reaper's thread), outside mu_
   std::shared_ptr<ComputeState> compute_;  // compute.cpp; created by the first computeTick
   std::unique_ptr<ProbeScheduler> probes_;  // probes.cpp; created by the first computeTick
 };

@@ -97,7 +97,12 @@ struct Broker::ComputeState {
   };
   struct TenantDevice {
     bool seen = false;
-    uint64_t busyTotal = 0, throttledTotal = 0;  // monotone, since the broker started
+    // Busy time, monotone since the broker started: what the tenant's processes metered (their
+    // slots, clamped), what the device itself counted for them (NVML's per-process utilization,
+    // the tick's cross-check: busy_check.cpp), and what the tenant is charged and billed, the
+    // larger of the two (a tenant cannot meter its way below the device's count).
+    uint64_t metered = 0, device = 0, deviceBase = 0;
+    uint64_t busyTotal = 0, throttledTotal = 0;
     std::array<Slot, kLedgerMaxSlots> slots{};
     int64_t credit = 0;  // ns of device time left this period (negative: debt)
     uint64_t busyStep = 0;  // busy time metered in this step
@@ -204,6 +209,8 @@ void Broker::computeSnapshotLocked(const std::string& tenant, size_t device, Ten
   const auto it = compute_->tenants.find(tenant);
   if (it == compute_->tenants.end() || device >= it->second.size()) return;
   out->busyNs = it->second[device].busyTotal;
+  out->meteredBusyNs = it->second[device].metered;
+  out->deviceBusyNs = it->second[device].device;
   out->throttledNs = it->second[device].throttledTotal;
   out->paced = it->second[device].paced;
   out->contending = it->second[device].contending;
@@ -289,7 +296,7 @@ std::chrono::microseconds Broker::computeTick() {
               return x;
             };
             const uint64_t moved = take(busy, &last.busy);
-            td.busyTotal += moved;
+            td.metered += moved;
             td.throttledTotal += take(thr, &last.throttled);
             if (moved != 0) last.lastMove = now;
           } else {
@@ -322,6 +329,11 @@ std::chrono::microseconds Broker::computeTick() {
           if ((act & kActivityBlocked) && !last.ignoreBlocked) td.work = true;
         }
         if (td.work) td.lastWork = now;
+        // The device's own count (from the tick), from the step the tenant was first seen on.
+        const uint64_t counted = d < t.deviceBusy.size() ? t.deviceBusy[d] : 0;
+        if (!td.seen) td.deviceBase = counted;
+        td.device = counted - std::min(counted, td.deviceBase);
+        td.busyTotal = std::max({td.busyTotal, td.metered, td.device});
         if (td.suspect && td.busyTotal > td.suspectBusy) td.suspect = false;  // it ran: believed again
         td.seen = true;
         td.busyStep = td.busyTotal - busyBefore;

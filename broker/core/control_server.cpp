@@ -327,8 +327,8 @@ void ControlServer::onReadable(Connection& c) {
       // The client half-closed (or closed) before a whole request: tell it what was missing. A
       // client that sent nothing gets the same line but no log line (a probe, not an attack).
       const std::string why = c.reader.incompleteReason();
-      if (why.rfind("no message", 0) != 0)
-        CUSHARE_BLOG(warn, "control socket: malformed request from {}: {}", who(c.peer), why);
+      if (std::string more; why.rfind("no message", 0) != 0 && malformedLog_.allow(&more))
+        CUSHARE_BLOG(warn, "control socket: malformed request from {}: {}{}", who(c.peer), why, more);
       respond(c, rpc::frame(failure("malformed request: " + why)));
       if (!flush(c)) close(c.fd);
       return;
@@ -343,7 +343,8 @@ void ControlServer::onReadable(Connection& c) {
     rpc::Response resp;
     rpc::Request req;
     if (status == rpc::FrameReader::kError || !rpc::decodeRequest(c.reader.payload(), &req, &err)) {
-      CUSHARE_BLOG(warn, "control socket: malformed request from {}: {}", who(c.peer), err);
+      if (std::string more; malformedLog_.allow(&more))
+        CUSHARE_BLOG(warn, "control socket: malformed request from {}: {}{}", who(c.peer), err, more);
       resp = failure("malformed request: " + err);
     } else {
       resp = handle(broker_, reload_, req, c.peer);

@@ -20,6 +20,8 @@
 #include <string>
 #include <thread>
 
+#include "core/log_limit.h"
+
 namespace cushare::broker {
 
 class Broker;
@@ -51,6 +53,9 @@ class ControlServer {
   std::string path_;
   int listen_ = -1, epoll_ = -1, stop_ = -1;
   std::map<int, std::unique_ptr<Connection>> conns_;
+  // Any local user can send malformed requests: their lines within a budget (log_limit.h). Used
+  // by the server's thread only.
+  LogLimit malformedLog_{20, std::chrono::milliseconds(6000)};
   std::thread thread_;
 };
 

@@ -3,6 +3,8 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+
 #include "cushare/nvml_api.h"
 
 namespace cushare::broker {
@@ -25,6 +27,7 @@ struct Nvml {
   nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
   nvmlReturn_t (*compute)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;
   nvmlReturn_t (*mps)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;
+  nvmlReturn_t (*utilization)(nvmlDevice_t, nvmlProcessUtilizationSample_t*, unsigned*, unsigned long long) = nullptr;
   const char* (*errorString)(nvmlReturn_t) = nullptr;
 
   std::string describe(nvmlReturn_t r) const {
@@ -59,11 +62,9 @@ nvmlReturn_t addProcesses(nvmlReturn_t (*list)(nvmlDevice_t, unsigned*, nvmlProc
   }
 }
 
-}  // namespace
-
-bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
-                   std::vector<uint64_t>* deviceUsed) {
-  // Loaded and started once, never shut down: the broker asks every tick.
+// NVML for the broker's ticks: loaded and started once, never shut down (the broker asks every
+// tick). Null with *err when it cannot be loaded or started.
+const Nvml* tickNvml(std::string* err) {
   static Nvml n;
   static std::string loadError = [] {
     std::string e;
@@ -74,19 +75,44 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
         !bind(n.lib, "nvmlDeviceGetMemoryInfo", &n.memory, &e))
       return e;
     bind(n.lib, "nvmlDeviceGetMPSComputeRunningProcesses_v3", &n.mps, &e);  // optional: MPS clients
+    bind(n.lib, "nvmlDeviceGetProcessUtilization", &n.utilization, &e);   // optional: busy cross-check
     bind(n.lib, "nvmlErrorString", &n.errorString, &e);
     if (nvmlReturn_t r = n.init(); r != NVML_SUCCESS) return "NVML failed to start: " + n.describe(r);
     return std::string();
   }();
   if (!loadError.empty()) {
     *err = loadError;
-    return false;
+    return nullptr;
   }
+  return &n;
+}
+
+}  // namespace
+
+bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
+                   std::vector<uint64_t>* deviceUsed) {
+  const Nvml* nv = tickNvml(err);
+  if (nv == nullptr) return false;
+  const Nvml& n = *nv;
   std::vector<std::map<int, uint64_t>> result(devices);
   std::vector<uint64_t> used(devices, 0);
+  const auto readUsed = [&](nvmlDevice_t h, size_t i, uint64_t* out) {
+    nvmlMemory_t m{};
+    const nvmlReturn_t r = n.memory(h, &m);
+    if (r != NVML_SUCCESS) *err = "NVML cannot read the memory of device " + std::to_string(i) + ": " + n.describe(r);
+    *out = m.used;
+    return r == NVML_SUCCESS;
+  };
   for (size_t i = 0; i < devices; ++i) {
     nvmlDevice_t h;
     nvmlReturn_t r = n.handle(static_cast<unsigned>(i), &h);
+    // The device's total is read before and after its process lists, and the smaller kept: the
+    // lists and the total cannot be read at one instant, and a process allocating between the
+    // list and a later total would show as memory no process holds (left_behind.cpp would charge
+    // it to whoever exited then). With the smaller of the two, an allocation or a free between
+    // the reads can only lower "the total minus the processes", never raise it.
+    uint64_t before = 0, after = 0;
+    if (r == NVML_SUCCESS && deviceUsed != nullptr && !readUsed(h, i, &before)) return false;
     if (r == NVML_SUCCESS) r = addProcesses(n.compute, h, &result[i]);
     if (r == NVML_SUCCESS && n.mps != nullptr) r = addProcesses(n.mps, h, &result[i]);
     if (r != NVML_SUCCESS) {
@@ -94,17 +120,68 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
       return false;
     }
     if (deviceUsed != nullptr) {
-      nvmlMemory_t m{};
-      r = n.memory(h, &m);
-      if (r != NVML_SUCCESS) {
-        *err = "NVML cannot read the memory of device " + std::to_string(i) + ": " + n.describe(r);
-        return false;
-      }
-      used[i] = m.used;
+      if (!readUsed(h, i, &after)) return false;
+      used[i] = std::min(before, after);
     }
   }
   *out = std::move(result);
   if (deviceUsed != nullptr) *deviceUsed = std::move(used);
+  return true;
+}
+
+bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err) {
+  const Nvml* nv = tickNvml(err);
+  if (nv == nullptr) return false;
+  if (nv->utilization == nullptr) {
+    *err = "NVML has no nvmlDeviceGetProcessUtilization";
+    return false;
+  }
+  lastSeenUs_.resize(devices, 0);
+  lastSampleUs_.resize(devices);
+  std::vector<std::map<int, uint64_t>> result(devices);
+  std::vector<nvmlProcessUtilizationSample_t> samples(64);
+  for (size_t i = 0; i < devices; ++i) {
+    nvmlDevice_t h;
+    nvmlReturn_t r = nv->handle(static_cast<unsigned>(i), &h);
+    unsigned n = 0;
+    while (r == NVML_SUCCESS) {
+      n = static_cast<unsigned>(samples.size());
+      r = nv->utilization(h, samples.data(), &n, lastSeenUs_[i]);
+      if (r != NVML_ERROR_INSUFFICIENT_SIZE || n <= samples.size()) break;
+      samples.resize(n + 16);
+      r = NVML_SUCCESS;
+    }
+    if (r == NVML_ERROR_NOT_FOUND) n = 0;  // no sample newer than the last one seen
+    else if (r != NVML_SUCCESS) {
+      *err = "NVML cannot read the per-process utilization of device " + std::to_string(i) + ": " + nv->describe(r);
+      return false;
+    }
+    n = std::min<unsigned>(n, static_cast<unsigned>(samples.size()));
+    std::sort(samples.begin(), samples.begin() + n, [](const auto& a, const auto& b) {
+      return a.pid != b.pid ? a.pid < b.pid : a.timeStamp < b.timeStamp;
+    });
+    // A sample's smUtil is the percent of its sampling period, which ends at its timestamp and
+    // began at the process's previous sample: a process's first sample only starts its count.
+    std::map<int, uint64_t>& last = lastSampleUs_[i];
+    std::map<int, uint64_t> seen;
+    for (unsigned k = 0; k < n; ++k) {
+      const nvmlProcessUtilizationSample_t& x = samples[k];
+      const int pid = static_cast<int>(x.pid);
+      const auto prev = last.find(pid);
+      if (prev != last.end() && x.timeStamp > prev->second && x.smUtil <= 100) {
+        const uint64_t periodUs = std::min<uint64_t>(x.timeStamp - prev->second, kMaxSamplePeriodUs);
+        result[i][pid] += periodUs * 1000 * x.smUtil / 100;
+      }
+      if (prev == last.end() || x.timeStamp > prev->second) seen[pid] = x.timeStamp;
+      lastSeenUs_[i] = std::max<uint64_t>(lastSeenUs_[i], x.timeStamp);
+    }
+    // Processes without a sample this time keep theirs (a sampling period may end later); gone
+    // ones are dropped once NVML lists them no more for a while.
+    for (const auto& [pid, ts] : seen) last[pid] = ts;
+    for (auto it = last.begin(); it != last.end();)
+      it = lastSeenUs_[i] > it->second + kForgetAfterUs ? last.erase(it) : std::next(it);
+  }
+  *out = std::move(result);
   return true;
 }
 

@@ -136,11 +136,12 @@ void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevic
     const bool viaFormer = i < 0;
     if (viaFormer) i = mappedFileOf(pid, formerFiles.data(), formerFiles.size());
     if (i < 0) {
-      if (first)
+      // Any user of the host can start GPU processes: within a budget.
+      if (std::string more; first && strangersLog_.allow(&more))
         CUSHARE_BLOG(info,
                      "process {} holds device memory and maps no tenant's ledger: not a cushare "
-                     "tenant's process",
-                     pid);
+                     "tenant's process{}",
+                     pid, more);
       continue;
     }
     const size_t k = static_cast<size_t>(i);

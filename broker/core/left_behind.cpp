@@ -13,9 +13,12 @@
 // that lived less than a tick, which NVML's list may never have shown, and processes of the
 // tenant that zeroed their slot.
 //
-// Every tick, per device: U = NVML used - the sum of the processes' used; smoothed as the smallest
-// of the last three ticks (a read skew between the process list and the device total, from a
-// process allocating or freeing between them, lasts one tick). U is explained as base (memory no
+// Every tick, per device: U = NVML used - the sum of the processes' used, with NVML used the
+// smaller of two reads, before and after the process list (processMemory: a process allocating
+// between the list and a later total would raise U; with the smaller total a change between the
+// reads only lowers it. Before, honest churners allocating through three ticks in a row were
+// charged to tenants whose processes exited then: Reaping.SimultaneousKillsUnderLoadLeakNothing,
+// 4 MiB, in a flake hunt); smoothed as the smallest of the last three ticks. U is explained as base (memory no
 // tenant left: the driver's own reservations, other programs' orphans) plus what is charged to
 // tenants. When processes exit, their tick opens a pending decision; three ticks later the rise of
 // smoothed U over what is explained is charged to the exited processes' tenants and logged:

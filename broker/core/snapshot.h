@@ -34,7 +34,10 @@ struct TenantDeviceSnapshot {
   uint64_t leftBehind = 0;    // bytes its exited processes left on the device (exported memory),
                               // charged by the broker (included in used)
   // Compute (docs/compute.md): counters since the broker started, never going back.
-  uint64_t busyNs = 0;        // GPU time the tenant's work executed (its processes' markers)
+  uint64_t busyNs = 0;        // GPU time the tenant is charged and billed: the larger of
+                              // meteredBusyNs and deviceBusyNs
+  uint64_t meteredBusyNs = 0; // GPU time the tenant's processes metered (events or CUPTI)
+  uint64_t deviceBusyNs = 0;  // GPU time the device counted for the tenant's processes (NVML)
   uint64_t throttledNs = 0;   // time its launches waited at the closed gate
   bool paced = false;         // the scheduler gates the tenant's launches on this device now
   // Fair share (docs/compute.md): the tenant contends on the device (it had work lately, beside
@@ -135,6 +138,7 @@ struct BrokerSnapshot {
   uint64_t reapedProcesses = 0;    // dead processes whose usage the broker returned (counter)
   uint64_t reloadsRefused = 0;     // counter
   uint64_t ledgersRefused = 0;     // counter: ledger files not adopted (unknown-tenant caps, unknown renamed files)
+  uint64_t logLinesDropped = 0;    // counter: log lines other users caused beyond their budget (log_limit.h)
   MpsSnapshot mps;                 // mode "off" and not active when the broker runs no MPS
 };
 

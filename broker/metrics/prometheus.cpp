@@ -105,6 +105,11 @@ void renderBroker(const BrokerSnapshot& s, Writer& w) {
            "Ledger files the broker refused to adopt: unknown tenants beyond max_unknown_tenants or "
            "max_unknown_tenants_per_uid, renamed ledgers it has no record of.");
   w.sample({}, s.ledgersRefused);
+  w.family("cushare_broker_log_lines_dropped_total", kCounter,
+           "Log lines that other users can cause at will (refused ledger files, GPU processes that are no "
+           "tenant's, malformed control requests) held back beyond their budget of 20 at once and one "
+           "every 6 s per kind.");
+  w.sample({}, s.logLinesDropped);
 }
 
 // The broker's MPS control daemon (docs/mps.md): samples only while the broker runs MPS.
@@ -206,9 +211,15 @@ void renderTenantCompute(const BrokerSnapshot& s, Writer& w) {
   };
   static constexpr Family kFamilies[] = {
       {"cushare_tenant_gpu_busy_seconds_total",
-       "GPU time during which the tenant's work executed on the device (timing events on its "
-       "streams), seconds.",
+       "GPU time during which the tenant's work executed on the device, as charged and billed: the "
+       "larger of what its processes metered and what the device counted for them, seconds.",
        &TenantDeviceSnapshot::busyNs},
+      {"cushare_tenant_gpu_metered_busy_seconds_total",
+       "GPU time the tenant's processes metered (timing events on their streams, or CUPTI), seconds.",
+       &TenantDeviceSnapshot::meteredBusyNs},
+      {"cushare_tenant_gpu_device_busy_seconds_total",
+       "GPU time the device counted for the tenant's processes (NVML per-process utilization), seconds.",
+       &TenantDeviceSnapshot::deviceBusyNs},
       {"cushare_tenant_throttled_seconds_total",
        "Time the tenant's launches waited for their turn (compute caps and priorities), seconds.",
        &TenantDeviceSnapshot::throttledNs},
@@ -307,7 +318,7 @@ void renderTenants(const BrokerSnapshot& s, Writer& w) {
     if (!t.error.empty()) w.sample({{"tenant", t.name}}, 1);
   w.family("cushare_tenant_tamper_total", kCounter,
            "Changes a process of the tenant made to its ledger that the broker undid or charged, "
-           "by kind: hidden, limit, uuid, descriptor, link; not-mps-client counts its processes found "
+           "by kind: hidden, limit, uuid, descriptor, link, busy (GPU time its processes did not meter); not-mps-client counts its processes found "
            "running outside the broker's MPS (docs/mps.md).");
   for (const TenantSnapshot& t : s.tenants)
     for (const auto& [kind, n] : t.tamper) w.sample({{"tenant", t.name}, {"kind", kind}}, n);

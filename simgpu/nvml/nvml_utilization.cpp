@@ -4,8 +4,10 @@
 // nvmlDeviceGetUtilizationRates: percent of the device time since this process's previous call
 // (for the first call: since the busiest process's engine started counting, at most 1 s) during
 // which kernels ran, summed over processes (they never overlap without MPS), at most 100.
-// nvmlDeviceGetProcessUtilization: one sample per process with counters, smUtil over the time
-// since lastSeenTimeStamp (us of device time; 0: since its previous sample in this process).
+// nvmlDeviceGetProcessUtilization: one sample per process with counters, timestamped now (us of
+// device time), smUtil over the sampling period since that process's previous sample in this
+// calling process (its first: over the last second, at most 100); as the driver does, only
+// samples newer than lastSeenTimeStamp are returned (0: every one), NVML_ERROR_NOT_FOUND if none.
 // Memory, encoder and decoder utilisation are 0 (copies take no time in simgpu).
 // A process's counters are as fresh as its engine's last event; a dead process's vanish. An MPS
 // client's sample is what its server's engine gave it (BoardClient), the server not listed itself.
@@ -97,18 +99,18 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle
     if (p.isMpsServer || k >= n) return;
     const int32_t pid = p.pid;
     const uint64_t busy = p.busyNs;
+    if (now / 1000 <= lastSeenTimeStamp) return;  // nothing newer than what the caller has seen
     auto& [prevBusy, prevT] = sm.perPid[{d->ordinal, pid}];
-    uint64_t since = lastSeenTimeStamp ? lastSeenTimeStamp * 1000 : prevT;
+    uint64_t since = prevT;
     if (since == 0 || since > now) since = now - std::min<uint64_t>(now, 1'000'000'000);
-    const uint64_t base = lastSeenTimeStamp ? 0 : prevBusy;
     nvmlProcessUtilizationSample_t& out = utilization[k++];
     out = {};
     out.pid = static_cast<unsigned>(pid);
     out.timeStamp = now / 1000;
-    out.smUtil = percent(busy > base ? busy - base : 0, now - since);
+    out.smUtil = percent(busy > prevBusy ? busy - prevBusy : 0, now - since);
     prevBusy = busy;
     prevT = now;
   });
   *processSamplesCount = k;
-  return NVML_SUCCESS;
+  return k == 0 && n != 0 ? NVML_ERROR_NOT_FOUND : NVML_SUCCESS;
 }

@@ -1247,12 +1247,15 @@ TEST(Security, HalfClosedTruncatedFrameGetsItsError) {
   EXPECT_EQ(b.status().tenants(), 2u) << "still answering";
 }
 
-// Runs `cushare --socket SOCKET ARGS` as uid:gid in the background; its output goes to out.
+// Runs `cushare --socket SOCKET ARGS` as uid:gid in the background; its output goes to out. The
+// CLI runs from a stage every user can read (the checkout may lie where uid cannot enter).
 pid_t cliAs(uid_t uid, const std::string& socket, const std::string& args, const std::string& out) {
+  static UserStage stage;  // staged once, removed at exit
+  static const std::string cli = stage.copy(CLI_BIN, "cushare");
   const pid_t pid = ::fork();
   if (pid == 0) {
     if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
-    const std::string cmd = std::string(CLI_BIN) + " --socket " + socket + " " + args + " > " + out + " 2>&1";
+    const std::string cmd = cli + " --socket " + socket + " " + args + " > " + out + " 2>&1";
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }

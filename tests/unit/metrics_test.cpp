@@ -116,6 +116,7 @@ BrokerSnapshot twoTenants() {
   s.reapedProcesses = 7;
   s.reloadsRefused = 1;
   s.ledgersRefused = 298;
+  s.logLinesDropped = 2980;
   s.devices = {{0, kUuid, 16 * kGiB, 768 * kMiB}};
   TenantSnapshot alpha;
   alpha.name = "alpha";
@@ -125,6 +126,8 @@ BrokerSnapshot twoTenants() {
   alpha.devices[0].hidden = 64 * kMiB;
   alpha.devices[0].leftBehind = 32 * kMiB;
   alpha.devices[0].busyNs = 1'500'000'000;
+  alpha.devices[0].meteredBusyNs = 250'000'000;  // billed: the device's count, the larger
+  alpha.devices[0].deviceBusyNs = 1'500'000'000;
   alpha.devices[0].throttledNs = 250'000'000;
   alpha.devices[0].contending = true;
   alpha.devices[0].fairTarget = 0.5;
@@ -175,6 +178,9 @@ cushare_broker_reloads_refused_total 1
 # HELP cushare_broker_ledgers_refused_total Ledger files the broker refused to adopt: unknown tenants beyond max_unknown_tenants or max_unknown_tenants_per_uid, renamed ledgers it has no record of.
 # TYPE cushare_broker_ledgers_refused_total counter
 cushare_broker_ledgers_refused_total 298
+# HELP cushare_broker_log_lines_dropped_total Log lines that other users can cause at will (refused ledger files, GPU processes that are no tenant's, malformed control requests) held back beyond their budget of 20 at once and one every 6 s per kind.
+# TYPE cushare_broker_log_lines_dropped_total counter
+cushare_broker_log_lines_dropped_total 2980
 # HELP cushare_device_memory_capacity_bytes Device memory of the GPU, bytes.
 # TYPE cushare_device_memory_capacity_bytes gauge
 cushare_device_memory_capacity_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 17179869184
@@ -208,10 +214,18 @@ cushare_tenant_left_behind_bytes{tenant="beta",device="0"} 0
 # TYPE cushare_tenant_memory_limit_overridden gauge
 cushare_tenant_memory_limit_overridden{tenant="alpha",device="0"} 1
 cushare_tenant_memory_limit_overridden{tenant="beta",device="0"} 0
-# HELP cushare_tenant_gpu_busy_seconds_total GPU time during which the tenant's work executed on the device (timing events on its streams), seconds.
+# HELP cushare_tenant_gpu_busy_seconds_total GPU time during which the tenant's work executed on the device, as charged and billed: the larger of what its processes metered and what the device counted for them, seconds.
 # TYPE cushare_tenant_gpu_busy_seconds_total counter
 cushare_tenant_gpu_busy_seconds_total{tenant="alpha",device="0"} 1.5
 cushare_tenant_gpu_busy_seconds_total{tenant="beta",device="0"} 0
+# HELP cushare_tenant_gpu_metered_busy_seconds_total GPU time the tenant's processes metered (timing events on their streams, or CUPTI), seconds.
+# TYPE cushare_tenant_gpu_metered_busy_seconds_total counter
+cushare_tenant_gpu_metered_busy_seconds_total{tenant="alpha",device="0"} 0.25
+cushare_tenant_gpu_metered_busy_seconds_total{tenant="beta",device="0"} 0
+# HELP cushare_tenant_gpu_device_busy_seconds_total GPU time the device counted for the tenant's processes (NVML per-process utilization), seconds.
+# TYPE cushare_tenant_gpu_device_busy_seconds_total counter
+cushare_tenant_gpu_device_busy_seconds_total{tenant="alpha",device="0"} 1.5
+cushare_tenant_gpu_device_busy_seconds_total{tenant="beta",device="0"} 0
 # HELP cushare_tenant_throttled_seconds_total Time the tenant's launches waited for their turn (compute caps and priorities), seconds.
 # TYPE cushare_tenant_throttled_seconds_total counter
 cushare_tenant_throttled_seconds_total{tenant="alpha",device="0"} 0.25
@@ -251,7 +265,7 @@ cushare_tenant_info{tenant="gamma",profile="",source="config",priority="low"} 1
 # HELP cushare_tenant_ledger_error 1 for a tenant whose ledger the broker cannot manage (see cushare status); absent otherwise.
 # TYPE cushare_tenant_ledger_error gauge
 cushare_tenant_ledger_error{tenant="gamma"} 1
-# HELP cushare_tenant_tamper_total Changes a process of the tenant made to its ledger that the broker undid or charged, by kind: hidden, limit, uuid, descriptor, link; not-mps-client counts its processes found running outside the broker's MPS (docs/mps.md).
+# HELP cushare_tenant_tamper_total Changes a process of the tenant made to its ledger that the broker undid or charged, by kind: hidden, limit, uuid, descriptor, link, busy (GPU time its processes did not meter); not-mps-client counts its processes found running outside the broker's MPS (docs/mps.md).
 # TYPE cushare_tenant_tamper_total counter
 cushare_tenant_tamper_total{tenant="alpha",kind="hidden"} 2
 cushare_tenant_tamper_total{tenant="alpha",kind="limit"} 1
@@ -285,7 +299,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 36u);
+    EXPECT_EQ(helps.size(), 39u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

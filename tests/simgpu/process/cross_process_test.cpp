@@ -417,6 +417,24 @@ TEST(TimeSlicing, AloneAProcessRunsUninterruptedAndNvmlSeesIt) {
   for (unsigned i = 0; i < n; ++i)
     if (samples[i].pid == static_cast<unsigned>(c.pid)) seen = samples[i].smUtil > 0;
   EXPECT_TRUE(seen) << "the hog's own utilisation";
+  // As the driver: only samples newer than lastSeenTimeStamp; each covers the period since the
+  // process's previous sample (the hog is idle since: 0 %); none newer than the future.
+  unsigned long long last = 0;
+  for (unsigned i = 0; i < n; ++i)
+    if (samples[i].pid == static_cast<unsigned>(c.pid)) last = samples[i].timeStamp;
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  n = static_cast<unsigned>(samples.size());
+  ASSERT_EQ(nvmlDeviceGetProcessUtilization(dev, samples.data(), &n, last), NVML_SUCCESS);
+  seen = false;
+  for (unsigned i = 0; i < n; ++i) {
+    if (samples[i].pid != static_cast<unsigned>(c.pid)) continue;
+    seen = true;
+    EXPECT_GT(samples[i].timeStamp, last);
+    EXPECT_EQ(samples[i].smUtil, 0u) << "idle since its previous sample";
+  }
+  EXPECT_TRUE(seen);
+  n = static_cast<unsigned>(samples.size());
+  EXPECT_EQ(nvmlDeviceGetProcessUtilization(dev, samples.data(), &n, ~0ull >> 1), NVML_ERROR_NOT_FOUND);
   // simgpu-smi --json: the same ground truth for scripts.
   FILE* smi = popen(SIMGPU_SMI " --json", "r");
   ASSERT_TRUE(smi);

@@ -26,7 +26,8 @@
 #    the driver's side: "SHIM NOT ENFORCING" otherwise). "DIFFERENT" where the two sides disagree.
 # 2. The constants docs/simgpu.md ("Device time", "MPS") marks as guesses, each measured by a small
 #    nvcc-built probe (perf/*.cu): the event timer's resolution; the time slice and switch cost
-#    between two processes; when nvidia-cuda-mps-control is found, the multiprocessor count an MPS
+#    between two processes; when nvidia-cuda-mps-control is found, whether its daemon starts with
+#    -multiuser-server as the broker starts it (DIFFERENT if not), the multiprocessor count an MPS
 #    client sees at several active thread percentages (counts that differ are DIFFERENT), and the
 #    probe kernels in a client alone and beside another client's hog that fills every SM.
 # 3. The probe kernels (cuda_kernels/probes.cu through perf/probe_check) alone and next to a hog
@@ -349,8 +350,16 @@ step_mps() {
   quit_mps "$simlib/bin/nvidia-cuda-mps-control" "$sim_pipe" sim
   rm -rf "$mps_pipe" "$sim_pipe"
   mkdir -p "$mps_pipe/log" "$sim_pipe/log"
-  real_mps "$mps_control" -d || echo "gpu_check: the driver's MPS control daemon did not start"
-  sim_mps "$simlib/bin/nvidia-cuda-mps-control" -d || echo "gpu_check: simgpu's MPS control daemon did not start"
+  # As the broker starts it (mps.multiuser: on): one server for the clients of every uid.
+  if real_mps "$mps_control" -d -multiuser-server; then
+    echo "driver: the MPS control daemon started with -multiuser-server"
+  else
+    echo "gpu_check: the driver's MPS control daemon did not start with -multiuser-server (the broker's default," \
+      "docs/mps.md): DIFFERENT from simgpu; trying without it"
+    differ=$((differ + 1))
+    real_mps "$mps_control" -d || echo "gpu_check: the driver's MPS control daemon did not start"
+  fi
+  sim_mps "$simlib/bin/nvidia-cuda-mps-control" -d -multiuser-server || echo "gpu_check: simgpu's MPS control daemon did not start"
   for _ in $(seq 1 100); do [ -S "$mps_pipe/control" ] && [ -S "$sim_pipe/control" ] && break; sleep 0.1; done
   echo "driver SMs without MPS: $(nomps "$perfdir/mps_sm_probe" 2>&1)"
   local pct real simg mark active=1

@@ -279,8 +279,10 @@ class Parser {
 
   // The mps: block (MpsConfig). Kept apart from the other top-level keys.
   bool mps(const Node& n, MpsConfig* m) {
-    static const std::vector<std::string> kMpsKeys = {"mode", "control", "pipe_dir", "log_dir", "context_reserve"};
-    if (!map(n, "mps", "a map of MPS settings (mode, control, pipe_dir, log_dir, context_reserve)")) return false;
+    static const std::vector<std::string> kMpsKeys = {"mode", "control", "pipe_dir", "log_dir", "context_reserve",
+                                                       "multiuser"};
+    if (!map(n, "mps", "a map of MPS settings (mode, control, pipe_dir, log_dir, context_reserve, multiuser)"))
+      return false;
     m->mark = sourceMark(n.mark);
     for (size_t i = 0; i < n.keys.size(); ++i) {
       const Node& key = n.keys[i];
@@ -311,6 +313,11 @@ class Parser {
       } else if (key.text == "context_reserve") {
         if (!scalar(v, path, "a size (e.g. 512MiB, 0)", &text)) return false;
         if (!parseSize(text, &m->contextReserve, &reason)) return fail(v.mark, path, reason);
+      } else if (key.text == "multiuser") {
+        if (!scalar(v, path, "on or off", &text)) return false;
+        if (text == "on") m->multiuser = true;
+        else if (text == "off") m->multiuser = false;
+        else return fail(v.mark, path, "expected on or off, found " + quote(text));
       } else {
         return unknownKey(key, path, kMpsKeys);
       }

@@ -90,6 +90,10 @@ struct MpsConfig {
   // Added to a tenant's memory limit for its MPS pinned-memory limit (the CUDA context and module
   // images count there, not in the shim's limit).
   uint64_t contextReserve = uint64_t{512} << 20;
+  // -multiuser-server: one server, root's, serves the clients of every uid. Off: NVIDIA's default
+  // of one server per uid at a time, where a client of another uid waits until every client of
+  // the running server's uid has exited (docs/mps.md, "Tenants on their own uids").
+  bool multiuser = true;
   SourceMark mark;  // of the mps: key's value
 };
 

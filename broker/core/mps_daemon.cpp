@@ -330,22 +330,26 @@ bool MpsSupervisor::startMps(std::string* err) {
     return false;
   }
   push();
-  CUSHARE_BLOG(info, "mps: control daemon pid {} ({}), pipe directory {}, log directory {}", snap_.daemonPid,
-               control_.binary, config_.pipeDir, config_.logDir);
+  CUSHARE_BLOG(info, "mps: control daemon pid {} ({}), pipe directory {}, log directory {}, {}", snap_.daemonPid,
+               control_.binary, config_.pipeDir, config_.logDir,
+               config_.multiuser ? "one server for every uid (multiuser)"
+                                 : "one server per uid at a time (multiuser off: another uid waits for its clients)");
   thread_ = std::thread([this] { run(); });
   return true;
 }
 
 bool MpsSupervisor::startDaemon(bool adoptRunning, std::string* err) {
   std::string out;
-  const int rc = control_.run({"-d"}, "", kStartTimeoutMs, &out);
+  std::vector<std::string> args{"-d"};
+  if (config_.multiuser) args.push_back("-multiuser-server");
+  const int rc = control_.run(args, "", kStartTimeoutMs, &out);
   if (rc != 0) {
     std::string probe;
     if (adoptRunning && out.find("already running") != std::string::npos &&
         control_.ask("get_server_list\n", kCheckTimeoutMs, &probe)) {
       CUSHARE_BLOG(info, "mps: adopted the control daemon already running on {} (pid {})", config_.pipeDir, pidFromFile());
     } else {
-      *err = control_.binary + " -d " +
+      *err = control_.binary + (config_.multiuser ? " -d -multiuser-server " : " -d ") +
              (rc == -2 ? "did not return within " + std::to_string(kStartTimeoutMs / 1000) + " s"
                        : rc == -1 ? "could not be started" : "exited with status " + std::to_string(rc)) +
              (out.empty() ? "" : ": " + oneLine(out));
@@ -501,7 +505,8 @@ void MpsSupervisor::refresh() {
   std::string err;
   if (loadConfig(configPath_, &c, &err)) {
     if (c.mps.mode != config_.mode || c.mps.pipeDir != config_.pipeDir || c.mps.logDir != config_.logDir ||
-        c.mps.control != config_.control || c.mps.contextReserve != config_.contextReserve)
+        c.mps.control != config_.control || c.mps.contextReserve != config_.contextReserve ||
+        c.mps.multiuser != config_.multiuser)
       CUSHARE_BLOG(warn, "mps: the mps settings changed; they take effect when the broker restarts");
     const MpsConfig keep = config_;
     full_ = std::move(c);

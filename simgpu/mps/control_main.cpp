@@ -99,9 +99,16 @@ int main(int argc, char** argv) {
   o.pipeDir = envOr("CUDA_MPS_PIPE_DIRECTORY", simgpu::kMpsDefaultPipeDir);
   o.logDir = envOr("CUDA_MPS_LOG_DIRECTORY", simgpu::kMpsDefaultLogDir);
   if (argc == 1) return controlClient(o.pipeDir);
-  const std::string a = argv[1];
-  if (argc == 2 && a == "-d") return background(o);
-  if (argc == 2 && a == "-f") {
+  // -d or -f, each alone or with -multiuser-server (either order).
+  std::string a = argv[1];
+  if (argc == 3) {
+    const std::string b = argv[2];
+    if (b == "-multiuser-server" && (a == "-d" || a == "-f")) o.multiuser = true;
+    else if (a == "-multiuser-server" && (b == "-d" || b == "-f")) o.multiuser = true, a = b;
+    else a.clear();
+  }
+  if (argc <= 3 && a == "-d") return background(o);
+  if (argc <= 3 && a == "-f") {
     o.foreground = true;
     return simgpu::mps::runDaemon(o, -1);
   }
@@ -109,6 +116,6 @@ int main(int argc, char** argv) {
     std::printf("NVIDIA CUDA MPS Control Daemon (simgpu), binary version %d\n", simgpu::kMpsBinaryVersion);
     return 0;
   }
-  std::fprintf(stderr, "usage: nvidia-cuda-mps-control [-d | -f | -v]   (without options: commands on stdin)\n");
+  std::fprintf(stderr, "usage: nvidia-cuda-mps-control [-d | -f [-multiuser-server] | -v]   (without options: commands on stdin)\n");
   return 1;
 }

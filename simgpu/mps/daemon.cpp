@@ -6,7 +6,8 @@
 //   priority), which a server takes when it starts and never again;
 // - at most one live server, owned by one uid; a client of another uid waits in the pending list
 //   until the current server has no clients, then that server is stopped and one for the new uid
-//   is started (control.log says so with the real daemon's lines);
+//   is started (control.log says so with the real daemon's lines); with -multiuser-server the one
+//   server is the daemon's user's and takes clients of every uid;
 // - per server: its state (INITIALIZING until its process says hello, ACTIVE, FAULT after a client
 //   fault until all its clients are gone), its percentage and limits for its next clients, its
 //   clients (at most SIMGPU_MPS_MAX_CLIENTS, default 48 as in CUDA 13.0).
@@ -316,13 +317,14 @@ void Daemon::clientHello(uint64_t id, const std::vector<std::string>& w) {
   if (w.size() >= 3 && w[2] != "-") parseCount(w[2].c_str(), 0, 1, &c.envPriority);
   const std::string who = "NEW CLIENT " + std::to_string(c.pid) + " from user " + std::to_string(c.uid) + ": ";
   Server* s = current();
-  if (s && s->uid == c.uid && (s->state == ServerState::kFault || s->terminating > 0)) {
+  const uid_t want = serverUidFor(c.uid);
+  if (s && s->uid == want && (s->state == ServerState::kFault || s->terminating > 0)) {
     logControl(who + (s->terminating ? "a client is being terminated" : "Server is in FAULT state") +
                ", refusing the client");
     refuse(id, 807);  // CUDA_ERROR_MPS_SERVER_NOT_READY
     return;
   }
-  if (s && s->uid == c.uid && s->state == ServerState::kActive && s->terminating == 0) {
+  if (s && s->uid == want && s->state == ServerState::kActive && s->terminating == 0) {
     logControl(who + "Server already exists");
   } else {
     logControl(who + "Server is not ready, push client to pending list");
@@ -367,9 +369,9 @@ void Daemon::schedule() {
     Conn& c = conns_[*it];
     Server* s = current();
     if (!s) {
-      startServer(c.uid);
+      startServer(serverUidFor(c.uid));
       ++it;
-    } else if (s->uid == c.uid) {
+    } else if (s->uid == serverUidFor(c.uid)) {
       if (s->state == ServerState::kActive && s->terminating == 0) {
         const uint64_t id = *it;
         it = pending_.erase(it);
@@ -428,6 +430,7 @@ void Daemon::startServer(uid_t uid) {
       const gid_t g = primaryGid(uid);
       if (setgroups(0, nullptr) != 0 || setgid(g) != 0 || setuid(uid) != 0) _exit(127);
     }
+    if (opt_.multiuser) setenv("SIMGPU_MPS_MULTIUSER", "1", 1);  // it serves clients of every uid
     execl(serverPath_.c_str(), "nvidia-cuda-mps-server", static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -531,7 +534,7 @@ void Daemon::onSignal() {
       const uid_t uid = it->uid;
       for (auto p = pending_.begin(); p != pending_.end();) {
         const uint64_t cl = *p;
-        if (conns_[cl].uid != uid) {
+        if (serverUidFor(conns_[cl].uid) != uid) {
           ++p;
           continue;
         }

@@ -9,6 +9,9 @@ struct DaemonOptions {
   std::string pipeDir;   // CUDA_MPS_PIPE_DIRECTORY
   std::string logDir;    // CUDA_MPS_LOG_DIRECTORY
   bool foreground = false;  // -f: control.log lines go to stdout too
+  // -multiuser-server: one server, of the daemon's user, serves clients of every uid (no uid
+  // waits for another's clients to exit). The server learns it from SIMGPU_MPS_MULTIUSER=1.
+  bool multiuser = false;
 };
 
 // Runs the daemon until `quit` (or SIGTERM/SIGINT). Once it listens it writes "ok\n" to readyFd;

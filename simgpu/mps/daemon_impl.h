@@ -2,6 +2,8 @@
 // and commands.cpp (what the control client's commands do). See daemon.cpp for the model.
 #pragma once
 
+#include <unistd.h>
+
 #include <sys/types.h>
 
 #include <cstdint>
@@ -90,6 +92,8 @@ class Daemon {
   void shutdown();
 
   DaemonOptions opt_;
+  // The uid of the server a client needs: its own, or under -multiuser-server the daemon's.
+  uid_t serverUidFor(uid_t clientUid) const { return opt_.multiuser ? ::getuid() : clientUid; }
   int listenFd_ = -1, sigFd_ = -1, lockFd_ = -1;
   FILE* controlLog_ = nullptr;
   FILE* serverLog_ = nullptr;

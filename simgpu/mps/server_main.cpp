@@ -130,6 +130,11 @@ class Server {
   std::unordered_map<int, Client> clients_;  // by fd
   Device devices_[kMaxDevices];
   bool quit_ = false;
+  // Started by a daemon run with -multiuser-server: clients of every uid, not only its own.
+  const bool multiuser_ = [] {
+    const char* v = std::getenv("SIMGPU_MPS_MULTIUSER");
+    return v != nullptr && std::string(v) == "1";
+  }();
 };
 
 bool Server::listenSocket(std::string* why) {
@@ -185,7 +190,7 @@ void Server::accept() {
     const bool known = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
     bool connected = false;  // one connection per client process
     for (auto& [other, c] : clients_) connected = connected || (known && c.pid == cred.pid);
-    if (!known || cred.uid != getuid() || !admitted_.count(cred.pid) || connected || quit_) {
+    if (!known || (cred.uid != getuid() && !multiuser_) || !admitted_.count(cred.pid) || connected || quit_) {
       log("Refused a connection from PID " + std::to_string(cred.pid) + ": not an admitted client of this server");
       ::close(fd);
       continue;

@@ -253,6 +253,50 @@ TEST(BrokerMps, TheBrokerStartsTheDaemonAndTenantsBecomeClientsWithTheirOwnCaps)
   EXPECT_NE(m.broker.metrics().find("cushare_mps_tenant_thread_percentage{tenant=\"large\"} 70"), std::string::npos);
 }
 
+// Tenants on their own uids (docs/security.md's deployment) under the broker's MPS: the daemon
+// runs one server for every uid (mps.multiuser, on by default), so one tenant's idle process never
+// holds another's processes in cuInit. Before, beta's process waited for as long as alpha's lived
+// (NVIDIA's one server per uid at a time), and the broker paced it as a process outside MPS.
+TEST(BrokerMpsUids, TenantsOnTheirOwnUidsShareTheServerAndNoneWaits) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants as uids 1000 and 1001";
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "tenants:\n  - {name: alpha, thread_percentage: 40, uid: 1000}\n"
+                                            "  - {name: beta, thread_percentage: 60, uid: 1001}\n"))
+      << m.broker.log();
+  UidTenants users;
+  Child alpha = users.spawn(1000, MPS_WORKER_BIN, m.broker, "alpha");
+  ASSERT_EQ(alpha.readLine(), "ready 40") << "see " << m.dir << "/tenants.log";
+  // alpha's process stays idle; beta's attaches at once as a client of its own cap.
+  Child beta = users.spawn(1001, MPS_WORKER_BIN, m.broker, "beta");
+  EXPECT_EQ(beta.readLine(10000), "ready 60") << "beta waits for alpha's process; see " << m.dir << "/tenants.log";
+  const std::string server = m.serverPid();
+  ASSERT_FALSE(server.empty());
+  const std::string cmdline = readFile("/proc/" + std::to_string(m.daemonPid()) + "/cmdline");
+  EXPECT_NE(cmdline.find("-multiuser-server"), std::string::npos) << "the daemon's command line: " << cmdline;
+  const std::string clients = m.control("get_client_list " + server);
+  EXPECT_NE(clients.find(std::to_string(alpha.pid())), std::string::npos) << clients;
+  EXPECT_NE(clients.find(std::to_string(beta.pid())), std::string::npos) << clients;
+  EXPECT_NE(readFile(m.logs + "/control.log").find("Starting new server " + server + " for user 0"), std::string::npos)
+      << readFile(m.logs + "/control.log");
+  // Both are clients to the broker too: neither is paced as a process outside MPS.
+  EXPECT_TRUE(eventually([&] {
+    const rpc::StatusReply s = m.broker.status();
+    return s.mps().servers_size() == 1 && s.mps().servers(0).clients_size() == 2;
+  })) << m.broker.status().DebugString();
+  for (const char* t : {"alpha", "beta"})
+    EXPECT_TRUE(eventually([&] { return !m.broker.tenant(t).devices(0).paced(); })) << t << " is paced";
+}
+
+// multiuser: off keeps NVIDIA's one server per uid: the broker starts the daemon without the
+// option, and says so.
+TEST(BrokerMpsUids, MultiuserOffStartsTheDaemonWithoutTheOptionAndSaysSo) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock("on", "  multiuser: off\n") + kTenants)) << m.broker.log();
+  EXPECT_NE(m.broker.log().find("one server per uid at a time (multiuser off"), std::string::npos) << m.broker.log();
+  const std::string cmdline = readFile("/proc/" + std::to_string(m.daemonPid()) + "/cmdline");
+  EXPECT_EQ(cmdline.find("-multiuser-server"), std::string::npos) << cmdline;
+}
+
 TEST(BrokerMps, ThePinnedLimitIsAWallAtTheDeviceBehindTheShims) {
   MpsCase m(testDir());
   ASSERT_TRUE(m.broker.start(m.mpsBlock() + kTenants)) << m.broker.log();

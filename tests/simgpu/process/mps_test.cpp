@@ -215,8 +215,8 @@ class Mps : public ::testing::Test {
   }
   std::string control(const std::string& commands) { return run({}, commands).out; }
 
-  void startDaemon(const std::vector<std::string>& env = {}) {
-    const Result r = run({"-d"}, "", env);
+  void startDaemon(const std::vector<std::string>& env = {}, const std::vector<std::string>& args = {"-d"}) {
+    const Result r = run(args, "", env);
     ASSERT_EQ(r.rc, 0) << r.err;
     started_ = true;
     std::ifstream pf(pipe_ + "/nvidia-cuda-mps-control.pid");
@@ -650,6 +650,32 @@ TEST_F(Mps, AClientOfAnotherUserWaitsUntilTheServersClientsExit) {
   EXPECT_NE(second, first);
   EXPECT_TRUE(logHas("control.log", "Starting new server " + second + " for user 1000"));
   EXPECT_EQ(control("get_client_list " + second), std::to_string(user.pid) + "\n");
+}
+
+// -multiuser-server: one server, of the daemon's user, takes clients of every uid at once (no
+// client waits for another uid's clients to exit, as above).
+TEST_F(Mps, AMultiuserServerTakesClientsOfEveryUidAtOnce) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as uid 1000";
+  stage_ = std::make_unique<cushare::test::UserStage>();
+  const std::string lib = stage_->copy(std::filesystem::path(kBin).parent_path().string(), "simgpu");
+  const std::string exe = stage_->copy("/proc/self/exe", "mps_child");
+  const std::string libPath = "LD_LIBRARY_PATH=" + lib;
+  controlPath_ = lib + "/bin/nvidia-cuda-mps-control";
+  startDaemon({libPath}, {"-d", "-multiuser-server"});
+  Child& root = spawn({libPath});
+  ASSERT_EQ(line(root), "attached 0 132");
+  const std::string server = serverPid();
+  Child& user = spawn({libPath}, 1000, exe);
+  EXPECT_EQ(line(user), "attached 0 132") << "uid 1000 does not wait for root's client";
+  EXPECT_EQ(ask(user, "sync"), "sync 0");
+  EXPECT_EQ(serverPid(), server) << "the same server";
+  const std::string clients = control("get_client_list " + server);
+  EXPECT_NE(clients.find(std::to_string(root.pid)), std::string::npos) << clients;
+  EXPECT_NE(clients.find(std::to_string(user.pid)), std::string::npos) << clients;
+  EXPECT_TRUE(logHas("control.log", "Starting new server " + server + " for user 0"));
+  EXPECT_TRUE(logHas("control.log", "NEW CLIENT " + std::to_string(user.pid) + " from user 1000: Server already exists"));
+  // Without the option the daemon keeps its usage line: a wrong flag is refused.
+  EXPECT_NE(run({"-d", "-multiuser"}, "").rc, 0);
 }
 
 // ---------------------------------------------------------------------------------------------

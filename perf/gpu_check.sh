@@ -130,7 +130,9 @@ main() {
   # The shim must load on both sides, or its cases would run without it (and simgpu be blamed).
   local side
   for side in drv sim; do
-    if $side ldd "$shim" 2>&1 | grep -q 'not found'; then
+    # The whole output first: with pipefail, `ldd | grep -q` is false when grep's early exit
+    # kills ldd with SIGPIPE, and a missing library would go unseen.
+    if grep -q 'not found' <<<"$($side ldd "$shim" 2>&1)"; then
       echo "gpu_check: the shim's libraries are not all found on the $side side (stage them: perf/gpu_check_stage.sh):"
       $side ldd "$shim" | grep 'not found'
       return 2

@@ -85,9 +85,14 @@ def variables_cel(values):
 
 
 def pod(*containers, user=None, init=(), group=None, supplemental=None, fs_group=None, strict=None,
-        share_pid=None, ephemeral=None):
+        share_pid=None, ephemeral=None, host_ipc=None, host_pid=None, host_network=None, host_paths=()):
     p = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
          "spec": {"containers": list(containers)}}
+    for key, value in (("hostIPC", host_ipc), ("hostPID", host_pid), ("hostNetwork", host_network)):
+        if value is not None:
+            p["spec"][key] = value
+    if host_paths:
+        p["spec"]["volumes"] = [{"name": f"h{i}", "hostPath": {"path": path}} for i, path in enumerate(host_paths)]
     sc = {}
     for key, value in (("runAsUser", user), ("runAsGroup", group), ("supplementalGroups", supplemental),
                        ("fsGroup", fs_group), ("supplementalGroupsPolicy", strict)):
@@ -131,24 +136,39 @@ def container(name="app", resources=None, user=None, env=None, env_from=None, pr
     return c
 
 
-def main(deploy):
-    docs = load(deploy, "admission-policy.yaml")
-    by_kind = {d["kind"]: d for d in docs}
-    need(set(by_kind) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"},
-         f"admission-policy.yaml: expected a policy and its binding, got {sorted(by_kind)}")
-    vap, binding = by_kind["ValidatingAdmissionPolicy"], by_kind["ValidatingAdmissionPolicyBinding"]
+def check_policy_shape(vap, binding):
     spec = vap["spec"]
-    need(vap["apiVersion"] == "admissionregistration.k8s.io/v1", "policy: admissionregistration.k8s.io/v1")
-    need(spec.get("failurePolicy") == "Fail", "policy: failurePolicy Fail (an error denies)")
+    need(vap["apiVersion"] == "admissionregistration.k8s.io/v1", f"{vap['metadata']['name']}: admissionregistration.k8s.io/v1")
+    need(spec.get("failurePolicy") == "Fail", f"{vap['metadata']['name']}: failurePolicy Fail (an error denies)")
     need("paramKind" not in spec and "paramRef" not in binding["spec"],
          "no parameters object: a missing one would deny every pod of the cluster")
     rules = {(tuple(r["operations"]), tuple(r["resources"])) for r in spec["matchConstraints"]["resourceRules"]}
     need(rules == {(("CREATE",), ("pods",)), (("UPDATE",), ("pods/ephemeralcontainers",))},
-         f"policy: pods on CREATE and ephemeral containers on UPDATE, got {rules}")
+         f"{vap['metadata']['name']}: pods on CREATE and ephemeral containers on UPDATE, got {rules}")
     for d in (vap, binding):
         need("namespace" not in d["metadata"], f"{d['kind']}: cluster-scoped, no namespace")
     need(binding["spec"]["policyName"] == vap["metadata"]["name"], "binding: names the policy")
     need(binding["spec"].get("validationActions") == ["Deny"], "binding: validationActions [Deny]")
+
+
+def main(deploy):
+    docs = load(deploy, "admission-policy.yaml")
+    kinds = sorted(d["kind"] for d in docs)
+    need(kinds == ["ValidatingAdmissionPolicy"] * 2 + ["ValidatingAdmissionPolicyBinding"] * 2,
+         f"admission-policy.yaml: expected two policies and their bindings, got {kinds}")
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    vap = named[("ValidatingAdmissionPolicy", "cushare-tenant-binding")]
+    binding = named[("ValidatingAdmissionPolicyBinding", "cushare-tenant-binding")]
+    ns_vap = named[("ValidatingAdmissionPolicy", "cushare-tenant-namespaces")]
+    ns_binding = named[("ValidatingAdmissionPolicyBinding", "cushare-tenant-namespaces")]
+    check_policy_shape(vap, binding)
+    check_policy_shape(ns_vap, ns_binding)
+    # The namespace policy judges every pod of a labelled namespace, nothing elsewhere.
+    need("matchConditions" not in ns_vap["spec"], "cushare-tenant-namespaces: every pod of the namespace is judged")
+    need(ns_binding["spec"].get("matchResources", {}).get("namespaceSelector") ==
+         {"matchLabels": {"cushare.io/tenants": "enabled"}},
+         "cushare-tenant-namespaces: bound to namespaces labelled cushare.io/tenants=enabled")
+    spec = vap["spec"]
 
     # The policy's tenants are the broker's.
     policy = Policy(spec)
@@ -158,7 +178,9 @@ def main(deploy):
     need(policy.tenants() == want, f"the policy's tenants {policy.tenants()} != the broker's {want}")
 
     m = [msg for msg, _ in policy.validations]
-    one, known, uid, priv, env, env_from, pidns, groups = m
+    one, known, uid, priv, env, env_from, pidns, host, groups = m
+    namespaces = Policy(ns_vap["spec"])
+    ns_ipc, ns_host, ns_paths = [msg for msg, _ in namespaces.validations]
     # Beta with a group (0660 ledger): nobody else may hold it.
     grouped = Policy(spec, "{'alpha': {'uid': 1000}, 'beta': {'uid': 1001, 'gid': 2001}}")
     alpha = {"cushare.io/alpha": 1}
@@ -211,6 +233,44 @@ def main(deploy):
          pod(ok, group=1000, supplemental=[5, 2001], strict="Strict"), [groups]),
         ("groups: alpha with beta's group as fsGroup", grouped, pod(ok, group=1000, fs_group=2001, strict="Strict"),
          [groups]),
+        # envFrom prefixes that would form a refused name with the right key.
+        ("envFrom prefix LD_ (key PRELOAD makes LD_PRELOAD)", policy,
+         pod(container(resources=alpha, user=1000, env_from=[{"prefix": "LD_", "configMapRef": {"name": "c"}}])),
+         [env_from]),
+        ("envFrom prefix CUSHARE_", policy,
+         pod(container(resources=alpha, user=1000, env_from=[{"prefix": "CUSHARE_", "secretRef": {"name": "s"}}])),
+         [env_from]),
+        ("envFrom prefix C", policy,
+         pod(container(resources=alpha, user=1000, env_from=[{"prefix": "C", "configMapRef": {"name": "c"}}])),
+         [env_from]),
+        # Host namespaces and directories.
+        ("alpha with hostIPC (MPS needs it)", policy, pod(ok, host_ipc=True), []),
+        ("alpha with hostPID", policy, pod(ok, host_pid=True), [host]),
+        ("alpha with hostNetwork", policy, pod(ok, host_network=True), [host]),
+        ("alpha mounting the ledger directory", policy, pod(ok, host_paths=["/dev/shm/cushare"]), [host]),
+        ("alpha mounting /dev (above the ledgers)", policy, pod(ok, host_paths=["/dev"]), [host]),
+        ("alpha mounting /", policy, pod(ok, host_paths=["/"]), [host]),
+        ("alpha mounting /run/cushare/ (the broker's socket)", policy, pod(ok, host_paths=["/run/cushare/"]), [host]),
+        ("alpha mounting /data/../dev/shm", policy, pod(ok, host_paths=["/data/../dev/shm"]), [host]),
+        ("alpha mounting //dev/shm", policy, pod(ok, host_paths=["//dev/shm"]), [host]),
+        ("alpha mounting its models (/data/models)", policy, pod(ok, host_paths=["/data/models", "/runner"]), []),
+    ]
+    # Every pod of a labelled tenant namespace, with or without a cushare.io resource.
+    plain = container(user=1001)
+    cases += [
+        ("ns: a plain pod", namespaces, pod(plain), []),
+        ("ns: alpha's pod with hostIPC (MPS)", namespaces, pod(ok, host_ipc=True), []),
+        ("ns: no cushare resource, hostIPC, beta's uid (the host's /dev/shm)", namespaces, pod(plain, host_ipc=True),
+         [ns_ipc]),
+        ("ns: hostIPC false said", namespaces, pod(plain, host_ipc=False), []),
+        ("ns: hostPID", namespaces, pod(plain, host_pid=True), [ns_host]),
+        ("ns: hostNetwork", namespaces, pod(ok, host_network=True), [ns_host]),
+        ("ns: hostPath of the ledger directory", namespaces, pod(plain, host_paths=["/dev/shm/cushare/beta.ledger"]),
+         [ns_paths]),
+        ("ns: hostPath /run (above the broker's socket)", namespaces, pod(plain, host_paths=["/run"]), [ns_paths]),
+        ("ns: hostPath of the device plugins' sockets", namespaces,
+         pod(plain, host_paths=["/var/lib/kubelet/device-plugins"]), [ns_paths]),
+        ("ns: hostPath /srv/cache", namespaces, pod(plain, host_paths=["/srv/cache"]), []),
     ]
     for name, pol, p, want_denials in cases:
         got = pol.denials(copy.deepcopy(p))
@@ -222,9 +282,17 @@ def main(deploy):
             tpl = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "example"}, "spec": d["spec"]["template"]["spec"]}
             got = policy.denials(tpl)
             need(got == [], f"example-inference.yaml: its pods are denied (or not judged): {got}")
+    for d in load(deploy, "example-inference.yaml"):
+        if d["kind"] == "Namespace":
+            need(d["metadata"].get("labels", {}).get("cushare.io/tenants") == "enabled",
+                 "example-inference.yaml: its tenant namespace is labelled cushare.io/tenants=enabled")
+        if d["kind"] == "Deployment":
+            tpl = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "example"}, "spec": d["spec"]["template"]["spec"]}
+            need(namespaces.denials(tpl) == [], "example-inference.yaml: its pods pass the namespace policy")
     # Every rule denies at least one case: none of them is a check that cannot fail.
     denied = {msg for _, _, _, want_denials in cases for msg in (want_denials or [])}
-    need(denied == set(m), f"rules no case denies: {set(m) - denied}")
+    every = set(m) | {ns_ipc, ns_host, ns_paths}
+    need(denied == every, f"rules no case denies: {every - denied}")
 
 
 if __name__ == "__main__":

@@ -28,9 +28,11 @@ grep -q "^gpu_check: 0 case(s) where simgpu differs from the driver; 0 case(s) w
   fail "its summary is missing or not clean"
 grep -q "did not quit\|FAILED" "$log" && fail "a daemon did not quit or a program failed"
 # The staged shim finds the libraries staged beside it (a GPU image may lack them).
+# (ldd's whole output first: `ldd | grep -q` under pipefail fails when grep stops reading early and
+# ldd dies of SIGPIPE, a verdict that depended on scheduling; a flake hunt caught it.)
+deps=$(LD_LIBRARY_PATH="$work/stage/lib/deps" ldd "$work/stage/lib/libcushare.so")
 for lib in libunwind.so.8 liblzma.so.5; do
-  LD_LIBRARY_PATH="$work/stage/lib/deps" ldd "$work/stage/lib/libcushare.so" | grep -q "$lib => $work/stage/lib/deps/$lib" ||
-    fail "the staged shim does not find the staged $lib"
+  grep -q "$lib => $work/stage/lib/deps/$lib" <<<"$deps" || fail "the staged shim does not find the staged $lib"
 done
 [ "$(grep -c "^shim .*count=[1-9].* alloc=0/2" "$log")" -ge 10 ] || fail "the shim's cases do not show 1 GiB granted and a byte denied"
 [ "$(grep -c "^MPS client at .*sms attribute=" "$log")" = 11 ] || fail "not every MPS percentage was measured"

@@ -79,7 +79,8 @@ std::string listOf(const std::vector<std::string>& names) {
 
 const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "metrics_listen",
                                            "unknown_tenants", "admin_group", "state_file",
-                                           "hidden_memory_allowance", "context_memory", "profiles", "tenants",
+                                           "hidden_memory_allowance", "context_memory", "tamper_response",
+                                           "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
                                            "mps", "compute", "probes", "cdi", "kubernetes"};
 const std::vector<std::string> kProbeKeys = {"interval_ms", "window_s", "budget_us", "kinds"};
@@ -220,6 +221,13 @@ class Parser {
     if (k == "context_memory") {
       if (!scalar(v, path, "a size per process (e.g. 512MiB, 0)", &text)) return false;
       if (!parseSize(text, &c->contextMemory, &reason)) return fail(v.mark, path, reason);
+      return true;
+    }
+    if (k == "tamper_response") {
+      if (!scalar(v, path, "kill or charge", &text)) return false;
+      if (text == "kill") c->tamperResponse = Config::TamperResponse::kKill;
+      else if (text == "charge") c->tamperResponse = Config::TamperResponse::kCharge;
+      else return fail(v.mark, path, "expected kill or charge, found " + quote(text));
       return true;
     }
     if (k == "mps") return mps(v, &c->mps);

@@ -172,6 +172,12 @@ struct Config {
   // allocations. Untracked memory up to this per process is charged but reported as context
   // memory, not as memory hidden from the ledger (no warning, no tamper count).
   uint64_t contextMemory = uint64_t{512} << 20;
+  // What the broker does to a process holding memory hidden from its ledger beyond context
+  // memory (counters zeroed or slots reaped, then allocations past the limit): kill takes it down
+  // (SIGKILL), so the device frees what it allocated in the window; charge only charges it to the
+  // tenant while the process keeps it (docs/operations.md, "A hostile tenant").
+  enum class TamperResponse { kKill, kCharge };
+  TamperResponse tamperResponse = TamperResponse::kKill;
   MpsConfig mps;
   CdiConfig cdi;
   KubernetesConfig kubernetes;

@@ -277,12 +277,14 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
     return -1;
   };
   bool failed = false, busy = false;
+  std::set<int> rewritten;  // entries whose limit or UUID someone else wrote (the watchdog's finds)
   const bool ok = guarded([&] {
     auto enforce = [&](int e, const std::string& what, uint64_t want) {
       const uint64_t have = t->ledger->limit(e);
       if (have == want) return;
       t->ledger->setLimit(e, want);
       if (watchdog) {
+        rewritten.insert(e);
         tamperLocked(t, "limit");
         CUSHARE_BLOG(warn, "tenant {} {}: the limit in its ledger was changed to {} outside the broker; restored to {}",
                      t->name, what, describeLimit(have), describeLimit(want));
@@ -297,6 +299,7 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       if (auto known = t->entryDevice.find(e); known != t->entryDevice.end() && d != static_cast<int>(known->second)) {
         d = static_cast<int>(known->second);
         t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
+        rewritten.insert(e);
         tamperLocked(t, "uuid");
         CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; restored to {}",
                      t->name, e, devices_[static_cast<size_t>(d)].uuid);
@@ -304,6 +307,7 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       if (d < 0) {
         if (t->ledger->limit(e) != 0) {
           t->ledger->setLimit(e, 0);
+          rewritten.insert(e);
           tamperLocked(t, "uuid");
           CUSHARE_BLOG(warn, "tenant {}: ledger entry {} names no device of this host: its limit is set to 0", t->name, e);
         }
@@ -331,6 +335,8 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
     faultLocked(t);
     return;
   }
+  takeBackLocked(t, rewritten);
+  if (!t->ledger) return;
   t->lockBusy = busy;
   if (busy) {
     if (!t->lockHeld) t->error = kLockPending;  // reported after the tick's bounded wait
@@ -343,6 +349,42 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
 }
 
 void Broker::tamperLocked(TenantState* t, const std::string& kind) { ++t->tamper[kind]; }
+
+// A limit or device UUID rewritten in a tenant's ledger is put back within a tick (above), but what
+// its processes allocated past the limit in between would stay on the device. With tamper_response
+// kill (the default) it is taken back: when an entry's usage exceeds its restored limit, every
+// process of the tenant holding memory there is killed (the ledger cannot say which allocation
+// came in the window), and the device frees what they held.
+void Broker::takeBackLocked(TenantState* t, const std::set<int>& entries) {
+  if (entries.empty() || config_.tamperResponse != Config::TamperResponse::kKill || !t->ledger) return;
+  std::vector<Ledger::SlotUsage> slots;
+  std::map<int, uint64_t> limits;
+  if (!guarded([&] {
+        slots = t->ledger->slots();
+        for (int e : entries) limits[e] = t->ledger->limit(e);
+      })) {
+    faultLocked(t);
+    return;
+  }
+  for (int e : entries) {
+    uint64_t used = 0;
+    for (const Ledger::SlotUsage& u : slots) used += u.used[e];
+    if (used <= limits[e]) continue;
+    for (const Ledger::SlotUsage& u : slots) {
+      if (u.used[e] == 0) continue;
+      for (const auto& [pid, p] : deviceProcesses_) {
+        if (p.tenant != t->name || p.nsPid != u.pid) continue;
+        const bool killed = killProcessIfStill(pid, p.startTime);
+        if (killed) tamperLocked(t, "killed");
+        CUSHARE_BLOG(warn,
+                     "tenant {}: ledger entry {} holds {} past its restored limit {}: pid {} {} (tamper_response: "
+                     "kill), so the device frees what it allocated while the limit was rewritten",
+                     t->name, e, formatSize(used), describeLimit(limits[e]), pid,
+                     killed ? "killed" : "could not be killed (gone already?)");
+      }
+    }
+  }
+}
 
 // A ledger whose mapping faulted (its file was truncated): drop the mapping; the next scan opens
 // the file again (and refuses it, or finds it re-initialised, like any ledger).

@@ -39,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -196,6 +197,10 @@ class Broker {
     std::map<int, std::pair<uint64_t, bool>> notMpsClients;
   };
 
+  // SIGKILL to host pid if it is still the process that started at startTime (hidden_memory.cpp:
+  // through a pidfd, the start time checked after opening it, so a reused pid is never signalled).
+  static bool killProcessIfStill(int pid, uint64_t startTime);
+
   // What the broker learned about a process the device reports (host pid).
   struct DeviceProcess {
     uint64_t startTime = 0;  // /proc/<pid>/stat: with the pid, the process's identity
@@ -266,6 +271,9 @@ class Broker {
   // busy: ledgers found flock-held, to wait for once (nullptr: the wait is over, report them).
   int tickLocked(bool scanDirectory, std::vector<std::string>* busy);
   void tamperLocked(TenantState* t, const std::string& kind);
+  // A rewritten limit or UUID put back (applyLimitsLocked): with tamper_response kill, the
+  // processes holding memory past the restored limit on those entries are killed.
+  void takeBackLocked(TenantState* t, const std::set<int>& entries);
   void claimChargeLocked(TenantState* t);
   // hidden_memory.cpp: attributes the device's processes to tenants and charges hidden memory.
   // What a tenant's ledger slots show per entry (the broker's charge slot left out).

@@ -13,7 +13,11 @@
 // slot, so the tenant's admission sees its real total and denies what would pass the limit. The
 // slot is rewritten every tick (the tenant can zero it). Untracked memory up to context_memory per
 // process is what an honest process's context holds: charged, reported as such (info), not as
-// tampering; beyond it, a warning and cushare_tenant_tamper_total{kind="hidden"}.
+// tampering; beyond it, a warning and cushare_tenant_tamper_total{kind="hidden"}, and with
+// tamper_response kill (the default) each of the tenant's processes holding more than a context
+// beyond its own slot is killed, so the device frees what it allocated in the window
+// (kind="killed"; which process zeroed the counters cannot be known: the ones holding the
+// untracked memory are the ones taken down).
 //
 // No false charge for an honest tenant: its slots never show less than the device holds (the
 // shim reserves before the driver allocates and releases after it frees), but the ledger and the
@@ -29,6 +33,10 @@
 // change nothing for attribution. A slot records its process's pid in the process's own
 // namespace; the broker maps it through /proc/<pid>/status NSpid (the innermost pid) when it
 // decides whether a slot with a free lock still has a live process (liveElsewhereLocked).
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -95,6 +103,15 @@ int32_t innermostPidOf(int pid) {
 }
 
 }  // namespace
+
+bool Broker::killProcessIfStill(int pid, uint64_t startTime) {
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return false;
+  const bool ok = startTime != 0 && startTimeOf(pid) == startTime &&
+                  ::syscall(SYS_pidfd_send_signal, fd, SIGKILL, nullptr, 0) == 0;
+  ::close(fd);
+  return ok;
+}
 
 void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevice) {
   std::set<int> reported;
@@ -281,6 +298,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         break;
       }
       std::string who;
+      std::vector<std::pair<int, uint64_t>> culprits;  // host pid, start time: beyond context memory
       for (const auto& [pid, p] : deviceProcesses_) {
         if (p.tenant != name) continue;
         const auto it = onDevice[d].find(pid);
@@ -293,12 +311,24 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
                (p.nsPid != pid ? " (" + std::to_string(p.nsPid) + " in its pid namespace)" : "") +
                ": " + formatSize(onDev) + " on the device, " + formatSize(inSlot) +
                " in its ledger slot";
+        // An honest process holds at most its context beyond its slot; the tenant's total beyond
+        // that many contexts means at least one of its processes holds more than one.
+        if (onDev - inSlot > config_.contextMemory + config_.hiddenMemoryAllowance)
+          culprits.emplace_back(pid, p.startTime);
       }
       CUSHARE_BLOG(warn,
                    "tenant {} device {}: its processes hold {} on the device, {} more than its "
                    "ledger shows{}; "
                    "charged to the tenant (counted in its usage) while the device holds it",
                    name, d, formatSize(held[d]), formatSize(t.hidden[d]), who);
+      // tamper_response kill (the default): what it allocated in the window goes with it.
+      if (config_.tamperResponse != Config::TamperResponse::kKill) continue;
+      for (const auto& [pid, start] : culprits) {
+        const bool killed = killProcessIfStill(pid, start);
+        if (killed) tamperLocked(&t, "killed");
+        CUSHARE_BLOG(warn, "tenant {} device {}: pid {} {} (tamper_response: kill): the device frees what it hid",
+                     name, d, pid, killed ? "killed" : "could not be killed (gone already?)");
+      }
     }
   }
 }

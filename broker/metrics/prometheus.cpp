@@ -318,8 +318,9 @@ void renderTenants(const BrokerSnapshot& s, Writer& w) {
     if (!t.error.empty()) w.sample({{"tenant", t.name}}, 1);
   w.family("cushare_tenant_tamper_total", kCounter,
            "Changes a process of the tenant made to its ledger that the broker undid or charged, "
-           "by kind: hidden, limit, uuid, descriptor, link, busy (GPU time its processes did not meter); not-mps-client counts its processes found "
-           "running outside the broker's MPS (docs/mps.md).");
+           "by kind: hidden, limit, uuid, descriptor, link, busy (GPU time its processes did not "
+           "meter), killed (processes taken down for hidden memory); not-mps-client counts its "
+           "processes found running outside the broker's MPS (docs/mps.md).");
   for (const TenantSnapshot& t : s.tenants)
     for (const auto& [kind, n] : t.tamper) w.sample({{"tenant", t.name}, {"kind", kind}}, n);
 }

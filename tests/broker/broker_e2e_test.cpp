@@ -797,9 +797,10 @@ uint64_t deviceHeld(const std::vector<int>& pids) {
 }
 
 // simgpu counts nothing the shim does not (no context memory): every untracked byte is reported
-// as hidden (context_memory: 0), as well as charged.
+// as hidden (context_memory: 0), as well as charged. These tests watch the charge, so the
+// tampering process is left running (tamper_response: charge; the default kills it, below).
 const std::string kAlphaBeta =
-    "context_memory: 0\n"
+    "context_memory: 0\ntamper_response: charge\n"
     "tenants:\n  - {name: alpha, memory: 256MiB, uid: 1000}\n  - {name: beta, memory: 256MiB}\n";
 
 // A process of the tenant truncating its ledger in a tight loop, from before the broker starts
@@ -918,6 +919,38 @@ TEST(Tamper, ZeroedCountersAreFoundInTheDevicesAccounting) {
   ASSERT_EQ(a.ask("freeall"), "ok");
   EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 0; })) << usedOn0(b.tenant("alpha"));
   EXPECT_EQ(a2.ask("alloc " + std::to_string(256 * MiB)), "ok");
+}
+
+// The default tamper response: a process that zeroes its counters and allocates past its limit
+// is killed once the device's accounting shows it (five ticks), so the device frees what it took
+// in the window (found by the second review: with the charge alone the device held 4096 MiB for a
+// 512 MiB limit for as long as the process lived). Judged by the device's own count; the bound is
+// printed (design: five 50 ms ticks). An honest process of the tenant beside it is left alone.
+TEST(Tamper, ATamperingProcessIsKilledAndTheDeviceFreesWhatItTook) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB}\n  - {name: beta, memory: 256MiB}\n"))
+      << b.log();
+  Child honest = b.tenantProcess("alpha");
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(a.ask("zero"), "ok");  // every counter of the ledger: the honest one allocates after it
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok") << "the shim believes the ledger";
+  ASSERT_EQ(honest.ask("alloc " + std::to_string(16 * MiB)), "ok");
+  const int pid = a.pid();
+  EXPECT_EQ(deviceHeld({pid, honest.pid()}), (400 + 16) * MiB) << "past the limit on the device";
+  const int status = a.wait(5000);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("the tampering process was killed %.0f ms after its allocation past the limit\n", ms);
+  ASSERT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status << "\n" << b.log();
+  EXPECT_TRUE(waitFor([&] { return deviceHeld({pid}) == 0; }, milliseconds(2000))) << "the device freed it";
+  EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 16 * MiB; }, milliseconds(2000)))
+      << usedOn0(b.tenant("alpha"));
+  EXPECT_EQ(honest.ask("alloc " + std::to_string(16 * MiB)), "ok") << "the honest process lives on";
+  EXPECT_NE(b.log().find("tenant alpha device 0: pid " + std::to_string(pid) + " killed (tamper_response: kill)"),
+            std::string::npos) << b.log();
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"killed\"} 1\n"), std::string::npos) << m;
 }
 
 // With the default configuration (hidden_memory_allowance 0, context_memory 512 MiB) memory a
@@ -1177,6 +1210,44 @@ TEST(Tamper, RewrittenDeviceUuidAndLimitAreRestored) {
   const std::string m = b.metrics();
   EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"uuid\"} 1\n"), std::string::npos) << m;
   EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
+}
+
+// A limit rewritten in the ledger and memory allocated past it before the broker's next tick: the
+// limit is put back and the memory taken back (tamper_response kill, the default: the tenant's
+// processes holding it are killed and the device frees it). The broker is stopped (SIGSTOP) across
+// the rewrite and the allocation, so the window the attack needs is certain. Before, the device
+// kept what was allocated in the window for as long as the process lived (the second review: 4096
+// MiB for a 512 MiB limit).
+TEST(Tamper, MemoryAllocatedUnderARewrittenLimitIsTakenBack) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB}\n  - {name: beta, memory: 256MiB}\n"))
+      << b.log();
+  Child a = b.tenantProcess("alpha");
+  Child other = b.tenantProcess("beta");
+  ASSERT_EQ(other.ask("alloc " + std::to_string(16 * MiB)), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(16 * MiB)), "ok");
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  const uint64_t huge = 64ull << 30;
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  rawWrite(path, offsetof(LedgerHeader, devices) + offsetof(LedgerDevice, limit), &huge, 8);
+  const std::string r = a.ask("alloc " + std::to_string(1024 * MiB));
+  const int pid = a.pid();
+  const uint64_t held = deviceHeld({pid});
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  ASSERT_EQ(r, "ok") << "the shim believed the rewritten limit";
+  EXPECT_EQ(held, 1040 * MiB) << "past the limit on the device";
+  const int status = a.wait(5000);
+  ASSERT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status << "\n" << b.log();
+  EXPECT_TRUE(waitFor([&] { return deviceHeld({pid}) == 0; }, milliseconds(2000))) << "the device freed it";
+  EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 0; }, milliseconds(2000))) << usedOn0(b.tenant("alpha"));
+  EXPECT_EQ(other.ask("alloc " + std::to_string(16 * MiB)), "ok") << "another tenant is not touched";
+  EXPECT_NE(b.log().find("tenant alpha: ledger entry 0 holds 1.02 GiB past its restored limit 256 MiB: pid " +
+                         std::to_string(pid) + " killed (tamper_response: kill)"),
+            std::string::npos)
+      << b.log();
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"killed\"} 1\n"), std::string::npos) << m;
 }
 
 // A hard link to the ledger (made by the tenant's user, anywhere on the same filesystem) must not

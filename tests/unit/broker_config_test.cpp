@@ -115,6 +115,14 @@ TEST(BrokerConfig, UntrackedMemorySettings) {
   const Config z = parseOk("context_memory: 0\n");
   EXPECT_EQ(z.contextMemory, 0u);
   EXPECT_EQ(z.hiddenMemoryAllowance, 0u);
+  EXPECT_EQ(z.tamperResponse, Config::TamperResponse::kKill) << "the default takes the tampering process down";
+  EXPECT_EQ(parseOk("tamper_response: charge\n").tamperResponse, Config::TamperResponse::kCharge);
+  EXPECT_EQ(parseOk("tamper_response: kill\n").tamperResponse, Config::TamperResponse::kKill);
+  EXPECT_EQ(parseError("tamper_response: shoot\n"),
+            "b.yaml:1:18: tamper_response: expected kill or charge, found 'shoot'");
+  EXPECT_TRUE(parseOk("mps: {mode: on, multiuser: off}\n").mps.multiuser == false);
+  EXPECT_TRUE(parseOk("mps: {mode: on}\n").mps.multiuser) << "one server for every uid by default";
+  EXPECT_EQ(parseError("mps: {multiuser: yes}\n"), "b.yaml:1:18: mps.multiuser: expected on or off, found 'yes'");
 }
 
 TEST(BrokerConfig, DefaultsAndOptionalForms) {

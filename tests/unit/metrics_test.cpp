@@ -265,7 +265,7 @@ cushare_tenant_info{tenant="gamma",profile="",source="config",priority="low"} 1
 # HELP cushare_tenant_ledger_error 1 for a tenant whose ledger the broker cannot manage (see cushare status); absent otherwise.
 # TYPE cushare_tenant_ledger_error gauge
 cushare_tenant_ledger_error{tenant="gamma"} 1
-# HELP cushare_tenant_tamper_total Changes a process of the tenant made to its ledger that the broker undid or charged, by kind: hidden, limit, uuid, descriptor, link, busy (GPU time its processes did not meter); not-mps-client counts its processes found running outside the broker's MPS (docs/mps.md).
+# HELP cushare_tenant_tamper_total Changes a process of the tenant made to its ledger that the broker undid or charged, by kind: hidden, limit, uuid, descriptor, link, busy (GPU time its processes did not meter), killed (processes taken down for hidden memory); not-mps-client counts its processes found running outside the broker's MPS (docs/mps.md).
 # TYPE cushare_tenant_tamper_total counter
 cushare_tenant_tamper_total{tenant="alpha",kind="hidden"} 2
 cushare_tenant_tamper_total{tenant="alpha",kind="limit"} 1

@@ -921,6 +921,10 @@ TEST(Tamper, ZeroedCountersAreFoundInTheDevicesAccounting) {
   EXPECT_EQ(a2.ask("alloc " + std::to_string(256 * MiB)), "ok");
 }
 
+// As kAlphaBeta, with the default tamper response (kill).
+const std::string kAlphaBetaKill =
+    "context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB}\n  - {name: beta, memory: 256MiB}\n";
+
 // The default tamper response: a process that zeroes its counters and allocates past its limit
 // is killed once the device's accounting shows it (five ticks), so the device frees what it took
 // in the window (found by the second review: with the charge alone the device held 4096 MiB for a
@@ -928,8 +932,7 @@ TEST(Tamper, ZeroedCountersAreFoundInTheDevicesAccounting) {
 // printed (design: five 50 ms ticks). An honest process of the tenant beside it is left alone.
 TEST(Tamper, ATamperingProcessIsKilledAndTheDeviceFreesWhatItTook) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB}\n  - {name: beta, memory: 256MiB}\n"))
-      << b.log();
+  ASSERT_TRUE(b.start(kAlphaBetaKill)) << b.log();
   Child honest = b.tenantProcess("alpha");
   Child a = b.tenantProcess("alpha");
   ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
@@ -1220,8 +1223,7 @@ TEST(Tamper, RewrittenDeviceUuidAndLimitAreRestored) {
 // MiB for a 512 MiB limit).
 TEST(Tamper, MemoryAllocatedUnderARewrittenLimitIsTakenBack) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB}\n  - {name: beta, memory: 256MiB}\n"))
-      << b.log();
+  ASSERT_TRUE(b.start(kAlphaBetaKill)) << b.log();
   Child a = b.tenantProcess("alpha");
   Child other = b.tenantProcess("beta");
   ASSERT_EQ(other.ask("alloc " + std::to_string(16 * MiB)), "ok");

@@ -54,11 +54,16 @@ int runAs(uid_t uid, const std::function<int()>& fn) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
 }
 
-// A tenant process (tenant_worker under the shim) run as uid, from a stage every user can read
-// (the checkout may lie where uid cannot enter); its first line in *first.
+// Programs other uids run, staged once where every user can read them (the checkout may lie
+// where they cannot enter); removed at exit.
+UidTenants& users() {
+  static UidTenants u;
+  return u;
+}
+
+// A tenant process (tenant_worker under the shim) run as uid; its first line in *first.
 Child workerAs(Broker& b, uid_t uid, const std::string& tenant, std::string* first) {
-  static UidTenants users;  // staged once, removed at exit
-  Child c = users.spawn(uid, WORKER_BIN, b, tenant, {{"CUSHARE_LOG_LEVEL", "error"}});
+  Child c = users().spawn(uid, WORKER_BIN, b, tenant, {{"CUSHARE_LOG_LEVEL", "error"}});
   *first = c.readLine();
   return c;
 }
@@ -338,10 +343,7 @@ TEST(Operator, AFormerLedgersCreatorCannotChargeTheTenantMore) {
   ASSERT_TRUE(fs::exists(b.ledgerDir() + "/delta.ledger.replaced.1"));
   EXPECT_EQ(usedOn0(b.tenant("delta")), 192 * MiB);
   // A fresh process of uid 2000, without the shim, maps the former ledger and allocates 256 MiB.
-  Child raw = Child::spawn({"/usr/bin/setpriv", "--reuid=" + std::to_string(kOther), "--regid=" + std::to_string(kOther),
-                            "--clear-groups", WORKER_BIN},
-                           {{"LD_PRELOAD", ""}, {"CUSHARE_TENANT", "delta"}, {"CUSHARE_LEDGER_DIR", b.ledgerDir()}},
-                           b.dir() + "/tenants.log");
+  Child raw = users().spawn(kOther, WORKER_BIN, b, "delta", {{"LD_PRELOAD", ""}, {"CUSHARE_LOG_LEVEL", ""}});
   ASSERT_EQ(raw.readLine(), "ready") << fileText(b.dir() + "/tenants.log");
   ASSERT_EQ(raw.ask("mapfile delta.ledger.replaced.1"), "mapped");
   ASSERT_EQ(raw.ask("alloc " + std::to_string(256 * MiB)), "ok");

@@ -80,6 +80,7 @@ std::string listOf(const std::vector<std::string>& names) {
 const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "metrics_listen",
                                            "unknown_tenants", "admin_group", "state_file",
                                            "hidden_memory_allowance", "context_memory", "tamper_response",
+                                           "hidden_memory_response",
                                            "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
                                            "mps", "compute", "probes", "cdi", "kubernetes"};
@@ -223,10 +224,11 @@ class Parser {
       if (!parseSize(text, &c->contextMemory, &reason)) return fail(v.mark, path, reason);
       return true;
     }
-    if (k == "tamper_response") {
+    if (k == "tamper_response" || k == "hidden_memory_response") {
       if (!scalar(v, path, "kill or charge", &text)) return false;
-      if (text == "kill") c->tamperResponse = Config::TamperResponse::kKill;
-      else if (text == "charge") c->tamperResponse = Config::TamperResponse::kCharge;
+      Config::TamperResponse* r = k == "tamper_response" ? &c->tamperResponse : &c->hiddenMemoryResponse;
+      if (text == "kill") *r = Config::TamperResponse::kKill;
+      else if (text == "charge") *r = Config::TamperResponse::kCharge;
       else return fail(v.mark, path, "expected kill or charge, found " + quote(text));
       return true;
     }

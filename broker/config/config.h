@@ -172,12 +172,16 @@ struct Config {
   // allocations. Untracked memory up to this per process is charged but reported as context
   // memory, not as memory hidden from the ledger (no warning, no tamper count).
   uint64_t contextMemory = uint64_t{512} << 20;
-  // What the broker does to a process holding memory hidden from its ledger beyond context
-  // memory (counters zeroed or slots reaped, then allocations past the limit): kill takes it down
-  // (SIGKILL), so the device frees what it allocated in the window; charge only charges it to the
-  // tenant while the process keeps it (docs/operations.md, "A hostile tenant").
+  // What the broker does when a tenant's processes allocated past its limit behind its back:
+  // kill takes them down (SIGKILL), so the device frees what they took; charge only charges it
+  // to the tenant while they keep it (docs/operations.md, "A hostile tenant").
   enum class TamperResponse { kKill, kCharge };
+  // After a limit or device UUID rewritten in the ledger (an honest shim never writes them).
   TamperResponse tamperResponse = TamperResponse::kKill;
+  // For memory hidden from the ledger beyond context_memory per process. Charge by default: the
+  // broker cannot tell hidden memory from a context (or cuCtxSetLimit's heaps) larger than
+  // context_memory, which is not measured on a GPU yet.
+  TamperResponse hiddenMemoryResponse = TamperResponse::kCharge;
   MpsConfig mps;
   CdiConfig cdi;
   KubernetesConfig kubernetes;

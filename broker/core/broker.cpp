@@ -373,7 +373,9 @@ void Broker::takeBackLocked(TenantState* t, const std::set<int>& entries) {
     for (const Ledger::SlotUsage& u : slots) {
       if (u.used[e] == 0) continue;
       for (const auto& [pid, p] : deviceProcesses_) {
-        if (p.tenant != t->name || p.nsPid != u.pid) continue;
+        // Only the tenant's own processes: attributed through its ledger (not a former one, whose
+        // creator is another user) and running as its user (slot pids are the tenant's word).
+        if (p.tenant != t->name || p.nsPid != u.pid || p.viaFormer || uidOf(pid) != t->owner) continue;
         const bool killed = killProcessIfStill(pid, p.startTime);
         if (killed) tamperLocked(t, "killed");
         CUSHARE_BLOG(warn,
@@ -1009,12 +1011,13 @@ int Broker::tick(bool scanDirectory) {
     before = shownLocked();
   }
   std::vector<std::map<int, uint64_t>> onDevice;
-  std::vector<uint64_t> deviceUsed;
+  std::vector<uint64_t> deviceUsed, deviceUsedHigh;
   std::string err;
-  const bool device = processMemory(devices_.size(), &onDevice, &err, &deviceUsed);
+  const bool device = processMemory(devices_.size(), &onDevice, &err, &deviceUsed, &deviceUsedHigh);
   std::vector<std::map<int, uint64_t>> deviceBusy;
+  std::vector<uint8_t> busyKnown;
   std::string busyErr;
-  const bool busyRead = device && busyReader_.read(devices_.size(), &deviceBusy, &busyErr);
+  const bool busyRead = device && busyReader_.read(devices_.size(), &deviceBusy, &busyKnown, &busyErr);
   std::vector<std::string> busy;
   int reaped = 0;
   {
@@ -1026,11 +1029,12 @@ int Broker::tick(bool scanDirectory) {
     ++ticks_;
     if (device) {
       attributeLocked(onDevice);
-      checkLeftBehindLocked(onDevice, deviceUsed);
-      if (!busyRead && busyError_ != busyErr)
+      checkLeftBehindLocked(onDevice, deviceUsed, deviceUsedHigh);
+      if (!busyErr.empty() && busyError_ != busyErr)
         CUSHARE_BLOG(error, "the device's per-process busy time cannot be read, metering is not checked against it: {}",
                      busyErr);
-      busyError_ = busyRead ? "" : busyErr;
+      busyError_ = busyErr;
+      deviceBusyKnown_ = busyRead ? busyKnown : std::vector<uint8_t>(devices_.size(), 0);
       if (busyRead) checkBusyLocked(deviceBusy);
     }
     reaped = tickLocked(scanDirectory, &busy);

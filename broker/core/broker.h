@@ -200,6 +200,8 @@ class Broker {
   // SIGKILL to host pid if it is still the process that started at startTime (hidden_memory.cpp:
   // through a pidfd, the start time checked after opening it, so a reused pid is never signalled).
   static bool killProcessIfStill(int pid, uint64_t startTime);
+  // The real uid of host pid (/proc/<pid>/status); -1 if it is gone.
+  static uid_t uidOf(int pid);
 
   // What the broker learned about a process the device reports (host pid).
   struct DeviceProcess {
@@ -291,13 +293,14 @@ class Broker {
   void checkBusyLocked(const std::vector<std::map<int, uint64_t>>& busy);
   // left_behind.cpp: memory exited processes left on the device (exported VMM descriptors).
   void checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
-                             const std::vector<uint64_t>& deviceUsed);
+                             const std::vector<uint64_t>& deviceUsed, const std::vector<uint64_t>& deviceUsedHigh);
   struct LeftBehindDevice {
     std::map<int, std::pair<std::string, uint64_t>> last;  // host pid -> (tenant, bytes), last tick
     // tenant -> (slot index, slot pid) -> bytes its ledger slot showed on the device, last tick
     std::map<std::string, std::map<std::pair<int, int>, uint64_t>> lastSlots;
     std::map<std::string, uint64_t> lastListExit;  // tenant -> the tick NVML's list last lost one
-    std::vector<uint64_t> recent;  // the device's unattributed memory, the last three ticks
+    std::vector<uint64_t> recent;      // the device's unattributed memory, the last three ticks
+    std::vector<uint64_t> recentHigh;  // the same from the larger of the two reads of the total
     bool haveBase = false;
     uint64_t base = 0;             // unattributed memory that no tenant left behind
     struct Pending {               // processes that exited in one tick, decided three ticks later
@@ -363,6 +366,8 @@ class Broker {
   std::string deviceError_;  // the device's per-process accounting could not be read (logged once)
   std::string busyError_;    // the device's per-process busy time could not be read (logged once)
   ProcessBusyReader busyReader_;  // used by tick() only (the reaper's thread), outside mu_
+  // Per device: the last tick read the device's per-process busy time there (mu_).
+  std::vector<uint8_t> deviceBusyKnown_;
   std::shared_ptr<ComputeState> compute_;  // compute.cpp; created by the first computeTick
   std::unique_ptr<ProbeScheduler> probes_;  // probes.cpp; created by the first computeTick
 };

@@ -61,7 +61,9 @@ void Broker::checkBusyLocked(const std::vector<std::map<int, uint64_t>>& busy) {
       TenantDeviceSnapshot now;
       computeSnapshotLocked(name, d, &now);
       TenantState::BusyWindow& w = t.busyWindows[d];
-      if (w.startNs == 0 || now.meteredBusyNs < w.metered || now.deviceBusyNs < w.device) {
+      // Nothing is metered where metering is off and the tenant is not paced: nothing to judge.
+      const bool metering = config_.compute.metering || now.paced;
+      if (!metering || w.startNs == 0 || now.meteredBusyNs < w.metered || now.deviceBusyNs < w.device) {
         w = TenantState::BusyWindow{nowNs, now.meteredBusyNs, now.deviceBusyNs, 0, w.flagged};
         continue;
       }

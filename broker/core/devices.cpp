@@ -90,12 +90,12 @@ const Nvml* tickNvml(std::string* err) {
 }  // namespace
 
 bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
-                   std::vector<uint64_t>* deviceUsed) {
+                   std::vector<uint64_t>* deviceUsed, std::vector<uint64_t>* deviceUsedHigh) {
   const Nvml* nv = tickNvml(err);
   if (nv == nullptr) return false;
   const Nvml& n = *nv;
   std::vector<std::map<int, uint64_t>> result(devices);
-  std::vector<uint64_t> used(devices, 0);
+  std::vector<uint64_t> used(devices, 0), usedHigh(devices, 0);
   const auto readUsed = [&](nvmlDevice_t h, size_t i, uint64_t* out) {
     nvmlMemory_t m{};
     const nvmlReturn_t r = n.memory(h, &m);
@@ -106,11 +106,12 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
   for (size_t i = 0; i < devices; ++i) {
     nvmlDevice_t h;
     nvmlReturn_t r = n.handle(static_cast<unsigned>(i), &h);
-    // The device's total is read before and after its process lists, and the smaller kept: the
-    // lists and the total cannot be read at one instant, and a process allocating between the
-    // list and a later total would show as memory no process holds (left_behind.cpp would charge
-    // it to whoever exited then). With the smaller of the two, an allocation or a free between
-    // the reads can only lower "the total minus the processes", never raise it.
+    // The device's total is read before and after its process lists: the lists and the total
+    // cannot be read at one instant, and a process allocating between the list and a later total
+    // would show as memory no process holds. The smaller of the two can only under-state "the
+    // total minus the processes", the larger only over-state it: left_behind.cpp charges rises of
+    // the smaller and returns charges on falls of the larger, so allocations racing the reads
+    // neither charge an exiting tenant nor clear a real charge.
     uint64_t before = 0, after = 0;
     if (r == NVML_SUCCESS && deviceUsed != nullptr && !readUsed(h, i, &before)) return false;
     if (r == NVML_SUCCESS) r = addProcesses(n.compute, h, &result[i]);
@@ -122,14 +123,17 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
     if (deviceUsed != nullptr) {
       if (!readUsed(h, i, &after)) return false;
       used[i] = std::min(before, after);
+      usedHigh[i] = std::max(before, after);
     }
   }
   *out = std::move(result);
   if (deviceUsed != nullptr) *deviceUsed = std::move(used);
+  if (deviceUsedHigh != nullptr) *deviceUsedHigh = std::move(usedHigh);
   return true;
 }
 
-bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err) {
+bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::vector<uint8_t>* ok,
+                             std::string* err) {
   const Nvml* nv = tickNvml(err);
   if (nv == nullptr) return false;
   if (nv->utilization == nullptr) {
@@ -139,6 +143,7 @@ bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>
   lastSeenUs_.resize(devices, 0);
   lastSampleUs_.resize(devices);
   std::vector<std::map<int, uint64_t>> result(devices);
+  std::vector<uint8_t> read(devices, 0);
   std::vector<nvmlProcessUtilizationSample_t> samples(64);
   for (size_t i = 0; i < devices; ++i) {
     nvmlDevice_t h;
@@ -151,37 +156,44 @@ bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>
       samples.resize(n + 16);
       r = NVML_SUCCESS;
     }
-    if (r == NVML_ERROR_NOT_FOUND) n = 0;  // no sample newer than the last one seen
-    else if (r != NVML_SUCCESS) {
+    if (r == NVML_ERROR_NOT_FOUND) {
+      n = 0;  // no sample newer than the last one seen
+    } else if (r != NVML_SUCCESS) {
+      // This device only (one that cannot answer, e.g. with MIG on): the others are still read.
       *err = "NVML cannot read the per-process utilization of device " + std::to_string(i) + ": " + nv->describe(r);
-      return false;
+      continue;
     }
+    read[i] = 1;
     n = std::min<unsigned>(n, static_cast<unsigned>(samples.size()));
     std::sort(samples.begin(), samples.begin() + n, [](const auto& a, const auto& b) {
       return a.pid != b.pid ? a.pid < b.pid : a.timeStamp < b.timeStamp;
     });
     // A sample's smUtil is the percent of its sampling period, which ends at its timestamp and
-    // began at the process's previous sample: a process's first sample only starts its count.
+    // began at the process's previous sample (several in one read follow each other): a process's
+    // first sample only starts its count. The driver sends samples only for periods in which the
+    // process ran, so the time since its previous sample may span idle periods: a period counts
+    // as at most kMaxSamplePeriodUs (under-counting, never over-billing, where the driver's
+    // period is longer; perf/gpu_check.sh step 6 measures it).
     std::map<int, uint64_t>& last = lastSampleUs_[i];
-    std::map<int, uint64_t> seen;
     for (unsigned k = 0; k < n; ++k) {
       const nvmlProcessUtilizationSample_t& x = samples[k];
       const int pid = static_cast<int>(x.pid);
       const auto prev = last.find(pid);
-      if (prev != last.end() && x.timeStamp > prev->second && x.smUtil <= 100) {
+      if (prev != last.end() && x.timeStamp <= prev->second) continue;  // seen already
+      if (prev != last.end() && x.smUtil <= 100) {
         const uint64_t periodUs = std::min<uint64_t>(x.timeStamp - prev->second, kMaxSamplePeriodUs);
         result[i][pid] += periodUs * 1000 * x.smUtil / 100;
       }
-      if (prev == last.end() || x.timeStamp > prev->second) seen[pid] = x.timeStamp;
+      last[pid] = x.timeStamp;
       lastSeenUs_[i] = std::max<uint64_t>(lastSeenUs_[i], x.timeStamp);
     }
-    // Processes without a sample this time keep theirs (a sampling period may end later); gone
-    // ones are dropped once NVML lists them no more for a while.
-    for (const auto& [pid, ts] : seen) last[pid] = ts;
+    // Processes without a sample this time keep theirs; gone ones are dropped once NVML has sent
+    // nothing of them for a while.
     for (auto it = last.begin(); it != last.end();)
       it = lastSeenUs_[i] > it->second + kForgetAfterUs ? last.erase(it) : std::next(it);
   }
   *out = std::move(result);
+  *ok = std::move(read);
   return true;
 }
 

@@ -21,23 +21,25 @@ bool listDevices(std::vector<DeviceInfo>* out, std::string* err);
 // it cannot be loaded or answers an error. A process whose usage NVML does not report
 // (NVML_VALUE_NOT_AVAILABLE) is left out.
 // With deviceUsed: also each device's used memory as a whole (nvmlDeviceGetMemoryInfo), read
-// before and after its process lists, the smaller of the two (a change between the reads never
-// makes memory appear that no process holds).
+// before and after its process lists: the smaller of the two (a change between the reads never
+// makes memory appear that no process holds), and in deviceUsedHigh the larger (never makes it
+// disappear).
 bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
-                   std::vector<uint64_t>* deviceUsed = nullptr);
+                   std::vector<uint64_t>* deviceUsed = nullptr, std::vector<uint64_t>* deviceUsedHigh = nullptr);
 
 // The device's own count of each process's busy time, for checking what tenants meter
 // (compute.cpp): NVML's per-process utilization samples (nvmlDeviceGetProcessUtilization), each
 // the percent of its sampling period during which a kernel of the process ran, turned into
 // nanoseconds. read() gives what the samples newer than the previous read() add up to, per device
-// (listDevices' order), host pid -> ns. A process's first sample only starts its count (its
-// period's start is unknown), and a period is taken as at most kMaxSamplePeriodUs. False with one
-// line in *err when NVML cannot answer (a GPU or driver without per-process utilization).
+// (listDevices' order), host pid -> ns, and in *ok which devices answered (one that cannot leaves
+// the others read; *err says why). A process's first sample only starts its count (its period's
+// start is unknown), and a period is taken as at most kMaxSamplePeriodUs (a guess: the driver's
+// sampling period, [unverified]). False with one line in *err when NVML cannot answer at all.
 class ProcessBusyReader {
  public:
-  static constexpr uint64_t kMaxSamplePeriodUs = 2'000'000;
+  static constexpr uint64_t kMaxSamplePeriodUs = 200'000;
   static constexpr uint64_t kForgetAfterUs = 30'000'000;
-  bool read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err);
+  bool read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::vector<uint8_t>* ok, std::string* err);
 
  private:
   std::vector<unsigned long long> lastSeenUs_;          // per device: the newest sample's timestamp

@@ -14,8 +14,9 @@
 // slot is rewritten every tick (the tenant can zero it). Untracked memory up to context_memory per
 // process is what an honest process's context holds: charged, reported as such (info), not as
 // tampering; beyond it, a warning and cushare_tenant_tamper_total{kind="hidden"}, and with
-// tamper_response kill (the default) each of the tenant's processes holding more than a context
-// beyond its own slot is killed, so the device frees what it allocated in the window
+// hidden_memory_response kill (not the default: a context larger than context_memory looks the
+// same) each of the tenant's own processes (its uid, its current ledger) holding more than a
+// context beyond its own slot is killed, so the device frees what it allocated in the window
 // (kind="killed"; which process zeroed the counters cannot be known: the ones holding the
 // untracked memory are the ones taken down).
 //
@@ -103,6 +104,23 @@ int32_t innermostPidOf(int pid) {
 }
 
 }  // namespace
+
+uid_t Broker::uidOf(int pid) {
+  char path[40], line[256];
+  std::snprintf(path, sizeof(path), "/proc/%d/status", pid);
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return static_cast<uid_t>(-1);
+  uid_t uid = static_cast<uid_t>(-1);
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long real = 0;
+    if (std::sscanf(line, "Uid: %lu", &real) == 1) {
+      uid = static_cast<uid_t>(real);
+      break;
+    }
+  }
+  std::fclose(f);
+  return uid;
+}
 
 bool Broker::killProcessIfStill(int pid, uint64_t startTime) {
   const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
@@ -312,8 +330,11 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
                ": " + formatSize(onDev) + " on the device, " + formatSize(inSlot) +
                " in its ledger slot";
         // An honest process holds at most its context beyond its slot; the tenant's total beyond
-        // that many contexts means at least one of its processes holds more than one.
-        if (onDev - inSlot > config_.contextMemory + config_.hiddenMemoryAllowance)
+        // that many contexts means at least one of its processes holds more than one. Only the
+        // tenant's own processes: of its ledger (not a former one, whose creator is another
+        // user) and of its user.
+        if (onDev - inSlot > config_.contextMemory + config_.hiddenMemoryAllowance && !p.viaFormer &&
+            !formerFile(p.file) && uidOf(pid) == t.owner)
           culprits.emplace_back(pid, p.startTime);
       }
       CUSHARE_BLOG(warn,
@@ -321,12 +342,12 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
                    "ledger shows{}; "
                    "charged to the tenant (counted in its usage) while the device holds it",
                    name, d, formatSize(held[d]), formatSize(t.hidden[d]), who);
-      // tamper_response kill (the default): what it allocated in the window goes with it.
-      if (config_.tamperResponse != Config::TamperResponse::kKill) continue;
+      // hidden_memory_response kill: what it allocated in the window goes with it.
+      if (config_.hiddenMemoryResponse != Config::TamperResponse::kKill) continue;
       for (const auto& [pid, start] : culprits) {
         const bool killed = killProcessIfStill(pid, start);
         if (killed) tamperLocked(&t, "killed");
-        CUSHARE_BLOG(warn, "tenant {} device {}: pid {} {} (tamper_response: kill): the device frees what it hid",
+        CUSHARE_BLOG(warn, "tenant {} device {}: pid {} {} (hidden_memory_response: kill): the device frees what it hid",
                      name, d, pid, killed ? "killed" : "could not be killed (gone already?)");
       }
     }

@@ -18,7 +18,9 @@
 // between the list and a later total would raise U; with the smaller total a change between the
 // reads only lowers it. Before, honest churners allocating through three ticks in a row were
 // charged to tenants whose processes exited then: Reaping.SimultaneousKillsUnderLoadLeakNothing,
-// 4 MiB, in a flake hunt); smoothed as the smallest of the last three ticks. U is explained as base (memory no
+// 4 MiB, in a flake hunt); smoothed as the smallest of the last three ticks. Falls (charges
+// returned) are judged on U from the larger read, the largest of the last three ticks, so that
+// allocations racing the reads cannot make a charge look freed either. U is explained as base (memory no
 // tenant left: the driver's own reservations, other programs' orphans) plus what is charged to
 // tenants. When processes exit, their tick opens a pending decision; three ticks later the rise of
 // smoothed U over what is explained is charged to the exited processes' tenants and logged:
@@ -57,8 +59,9 @@ uint64_t sumOf(const std::vector<std::pair<std::string, uint64_t>>& v) {
 }  // namespace
 
 void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
-                                   const std::vector<uint64_t>& deviceUsed) {
-  const size_t n = std::min(onDevice.size(), deviceUsed.size());
+                                   const std::vector<uint64_t>& deviceUsed,
+                                   const std::vector<uint64_t>& deviceUsedHigh) {
+  const size_t n = std::min({onDevice.size(), deviceUsed.size(), deviceUsedHigh.size()});
   leftBehind_.resize(n);
   for (size_t d = 0; d < n; ++d) {
     LeftBehindDevice& L = leftBehind_[d];
@@ -68,6 +71,12 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
     L.recent.push_back(u);
     if (L.recent.size() > static_cast<size_t>(kDecideAfterTicks)) L.recent.erase(L.recent.begin());
     const uint64_t smooth = *std::min_element(L.recent.begin(), L.recent.end());
+    // Falls are judged on the larger reading, held for three ticks: allocations racing the reads
+    // (which lower the smaller one) cannot make a charge look freed.
+    const uint64_t uHigh = deviceUsedHigh[d] > attributed ? deviceUsedHigh[d] - attributed : 0;
+    L.recentHigh.push_back(uHigh);
+    if (L.recentHigh.size() > static_cast<size_t>(kDecideAfterTicks)) L.recentHigh.erase(L.recentHigh.begin());
+    const uint64_t smoothHigh = *std::max_element(L.recentHigh.begin(), L.recentHigh.end());
 
     // Processes gone since the last tick open a decision: from NVML's list, and from the ledgers.
     LeftBehindDevice::Pending exits;
@@ -155,8 +164,8 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
     }
 
     const uint64_t explained = L.base + charged;
-    if (smooth < explained) {  // freed: return charges, oldest first, then lower the base
-      uint64_t gone = explained - smooth;
+    if (smoothHigh < explained) {  // freed: return charges, oldest first, then lower the base
+      uint64_t gone = explained - smoothHigh;
       for (auto it = L.charged.begin(); it != L.charged.end() && gone > 0;) {
         const uint64_t take = std::min(gone, it->second);
         it->second -= take;
@@ -169,7 +178,7 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
         }
       }
       L.base -= std::min(L.base, gone);
-    } else if (L.pending.empty()) {
+    } else if (L.pending.empty() && smooth > explained) {
       L.base = smooth - charged;  // a rise nobody's exit explains is not a tenant's leaving
     }
     // Charges of tenants that are gone are dropped.

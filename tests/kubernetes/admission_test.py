@@ -112,7 +112,7 @@ def pod(*containers, user=None, init=(), group=None, supplemental=None, fs_group
 # A container as a careful operator writes it (no escalation, every capability dropped); the
 # keywords take that away or add what a case needs.
 def container(name="app", resources=None, user=None, env=None, env_from=None, privileged=None, group=None,
-              escalation=False, drop=("ALL",)):
+              escalation=False, drop=("ALL",), add=None):
     c = {"name": name, "image": "inference:1"}
     if resources is not None:
         c["resources"] = {"limits": resources}
@@ -125,8 +125,12 @@ def container(name="app", resources=None, user=None, env=None, env_from=None, pr
         sc["privileged"] = privileged
     if escalation is not None:
         sc["allowPrivilegeEscalation"] = escalation
-    if drop is not None:
-        sc["capabilities"] = {"drop": list(drop)}
+    if drop is not None or add is not None:
+        sc["capabilities"] = {}
+        if drop is not None:
+            sc["capabilities"]["drop"] = list(drop)
+        if add is not None:
+            sc["capabilities"]["add"] = list(add)
     if sc:
         c["securityContext"] = sc
     if env is not None:
@@ -178,9 +182,9 @@ def main(deploy):
     need(policy.tenants() == want, f"the policy's tenants {policy.tenants()} != the broker's {want}")
 
     m = [msg for msg, _ in policy.validations]
-    one, known, uid, priv, env, env_from, pidns, host, groups = m
+    one, known, uid, sameuid, priv, env, env_from, pidns, host, groups = m
     namespaces = Policy(ns_vap["spec"])
-    ns_ipc, ns_host, ns_paths = [msg for msg, _ in namespaces.validations]
+    ns_ipc, ns_host, ns_paths, ns_priv = [msg for msg, _ in namespaces.validations]
     # Beta with a group (0660 ledger): nobody else may hold it.
     grouped = Policy(spec, "{'alpha': {'uid': 1000}, 'beta': {'uid': 1001, 'gid': 2001}}")
     alpha = {"cushare.io/alpha": 1}
@@ -200,7 +204,13 @@ def main(deploy):
         ("alpha as root", policy, pod(container(resources=alpha, user=0)), [uid]),
         ("pod uid right, container's wrong", policy, pod(container(resources=alpha, user=1001), user=1000), [uid]),
         ("init container as the wrong uid", policy, pod(container(), init=[container("init", resources=alpha, user=1001)]),
-         [uid]),
+         [uid, sameuid]),
+        ("an init container of the pod's uid", policy, pod(container(resources=alpha), init=[container("init")], user=1000),
+         []),
+        ("a sidecar as beta's uid beside alpha (it would share the pod's hostIPC)", policy,
+         pod(ok, container("side", user=1001), host_ipc=True), [sameuid]),
+        ("a root sidecar, capabilities dropped", policy, pod(ok, container("side", user=0)), [sameuid]),
+        ("a sidecar of no uid (the image's USER) beside alpha", policy, pod(ok, container("side")), [sameuid]),
         ("a tenant not in the policy", policy, pod(container(resources={"cushare.io/gamma": 1}, user=1000)), [known, uid]),
         ("two tenants", policy, pod(container(resources={"cushare.io/alpha": 1, "cushare.io/beta": 1}, user=1000)),
          [one, uid]),
@@ -210,10 +220,11 @@ def main(deploy):
         ("capabilities kept", policy, pod(container(resources=alpha, user=1000, drop=None)), [priv]),
         ("privileged", policy, pod(container(resources=alpha, user=1000, privileged=True)), [priv]),
         ("a privileged sidecar beside the tenant container", policy,
-         pod(ok, container("sidecar", user=0, privileged=True)), [priv]),
+         pod(ok, container("sidecar", user=1000, privileged=True)), [priv]),
         ("sets CUSHARE_TENANT", policy, pod(container(resources=alpha, user=1000, env={"CUSHARE_TENANT": "beta"})), [env]),
         ("replaces LD_PRELOAD", policy, pod(container(resources=alpha, user=1000, env={"LD_PRELOAD": "/x.so"})), [env]),
-        ("a sidecar sets CUSHARE_LEDGER_DIR", policy, pod(ok, container("side", env={"CUSHARE_LEDGER_DIR": "/x"})), [env]),
+        ("a sidecar sets CUSHARE_LEDGER_DIR", policy,
+         pod(ok, container("side", user=1000, env={"CUSHARE_LEDGER_DIR": "/x"})), [env]),
         ("envFrom without a prefix", policy,
          pod(container(resources=alpha, user=1000, env_from=[{"configMapRef": {"name": "c"}}])), [env_from]),
         ("a shared process namespace", policy, pod(ok, share_pid=True), [pidns]),
@@ -254,6 +265,10 @@ def main(deploy):
         ("alpha mounting /data/../dev/shm", policy, pod(ok, host_paths=["/data/../dev/shm"]), [host]),
         ("alpha mounting //dev/shm", policy, pod(ok, host_paths=["//dev/shm"]), [host]),
         ("alpha mounting its models (/data/models)", policy, pod(ok, host_paths=["/data/models", "/runner"]), []),
+        ("alpha mounting dev/shm (relative)", policy, pod(ok, host_paths=["dev/shm"]), [host]),
+        ("alpha mounting /proc/1/root (the host's / through init)", policy, pod(ok, host_paths=["/proc/1/root"]), [host]),
+        ("alpha mounting /var/run/nvidia-mps", policy, pod(ok, host_paths=["/var/run/nvidia-mps"]), [host]),
+        ("alpha mounting the kubelet's directory", policy, pod(ok, host_paths=["/var/lib/kubelet"]), [host]),
     ]
     # Every pod of a labelled tenant namespace, with or without a cushare.io resource.
     plain = container(user=1001)
@@ -271,6 +286,11 @@ def main(deploy):
         ("ns: hostPath of the device plugins' sockets", namespaces,
          pod(plain, host_paths=["/var/lib/kubelet/device-plugins"]), [ns_paths]),
         ("ns: hostPath /srv/cache", namespaces, pod(plain, host_paths=["/srv/cache"]), []),
+        ("ns: a privileged container", namespaces, pod(container(user=1001, privileged=True)), [ns_priv]),
+        ("ns: a container adding SYS_ADMIN", namespaces, pod(container(user=1001, drop=None, add=["SYS_ADMIN"])),
+         [ns_priv]),
+        ("ns: a container adding NET_BIND_SERVICE (baseline allows it)", namespaces,
+         pod(container(user=1001, drop=None, add=["NET_BIND_SERVICE"])), []),
     ]
     for name, pol, p, want_denials in cases:
         got = pol.denials(copy.deepcopy(p))
@@ -291,7 +311,7 @@ def main(deploy):
             need(namespaces.denials(tpl) == [], "example-inference.yaml: its pods pass the namespace policy")
     # Every rule denies at least one case: none of them is a check that cannot fail.
     denied = {msg for _, _, _, want_denials in cases for msg in (want_denials or [])}
-    every = set(m) | {ns_ipc, ns_host, ns_paths}
+    every = set(m) | {ns_ipc, ns_host, ns_paths, ns_priv}
     need(denied == every, f"rules no case denies: {every - denied}")
 
 

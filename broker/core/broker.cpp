@@ -1034,7 +1034,6 @@ int Broker::tick(bool scanDirectory) {
         CUSHARE_BLOG(error, "the device's per-process busy time cannot be read, metering is not checked against it: {}",
                      busyErr);
       busyError_ = busyErr;
-      deviceBusyKnown_ = busyRead ? busyKnown : std::vector<uint8_t>(devices_.size(), 0);
       if (busyRead) checkBusyLocked(deviceBusy);
     }
     reaped = tickLocked(scanDirectory, &busy);

@@ -366,8 +366,6 @@ class Broker {
   std::string deviceError_;  // the device's per-process accounting could not be read (logged once)
   std::string busyError_;    // the device's per-process busy time could not be read (logged once)
   ProcessBusyReader busyReader_;  // used by tick() only (the reaper's thread), outside mu_
-  // Per device: the last tick read the device's per-process busy time there (mu_).
-  std::vector<uint8_t> deviceBusyKnown_;
   std::shared_ptr<ComputeState> compute_;  // compute.cpp; created by the first computeTick
   std::unique_ptr<ProbeScheduler> probes_;  // probes.cpp; created by the first computeTick
 };

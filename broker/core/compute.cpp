@@ -38,10 +38,6 @@ constexpr uint64_t kSuspectIdle = 5 * kMs;
 constexpr uint64_t kSuspectDrain = 2 * kMs;
 constexpr uint64_t kIdlePass = 1 * kMs;         // no work for this long: the turn passes
 constexpr uint64_t kCounterSlack = 200 * kMs;   // a counter may run ahead of the broker's ticks
-// How far a tenant's metered busy time may run ahead of the device's own count for it and still
-// be billed (busy_check.cpp): honest metering runs ahead a little (events time a stream from the
-// launch, two processes time-slicing are each metered for the other's slices).
-constexpr uint64_t kMeteredLead = 500 * kMs;
 constexpr uint32_t kInFlightSane = 1u << 20;    // more than this in flight: a scribble
 constexpr uint64_t kHeartbeat = 500 * kMs;      // gate_epoch moves at least this often
 constexpr uint64_t kBlockedStale = 20 * kMs;    // a waiter that does not go through an open gate
@@ -337,13 +333,12 @@ std::chrono::microseconds Broker::computeTick() {
         const uint64_t counted = d < t.deviceBusy.size() ? t.deviceBusy[d] : 0;
         if (!td.seen) td.deviceBase = counted;
         td.device = counted - std::min(counted, td.deviceBase);
-        // Billed: the larger of the two, with what was metered beyond the device's count bounded
-        // (kMeteredLead): a tenant that wrote large busy_ns into its slots would otherwise bank a
-        // lead over the device and then run unmetered (a silent CUPTI) until the device caught up.
-        // Without the device's count (NVML cannot give it) the metered time alone, as before.
-        const bool known = d < deviceBusyKnown_.size() && deviceBusyKnown_[d] != 0;
-        const uint64_t metered = known ? std::min(td.metered, td.device + kMeteredLead) : td.metered;
-        td.busyTotal = std::max({td.busyTotal, metered, td.device});
+        // Billed: the larger of the two totals. (Bounding what was metered beyond the device's
+        // count was tried and dropped: metered time includes waits behind other contexts' slices,
+        // which pacing and priorities charge on purpose; bounded, a low priority tenant left its
+        // floor and a process outside MPS its cap. So a tenant can still bank metered time ahead
+        // of the device: docs/security.md.)
+        td.busyTotal = std::max({td.busyTotal, td.metered, td.device});
         if (td.suspect && td.busyTotal > td.suspectBusy) td.suspect = false;  // it ran: believed again
         td.seen = true;
         td.busyStep = td.busyTotal - busyBefore;

@@ -1015,9 +1015,8 @@ int Broker::tick(bool scanDirectory) {
   std::string err;
   const bool device = processMemory(devices_.size(), &onDevice, &err, &deviceUsed, &deviceUsedHigh);
   std::vector<std::map<int, uint64_t>> deviceBusy;
-  std::vector<uint8_t> busyKnown;
   std::string busyErr;
-  const bool busyRead = device && busyReader_.read(devices_.size(), &deviceBusy, &busyKnown, &busyErr);
+  const bool busyRead = device && busyReader_.read(devices_.size(), &deviceBusy, &busyErr);
   std::vector<std::string> busy;
   int reaped = 0;
   {

@@ -132,8 +132,7 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
   return true;
 }
 
-bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::vector<uint8_t>* ok,
-                             std::string* err) {
+bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err) {
   const Nvml* nv = tickNvml(err);
   if (nv == nullptr) return false;
   if (nv->utilization == nullptr) {
@@ -143,7 +142,6 @@ bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>
   lastSeenUs_.resize(devices, 0);
   lastSampleUs_.resize(devices);
   std::vector<std::map<int, uint64_t>> result(devices);
-  std::vector<uint8_t> read(devices, 0);
   std::vector<nvmlProcessUtilizationSample_t> samples(64);
   for (size_t i = 0; i < devices; ++i) {
     nvmlDevice_t h;
@@ -163,7 +161,6 @@ bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>
       *err = "NVML cannot read the per-process utilization of device " + std::to_string(i) + ": " + nv->describe(r);
       continue;
     }
-    read[i] = 1;
     n = std::min<unsigned>(n, static_cast<unsigned>(samples.size()));
     std::sort(samples.begin(), samples.begin() + n, [](const auto& a, const auto& b) {
       return a.pid != b.pid ? a.pid < b.pid : a.timeStamp < b.timeStamp;
@@ -193,7 +190,6 @@ bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>
       it = lastSeenUs_[i] > it->second + kForgetAfterUs ? last.erase(it) : std::next(it);
   }
   *out = std::move(result);
-  *ok = std::move(read);
   return true;
 }
 

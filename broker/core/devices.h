@@ -31,15 +31,15 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
 // (compute.cpp): NVML's per-process utilization samples (nvmlDeviceGetProcessUtilization), each
 // the percent of its sampling period during which a kernel of the process ran, turned into
 // nanoseconds. read() gives what the samples newer than the previous read() add up to, per device
-// (listDevices' order), host pid -> ns, and in *ok which devices answered (one that cannot leaves
-// the others read; *err says why). A process's first sample only starts its count (its period's
+// (listDevices' order), host pid -> ns (a device that cannot answer adds nothing and leaves the
+// others read; *err says why). A process's first sample only starts its count (its period's
 // start is unknown), and a period is taken as at most kMaxSamplePeriodUs (a guess: the driver's
 // sampling period, [unverified]). False with one line in *err when NVML cannot answer at all.
 class ProcessBusyReader {
  public:
   static constexpr uint64_t kMaxSamplePeriodUs = 200'000;
   static constexpr uint64_t kForgetAfterUs = 30'000'000;
-  bool read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::vector<uint8_t>* ok, std::string* err);
+  bool read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err);
 
  private:
   std::vector<unsigned long long> lastSeenUs_;          // per device: the newest sample's timestamp

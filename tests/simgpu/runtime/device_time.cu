@@ -145,7 +145,10 @@ TEST(DeviceTime, StreamsOfOneContextRunSideBySide) {
   cudaEvent_t start, end2;
   CUDA_ASSERT(cudaEventCreate(&start));
   CUDA_ASSERT(cudaEventCreate(&end2));
-  hog<<<1, 32, 0, s1>>>(nullptr, 20'000'000);
+  // A head start of 200 ms of device time: both kernels below must be submitted before it ends
+  // (device time follows the host's clock; at 20 ms a host thread descheduled under load submitted
+  // the second kernel after the first had started, and they ran one after the other).
+  hog<<<1, 32, 0, s1>>>(nullptr, 200'000'000);
   CUDA_ASSERT(cudaEventRecord(start, s1));
   CUDA_ASSERT(cudaStreamWaitEvent(s2, start, 0));
   // Each kernel's 4 blocks of 1024 threads fill two of the four SMs: both fit at once.

@@ -603,7 +603,7 @@ TEST(Security, ALimitRewrittenInTheLedgerIsRestored) {
     std::this_thread::sleep_for(milliseconds(1));
   EXPECT_EQ(ledger->limit(0), 512 * MiB);
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
-  EXPECT_NE(b.log().find("tenant alpha device 0: the limit in its ledger was changed to 4 GiB outside the broker; restored to 512 MiB"), std::string::npos) << b.log();
+  EXPECT_TRUE(b.logHas("tenant alpha device 0: the limit in its ledger was changed to 4 GiB outside the broker; restored to 512 MiB")) << b.log();
 }
 
 // A process that holds the init lock of a ledger forever, or truncates a ledger under the broker's
@@ -878,7 +878,7 @@ TEST(Tamper, HeldLedgerLockCostsOneBoundedWaitOutsideTheBrokersLock) {
   EXPECT_TRUE(waitFor([&] { return b.tenant("alpha").error().empty(); })) << b.tenant("alpha").error();
   EXPECT_EQ(limitOn0(b.tenant("alpha")), 256 * MiB);
   EXPECT_EQ(b.metrics().find("cushare_tenant_ledger_error{tenant=\"alpha\"}"), std::string::npos) << "the error is gone";
-  EXPECT_NE(b.log().find("tenant alpha: ledger " + alphaLedger + " is usable again"), std::string::npos) << b.log();
+  EXPECT_TRUE(b.logHas("tenant alpha: ledger " + alphaLedger + " is usable again")) << b.log();
   ::close(pipeFds[0]);
   ::close(pipeFds[1]);
 }
@@ -963,8 +963,7 @@ TEST(Tamper, ATamperingProcessIsKilledAndTheDeviceFreesWhatItTook) {
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::printf("the tampering process was killed and its memory freed %.0f ms after the broker could look\n", ms);
   EXPECT_EQ(honest.ask("alloc " + std::to_string(16 * MiB)), "ok") << "the honest process lives on";
-  EXPECT_NE(b.log().find("tenant alpha device 0: pid " + std::to_string(pid) + " killed (hidden_memory_response: kill)"),
-            std::string::npos) << b.log();
+  EXPECT_TRUE(b.logHas("tenant alpha device 0: pid " + std::to_string(pid) + " killed (hidden_memory_response: kill)")) << b.log();
 }
 
 // With the default configuration (hidden_memory_allowance 0, context_memory 512 MiB) memory a
@@ -988,8 +987,7 @@ TEST(Tamper, MemoryWithinAContextsSizeIsChargedToo) {
   EXPECT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"alpha\",device=\"0\"} " + std::to_string(200 * MiB) + "\n"),
             std::string::npos) << m;
   EXPECT_EQ(m.find("kind=\"hidden\""), std::string::npos) << "within context_memory: not counted as tampering\n" << m;
-  EXPECT_NE(b.log().find("tenant alpha device 0: 200 MiB on the device beyond its ledger, within what 1 process context(s) hold"),
-            std::string::npos) << b.log();
+  EXPECT_TRUE(b.logHas("tenant alpha device 0: 200 MiB on the device beyond its ledger, within what 1 process context(s) hold")) << b.log();
   ASSERT_EQ(a.ask("freeall"), "ok");
   EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 0; })) << usedOn0(b.tenant("alpha"));
   EXPECT_EQ(a2.ask("alloc " + std::to_string(256 * MiB)), "ok");
@@ -1048,8 +1046,7 @@ TEST(Tamper, MemoryAnExitedExporterLeftBehindStaysCharged) {
   EXPECT_EQ(a2.ask("alloc " + std::to_string(200 * MiB)), "oom") << "128 MiB of alpha's 256 are still on the device";
   EXPECT_EQ(a2.ask("alloc " + std::to_string(128 * MiB)), "ok");
   EXPECT_EQ(deviceUsed(), base + 256 * MiB) << "the device holds no more than alpha's limit for it";
-  EXPECT_NE(b.log().find("tenant alpha device 0: its exited processes left 128 MiB on the device"), std::string::npos)
-      << b.log();
+  EXPECT_TRUE(b.logHas("tenant alpha device 0: its exited processes left 128 MiB on the device")) << b.log();
   EXPECT_NE(b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"beta\",device=\"0\"} 0\n"), std::string::npos);
   // The descriptor closed: the device frees the memory, the broker returns the charge.
   ::close(fd);
@@ -1182,8 +1179,7 @@ TEST(Tamper, ClosedLedgerDescriptorDoesNotReturnALiveProcesssUsage) {
   Child a2 = b.tenantProcess("alpha");
   EXPECT_EQ(a2.ask("alloc " + std::to_string(100 * MiB)), "oom");
   EXPECT_EQ(deviceHeld({a.pid(), a2.pid()}), 200 * MiB);
-  EXPECT_NE(b.log().find("tenant alpha: process " + std::to_string(a.pid()) + " let go of its ledger slot's lock"),
-            std::string::npos) << b.log();
+  EXPECT_TRUE(b.logHas("tenant alpha: process " + std::to_string(a.pid()) + " let go of its ledger slot's lock")) << b.log();
   a.kill(SIGKILL);
   a.wait();
   EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 0; })) << "returned once it is gone";
@@ -1219,8 +1215,7 @@ TEST(Tamper, RewrittenDeviceUuidAndLimitAreRestored) {
   EXPECT_EQ(a.ask("alloc " + std::to_string(300 * MiB)), "oom");
   EXPECT_EQ(a.ask("fill " + std::to_string(16 * MiB)), "held " + std::to_string(256 * MiB));
   EXPECT_EQ(deviceHeld({a.pid()}), 256 * MiB);
-  EXPECT_NE(b.log().find("tenant alpha: the device UUID of ledger entry 0 was rewritten outside the broker"), std::string::npos)
-      << b.log();
+  EXPECT_TRUE(b.logHas("tenant alpha: the device UUID of ledger entry 0 was rewritten outside the broker")) << b.log();
   const std::string m = b.metrics();
   EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"uuid\"} 1\n"), std::string::npos) << m;
   EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
@@ -1251,10 +1246,8 @@ TEST(Tamper, MemoryAllocatedUnderARewrittenLimitIsTakenBack) {
   EXPECT_EQ(held, 1040 * MiB) << "past the limit on the device";
   ASSERT_NO_FATAL_FAILURE(expectKilledAndFreed(b, a, pid, 0));
   EXPECT_EQ(other.ask("alloc " + std::to_string(16 * MiB)), "ok") << "another tenant is not touched";
-  EXPECT_NE(b.log().find("tenant alpha: ledger entry 0 holds 1.02 GiB past its restored limit 256 MiB: pid " +
-                         std::to_string(pid) + " killed (tamper_response: kill)"),
-            std::string::npos)
-      << b.log();
+  EXPECT_TRUE(b.logHas("tenant alpha: ledger entry 0 holds 1.02 GiB past its restored limit 256 MiB: pid " +
+                         std::to_string(pid) + " killed (tamper_response: kill)")) << b.log();
   const std::string m = b.metrics();
   EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
 }

@@ -223,6 +223,10 @@ std::string Broker::log() const {
   return s.str();
 }
 
+bool Broker::logHas(const std::string& text, int ms) const {
+  return eventually([&] { return log().find(text) != std::string::npos; }, ms);
+}
+
 rpc::Response Broker::call(const rpc::Request& req) {
   rpc::Response resp;
   std::string err;

@@ -82,6 +82,9 @@ class Broker {
   std::string socket() const { return socketFor(dir_); }
   std::string ledgerDir() const { return dir_ + "/ledgers"; }
   std::string log() const;  // what the broker wrote to stderr
+  // Whether the log holds `text` within `ms`: a line the broker writes after an effect the test
+  // has already seen (a restored limit, a killed process) may reach the file a little later.
+  bool logHas(const std::string& text, int ms = 3000) const;
   pid_t pid() const { return proc_.pid(); }
 
   // Control API. ok() false: resp.error() says why.

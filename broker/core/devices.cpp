@@ -108,22 +108,45 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
     nvmlReturn_t r = n.handle(static_cast<unsigned>(i), &h);
     // The device's total is read before and after its process lists: the lists and the total
     // cannot be read at one instant, and a process allocating between the list and a later total
-    // would show as memory no process holds. The smaller of the two can only under-state "the
-    // total minus the processes", the larger only over-state it: left_behind.cpp charges rises of
-    // the smaller and returns charges on falls of the larger, so allocations racing the reads
-    // neither charge an exiting tenant nor clear a real charge.
-    uint64_t before = 0, after = 0;
-    if (r == NVML_SUCCESS && deviceUsed != nullptr && !readUsed(h, i, &before)) return false;
-    if (r == NVML_SUCCESS) r = addProcesses(n.compute, h, &result[i]);
-    if (r == NVML_SUCCESS && n.mps != nullptr) r = addProcesses(n.mps, h, &result[i]);
+    // would show as memory no process holds. The smaller of the two under-states "the total minus
+    // the processes" against a process that allocates (or frees) between the reads, but not
+    // against one that frees before the list and allocates again before the second total (a
+    // churner: the list misses its block, both totals count one): then it over-states it. So
+    // where a reading leaves memory no process holds, it is taken up to twice more and the
+    // reading that leaves the least is kept, with its list (a churner would have to race all
+    // three). left_behind.cpp charges rises of that smaller figure and returns charges on falls
+    // of the larger total of all the readings, so allocations racing the reads neither charge
+    // an exiting tenant nor clear a real charge.
     if (r != NVML_SUCCESS) {
       *err = "NVML cannot list the processes of device " + std::to_string(i) + ": " + n.describe(r);
       return false;
     }
-    if (deviceUsed != nullptr) {
+    uint64_t bestUnheld = UINT64_MAX;
+    for (int attempt = 0; attempt < 3 && bestUnheld != 0; ++attempt) {
+      std::map<int, uint64_t> listed;
+      uint64_t before = 0, after = 0;
+      if (deviceUsed != nullptr && !readUsed(h, i, &before)) return false;
+      r = addProcesses(n.compute, h, &listed);
+      if (r == NVML_SUCCESS && n.mps != nullptr) r = addProcesses(n.mps, h, &listed);
+      if (r != NVML_SUCCESS) {
+        *err = "NVML cannot list the processes of device " + std::to_string(i) + ": " + n.describe(r);
+        return false;
+      }
+      if (deviceUsed == nullptr) {
+        result[i] = std::move(listed);
+        break;
+      }
       if (!readUsed(h, i, &after)) return false;
-      used[i] = std::min(before, after);
-      usedHigh[i] = std::max(before, after);
+      uint64_t held = 0;
+      for (const auto& [pid, bytes] : listed) held += bytes;
+      const uint64_t low = std::min(before, after);
+      const uint64_t unheld = low > held ? low - held : 0;
+      usedHigh[i] = std::max({usedHigh[i], before, after});
+      if (unheld < bestUnheld) {
+        bestUnheld = unheld;
+        used[i] = low;
+        result[i] = std::move(listed);
+      }
     }
   }
   *out = std::move(result);

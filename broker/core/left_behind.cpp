@@ -14,11 +14,12 @@
 // tenant that zeroed their slot.
 //
 // Every tick, per device: U = NVML used - the sum of the processes' used, with NVML used the
-// smaller of two reads, before and after the process list (processMemory: a process allocating
-// between the list and a later total would raise U; with the smaller total a change between the
-// reads only lowers it. Before, honest churners allocating through three ticks in a row were
-// charged to tenants whose processes exited then: Reaping.SimultaneousKillsUnderLoadLeakNothing,
-// 4 MiB, in a flake hunt); smoothed as the smallest of the last three ticks. Falls (charges
+// smaller of two reads, before and after the process list, and where that leaves U above zero the
+// least of up to three such readings (processMemory: a process allocating between the list and a
+// later total would raise U, and so would one freeing before the list and allocating again before
+// the second total. Before, honest churners were charged to tenants whose processes exited then:
+// Reaping.SimultaneousKillsUnderLoadLeakNothing, 4 MiB, in two flake hunts); smoothed as the
+// smallest of the last three ticks. Falls (charges
 // returned) are judged on U from the larger read, the largest of the last three ticks, so that
 // allocations racing the reads cannot make a charge look freed either. U is explained as base (memory no
 // tenant left: the driver's own reservations, other programs' orphans) plus what is charged to

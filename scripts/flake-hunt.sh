@@ -80,7 +80,7 @@ stop_hogs
   echo "# Flake hunt report"
   echo
   echo "\`scripts/flake-hunt.sh $n --hog $hog --hog-jobs $hog_jobs --stage $stage${*:+ -- $*}\`, started $started,"
-  echo "finished $(date -u +%FT%TZ); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)');"
+  echo "finished $(date -u +%FT%TZ); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- . ":(exclude)$report" 2>/dev/null || echo ' (with uncommitted changes)');"
   echo "$(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB; stages as scripts/run-tests.sh runs them."
   echo
   echo "| repeat | beside | stage | seconds | tests | failed |"

@@ -11,12 +11,5 @@ build=${1:-build}
 us=${2:-200}
 pairs=${3:-20}
 ms=${4:-1000}
-state=$(mktemp -d /tmp/cushare-perf.XXXXXX)
-trap 'rm -rf "$state"' EXIT
-cat > "$state/costs" <<COSTS
-spin block_ns_param=1
-COSTS
-LD_LIBRARY_PATH="$build/lib/simgpu" SIMGPU_STATE_DIR="$state/sim" SIMGPU_MEMORY=4GiB \
-  SIMGPU_KERNEL_COSTS="$state/costs" BROKER_TEST_DIR="$state/cases" METERING_BENCH_US="$us" \
-  METERING_BENCH_PAIRS="$pairs" METERING_BENCH_MS="$ms" \
-  "$build/tests/compute/compute_test" --gtest_filter=MeteringBench.* | grep -E '^(pair|kernels of)'
+METERING_BENCH_US="$us" METERING_BENCH_PAIRS="$pairs" METERING_BENCH_MS="$ms" \
+  exec "$(dirname "$0")/compute_bench.sh" "$build" 'MeteringBench.*' '^(pair|kernels of)'

@@ -85,7 +85,7 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
                                            "mps", "compute", "probes", "cdi", "kubernetes"};
 const std::vector<std::string> kProbeKeys = {"interval_ms", "window_s", "budget_us", "kinds"};
-const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "metering", "fair_share",
+const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "priority_guard_ms", "metering", "fair_share",
                                                "mps_weights"};
 const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority", "weight"};
 const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
@@ -414,11 +414,12 @@ class Parser {
     return true;
   }
 
-  // compute: {period_ms: 5..1000, priority_floor_percent: 0..100, metering: on|off, fair_share: on|off,
-  //           mps_weights: on|off}
+  // compute: {period_ms: 5..1000, priority_floor_percent: 0..100, priority_guard_ms: 0..1000,
+  //           metering: on|off, fair_share: on|off, mps_weights: on|off}
   bool compute(const Node& n, ComputeConfig* out) {
     if (!map(n, "compute",
-             "a map of settings (period_ms, priority_floor_percent, metering, fair_share, mps_weights)"))
+             "a map of settings (period_ms, priority_floor_percent, priority_guard_ms, metering, fair_share, "
+             "mps_weights)"))
       return false;
     ComputeConfig c;
     for (size_t i = 0; i < n.keys.size(); ++i) {
@@ -432,6 +433,11 @@ class Parser {
         int64_t x = 0;
         if (!parseInt(text, period ? 5 : 0, period ? 1000 : 100, &x, &reason)) return fail(v.mark, path, reason);
         (period ? c.periodMs : c.priorityFloorPercent) = static_cast<uint32_t>(x);
+      } else if (key.text == "priority_guard_ms") {
+        if (!scalar(v, path, "milliseconds, 0..1000", &text)) return false;
+        int64_t x = 0;
+        if (!parseInt(text, 0, 1000, &x, &reason)) return fail(v.mark, path, reason);
+        c.priorityGuardMs = static_cast<uint32_t>(x);
       } else if (key.text == "metering" || key.text == "fair_share" || key.text == "mps_weights") {
         if (!scalar(v, path, "on or off", &text)) return false;
         if (text != "on" && text != "off") return fail(v.mark, path, "expected on or off, found '" + text + "'");

@@ -104,6 +104,9 @@ const char* mpsModeName(MpsConfig::Mode m);  // "off", "on", "auto"
 struct ComputeConfig {
   uint32_t periodMs = 100;            // budgets are cap x period
   uint32_t priorityFloorPercent = 10; // what lower-priority tenants keep next to a busy high one
+  // Lower priorities are held to the floor only while a higher one has work on the device, or had
+  // within this many ms (docs/compute.md, Priorities): work-conserving.
+  uint32_t priorityGuardMs = 2;
   bool metering = true;               // measure every tenant's GPU busy time (launch markers)
   bool fairShare = true;              // contending tenants share devices by weight (docs/compute.md)
   // Weights also gate MPS clients whose SMs overlap (docs/compute.md, "Weights under MPS"): off by

@@ -47,6 +47,7 @@ constexpr int64_t kUncapped = INT64_MAX / 4;
 // higher-priority tenant has had no work for kPriorityYield.
 constexpr uint64_t kPriorityActive = 500 * kMs;
 constexpr uint64_t kPriorityYield = 20 * kMs;
+constexpr uint64_t kFloorAfter = 20 * kMs;  // a higher priority busy this long: floor turns start
 // Fair share (weights): a tenant contends on a device while it had work there within kFairActive;
 // with two or more contending (outside MPS, or under MPS where they reach the same SMs) the
 // device is scheduled in weighted turns. The
@@ -66,6 +67,13 @@ constexpr double kFairMin = 0.5, kFairMax = 2.0;  // bounds of the correction fa
 // Under MPS: a process of a tenant missing from the server's client list for this long is
 // reported (it is paced from the start).
 constexpr uint64_t kMpsClientGrace = 3000 * kMs;
+// A tenant alone on a device (nobody else had work there for this long) is charged its metered
+// busy time scaled by what the device counted for it over the last window (docs/compute.md,
+// "Charging a tenant alone"); the window is trued up at its end.
+constexpr uint64_t kAloneWindow = 1000 * kMs;
+constexpr uint64_t kAloneMinMetered = 20 * kMs;  // less metered in a window: no scale from it
+constexpr double kAloneMinScale = 0.02;
+constexpr double kAloneScaleFrom = 0.9;  // a window's device/metered ratio above this: no scale
 
 uint64_t monoNs() {
   timespec ts;
@@ -112,6 +120,7 @@ struct Broker::ComputeState {
     bool suspect = false;   // see kSuspectIdle
     uint64_t suspectBusy = 0;  // busyTotal when it became suspect
     uint64_t lastWork = 0;  // monotonic ns of the last step that saw work
+    uint64_t workSince = 0;  // the first step of its current run of steps with work (0: none now)
     bool paced = false;
     // Left to MPS beside other clients with work whose percentages and its own sum over 100: they
     // share SMs, and its probe share reads the SMs it reaches, not its part of them (said with
@@ -128,6 +137,13 @@ struct Broker::ComputeState {
     uint64_t charged = 0;  // device time paid for in turns (fair share on), monotone
     uint64_t fairBusyMark = 0, fairThrottledMark = 0;  // charged and throttled at the controller's last step
     double target = 0.0, achieved = 0.0;              // the controller's last view (0: none)
+    // Alone on the device: the window's start (0: not alone), metered and device-counted busy
+    // time and the credit charged at its start and since, and the scale of the metered time.
+    uint64_t aloneStart = 0, aloneMetered = 0, aloneDevice = 0, aloneCharged = 0;
+    double scale = 1.0;
+    // Device share (docs/compute.md): ns, monotone; the fraction of an ns not yet counted.
+    uint64_t share = 0;
+    double shareCarry = 0.0;
   };
   struct Device {
     std::string holder;  // the tenant whose gate is open; empty: none
@@ -211,6 +227,7 @@ void Broker::computeSnapshotLocked(const std::string& tenant, size_t device, Ten
   out->busyNs = it->second[device].busyTotal;
   out->meteredBusyNs = it->second[device].metered;
   out->deviceBusyNs = it->second[device].device;
+  out->shareNs = it->second[device].share;
   out->throttledNs = it->second[device].throttledTotal;
   out->paced = it->second[device].paced;
   out->contending = it->second[device].contending;
@@ -328,7 +345,12 @@ std::chrono::microseconds Broker::computeTick() {
           }
           if ((act & kActivityBlocked) && !last.ignoreBlocked) td.work = true;
         }
-        if (td.work) td.lastWork = now;
+        if (td.work) {
+          if (td.lastWork == 0 || td.workSince == 0) td.workSince = now;
+          td.lastWork = now;
+        } else {
+          td.workSince = 0;
+        }
         // The device's own count (from the tick), from the step the tenant was first seen on.
         const uint64_t counted = d < t.deviceBusy.size() ? t.deviceBusy[d] : 0;
         if (!td.seen) td.deviceBase = counted;
@@ -445,8 +467,24 @@ std::chrono::microseconds Broker::computeTick() {
         if (m.mps && recentWork(m)) sideBySide += m.cap;
       for (Member& m : members) m.td->sharedSms = m.mps && recentWork(m) && sideBySide > 100;
     }
+    // When a higher priority than a member's had work: now (preempts) or lately (no new turn).
+    const auto higherWork = [&](const Member& m, uint64_t within) {
+      for (const Member& o : members)
+        if (o.band < m.band && o.td->lastWork != 0 && now - o.td->lastWork <= within) return true;
+      return false;
+    };
+    // Work-conserving priorities: a lower priority is held to the floor only while a higher one
+    // has work here, or had within the guard (compute.priority_guard_ms); otherwise it keeps its
+    // own cap, still one launch in flight while the higher one is active (tight), so that the
+    // higher one's next kernel waits for at most one of its kernels. Held to the floor, its credit
+    // is the floor's (what it banked without the floor does not carry over).
+    const uint64_t guard = uint64_t{cc.priorityGuardMs} * kMs;
+    const int64_t floorPeriod = static_cast<int64_t>(period * std::max<uint32_t>(1, cc.priorityFloorPercent) / 100);
     for (Member& m : members) {
-      if (m.band > topBand) m.cap = std::min<int>(m.cap, std::max<int>(1, static_cast<int>(cc.priorityFloorPercent)));
+      if (m.band > topBand && higherWork(m, guard)) {
+        m.cap = std::min<int>(m.cap, std::max<int>(1, static_cast<int>(cc.priorityFloorPercent)));
+        m.td->credit = std::min(m.td->credit, floorPeriod);
+      }
       capped = capped || (m.cap < 100 && !m.mps);
     }
     // A tenant of the top priority that is alone there and uncapped keeps its gate open while
@@ -461,12 +499,6 @@ std::chrono::microseconds Broker::computeTick() {
         }
       if (inTop != 1 || pinned->cap < 100) pinned = nullptr;
     }
-    // When a higher priority than a member's had work: now (preempts) or lately (no new turn).
-    const auto higherWork = [&](const Member& m, uint64_t within) {
-      for (const Member& o : members)
-        if (o.band < m.band && o.td->lastWork != 0 && now - o.td->lastWork <= within) return true;
-      return false;
-    };
     // The highest priority active among the other tenants (kOthersNone: none), published for
     // processes that lower their own priority below their tenant's (launch.cpp, local caps).
     const auto othersTop = [&](const Member& m) {
@@ -557,10 +589,69 @@ std::chrono::microseconds Broker::computeTick() {
     // 2 ms) is paid up to the turn's wall time that was not charged (its allowance), since it is
     // the turn's; the slices of several processes of the tenant counted more than once are not
     // (before, they were: a tenant of three processes got a third of its fair share).
+    // Charging a tenant alone (docs/compute.md): event metering times a stream from its launch to
+    // its marker's completion, seen at the pacer's passes (0.1 ms), so a launch-bound stream of
+    // short kernels (the device idle between launches) meters nearly all of its wall time. While
+    // nobody else has work on the device there is nobody its work waited behind, and the device's
+    // own count (NVML, busy_check.cpp) is the truth: the metered time is scaled by the device's
+    // count over the metered time of the last window (at most 1), and at each window's end a
+    // tenant charged less than the device counted pays the difference. Where others have work,
+    // or the device gives no count, the scale is 1.
+    for (Member& m : members) {
+      ComputeState::TenantDevice& td = *m.td;
+      bool alone = !m.mps;
+      for (const Member& o : members)
+        if (&o != &m && o.td->lastWork != 0 && now - o.td->lastWork < kFairActive) alone = false;
+      if (!alone) {
+        td.aloneStart = 0;
+        td.scale = 1.0;
+        continue;
+      }
+      if (td.aloneStart != 0 && now - td.aloneStart >= kAloneWindow) {
+        const uint64_t metered = td.metered - td.aloneMetered, counted = td.device - td.aloneDevice;
+        // A window charged at a scale pays at least what the device counted in it. (Unscaled, the
+        // metered time is at least the device's count, up to NVML's lag, which must not be
+        // charged twice.)
+        if (td.scale < 1.0 && counted > td.aloneCharged && m.cap < 100)
+          td.credit -= static_cast<int64_t>(counted - td.aloneCharged);
+        // Only a clear over-count is scaled (a device-bound tenant meters what the device counts,
+        // up to NVML's sampling lag, and keeps its exact charge).
+        const double ratio =
+            metered >= kAloneMinMetered && counted > 0 ? static_cast<double>(counted) / static_cast<double>(metered) : 1.0;
+        td.scale = ratio < kAloneScaleFrom ? std::max(ratio, kAloneMinScale) : 1.0;
+        td.aloneStart = 0;
+      }
+      if (td.aloneStart == 0) {
+        td.aloneStart = now;
+        td.aloneMetered = td.metered;
+        td.aloneDevice = td.device;
+        td.aloneCharged = 0;
+      }
+    }
+    const auto scaled = [](const Member& m, uint64_t ns) {
+      return m.td->scale >= 1.0 ? ns : static_cast<uint64_t>(static_cast<double>(ns) * m.td->scale);
+    };
+    // Device share (docs/compute.md, "Device share"): each tenant's busy time this step (scaled
+    // as charged, alone) times the fraction of the SMs it could use (its MPS percentage; all of
+    // them outside MPS), the sum over the device's tenants held to the step's wall time (busy
+    // times of time-slicing tenants each include the others' slices; the device ran one).
+    if (sinceLast != 0) {
+      double want = 0;
+      for (const Member& m : members)
+        want += static_cast<double>(scaled(m, m.td->busyStep)) * (m.mps || m.mpsTurns ? m.word / 100.0 : 1.0);
+      const double fit = want > static_cast<double>(sinceLast) ? static_cast<double>(sinceLast) / want : 1.0;
+      for (Member& m : members) {
+        const double part = static_cast<double>(scaled(m, m.td->busyStep)) *
+                            (m.mps || m.mpsTurns ? m.word / 100.0 : 1.0) * fit + m.td->shareCarry;
+        const uint64_t whole = static_cast<uint64_t>(part);
+        m.td->share += whole;
+        m.td->shareCarry = part - static_cast<double>(whole);
+      }
+    }
     if (schedule)
       for (Member& m : members) {
         if (m.mps || (m.cap >= 100 && !fairOn)) continue;
-        uint64_t pay = std::min<uint64_t>(m.td->busyStep, 4 * period);
+        uint64_t pay = std::min<uint64_t>(scaled(m, m.td->busyStep), 4 * period);
         // Fair credit: the holder pays its turn's wall time (the device was its alone, used or
         // not: a tenant whose work is not metered, or whose counts lie, pays for its turns all
         // the same); others pay what they metered, nothing just after their turn (its wall time
@@ -573,7 +664,7 @@ std::chrono::microseconds Broker::computeTick() {
           fairPay = 0;
         }
         if (&m == holder) {
-          dev.turnBusy += m.td->busyStep;
+          dev.turnBusy += scaled(m, m.td->busyStep);
           const uint64_t owed = std::min(dev.turnBusy, now - dev.turnStart);
           pay = owed > dev.turnCharged ? owed - dev.turnCharged : 0;
           dev.turnCharged += pay;
@@ -581,6 +672,7 @@ std::chrono::microseconds Broker::computeTick() {
           dev.turnFairCharged += fairPay;
         }
         if (m.cap < 100) m.td->credit -= static_cast<int64_t>(pay);
+        if (m.td->aloneStart != 0) m.td->aloneCharged += pay;
         if (fairOn) {
           m.td->fair -= static_cast<int64_t>(fairPay);
           m.td->charged += fairPay;
@@ -700,7 +792,14 @@ std::chrono::microseconds Broker::computeTick() {
       const bool preempted = higherWork(*holder, 0);  // a higher priority has work now
       const bool emptySuspect = holder->td->suspect && holder->td->busyTotal == dev.turnBusyStart &&
                                 now - dev.turnStart >= kSuspectIdle;
-      const bool end = (idle && now - dev.idleSince >= kIdlePass) || (holder->cap < 100 && holder->td->credit <= 0) ||
+      // An idle holder keeps its turn while nobody else has work (outside fair share, where the
+      // turn's wall time is its price): its next launch then finds the gate open instead of
+      // waiting for a step to give it a turn again (docs/compute.md, "The scheduler").
+      bool anotherWants = false;
+      for (Member& m : members)
+        if (&m != holder && !m.mps && m.td->work) anotherWants = true;
+      const bool idleEnd = idle && now - dev.idleSince >= kIdlePass && (fairOn || anotherWants);
+      const bool end = idleEnd || (holder->cap < 100 && holder->td->credit <= 0) ||
                        (fairOn && holder->td->fair <= 0 && othersWait) || cutIn ||
                        (othersWait && used >= static_cast<int64_t>(period / 2)) || preempted || emptySuspect;
       if (end) {
@@ -751,13 +850,21 @@ std::chrono::microseconds Broker::computeTick() {
       // A lower priority keeps its floor: while the higher ones' work leaves it no turn of its
       // own (the higher one pinned, or out of credit), it takes turns on its floor credit, each
       // preempted at the next step (one kernel, tight), so the higher one waits at most one.
+      // A higher priority that has had work for kFloorAfter without a break saturates the device:
+      // a lower one then takes turns on its floor credit (otherwise it waits for the higher one's
+      // burst to end, so that a bursty high tenant's kernels do not wait behind its floor turns).
+      const auto higherSaturates = [&](const Member& m) {
+        for (const Member& o : members)
+          if (o.band < m.band && o.td->workSince != 0 && now - o.td->workSince >= kFloorAfter) return true;
+        return false;
+      };
       const auto eligible = [&](const Member& m) {
         // Fair credit orders the contenders of one priority; a lower one next to an active higher
         // one is held to its floor instead, and a tenant that does not contend (suspect) is not
         // held by a credit nobody refills.
         const bool fairOk = !fairOn || !m.td->contending || m.lower || m.td->fair > 0;
         return &m != pinned && !m.mps && m.td->work && m.td->credit > 0 && fairOk &&
-               (m.lower || !higherWork(m, kPriorityYield));
+               (m.lower ? !higherWork(m, 0) || higherSaturates(m) : !higherWork(m, kPriorityYield));
       };
       uint32_t best = 3;
       for (Member& m : members)

@@ -38,6 +38,7 @@ struct TenantDeviceSnapshot {
                               // meteredBusyNs and deviceBusyNs
   uint64_t meteredBusyNs = 0; // GPU time the tenant's processes metered (events or CUPTI)
   uint64_t deviceBusyNs = 0;  // GPU time the device counted for the tenant's processes (NVML)
+  uint64_t shareNs = 0;       // its share of the device's time, summing to at most the device's (docs/compute.md)
   uint64_t throttledNs = 0;   // time its launches waited at the closed gate
   bool paced = false;         // the scheduler gates the tenant's launches on this device now
   // Fair share (docs/compute.md): the tenant contends on the device (it had work lately, beside

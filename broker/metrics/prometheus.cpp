@@ -220,6 +220,11 @@ void renderTenantCompute(const BrokerSnapshot& s, Writer& w) {
       {"cushare_tenant_gpu_device_busy_seconds_total",
        "GPU time the device counted for the tenant's processes (NVML per-process utilization), seconds.",
        &TenantDeviceSnapshot::deviceBusyNs},
+      {"cushare_tenant_gpu_share_seconds_total",
+       "The tenant's share of the device's time, for chargeback: busy time times the fraction of the "
+       "SMs it could use (its MPS percentage, 1 outside MPS), scaled so that the tenants of a device "
+       "never sum to more than the device's time, seconds.",
+       &TenantDeviceSnapshot::shareNs},
       {"cushare_tenant_throttled_seconds_total",
        "Time the tenant's launches waited for their turn (compute caps and priorities), seconds.",
        &TenantDeviceSnapshot::throttledNs},

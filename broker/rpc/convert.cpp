@@ -25,6 +25,7 @@ void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, 
   out->set_busy_ns(d.busyNs);
   out->set_metered_busy_ns(d.meteredBusyNs);
   out->set_device_busy_ns(d.deviceBusyNs);
+  out->set_share_ns(d.shareNs);
   out->set_throttled_ns(d.throttledNs);
   out->set_paced(d.paced);
   out->set_contending(d.contending);

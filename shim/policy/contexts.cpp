@@ -12,7 +12,7 @@ namespace cushare::shim {
 // memory.cpp, pools.cpp
 void settleFreedAllocations() noexcept;
 void settleAllPools() noexcept;
-void pacerForgetContexts() noexcept;  // launch.cpp
+void pacerForgetContexts() noexcept;  // pacer.cpp
 
 namespace {
 

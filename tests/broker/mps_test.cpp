@@ -612,6 +612,42 @@ TEST(BrokerMps, CapsOf30And70GiveSmTimeSharesOf30And70) {
   EXPECT_NEAR(100 * aSms / (aSms + bSms), 30, 5) << json;
 }
 
+// Device share for chargeback (docs/compute.md, "Device share"): two MPS clients capped at 40 %
+// run side by side; each is busy about a second per second (billing busy time would bill the
+// device twice), and its share is 40 % of that, the two together at most the device's time.
+TEST(BrokerMps, TwoClientsAtFortyPercentEachHaveADeviceShareOfFortyPercent) {
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "tenants:\n  - {name: one, memory: 1GiB, thread_percentage: 40}\n"
+                                            "  - {name: two, memory: 1GiB, thread_percentage: 40}\n"))
+      << m.broker.log();
+  std::vector<Child> w = m.spinAll({{"one", 40, {}}, {"two", 40, {}}}, 4000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const auto read = [&](const char* tenant, uint64_t* busy, uint64_t* share) {
+    const rpc::Tenant t = m.broker.tenant(tenant);
+    ASSERT_GT(t.devices_size(), 0);
+    *busy = t.devices(0).busy_ns();
+    *share = t.devices(0).share_ns();
+  };
+  uint64_t b0[2], s0[2], b1[2], s1[2];
+  read("one", &b0[0], &s0[0]);
+  read("two", &b0[1], &s0[1]);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  read("one", &b1[0], &s1[0]);
+  read("two", &b1[1], &s1[1]);
+  const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  double shares = 0;
+  for (int i = 0; i < 2; ++i) {
+    const double busy = static_cast<double>(b1[i] - b0[i]) / wall, share = static_cast<double>(s1[i] - s0[i]) / wall;
+    std::printf("tenant %d: busy %.3f, device share %.3f\n", i + 1, busy, share);
+    shares += share;
+    EXPECT_GE(busy, 0.7) << "each client keeps its SMs busy";
+    EXPECT_NEAR(share, 0.4 * busy, 0.02) << "its share is the 40 % of the SMs it could use";
+  }
+  EXPECT_LE(shares, 1.0);
+  for (Child& c : w) EXPECT_EQ(c.readLine(60000).rfind("spun ", 0), 0u);
+}
+
 // Probes under MPS (docs/probes.md): two saturating clients at caps 30 and 70, each using the
 // device's primary context (as runtime programs do, so both are probed). Each tenant's probe share
 // must be within 7 points of the SM-time simgpu says its process held: busy SM-time over the

@@ -135,6 +135,86 @@ double aloneShare(Broker& b, const std::map<std::string, std::string>& env, cons
   return s[0];
 }
 
+// The in-flight bound is queued device time (docs/compute.md, "The in-flight bound"): a paced
+// process of short kernels keeps many launches in flight (a launch under budget does not wait for
+// the pacer to see the previous ones complete), never more than 1 ms of them (kQueuedNs), so a
+// gate that closes takes effect within about 1 ms of its device time; a process of long kernels
+// keeps two. Judged by the process's in-flight count in its ledger slot (sampled) and by simgpu's
+// count of its share (the cap holds with the longer queue).
+TEST(Caps, TheInFlightBoundIsQueuedDeviceTime) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: t, thread_percentage: 50}\n"));
+  Child c = worker(b, "t");
+  const int fd = ::open((b.ledgerDir() + "/t.ledger").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, kLedgerFileSize, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  const auto* base = static_cast<const char*>(map);
+  const auto* pids = reinterpret_cast<const std::atomic<int32_t>*>(base + kLedgerPidOffset);
+  int slot = -1;
+  for (uint32_t s = 0; s < kLedgerMaxSlots && slot < 0; ++s)
+    if (pids[s].load() == c.pid()) slot = static_cast<int>(s);
+  ASSERT_GE(slot, 0) << "the worker's slot";
+  // Device entry 0's slots come first (device-major).
+  const auto* inflight = &reinterpret_cast<const LedgerComputeSlot*>(base + kLedgerComputeSlotOffset)[slot].inflight;
+  const auto* gate = &reinterpret_cast<const LedgerComputeDevice*>(base + kLedgerComputeOffset)[0].gate;
+  // The most launches in flight seen over a run of `us` kernels, sampled every 100 us after a
+  // 300 ms start (the estimate's first markers), and the process's device share meanwhile
+  // (queues of `depth` kernels at most: batches of depth / 2). And the most device time it ran
+  // after its gate closed (the cap's credit spent, each period): from the sample that saw the
+  // gate closed to the one that saw nothing in flight.
+  uint64_t overrun = 0;
+  const auto run = [&](int us, int depth, double* share) {
+    c.send("loop 1800 " + std::to_string(us) + " " + std::to_string(depth) + " 1");
+    sleepMs(300);
+    const uint64_t busy0 = deviceBusy(c.pid()), t0 = monoNs();
+    uint32_t most = 0;
+    uint64_t closedAt = 0;  // the device time run when the gate was seen closed (0: open, or drained)
+    bool wasOpen = false;
+    while (monoNs() - t0 < 1'200'000'000u) {
+      const uint32_t in = inflight->load(std::memory_order_relaxed);
+      most = std::max(most, in);
+      const bool open = gate->load(std::memory_order_relaxed) == kGateOpen;
+      if (!open && wasOpen && in != 0) closedAt = deviceBusy(c.pid());
+      if (closedAt != 0 && in == 0) {
+        overrun = std::max(overrun, deviceBusy(c.pid()) - closedAt);
+        closedAt = 0;
+      }
+      wasOpen = open;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    *share = static_cast<double>(deviceBusy(c.pid()) - busy0) / static_cast<double>(monoNs() - t0);
+    EXPECT_EQ(c.readLine(30000).rfind("done ", 0), 0u);
+    return most;
+  };
+  double shortShare = 0, longShare = 0;
+  const uint32_t shortMost = run(20, 4096, &shortShare);
+  const uint64_t shortOverrun = overrun;
+  overrun = 0;
+  const uint32_t longMost = run(2000, 16, &longShare);
+  std::printf("20 us kernels: at most %u in flight, share %.3f, at most %.3f ms run after the gate closed; 2 ms "
+              "kernels: at most %u, share %.3f, %.3f ms after (cap 0.50)\n",
+              shortMost, shortShare, static_cast<double>(shortOverrun) / 1e6, longMost, longShare,
+              static_cast<double>(overrun) / 1e6);
+  EXPECT_GT(shortOverrun, 0u) << "the gate was seen closing with work in flight";
+  EXPECT_LE(shortOverrun, 1'500'000u) << "a closed gate takes effect within about 1 ms of queued device time";
+  EXPECT_LE(overrun, 4'500'000u) << "two 2 ms kernels";
+  // 1 ms of 20 us kernels is 50. The estimate, measured from the stream's intervals, can be a
+  // little below a kernel's device time (where a stream had gone idle, its next interval starts
+  // as the launch returns, after the kernel did): 51 seen; 10 % more allowed.
+  EXPECT_LE(shortMost, 55u) << "no more than about 1 ms of device time queued";
+  EXPECT_GE(shortMost, 8u) << "short kernels are not held to two in flight";
+  EXPECT_LE(longMost, 2u);
+  for (double sh : {shortShare, longShare}) {
+    EXPECT_LE(sh, 0.53) << "the cap holds";
+    EXPECT_GE(sh, 0.40);
+  }
+  ::munmap(map, kLedgerFileSize);
+  c.send("quit");
+  c.wait();
+}
+
 TEST(Caps, TwentyFiveAloneGetsTwentyFive) {
   Broker b(testDir());
   ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 25}\n"));
@@ -739,17 +819,25 @@ Latency latency(Child& c, const std::string& cmd) {
   return l;
 }
 
+// The two tenants of the priority tests: the high one's latency alone for `cmd`, then the low one
+// saturating the device with 2 ms kernels for runMs, settleMs before returning.
+Latency highAloneThenLow(Broker& b, Child* hi, Child* lo, const std::string& cmd, int runMs, int settleMs) {
+  EXPECT_TRUE(b.start("tenants:\n  - {name: hi, priority: high}\n  - {name: lo, priority: low}\n"));
+  *hi = worker(b, "hi");
+  const Latency solo = latency(*hi, cmd);
+  *lo = worker(b, "lo");
+  lo->send("run " + std::to_string(runMs) + " 2000");
+  sleepMs(settleMs);
+  return solo;
+}
+
 // A high-priority tenant's short kernels (200 us, 300 us apart) next to a low-priority tenant
 // saturating the device with 2 ms kernels: it keeps >= 85 % of its solo throughput, and its p99
 // launch-to-completion latency stays within one low-priority kernel (2 ms) of its solo p99.
 TEST(Priority, HighKeepsItsThroughputAndLatencyNextToASaturatingLowTenant) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("tenants:\n  - {name: hi, priority: high}\n  - {name: lo, priority: low}\n"));
-  Child hi = worker(b, "hi");
-  const Latency solo = latency(hi, "lat 1500 200 300");
-  Child lo = worker(b, "lo");
-  lo.send("run 4000 2000");
-  sleepMs(300);
+  Child hi, lo;
+  const Latency solo = highAloneThenLow(b, &hi, &lo, "lat 1500 200 300", 4000, 300);
   const Latency shared = latency(hi, "lat 1500 200 300");
   std::printf("high alone: %ld kernels, p50 %.0f us, p99 %.0f us; next to low: %ld kernels, p50 %.0f us, p99 %.0f us\n",
               solo.n, solo.p50, solo.p99, shared.n, shared.p50, shared.p99);
@@ -761,6 +849,32 @@ TEST(Priority, HighKeepsItsThroughputAndLatencyNextToASaturatingLowTenant) {
   const double lowShare = static_cast<double>(deviceBusy(lo.pid()) - before) / 1e9;
   std::printf("low's share in the second after: %.3f\n", lowShare);
   EXPECT_GE(lowShare, 0.5);
+  EXPECT_EQ(lo.readLine(30000).rfind("done ", 0), 0u);
+  for (Child* k : {&hi, &lo}) k->send("quit");
+  for (Child* k : {&hi, &lo}) k->wait();
+}
+
+// Work-conserving priorities (docs/compute.md, Priorities): a high-priority tenant sending one
+// 2 ms kernel every 50 ms next to a low-priority tenant saturating the device with 2 ms kernels.
+// The low one is held back only while the high one has work (and a 2 ms guard after), so the
+// device stays busy between the high one's kernels (before: the low one was held to its 10 %
+// floor for as long as the high one was active, the device 0.11 to 0.21 busy); the high one's
+// kernels still wait for at most one low kernel (one in flight, "tight"). Judged by simgpu's count
+// of each process's device time and the high tenant's launch-to-completion latency against its
+// own, alone, in the same test.
+TEST(Priority, ALowTenantUsesTheDeviceBetweenAHighTenantsBursts) {
+  Broker b(testDir());
+  Child hi, lo;
+  const Latency solo = highAloneThenLow(b, &hi, &lo, "lat 1500 2000 48000", 5000, 500);
+  const uint64_t lo0 = deviceBusy(lo.pid()), hi0 = deviceBusy(hi.pid()), t0 = monoNs();
+  const Latency shared = latency(hi, "lat 3000 2000 48000");
+  const double wall = static_cast<double>(monoNs() - t0);
+  const double loShare = static_cast<double>(deviceBusy(lo.pid()) - lo0) / wall;
+  const double hiShare = static_cast<double>(deviceBusy(hi.pid()) - hi0) / wall;
+  std::printf("high alone: p50 %.0f us, p99 %.0f us; beside low: p50 %.0f us, p99 %.0f us; shares high %.3f, low %.3f\n",
+              solo.p50, solo.p99, shared.p50, shared.p99, hiShare, loShare);
+  EXPECT_GE(loShare + hiShare, 0.85) << "the device stays busy between the high tenant's kernels";
+  EXPECT_LE(shared.p50, solo.p50 + 2000) << "a high kernel waits for at most one low kernel (2 ms)";
   EXPECT_EQ(lo.readLine(30000).rfind("done ", 0), 0u);
   for (Child* k : {&hi, &lo}) k->send("quit");
   for (Child* k : {&hi, &lo}) k->wait();
@@ -849,6 +963,66 @@ std::string readFile(const std::string& path) {
 // CUSHARE_METERING (docs/compute.md): CUPTI does not start on simgpu (it needs the real driver).
 // Asked for (cupti) or by default (auto), the shim says why at info level (cupti: at warn) and
 // meters with events: the same busy time as with events, against the device's own count.
+// Device share for chargeback (docs/compute.md, "Device share"): two uncapped tenants
+// time-slicing the device outside MPS each meter the other's slices too (their busy times sum to
+// more than the device's time); their device shares sum to at most the device's time, about half
+// each. A tenant alone with a launch-bound loop of short kernels meters most of its wall time,
+// and its share is what the device ran for it (charged alone: "Charging a tenant alone").
+TEST(Metering, TheDeviceShareSumsToAtMostTheDevice) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a}\n  - {name: c}\n"));
+  Child a = worker(b, "a"), c = worker(b, "c");
+  const auto read = [&](const char* tenant, uint64_t* busy, uint64_t* share) {
+    const rpc::Tenant t = b.tenant(tenant);
+    *busy = t.devices_size() > 0 ? t.devices(0).busy_ns() : 0;
+    *share = t.devices_size() > 0 ? t.devices(0).share_ns() : 0;
+  };
+  a.send("run 3000 2000");
+  c.send("run 3000 2000");
+  sleepMs(700);
+  uint64_t b0[2], s0[2], b1[2], s1[2];
+  read("a", &b0[0], &s0[0]);
+  read("c", &b0[1], &s0[1]);
+  const uint64_t t0 = monoNs(), dev0 = deviceBusy(a.pid()) + deviceBusy(c.pid());
+  sleepMs(1500);
+  read("a", &b1[0], &s1[0]);
+  read("c", &b1[1], &s1[1]);
+  const double wall = static_cast<double>(monoNs() - t0);
+  const double device = static_cast<double>(deviceBusy(a.pid()) + deviceBusy(c.pid()) - dev0) / wall;
+  double busy = 0, shares = 0;
+  for (int i = 0; i < 2; ++i) {
+    const double bi = static_cast<double>(b1[i] - b0[i]) / wall, si = static_cast<double>(s1[i] - s0[i]) / wall;
+    std::printf("time slicing, tenant %d: busy %.3f, device share %.3f\n", i + 1, bi, si);
+    busy += bi;
+    shares += si;
+    EXPECT_NEAR(si, 0.5, 0.15);
+  }
+  std::printf("busy times sum to %.3f, shares to %.3f; the device ran %.3f\n", busy, shares, device);
+  EXPECT_GT(busy, 1.3) << "busy time counts the slices twice (what the share is for)";
+  EXPECT_LE(shares, 1.01);
+  EXPECT_GE(shares, 0.8 * device);
+  finish({&a, &c});
+  // Alone, launch-bound: 1 us kernels in batches, the device mostly idle between launches (5 us
+  // kernels kept simgpu's device 0.98 busy: not launch-bound).
+  Child l = worker(b, "a");
+  l.send("loop 4000 1 64 1");
+  sleepMs(1500);  // the first window alone (1 s) sets the scale
+  uint64_t lb0, ls0, lb1, ls1;
+  read("a", &lb0, &ls0);
+  const uint64_t u0 = monoNs(), d0 = deviceBusy(l.pid());
+  sleepMs(2000);
+  read("a", &lb1, &ls1);
+  const double w2 = static_cast<double>(monoNs() - u0);
+  const double ran = static_cast<double>(deviceBusy(l.pid()) - d0) / w2, share = static_cast<double>(ls1 - ls0) / w2;
+  const double metered = static_cast<double>(lb1 - lb0) / w2;
+  std::printf("alone, launch-bound: busy %.3f, device share %.3f; the device ran %.3f\n", metered, share, ran);
+  EXPECT_GT(metered, 2 * ran) << "launch-bound: the events meter well above what the device ran";
+  EXPECT_NEAR(share, ran, 0.05 + 0.3 * ran) << "the share follows the device's count, not the metered time";
+  EXPECT_EQ(l.readLine(30000).rfind("done ", 0), 0u);
+  l.send("quit");
+  l.wait();
+}
+
 TEST(Metering, CuptiThatDoesNotStartFallsBackToEvents) {
   Broker b(testDir());
   ASSERT_TRUE(b.start("tenants:\n  - {name: m}\n"));
@@ -1087,6 +1261,39 @@ TEST(Scribble, CountsThatMoveWithoutWorkDoNotIdleTheDevice) {
 namespace cushare::test {
 namespace {
 
+// The median of a benchmark's samples with its distribution-free 95 % interval (order statistics:
+// the k-th smallest and largest, k the largest rank with P(Binomial(n, 1/2) < k) <= 0.025; the
+// whole range when n is too small), the quartiles and the range.
+struct Summary {
+  double median = 0, lo = 0, hi = 0, q1 = 0, q3 = 0, min = 0, max = 0;
+};
+Summary summarize(std::vector<double> v) {
+  Summary r;
+  if (v.empty()) return r;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  size_t k = 0;
+  double below = 0, term = std::pow(0.5, static_cast<double>(n));  // P(X = 0)
+  for (size_t i = 0; i < n; ++i) {
+    if (below + term > 0.025) break;
+    below += term;
+    k = i + 1;
+    term = term * static_cast<double>(n - i) / static_cast<double>(i + 1);
+  }
+  r.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  r.lo = v[k == 0 ? 0 : k - 1];
+  r.hi = v[k == 0 ? n - 1 : n - k];
+  r.q1 = v[n / 4];
+  r.q3 = v[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1];
+  r.min = v.front();
+  r.max = v.back();
+  return r;
+}
+int envInt(const char* name, int def) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : def;
+}
+
 // perf/metering_overhead.sh (not a ctest test): a tenant saturating the device with short kernels
 // (US from METERING_BENCH_US, default 200) for METERING_BENCH_MS (default 1000) per run, with
 // compute metering off and on, in METERING_BENCH_PAIRS pairs (default 20) run one after the other
@@ -1096,10 +1303,6 @@ namespace {
 // device's busy share by its own count. The target (metering costs under 1 %) is confirmed when
 // the interval's low end is >= 0.99, refuted when its high end is < 0.99.
 TEST(MeteringBench, ThroughputWithAndWithoutMetering) {
-  const auto envInt = [](const char* name, int def) {
-    const char* v = std::getenv(name);
-    return v ? std::atoi(v) : def;
-  };
   const int us = envInt("METERING_BENCH_US", 200), ms = envInt("METERING_BENCH_MS", 1000);
   const int pairs = envInt("METERING_BENCH_PAIRS", 20);
   ASSERT_GT(pairs, 0);
@@ -1131,37 +1334,141 @@ TEST(MeteringBench, ThroughputWithAndWithoutMetering) {
     std::printf("pair %2d: off %.0f/s (device busy %.3f), on %.0f/s (%.3f): ratio %.4f\n", p + 1, r[0], sh[0], r[1],
                 sh[1], ratios.back());
   }
-  const auto sorted = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v;
-  };
-  const auto median = [&](const std::vector<double>& v) {
-    const std::vector<double> s = sorted(v);
-    const size_t n = s.size();
-    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-  };
-  // The 95 % interval of the median: the k-th smallest and largest, k the largest rank with
-  // P(Binomial(n, 1/2) < k) <= 0.025 (k = 0 when n is too small: the whole range).
-  const std::vector<double> s = sorted(ratios);
-  const size_t n = s.size();
-  size_t k = 0;
-  double below = 0, term = std::pow(0.5, static_cast<double>(n));  // P(X = 0)
-  for (size_t i = 0; i < n; ++i) {
-    if (below + term > 0.025) break;
-    below += term;
-    k = i + 1;
-    term = term * static_cast<double>(n - i) / static_cast<double>(i + 1);
-  }
-  const double lo = s[k == 0 ? 0 : k - 1], hi = s[k == 0 ? n - 1 : n - k];
+  const Summary r = summarize(ratios);
   std::printf("kernels of %d us, %d pairs of %d ms runs: median kernels/s off %.0f (device busy %.3f), on %.0f "
               "(%.3f)\n",
-              us, pairs, ms, median(rate[0]), median(share[0]), median(rate[1]), median(share[1]));
+              us, pairs, ms, summarize(rate[0]).median, summarize(share[0]).median, summarize(rate[1]).median,
+              summarize(share[1]).median);
   std::printf("kernels of %d us per second, ratio on/off: median %.4f, 95%% interval of the median %.4f..%.4f, "
               "quartiles %.4f..%.4f, range %.4f..%.4f: %s\n",
-              us, median(ratios), lo, hi, s[n / 4], s[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1], s.front(), s.back(),
-              lo >= 0.99 ? "cost under 1 % confirmed"
-              : hi < 0.99 ? "cost above 1 % (target missed)"
-                          : "cannot tell 1 % from noise at this many pairs");
+              us, r.median, r.lo, r.hi, r.q1, r.q3, r.min, r.max,
+              r.lo >= 0.99 ? "cost under 1 % confirmed"
+              : r.hi < 0.99 ? "cost above 1 % (target missed)"
+                            : "cannot tell 1 % from noise at this many pairs");
+}
+
+// perf/pacing_overhead.sh (not a ctest test): what compute scheduling costs a tenant, against the
+// same worker without the shim, in PACING_BENCH_PAIRS pairs (default 10) of runs of
+// PACING_BENCH_MS (default 1000) interleaved ABBA, each pair's ratio one sample (docs/performance.md,
+// "Compute scheduling: what it costs"). PACING_BENCH_CASE:
+//   loop        a tenant capped at 50 % alone, launch-bound: `loop` of PACING_BENCH_US (1) us
+//               kernels, at most PACING_BENCH_DEPTH (64) queued per stream, on PACING_BENCH_THREADS
+//               (1) threads and streams; ratio of kernels per second (shim / none), and the
+//               device's busy share by its own count (far under the cap); PACING_BENCH_TENANT
+//               replaces the tenant's configuration ("{name: t}": metered, not paced)
+//   alone-prio  a high-priority tenant alone on the device while a low-priority tenant's process
+//               is up and idle (it ran 100 ms of kernels just before), nobody capped: 2 ms kernels 1 ms apart (`lat`); ratio of
+//               launch-to-completion p50 and p99 (shim / none)
+//   bursty      the same high tenant sending one PACING_BENCH_US (2000) us kernel every 50 ms next
+//               to a low-priority tenant saturating the device with 2 ms kernels, under the shim,
+//               against the high tenant alone without the shim: the device's busy share (both
+//               tenants, its own count) and the high tenant's p99 minus its solo p99
+TEST(PacingBench, CostAgainstNoShim) {
+  const std::string which = std::getenv("PACING_BENCH_CASE") ? std::getenv("PACING_BENCH_CASE") : "loop";
+  const int pairs = envInt("PACING_BENCH_PAIRS", 10), ms = envInt("PACING_BENCH_MS", 1000);
+  ASSERT_GT(pairs, 0);
+  const std::map<std::string, std::string> noShim = {{"LD_PRELOAD", ""}};
+  std::vector<double> ratio, ratio2, share;
+  for (int p = 0; p < pairs; ++p) {
+    double v[2] = {0, 0}, w[2] = {0, 0}, sh = 0;
+    for (int k = 0; k < 2; ++k) {
+      const bool shim = (p % 2 == 0) ? k == 1 : k == 0;  // none-shim, shim-none, ...
+      Broker b(testDir());
+      if (which == "loop") {
+        const int us = envInt("PACING_BENCH_US", 1), depth = envInt("PACING_BENCH_DEPTH", 64);
+        const int threads = envInt("PACING_BENCH_THREADS", 1);
+        const char* tenant = std::getenv("PACING_BENCH_TENANT");  // e.g. "{name: t}": metering only
+        ASSERT_TRUE(b.start(std::string("tenants:\n  - ") + (tenant ? tenant : "{name: t, thread_percentage: 50}") + "\n"));
+        Child c = worker(b, "t", shim ? std::map<std::string, std::string>{} : noShim);
+        // Warm: the broker's first turn and its first window alone (kAloneWindow), the in-flight
+        // bound's first markers.
+        c.send("loop 1500 " + std::to_string(us) + " " + std::to_string(depth) + " " + std::to_string(threads));
+        ASSERT_EQ(c.readLine(30000).rfind("done ", 0), 0u);
+        const auto throttled = [&] {
+          const rpc::Tenant t = b.tenant("t");
+          return t.devices_size() > 0 ? t.devices(0).throttled_ns() : 0;
+        };
+        const uint64_t busy0 = deviceBusy(c.pid()), thr0 = throttled(), t0 = monoNs();
+        c.send("loop " + std::to_string(ms) + " " + std::to_string(us) + " " + std::to_string(depth) + " " +
+               std::to_string(threads));
+        const std::string done = c.readLine(30000);
+        const uint64_t t1 = monoNs();
+        ASSERT_EQ(done.rfind("done ", 0), 0u) << done;
+        v[shim] = std::atof(done.c_str() + 5) / (static_cast<double>(t1 - t0) / 1e9);
+        if (shim) {
+          sh = static_cast<double>(deviceBusy(c.pid()) - busy0) / static_cast<double>(t1 - t0);
+          w[1] = static_cast<double>(throttled() - thr0) / static_cast<double>(t1 - t0);
+        }
+        c.send("quit");
+        c.wait();
+      } else if (which == "alone-prio") {
+        ASSERT_TRUE(b.start("tenants:\n  - {name: hi, priority: high}\n  - {name: lo, priority: low}\n"));
+        Child lo = worker(b, "lo", shim ? std::map<std::string, std::string>{} : noShim);
+        Child hi = worker(b, "hi", shim ? std::map<std::string, std::string>{} : noShim);
+        // The low tenant ran a little just before (so it counts as active for kPriorityActive).
+        lo.send("run 100 2000");
+        EXPECT_EQ(lo.readLine(30000).rfind("done ", 0), 0u);
+        const Latency l = latency(hi, "lat " + std::to_string(ms) + " 2000 1000");
+        v[shim] = l.p50;
+        w[shim] = l.p99;
+        for (Child* k : {&hi, &lo}) k->send("quit");
+        for (Child* k : {&hi, &lo}) k->wait();
+      } else if (which == "bursty") {
+        const int us = envInt("PACING_BENCH_US", 2000);
+        ASSERT_TRUE(b.start("tenants:\n  - {name: hi, priority: high}\n  - {name: lo, priority: low}\n"));
+        Child hi = worker(b, "hi", shim ? std::map<std::string, std::string>{} : noShim);
+        if (!shim) {
+          const Latency l = latency(hi, "lat " + std::to_string(ms) + " " + std::to_string(us) + " 50000");
+          v[0] = l.p99;
+        } else {
+          Child lo = worker(b, "lo");
+          lo.send("run " + std::to_string(ms + 1500) + " 2000");
+          sleepMs(500);
+          const uint64_t busy0 = deviceBusy(hi.pid()) + deviceBusy(lo.pid()), t0 = monoNs();
+          const Latency l = latency(hi, "lat " + std::to_string(ms) + " " + std::to_string(us) + " 50000");
+          const uint64_t t1 = monoNs();
+          sh = static_cast<double>(deviceBusy(hi.pid()) + deviceBusy(lo.pid()) - busy0) / static_cast<double>(t1 - t0);
+          v[1] = l.p99;
+          EXPECT_EQ(lo.readLine(30000).rfind("done ", 0), 0u);
+          lo.send("quit");
+          lo.wait();
+        }
+        hi.send("quit");
+        hi.wait();
+      } else {
+        FAIL() << "PACING_BENCH_CASE must be loop, alone-prio or bursty, not " << which;
+      }
+    }
+    if (which == "bursty") {
+      ratio.push_back((v[1] - v[0]) / 1000.0);  // ms added to the high tenant's p99
+      share.push_back(sh);
+      std::printf("pair %2d: high alone without the shim p99 %.0f us; next to low under the shim p99 %.0f us "
+                  "(+%.2f ms), device busy %.3f\n", p + 1, v[0], v[1], ratio.back(), sh);
+    } else if (which == "alone-prio") {
+      ratio.push_back(v[1] / v[0]);
+      ratio2.push_back(w[1] / w[0]);
+      std::printf("pair %2d: p50 none %.0f us, shim %.0f us (x%.3f); p99 none %.0f us, shim %.0f us (x%.3f)\n", p + 1,
+                  v[0], v[1], ratio.back(), w[0], w[1], ratio2.back());
+    } else {
+      ratio.push_back(v[1] / v[0]);
+      share.push_back(sh);
+      std::printf("pair %2d: kernels/s none %.0f, shim %.0f: ratio %.3f (device busy under the shim %.3f, launches "
+                  "waiting at the gate %.3f of the time)\n", p + 1, v[0], v[1], ratio.back(), sh, w[1]);
+    }
+  }
+  const Summary r = summarize(ratio);
+  const char* what = which == "bursty" ? "ms added to the high p99" : which == "alone-prio" ? "p50 ratio" : "kernels/s ratio";
+  std::printf("%s, %d pairs of %d ms: %s median %.3f, 95%% interval %.3f..%.3f, range %.3f..%.3f\n", which.c_str(),
+              pairs, ms, what, r.median, r.lo, r.hi, r.min, r.max);
+  if (!ratio2.empty()) {
+    const Summary r2 = summarize(ratio2);
+    std::printf("%s: p99 ratio median %.3f, 95%% interval %.3f..%.3f\n", which.c_str(), r2.median, r2.lo, r2.hi);
+  }
+  if (!share.empty()) {
+    const Summary sh = summarize(share);
+    std::printf("%s: device busy under the shim median %.3f, range %.3f..%.3f\n", which.c_str(), sh.median, sh.min,
+                sh.max);
+  }
 }
 
 }  // namespace

@@ -9,6 +9,10 @@
 //                            (launch-to-completion latency of each kernel, host wall time)
 //   many N MS US          -> like run, round robin over N streams of its own (all alive until the
 //                            end): "done N"
+//   loop MS US DEPTH T    -> a launch-bound loop: T threads (1..16), each on a stream of its own,
+//                            launch 1-block kernels of US microseconds in batches of DEPTH/2 with
+//                            an event after each batch, waiting only for the batch before the last
+//                            (at most DEPTH queued per stream), for MS ms: "done N" (all threads)
 //   graph N US            -> N graph launches of a one-kernel graph: "done N"
 //   prio P                -> a stream created with priority P: "prio GOT" (its priority)
 //   range                 -> "range LEAST GREATEST"
@@ -104,6 +108,35 @@ int main() {
         const auto at = [&](double q) { return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<size_t>(q * lat.size()))]; };
         std::printf("lat %zu %.0f %.0f\n", lat.size(), at(0.5), at(0.99));
       }
+    } else if (cmd == "loop") {
+      long long ms = 0, us = 0, depth = 0, threads = 0;
+      in >> ms >> us >> depth >> threads;
+      threads = std::clamp(threads, 1LL, 16LL);
+      const long long batch = std::max(1LL, depth / 2);
+      std::vector<long long> done(static_cast<size_t>(threads), 0);
+      std::vector<std::thread> ts;
+      const auto t0 = Clock::now();
+      for (long long t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+          cudaStream_t s;
+          cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+          cudaEvent_t ev[2];
+          for (cudaEvent_t& e : ev) cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+          long long n = 0;
+          for (long long b = 0; msSince(t0) < static_cast<double>(ms); ++b) {
+            if (b >= 2) cudaEventSynchronize(ev[b % 2]);  // the batch before the last is done
+            for (long long i = 0; i < batch; ++i, ++n) spin<<<1, 32, 0, s>>>(flag, us * 1000);
+            cudaEventRecord(ev[b % 2], s);
+          }
+          cudaStreamSynchronize(s);
+          for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+          cudaStreamDestroy(s);
+          done[static_cast<size_t>(t)] = n;
+        });
+      for (std::thread& th : ts) th.join();
+      long long n = 0;
+      for (long long d : done) n += d;
+      std::printf("done %lld\n", n);
     } else if (cmd == "graph") {
       long long n = 0, us = 0;
       in >> n >> us;

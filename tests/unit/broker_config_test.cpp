@@ -569,6 +569,12 @@ TEST(BrokerConfig, ComputeBlock) {
   EXPECT_NE(parseError("compute: {period_ms: 1001}\n").find("compute.period_ms"), std::string::npos);
   EXPECT_NE(parseError("compute: {priority_floor_percent: 10%}\n").find("compute.priority_floor_percent"),
             std::string::npos);
+  EXPECT_EQ(d.compute.priorityGuardMs, 2u);
+  EXPECT_EQ(parseOk("compute: {priority_guard_ms: 0}\n").compute.priorityGuardMs, 0u);
+  EXPECT_EQ(parseOk("compute: {priority_guard_ms: 1000}\n").compute.priorityGuardMs, 1000u);
+  EXPECT_NE(parseError("compute: {priority_guard_ms: 1001}\n").find("compute.priority_guard_ms"), std::string::npos);
+  EXPECT_NE(parseError("compute: {priority_guard_ms: 2ms}\n").find("compute.priority_guard_ms"), std::string::npos);
+  EXPECT_NE(parseError("compute: {priority_gaurd_ms: 2}\n").find("did you mean 'priority_guard_ms'"), std::string::npos);
   EXPECT_NE(parseError("compute: {metering: yes}\n").find("expected on or off"), std::string::npos);
   EXPECT_NE(parseError("compute: {perod_ms: 50}\n").find("unknown key 'perod_ms'"), std::string::npos);
   EXPECT_NE(parseError("compute: 50\n").find("compute"), std::string::npos);

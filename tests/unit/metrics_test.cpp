@@ -128,6 +128,7 @@ BrokerSnapshot twoTenants() {
   alpha.devices[0].busyNs = 1'500'000'000;
   alpha.devices[0].meteredBusyNs = 250'000'000;  // billed: the device's count, the larger
   alpha.devices[0].deviceBusyNs = 1'500'000'000;
+  alpha.devices[0].shareNs = 750'000'000;
   alpha.devices[0].throttledNs = 250'000'000;
   alpha.devices[0].contending = true;
   alpha.devices[0].fairTarget = 0.5;
@@ -226,6 +227,10 @@ cushare_tenant_gpu_metered_busy_seconds_total{tenant="beta",device="0"} 0
 # TYPE cushare_tenant_gpu_device_busy_seconds_total counter
 cushare_tenant_gpu_device_busy_seconds_total{tenant="alpha",device="0"} 1.5
 cushare_tenant_gpu_device_busy_seconds_total{tenant="beta",device="0"} 0
+# HELP cushare_tenant_gpu_share_seconds_total The tenant's share of the device's time, for chargeback: busy time times the fraction of the SMs it could use (its MPS percentage, 1 outside MPS), scaled so that the tenants of a device never sum to more than the device's time, seconds.
+# TYPE cushare_tenant_gpu_share_seconds_total counter
+cushare_tenant_gpu_share_seconds_total{tenant="alpha",device="0"} 0.75
+cushare_tenant_gpu_share_seconds_total{tenant="beta",device="0"} 0
 # HELP cushare_tenant_throttled_seconds_total Time the tenant's launches waited for their turn (compute caps and priorities), seconds.
 # TYPE cushare_tenant_throttled_seconds_total counter
 cushare_tenant_throttled_seconds_total{tenant="alpha",device="0"} 0.25
@@ -299,7 +304,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 39u);
+    EXPECT_EQ(helps.size(), 40u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

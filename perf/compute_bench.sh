@@ -1,0 +1,16 @@
+#!/usr/bin/env sh
+# Runs one of compute_test's benchmarks (not ctest tests) on simgpu with device time, in a state
+# directory of its own: the simulated device, a cost table where each block of `spin` lasts its
+# parameter in ns (the compute worker's kernels), and the broker's test cases. Used by
+# perf/metering_overhead.sh and perf/pacing_overhead.sh; the benchmark's variables pass through.
+#   usage: perf/compute_bench.sh BUILD_DIR GTEST_FILTER OUTPUT_LINES_REGEX
+set -eu
+build=$1
+filter=$2
+lines=$3
+state=$(mktemp -d /tmp/cushare-perf.XXXXXX)
+trap 'rm -rf "$state"' EXIT
+echo "spin block_ns_param=1" > "$state/costs"
+LD_LIBRARY_PATH="$build/lib/simgpu" SIMGPU_STATE_DIR="$state/sim" SIMGPU_MEMORY=4GiB \
+  SIMGPU_KERNEL_COSTS="$state/costs" BROKER_TEST_DIR="$state/cases" \
+  "$build/tests/compute/compute_test" --gtest_filter="$filter" | grep -E "$lines"

@@ -1175,12 +1175,14 @@ void Broker::scanLocked(std::vector<std::string>* busy) {
     std::string err;
     auto fresh = Ledger::open(ledgerDir_, name, observing(t->fileName), &err);
     if (!fresh) continue;  // tried again at the next scan
-    CUSHARE_BLOG(warn, "tenant {}: its ledger file was replaced (by uid {}); what the old one's processes hold "
-                 "still counts against it until they exit", name, now.st_uid);
     attachShadowLocked(t.get(), std::move(t->ledger), "");  // nameless: not found again after a restart
     t->ledger = std::move(fresh);
     t->owner = now.st_uid;
     applyLimitsLocked(t.get());
+    // Said once it holds (the new file's limits lowered by what the old one's processes hold): a
+    // reader of the log may act on it at once.
+    CUSHARE_BLOG(warn, "tenant {}: its ledger file was replaced (by uid {}); what the old one's processes hold "
+                 "still counts against it until they exit", name, now.st_uid);
   }
   ::closedir(dir);
   // Forget what is gone: refusals and errors by name, and unknown tenants whose file was removed.

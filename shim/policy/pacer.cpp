@@ -306,6 +306,7 @@ void* pacerMain(void*) {
       return nullptr;
     }
     const bool pending = pass();
+    const uint64_t refill = gLocalRefill;  // read under the lock: a launcher's pass writes it too
     pthread_mutex_unlock(&gPacerMutex);
     if (cuptiActive()) {
       // CUPTI's completed buffers (its callback turns them into busy time): every millisecond
@@ -322,7 +323,7 @@ void* pacerMain(void*) {
                      : pending                                             ? 100'000
                                                                            : 2'000'000;
     // A local budget that refills sooner: the pacer opens the local gate then.
-    if (gLocalRefill != 0 && gLocalRefill < sleep) sleep = gLocalRefill;
+    if (refill != 0 && refill < sleep) sleep = refill;
     futexWait(&gPacer.wake, seq, sleep, false);
   }
   return nullptr;

@@ -636,13 +636,14 @@ std::chrono::microseconds Broker::computeTick() {
     // them outside MPS), the sum over the device's tenants held to the step's wall time (busy
     // times of time-slicing tenants each include the others' slices; the device ran one).
     if (sinceLast != 0) {
+      const auto wants = [&](const Member& m) {
+        return static_cast<double>(scaled(m, m.td->busyStep)) * (m.mps || m.mpsTurns ? m.word / 100.0 : 1.0);
+      };
       double want = 0;
-      for (const Member& m : members)
-        want += static_cast<double>(scaled(m, m.td->busyStep)) * (m.mps || m.mpsTurns ? m.word / 100.0 : 1.0);
+      for (const Member& m : members) want += wants(m);
       const double fit = want > static_cast<double>(sinceLast) ? static_cast<double>(sinceLast) / want : 1.0;
       for (Member& m : members) {
-        const double part = static_cast<double>(scaled(m, m.td->busyStep)) *
-                            (m.mps || m.mpsTurns ? m.word / 100.0 : 1.0) * fit + m.td->shareCarry;
+        const double part = wants(m) * fit + m.td->shareCarry;
         const uint64_t whole = static_cast<uint64_t>(part);
         m.td->share += whole;
         m.td->shareCarry = part - static_cast<double>(whole);

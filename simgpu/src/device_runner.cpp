@@ -68,7 +68,7 @@ uint64_t DeviceRunner::arbitrate(uint64_t due) {
     }
     windowStart_ = start;
     e.setWindow(start, boardEndOf(packed));
-    return boardEndOf(packed) - p_.sliceNs / 2;
+    return boardEndOf(packed);
   };
   // Nobody else wanted the device: the window runs on from its end, or from now when this process
   // was kept off the CPU past it (the device was idle for everyone else: not a slice lost).
@@ -76,7 +76,7 @@ uint64_t DeviceRunner::arbitrate(uint64_t due) {
     const uint64_t packed = boardPack(slot_, std::max(end, due) + p_.sliceNs);
     if (!b->holder.compare_exchange_strong(h, packed, std::memory_order_acq_rel)) return due;
     e.setWindow(windowStart_, boardEndOf(packed));
-    return boardEndOf(packed) - p_.sliceNs / 2;
+    return boardEndOf(packed);
   };
   if (hs == slot_) {
     if (!wants) {  // work-conserving: an idle process yields at once
@@ -84,9 +84,12 @@ uint64_t DeviceRunner::arbitrate(uint64_t due) {
       if (b->holder.compare_exchange_strong(h, 0, std::memory_order_acq_rel)) e.setWindow(kNever, kNever);
       return kNever;
     }
-    const bool others = othersWant(b, slot_);
-    if (!others && due + p_.sliceNs / 2 >= end) return renew();  // nobody waits: keep going
-    if (due < end) return others ? end : end - p_.sliceNs / 2;
+    // Renewed at the window's end, not before: a GPU's time slice runs from when its context got
+    // the device, so a context that gets work waits at most one slice (renewing half a slice
+    // early let an arrival just after it wait one and a half). The renewal opens the engine's
+    // window before step() advances it, so a holder alone never stalls at the boundary.
+    if (due < end) return end;
+    if (!othersWant(b, slot_)) return renew();  // nobody waits: keep going
     // The window is over and others wanted the device: they get a grace period to take it.
     const uint64_t grace = end + p_.switchNs + kPollNs;
     return due >= grace ? take(grace) : grace;

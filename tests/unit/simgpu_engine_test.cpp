@@ -475,6 +475,46 @@ TEST(SimgpuDeviceRunner, ASoleHolderSteppedLateRunsOnAsADeviceWould) {
   EXPECT_EQ(r.engine().stats(a).busyNs, r.engine().now() - t0) << "busy all the time it had work";
 }
 
+// A context that gets work while another holds the device (it had it alone for many slices)
+// waits at most one slice and the switch, wherever in the holder's slice it arrives: a GPU's time
+// slice runs from when its context got the device. The holder used to renew its window half a
+// slice before its end, so an arrival just after a renewal waited up to one and a half slices
+// (3.1 ms here); a high-priority tenant's kernels next to a saturating low one paid it.
+TEST(SimgpuDeviceRunner, AContextThatGetsWorkWaitsAtMostOneSlice) {
+  const EngineParams p = params(4, 2 * kMs, 100 * kUs);
+  uint64_t most = 0, least = ~0ull;
+  for (uint64_t phase = 0; phase < 2 * kMs; phase += 100 * kUs) {
+    TempBoard tb;
+    Board* b = tb.b;
+    ASSERT_NE(b, nullptr) << tb.err;
+    std::string err;
+    std::map<uint64_t, uint64_t> endB;
+    DeviceRunner holder(p, [](uint64_t, uint64_t) {});
+    DeviceRunner late(p, [&](uint64_t id, uint64_t t) { endB[id] = t; });
+    ASSERT_TRUE(holder.joinBoard(b, getpid(), false, &err)) << err;
+    ASSERT_TRUE(late.joinBoard(b, getpid(), false, &err)) << err;
+    const int a = holder.engine().addContext(0), c = late.engine().addContext(0);
+    const uint64_t t0 = 10 * kMs, arrive = t0 + 10 * kMs + phase;
+    holder.submit(a, 0, shape(400, 1024, 1 * kMs), t0);  // 100 ms of the whole device
+    bool sent = false;
+    for (uint64_t t = t0; t < t0 + 30 * kMs; t += 50 * kUs) {
+      if (!sent && t >= arrive) {
+        late.submit(c, 0, shape(4, 1024, 100 * kUs), arrive);  // one 100 us wave
+        sent = true;
+      }
+      holder.step(t);
+      late.step(t);
+    }
+    ASSERT_EQ(endB.size(), 1u) << "phase " << phase;
+    const uint64_t waited = endB.begin()->second - arrive - 100 * kUs;
+    most = std::max(most, waited);
+    least = std::min(least, waited);
+    EXPECT_LE(waited, p.sliceNs + p.switchNs) << "arrived " << phase / kUs << " us into the 10th ms";
+  }
+  EXPECT_GE(most, p.sliceNs) << "it does wait for the holder's slice (no preemption on arrival)";
+  EXPECT_LE(least, p.switchNs + 100 * kUs) << "arriving at a slice's end, it waits about the switch";
+}
+
 TEST(SimgpuCostTable, SourceNamesDropReturnTypeAndParameters) {
   EXPECT_EQ(kernelSourceName("_Z5heavyPfi"), "heavy");
   EXPECT_EQ(kernelSourceName("_ZN2ns4spinIfEEvPT_x"), "ns::spin<float>");

@@ -13,6 +13,7 @@
 
 #include <cuda.h>
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <condition_variable>
@@ -231,6 +232,10 @@ struct Stream {
   int workerGen = -1;                   // fork generation the worker was started in
   CUresult error = CUDA_SUCCESS;        // first asynchronous failure, reported at synchronisation
   std::atomic<uint64_t> lastDoneNs{0};  // device time its last completed operation ended (worker)
+  // Where operation n ended, at doneAt[n % kDoneRing] (written before `completed` counts it): a
+  // stream that waits for operation n continues there, not where this stream got to since.
+  static constexpr size_t kDoneRing = 256;
+  std::array<std::atomic<uint64_t>, kDoneRing> doneAt{};
   bool blocking() const { return (flags & CU_STREAM_NON_BLOCKING) == 0; }
 };
 // Stream bookkeeping

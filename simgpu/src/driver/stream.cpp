@@ -72,7 +72,9 @@ void workerLoop(Stream* s) {
     f();
     {
       std::lock_guard l(progressMutex());
-      s->completed.fetch_add(1, std::memory_order_release);
+      const uint64_t n = s->completed.load(std::memory_order_relaxed) + 1;
+      s->doneAt[n % Stream::kDoneRing].store(s->lastDoneNs.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      s->completed.store(n, std::memory_order_release);
     }
     progressCv().notify_all();
   }
@@ -112,8 +114,18 @@ void enqueueWaitFor(Stream* s, Stream* other, uint64_t seq) {
   enqueue(s, [s, other, seq, t0] {
     streamExecBegin(s, std::max(t0, s->lastDoneNs.load(std::memory_order_relaxed)));
     waitStream(other, seq);
-    // Where the other stream has got to (at least the awaited point): this stream continues there.
-    streamPositionAtLeast(other->lastDoneNs.load(std::memory_order_acquire));
+    // Where the awaited operation ended: this stream continues there (not where the other stream
+    // got to since, which a waiter woken late would otherwise wait for too: two kernels meant to
+    // run side by side then ran one after the other). Where the other stream has completed a ring
+    // of operations since, its entry is reused: then (later) where the other stream is now.
+    uint64_t at;
+    {
+      std::lock_guard l(progressMutex());
+      at = other->completed.load(std::memory_order_relaxed) < seq + Stream::kDoneRing
+               ? other->doneAt[seq % Stream::kDoneRing].load(std::memory_order_relaxed)
+               : other->lastDoneNs.load(std::memory_order_acquire);
+    }
+    streamPositionAtLeast(at);
     s->lastDoneNs.store(streamPositionNs(), std::memory_order_release);
   });
 }

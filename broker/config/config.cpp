@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "container/cdi.h"
+#include "cushare/host_segment.h"
 #include "cushare/mps_settings.h"
 #include "cushare/parse.h"
 #include "yaml_tree.h"
@@ -86,7 +87,7 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
                                            "mps", "compute", "probes", "cdi", "kubernetes"};
 const std::vector<std::string> kProbeKeys = {"interval_ms", "window_s", "budget_us", "kinds"};
 const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "priority_guard_ms", "metering", "fair_share",
-                                               "mps_weights"};
+                                               "mps_weights", "metering_source", "cupti_library"};
 const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority", "weight"};
 const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
                                               "priority", "weight",  "uid",    "gid"};
@@ -415,12 +416,14 @@ class Parser {
   }
 
   // compute: {period_ms: 5..1000, priority_floor_percent: 0..100, priority_guard_ms: 0..1000,
-  //           metering: on|off, fair_share: on|off, mps_weights: on|off}
+  //           metering: on|off, fair_share: on|off, mps_weights: on|off,
+  //           metering_source: events|cupti|auto, cupti_library: absolute path}
   bool compute(const Node& n, ComputeConfig* out) {
     if (!map(n, "compute",
              "a map of settings (period_ms, priority_floor_percent, priority_guard_ms, metering, fair_share, "
-             "mps_weights)"))
+             "mps_weights, metering_source, cupti_library)"))
       return false;
+    const Node* sourceValue = nullptr;
     ComputeConfig c;
     for (size_t i = 0; i < n.keys.size(); ++i) {
       const Node& key = n.keys[i];
@@ -442,10 +445,26 @@ class Parser {
         if (!scalar(v, path, "on or off", &text)) return false;
         if (text != "on" && text != "off") return fail(v.mark, path, "expected on or off, found '" + text + "'");
         (key.text == "metering" ? c.metering : key.text == "fair_share" ? c.fairShare : c.mpsWeights) = text == "on";
+      } else if (key.text == "metering_source") {
+        if (!scalar(v, path, "events, cupti or auto", &text)) return false;
+        if (!parseMetering(text, &c.meteringSource, &reason)) return fail(v.mark, path, reason);
+        sourceValue = &v;
+      } else if (key.text == "cupti_library") {
+        if (!scalar(v, path, "an absolute path to libcupti.so.13", &text)) return false;
+        if (text.empty() || text.front() != '/' || text.back() == '/')
+          return fail(v.mark, path, "expected an absolute path to a file, found '" + text + "'");
+        if (text.size() >= kHostCuptiPathBytes)
+          return fail(v.mark, path, "longer than " + std::to_string(kHostCuptiPathBytes - 1) + " bytes");
+        if (text.find_first_of(std::string("\n\0", 2)) != std::string::npos)
+          return fail(v.mark, path, "a path with a newline or NUL");
+        c.cuptiLibrary = text;
       } else {
         return unknownKey(key, path, kComputeKeys);
       }
     }
+    if (c.meteringSource == MeteringSource::kCupti && c.cuptiLibrary.empty())
+      return fail(sourceValue->mark, "compute.metering_source",
+                  "cupti needs compute.cupti_library: the one file tenant processes may load CUPTI from");
     *out = c;
     return true;
   }

@@ -112,6 +112,13 @@ struct ComputeConfig {
   // Weights also gate MPS clients whose SMs overlap (docs/compute.md, "Weights under MPS"): off by
   // default, as gating binds cooperating processes only, where the server binds every client.
   bool mpsWeights = false;
+  // The busy-time source of every tenant process, published in the host segment (a tenant's
+  // CUSHARE_METERING does not change it), and the only file a tenant process may load CUPTI
+  // from: absolute, checked like cdi.shim (root's or the broker's, nobody else may write it or
+  // a directory above it) and mounted read-only at the same path in tenant containers. Empty:
+  // no CUPTI (auto meters with events; cupti needs it). docs/compute.md, "Measuring GPU time".
+  MeteringSource meteringSource = MeteringSource::kAuto;
+  std::string cuptiLibrary;
 };
 
 // Probe rounds (`probes:` block; docs/probes.md): every interval, the probes run at one instant

@@ -111,6 +111,11 @@ bool tenantEdits(const std::string& tenant, const HostPlaces& host, View view, T
     e.mounts.push_back({host.shim, kContainerShim, true});
     e.mounts.push_back({host.ledgerDir, kContainerLedgerDir, false});
     if (!host.mpsPipeDir.empty()) e.mounts.push_back({host.mpsPipeDir, kContainerMpsPipeDir, false});
+    if (!host.cuptiLibrary.empty()) {
+      if (host.cuptiLibrary.front() != '/')
+        return fail(err, "compute.cupti_library '" + printable(host.cuptiLibrary, 200) + "' is not absolute");
+      e.mounts.push_back({host.cuptiLibrary, host.cuptiLibrary, true});
+    }
   }
   *out = std::move(e);
   return true;

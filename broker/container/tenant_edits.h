@@ -1,7 +1,7 @@
 // What makes a process a tenant: its environment (LD_PRELOAD of the shim, CUSHARE_TENANT, the
 // ledger directory, CUSHARE_REQUIRE_BROKER=1 and, in a container with MPS on, where the MPS pipe
-// directory is) and, for a container, the mounts that bring the shim, the ledger directory and the
-// MPS pipe directory in. One function for `cushare env`/`cushare run` (this host's paths), the CDI
+// directory is) and, for a container, the mounts that bring the shim, the ledger directory, the
+// MPS pipe directory and the operator's CUPTI library in. One function for `cushare env`/`cushare run` (this host's paths), the CDI
 // spec and the device plugin's Allocate (container paths). Reference: docs/containers.md.
 //
 // Invariants:
@@ -37,6 +37,9 @@ struct HostPlaces {
   std::string shim;        // libcushare.so, absolute
   std::string ledgerDir;   // the broker's ledger_dir
   std::string mpsPipeDir;  // the broker's MPS pipe_dir while it runs MPS; empty: MPS off
+  // compute.cupti_library, resolved: mounted read-only at the same path (the host segment names
+  // it for host processes and containers alike); empty: none.
+  std::string cuptiLibrary;
 };
 
 struct TenantEdits {

@@ -416,6 +416,19 @@ bool Broker::writeHostFor(const Config& c, const std::vector<uint64_t>& unknown,
   h.configGeneration = generation;
   h.profileForUnknown = !c.unknownTenantsProfile.empty();
   h.unknownProfile = c.unknownTenantsProfile;
+  static_assert(static_cast<uint32_t>(MeteringSource::kEvents) == kHostMeteringEvents &&
+                static_cast<uint32_t>(MeteringSource::kCupti) == kHostMeteringCupti &&
+                static_cast<uint32_t>(MeteringSource::kAuto) == kHostMeteringAuto);
+  h.metering = static_cast<uint32_t>(c.compute.meteringSource);
+  // Checked at start and at each reload (checkPlaces); a library that no longer passes is not
+  // offered (the shims meter with events), never handed on unchecked.
+  if (std::string why; !checkCuptiLibrary(c, &h.cuptiLibrary, &why)) {
+    h.cuptiLibrary.clear();
+    if (why != cuptiRefused_) CUSHARE_BLOG(warn, "{}: tenant processes meter with events", why);
+    cuptiRefused_ = why;
+  } else {
+    cuptiRefused_.clear();
+  }
   for (size_t d = 0; d < devices_.size(); ++d) {
     HostDevice hd;
     parseGpuUuid(devices_[d].uuid, hd.uuid);

@@ -357,6 +357,7 @@ class Broker {
   BrokerState state_;             // as last written to the state file
   bool stateDirty_ = false;       // the state file is behind (a shadow came or went)
   bool unknownFull_ = false;      // the host segment offers new unknown tenants nothing (caps reached)
+  std::string cuptiRefused_;      // why compute.cupti_library was last not offered (said once per reason)
   std::string metricsAddress_;
   MpsSnapshot mps_;
   uint64_t reaped_ = 0;

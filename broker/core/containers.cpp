@@ -28,6 +28,7 @@ bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, 
     return false;
   }
   h.shim = resolved;
+  if (!checkCuptiLibrary(c, &h.cuptiLibrary, err)) return false;
   h.ledgerDir = c.ledgerDir;
   h.mpsPipeDir = mpsPipeDir;
   *out = std::move(h);

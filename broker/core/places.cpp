@@ -99,11 +99,25 @@ bool checkTrustedFile(const std::string& path, const std::string& what, std::str
     why = "is writable by other users (mode " + octal(st.st_mode & 07777) + ")";
   if (why.empty()) return true;
   *err = what + " " + named + " refused: it " + why +
-         ", so another user could change what runs in every tenant's container; install it as root, mode 0644 or 0755";
+         ", so another user could change what runs in tenants' processes; install it as root, mode 0644 or 0755";
   return false;
 }
 
+bool checkCuptiLibrary(const Config& c, std::string* resolved, std::string* err) {
+  const std::string& path = c.compute.cuptiLibrary;
+  resolved->clear();
+  if (path.empty()) return true;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    *err = sysErr("compute.cupti_library " + path);
+    return false;
+  }
+  return checkTrustedFile(path, "compute.cupti_library", resolved, err);
+}
+
 bool checkPlaces(const Config& c, std::string* err) {
+  std::string cupti;
+  if (!checkCuptiLibrary(c, &cupti, err)) return false;
   const std::string& dir = c.ledgerDir;
   if (!checkParents(dir, "ledger_dir", /*strict=*/false, err) ||
       !checkParents(c.stateFile, "state_file", /*strict=*/true, err) ||

@@ -31,6 +31,10 @@ bool checkParentsOf(const std::string& path, const std::string& what, bool stric
 // here, but the directories it would appear in are checked.
 bool checkTrustedFile(const std::string& path, const std::string& what, std::string* resolved, std::string* err);
 
+// compute.cupti_library, when set: it must exist and be a trusted file (checkTrustedFile); its
+// resolved path (what the host segment names and containers mount) in *resolved, empty when unset.
+bool checkCuptiLibrary(const Config& c, std::string* resolved, std::string* err);
+
 // Creates ledger_dir (and the directories above it, the state file's and the socket's), moving
 // aside, unread, anything of another user found at its path, and checks the places again.
 bool prepareLedgerDir(const Config& c, std::string* err);

@@ -38,6 +38,12 @@ std::string check(const HostSegmentLayout& h, uint64_t fileBytes) {
     return "field 'unknown_policy' is " + std::to_string(h.unknown_policy) + ", expected 0 or 1";
   if (std::memchr(h.unknown_profile, '\0', sizeof h.unknown_profile) == nullptr)
     return "field 'unknown_profile' is not NUL-terminated";
+  if (h.metering > kHostMeteringAuto)
+    return "field 'metering' is " + std::to_string(h.metering) + ", expected 0 (events), 1 (cupti) or 2 (auto)";
+  if (std::memchr(h.cupti_library, '\0', sizeof h.cupti_library) == nullptr)
+    return "field 'cupti_library' is not NUL-terminated";
+  if (h.cupti_library[0] != '\0' && h.cupti_library[0] != '/')
+    return "field 'cupti_library' is not an absolute path";
   if (h.unknown_policy == kHostProfileForUnknown &&
       !Ledger::validTenantName(h.unknown_profile, nullptr))
     return "field 'unknown_profile' is not a valid profile name";
@@ -97,6 +103,9 @@ int readHostSegment(const std::string& dir, HostInfo* out, std::string* err) {
   info.configGeneration = h.config_generation;
   info.profileForUnknown = h.unknown_policy == kHostProfileForUnknown;
   if (info.profileForUnknown) info.unknownProfile = h.unknown_profile;
+  info.ownerUid = st.st_uid;
+  info.metering = h.metering;
+  info.cuptiLibrary = h.cupti_library;
   for (uint32_t i = 0; i < h.device_count; ++i) {
     HostDevice d;
     std::memcpy(d.uuid, h.devices[i].uuid, 16);
@@ -117,6 +126,16 @@ bool writeHostSegment(const std::string& dir, const HostInfo& info, std::string*
     *err = "profile name too long for the host segment";
     return false;
   }
+  if (info.metering > kHostMeteringAuto) {
+    *err = "metering " + std::to_string(info.metering) + " is not a source";
+    return false;
+  }
+  if (info.cuptiLibrary.size() >= kHostCuptiPathBytes ||
+      (!info.cuptiLibrary.empty() && info.cuptiLibrary.front() != '/') ||
+      info.cuptiLibrary.find('\0') != std::string::npos) {
+    *err = "the CUPTI library path must be absolute and under " + std::to_string(kHostCuptiPathBytes) + " bytes";
+    return false;
+  }
   HostSegmentLayout h{};
   h.magic = kHostMagic;
   h.version = kHostVersion;
@@ -128,6 +147,8 @@ bool writeHostSegment(const std::string& dir, const HostInfo& info, std::string*
   h.unknown_policy = info.profileForUnknown ? kHostProfileForUnknown : kHostRefuseUnknown;
   if (info.profileForUnknown)
     std::memcpy(h.unknown_profile, info.unknownProfile.data(), info.unknownProfile.size());
+  h.metering = info.metering;
+  std::memcpy(h.cupti_library, info.cuptiLibrary.data(), info.cuptiLibrary.size());
   for (size_t i = 0; i < info.devices.size(); ++i) {
     std::memcpy(h.devices[i].uuid, info.devices[i].uuid, 16);
     h.devices[i].capacity = info.devices[i].capacity;

@@ -288,6 +288,7 @@ bool loadShimConfig(const std::function<const char*(const char*)>& getenv, ShimC
   if (get("CUSHARE_LOG_LEVEL") && !parseLogLevel(v, &c.logLevel, &reason)) return bad();
   if (get("CUSHARE_REQUIRE_BROKER") && !parseRequireBroker(v, &c.requireBroker, &reason)) return bad();
   if (get("CUSHARE_METERING") && !parseMetering(v, &c.metering, &reason)) return bad();
+  c.meteringSet = get("CUSHARE_METERING") != nullptr;
   if (get("CUSHARE_MPS_PIPE_DIR") && !parseMpsPipeDir(v, &c.mpsPipeDir, &reason)) return bad();
   *out = std::move(c);
   return true;

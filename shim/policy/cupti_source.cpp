@@ -1,5 +1,6 @@
 // CUPTI activity records as the busy-time source (docs/compute.md: measuring GPU time). libcupti
-// is loaded at run time (dlopen "libcupti.so.13"), never linked: the shim loads and meters with
+// is loaded at run time, never linked (under a broker only from the file the broker offers,
+// standalone by the name "libcupti.so.13"): the shim loads and meters with
 // events where it is absent or does not start (simgpu: CUPTI needs the real driver). Started by
 // the pacer thread (launch.cpp) when CUSHARE_METERING is cupti or auto, off the launch path; the
 // records reach activityBusy().consume from CUPTI's buffer callback (CUPTI's worker thread, or
@@ -7,11 +8,15 @@
 #include "policy/cupti_source.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
+#include <sys/stat.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "interpose/real.h"
@@ -79,6 +84,47 @@ const char* resultText(const CuptiApi& api, CUptiResult r) {
 constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                          CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_MEMSET};
 
+// The operator's CUPTI, offered by the broker (an absolute path): a regular file of root or the
+// broker's user that neither group nor others may write, and no other libcupti.so.13 already in
+// the process (a tenant's own, preloaded or opened first, is what the name would bind to).
+bool trustedCupti(const char* library, uint32_t brokerUid, char* why, size_t whySize) noexcept {
+  struct stat st;
+  if (::stat(library, &st) != 0) {
+    std::snprintf(why, whySize, "the broker's CUPTI library %s: %s", library, std::strerror(errno));
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    std::snprintf(why, whySize, "the broker's CUPTI library %s is not a regular file", library);
+    return false;
+  }
+  if (st.st_uid != 0 && st.st_uid != brokerUid) {
+    std::snprintf(why, whySize, "the broker's CUPTI library %s belongs to uid %u, neither root nor the broker's user",
+                  library, static_cast<unsigned>(st.st_uid));
+    return false;
+  }
+  if ((st.st_mode & 022) != 0) {
+    std::snprintf(why, whySize, "the broker's CUPTI library %s is writable by group or others (mode %04o)", library,
+                  static_cast<unsigned>(st.st_mode & 07777));
+    return false;
+  }
+  if (void* h = dlopen(kCuptiLibrary, RTLD_NOW | RTLD_NOLOAD)) {
+    link_map* lm = nullptr;
+    struct stat loaded;
+    const bool named = dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm != nullptr && lm->l_name != nullptr;
+    const bool same = named && ::stat(lm->l_name, &loaded) == 0 && loaded.st_dev == st.st_dev &&
+                      loaded.st_ino == st.st_ino;
+    char where[256];
+    std::snprintf(where, sizeof where, "%s", named && lm->l_name[0] != '\0' ? lm->l_name : "unknown file");
+    dlclose(h);
+    if (!same) {
+      std::snprintf(why, whySize, "a %s is already loaded in the process from %s, not the broker's %s", kCuptiLibrary,
+                    where, library);
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 ActivityBusy& activityBusy() noexcept { return gActivity; }
@@ -88,13 +134,14 @@ void cuptiForgetAfterFork() noexcept {
   pthread_mutex_init(&gPoolMutex, nullptr);
 }
 
-bool startCupti(const char* library, int devices, ActivityBusy::Sink sink, ActivityBusy::Metered metered,
-                char* why, size_t whySize) noexcept {
+bool startCupti(const char* library, uint32_t brokerUid, int devices, ActivityBusy::Sink sink,
+                ActivityBusy::Metered metered, char* why, size_t whySize) noexcept {
   const auto fail = [&](const char* fmt, const char* a, const char* b) {
     std::snprintf(why, whySize, fmt, a, b);
     return false;
   };
   if (library == nullptr) library = kCuptiLibrary;
+  else if (!trustedCupti(library, brokerUid, why, whySize)) return false;
   void* h = dlopen(library, RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
     const char* e = dlerror();

@@ -7,12 +7,14 @@
 
 namespace cushare::shim {
 
-// Loads `library` (null: libcupti.so.13), registers the buffer callbacks and enables kernel,
+// Loads `library` (null: libcupti.so.13 by name, standalone; a path: the broker's, loaded only
+// if it is a regular file of root or brokerUid that group and others cannot write, and no other
+// libcupti.so.13 is already in the process), registers the buffer callbacks and enables kernel,
 // memcpy and memset records; the records' busy time goes to sink per device ordinal (those
 // `metered` accepts). False, with the reason in why, when any step fails: nothing stays enabled
 // and the caller meters with events.
-bool startCupti(const char* library, int devices, ActivityBusy::Sink sink, ActivityBusy::Metered metered,
-                char* why, size_t whySize) noexcept;
+bool startCupti(const char* library, uint32_t brokerUid, int devices, ActivityBusy::Sink sink,
+                ActivityBusy::Metered metered, char* why, size_t whySize) noexcept;
 // Whether startCupti succeeded (then busy time comes from CUPTI, not from the markers).
 bool cuptiActive() noexcept;
 // Asks CUPTI for the completed buffers (forced: also those with records not complete yet). The

@@ -133,12 +133,35 @@ bool cuptiMetered(int dev) noexcept {
 }
 void flushCuptiAtExit() noexcept { flushCupti(true); }
 
-// The busy-time source, chosen once as the pacer thread starts (docs/compute.md):
-// CUSHARE_METERING=events, or CUPTI where it starts (cupti, auto), else events. On its own short
-// thread: CUPTI's start can take long, and the pacer's passes (completions for the in-flight
-// bound) must not wait for it; the events count busy time until CUPTI is active.
+// The busy-time source asked for: standalone CUSHARE_METERING; under a broker the broker's (the
+// host segment's), except that under its `auto` a process may ask for events (a profiler of its
+// own owns CUPTI's callbacks): never for CUPTI, nor for events where the operator chose cupti.
+MeteringSource meteringAsked() noexcept {
+  const ShimState& st = state();
+  if (!st.brokerManaged) return st.config.metering;
+  const auto chosen = static_cast<MeteringSource>(st.host.metering);
+  if (chosen == MeteringSource::kAuto && st.config.meteringSet && st.config.metering == MeteringSource::kEvents)
+    return MeteringSource::kEvents;
+  return chosen;
+}
+
+// The busy-time source, chosen once as the pacer thread starts (docs/compute.md): events, or
+// CUPTI where it starts (cupti, auto), else events; under a broker CUPTI only from the library the
+// broker offers. On its own short thread: CUPTI's start can take long, and the pacer's passes
+// (completions for the in-flight bound) must not wait for it; the events count busy time until
+// CUPTI is active.
 void* chooseBusySource(void*) noexcept {
-  const MeteringSource m = state().config.metering;
+  const ShimState& st = state();
+  const MeteringSource m = meteringAsked();
+  const char* library = nullptr;  // standalone: by name (nothing is billed from it)
+  if (st.brokerManaged) {
+    if (st.host.cuptiLibrary.empty()) {
+      logLine(LogLevel::kInfo, "cushare: CUPTI activity records are not used (the broker offers no CUPTI library: "
+              "compute.cupti_library): GPU busy time from events on the streams");
+      return nullptr;
+    }
+    library = st.host.cuptiLibrary.c_str();
+  }
   if (m == MeteringSource::kAuto && std::getenv("CUDA_INJECTION64_PATH") != nullptr) {
     // A profiler injected into the process owns CUPTI's activity callbacks: leave them to it.
     logLine(LogLevel::kInfo, "cushare: CUPTI activity records are not used (CUDA_INJECTION64_PATH is set: a profiler "
@@ -146,7 +169,7 @@ void* chooseBusySource(void*) noexcept {
     return nullptr;
   }
   char why[512];
-  if (startCupti(nullptr, state().deviceCount, cuptiBusy, cuptiMetered, why, sizeof why)) {
+  if (startCupti(library, st.host.ownerUid, st.deviceCount, cuptiBusy, cuptiMetered, why, sizeof why)) {
     std::atexit(flushCuptiAtExit);  // registered after libcupti loaded: runs before its teardown
     logLine(LogLevel::kInfo, "cushare: GPU busy time from CUPTI activity records");
     return nullptr;
@@ -288,7 +311,10 @@ void* pacerMain(void*) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
-  if (state().config.metering != MeteringSource::kEvents) {
+  if (const ShimState& st = state(); st.brokerManaged && st.config.meteringSet && st.config.metering != meteringAsked())
+    logLine(LogLevel::kInfo, "cushare: CUSHARE_METERING=%s is not used: the broker chooses the metering source (%s)",
+            meteringName(st.config.metering), meteringName(meteringAsked()));
+  if (meteringAsked() != MeteringSource::kEvents) {
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);

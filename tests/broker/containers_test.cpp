@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cushare/host_segment.h"
 #include "harness.h"
 
 namespace cushare::test {
@@ -180,6 +181,50 @@ TEST(Containers, AShimOrSpecDirAnotherUserCouldChangeIsRefused) {
   const std::string spec = readFile(g.dir() + "/cdi/cushare.io-tenant.json");
   EXPECT_NE(spec.find("\"hostPath\": \"" + shim + "\""), std::string::npos) << spec;
   EXPECT_EQ(spec.find("link.so"), std::string::npos) << spec;
+}
+
+// The operator's CUPTI (compute.cupti_library) is what every tenant process loads CUPTI from: a
+// file another user could change is refused at start, naming it; a missing one too. A trusted
+// one is named, resolved, in the host segment with the broker's metering source, and mounted
+// read-only at that path in the CDI spec.
+TEST(Containers, TheCuptiLibraryIsTrustedPublishedAndMounted) {
+  namespace fs = std::filesystem;
+  const std::string dir = testDir();
+  const std::string lib = dir + "/cupti/libcupti.so.13";
+  fs::create_directories(dir + "/cupti");
+  fs::permissions(dir + "/cupti", fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                      fs::perms::others_read | fs::perms::others_exec);
+  fs::copy_file(SHIM_LIB, lib, fs::copy_options::overwrite_existing);
+  fs::permissions(lib, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                           fs::perms::others_read | fs::perms::others_write);  // 0646
+  Broker w(dir + "/w");
+  fs::create_directories(w.dir());
+  EXPECT_FALSE(w.start("compute: {cupti_library: " + lib + "}\n" + kTenants));
+  EXPECT_NE(w.log().find("compute.cupti_library " + lib + " refused: it is writable by other users (mode 0646)"),
+            std::string::npos)
+      << w.log();
+  Broker m(dir + "/m");
+  fs::create_directories(m.dir());
+  EXPECT_FALSE(m.start("compute: {cupti_library: " + dir + "/none/libcupti.so.13}\n" + kTenants));
+  EXPECT_NE(m.log().find("compute.cupti_library " + dir + "/none/libcupti.so.13: No such file or directory"),
+            std::string::npos)
+      << m.log();
+  fs::permissions(lib, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+  fs::create_symlink(lib, dir + "/link.so.13");
+  Broker g(dir + "/g");
+  fs::create_directories(g.dir());
+  ASSERT_TRUE(g.start("cdi: {spec_dir: " + g.dir() + "/cdi}\ncompute: {metering_source: cupti, cupti_library: " +
+                      dir + "/link.so.13}\n" + kTenants))
+      << g.log();
+  HostInfo h;
+  std::string err;
+  ASSERT_EQ(readHostSegment(g.ledgerDir(), &h, &err), 1) << err;
+  EXPECT_EQ(h.cuptiLibrary, lib) << "the file itself, not the link another user might repoint";
+  EXPECT_EQ(h.metering, kHostMeteringCupti);
+  const std::string spec = readFile(g.dir() + "/cdi/cushare.io-tenant.json");
+  EXPECT_NE(spec.find("{\"hostPath\": \"" + lib + "\", \"containerPath\": \"" + lib + "\", \"options\": [\"ro\""),
+            std::string::npos)
+      << spec;
 }
 
 TEST(Containers, AProcessWithTheSpecsEditsIsTheTenant) {

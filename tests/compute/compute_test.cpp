@@ -17,10 +17,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -56,6 +58,52 @@ Child worker(Broker& b, const std::string& tenant, const std::map<std::string, s
   EXPECT_EQ(c.readLine(), "ready") << "tenant " << tenant << ": see " << log;
   return c;
 }
+
+// Who runs a test's tenant processes: the suite's user (root), or each tenant on a uid of its own
+// as docs/security.md deploys them (1000, 1001, ... in the order entry() first names them; the
+// configuration's `uid:` gives each its ledger), started from copies any user can read
+// (UidTenants: the checkout may lie where other users cannot enter).
+class Tenancy {
+ public:
+  explicit Tenancy(bool ownUids) {
+    if (ownUids) users_ = std::make_unique<UidTenants>();
+  }
+  // The tenant's entry in the broker's `tenants:` list: "{name: NAME, REST}", with its uid.
+  std::string entry(const std::string& name, const std::string& rest = "") {
+    std::string e = "{name: " + name + (rest.empty() ? "" : ", " + rest);
+    if (users_) {
+      const auto [it, added] = uid_.emplace(name, static_cast<uid_t>(1000 + uid_.size()));
+      e += ", uid: " + std::to_string(it->second);
+    }
+    return e + "}";
+  }
+  // A process of the tenant (on its uid), its "ready" line read; env adds to its variables.
+  Child worker(Broker& b, const std::string& tenant, const std::map<std::string, std::string>& env = {}) {
+    if (!users_) return cushare::test::worker(b, tenant, env);
+    const auto it = uid_.find(tenant);
+    EXPECT_NE(it, uid_.end()) << tenant << " has no entry()";
+    Child c = users_->spawn(it == uid_.end() ? 65534 : it->second, COMPUTE_WORKER, b, tenant, env);
+    EXPECT_EQ(c.readLine(), "ready") << "tenant " << tenant << " on uid " << (it == uid_.end() ? 0 : it->second)
+                                     << ": see " << b.dir() << "/tenants.log";
+    return c;
+  }
+
+ private:
+  std::unique_ptr<UidTenants> users_;
+  std::map<std::string, uid_t> uid_;
+};
+
+// The root run of a test body, and the same body with each tenant on its own uid.
+#define CUSHARE_ROOT_AND_UIDS(Suite, Name, body)                                             \
+  TEST(Suite, Name) {                                                                        \
+    Tenancy root(false);                                                                     \
+    body(root);                                                                              \
+  }                                                                                          \
+  TEST(OwnUids, Name) {                                                                      \
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own"; \
+    Tenancy own(true);                                                                       \
+    body(own);                                                                               \
+  }
 
 // The device time process pid's engine has run (simgpu's board, device 0).
 uint64_t deviceBusy(pid_t pid) {
@@ -141,10 +189,10 @@ double aloneShare(Broker& b, const std::map<std::string, std::string>& env, cons
 // gate that closes takes effect within about 1 ms of its device time; a process of long kernels
 // keeps two. Judged by the process's in-flight count in its ledger slot (sampled) and by simgpu's
 // count of its share (the cap holds with the longer queue).
-TEST(Caps, TheInFlightBoundIsQueuedDeviceTime) {
+void inFlightBoundIsQueuedDeviceTime(Tenancy& tenancy) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("tenants:\n  - {name: t, thread_percentage: 50}\n"));
-  Child c = worker(b, "t");
+  ASSERT_TRUE(b.start("tenants:\n  - " + tenancy.entry("t", "thread_percentage: 50") + "\n"));
+  Child c = tenancy.worker(b, "t");
   const int fd = ::open((b.ledgerDir() + "/t.ledger").c_str(), O_RDONLY);
   ASSERT_GE(fd, 0);
   void* map = ::mmap(nullptr, kLedgerFileSize, PROT_READ, MAP_SHARED, fd, 0);
@@ -214,6 +262,7 @@ TEST(Caps, TheInFlightBoundIsQueuedDeviceTime) {
   c.send("quit");
   c.wait();
 }
+CUSHARE_ROOT_AND_UIDS(Caps, TheInFlightBoundIsQueuedDeviceTime, inFlightBoundIsQueuedDeviceTime)
 
 TEST(Caps, TwentyFiveAloneGetsTwentyFive) {
   Broker b(testDir());
@@ -821,11 +870,13 @@ Latency latency(Child& c, const std::string& cmd) {
 
 // The two tenants of the priority tests: the high one's latency alone for `cmd`, then the low one
 // saturating the device with 2 ms kernels for runMs, settleMs before returning.
-Latency highAloneThenLow(Broker& b, Child* hi, Child* lo, const std::string& cmd, int runMs, int settleMs) {
-  EXPECT_TRUE(b.start("tenants:\n  - {name: hi, priority: high}\n  - {name: lo, priority: low}\n"));
-  *hi = worker(b, "hi");
+Latency highAloneThenLow(Broker& b, Child* hi, Child* lo, const std::string& cmd, int runMs, int settleMs,
+                         Tenancy& tenancy) {
+  EXPECT_TRUE(b.start("tenants:\n  - " + tenancy.entry("hi", "priority: high") + "\n  - " +
+                      tenancy.entry("lo", "priority: low") + "\n"));
+  *hi = tenancy.worker(b, "hi");
   const Latency solo = latency(*hi, cmd);
-  *lo = worker(b, "lo");
+  *lo = tenancy.worker(b, "lo");
   lo->send("run " + std::to_string(runMs) + " 2000");
   sleepMs(settleMs);
   return solo;
@@ -834,10 +885,10 @@ Latency highAloneThenLow(Broker& b, Child* hi, Child* lo, const std::string& cmd
 // A high-priority tenant's short kernels (200 us, 300 us apart) next to a low-priority tenant
 // saturating the device with 2 ms kernels: it keeps >= 85 % of its solo throughput, and its p99
 // launch-to-completion latency stays within one low-priority kernel (2 ms) of its solo p99.
-TEST(Priority, HighKeepsItsThroughputAndLatencyNextToASaturatingLowTenant) {
+void highKeepsItsThroughputAndLatency(Tenancy& tenancy) {
   Broker b(testDir());
   Child hi, lo;
-  const Latency solo = highAloneThenLow(b, &hi, &lo, "lat 1500 200 300", 4000, 300);
+  const Latency solo = highAloneThenLow(b, &hi, &lo, "lat 1500 200 300", 4000, 300, tenancy);
   const Latency shared = latency(hi, "lat 1500 200 300");
   std::printf("high alone: %ld kernels, p50 %.0f us, p99 %.0f us; next to low: %ld kernels, p50 %.0f us, p99 %.0f us\n",
               solo.n, solo.p50, solo.p99, shared.n, shared.p50, shared.p99);
@@ -853,6 +904,7 @@ TEST(Priority, HighKeepsItsThroughputAndLatencyNextToASaturatingLowTenant) {
   for (Child* k : {&hi, &lo}) k->send("quit");
   for (Child* k : {&hi, &lo}) k->wait();
 }
+CUSHARE_ROOT_AND_UIDS(Priority, HighKeepsItsThroughputAndLatencyNextToASaturatingLowTenant, highKeepsItsThroughputAndLatency)
 
 // Work-conserving priorities (docs/compute.md, Priorities): a high-priority tenant sending one
 // 2 ms kernel every 50 ms next to a low-priority tenant saturating the device with 2 ms kernels.
@@ -862,10 +914,10 @@ TEST(Priority, HighKeepsItsThroughputAndLatencyNextToASaturatingLowTenant) {
 // kernels still wait for at most one low kernel (one in flight, "tight"). Judged by simgpu's count
 // of each process's device time and the high tenant's launch-to-completion latency against its
 // own, alone, in the same test.
-TEST(Priority, ALowTenantUsesTheDeviceBetweenAHighTenantsBursts) {
+void lowUsesTheDeviceBetweenHighBursts(Tenancy& tenancy) {
   Broker b(testDir());
   Child hi, lo;
-  const Latency solo = highAloneThenLow(b, &hi, &lo, "lat 1500 2000 48000", 5000, 500);
+  const Latency solo = highAloneThenLow(b, &hi, &lo, "lat 1500 2000 48000", 5000, 500, tenancy);
   const uint64_t lo0 = deviceBusy(lo.pid()), hi0 = deviceBusy(hi.pid()), t0 = monoNs();
   const Latency shared = latency(hi, "lat 3000 2000 48000");
   const double wall = static_cast<double>(monoNs() - t0);
@@ -879,6 +931,7 @@ TEST(Priority, ALowTenantUsesTheDeviceBetweenAHighTenantsBursts) {
   for (Child* k : {&hi, &lo}) k->send("quit");
   for (Child* k : {&hi, &lo}) k->wait();
 }
+CUSHARE_ROOT_AND_UIDS(Priority, ALowTenantUsesTheDeviceBetweenAHighTenantsBursts, lowUsesTheDeviceBetweenHighBursts)
 
 // Streams a tenant creates land in its priority band: low gets the least priority whatever it
 // asks, normal at most the middle, high what it asks.
@@ -960,18 +1013,22 @@ std::string readFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// CUSHARE_METERING (docs/compute.md): CUPTI does not start on simgpu (it needs the real driver).
-// Asked for (cupti) or by default (auto), the shim says why at info level (cupti: at warn) and
-// meters with events: the same busy time as with events, against the device's own count.
+// A directory of its own under the test's directory `root` (testDir()), for one of its brokers.
+std::string subDir(const std::string& root, const std::string& name) {
+  const std::string d = root + "/" + name;
+  std::filesystem::create_directories(d);
+  return d;
+}
+
 // Device share for chargeback (docs/compute.md, "Device share"): two uncapped tenants
 // time-slicing the device outside MPS each meter the other's slices too (their busy times sum to
 // more than the device's time); their device shares sum to at most the device's time, about half
 // each. A tenant alone with a launch-bound loop of short kernels meters most of its wall time,
 // and its share is what the device ran for it (charged alone: "Charging a tenant alone").
-TEST(Metering, TheDeviceShareSumsToAtMostTheDevice) {
+void deviceShareSumsToAtMostTheDevice(Tenancy& tenancy) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("tenants:\n  - {name: a}\n  - {name: c}\n"));
-  Child a = worker(b, "a"), c = worker(b, "c");
+  ASSERT_TRUE(b.start("tenants:\n  - " + tenancy.entry("a") + "\n  - " + tenancy.entry("c") + "\n"));
+  Child a = tenancy.worker(b, "a"), c = tenancy.worker(b, "c");
   const auto read = [&](const char* tenant, uint64_t* busy, uint64_t* share) {
     const rpc::Tenant t = b.tenant(tenant);
     *busy = t.devices_size() > 0 ? t.devices(0).busy_ns() : 0;
@@ -1004,7 +1061,7 @@ TEST(Metering, TheDeviceShareSumsToAtMostTheDevice) {
   finish({&a, &c});
   // Alone, launch-bound: 1 us kernels in batches, the device mostly idle between launches (5 us
   // kernels kept simgpu's device 0.98 busy: not launch-bound).
-  Child l = worker(b, "a");
+  Child l = tenancy.worker(b, "a");
   l.send("loop 4000 1 64 1");
   sleepMs(1500);  // the first window alone (1 s) sets the scale
   uint64_t lb0, ls0, lb1, ls1;
@@ -1022,16 +1079,23 @@ TEST(Metering, TheDeviceShareSumsToAtMostTheDevice) {
   l.send("quit");
   l.wait();
 }
+CUSHARE_ROOT_AND_UIDS(Metering, TheDeviceShareSumsToAtMostTheDevice, deviceShareSumsToAtMostTheDevice)
 
+// compute.metering_source (docs/compute.md): the toolkit's real CUPTI, offered by the broker,
+// does not start on simgpu (it needs the real driver). Asked for (cupti) or by default (auto),
+// the shim says why at info level (cupti: at warn) and meters with events: the same busy time as
+// with events, against the device's own count.
 TEST(Metering, CuptiThatDoesNotStartFallsBackToEvents) {
-  Broker b(testDir());
-  ASSERT_TRUE(b.start("tenants:\n  - {name: m}\n"));
+  if (::access(TOOLKIT_CUPTI, R_OK) != 0) GTEST_SKIP() << "no CUPTI in the toolkit at " << TOOLKIT_CUPTI;
+  const std::string root = testDir();
   double ratio[3] = {0, 0, 0};
   const char* const modes[] = {"events", "cupti", "auto"};
   for (int i = 0; i < 3; ++i) {
+    Broker b(subDir(root, modes[i]));
+    ASSERT_TRUE(b.start(std::string("compute: {metering_source: ") + modes[i] + ", cupti_library: " + TOOLKIT_CUPTI +
+                        "}\ntenants:\n  - {name: m}\n"));
     const std::string log = b.dir() + "/" + modes[i] + ".log";
-    ratio[i] = checkMetering(b, "m", "run 1000 2000", 1.0,
-                             {{"CUSHARE_METERING", modes[i]}, {"CUSHARE_LOG_LEVEL", "info"}}, log);
+    ratio[i] = checkMetering(b, "m", "run 1000 2000", 1.0, {{"CUSHARE_LOG_LEVEL", "info"}}, log);
     const std::string text = readFile(log);
     const size_t at = text.find("cushare: CUPTI activity records are not used (");
     if (i == 0) {
@@ -1050,7 +1114,10 @@ TEST(Metering, CuptiThatDoesNotStartFallsBackToEvents) {
   std::printf("metered / device busy: events %.4f, cupti (fallback) %.4f, auto %.4f\n", ratio[0], ratio[1], ratio[2]);
   EXPECT_NEAR(ratio[2], ratio[0], 0.03) << "auto meters as events do";
   EXPECT_NEAR(ratio[1], ratio[0], 0.03) << "cupti falls back to events";
-  // A malformed value fails the process closed, with the variable named.
+  // A malformed value fails the process closed, with the variable named (under a broker too: it
+  // is parsed before the broker's choice is known).
+  Broker b(subDir(root, "bad"));
+  ASSERT_TRUE(b.start("tenants:\n  - {name: m}\n"));
   Child bad = Child::spawn({COMPUTE_WORKER},
                            {{"LD_PRELOAD", SHIM_LIB}, {"CUSHARE_TENANT", "m"}, {"CUSHARE_LEDGER_DIR", b.ledgerDir()},
                             {"CUSHARE_METERING", "nvml"}},
@@ -1062,25 +1129,46 @@ TEST(Metering, CuptiThatDoesNotStartFallsBackToEvents) {
       << readFile(b.dir() + "/bad.log");
 }
 
-// The CUPTI source end to end, with a stand-in libcupti.so.13 (fake_cupti.cpp) found first on
-// the loader path: the shim loads it, resolves the Activity API, registers its callbacks and
-// flushes; the made-up records (40 buffers of 1.25 ms busy each: two overlapping kernels and a
-// copy) are what the broker meters, not the events (the tenant's kernels really ran about a
-// second). Then the same stand-in refusing a record kind: the fallback, said with CUPTI's reason.
-// A tenant whose metering sees none of its work (a stand-in libcupti.so.13 of its own that starts
-// and never delivers a record, found first on its library path) is billed and capped by the
-// device's own count: its cap holds by simgpu's count, its billed busy time is what the device
-// ran, and it is flagged. Before, it metered zero and got 0.986 of the device under a cap of 30 %.
+// One process of `tenant` running 1 s of 2 ms kernels: what the device ran for it and what its
+// tenant was metered meanwhile (s), and its log (stderr to `log`).
+struct MeteredRun {
+  double truth = 0, metered = 0;
+  std::string log;
+};
+MeteredRun meteredRun(Broker& b, const std::string& tenant, const std::map<std::string, std::string>& env,
+                      const std::string& log) {
+  const uint64_t metered0 = meteredBusy(b, tenant);
+  Child w = worker(b, tenant, env, log);
+  const uint64_t truth0 = deviceBusy(w.pid());
+  w.send("run 1000 2000");
+  EXPECT_EQ(w.readLine(30000).rfind("done ", 0), 0u);
+  sleepMs(300);  // the last markers and flushes, the broker's next look
+  MeteredRun r;
+  r.truth = static_cast<double>(deviceBusy(w.pid()) - truth0) / 1e9;
+  r.metered = static_cast<double>(meteredBusy(b, tenant) - metered0) / 1e9;
+  w.send("quit");
+  w.wait();
+  r.log = readFile(log);
+  return r;
+}
+
+// The broker's configuration for the stand-in libcupti.so.13 (fake_cupti.cpp) as the operator's
+// CUPTI: the one file tenant processes may load it from.
+std::string fakeCuptiConfig() {
+  return std::string("compute: {metering_source: cupti, cupti_library: ") + FAKE_CUPTI_DIR + "/libcupti.so.13}\n";
+}
+
+// A tenant whose metering sees none of its work (here the operator's CUPTI delivering no record:
+// what a tenant that interposes CUPTI's internals in its own process could arrange) is billed and
+// capped by the device's own count: its cap holds by simgpu's count, its billed busy time is what
+// the device ran, and it is flagged. Before, it metered zero and got 0.986 of the device under a
+// cap of 30 % (then with a stand-in of its own on its library path, which is no longer loaded:
+// Metering.ATenantsOwnCuptiAndMeteringChoiceAreNotUsed).
 TEST(Metering, ATenantThatMetersNothingIsBilledAndCappedByTheDevicesCount) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 30}\n"));
-  const char* ld = std::getenv("LD_LIBRARY_PATH");
-  const std::string path = std::string(FAKE_CUPTI_DIR) + (ld ? std::string(":") + ld : "");
+  ASSERT_TRUE(b.start(fakeCuptiConfig() + "tenants:\n  - {name: a, thread_percentage: 30}\n"));
   const std::string log = b.dir() + "/silent-cupti.log";
-  Child a = worker(b, "a",
-                   {{"LD_LIBRARY_PATH", path}, {"CUSHARE_METERING", "cupti"}, {"CUSHARE_LOG_LEVEL", "info"},
-                    {"FAKE_CUPTI_FLUSHES", "0"}},
-                   log);
+  Child a = worker(b, "a", {{"CUSHARE_LOG_LEVEL", "info"}, {"FAKE_CUPTI_FLUSHES", "0"}}, log);
   const uint64_t truth0 = deviceBusy(a.pid());
   a.send("run 6000 2000");
   const auto s = shares({{&a}}, 1500, 4000);
@@ -1105,26 +1193,20 @@ TEST(Metering, ATenantThatMetersNothingIsBilledAndCappedByTheDevicesCount) {
   EXPECT_NE(b.log().find("tenant a device 0: its processes metered"), std::string::npos) << b.log();
 }
 
+// The CUPTI source end to end, with the stand-in libcupti.so.13 (fake_cupti.cpp) as the operator's
+// CUPTI (compute.cupti_library): the shim loads it from the path the broker offers, resolves the
+// Activity API, registers its callbacks and flushes; the made-up records (40 buffers of 1.25 ms
+// busy each: two overlapping kernels and a copy) are what the broker meters, not the events (the
+// tenant's kernels really ran about a second). Then the same stand-in refusing a record kind: the
+// fallback, said with CUPTI's reason.
 TEST(Metering, CuptiRecordsAreTheBusyTimeWhereCuptiStarts) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("tenants:\n  - {name: m}\n"));
-  const char* ld = std::getenv("LD_LIBRARY_PATH");
-  const std::string path = std::string(FAKE_CUPTI_DIR) + (ld ? std::string(":") + ld : "");
+  ASSERT_TRUE(b.start(fakeCuptiConfig() + "tenants:\n  - {name: m}\n"));
   for (const char* fail : {"0", "1"}) {
-    const std::string log = b.dir() + "/fake" + fail + ".log";
-    Child w = worker(b, "m",
-                     {{"LD_LIBRARY_PATH", path}, {"CUSHARE_METERING", "cupti"}, {"CUSHARE_LOG_LEVEL", "info"},
-                      {"FAKE_CUPTI_FAIL_ENABLE", fail}},
-                     log);
-    const uint64_t truth0 = deviceBusy(w.pid()), metered0 = meteredBusy(b, "m");
-    w.send("run 1000 2000");
-    EXPECT_EQ(w.readLine(30000).rfind("done ", 0), 0u);
-    sleepMs(300);  // the last flushes, the broker's next look
-    const double truth = static_cast<double>(deviceBusy(w.pid()) - truth0) / 1e9;
-    const double metered = static_cast<double>(meteredBusy(b, "m") - metered0) / 1e9;
-    w.send("quit");
-    w.wait();
-    const std::string text = readFile(log);
+    const MeteredRun r = meteredRun(b, "m", {{"CUSHARE_LOG_LEVEL", "info"}, {"FAKE_CUPTI_FAIL_ENABLE", fail}},
+                                    b.dir() + "/fake" + fail + ".log");
+    const double truth = r.truth, metered = r.metered;
+    const std::string& text = r.log;
     std::printf("stand-in CUPTI%s: metered %.4f s, device ground truth %.4f s\n",
                 fail[0] == '1' ? " refusing MEMSET" : "", metered, truth);
     EXPECT_GT(truth, 0.8) << "the tenant's kernels ran";
@@ -1140,6 +1222,80 @@ TEST(Metering, CuptiRecordsAreTheBusyTimeWhereCuptiStarts) {
           << text;
       EXPECT_NEAR(metered, truth, 0.05) << "events";
     }
+  }
+}
+
+// Under a broker, which CUPTI a process loads and whether it meters with CUPTI are the operator's
+// (docs/security.md): a tenant's own stand-in libcupti.so.13 that starts and delivers nothing
+// (first on its library path, CUSHARE_METERING=cupti) is not loaded, nor one it preloads beside
+// the operator's; each process says why and meters with events, what the device ran. Before,
+// the stand-in on its path took metering to zero (a 30 % cap then gave 0.986 of the device).
+TEST(Metering, ATenantsOwnCuptiAndMeteringChoiceAreNotUsed) {
+  namespace fs = std::filesystem;
+  const auto run = [](Broker& b, const std::map<std::string, std::string>& env, const std::string& log) {
+    const MeteredRun r = meteredRun(b, "m", env, log);
+    std::printf("metered %.4f s, device ground truth %.4f s\n", r.metered, r.truth);
+    EXPECT_GT(r.truth, 0.8) << "the tenant's kernels ran";
+    EXPECT_NEAR(r.metered, r.truth, 0.05) << "events, not the stand-in's nothing\n" << r.log;
+    EXPECT_EQ(r.log.find("GPU busy time from CUPTI activity records"), std::string::npos) << r.log;
+    return r.log;
+  };
+  const std::string root = testDir();
+  // Its own stand-in on its library path, asked for by its environment; the broker offers none.
+  {
+    Broker b(subDir(root, "own"));
+    ASSERT_TRUE(b.start("tenants:\n  - {name: m}\n"));
+    const char* ld = std::getenv("LD_LIBRARY_PATH");
+    const std::string text =
+        run(b,
+            {{"LD_LIBRARY_PATH", std::string(FAKE_CUPTI_DIR) + (ld ? std::string(":") + ld : "")},
+             {"CUSHARE_METERING", "cupti"}, {"CUSHARE_LOG_LEVEL", "info"}, {"FAKE_CUPTI_FLUSHES", "0"}},
+            b.dir() + "/own.log");
+    EXPECT_NE(text.find("cushare: CUSHARE_METERING=cupti is not used: the broker chooses the metering source (auto)"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("CUPTI activity records are not used (the broker offers no CUPTI library: "
+                        "compute.cupti_library): GPU busy time from events"),
+              std::string::npos)
+        << text;
+    // Under the broker's auto a process may still ask for events (its own profiler owns CUPTI):
+    // CUPTI is not tried.
+    const std::string events =
+        run(b, {{"CUSHARE_METERING", "events"}, {"CUSHARE_LOG_LEVEL", "info"}}, b.dir() + "/events.log");
+    EXPECT_EQ(events.find("CUPTI"), std::string::npos) << events;
+  }
+  // The operator's CUPTI configured, and the tenant preloading a copy of its own first.
+  {
+    Broker b(subDir(root, "preloaded"));
+    ASSERT_TRUE(b.start(fakeCuptiConfig() + "tenants:\n  - {name: m}\n"));
+    const std::string own = b.dir() + "/mine/libcupti.so.13";
+    fs::create_directories(b.dir() + "/mine");
+    fs::copy_file(std::string(FAKE_CUPTI_DIR) + "/libcupti.so.13", own, fs::copy_options::overwrite_existing);
+    const std::string text = run(b,
+                                 {{"LD_PRELOAD", std::string(SHIM_LIB) + " " + own},
+                                  {"CUSHARE_LOG_LEVEL", "info"},
+                                  {"FAKE_CUPTI_FLUSHES", "0"}},
+                                 b.dir() + "/preloaded.log");
+    EXPECT_NE(text.find("CUPTI activity records are not used (a libcupti.so.13 is already loaded in the process from " +
+                        own + ", not the broker's " + FAKE_CUPTI_DIR + "/libcupti.so.13)"),
+              std::string::npos)
+        << text;
+  }
+  // The operator's file handed to another user after the broker checked it: the shim checks it
+  // again where it loads it, and refuses.
+  if (::geteuid() == 0) {
+    const std::string op = subDir(root, "operator") + "/libcupti.so.13";
+    fs::copy_file(std::string(FAKE_CUPTI_DIR) + "/libcupti.so.13", op, fs::copy_options::overwrite_existing);
+    fs::permissions(op, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+    Broker b(subDir(root, "changed"));
+    ASSERT_TRUE(b.start("compute: {metering_source: cupti, cupti_library: " + op + "}\ntenants:\n  - {name: m}\n"));
+    ASSERT_EQ(::chown(op.c_str(), 4242, 4242), 0);
+    const std::string text =
+        run(b, {{"CUSHARE_LOG_LEVEL", "info"}, {"FAKE_CUPTI_FLUSHES", "0"}}, b.dir() + "/changed.log");
+    EXPECT_NE(text.find("CUPTI activity records are not used (the broker's CUPTI library " + op +
+                        " belongs to uid 4242, neither root nor the broker's user)"),
+              std::string::npos)
+        << text;
   }
 }
 

@@ -576,6 +576,23 @@ TEST(BrokerConfig, ComputeBlock) {
   EXPECT_NE(parseError("compute: {priority_guard_ms: 2ms}\n").find("compute.priority_guard_ms"), std::string::npos);
   EXPECT_NE(parseError("compute: {priority_gaurd_ms: 2}\n").find("did you mean 'priority_guard_ms'"), std::string::npos);
   EXPECT_NE(parseError("compute: {metering: yes}\n").find("expected on or off"), std::string::npos);
+  // The metering source is the broker's (host segment), CUPTI only from the operator's file.
+  EXPECT_EQ(d.compute.meteringSource, MeteringSource::kAuto);
+  EXPECT_EQ(d.compute.cuptiLibrary, "");
+  const Config m = parseOk("compute: {metering_source: cupti, cupti_library: /opt/cupti/libcupti.so.13}\n");
+  EXPECT_EQ(m.compute.meteringSource, MeteringSource::kCupti);
+  EXPECT_EQ(m.compute.cuptiLibrary, "/opt/cupti/libcupti.so.13");
+  EXPECT_EQ(parseOk("compute: {metering_source: events}\n").compute.meteringSource, MeteringSource::kEvents);
+  EXPECT_NE(parseError("compute: {metering_source: cupti}\n").find("compute.metering_source: cupti needs "
+                                                                 "compute.cupti_library"),
+            std::string::npos);
+  EXPECT_NE(parseError("compute: {metering_source: nvml}\n").find("compute.metering_source"), std::string::npos);
+  EXPECT_NE(parseError("compute: {cupti_library: libcupti.so.13}\n").find("expected an absolute path to a file"),
+            std::string::npos);
+  EXPECT_NE(parseError("compute: {cupti_library: /opt/cupti/}\n").find("expected an absolute path to a file"),
+            std::string::npos);
+  EXPECT_NE(parseError("compute: {cupti_library: /" + std::string(300, 'x') + "}\n").find("longer than 255 bytes"),
+            std::string::npos);
   EXPECT_NE(parseError("compute: {perod_ms: 50}\n").find("unknown key 'perod_ms'"), std::string::npos);
   EXPECT_NE(parseError("compute: 50\n").find("compute"), std::string::npos);
   EXPECT_TRUE(d.compute.fairShare);

@@ -55,6 +55,23 @@ TEST(TenantEdits, MpsAddsThePipeDirectory) {
   EXPECT_TRUE(e.mounts.empty());
 }
 
+// The operator's CUPTI (compute.cupti_library) is mounted read-only at the path the host segment
+// names, the same as on the host; a tenant image's file there is hidden by the mount.
+TEST(TenantEdits, TheOperatorsCuptiIsMountedReadOnlyAtItsOwnPath) {
+  TenantEdits e;
+  std::string err;
+  HostPlaces h = kHost;
+  h.cuptiLibrary = "/usr/local/cuda-13.0/targets/x86_64-linux/lib/libcupti.so.13";
+  ASSERT_TRUE(tenantEdits("alpha", h, View::kContainer, &e, &err)) << err;
+  ASSERT_EQ(e.mounts.size(), 3u);
+  EXPECT_EQ(e.mounts[2], (Mount{h.cuptiLibrary, h.cuptiLibrary, true}));
+  ASSERT_TRUE(tenantEdits("alpha", h, View::kHost, &e, &err)) << err;
+  EXPECT_TRUE(e.mounts.empty()) << "on the host it is where the segment says";
+  h.cuptiLibrary = "libcupti.so.13";
+  EXPECT_FALSE(tenantEdits("alpha", h, View::kContainer, &e, &err));
+  EXPECT_NE(err.find("compute.cupti_library 'libcupti.so.13' is not absolute"), std::string::npos) << err;
+}
+
 TEST(TenantEdits, RefusesWhatTheShimWouldRefuse) {
   TenantEdits e;
   std::string err;

@@ -30,6 +30,8 @@ HostInfo sample() {
   h.configGeneration = 7;
   h.profileForUnknown = true;
   h.unknownProfile = "balanced";
+  h.metering = kHostMeteringCupti;
+  h.cuptiLibrary = "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13";
   HostDevice d;
   for (int i = 0; i < 16; ++i) d.uuid[i] = static_cast<uint8_t>(i);
   d.capacity = 80ull << 30;
@@ -49,6 +51,8 @@ TEST(HostSegment, RoundTrip) {
   EXPECT_EQ(got.configGeneration, 7u);
   EXPECT_TRUE(got.profileForUnknown);
   EXPECT_EQ(got.unknownProfile, "balanced");
+  EXPECT_EQ(got.metering, kHostMeteringCupti);
+  EXPECT_EQ(got.cuptiLibrary, "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13");
   ASSERT_EQ(got.devices.size(), 1u);
   EXPECT_EQ(got.devices[0].unknownLimit, 20ull << 30);
   ASSERT_NE(got.device(sample().devices[0].uuid), nullptr);
@@ -74,13 +78,16 @@ TEST(HostSegment, EveryDamagedFieldIsRefusedByName) {
   };
   const Case cases[] = {
       {"magic", [](HostSegmentLayout* h) { h->magic ^= 1; }},
-      {"version", [](HostSegmentLayout* h) { h->version = 2; }},
+      {"version", [](HostSegmentLayout* h) { h->version = 1; }},
       {"header_size", [](HostSegmentLayout* h) { h->header_size = 16; }},
       {"file_size", [](HostSegmentLayout* h) { h->file_size = 1; }},
       {"device_count", [](HostSegmentLayout* h) { h->device_count = 17; }},
       {"unknown_policy", [](HostSegmentLayout* h) { h->unknown_policy = 9; }},
       {"unknown_profile", [](HostSegmentLayout* h) { std::memset(h->unknown_profile, 'x', 64); }},
       {"unknown_profile", [](HostSegmentLayout* h) { std::strcpy(h->unknown_profile, "a/b"); }},
+      {"metering", [](HostSegmentLayout* h) { h->metering = 3; }},
+      {"cupti_library", [](HostSegmentLayout* h) { std::memset(h->cupti_library, 'x', kHostCuptiPathBytes); }},
+      {"cupti_library", [](HostSegmentLayout* h) { std::strcpy(h->cupti_library, "libcupti.so.13"); }},
   };
   for (const Case& c : cases) {
     HostSegmentLayout bad = good;

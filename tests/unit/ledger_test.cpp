@@ -216,7 +216,7 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       HOST_FIELD(magic), HOST_FIELD(version), HOST_FIELD(header_size), HOST_FIELD(file_size),
       HOST_FIELD(broker_pid), HOST_FIELD(device_count), HOST_FIELD(config_generation),
       HOST_FIELD(unknown_policy), HOST_FIELD(reserved0), HOST_FIELD(unknown_profile),
-      HOST_FIELD(devices),
+      HOST_FIELD(devices), HOST_FIELD(metering), HOST_FIELD(reserved1), HOST_FIELD(cupti_library),
 #undef HOST_FIELD
 #define HOST_DEVICE_FIELD(f) {"host.devices[d]." #f, {offsetof(HostDeviceLayout, f), sizeof(HostDeviceLayout::f)}}
       HOST_DEVICE_FIELD(uuid), HOST_DEVICE_FIELD(capacity), HOST_DEVICE_FIELD(unknown_limit),

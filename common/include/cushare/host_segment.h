@@ -17,9 +17,16 @@ namespace cushare {
 
 // "CUSHHST\0" as a little-endian u64.
 inline constexpr uint64_t kHostMagic = 0x0054534848535543ull;
-inline constexpr uint32_t kHostVersion = 1;
+inline constexpr uint32_t kHostVersion = 2;  // 2: metering and cupti_library
 inline constexpr uint32_t kHostMaxDevices = 16;
 inline constexpr char kHostSegmentName[] = "host.segment";
+
+// HostSegmentLayout::metering: the busy-time source the broker chose for every tenant process
+// (docs/compute.md, "Measuring GPU time"); the values of MeteringSource (shim_config.h).
+inline constexpr uint32_t kHostMeteringEvents = 0;
+inline constexpr uint32_t kHostMeteringCupti = 1;
+inline constexpr uint32_t kHostMeteringAuto = 2;
+inline constexpr size_t kHostCuptiPathBytes = 256;
 
 // HostSegmentLayout::unknown_policy
 inline constexpr uint32_t kHostRefuseUnknown = 0;
@@ -44,6 +51,10 @@ struct HostSegmentLayout {
   uint32_t reserved0;
   char unknown_profile[64];  // the profile's name when kHostProfileForUnknown, NUL-padded
   HostDeviceLayout devices[kHostMaxDevices];
+  uint32_t metering;  // kHostMetering*
+  uint32_t reserved1;  // zero
+  // The only file a tenant process may load CUPTI from: absolute, NUL-padded; empty: none (events).
+  char cupti_library[kHostCuptiPathBytes];
 };
 
 static_assert(sizeof(HostDeviceLayout) == 48);
@@ -52,7 +63,9 @@ static_assert(offsetof(HostSegmentLayout, config_generation) == 32);
 static_assert(offsetof(HostSegmentLayout, unknown_policy) == 40);
 static_assert(offsetof(HostSegmentLayout, unknown_profile) == 48);
 static_assert(offsetof(HostSegmentLayout, devices) == 112);
-static_assert(sizeof(HostSegmentLayout) == 880);
+static_assert(offsetof(HostSegmentLayout, metering) == 880);
+static_assert(offsetof(HostSegmentLayout, cupti_library) == 888);
+static_assert(sizeof(HostSegmentLayout) == 1144);
 
 // The segment as plain data.
 struct HostDevice {
@@ -67,6 +80,9 @@ struct HostInfo {
   bool profileForUnknown = false;
   std::string unknownProfile;  // when profileForUnknown
   std::vector<HostDevice> devices;
+  uint32_t metering = kHostMeteringEvents;
+  std::string cuptiLibrary;  // absolute; empty: none
+  uint32_t ownerUid = 0;  // read: the file's owner (the broker's user); not stored in the file
 
   const HostDevice* device(const uint8_t uuid[16]) const;
 };

@@ -57,6 +57,7 @@ struct ShimConfig {
   // CUSHARE_METERING: the busy-time source. CUPTI that does not start (simgpu, no libcupti) falls
   // back to events whatever this says.
   MeteringSource metering = MeteringSource::kAuto;
+  bool meteringSet = false;  // CUSHARE_METERING was given (under a broker the broker's choice wins)
   // CUSHARE_MPS_PIPE_DIR: where the broker's MPS pipe directory is in this process's view (a
   // container mounts it at a path of its own); empty: the broker's pipe_dir, as mps.conf names it.
   std::string mpsPipeDir;

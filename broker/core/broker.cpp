@@ -420,8 +420,9 @@ bool Broker::writeHostFor(const Config& c, const std::vector<uint64_t>& unknown,
                 static_cast<uint32_t>(MeteringSource::kCupti) == kHostMeteringCupti &&
                 static_cast<uint32_t>(MeteringSource::kAuto) == kHostMeteringAuto);
   h.metering = static_cast<uint32_t>(c.compute.meteringSource);
-  // Checked at start and at each reload (checkPlaces); a library that no longer passes is not
-  // offered (the shims meter with events), never handed on unchecked.
+  // Checked at start (checkPlaces) and at each reload (refused there); a library that no longer
+  // passes when the segment is written again is not offered (the shims meter with events), never
+  // handed on unchecked.
   if (std::string why; !checkCuptiLibrary(c, &h.cuptiLibrary, &why)) {
     h.cuptiLibrary.clear();
     if (why != cuptiRefused_) CUSHARE_BLOG(warn, "{}: tenant processes meter with events", why);
@@ -648,6 +649,8 @@ bool Broker::reload(std::string* err) {
   std::string why;
   if (!prepare(&p, &why)) return refuse(why);
   const Config& c = p.config;
+  // The places that may change on reload and are checked at start: the CUPTI library tenants load.
+  if (std::string cupti; !checkCuptiLibrary(c, &cupti, &why)) return refuse(why);
   const std::optional<gid_t>& admin = p.adminGid;
   const std::map<std::string, std::vector<uint64_t>>& configured = p.configured;
   const std::vector<uint64_t>& unknown = p.unknown;

@@ -156,7 +156,8 @@ void* chooseBusySource(void*) noexcept {
   const char* library = nullptr;  // standalone: by name (nothing is billed from it)
   if (st.brokerManaged) {
     if (st.host.cuptiLibrary.empty()) {
-      logLine(LogLevel::kInfo, "cushare: CUPTI activity records are not used (the broker offers no CUPTI library: "
+      logLine(m == MeteringSource::kCupti ? LogLevel::kWarn : LogLevel::kInfo,
+              "cushare: CUPTI activity records are not used (the broker offers no CUPTI library: "
               "compute.cupti_library): GPU busy time from events on the streams");
       return nullptr;
     }

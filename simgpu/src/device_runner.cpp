@@ -41,7 +41,13 @@ bool DeviceRunner::joinBoard(Board* b, int32_t self, bool mpsServer, std::string
 }
 
 uint64_t DeviceRunner::submit(int ctx, int streamPriority, const KernelShape& k, uint64_t startNs) {
-  if (startNs > engine_.now()) engine_.advanceTo(startNs);
+  if (startNs > engine_.now()) {
+    // As step() does: the board first (a holder renews its window at its end, so a submission
+    // that comes past the end before the runner's step would otherwise run the engine through a
+    // closed window: a process alone sliced out of the time between).
+    arbitrate(startNs);
+    engine_.advanceTo(startNs);
+  }
   return engine_.submit(ctx, streamPriority, k);
 }
 

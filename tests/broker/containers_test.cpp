@@ -225,6 +225,21 @@ TEST(Containers, TheCuptiLibraryIsTrustedPublishedAndMounted) {
   EXPECT_NE(spec.find("{\"hostPath\": \"" + lib + "\", \"containerPath\": \"" + lib + "\", \"options\": [\"ro\""),
             std::string::npos)
       << spec;
+  // A reload to a library another user could change is refused, naming it; the old one stays.
+  const std::string open = dir + "/cupti/open.so.13";
+  fs::copy_file(lib, open, fs::copy_options::overwrite_existing);
+  fs::permissions(open, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                            fs::perms::others_read | fs::perms::others_write);  // 0646
+  std::ofstream(g.dir() + "/config.yaml")
+      << brokerConfig(g.dir(), "cdi: {spec_dir: " + g.dir() + "/cdi}\ncompute: {cupti_library: " + open + "}\n" +
+                                   kTenants);
+  const rpc::Response r = g.reload();
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("compute.cupti_library " + open + " refused: it is writable by other users (mode 0646)"),
+            std::string::npos)
+      << r.DebugString();
+  ASSERT_EQ(readHostSegment(g.ledgerDir(), &h, &err), 1) << err;
+  EXPECT_EQ(h.cuptiLibrary, lib);
 }
 
 TEST(Containers, AProcessWithTheSpecsEditsIsTheTenant) {

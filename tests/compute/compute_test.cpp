@@ -1197,16 +1197,21 @@ TEST(Metering, ATenantThatMetersNothingIsBilledAndCappedByTheDevicesCount) {
 // CUPTI (compute.cupti_library): the shim loads it from the path the broker offers, resolves the
 // Activity API, registers its callbacks and flushes; the made-up records (40 buffers of 1.25 ms
 // busy each: two overlapping kernels and a copy) are what the broker meters, not the events (the
-// tenant's kernels really ran about a second). Then the same stand-in refusing a record kind: the
-// fallback, said with CUPTI's reason.
+// tenant's kernels really ran about a second), although the process asked for events. Then the
+// same stand-in refusing a record kind: the fallback, said with CUPTI's reason.
 TEST(Metering, CuptiRecordsAreTheBusyTimeWhereCuptiStarts) {
   Broker b(testDir());
   ASSERT_TRUE(b.start(fakeCuptiConfig() + "tenants:\n  - {name: m}\n"));
   for (const char* fail : {"0", "1"}) {
-    const MeteredRun r = meteredRun(b, "m", {{"CUSHARE_LOG_LEVEL", "info"}, {"FAKE_CUPTI_FAIL_ENABLE", fail}},
-                                    b.dir() + "/fake" + fail + ".log");
+    // The process asks for events: the broker's cupti is not the tenant's to turn down.
+    const MeteredRun r = meteredRun(
+        b, "m", {{"CUSHARE_LOG_LEVEL", "info"}, {"CUSHARE_METERING", "events"}, {"FAKE_CUPTI_FAIL_ENABLE", fail}},
+        b.dir() + "/fake" + fail + ".log");
     const double truth = r.truth, metered = r.metered;
     const std::string& text = r.log;
+    EXPECT_NE(text.find("CUSHARE_METERING=events is not used: the broker chooses the metering source (cupti)"),
+              std::string::npos)
+        << text;
     std::printf("stand-in CUPTI%s: metered %.4f s, device ground truth %.4f s\n",
                 fail[0] == '1' ? " refusing MEMSET" : "", metered, truth);
     EXPECT_GT(truth, 0.8) << "the tenant's kernels ran";

@@ -456,17 +456,27 @@ TEST(SimgpuDeviceRunner, TwoSlotsTakeTurnsAndAServersClientsShareItsWindows) {
 // A process alone on the device whose runner is kept off the CPU for many slices (a loaded host)
 // renews its window from the time it runs again: nobody else wanted the device, so the device ran
 // on all that time, as a real one would (it used to catch up one slice per step, late).
-TEST(SimgpuDeviceRunner, ASoleHolderSteppedLateRunsOnAsADeviceWould) {
+// A runner alone on a board of its own, given 100 ms of work for the whole device at t0.
+struct SoleHolder {
   TempBoard tb;
-  Board* b = tb.b;
-  ASSERT_NE(b, nullptr) << tb.err;
-  std::string err;
-  const EngineParams p = params(4, 2 * kMs, 100 * kUs);
-  DeviceRunner r(p, [](uint64_t, uint64_t) {});
-  ASSERT_TRUE(r.joinBoard(b, getpid(), false, &err)) << err;
-  const int a = r.engine().addContext(0);
+  DeviceRunner r{params(4, 2 * kMs, 100 * kUs), [](uint64_t, uint64_t) {}};
+  int a = -1;
   const uint64_t t0 = 10 * kMs;
-  r.submit(a, 0, shape(400, 1024, 1 * kMs), t0);  // 100 ms of the whole device
+  bool start() {
+    std::string err;
+    if (tb.b == nullptr || !r.joinBoard(tb.b, getpid(), false, &err)) return false;
+    a = r.engine().addContext(0);
+    r.submit(a, 0, shape(400, 1024, 1 * kMs), t0);
+    return true;
+  }
+};
+
+TEST(SimgpuDeviceRunner, ASoleHolderSteppedLateRunsOnAsADeviceWould) {
+  SoleHolder h;
+  ASSERT_TRUE(h.start()) << h.tb.err;
+  DeviceRunner& r = h.r;
+  const int a = h.a;
+  const uint64_t t0 = h.t0;
   for (uint64_t t = t0; t < t0 + 4 * kMs; t += 50 * kUs) r.step(t);
   r.step(t0 + 24 * kMs);  // 20 ms (10 slices) without a step
   EXPECT_EQ(r.engine().stats(a).busyNs, 24 * kMs) << "the device ran on while the host was away";
@@ -513,6 +523,20 @@ TEST(SimgpuDeviceRunner, AContextThatGetsWorkWaitsAtMostOneSlice) {
   }
   EXPECT_GE(most, p.sliceNs) << "it does wait for the holder's slice (no preemption on arrival)";
   EXPECT_LE(least, p.switchNs + 100 * kUs) << "arriving at a slice's end, it waits about the switch";
+}
+
+// A kernel submitted past the holder's window end before its runner stepped there (a stream's
+// worker ran first on a loaded host) does not run the engine through a closed window: a process
+// alone is never sliced out (the window is renewed at its end only, so nothing else covers it).
+TEST(SimgpuDeviceRunner, ASubmissionPastTheWindowsEndDoesNotSliceOutAProcessAlone) {
+  SoleHolder h;
+  ASSERT_TRUE(h.start()) << h.tb.err;
+  for (uint64_t t = h.t0; t < h.t0 + 3 * kMs; t += 50 * kUs) h.r.step(t);
+  // The window ends at t0 + 4 ms; the next submission comes at t0 + 5 ms, before any step there.
+  h.r.submit(h.a, 0, shape(4, 1024, 1 * kMs), h.t0 + 5 * kMs);
+  for (uint64_t t = h.t0 + 5 * kMs; t < h.t0 + 8 * kMs; t += 50 * kUs) h.r.step(t);
+  EXPECT_EQ(h.r.engine().totals().slicedOutNs, 0u);
+  EXPECT_EQ(h.r.engine().stats(h.a).busyNs, h.r.engine().now() - h.t0) << "busy all the time it had work";
 }
 
 TEST(SimgpuCostTable, SourceNamesDropReturnTypeAndParameters) {

@@ -660,11 +660,6 @@ void twoClientsAtFortyPercent(bool ownUids) {
   for (Child& c : w) EXPECT_EQ(c.readLine(60000).rfind("spun ", 0), 0u);
 }
 TEST(BrokerMps, TwoClientsAtFortyPercentEachHaveADeviceShareOfFortyPercent) { twoClientsAtFortyPercent(false); }
-// The same with each tenant on a uid of its own (the share is judged by time: the timing stage).
-TEST(BrokerMpsOwnUids, TwoClientsAtFortyPercentEachHaveADeviceShareOfFortyPercent) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants as uids 1000 and 1001";
-  twoClientsAtFortyPercent(true);
-}
 
 // Probes under MPS (docs/probes.md): two saturating clients at caps 30 and 70, each using the
 // device's primary context (as runtime programs do, so both are probed). Each tenant's probe share

@@ -309,7 +309,7 @@ UidTenants::UidTenants() {
 }
 
 Child UidTenants::spawn(uid_t uid, const std::string& program, Broker& b, const std::string& tenant,
-                        const std::map<std::string, std::string>& env, const std::vector<std::string>& args) {
+                        const std::map<std::string, std::string>& env) {
   std::string& staged = programs_[program];
   if (staged.empty()) staged = stage_.copy(program, "bin/" + std::filesystem::path(program).filename().string());
   std::map<std::string, std::string> e = {{"LD_PRELOAD", shim_},
@@ -320,9 +320,8 @@ Child UidTenants::spawn(uid_t uid, const std::string& program, Broker& b, const 
   if (!costs_.empty()) e["SIMGPU_KERNEL_COSTS"] = costs_;
   for (const auto& [k, v] : env) e[k] = v;
   const std::string id = std::to_string(uid);
-  std::vector<std::string> argv = {"/usr/bin/setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups", staged};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return Child::spawn(argv, e, b.dir() + "/tenants.log");
+  return Child::spawn({"/usr/bin/setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups", staged}, e,
+                      b.dir() + "/tenants.log");
 }
 
 int connectUnix(const std::string& path) {

@@ -279,11 +279,13 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   bool failed = false, busy = false;
   std::set<int> rewritten;  // entries whose limit or UUID someone else wrote (the watchdog's finds)
   const bool ok = guarded([&] {
-    auto enforce = [&](int e, const std::string& what, uint64_t want) {
+    // first: an entry the broker has not seen before (a shim of an unknown tenant adds its entries
+    // at 0 and waits for the broker to set them); only a limit above the one due is tampering.
+    auto enforce = [&](int e, const std::string& what, uint64_t want, bool first) {
       const uint64_t have = t->ledger->limit(e);
       if (have == want) return;
       t->ledger->setLimit(e, want);
-      if (watchdog) {
+      if (watchdog && (!first || have > want)) {
         rewritten.insert(e);
         tamperLocked(t, "limit");
         CUSHARE_BLOG(warn, "tenant {} {}: the limit in its ledger was changed to {} outside the broker; restored to {}",
@@ -296,6 +298,7 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       uint8_t have[16];
       if (!t->ledger->deviceUuid(e, have)) continue;
       int d = deviceOf(have);
+      const bool first = !t->entryDevice.count(e);
       if (auto known = t->entryDevice.find(e); known != t->entryDevice.end() && d != static_cast<int>(known->second)) {
         d = static_cast<int>(known->second);
         t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
@@ -316,7 +319,7 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       const size_t dev = static_cast<size_t>(d);
       t->entryDevice[e] = dev;
       if (t->entry[dev] < 0) t->entry[dev] = e;  // the first, as processes find it (Ledger::findDevice)
-      enforce(e, "device " + std::to_string(d), ledgerLimitLocked(*t, dev));
+      enforce(e, "device " + std::to_string(d), ledgerLimitLocked(*t, dev), first);
     }
     for (size_t d = 0; d < devices_.size() && !failed; ++d) {
       if (t->entry[d] >= 0) continue;
@@ -328,7 +331,7 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
         continue;
       }
       t->entryDevice[t->entry[d]] = d;
-      enforce(t->entry[d], "device " + std::to_string(d), ledgerLimitLocked(*t, d));
+      enforce(t->entry[d], "device " + std::to_string(d), ledgerLimitLocked(*t, d), false);
     }
   });
   if (!ok) {
@@ -1193,6 +1196,8 @@ void Broker::scanLocked(std::vector<std::string>* busy) {
     if (!fresh) continue;  // tried again at the next scan
     attachShadowLocked(t.get(), std::move(t->ledger), "");  // nameless: not found again after a restart
     t->ledger = std::move(fresh);
+    t->entryDevice.clear();  // the new file's entries are its own
+    t->fileGone = false;
     t->owner = now.st_uid;
     applyLimitsLocked(t.get());
     // Said once it holds (the new file's limits lowered by what the old one's processes hold): a
@@ -1205,10 +1210,27 @@ void Broker::scanLocked(std::vector<std::string>* busy) {
   for (auto r = refused_.begin(); r != refused_.end();) r = seen.count(r->first) ? std::next(r) : refused_.erase(r);
   for (auto r = adoptErrors_.begin(); r != adoptErrors_.end();)
     r = seen.count(r->first) ? std::next(r) : adoptErrors_.erase(r);
+  // One whose processes still hold memory (its own ledger's or a former one's) is kept, and
+  // charged, until they exit: forgetting it would free its name for a new file with a whole new
+  // budget while the old file's processes keep what they hold.
   for (auto it = tenants_.begin(); it != tenants_.end();) {
-    const bool gone = it->second->source == "unknown-tenant" && !seen.count(it->second->fileName);
-    if (gone) CUSHARE_BLOG(info, "tenant {}: its ledger file was removed; forgotten", it->first);
-    it = gone ? tenants_.erase(it) : std::next(it);
+    TenantState& t = *it->second;
+    if (t.source != "unknown-tenant" || seen.count(t.fileName)) {
+      ++it;
+      continue;
+    }
+    size_t processes = 0;
+    if (t.ledger && !guarded([&] { processes = t.ledger->slots().size(); })) processes = 0;  // unreadable
+    if (processes > 0 || !t.shadows.empty()) {
+      if (!t.fileGone)
+        CUSHARE_BLOG(warn, "tenant {}: its ledger file was removed while {} of its processes still run; kept, and "
+                     "what they hold still counts against it, until they exit", it->first, processes);
+      t.fileGone = true;
+      ++it;
+      continue;
+    }
+    CUSHARE_BLOG(info, "tenant {}: its ledger file was removed; forgotten", it->first);
+    it = tenants_.erase(it);
   }
 }
 

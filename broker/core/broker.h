@@ -190,6 +190,7 @@ class Broker {
     std::vector<BusyWindow> busyWindows;
     std::map<int32_t, uint64_t> keptPids; // slot pid -> times kept although its lock was free
     int links = 1;                        // hard links of the ledger file, last seen
+    bool fileGone = false;  // an unknown tenant's file was removed while its processes ran (kept)
     // Under the broker's MPS (compute.cpp, mpsClientsLocked): per device, every live process of
     // the tenant there is a client of the MPS server, so the scheduler leaves the tenant to MPS.
     std::vector<uint8_t> mpsClientsOnly;

@@ -6,6 +6,7 @@
 #include <new>
 #include <cstring>
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -144,14 +145,37 @@ CUresult prepareDriverInit() noexcept {
 
 namespace {
 
+constexpr int kBrokerAdoptWaitMs = 2000;
+
+uint64_t monotonicMs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000 + static_cast<uint64_t>(ts.tv_nsec) / 1000000;
+}
+
+// The limit of ledger entry idx once the broker has set it (non-zero), or zero after the
+// process's wait (at most kBrokerAdoptWaitMs for all its devices together) has run out. Caller
+// holds the init lock.
+uint64_t awaitBrokerLimit(Ledger& ledger, int idx) {
+  static uint64_t waitedMs = 0;
+  const uint64_t start = monotonicMs();
+  while (ledger.limit(idx) == 0 && waitedMs + (monotonicMs() - start) < kBrokerAdoptWaitMs) ::usleep(1000);
+  waitedMs += monotonicMs() - start;
+  return ledger.limit(idx);
+}
+
 // The ledger entry of the device with this UUID, and its limits, into *v (label names the device
 // in messages: "device 0", "NVML device GPU-..."). Standalone, the entry's limit is the
 // session's (see LedgerOpenOptions::renewLimits): this process's environment sets it if it is
 // the first of the session to get here; a higher limit asked for while the tenant's other
 // processes run is refused with a warning, a lower one applies to this process (effectiveLimit).
-// With a broker, a device entry the broker did not make (a device it does not know) starts at the
-// unknown-tenant profile's limit, or at zero: never at the environment's. Caller holds the init
-// lock.
+// With a broker, a device entry the broker did not make (an unknown tenant's, or a device the
+// broker does not know) starts at zero, never at the environment's nor at the unknown-tenant
+// profile's: only the broker knows whether the name already has a budget in use (a file removed
+// and created again while the old one's processes run), and it sets the limit when it sees the
+// file (at once: it watches the directory). A process finding its entry still at zero where the
+// host offers unknown tenants memory waits for that, at most kBrokerAdoptWaitMs in all. Caller
+// holds the init lock.
 bool resolveDevice(ShimState& s, const uint8_t uuid[16], uint64_t envLimit, const std::string& label,
                    DeviceView* v, std::string* err) {
   int idx;
@@ -160,7 +184,12 @@ bool resolveDevice(ShimState& s, const uint8_t uuid[16], uint64_t envLimit, cons
     if (hd == nullptr)
       logLine(LogLevel::kWarn, "cushare: %s (%s) is not known to this host's broker: nothing can be allocated on it",
               label.c_str(), formatGpuUuid(uuid).c_str());
-    idx = s.ledger->deviceIndex(uuid, s.host.profileForUnknown && hd != nullptr ? hd->unknownLimit : 0, err);
+    idx = s.ledger->deviceIndex(uuid, 0, err);
+    if (idx >= 0 && s.host.profileForUnknown && hd != nullptr && hd->unknownLimit > 0 &&
+        awaitBrokerLimit(*s.ledger, idx) == 0)
+      logLine(LogLevel::kWarn,
+              "cushare: tenant %s %s: the broker has not set this device's limit (0 bytes) within %d ms; "
+              "allocations are denied until it does", s.config.tenant.c_str(), label.c_str(), kBrokerAdoptWaitMs);
   } else {
     idx = s.ledger->sessionDeviceIndex(uuid, envLimit, err);
   }

@@ -309,7 +309,7 @@ UidTenants::UidTenants() {
 }
 
 Child UidTenants::spawn(uid_t uid, const std::string& program, Broker& b, const std::string& tenant,
-                        const std::map<std::string, std::string>& env) {
+                        const std::map<std::string, std::string>& env, const std::vector<std::string>& args) {
   std::string& staged = programs_[program];
   if (staged.empty()) staged = stage_.copy(program, "bin/" + std::filesystem::path(program).filename().string());
   std::map<std::string, std::string> e = {{"LD_PRELOAD", shim_},
@@ -318,10 +318,20 @@ Child UidTenants::spawn(uid_t uid, const std::string& program, Broker& b, const 
                                           {"CUSHARE_LEDGER_DIR", b.ledgerDir()},
                                           {"CUSHARE_LOG_LEVEL", "warn"}};
   if (!costs_.empty()) e["SIMGPU_KERNEL_COSTS"] = costs_;
-  for (const auto& [k, v] : env) e[k] = v;
+  for (const auto& [k, v] : env) {
+    // What the staged copies replace must stay theirs: a path into the checkout works from a
+    // world-readable development tree and fails silently from a private clone (ld.so ignores a
+    // preload it cannot open: the process runs without the shim). Empty: none (no shim).
+    if ((k == "LD_PRELOAD" || k == "LD_LIBRARY_PATH" || k == "SIMGPU_KERNEL_COSTS") && !v.empty() && v != e[k]) {
+      ADD_FAILURE() << "UidTenants::spawn: " << k << "=" << v << " would replace the staged " << e[k];
+      continue;
+    }
+    e[k] = v;
+  }
   const std::string id = std::to_string(uid);
-  return Child::spawn({"/usr/bin/setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups", staged}, e,
-                      b.dir() + "/tenants.log");
+  std::vector<std::string> argv = {"/usr/bin/setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups", staged};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Child::spawn(argv, e, b.dir() + "/tenants.log");
 }
 
 int connectUnix(const std::string& path) {

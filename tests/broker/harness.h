@@ -122,8 +122,9 @@ class UidTenants {
   UidTenants();
   // Stages program (once) and starts it as uid under the staged shim: env adds to the tenant's
   // variables (CUSHARE_TENANT, CUSHARE_LEDGER_DIR of b); its stderr goes to b.dir()/tenants.log.
+  // args: the program's arguments.
   Child spawn(uid_t uid, const std::string& program, Broker& b, const std::string& tenant,
-              const std::map<std::string, std::string>& env = {});
+              const std::map<std::string, std::string>& env = {}, const std::vector<std::string>& args = {});
   const UserStage& stage() const { return stage_; }
 
  private:

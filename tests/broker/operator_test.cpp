@@ -431,15 +431,17 @@ TEST(Operator, PlantedFormerLedgersAreNotCharged) {
 
 // ---- Unknown tenants: pool, caps, forgetting ----
 
+// Unknown tenants admitted with 256 MiB each, beside a configured one.
+constexpr const char* kSmallUnknown =
+    "unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\ntenants:\n  - {name: alpha, memory: 512MiB}\n";
+
 // An unknown tenant that removes its ledger file (it owns it, in the sticky directory) and starts
 // again does not get a second budget: what the old file's processes hold still counts.
 TEST(Operator, UnknownTenantRecreatingItsLedgerGetsNoSecondBudget) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
   Broker b(testDir());
   const uint64_t base = deviceUsed();
-  ASSERT_TRUE(b.start("unknown_tenants: small\nprofiles:\n  small: {memory: 256MiB}\n"
-                      "tenants:\n  - {name: alpha, memory: 512MiB}\n"))
-      << b.log();
+  ASSERT_TRUE(b.start(kSmallUnknown)) << b.log();
   Child old = unknownHolding(b, "zeta", 192);
   std::string first;
   ASSERT_EQ(runAs(kOther, [&] { return ::unlink((b.ledgerDir() + "/zeta.ledger").c_str()); }), 0);
@@ -455,6 +457,80 @@ TEST(Operator, UnknownTenantRecreatingItsLedgerGetsNoSecondBudget) {
   old.wait();
   ASSERT_TRUE(waitFor([&] { return usedOn0(b.tenant("zeta")) == 64 * MiB; })) << usedOn0(b.tenant("zeta"));
   EXPECT_EQ(again.ask(fill()), held(256));
+}
+
+// A scan of the ledger directory after the moment of calling: uid kOther creates another unknown
+// tenant's (empty) file, which the broker adopts only by scanning.
+bool scanned(Broker& b, const std::string& marker) {
+  if (runAs(kOther, [&] {
+        return ::close(::open((b.ledgerDir() + "/" + marker + ".ledger").c_str(), O_RDWR | O_CREAT, 0600));
+      }) != 0)
+    return false;
+  return waitFor([&] { return b.tenant(marker).source() == "unknown-tenant"; });
+}
+
+// Found by a clean-clone CI run: a scan between the removal of an unknown tenant's file and its
+// re-creation forgot the tenant, and the old file's processes' memory with it; the new file then
+// had a whole budget of its own (192 + 256 MiB on the device for a 256 MiB profile).
+TEST(Operator, UnknownTenantWhoseFileIsRemovedIsKeptWhileItsProcessesHoldMemory) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const uint64_t base = deviceUsed();
+  ASSERT_TRUE(b.start(kSmallUnknown)) << b.log();
+  Child old = unknownHolding(b, "zeta", 192);
+  ASSERT_EQ(runAs(kOther, [&] { return ::unlink((b.ledgerDir() + "/zeta.ledger").c_str()); }), 0);
+  ASSERT_TRUE(scanned(b, "marker")) << b.log();
+  EXPECT_EQ(b.log().find("tenant zeta: its ledger file was removed; forgotten"), std::string::npos) << b.log();
+  EXPECT_NE(b.log().find("tenant zeta: its ledger file was removed while 1 of its processes still run; kept"),
+            std::string::npos)
+      << b.log();
+  EXPECT_EQ(usedOn0(b.tenant("zeta")), 192 * MiB);
+  std::string first;
+  Child again = workerAs(b, kOther, "zeta", &first);
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  EXPECT_EQ(again.ask(fill()), held(64)) << "256 MiB in all, the old file's 192 MiB included";
+  EXPECT_EQ(deviceUsed() - base, 256 * MiB) << "the device's own count";
+  old.kill(SIGKILL);
+  old.wait();
+  ASSERT_TRUE(waitFor([&] { return usedOn0(b.tenant("zeta")) == 64 * MiB; })) << usedOn0(b.tenant("zeta"));
+  EXPECT_EQ(again.ask(fill()), held(256));
+  // Once no process holds anything the removed name is forgotten.
+  ASSERT_EQ(runAs(kOther, [&] { return ::unlink((b.ledgerDir() + "/zeta.ledger").c_str()); }), 0);
+  again.kill(SIGKILL);
+  again.wait();
+  ASSERT_TRUE(waitFor([&] { return b.log().find("tenant zeta: its ledger file was removed; forgotten") !=
+                                   std::string::npos; }))
+      << b.log();
+  EXPECT_EQ(deviceUsed(), base);
+}
+
+// The other half of that CI failure: a process re-creating the file got the unknown tenants'
+// profile limit in its new device entry, and could allocate it all before the broker saw the new
+// file. Entries a shim adds start at 0 and wait for the broker; here the broker is stopped meanwhile.
+TEST(Operator, ARecreatedUnknownLedgerGrantsNothingBeforeTheBrokerSeesIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const uint64_t base = deviceUsed();
+  ASSERT_TRUE(b.start(kSmallUnknown)) << b.log();
+  Child old = unknownHolding(b, "zeta", 192);
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_EQ(runAs(kOther, [&] { return ::unlink((b.ledgerDir() + "/zeta.ledger").c_str()); }), 0);
+  std::string first;
+  const auto start = Clock::now();
+  Child again = workerAs(b, kOther, "zeta", &first);
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(2000)) << "it waited for the broker, in vain";
+  const std::string stopped = again.ask(fill());
+  const uint64_t onDevice = deviceUsed() - base;
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  EXPECT_EQ(stopped, held(0)) << "nothing before the broker has seen the new file";
+  EXPECT_EQ(onDevice, 192 * MiB) << "the device's own count";
+  ASSERT_TRUE(waitFor([&] { return b.log().find("tenant zeta: its ledger file was replaced (by uid 2000)") !=
+                                   std::string::npos; }))
+      << b.log();
+  EXPECT_EQ(again.ask(fill()), held(64));
+  EXPECT_EQ(deviceUsed() - base, 256 * MiB);
+  EXPECT_EQ(b.log().find("outside the broker"), std::string::npos) << "entries a shim adds at 0 are not tampering";
 }
 
 TEST(Operator, UnknownTenantsAreCappedAndForgottenWhenTheirFilesGo) {

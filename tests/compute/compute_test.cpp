@@ -212,7 +212,12 @@ void inFlightBoundIsQueuedDeviceTime(Tenancy& tenancy) {
   // (queues of `depth` kernels at most: batches of depth / 2). And the most device time it ran
   // after its gate closed (the cap's credit spent, each period): from the sample that saw the
   // gate closed to the one that saw nothing in flight.
-  uint64_t overrun = 0;
+  // The counter the test samples is also raised for an instant by a launch that asks for a place
+  // and gives it back at once (launch.cpp); a thread preempted in between shows one more than is
+  // in flight (seen once: 3 for the 2 ms kernels' 2, in a timing stage on 2 cores). So the bound
+  // is judged by the share of samples above it (a bound that let a third launch in would be above
+  // it most of the time), beside the most seen.
+  uint64_t overrun = 0, samples = 0, aboveTwo = 0;
   const auto run = [&](int us, int depth, double* share) {
     c.send("loop 1800 " + std::to_string(us) + " " + std::to_string(depth) + " 1");
     sleepMs(300);
@@ -223,6 +228,8 @@ void inFlightBoundIsQueuedDeviceTime(Tenancy& tenancy) {
     while (monoNs() - t0 < 1'200'000'000u) {
       const uint32_t in = inflight->load(std::memory_order_relaxed);
       most = std::max(most, in);
+      ++samples;
+      aboveTwo += in > 2;
       const bool open = gate->load(std::memory_order_relaxed) == kGateOpen;
       if (!open && wasOpen && in != 0) closedAt = deviceBusy(c.pid());
       if (closedAt != 0 && in == 0) {
@@ -239,12 +246,13 @@ void inFlightBoundIsQueuedDeviceTime(Tenancy& tenancy) {
   double shortShare = 0, longShare = 0;
   const uint32_t shortMost = run(20, 4096, &shortShare);
   const uint64_t shortOverrun = overrun;
-  overrun = 0;
+  overrun = samples = aboveTwo = 0;
   const uint32_t longMost = run(2000, 16, &longShare);
+  const double longAbove = samples ? static_cast<double>(aboveTwo) / static_cast<double>(samples) : 1.0;
   std::printf("20 us kernels: at most %u in flight, share %.3f, at most %.3f ms run after the gate closed; 2 ms "
-              "kernels: at most %u, share %.3f, %.3f ms after (cap 0.50)\n",
-              shortMost, shortShare, static_cast<double>(shortOverrun) / 1e6, longMost, longShare,
-              static_cast<double>(overrun) / 1e6);
+              "kernels: at most %u (more than 2 in %.4f of %llu samples), share %.3f, %.3f ms after (cap 0.50)\n",
+              shortMost, shortShare, static_cast<double>(shortOverrun) / 1e6, longMost, longAbove,
+              static_cast<unsigned long long>(samples), longShare, static_cast<double>(overrun) / 1e6);
   EXPECT_GT(shortOverrun, 0u) << "the gate was seen closing with work in flight";
   EXPECT_LE(shortOverrun, 1'500'000u) << "a closed gate takes effect within about 1 ms of queued device time";
   EXPECT_LE(overrun, 4'500'000u) << "two 2 ms kernels";
@@ -253,7 +261,9 @@ void inFlightBoundIsQueuedDeviceTime(Tenancy& tenancy) {
   // as the launch returns, after the kernel did): 51 seen; 10 % more allowed.
   EXPECT_LE(shortMost, 55u) << "no more than about 1 ms of device time queued";
   EXPECT_GE(shortMost, 8u) << "short kernels are not held to two in flight";
-  EXPECT_LE(longMost, 2u);
+  EXPECT_LE(longMost, 3u);
+  EXPECT_LE(longAbove, 0.01) << "long kernels are held to two in flight";
+  EXPECT_GT(samples, 1000u);
   for (double sh : {shortShare, longShare}) {
     EXPECT_LE(sh, 0.53) << "the cap holds";
     EXPECT_GE(sh, 0.40);

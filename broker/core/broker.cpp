@@ -319,7 +319,11 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       const size_t dev = static_cast<size_t>(d);
       t->entryDevice[e] = dev;
       if (t->entry[dev] < 0) t->entry[dev] = e;  // the first, as processes find it (Ledger::findDevice)
-      enforce(e, "device " + std::to_string(d), ledgerLimitLocked(*t, dev), first);
+      // A second entry naming the device is never a shim's (it adds one under flock only when none
+      // is found): a tenant that wrote one would have a second budget there. Its limit is 0.
+      const bool duplicate = t->entry[dev] != e;
+      enforce(e, "device " + std::to_string(d) + (duplicate ? " (a second entry for it)" : ""),
+              duplicate ? 0 : ledgerLimitLocked(*t, dev), first && !duplicate);
     }
     for (size_t d = 0; d < devices_.size() && !failed; ++d) {
       if (t->entry[d] >= 0) continue;
@@ -524,7 +528,9 @@ void Broker::adoptLocked(const std::string& name, const std::string& fileName, c
   } else if (!removedFile) {
     retireLocked(t.get());
   }
-  applyLimitsLocked(t.get());
+  // An unknown tenant's file is its own shim's, whose entries start at 0: one above its due limit
+  // was written by something else, and is tampering (taken back as such).
+  applyLimitsLocked(t.get(), /*watchdog=*/admitted);
   tenants_[name] = std::move(t);
 }
 
@@ -1191,15 +1197,36 @@ void Broker::scanLocked(std::vector<std::string>* busy) {
         ::fstatat(::dirfd(dir), t->fileName.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(now.st_mode) ||
         !t->ledger->fileStat(&mine) || (now.st_dev == mine.st_dev && now.st_ino == mine.st_ino))
       continue;
+    if (auto r = refused_.find(t->fileName); r != refused_.end() && r->second == static_cast<uint64_t>(now.st_ino))
+      continue;  // refused already (below)
+    // Another user's file under the name (the old one's creator removed it; the sticky directory
+    // lets anyone create the name): not this tenant's, whose processes may still run. And a name
+    // replaced again and again while the old files' processes hold them open: at most
+    // kMaxUnknownShadows former ledgers are watched.
+    if (now.st_uid != t->owner) {
+      refuseUnknownLocked(name, t->fileName, now, "the name belongs to uid " + std::to_string(t->owner) +
+                                                      "'s unknown tenant, whose processes still run");
+      continue;
+    }
+    if (t->shadows.size() >= kMaxUnknownShadows) {
+      refuseUnknownLocked(name, t->fileName, now, "the tenant's ledger was replaced " +
+                                                      std::to_string(kMaxUnknownShadows) +
+                                                      " times while the old files' processes still run");
+      continue;
+    }
     std::string err;
     auto fresh = Ledger::open(ledgerDir_, name, observing(t->fileName), &err);
     if (!fresh) continue;  // tried again at the next scan
     attachShadowLocked(t.get(), std::move(t->ledger), "");  // nameless: not found again after a restart
     t->ledger = std::move(fresh);
-    t->entryDevice.clear();  // the new file's entries are its own
+    // The new file's entries are its own: which device each names, and the hidden charge the
+    // broker keeps in them (the old file's moved with it to the shadow).
+    t->entryDevice.clear();
+    std::fill(t->hiddenCharge.begin(), t->hiddenCharge.end(), 0);
+    for (auto& seen : t->hiddenSeen) seen.fill(0);
     t->fileGone = false;
     t->owner = now.st_uid;
-    applyLimitsLocked(t.get());
+    applyLimitsLocked(t.get(), /*watchdog=*/true);  // as at adoption: its entries start at 0
     // Said once it holds (the new file's limits lowered by what the old one's processes hold): a
     // reader of the log may act on it at once.
     CUSHARE_BLOG(warn, "tenant {}: its ledger file was replaced (by uid {}); what the old one's processes hold "
@@ -1219,12 +1246,19 @@ void Broker::scanLocked(std::vector<std::string>* busy) {
       ++it;
       continue;
     }
-    size_t processes = 0;
+    // Its processes: by its ledger's slots (which it can zero) and by the device's own list
+    // (attributed through the ledger they map), and what the broker charges it for them.
+    size_t processes = 0, onDevice = 0;
     if (t.ledger && !guarded([&] { processes = t.ledger->slots().size(); })) processes = 0;  // unreadable
-    if (processes > 0 || !t.shadows.empty()) {
+    for (const auto& [pid, p] : deviceProcesses_) onDevice += p.tenant == it->first;
+    uint64_t charged = 0;
+    for (const uint64_t v : t.hidden) charged += v;
+    for (const uint64_t v : t.leftBehind) charged += v;
+    if (processes > 0 || onDevice > 0 || charged > 0 || !t.shadows.empty()) {
       if (!t.fileGone)
-        CUSHARE_BLOG(warn, "tenant {}: its ledger file was removed while {} of its processes still run; kept, and "
-                     "what they hold still counts against it, until they exit", it->first, processes);
+        CUSHARE_BLOG(warn, "tenant {}: its ledger file was removed while its processes still run ({} in its ledger, "
+                     "{} on the device); kept, and what they hold still counts against it, until they exit",
+                     it->first, processes, onDevice);
       t.fileGone = true;
       ++it;
       continue;

@@ -50,8 +50,10 @@ void Broker::ceilingFromRecordLocked(TenantState* t, bool required) {
       uint8_t uuid[16];
       parseGpuUuid(devices_[d].uuid, uuid);
       const int e = t->ledger->findDevice(uuid);
-      // No record and no entry: nothing says what it may have there, so nothing.
-      const uint64_t now = e >= 0 ? t->ledger->limit(e) : known ? last : 0;
+      // No record and no entry: nothing says what it may have there, so nothing. An admitted
+      // unknown tenant's file (not required) is its shim's, whose entries start at 0 and wait for
+      // the broker: only the record counts there.
+      const uint64_t now = !required ? last : e >= 0 ? t->ledger->limit(e) : known ? last : 0;
       t->ceiling[d] = std::min(last, now);
     }
   });

@@ -16,6 +16,10 @@ inline constexpr char kLedgerSuffix[] = ".ledger";
 inline constexpr char kRemovedSuffix[] = ".removed";
 inline constexpr char kReplacedInfix[] = ".replaced.";
 inline constexpr int kMaxReplaced = 64;  // former ledgers of one tenant alive at a time
+// Former ledgers of an unknown tenant whose file was replaced under its name (nameless: removed by
+// its creator) alive at a time; one more replacement is refused (each costs the broker a descriptor,
+// a mapping and a look at its processes every tick).
+inline constexpr size_t kMaxUnknownShadows = 8;
 
 // An observer (no slot) that never creates anything.
 inline LedgerOpenOptions observing(const std::string& fileName) {

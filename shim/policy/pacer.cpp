@@ -200,11 +200,16 @@ void noteLaunchTime(int dev, uint64_t intervalNs, uint64_t launches) noexcept {
 
 // Set by pass(): ns until a local budget lets launches go again (0: none waits for one).
 uint64_t gLocalRefill = 0;
+// Passes run (under gPacerMutex), and how many of them by launchers; said at exit at debug level
+// (perf/pacer_instructions.sh turns them into the pacer's instructions per launch).
+uint64_t gPasses = 0, gLauncherPasses = 0;
 
 // One pass: markers after new launches, completed markers turned into busy time, local budgets.
 // True while any marker is pending. A launcher's pass (helpPass) leaves the probe requests to the
 // pacer thread: the probe thread is started from there, with every signal blocked.
-bool pass(bool launcher = false) noexcept {
+__attribute__((noinline)) bool pass(bool launcher = false) noexcept {
+  ++gPasses;
+  gLauncherPasses += launcher;
   RealDriver& d = realDriver();
   const uint64_t now = nowNs();
   bool pending = false;
@@ -305,7 +310,10 @@ bool pass(bool launcher = false) noexcept {
 void stopPacerAtExit() noexcept {
   pthread_mutex_lock(&gPacerMutex);
   gExiting.store(true, std::memory_order_release);
+  const uint64_t passes = gPasses, byLaunchers = gLauncherPasses;
   pthread_mutex_unlock(&gPacerMutex);
+  CUSHARE_LOG(LogLevel::kDebug, "cushare: pacer: %llu passes, %llu of them by launchers",
+              static_cast<unsigned long long>(passes), static_cast<unsigned long long>(byLaunchers));
 }
 
 void* pacerMain(void*) {

@@ -1221,6 +1221,36 @@ TEST(Tamper, RewrittenDeviceUuidAndLimitAreRestored) {
   EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
 }
 
+// A second entry for the device, written by the tenant (a shim adds one only when none is found,
+// under flock): a process that found it first would have a second budget there. Found by an
+// attack review: the broker gave every entry naming the device the tenant's limit. It gets 0.
+TEST(Tamper, ASecondLedgerEntryForADeviceGetsNoBudget) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  const size_t entry0 = offsetof(LedgerHeader, devices), entry1 = entry0 + sizeof(LedgerDevice);
+  uint8_t uuid[16];
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_EQ(::pread(fd, uuid, 16, static_cast<off_t>(entry0 + offsetof(LedgerDevice, uuid))), 16);
+    ::close(fd);
+  }
+  const uint64_t limit = 256 * MiB;
+  const uint32_t ready = kLedgerDeviceReady;
+  rawWrite(path, entry1 + offsetof(LedgerDevice, uuid), uuid, 16);
+  rawWrite(path, entry1 + offsetof(LedgerDevice, limit), &limit, 8);
+  rawWrite(path, entry1 + offsetof(LedgerDevice, state), &ready, 4);
+  auto ledger = observe(b.ledgerDir(), "alpha");
+  ASSERT_TRUE(ledger);
+  EXPECT_TRUE(waitFor([&] { return ledger->limit(1) == 0; })) << b.log();
+  EXPECT_EQ(ledger->limit(0), 256 * MiB);
+  EXPECT_TRUE(b.logHas("tenant alpha device 0 (a second entry for it): the limit in its ledger was changed to")) << b.log();
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
+  EXPECT_EQ(a.ask("fill " + std::to_string(16 * MiB)), "held " + std::to_string(256 * MiB));
+}
+
 // A limit rewritten in the ledger and memory allocated past it before the broker's next tick: the
 // limit is put back and the memory taken back (tamper_response kill, the default: the tenant's
 // processes holding it are killed and the device frees it). The broker is stopped (SIGSTOP) across

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1640,6 +1641,53 @@ TEST(PacingBench, CostAgainstNoShim) {
     std::printf("%s: device busy under the shim median %.3f, range %.3f..%.3f\n", which.c_str(), sh.median, sh.min,
                 sh.max);
   }
+}
+
+// The pacer's share of a paced launch (docs/performance.md, "Launches: instructions and time";
+// perf/pacer_instructions.sh): the launch-bound loop of CostAgainstNoShim (cap 50, far under
+// budget) in one process under the shim, its pacer passes (counted by the shim, said at exit at
+// debug level) against the launches it made. PACING_BENCH_WRAP (words split at spaces, the first a
+// path: it is not looked up in PATH) runs the worker under a command, e.g. valgrind's callgrind
+// collecting only inside the pass, which gives the instructions of one pass; the passes per launch
+// come from a run without it (valgrind slows the launching thread, not the pacer's 100 us sleeps).
+TEST(PacingBench, PacerPassesPerLaunch) {
+  const int ms = envInt("PACING_BENCH_MS", 3000), us = envInt("PACING_BENCH_US", 1);
+  const int depth = envInt("PACING_BENCH_DEPTH", 64), threads = envInt("PACING_BENCH_THREADS", 1);
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: t, thread_percentage: 50}\n"));
+  std::vector<std::string> argv;
+  if (const char* wrap = std::getenv("PACING_BENCH_WRAP")) {
+    std::istringstream words(wrap);
+    for (std::string w; words >> w;) argv.push_back(w);
+  }
+  argv.push_back(COMPUTE_WORKER);
+  const std::string log = b.dir() + "/pacer.log";
+  Child c = Child::spawn(argv, {{"LD_PRELOAD", SHIM_LIB}, {"CUSHARE_TENANT", "t"}, {"CUSHARE_LEDGER_DIR", b.ledgerDir()},
+                                {"CUSHARE_LOG_LEVEL", "debug"}}, log);
+  ASSERT_EQ(c.readLine(600000), "ready") << readFile(log);
+  long long launches = 0;
+  for (const int run : {1500, ms}) {  // the first: the broker's first turn and window alone, as the cost bench
+    c.send("loop " + std::to_string(run) + " " + std::to_string(us) + " " + std::to_string(depth) + " " +
+           std::to_string(threads));
+    const std::string done = c.readLine(600000);
+    ASSERT_EQ(done.rfind("done ", 0), 0u) << done << readFile(log);
+    launches += std::atoll(done.c_str() + 5);
+  }
+  c.send("quit");
+  c.wait();
+  const std::string text = readFile(log);
+  unsigned long long passes = 0, byLaunchers = 0, collected = 0;
+  const size_t at = text.find("cushare: pacer: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  ASSERT_EQ(std::sscanf(text.c_str() + at, "cushare: pacer: %llu passes, %llu", &passes, &byLaunchers), 2) << text;
+  ASSERT_GT(passes, 0u);
+  ASSERT_GT(launches, 0);
+  std::printf("pacer: %lld launches, %llu passes (%llu by launchers), %.5f passes per launch\n", launches, passes,
+              byLaunchers, static_cast<double>(passes) / static_cast<double>(launches));
+  if (const size_t cg = text.find("Collected : "); cg != std::string::npos &&
+                                                   std::sscanf(text.c_str() + cg, "Collected : %llu", &collected) == 1)
+    std::printf("pacer: callgrind collected %llu instructions, %.0f per pass\n", collected,
+                static_cast<double>(collected) / static_cast<double>(passes));
 }
 
 }  // namespace

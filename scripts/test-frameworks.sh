@@ -21,6 +21,12 @@ root=$PWD
 pins=(cupy-cuda13x==14.2.0 numpy==2.4.6 pytest==9.2.0 torch==2.15.0 nvidia-ml-py==13.615.71)
 # Every nvidia-cuda-runtime 13.x build on PyPI, for the runtime probe.
 runtimes=(13.0.48 13.0.88 13.0.96 13.1.80 13.2.51 13.2.75 13.2.86 13.3.29 13.4.49 13.4.92 13.5.37)
+# cuBLAS wheels for the first-call probe: the last before cuBLAS asked the driver for a stream's
+# green context, the first that does, and the newest (about 450 MB each).
+cublases=(13.4.3.11 13.5.1.27 13.10.0.20)
+# cuDNN wheels for its first-call probe (about 700 MB each): the first that asks for a stream's
+# green context, and the newest; the toolkit's own cuDNN (9.19) is the one before.
+cudnns=(9.23.2.1 9.28.1.4)
 
 cuda_lib=/usr/local/cuda/lib64
 simgpu_lib=$root/build/lib/simgpu
@@ -56,6 +62,23 @@ for v in "${runtimes[@]}"; do
     rm -rf "$cache/runtimes/$v" && mv "$cache/runtimes/$v.tmp" "$cache/runtimes/$v"
   fi
 done
+
+# fetch_wheel KIND PACKAGE VERSION LIBRARY: the wheel unpacked in $cache/KIND/VERSION (once);
+# LIBRARY is the path the runs below use, under the unpacked wheel.
+fetch_wheel() {
+  local kind=$1 package=$2 v=$3 library=$4
+  [[ -e $cache/$kind/$v/$library ]] && return 0
+  echo "test-frameworks: fetching $package $v"
+  rm -rf "$cache/$kind/$v.tmp" && mkdir -p "$cache/$kind/$v.tmp"
+  "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --platform manylinux2014_x86_64 -d "$cache/$kind/$v.tmp" "$package==$v"
+  "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+    "$(ls "$cache/$kind/$v.tmp"/*.whl)" "$cache/$kind/$v.tmp"
+  rm -rf "$cache/$kind/$v" && mv "$cache/$kind/$v.tmp" "$cache/$kind/$v"
+}
+mkdir -p "$cache/cublas" "$cache/cudnn"
+for v in "${cublases[@]}"; do fetch_wheel cublas nvidia-cublas "$v" nvidia/cu13/lib/libcublas.so.13; done
+for v in "${cudnns[@]}"; do fetch_wheel cudnn nvidia-cudnn-cu13 "$v" nvidia/cudnn/lib/libcudnn.so.9; done
 
 # Fresh simulated host and kernel cache for this run; removed on exit.
 state=$(mktemp -d "${TMPDIR:-/tmp}/cushare-frameworks.XXXXXX")
@@ -115,6 +138,41 @@ for v in "${runtimes[@]}"; do
       status=1
     fi
   done
+done
+
+# cuBLAS's and cuDNN's first calls (a handle on a created stream, one SGEMM; one convolution) with
+# each wheel found first on LD_LIBRARY_PATH, without and with the shim.
+echo "=== frameworks tier: cublas, cudnn ==="
+g++ -O1 -I /usr/local/cuda/include tests/frameworks/libraries/cublas_first_call.cpp \
+  -o "$probe_dir/cublas_first_call" -L "$cuda_lib" -lcublas -lcudart
+g++ -O1 -I /usr/local/cuda/include tests/frameworks/libraries/cudnn_first_call.cpp \
+  -o "$probe_dir/cudnn_first_call" -L "$cuda_lib" -lcudnn -lcudart
+newest_cublas=$cache/cublas/${cublases[-1]}/nvidia/cu13/lib
+# first_call NAME LIBDIR WANT PROGRAM: runs PROGRAM with LIBDIR first, without and with the shim.
+first_call() {
+  local name=$1 libdir=$2 want=$3 program=$4 kind out
+  for kind in simgpu shim; do
+    local run=(env LD_LIBRARY_PATH="$libdir:$simgpu_lib:$cuda_lib" SIMGPU_STATE_DIR="$state/$name-$kind")
+    [[ $kind == shim ]] && run+=(LD_PRELOAD="$shim" CUSHARE_TENANT=lib CUSHARE_MEMORY_LIMIT=256MiB \
+      CUSHARE_LEDGER_DIR="$state/ledger-$name")
+    if out=$("${run[@]}" "$program" 2>&1) && grep -q "^$want$" <<<"$out"; then
+      echo "$name $kind: ok"
+    else
+      echo "$name $kind: FAILED: $out" >&2
+      status=1
+    fi
+  done
+}
+for v in "${cublases[@]}"; do
+  IFS=. read -r major minor patch _ <<<"$v"
+  first_call "cublas-$v" "$cache/cublas/$v/nvidia/cu13/lib" "cublas ok $(( 10#$major * 10000 + 10#$minor * 100 + 10#$patch ))" \
+    "$probe_dir/cublas_first_call"
+done
+first_call cudnn-toolkit "$cuda_lib" "cudnn ok [0-9][0-9]*" "$probe_dir/cudnn_first_call"
+for v in "${cudnns[@]}"; do
+  IFS=. read -r major minor patch _ <<<"$v"
+  first_call "cudnn-$v" "$cache/cudnn/$v/nvidia/cudnn/lib:$newest_cublas" \
+    "cudnn ok $(( 10#$major * 10000 + 10#$minor * 100 + 10#$patch ))" "$probe_dir/cudnn_first_call"
 done
 
 run_tier cupy-simgpu tests/frameworks/test_cupy.py

@@ -35,7 +35,9 @@
 // come pasted (cuda.h defines some hooked names as macros, which a bare argument would expand).
 #define CUSHARE_CHECKED_WRAPPER(name, first, hook, real, params, args)                             \
   __attribute__((noinline, cold)) static CUresult first params {                                   \
-    if (CUresult r_ = ::cushare::shim::processReady(); r_ != CUDA_SUCCESS) return r_;              \
+    if (CUresult r_ = ::cushare::shim::processReady(); r_ != CUDA_SUCCESS &&                       \
+                                                      !::cushare::shim::resolvesWhenRefused(#real)) \
+      return r_;                                                                                   \
     if (!::cushare::shim::realDriver().real) return CUDA_ERROR_NOT_SUPPORTED;                      \
     return ::cushare::shim::hook args;                                                             \
   }                                                                                                \
@@ -228,6 +230,11 @@ bool loadRealDriver(std::string* error) noexcept {
   }
   __atomic_store_n(&gDriver.handle, h, __ATOMIC_RELEASE);
   return true;
+}
+
+bool resolvesWhenRefused(const char* real) noexcept {
+  return (std::strcmp(real, "p_cuGetProcAddress") == 0 || std::strcmp(real, "p_cuGetProcAddress_v2") == 0) &&
+         loadRealDriver(nullptr);
 }
 
 bool loadRealNvml() noexcept {

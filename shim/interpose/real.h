@@ -87,6 +87,12 @@ void* realDlvsym(void* handle, const char* name, const char* version) noexcept;
 
 // Loads libcuda.so.1 and resolves every hooked and needed symbol. Idempotent.
 bool loadRealDriver(std::string* error) noexcept;
+// Whether the wrapper of the real entry point named `real` ("p_<symbol>") answers in a process
+// the shim refused (a bad variable, no ledger): cuGetProcAddress does, once the real driver is
+// loaded, so that the CUDA runtime finds the entry points and reports cuInit's refusal; refused
+// otherwise, the runtime took a driver that resolves nothing for one too old
+// (cudaErrorInsufficientDriver). Nothing runs on the device: cuInit stays refused.
+bool resolvesWhenRefused(const char* real) noexcept;
 // Loads libnvidia-ml.so.1 if present; false if NVML is not installed (the shim works without it).
 bool loadRealNvml() noexcept;
 

@@ -8,7 +8,12 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "device_used.h"
 
@@ -209,6 +214,54 @@ TEST_F(RuntimeLimits, DeviceResetReturnsTheCharges) {
   EXPECT_EQ(base, cushare::test::deviceUsed(0));
   RT_ASSERT(cudaMalloc(&p, 200 * kMiB));  // the room is back
   RT_ASSERT(cudaFree(p));
+}
+
+// A process the shim refuses (here a misspelt variable; as for a bad limit or no ledger) hears
+// cudaErrorInitializationError from the runtime, as docs/configuration.md says. Before, the shim
+// refused cuGetProcAddress too, the runtime found no entry point and reported
+// cudaErrorInsufficientDriver ("CUDA driver version is insufficient for CUDA runtime version"):
+// PyTorch users would look for a driver upgrade. The test runs itself again as the refused process.
+TEST(RuntimeRefusal, ARefusedProcessHearsAnInitializationError) {
+  if (std::getenv("RUNTIME_REFUSAL_CHILD") != nullptr) {
+    int n = -1;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    void* p = nullptr;
+    const cudaError_t m = cudaMalloc(&p, kMiB);
+    std::printf("refused: %s, %s, %d devices\n", cudaGetErrorName(e), cudaGetErrorName(m), n);
+    // What cuGetProcAddress now answers (found as the runtime finds it: dlsym on libcuda) stays
+    // refused: cuInit is the shim's, and the driver is never initialised.
+    using GetProc = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+    void* lib = ::dlopen("libcuda.so.1", RTLD_NOW);
+    auto getProc = lib ? reinterpret_cast<GetProc>(::dlsym(lib, "cuGetProcAddress_v2")) : nullptr;
+    void* init = nullptr;
+    void* count = nullptr;
+    CUdriverProcAddressQueryResult st;
+    if (getProc && getProc("cuInit", &init, 12000, 0, &st) == CUDA_SUCCESS && init &&
+        getProc("cuDeviceGetCount", &count, 12000, 0, &st) == CUDA_SUCCESS && count) {
+      int devices = -1;
+      const CUresult i = reinterpret_cast<CUresult (*)(unsigned)>(init)(0);
+      const CUresult c = reinterpret_cast<CUresult (*)(int*)>(count)(&devices);
+      std::printf("driver: cuInit %d, cuDeviceGetCount %d\n", static_cast<int>(i), static_cast<int>(c));
+    }
+    return;
+  }
+  char self[4096] = {};
+  ASSERT_GT(::readlink("/proc/self/exe", self, sizeof self - 1), 0);
+  const std::string cmd = std::string("RUNTIME_REFUSAL_CHILD=1 CUSHARE_MEMORY_LIMT=256MiB '") + self +
+                          "' --gtest_filter=RuntimeRefusal.* 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t r; (r = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, r);
+  ASSERT_EQ(::pclose(f), 0) << out;
+  EXPECT_NE(out.find("refused: cudaErrorInitializationError, cudaErrorInitializationError, -1 devices"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("cushare: unknown variable CUSHARE_MEMORY_LIMT in the environment (misspelt?)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("driver: cuInit 3, cuDeviceGetCount 3"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -329,6 +329,19 @@ CU_EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext* pctx, CUgreenCtx* pG
   return CUDA_SUCCESS;
 }
 
+// simgpu has no green contexts (cuGreenCtxCreate is not modelled): every stream, and every special
+// stream under the current context, belongs to a regular context, for which the driver answers
+// success and NULL (cuda.h). cuBLAS from 13.5.1.27 and cuDNN from 9.23.2.1 ask this as a handle is
+// created or set to a stream, and fail to start on anything but success.
+CU_EXPORT CUresult cuStreamGetGreenCtx(CUstream h, CUgreenCtx* phCtx) {
+  API_ENTER(h, phCtx);
+  if (!phCtx) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s;
+  CU_TRY(resolveStream(h, &s));
+  *phCtx = nullptr;
+  return CUDA_SUCCESS;
+}
+
 CU_EXPORT CUresult cuStreamQuery(CUstream h) {
   API_ENTER(h);
   Stream* s;

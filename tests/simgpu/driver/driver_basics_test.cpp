@@ -477,6 +477,14 @@ TEST_F(StreamsEvents, PriorityRangeAndStreams) {
   CUcontext sc = nullptr;
   CU_ASSERT(cuStreamGetCtx(hi, &sc));
   EXPECT_EQ(sc, primary_);
+  // No green contexts: success and NULL, for created and special streams alike (cuBLAS and cuDNN
+  // from PyPI ask this and fail to start on an error).
+  for (CUstream s : {hi, static_cast<CUstream>(nullptr), CU_STREAM_LEGACY, CU_STREAM_PER_THREAD}) {
+    CUgreenCtx green = reinterpret_cast<CUgreenCtx>(uintptr_t{1});
+    CU_ASSERT(cuStreamGetGreenCtx(s, &green));
+    EXPECT_EQ(green, nullptr);
+  }
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamGetGreenCtx(hi, nullptr));
   unsigned long long id1 = 0, id2 = 0;
   CU_ASSERT(cuStreamGetId(hi, &id1));
   CU_ASSERT(cuStreamGetId(lo, &id2));

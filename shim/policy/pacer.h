@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "runtime/clock.h"
 #include "runtime/state.h"
 
 namespace cushare::shim {
@@ -36,12 +37,6 @@ inline constexpr uint32_t kMinInFlight = 2;    // before anything is measured, a
 inline constexpr uint32_t kMaxInFlight = 256;  // whatever the estimate says
 // A closed gate that sees no opening for this long: the broker is taken to be gone.
 inline constexpr uint64_t kBrokerGoneNs = 3'000'000'000ull;
-
-inline uint64_t nowNs() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 inline long futexWait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t timeoutNs, bool shared) noexcept {
   timespec ts{static_cast<time_t>(timeoutNs / 1'000'000'000u), static_cast<long>(timeoutNs % 1'000'000'000u)};

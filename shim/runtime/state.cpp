@@ -6,7 +6,6 @@
 #include <new>
 #include <cstring>
 #include <pthread.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +14,7 @@
 #include <string>
 
 #include "interpose/real.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 #include "runtime/mps_env.h"
 
@@ -147,11 +147,7 @@ namespace {
 
 constexpr int kBrokerAdoptWaitMs = 2000;
 
-uint64_t monotonicMs() {
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000 + static_cast<uint64_t>(ts.tv_nsec) / 1000000;
-}
+uint64_t monotonicMs() { return nowNs() / 1'000'000u; }
 
 // The limit of ledger entry idx once the broker has set it (non-zero), or zero after the
 // process's wait (at most kBrokerAdoptWaitMs for all its devices together) has run out. Caller

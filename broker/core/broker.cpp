@@ -25,6 +25,7 @@
 #include "core/log.h"
 #include "core/places.h"
 #include "cushare/host_segment.h"
+#include "cushare/limits_file.h"
 #include "cushare/parse.h"
 
 namespace cushare::broker {
@@ -278,10 +279,16 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   };
   bool failed = false, busy = false;
   std::set<int> rewritten;  // entries whose limit or UUID someone else wrote (the watchdog's finds)
+  // What the tenant's processes enforce (limits_file.h): which device each entry is and its limit,
+  // where the tenant cannot write. Its published entries are the broker's earlier judgement (a
+  // restarted broker's too), trusted over the ledger's UUIDs.
+  LimitsFile* limits = limitsOfLocked(t->ledger.get(), t->name);
+  std::map<int, uint64_t> wants;  // entry -> the limit the broker put there
   const bool ok = guarded([&] {
     // first: an entry the broker has not seen before (a shim of an unknown tenant adds its entries
     // at 0 and waits for the broker to set them); only a limit above the one due is tampering.
     auto enforce = [&](int e, const std::string& what, uint64_t want, bool first) {
+      wants[e] = want;
       const uint64_t have = t->ledger->limit(e);
       if (have == want) return;
       t->ledger->setLimit(e, want);
@@ -299,6 +306,8 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       if (!t->ledger->deviceUuid(e, have)) continue;
       int d = deviceOf(have);
       const bool first = !t->entryDevice.count(e);
+      if (uint8_t published[16]; first && limits != nullptr && limits->readyUuid(e, published))
+        if (const int dp = deviceOf(published); dp >= 0) t->entryDevice[e] = static_cast<size_t>(dp);
       if (auto known = t->entryDevice.find(e); known != t->entryDevice.end() && d != static_cast<int>(known->second)) {
         d = static_cast<int>(known->second);
         t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
@@ -342,6 +351,14 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
     faultLocked(t);
     return;
   }
+  if (limits != nullptr)
+    for (const auto& [e, want] : wants) {
+      const auto d = t->entryDevice.find(e);
+      if (d == t->entryDevice.end()) continue;
+      uint8_t uuid[16];
+      parseGpuUuid(devices_[d->second].uuid, uuid);
+      limits->publish(e, uuid, want);
+    }
   takeBackLocked(t, rewritten);
   if (!t->ledger) return;
   t->lockBusy = busy;
@@ -356,6 +373,47 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
 }
 
 void Broker::tamperLocked(TenantState* t, const std::string& kind) { ++t->tamper[kind]; }
+
+LimitsFile* Broker::limitsOfLocked(Ledger* l, const std::string& tenant) {
+  if (l == nullptr) return nullptr;
+  if (LimitsFile* f = l->limitsFile()) return f;
+  std::string err;
+  auto f = LimitsFile::openForBroker(ledgerDir_, l->fileIno(), tenant, &err);
+  if (!f) {
+    // Its processes find no limits and allocate nothing (they wait, then deny): fail closed.
+    CUSHARE_BLOG(error, "tenant {}: {}; its processes can allocate nothing until it can be written", tenant, err);
+    return nullptr;
+  }
+  l->attachLimits(std::move(f));
+  return l->limitsFile();
+}
+
+void Broker::collectLimitsFilesLocked(const std::set<uint64_t>& named) {
+  std::set<uint64_t> held;
+  for (const auto& [name, t] : tenants_) {
+    if (t->ledger) held.insert(t->ledger->fileIno());
+    for (const TenantState::Shadow& sh : t->shadows)
+      if (sh.ledger) held.insert(sh.ledger->fileIno());
+  }
+  // Kept: a file of a ledger the broker holds, or of a file in the directory it has not held yet
+  // (a restarted broker adopts it later: its processes map the file). One whose ledger the broker
+  // let go of since the last look goes even if a file by that inode number is named (the number
+  // may be reused by a new file, which gets a fresh one).
+  std::set<uint64_t> keep = held;
+  for (uint64_t ino : named)
+    if (!limitsHeld_.count(ino)) keep.insert(ino);
+  limitsHeld_ = held;
+  const std::string dir = ledgerDir_ + "/" + kLimitsDirName;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (const dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const unsigned long long ino = std::strtoull(e->d_name, &end, 10);
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || *end != '\0' || keep.count(ino)) continue;
+    ::unlinkat(::dirfd(d), e->d_name, 0);  // its ledger is gone: no process can map it any more
+  }
+  ::closedir(d);
+}
 
 // A limit or device UUID rewritten in a tenant's ledger is put back within a tick (above), but what
 // its processes allocated past the limit in between would stay on the device. With tamper_response
@@ -1155,8 +1213,10 @@ void Broker::scanLocked(std::vector<std::string>* busy) {
   if (dir == nullptr) return;
   std::set<std::string> seen;
   std::vector<std::pair<std::string, std::string>> former;  // tenant, <tenant>.ledger.replaced.N
+  std::set<uint64_t> named;  // inodes of every file under the directory's names
   while (const dirent* e = ::readdir(dir)) {
     const std::string file = e->d_name;
+    named.insert(e->d_ino);
     const size_t at = file.find(kLedgerSuffix);
     if (at == std::string::npos || at == 0) continue;
     const std::string name = file.substr(0, at), rest = file.substr(at + std::strlen(kLedgerSuffix));
@@ -1233,6 +1293,7 @@ void Broker::scanLocked(std::vector<std::string>* busy) {
                  "still counts against it until they exit", name, now.st_uid);
   }
   ::closedir(dir);
+  collectLimitsFilesLocked(named);
   // Forget what is gone: refusals and errors by name, and unknown tenants whose file was removed.
   for (auto r = refused_.begin(); r != refused_.end();) r = seen.count(r->first) ? std::next(r) : refused_.erase(r);
   for (auto r = adoptErrors_.begin(); r != adoptErrors_.end();)

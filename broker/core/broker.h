@@ -246,6 +246,16 @@ class Broker {
   void supersedeLocked(TenantState* t, uid_t foundOwner);
   void watchShadowsLocked(TenantState* t);
   void attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const std::string& fileName);
+  // The limits file of a ledger the broker holds, opened (a restarted broker's is kept) and
+  // attached on first use; null (logged) when it cannot be written.
+  LimitsFile* limitsOfLocked(Ledger* l, const std::string& tenant);
+  // Removes limits files whose ledger the broker no longer holds and no name in the directory
+  // (named: the inodes found under the ledger directory's names) refers to.
+  void collectLimitsFilesLocked(const std::set<uint64_t>& named);
+  std::set<uint64_t> limitsHeld_;  // inodes of the ledgers held at the last collection
+  // A former ledger's limits file: every published entry gets what the former ledger is charged
+  // on its device (0 for none).
+  void shadowLimitsLocked(const TenantState::Shadow& sh);
   bool reattachLocked(TenantState* t, const std::string& file);
   // The ceiling of a tenant that is no longer configured, found at start: the lower of the last
   // configured limit (state file) and its ledger's.

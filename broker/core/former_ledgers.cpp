@@ -11,6 +11,8 @@
 #include <cstring>
 
 #include "core/broker.h"
+
+#include "cushare/limits_file.h"
 #include "core/bus_guard.h"
 #include "core/devices.h"
 #include "core/ledger_files.h"
@@ -73,7 +75,22 @@ void Broker::attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const
   }
   sh.initial = sh.charge;
   sh.ledger = std::move(l);
+  limitsOfLocked(sh.ledger.get(), t->name);  // a former ledger found again after a restart
+  shadowLimitsLocked(sh);
   t->shadows.push_back(std::move(sh));
+}
+
+void Broker::shadowLimitsLocked(const TenantState::Shadow& sh) {
+  LimitsFile* f = sh.ledger ? sh.ledger->limitsFile() : nullptr;
+  if (f == nullptr) return;
+  for (int e = 0; e < static_cast<int>(kLedgerMaxDevices); ++e) {
+    uint8_t uuid[16], dev[16];
+    if (!f->readyUuid(e, uuid)) continue;
+    uint64_t limit = 0;
+    for (size_t d = 0; d < devices_.size(); ++d)
+      if (parseGpuUuid(devices_[d].uuid, dev) && std::memcmp(dev, uuid, 16) == 0) limit = sh.charge[d];
+    if (f->limit(e) != limit) f->setLimit(e, limit);
+  }
 }
 
 // Each tick: what a former ledger's processes hold only shrinks (charge and limit follow it down);
@@ -98,6 +115,7 @@ void Broker::watchShadowsLocked(TenantState* t) {
         if (e >= 0 && sh.ledger->limit(e) != sh.charge[d]) sh.ledger->setLimit(e, sh.charge[d]);
       }
     });
+    if (ok && !empty) shadowLimitsLocked(sh);
     if (ok && !empty) {
       ++it;
       continue;

@@ -12,6 +12,7 @@
 
 #include "core/log.h"
 #include "cushare/atomic_file.h"
+#include "cushare/limits_file.h"
 
 namespace cushare::broker {
 namespace {
@@ -194,6 +195,8 @@ bool prepareLedgerDir(const Config& c, std::string* err) {
     *err = sysErr("cannot set the mode of ledger_dir " + dir);
     return false;
   }
+  // The broker's limits files (limits_file.h), before tenants may create anything in the directory.
+  if (!prepareLimitsDir(dir, err)) return false;
   if (!makeParentDirectories(c.stateFile, err) || !makeParentDirectories(c.socket, err)) return false;
   // Checked again now that every directory exists: one created by someone else meanwhile is refused.
   return checkPlaces(c, err);

@@ -21,6 +21,7 @@
 // whoever takes that lock next zeroes the slot. The lock is exclusive, so that happens once, and
 // nobody can claim the slot while it is being zeroed.
 #include "cushare/ledger.h"
+#include "cushare/limits_file.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -687,6 +688,12 @@ void Ledger::setLimit(int dev, uint64_t bytes) noexcept {
   if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return;
   hdr_->devices[dev].limit.store(bytes, std::memory_order_release);
 }
+
+void Ledger::attachLimits(std::unique_ptr<LimitsFile> f) {
+  if (!limits_) limits_ = std::move(f);
+}
+
+LimitsFile* Ledger::limitsFile() const noexcept { return limits_.get(); }
 
 // ---- Hot path: atomics only ----
 

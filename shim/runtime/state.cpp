@@ -28,6 +28,7 @@ constinit std::atomic<int> gDevicePhase{0};
 }  // namespace detail
 using detail::gDevicePhase;
 using detail::gProcessPhase;
+using detail::gUnpublished;
 using detail::gState;
 
 namespace {
@@ -149,15 +150,41 @@ constexpr int kBrokerAdoptWaitMs = 2000;
 
 uint64_t monotonicMs() { return nowNs() / 1'000'000u; }
 
-// The limit of ledger entry idx once the broker has set it (non-zero), or zero after the
-// process's wait (at most kBrokerAdoptWaitMs for all its devices together) has run out. Caller
-// holds the init lock.
-uint64_t awaitBrokerLimit(Ledger& ledger, int idx) {
+constinit const std::atomic<uint64_t> kNoBudget{0};  // the limit of a device the broker does not know
+
+// Under a broker: the limits file's entry for this device (its index into *e) and its limit word,
+// or null. wait: for the broker to publish it (it does when it sees the ledger or the new entry;
+// at once, it watches the directory), at most kBrokerAdoptWaitMs for all of the process's devices
+// together. A limits file that is refused is logged once and never waited for. Caller holds the
+// init lock.
+const std::atomic<uint64_t>* publishedLimit(ShimState& s, const uint8_t uuid[16], bool wait, int* e) {
   static uint64_t waitedMs = 0;
+  static bool refused = false;
   const uint64_t start = monotonicMs();
-  while (ledger.limit(idx) == 0 && waitedMs + (monotonicMs() - start) < kBrokerAdoptWaitMs) ::usleep(1000);
+  for (;;) {
+    if (s.limits.load(std::memory_order_acquire) == nullptr && !refused) {
+      std::unique_ptr<LimitsFile> f;
+      std::string err;
+      const int r = LimitsFile::openForShim(s.config.ledgerDir, s.ledger->fileIno(), s.config.tenant,
+                                            s.host.ownerUid, &f, &err);
+      if (r > 0) s.limits.store(f.release(), std::memory_order_release);  // kept for the life of the process
+      if (r < 0) {
+        refused = true;
+        logLine(LogLevel::kError, "cushare: tenant %s: %s; nothing can be allocated", s.config.tenant.c_str(),
+                err.c_str());
+      }
+    }
+    if (const LimitsFile* f = s.limits.load(std::memory_order_acquire))
+      if (const int found = f->find(uuid); found >= 0) {
+        *e = found;
+        return f->limitWord(found);
+      }
+    const uint64_t spent = waitedMs + (monotonicMs() - start);
+    if (!wait || refused || spent >= kBrokerAdoptWaitMs) break;
+    ::usleep(1000);
+  }
   waitedMs += monotonicMs() - start;
-  return ledger.limit(idx);
+  return nullptr;
 }
 
 // The ledger entry of the device with this UUID, and its limits, into *v (label names the device
@@ -175,25 +202,41 @@ uint64_t awaitBrokerLimit(Ledger& ledger, int idx) {
 bool resolveDevice(ShimState& s, const uint8_t uuid[16], uint64_t envLimit, const std::string& label,
                    DeviceView* v, std::string* err) {
   int idx;
+  const std::atomic<uint64_t>* word = nullptr;
   if (s.brokerManaged) {
+    // The entry and its limit are the broker's word (its limits file), not the ledger's: the
+    // tenant can rewrite its ledger's limits and UUIDs, and what it allocated before the broker
+    // put them back would stay. A device of the host without a published entry yet gets one in
+    // the ledger (at 0), which the broker publishes when it sees it.
     const HostDevice* hd = s.host.device(uuid);
     if (hd == nullptr)
       logLine(LogLevel::kWarn, "cushare: %s (%s) is not known to this host's broker: nothing can be allocated on it",
               label.c_str(), formatGpuUuid(uuid).c_str());
-    idx = s.ledger->deviceIndex(uuid, 0, err);
-    if (idx >= 0 && s.host.profileForUnknown && hd != nullptr && hd->unknownLimit > 0 &&
-        awaitBrokerLimit(*s.ledger, idx) == 0)
-      logLine(LogLevel::kWarn,
-              "cushare: tenant %s %s: the broker has not set this device's limit (0 bytes) within %d ms; "
-              "allocations are denied until it does", s.config.tenant.c_str(), label.c_str(), kBrokerAdoptWaitMs);
+    int published = -1;
+    if (hd != nullptr) word = publishedLimit(s, uuid, /*wait=*/false, &published);
+    idx = word != nullptr ? published : s.ledger->deviceIndex(uuid, 0, err);
+    if (word == nullptr && idx >= 0 && hd != nullptr) {
+      word = publishedLimit(s, uuid, /*wait=*/true, &published);
+      if (word != nullptr) {
+        idx = published;
+      } else {
+        word = &gUnpublished;
+        logLine(LogLevel::kWarn,
+                "cushare: tenant %s %s: the broker has not published this device's limit within %d ms; "
+                "allocations are denied until it does", s.config.tenant.c_str(), label.c_str(), kBrokerAdoptWaitMs);
+      }
+    }
+    if (word == nullptr) word = &kNoBudget;
   } else {
     idx = s.ledger->sessionDeviceIndex(uuid, envLimit, err);
+    if (idx >= 0) word = s.ledger->limitWord(idx);
   }
   if (idx < 0) {
     *err = "cushare: tenant '" + s.config.tenant + "': " + *err;
     return false;
   }
   v->ledgerIndex = idx;
+  v->limitWord.store(word, std::memory_order_release);
   v->envLimit = envLimit;
   v->compute = s.ledger->compute(idx);
   std::snprintf(v->uuid, sizeof v->uuid, "%s", formatGpuUuid(uuid).c_str());
@@ -212,6 +255,37 @@ bool resolveDevice(ShimState& s, const uint8_t uuid[16], uint64_t envLimit, cons
 std::atomic<bool> gNvmlViewFailed{false};
 
 }  // namespace
+
+constinit const std::atomic<uint64_t> detail::gUnpublished{0};
+
+uint64_t detail::unpublishedLimit(const DeviceView& cv) noexcept {
+  // Opening the limits file costs system calls: at most one try a millisecond while it is not
+  // there. Once it is mapped, a look is a scan of its entries.
+  static std::atomic<uint64_t> nextOpen{0};
+  const uint64_t now = nowNs();
+  if (gState->limits.load(std::memory_order_acquire) == nullptr) {
+    if (now < nextOpen.load(std::memory_order_relaxed)) return 0;
+    nextOpen.store(now + 1'000'000u, std::memory_order_relaxed);
+  }
+  // Never waits for the init lock: its holder may be asking for this very limit (a log line).
+  if (pthread_mutex_trylock(&gInitMutex) != 0) return 0;
+  auto& v = const_cast<DeviceView&>(cv);
+  const std::atomic<uint64_t>* word = v.limitWord.load(std::memory_order_acquire);
+  uint8_t uuid[16];
+  if (word == &gUnpublished && parseGpuUuidBytes(v.uuid, uuid)) {
+    int e = -1;
+    const std::atomic<uint64_t>* found = publishedLimit(*gState, uuid, /*wait=*/false, &e);
+    // Only the entry this process counts in: another index is not what its reservations sum.
+    if (found != nullptr && e == v.ledgerIndex) {
+      v.limitWord.store(found, std::memory_order_release);
+      word = found;
+      logLine(LogLevel::kInfo, "cushare: tenant %s device %s: the broker has published its limit, %llu bytes",
+              gState->config.tenant.c_str(), v.uuid, static_cast<unsigned long long>(found->load()));
+    }
+  }
+  pthread_mutex_unlock(&gInitMutex);
+  return word->load(std::memory_order_acquire);
+}
 
 const DeviceView* nvmlDeviceView(const char* uuid) noexcept {
   NvmlDevices& n = gState->nvml;

@@ -17,6 +17,7 @@
 
 #include "cushare/host_segment.h"
 #include "cushare/ledger.h"
+#include "cushare/limits_file.h"
 #include "cushare/shim_config.h"
 
 namespace cushare::shim {
@@ -26,6 +27,11 @@ inline constexpr int kMaxDevices = 64;
 struct DeviceView {
   int ledgerIndex = -1;
   uint64_t envLimit = kUnlimited;  // from CUSHARE_MEMORY_LIMIT; the ledger's limit may be lower
+  // The limit in force besides envLimit: under a broker its limits file's word for the entry
+  // (cushare/limits_file.h: the tenant cannot write it), standalone the ledger's. Never null once
+  // the view is published; detail::gUnpublished while the broker has not published the entry
+  // (effectiveLimit then looks again and binds it once it is there).
+  std::atomic<const std::atomic<uint64_t>*> limitWord{nullptr};
   char uuid[48] = {};              // "GPU-..." as NVML reports it
   // The broker's compute words for this device in the ledger (launch.cpp reads mode and gate).
   LedgerComputeDevice* compute = nullptr;
@@ -45,6 +51,8 @@ struct ShimState {
   // broker's, the environment may only lower them.
   bool brokerManaged = false;
   HostInfo host;  // when brokerManaged
+  // When brokerManaged, once the broker has published it; set under the init lock, never freed.
+  std::atomic<LimitsFile*> limits{nullptr};
   int deviceCount = 0;
   DeviceView devices[kMaxDevices];
   NvmlDevices nvml;  // before cuInit only
@@ -56,6 +64,10 @@ extern ShimState* gState;               // set once phase 1 succeeded, never fre
 extern std::atomic<int> gProcessPhase;  // 0 not run, 1 ok, 2 failed
 extern std::atomic<int> gDevicePhase;   // the same for phase 2
 CUresult runProcessPhase() noexcept;    // processReady's first call
+// DeviceView::limitWord of a device of the host whose entry the broker has not published yet: 0.
+extern const std::atomic<uint64_t> gUnpublished;
+// Its limit: 0, or the broker's once it has published the entry (then bound for good). Cold.
+uint64_t unpublishedLimit(const DeviceView& v) noexcept;
 }  // namespace detail
 
 // CUDA_SUCCESS once both phases are done; the failure otherwise (phase 2 not yet run reads as
@@ -81,10 +93,12 @@ inline ShimState& state() noexcept { return *detail::gState; }
 const DeviceView* nvmlDeviceView(const char* uuid) noexcept;
 
 // The limit in force for a device of this process: the lower of the environment's and the
-// ledger's (which a broker may change while the process runs).
+// broker's (or, standalone, the ledger's), which a broker may change while the process runs.
 inline uint64_t effectiveLimit(const DeviceView& v) noexcept {
-  const uint64_t ledgerLimit = state().ledger->limit(v.ledgerIndex);
-  return v.envLimit < ledgerLimit ? v.envLimit : ledgerLimit;
+  const std::atomic<uint64_t>* word = v.limitWord.load(std::memory_order_acquire);
+  const uint64_t limit = word != &detail::gUnpublished ? word->load(std::memory_order_acquire)
+                                                       : detail::unpublishedLimit(v);
+  return v.envLimit < limit ? v.envLimit : limit;
 }
 inline uint64_t effectiveLimit(int ordinal) noexcept { return effectiveLimit(state().devices[ordinal]); }
 

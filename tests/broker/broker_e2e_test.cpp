@@ -342,6 +342,31 @@ TEST(Restart, BrokerKilledDuringLoadLosesNothing) {
   EXPECT_TRUE(b.tenant("alpha").devices(0).overridden());
 }
 
+// The limits a process enforces live in the broker's limits file for its ledger (limits_file.h).
+// A restarted broker keeps that file: processes that ran across the restart, and one started
+// while no broker ran, follow a live change made after it. (Had the broker made a new file, their
+// mappings would keep the old limits.) A ledger's file goes when the broker lets go of the ledger.
+TEST(Restart, ProcessesAcrossARestartFollowLiveLimits) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  Child before = b.tenantProcess("alpha");
+  ASSERT_EQ(before.ask("alloc " + std::to_string(64 * MiB)), "ok");
+  b.kill9();
+  Child during = b.tenantProcess("alpha");
+  ASSERT_EQ(during.ask("alloc " + std::to_string(16 * MiB)), "ok") << "the limits file outlives the broker";
+  ASSERT_TRUE(b.startWithFile()) << b.log();
+  ASSERT_TRUE(b.setLimit("alpha", "100MiB").ok());
+  for (Child* c : {&before, &during}) {
+    const std::string view = c->ask("info");
+    EXPECT_EQ(view.substr(view.find("total")), "total " + std::to_string(100 * MiB)) << view;
+    EXPECT_EQ(c->ask("alloc " + std::to_string(32 * MiB)), "oom");
+  }
+  EXPECT_EQ(during.ask("alloc " + std::to_string(20 * MiB)), "ok");
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(b.ledgerDir() + "/limits")) files += e.is_regular_file();
+  EXPECT_EQ(files, 2u) << "one per ledger";
+}
+
 // A damaged ledger found at start is reported for that tenant; the others are managed as usual.
 TEST(Restart, DamagedLedgerIsReportedNotFatal) {
   Broker b(testDir());
@@ -1251,35 +1276,66 @@ TEST(Tamper, ASecondLedgerEntryForADeviceGetsNoBudget) {
   EXPECT_EQ(a.ask("fill " + std::to_string(16 * MiB)), "held " + std::to_string(256 * MiB));
 }
 
-// A limit rewritten in the ledger and memory allocated past it before the broker's next tick: the
-// limit is put back and the memory taken back (tamper_response kill, the default: the tenant's
-// processes holding it are killed and the device frees it). The broker is stopped (SIGSTOP) across
-// the rewrite and the allocation, so the window the attack needs is certain. Before, the device
-// kept what was allocated in the window for as long as the process lived (the second review: 4096
-// MiB for a 512 MiB limit).
-TEST(Tamper, MemoryAllocatedUnderARewrittenLimitIsTakenBack) {
+// A limit rewritten in the ledger grants nothing, not even before the broker's next tick puts it
+// back: under a broker a shim enforces the limit of the broker's limits file (limits_file.h), which
+// the tenant cannot write. The broker is stopped (SIGSTOP) across the rewrite and the allocation,
+// so the window is certain. Before, the shim believed the ledger: the device held 1040 MiB for a
+// 256 MiB limit until the broker took it back (the second review: 4096 MiB for 512 MiB, kept for
+// as long as the process lived, before tamper_response existed).
+TEST(Tamper, ARewrittenLimitGrantsNothingBeforeTheBrokerPutsItBack) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start(kAlphaBetaKill)) << b.log();
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
   Child a = b.tenantProcess("alpha");
-  Child other = b.tenantProcess("beta");
-  ASSERT_EQ(other.ask("alloc " + std::to_string(16 * MiB)), "ok");
   ASSERT_EQ(a.ask("alloc " + std::to_string(16 * MiB)), "ok");
   const std::string path = b.ledgerDir() + "/alpha.ledger";
   const uint64_t huge = 64ull << 30;
   ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
   rawWrite(path, offsetof(LedgerHeader, devices) + offsetof(LedgerDevice, limit), &huge, 8);
   const std::string r = a.ask("alloc " + std::to_string(1024 * MiB));
-  const int pid = a.pid();
-  const uint64_t held = deviceHeld({pid});
+  Child later = b.tenantProcess("alpha");  // a process started while the ledger says 64 GiB
+  const std::string r2 = later.ask("alloc " + std::to_string(1024 * MiB));
+  const uint64_t held = deviceHeld({a.pid(), later.pid()});
   ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
-  ASSERT_EQ(r, "ok") << "the shim believed the rewritten limit";
-  EXPECT_EQ(held, 1040 * MiB) << "past the limit on the device";
+  EXPECT_EQ(r, "oom") << "the shim believed the rewritten limit";
+  EXPECT_EQ(r2, "oom") << "a new process believed the rewritten limit";
+  EXPECT_EQ(held, 16 * MiB) << "the device's own count";
+  EXPECT_EQ(later.ask("alloc " + std::to_string(240 * MiB)), "ok") << "the limit itself still holds";
+  EXPECT_EQ(later.ask("alloc 1"), "oom");
+  EXPECT_TRUE(waitFor([&] { return b.log().find("the limit in its ledger was changed to 64 GiB outside the broker; "
+                                                "restored to 256 MiB") != std::string::npos; })) << b.log();
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
+}
+
+// What tamper_response kill does when a ledger entry holds more than its restored limit (the shim
+// never reserves past the broker's limit; a process that wrote its counters, or a shim of an older
+// cushare that believed its ledger, can): the tenant's processes holding memory there are killed
+// and the device frees what they held. Here the counters are written by hand while the broker is
+// stopped, beside a rewritten limit.
+TEST(Tamper, AnEntryPastItsRestoredLimitIsTakenBack) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBetaKill)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  Child other = b.tenantProcess("beta");
+  ASSERT_EQ(other.ask("alloc " + std::to_string(16 * MiB)), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(16 * MiB)), "ok");
+  const int pid = a.pid();
+  auto ledger = observe(b.ledgerDir(), "alpha");
+  ASSERT_TRUE(ledger);
+  int slot = -1;
+  for (const Ledger::SlotUsage& u : ledger->slots())
+    if (u.used[0] == 16 * MiB) slot = u.slot;
+  ASSERT_GE(slot, 0);
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  const uint64_t huge = 64ull << 30, counted = 1040 * MiB;
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  rawWrite(path, offsetof(LedgerHeader, devices) + offsetof(LedgerDevice, limit), &huge, 8);
+  rawWrite(path, ledgerUsedOffset(0, static_cast<uint32_t>(slot)), &counted, 8);
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
   ASSERT_NO_FATAL_FAILURE(expectKilledAndFreed(b, a, pid, 0));
   EXPECT_EQ(other.ask("alloc " + std::to_string(16 * MiB)), "ok") << "another tenant is not touched";
   EXPECT_TRUE(b.logHas("tenant alpha: ledger entry 0 holds 1.02 GiB past its restored limit 256 MiB: pid " +
                          std::to_string(pid) + " killed (tamper_response: kill)")) << b.log();
-  const std::string m = b.metrics();
-  EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
 }
 
 // A hard link to the ledger (made by the tenant's user, anywhere on the same filesystem) must not
@@ -1767,6 +1823,39 @@ uint64_t hostUsed(unsigned index) {
   const bool ok = nvmlDeviceGetHandleByIndex_v2(index, &d) == NVML_SUCCESS && nvmlDeviceGetMemoryInfo(d, &m) == NVML_SUCCESS;
   nvmlShutdown();
   return ok ? m.used : UINT64_MAX;
+}
+
+// A tenant that swaps the UUIDs of its ledger's two device entries, while the broker is stopped
+// (SIGSTOP: the window is certain), gains no second budget: a process started then on device 0
+// takes its entry and limit from the broker's limits file, not from the ledger, whose entry for
+// device 0 would now be device 1's (1 GiB, nothing counted in it). Before, it got 1 GiB more on
+// device 0. Judged by the device's own count.
+TEST(Devices, SwappedLedgerUuidsGiveNoSecondBudget) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: {0: 256MiB, 1: 1GiB}}\n")) << b.log();
+  const uint64_t base = hostUsed(0);
+  Child first = b.tenantProcess("alpha");
+  ASSERT_EQ(first.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(256 * MiB));
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  const size_t entry0 = offsetof(LedgerHeader, devices), entry1 = entry0 + sizeof(LedgerDevice);
+  uint8_t uuid0[16], uuid1[16];
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_EQ(::pread(fd, uuid0, 16, static_cast<off_t>(entry0)), 16);
+    ASSERT_EQ(::pread(fd, uuid1, 16, static_cast<off_t>(entry1)), 16);
+    ::close(fd);
+  }
+  ASSERT_NE(std::memcmp(uuid0, uuid1, 16), 0);
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  rawWrite(path, entry0, uuid1, 16);
+  rawWrite(path, entry1, uuid0, 16);
+  Child second = b.tenantProcess("alpha");
+  const std::string got = second.ask("fill " + std::to_string(64 * MiB));
+  const uint64_t onDevice = hostUsed(0) - base;
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  EXPECT_EQ(got, "held 0") << "device 0's budget is spent, whatever the ledger's entries say";
+  EXPECT_LE(onDevice, 256 * MiB + 2 * 64 * MiB) << "device 0's own count (two processes' contexts aside)";
+  EXPECT_TRUE(waitFor([&] { return b.logHas("tenant alpha: the device UUID of ledger entry 0 was rewritten"); })) << b.log();
 }
 
 // Processes of a tenant that see the host's two devices (2 GiB and 4 GiB) renumbered: a container

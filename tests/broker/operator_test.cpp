@@ -559,7 +559,7 @@ TEST(Operator, ARecreatedUnknownLedgerGrantsNothingBeforeTheBrokerSeesIt) {
   ASSERT_TRUE(waitFor([&] { return b.log().find("tenant zeta: its ledger file was replaced (by uid 2000)") !=
                                    std::string::npos; }))
       << b.log();
-  EXPECT_EQ(again.ask(fill()), held(64));
+  EXPECT_EQ(again.ask(fill()), held(64)) << fileText(b.dir() + "/tenants.log");
   EXPECT_EQ(deviceUsed() - base, 256 * MiB);
   EXPECT_EQ(b.log().find("outside the broker"), std::string::npos) << "entries a shim adds at 0 are not tampering";
 }

@@ -6,6 +6,7 @@
 // Helpers run in forked children of this test process (no gtest in a child: it reports through
 // its exit status, shared anonymous memory or a pipe, and ends with _exit).
 #include "cushare/host_segment.h"
+#include "cushare/limits_file.h"
 #include "cushare/ledger.h"
 
 #include <fcntl.h>
@@ -222,6 +223,14 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       HOST_DEVICE_FIELD(uuid), HOST_DEVICE_FIELD(capacity), HOST_DEVICE_FIELD(unknown_limit),
       HOST_DEVICE_FIELD(reserved),
 #undef HOST_DEVICE_FIELD
+#define LIMITS_FIELD(f) {"limits." #f, {offsetof(LimitsHeader, f), sizeof(LimitsHeader::f)}}
+      LIMITS_FIELD(magic), LIMITS_FIELD(version), LIMITS_FIELD(header_size), LIMITS_FIELD(file_size),
+      LIMITS_FIELD(ledger_ino), LIMITS_FIELD(tenant), LIMITS_FIELD(reserved), LIMITS_FIELD(entries),
+#undef LIMITS_FIELD
+#define LIMITS_ENTRY_FIELD(f) {"limits.entries[e]." #f, {offsetof(LimitsEntry, f), sizeof(LimitsEntry::f)}}
+      LIMITS_ENTRY_FIELD(uuid), LIMITS_ENTRY_FIELD(limit), LIMITS_ENTRY_FIELD(state), LIMITS_ENTRY_FIELD(reserved0),
+      LIMITS_ENTRY_FIELD(reserved1),
+#undef LIMITS_ENTRY_FIELD
   };
   EXPECT_EQ(layout, code) << "docs/ledger-abi.md and ledger_abi.h disagree";
   const std::map<std::string, uint64_t> codeConstants = {
@@ -238,6 +247,8 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       {"kHostMagic", kHostMagic},
       {"kHostVersion", kHostVersion},
       {"kHostMaxDevices", kHostMaxDevices},
+      {"kLimitsMagic", kLimitsMagic},
+      {"kLimitsVersion", kLimitsVersion},
   };
   EXPECT_EQ(constants, codeConstants);
   // The sizes add up: fields tile the header, the device entry and the file without holes.

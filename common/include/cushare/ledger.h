@@ -32,6 +32,8 @@ struct stat;
 
 namespace cushare {
 
+class LimitsFile;
+
 // A file's identity: st_dev, st_ino.
 struct FileId {
   uint64_t dev;
@@ -99,6 +101,14 @@ class Ledger {
     return hdr_->devices[dev].limit.load(std::memory_order_acquire);
   }
   void setLimit(int dev, uint64_t bytes) noexcept;
+  // The word limit(dev) reads: a standalone shim enforces it (under a broker the limits file's).
+  const std::atomic<uint64_t>* limitWord(int dev) const noexcept {
+    return static_cast<uint32_t>(dev) < kLedgerMaxDevices ? &hdr_->devices[dev].limit : nullptr;
+  }
+  // The broker: the limits file that speaks for this ledger (limits_file.h), kept with it (a
+  // renamed ledger keeps its file). Attached once; the broker writes it, setLimit does not.
+  void attachLimits(std::unique_ptr<LimitsFile> f);
+  LimitsFile* limitsFile() const noexcept;
 
   // Reserves bytes on dev for this process if everything the tenant holds stays <= limit.
   // Exact across processes; false (and denied(dev) counts it) when it does not fit after dead
@@ -245,6 +255,7 @@ class Ledger {
   void unregisterSelf() noexcept;
 
   std::string path_;
+  std::unique_ptr<LimitsFile> limits_;
   std::string tenant_;
   LedgerHeader* hdr_ = nullptr;
   std::atomic<uint64_t>* used_ = nullptr;  // used[dev][slot]

@@ -284,6 +284,12 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   // restarted broker's too), trusted over the ledger's UUIDs.
   LimitsFile* limits = limitsOfLocked(t->ledger.get(), t->name);
   std::map<int, uint64_t> wants;  // entry -> the limit the broker put there
+  // Per device: the entry its processes count in, the first published one naming it (as a shim
+  // finds it, LimitsFile::find); -1 where none is published yet.
+  std::vector<int> primary(devices_.size(), -1);
+  for (int e = static_cast<int>(kLedgerMaxDevices) - 1; limits != nullptr && e >= 0; --e)
+    if (uint8_t u[16]; limits->readyUuid(e, u))
+      if (const int d = deviceOf(u); d >= 0) primary[static_cast<size_t>(d)] = e;
   const bool ok = guarded([&] {
     // first: an entry the broker has not seen before (a shim of an unknown tenant adds its entries
     // at 0 and waits for the broker to set them); only a limit above the one due is tampering.
@@ -303,11 +309,27 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
     };
     for (int e = 0; e < static_cast<int>(kLedgerMaxDevices); ++e) {
       uint8_t have[16];
+      // A published entry is the broker's word, whatever the ledger now says (a restarted broker's
+      // too): the tenant's processes count in it. Freed or renamed in the ledger, it is put back.
+      const bool first = !t->entryDevice.count(e);
+      if (uint8_t published[16]; limits != nullptr && limits->readyUuid(e, published))
+        if (const int dp = deviceOf(published); dp >= 0) {
+          t->entryDevice[e] = static_cast<size_t>(dp);
+          const bool ready = t->ledger->deviceUuid(e, have);
+          if (!ready || std::memcmp(have, published, 16) != 0) {
+            t->ledger->restoreDeviceUuid(e, published);
+            rewritten.insert(e);
+            tamperLocked(t, "uuid");
+            if (ready)
+              CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; "
+                           "restored to {}", t->name, e, devices_[static_cast<size_t>(dp)].uuid);
+            else
+              CUSHARE_BLOG(warn, "tenant {}: ledger entry {} was freed outside the broker; it names {} again",
+                           t->name, e, devices_[static_cast<size_t>(dp)].uuid);
+          }
+        }
       if (!t->ledger->deviceUuid(e, have)) continue;
       int d = deviceOf(have);
-      const bool first = !t->entryDevice.count(e);
-      if (uint8_t published[16]; first && limits != nullptr && limits->readyUuid(e, published))
-        if (const int dp = deviceOf(published); dp >= 0) t->entryDevice[e] = static_cast<size_t>(dp);
       if (auto known = t->entryDevice.find(e); known != t->entryDevice.end() && d != static_cast<int>(known->second)) {
         d = static_cast<int>(known->second);
         t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
@@ -327,7 +349,9 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       }
       const size_t dev = static_cast<size_t>(d);
       t->entryDevice[e] = dev;
-      if (t->entry[dev] < 0) t->entry[dev] = e;  // the first, as processes find it (Ledger::findDevice)
+      // The first, as processes find it: the first published entry naming the device (the limits
+      // file's), else the ledger's first (Ledger::findDevice, before the broker has published).
+      if (t->entry[dev] < 0) t->entry[dev] = primary[dev] >= 0 ? primary[dev] : e;
       // A second entry naming the device is never a shim's (it adds one under flock only when none
       // is found): a tenant that wrote one would have a second budget there. Its limit is 0.
       const bool duplicate = t->entry[dev] != e;
@@ -351,10 +375,11 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
     faultLocked(t);
     return;
   }
+  // Published: each device's entry (a second entry naming a device never is: shims never bind it).
   if (limits != nullptr)
     for (const auto& [e, want] : wants) {
       const auto d = t->entryDevice.find(e);
-      if (d == t->entryDevice.end()) continue;
+      if (d == t->entryDevice.end() || t->entry[d->second] != e) continue;
       uint8_t uuid[16];
       parseGpuUuid(devices_[d->second].uuid, uuid);
       limits->publish(e, uuid, want);
@@ -395,14 +420,12 @@ void Broker::collectLimitsFilesLocked(const std::set<uint64_t>& named) {
     for (const TenantState::Shadow& sh : t->shadows)
       if (sh.ledger) held.insert(sh.ledger->fileIno());
   }
-  // Kept: a file of a ledger the broker holds, or of a file in the directory it has not held yet
-  // (a restarted broker adopts it later: its processes map the file). One whose ledger the broker
-  // let go of since the last look goes even if a file by that inode number is named (the number
-  // may be reused by a new file, which gets a fresh one).
+  // Kept: a file of a ledger the broker holds, or of any file named in the directory (a ledger it
+  // has not adopted yet, or dropped for a moment, as a truncated one: its processes map the file,
+  // and the broker takes it up again when it opens the ledger). Only a file whose ledger is both
+  // nameless and let go of goes: no new process can find that ledger any more.
   std::set<uint64_t> keep = held;
-  for (uint64_t ino : named)
-    if (!limitsHeld_.count(ino)) keep.insert(ino);
-  limitsHeld_ = held;
+  keep.insert(named.begin(), named.end());
   const std::string dir = ledgerDir_ + "/" + kLimitsDirName;
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return;

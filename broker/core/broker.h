@@ -252,7 +252,6 @@ class Broker {
   // Removes limits files whose ledger the broker no longer holds and no name in the directory
   // (named: the inodes found under the ledger directory's names) refers to.
   void collectLimitsFilesLocked(const std::set<uint64_t>& named);
-  std::set<uint64_t> limitsHeld_;  // inodes of the ledgers held at the last collection
   // A former ledger's limits file: every published entry gets what the former ledger is charged
   // on its device (0 for none).
   void shadowLimitsLocked(const TenantState::Shadow& sh);

@@ -51,10 +51,23 @@ void Broker::supersedeLocked(TenantState* t, uid_t foundOwner) {
   openLedgerLocked(t);
 }
 
+namespace {
+
+// The entry a ledger's processes count in for a device: the one its limits file published (they
+// bind that one, whatever the ledger says), else the ledger's own, added (at 0) when err is given.
+int entryOf(Ledger& l, const uint8_t uuid[16], std::string* err) {
+  if (const LimitsFile* f = l.limitsFile())
+    if (const int e = f->find(uuid); e >= 0) return e;
+  return err != nullptr ? l.deviceIndex(uuid, 0, err) : l.findDevice(uuid);
+}
+
+}  // namespace
+
 void Broker::attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const std::string& fileName) {
   TenantState::Shadow sh;
   sh.fileName = fileName;
   sh.charge.assign(devices_.size(), 0);
+  limitsOfLocked(l.get(), t->name);  // a former ledger found again after a restart: its file
   // What its processes hold now, at most the tenant's whole limit; from now on they cannot grow:
   // every device entry gets that as its limit (a device they have not used yet gets 0).
   const bool ok = guarded([&] {
@@ -62,7 +75,7 @@ void Broker::attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const
       uint8_t uuid[16];
       parseGpuUuid(devices_[d].uuid, uuid);
       std::string err;
-      const int e = l->deviceIndex(uuid, 0, &err);
+      const int e = entryOf(*l, uuid, &err);
       if (e < 0) continue;
       sh.charge[d] = std::min(l->used(e), expectedLocked(*t, d));
       l->setLimit(e, sh.charge[d]);
@@ -75,7 +88,6 @@ void Broker::attachShadowLocked(TenantState* t, std::unique_ptr<Ledger> l, const
   }
   sh.initial = sh.charge;
   sh.ledger = std::move(l);
-  limitsOfLocked(sh.ledger.get(), t->name);  // a former ledger found again after a restart
   shadowLimitsLocked(sh);
   t->shadows.push_back(std::move(sh));
 }
@@ -108,7 +120,7 @@ void Broker::watchShadowsLocked(TenantState* t) {
       for (size_t d = 0; d < devices_.size() && !empty; ++d) {
         uint8_t uuid[16];
         parseGpuUuid(devices_[d].uuid, uuid);
-        const int e = sh.ledger->findDevice(uuid);
+        const int e = entryOf(*sh.ledger, uuid, nullptr);
         const uint64_t now = std::min(sh.charge[d], e >= 0 ? sh.ledger->used(e) : 0);
         changed = changed || now != sh.charge[d];
         sh.charge[d] = now;

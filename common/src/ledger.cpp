@@ -827,7 +827,8 @@ int Ledger::findDevice(const uint8_t uuid[16]) const noexcept {
 void Ledger::restoreDeviceUuid(int dev, const uint8_t uuid[16]) noexcept {
   if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return;
   LedgerDevice& e = hdr_->devices[dev];
-  if (e.state.load(std::memory_order_acquire) == kLedgerDeviceReady) std::memcpy(e.uuid, uuid, sizeof(e.uuid));
+  std::memcpy(e.uuid, uuid, sizeof(e.uuid));
+  e.state.store(kLedgerDeviceReady, std::memory_order_release);
 }
 
 bool Ledger::setCharge(int dev, uint64_t bytes) noexcept {

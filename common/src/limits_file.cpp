@@ -82,23 +82,31 @@ std::unique_ptr<LimitsFile> LimitsFile::openForBroker(const std::string& ledgerD
       return nullptr;
     }
   }
-  fd = ::open(f->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // Made whole under a temporary name and renamed into place: a shim polling for the file never
+  // sees it half made (it refuses a file of the wrong size for good).
+  const std::string tmp = dirOf(ledgerDir) + "/." + std::to_string(ledgerIno) + ".new";
+  ::unlink(tmp.c_str());
+  fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
-    *err = sysErr("cannot create the limits file " + f->path_);
+    *err = sysErr("cannot create the limits file " + tmp);
     return nullptr;
   }
+  // Allocated, not only sized: on a full tmpfs a sparse file would fault (SIGBUS) at the first
+  // write through the mapping; this fails here, with ENOSPC, instead.
   void* m = MAP_FAILED;
-  if (::fchmod(fd, 0644) == 0 && ::ftruncate(fd, sizeof(LimitsHeader)) == 0)
+  int saved = ::fchmod(fd, 0644) == 0 ? ::posix_fallocate(fd, 0, sizeof(LimitsHeader)) : errno;
+  if (saved == 0) {
     m = ::mmap(nullptr, sizeof(LimitsHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int saved = errno;
+    saved = errno;
+  }
   ::close(fd);
   if (m == MAP_FAILED) {
     errno = saved;
-    *err = sysErr("cannot size and map the limits file " + f->path_);
-    ::unlink(f->path_.c_str());
+    *err = sysErr("cannot size and map the limits file " + tmp);
+    ::unlink(tmp.c_str());
     return nullptr;
   }
-  auto* h = static_cast<LimitsHeader*>(m);  // zero-filled by ftruncate: every entry free
+  auto* h = static_cast<LimitsHeader*>(m);  // zero-filled: every entry free
   h->version = kLimitsVersion;
   h->header_size = sizeof(LimitsHeader);
   h->file_size = sizeof(LimitsHeader);
@@ -106,6 +114,12 @@ std::unique_ptr<LimitsFile> LimitsFile::openForBroker(const std::string& ledgerD
   std::memcpy(h->tenant, tenant.data(), tenant.size());
   std::atomic_thread_fence(std::memory_order_release);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kLimitsMagic, std::memory_order_release);
+  if (::rename(tmp.c_str(), f->path_.c_str()) != 0) {
+    *err = sysErr("cannot put the limits file " + f->path_ + " in place");
+    ::munmap(m, sizeof(LimitsHeader));
+    ::unlink(tmp.c_str());
+    return nullptr;
+  }
   f->hdr_ = h;
   return f;
 }
@@ -223,17 +237,23 @@ bool prepareLimitsDir(const std::string& ledgerDir, std::string* err) {
       }
       return true;
     }
-    bool moved = false;
-    for (int n = 0; n < 100 && !moved; ++n) {
-      const std::string aside = dir + ".aside." + std::to_string(n);
-      moved = ::renameat2(AT_FDCWD, dir.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) == 0;
-      if (!moved && errno != EEXIST) break;
-    }
-    if (!moved) {
+    // Someone else's (planted while an older broker left the name free): swapped atomically with a
+    // fresh directory of the broker's, so nothing can take the name in between; what was there
+    // stays, unread, under the other name.
+    std::string aside = dir + ".aside-XXXXXX";
+    const bool made = ::mkdtemp(aside.data()) != nullptr;
+    const bool swapped = made && ::chmod(aside.c_str(), 0711) == 0 &&
+                         ::renameat2(AT_FDCWD, aside.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0;
+    if (!swapped) {
+      const int e = errno;
+      if (made) ::rmdir(aside.c_str());
+      errno = e;
       *err = sysErr("cannot move aside " + dir + " (uid " + std::to_string(st.st_uid) + ", not the broker's)");
       return false;
     }
-  } else if (errno != ENOENT) {
+    return true;
+  }
+  if (errno != ENOENT) {
     *err = sysErr("cannot look at the limits directory " + dir);
     return false;
   }

@@ -858,14 +858,17 @@ TEST(Tamper, LedgerTruncatedInALoopCannotKillTheBroker) {
   }
 }
 
-// A process of the tenant that holds its ledger's flock forever (and removes its device entry so
-// that the broker needs that lock every tick): the control socket answers promptly all along (the
-// broker never waits under its lock, and waits at most once per tick), the other tenant is
-// managed, alpha's error says why; it goes when the lock is released.
+// A process of the tenant that holds its ledger's flock forever, from before the broker (re)starts,
+// so that the broker needs that lock every tick to open the ledger (a running broker never needs
+// it for a ledger it has opened: the entries its limits file published are put back without it):
+// the control socket answers promptly all along (the broker never waits under its lock, and waits
+// at most once per tick), the other tenant is managed, alpha's error says why; it goes when the
+// lock is released.
 TEST(Tamper, HeldLedgerLockCostsOneBoundedWaitOutsideTheBrokersLock) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
   Broker b(testDir());
   ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  ASSERT_EQ(b.stop(), 0) << b.log();
   const std::string alphaLedger = b.ledgerDir() + "/alpha.ledger";
   int pipeFds[2];
   ASSERT_EQ(::pipe(pipeFds), 0);
@@ -874,14 +877,13 @@ TEST(Tamper, HeldLedgerLockCostsOneBoundedWaitOutsideTheBrokersLock) {
     if (::setgid(1000) != 0 || ::setuid(1000) != 0) ::_exit(99);
     const int fd = ::open(alphaLedger.c_str(), O_RDWR);
     if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(98);
-    const uint32_t freeState = 0;
-    (void)!::pwrite(fd, &freeState, 4, offsetof(LedgerHeader, devices) + offsetof(LedgerDevice, state));
     (void)!::write(pipeFds[1], "x", 1);
     for (;;) ::pause();
   }
   Forked holder(holderPid);
   char c;
   ASSERT_EQ(::read(pipeFds[0], &c, 1), 1);
+  ASSERT_TRUE(b.startWithFile()) << b.log();
   std::vector<double> ms;
   const auto until = Clock::now() + std::chrono::seconds(2);
   while (Clock::now() < until) {
@@ -1244,6 +1246,83 @@ TEST(Tamper, RewrittenDeviceUuidAndLimitAreRestored) {
   const std::string m = b.metrics();
   EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"uuid\"} 1\n"), std::string::npos) << m;
   EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"limit\"} 1\n"), std::string::npos) << m;
+}
+
+// A tenant that frees its ledger's entry for a device and writes a new one for it further on (found
+// by an attack review of the limits files): its running processes still count in the first entry,
+// which its limits file published, so that entry is put back (tampering) and stays the one the
+// broker keeps and changes. Before, the broker followed the ledger: a live limit change no longer
+// reached the running processes, and the new entry was a fresh, empty row with the whole limit.
+TEST(Tamper, AFreedLedgerEntryIsPutBack) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(64 * MiB)), "ok");
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  const size_t entry0 = offsetof(LedgerHeader, devices), entry1 = entry0 + sizeof(LedgerDevice);
+  uint8_t uuid[16];
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_EQ(::pread(fd, uuid, 16, static_cast<off_t>(entry0)), 16);
+    ::close(fd);
+  }
+  const uint64_t huge = 64ull << 30;
+  const uint32_t ready = kLedgerDeviceReady, freed = kLedgerDeviceFree;
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  rawWrite(path, entry1 + offsetof(LedgerDevice, uuid), uuid, 16);
+  rawWrite(path, entry1 + offsetof(LedgerDevice, limit), &huge, 8);
+  rawWrite(path, entry1 + offsetof(LedgerDevice, state), &ready, 4);
+  rawWrite(path, entry0 + offsetof(LedgerDevice, state), &freed, 4);
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  EXPECT_TRUE(waitFor([&] { return b.logHas("tenant alpha: ledger entry 0 was freed outside the broker"); }))
+      << b.log();
+  ASSERT_TRUE(b.setLimit("alpha", "100MiB").ok());
+  const std::string view = a.ask("info");
+  EXPECT_EQ(view.substr(view.find("total")), "total " + std::to_string(100 * MiB)) << "the change reaches it";
+  Child later = b.tenantProcess("alpha");
+  EXPECT_EQ(later.ask("fill " + std::to_string(4 * MiB)), "held " + std::to_string(36 * MiB));
+  EXPECT_EQ(deviceHeld({a.pid(), later.pid()}), 100 * MiB) << "the device's own count";
+  auto ledger = observe(b.ledgerDir(), "alpha");
+  ASSERT_TRUE(ledger);
+  EXPECT_EQ(ledger->findDevice(uuid), 0) << "entry 0 names the device again";
+  EXPECT_EQ(ledger->limit(1), 0u) << "the second entry has no budget";
+}
+
+// The same, through a truncation (found by the same review): the tenant truncates its ledger, under
+// its flock, long enough for the broker to drop it and scan without it, then writes the old bytes back with entry 0 freed and a new
+// entry 1 for the device. The broker's limits file for the ledger is kept while the ledger is
+// named (before, the broker deleted it when it dropped the ledger, and published the new entry in a
+// fresh file with the whole limit: a second budget beside the running process's frozen one).
+TEST(Tamper, ATruncatedLedgerKeepsItsLimitsFile) {
+  if (kUnderThreadSanitizer) GTEST_SKIP() << kSigbusUnderTsan;
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBeta)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(64 * MiB)), "ok");
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  std::string bytes = readFile(path);
+  ASSERT_EQ(bytes.size(), kLedgerFileSize);
+  const size_t entry0 = offsetof(LedgerHeader, devices), entry1 = entry0 + sizeof(LedgerDevice);
+  std::memcpy(&bytes[entry1], &bytes[entry0], sizeof(LedgerDevice));  // entry 1: the device, ready
+  const uint32_t freed = kLedgerDeviceFree;
+  std::memcpy(&bytes[entry0 + offsetof(LedgerDevice, state)], &freed, 4);
+  // Truncated under the file's flock, so that the broker cannot open it again meanwhile: it goes
+  // on without the ledger for a few scans.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  ASSERT_EQ(::ftruncate(fd, 0), 0);
+  EXPECT_TRUE(waitFor([&] { return !b.tenant("alpha").error().empty(); })) << "the broker dropped it";
+  std::this_thread::sleep_for(milliseconds(1300));  // a directory scan (every 20 ticks) without it
+  ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+  EXPECT_TRUE(waitFor([&] { return b.tenant("alpha").error().empty(); })) << b.tenant("alpha").error();
+  ASSERT_TRUE(b.setLimit("alpha", "100MiB").ok());
+  const std::string view = a.ask("info");
+  EXPECT_EQ(view.substr(view.find("total")), "total " + std::to_string(100 * MiB)) << "its limits file is live";
+  Child later = b.tenantProcess("alpha");
+  EXPECT_EQ(later.ask("fill " + std::to_string(4 * MiB)), "held " + std::to_string(36 * MiB));
+  EXPECT_EQ(deviceHeld({a.pid(), later.pid()}), 100 * MiB) << "the device's own count";
 }
 
 // A second entry for the device, written by the tenant (a shim adds one only when none is found,

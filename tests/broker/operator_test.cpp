@@ -10,6 +10,7 @@
 #include <grp.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 
 #include "cushare/host_segment.h"
 #include "cushare/ledger.h"
+#include "cushare/shim_config.h"
 #include "harness.h"
 #include "simgpu/nvml.h"
 
@@ -562,6 +564,57 @@ TEST(Operator, ARecreatedUnknownLedgerGrantsNothingBeforeTheBrokerSeesIt) {
   EXPECT_EQ(again.ask(fill()), held(64)) << fileText(b.dir() + "/tenants.log");
   EXPECT_EQ(deviceUsed() - base, 256 * MiB);
   EXPECT_EQ(b.log().find("outside the broker"), std::string::npos) << "entries a shim adds at 0 are not tampering";
+}
+
+// A ledger made by hand (any user may write one in the 1733 directory) with a limit of its own,
+// whose creator holds its flock so that the broker never adopts it, grants its processes nothing:
+// under a broker a shim takes its limits only from the broker's limits file for that ledger, which
+// does not exist for a ledger the broker has not adopted. Before limits files the shim believed the
+// ledger and allocated by the hand-written limit, seen by the broker only as a GPU process of no
+// tenant. The broker is stopped while the file is made and locked, so it cannot adopt it first.
+TEST(Operator, AHandMadeLedgerWhoseLockIsHeldGrantsNothing) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  const uint64_t base = deviceUsed();
+  ASSERT_TRUE(b.start(kSmallUnknown)) << b.log();
+  uint8_t uuid[16];
+  ASSERT_TRUE(parseGpuUuidBytes(b.status().devices(0).uuid(), uuid));
+  const std::string dir = b.ledgerDir();
+  int toTest[2], toHolder[2];
+  ASSERT_EQ(::pipe(toTest), 0);
+  ASSERT_EQ(::pipe(toHolder), 0);
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  // The holder makes the ledger (device 0 at 64 GiB), waits while a worker opens it, then takes
+  // its flock for good.
+  const pid_t holderPid = ::fork();
+  if (holderPid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(kOther) != 0 || ::setuid(kOther) != 0) ::_exit(99);
+    LedgerOpenOptions o;
+    o.createDir = false;
+    o.claimSlot = false;
+    std::string err;
+    auto l = Ledger::open(dir, "zeta", o, &err);
+    if (!l || l->deviceIndex(uuid, 64ull << 30, &err) != 0) ::_exit(98);
+    char go = 0;
+    (void)!::write(toTest[1], "m", 1);
+    if (::read(toHolder[0], &go, 1) != 1) ::_exit(97);
+    const int fd = ::open((dir + "/zeta.ledger").c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(96);
+    (void)!::write(toTest[1], "l", 1);
+    for (;;) ::pause();
+  }
+  Forked holder(holderPid);
+  char c = 0;
+  const bool made = ::read(toTest[0], &c, 1) == 1;
+  std::string first;
+  Child p = made ? workerAs(b, kOther, "zeta", &first) : Child();
+  const bool locked = ::write(toHolder[1], "g", 1) == 1 && ::read(toTest[0], &c, 1) == 1;
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  ASSERT_TRUE(made && locked) << "the hand-made ledger, then its lock";
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // ticks in which the broker tries it
+  EXPECT_EQ(p.ask(fill()), held(0)) << fileText(b.dir() + "/tenants.log");
+  EXPECT_LE(deviceUsed() - base, 64 * MiB) << "the device's own count: a context at most";
 }
 
 // The sticky directory lets any user create a removed name: another user's file under the name of

@@ -164,8 +164,9 @@ class Ledger {
   int findDevice(const uint8_t uuid[16]) const noexcept;
   // The UUID of entry dev, if it is in use.
   bool deviceUuid(int dev, uint8_t uuid[16]) const noexcept;
-  // Writes back the UUID of entry dev (in use), which a process of the tenant rewrote: processes
-  // keep using the entry they found at start, so the entry, not a new one, must name the device.
+  // Writes back the UUID of entry dev, which a process of the tenant rewrote or freed, and marks it
+  // ready: processes keep using the entry they found at start, so the entry, not a new one, must
+  // name the device.
   void restoreDeviceUuid(int dev, const uint8_t uuid[16]) noexcept;
 
   // Observers (the broker) only: bytes the observer charges the tenant on entry dev beyond what

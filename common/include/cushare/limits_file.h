@@ -107,7 +107,8 @@ class LimitsFile {
 
 // The broker: creates <ledgerDir>/limits (0711, the caller's) or checks it is the caller's and
 // writable by nobody else; anything else there (a file or directory a tenant planted while an
-// older version left the name free) is moved aside to limits.aside.<n>. False with *err.
+// older version left the name free) is swapped atomically with a fresh directory and stays under
+// limits.aside-XXXXXX. False with *err.
 bool prepareLimitsDir(const std::string& ledgerDir, std::string* err);
 
 }  // namespace cushare

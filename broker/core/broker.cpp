@@ -309,34 +309,40 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
     };
     for (int e = 0; e < static_cast<int>(kLedgerMaxDevices); ++e) {
       uint8_t have[16];
-      // A published entry is the broker's word, whatever the ledger now says (a restarted broker's
-      // too): the tenant's processes count in it. Freed or renamed in the ledger, it is put back.
+      // A published entry is the broker's word, whatever the ledger says now or a moment later (a
+      // restarted broker's too): the tenant's processes count in it. Freed or renamed in the
+      // ledger, it is written back; its device is the published one, never read again from the
+      // ledger (a tenant that keeps rewriting the entry would win a re-read).
       const bool first = !t->entryDevice.count(e);
+      int d = -1;
       if (uint8_t published[16]; limits != nullptr && limits->readyUuid(e, published))
-        if (const int dp = deviceOf(published); dp >= 0) {
-          t->entryDevice[e] = static_cast<size_t>(dp);
-          const bool ready = t->ledger->deviceUuid(e, have);
-          if (!ready || std::memcmp(have, published, 16) != 0) {
-            t->ledger->restoreDeviceUuid(e, published);
-            rewritten.insert(e);
-            tamperLocked(t, "uuid");
-            if (ready)
-              CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; "
-                           "restored to {}", t->name, e, devices_[static_cast<size_t>(dp)].uuid);
-            else
-              CUSHARE_BLOG(warn, "tenant {}: ledger entry {} was freed outside the broker; it names {} again",
-                           t->name, e, devices_[static_cast<size_t>(dp)].uuid);
-          }
+        d = deviceOf(published);
+      if (d >= 0) {
+        const bool ready = t->ledger->deviceUuid(e, have);
+        if (!ready || std::memcmp(have, uuids[static_cast<size_t>(d)].data(), 16) != 0) {
+          t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
+          rewritten.insert(e);
+          tamperLocked(t, "uuid");
+          if (ready)
+            CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; "
+                         "restored to {}", t->name, e, devices_[static_cast<size_t>(d)].uuid);
+          else
+            CUSHARE_BLOG(warn, "tenant {}: ledger entry {} was freed outside the broker; it names {} again",
+                         t->name, e, devices_[static_cast<size_t>(d)].uuid);
         }
-      if (!t->ledger->deviceUuid(e, have)) continue;
-      int d = deviceOf(have);
-      if (auto known = t->entryDevice.find(e); known != t->entryDevice.end() && d != static_cast<int>(known->second)) {
-        d = static_cast<int>(known->second);
-        t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
-        rewritten.insert(e);
-        tamperLocked(t, "uuid");
-        CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; restored to {}",
-                     t->name, e, devices_[static_cast<size_t>(d)].uuid);
+      } else if (limits != nullptr && limits->readyUuid(e, have)) {
+        continue;  // published for a device this host no longer has: nothing is due there
+      } else {
+        if (!t->ledger->deviceUuid(e, have)) continue;
+        d = deviceOf(have);
+        if (auto known = t->entryDevice.find(e); known != t->entryDevice.end() && d != static_cast<int>(known->second)) {
+          d = static_cast<int>(known->second);
+          t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
+          rewritten.insert(e);
+          tamperLocked(t, "uuid");
+          CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; restored to {}",
+                       t->name, e, devices_[static_cast<size_t>(d)].uuid);
+        }
       }
       if (d < 0) {
         if (t->ledger->limit(e) != 0) {
@@ -361,7 +367,14 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
     for (size_t d = 0; d < devices_.size() && !failed; ++d) {
       if (t->entry[d] >= 0) continue;
       std::string err;
-      t->entry[d] = t->ledger->deviceIndex(uuids[d].data(), ledgerLimitLocked(*t, d), &err, &busy);
+      const int e = t->ledger->deviceIndex(uuids[d].data(), ledgerLimitLocked(*t, d), &err, &busy);
+      // An entry the limits file published for something else is never reused (the tenant freed
+      // it in its ledger between the loop above and now): tried again at the next tick.
+      if (uint8_t published[16]; e >= 0 && limits != nullptr && limits->readyUuid(e, published)) {
+        failed = true;
+        continue;
+      }
+      t->entry[d] = e;
       if (t->entry[d] < 0) {
         failed = true;
         if (!busy) noteError(t, err);
@@ -1144,6 +1157,7 @@ int Broker::tick(bool scanDirectory) {
     reaped = tickLocked(scanDirectory, &busy);
     mpsClientsLocked();
     if (device && busy.empty()) checkHiddenLocked(onDevice, before, after);
+    if (busy.empty()) checkRowsLocked(before, after);
   }
   if (busy.empty()) return reaped;
   // Ledgers whose flock another process holds: one bounded wait for all of them, then once more.
@@ -1152,6 +1166,7 @@ int Broker::tick(bool scanDirectory) {
   reaped += tickLocked(scanDirectory, nullptr);
   mpsClientsLocked();
   if (device) checkHiddenLocked(onDevice, before, after);
+  checkRowsLocked(before, after);
   return reaped;
 }
 

@@ -173,6 +173,11 @@ class Broker {
     // latest first (a charge must persist: hidden_memory.cpp charges the least of them and this
     // tick's).
     std::vector<std::array<uint64_t, kHiddenTicks - 1>> hiddenSeen;
+    // Per ledger device entry: the most its processes' slots may hold (its published limit, or
+    // what they held when the limit was lowered below it, going down as they free), and the
+    // ticks in a row they were found above it (rows.cpp).
+    std::vector<uint64_t> rowCeiling;
+    std::vector<int> rowOver;
     std::vector<uint64_t> hidden;         // per device: what the broker charges now
     std::vector<uint8_t> hiddenReported;  // per device: the charge exceeds context memory (warned)
     std::vector<uint64_t> hiddenCharge;   // per ledger entry: the hidden part of the charge slot
@@ -298,6 +303,10 @@ class Broker {
                          const std::map<std::string, ShownSums>& before,
                          const std::map<std::string, ShownSums>& after);
   void attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevice);
+  // Usage counters that hold more than the limit allows (a process took bytes off its own slot's
+  // counter around an allocation, then put them back): an honest row never grows while above its
+  // limit. Found in kHiddenTicks ticks in a row: tampering, taken back as tamper_response says.
+  void checkRowsLocked(const std::map<std::string, ShownSums>& before, const std::map<std::string, ShownSums>& after);
   // busy_check.cpp: the device's per-process busy time (NVML) added to each attributed process's
   // tenant, and each tenant's metering compared with it.
   void checkBusyLocked(const std::vector<std::map<int, uint64_t>>& busy);

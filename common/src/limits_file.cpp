@@ -215,8 +215,11 @@ bool LimitsFile::readyUuid(int e, uint8_t uuid[16]) const noexcept {
 void LimitsFile::publish(int e, const uint8_t uuid[16], uint64_t limit) noexcept {
   if (!writable_ || static_cast<uint32_t>(e) >= kLedgerMaxDevices) return;
   LimitsEntry& x = hdr_->entries[e];
+  if (x.state.load(std::memory_order_acquire) == kLimitsEntryReady) {
+    if (std::memcmp(x.uuid, uuid, 16) == 0) x.limit.store(limit, std::memory_order_release);
+    return;  // published for another device: its UUID and limit stay
+  }
   x.limit.store(limit, std::memory_order_release);
-  if (x.state.load(std::memory_order_acquire) == kLimitsEntryReady) return;
   std::memcpy(x.uuid, uuid, 16);
   x.state.store(kLimitsEntryReady, std::memory_order_release);
 }

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1417,6 +1418,54 @@ TEST(Tamper, AnEntryPastItsRestoredLimitIsTakenBack) {
                          std::to_string(pid) + " killed (tamper_response: kill)")) << b.log();
 }
 
+// A process that takes bytes off its own slot's counter around an allocation and puts them back
+// (found by the second attack review of the limits files): its row then holds more than the limit
+// honestly, as the device does, so the hidden-memory check sees nothing. An honest row never grows
+// above its limit by reserving; one found above it five ticks in a row is tampering, taken back
+// with tamper_response kill. The broker is stopped across the writes so the window is certain.
+TEST(Tamper, CountersWrittenAroundAnAllocationAreFound) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBetaKill)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  const int pid = a.pid();
+  auto ledger = observe(b.ledgerDir(), "alpha");
+  ASSERT_TRUE(ledger);
+  int slot = -1;
+  for (const Ledger::SlotUsage& u : ledger->slots())
+    if (u.used[0] == 200 * MiB) slot = u.slot;
+  ASSERT_GE(slot, 0);
+  std::this_thread::sleep_for(milliseconds(300));  // ticks that see the row as it honestly is
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  const uint64_t zero = 0, both = 400 * MiB;
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  rawWrite(path, ledgerUsedOffset(0, static_cast<uint32_t>(slot)), &zero, 8);
+  const std::string second = a.ask("alloc " + std::to_string(200 * MiB));
+  rawWrite(path, ledgerUsedOffset(0, static_cast<uint32_t>(slot)), &both, 8);
+  const uint64_t held = deviceHeld({pid});
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  ASSERT_EQ(second, "ok") << "the shim believed its own counter";
+  EXPECT_EQ(held, 400 * MiB) << "past the limit on the device";
+  ASSERT_NO_FATAL_FAILURE(expectKilledAndFreed(b, a, pid, 0));
+  EXPECT_TRUE(b.logHas("tenant alpha: ledger entry 0 holds 400 MiB against a limit of 256 MiB")) << b.log();
+  EXPECT_NE(b.metrics().find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"counters\"} 1\n"), std::string::npos);
+}
+
+// A live limit lowered below what a tenant's row holds is not tampering: the row only drains.
+TEST(Tamper, ARowAboveALoweredLimitIsNotTampering) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBetaKill)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(40 * MiB)), "ok");
+  ASSERT_TRUE(b.setLimit("alpha", "100MiB").ok());
+  std::this_thread::sleep_for(milliseconds(500));  // ten ticks
+  EXPECT_EQ(a.ask("alloc " + std::to_string(1 * MiB)), "oom");
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_EQ(a.ask("held"), "held " + std::to_string(240 * MiB)) << "alive, holding what it had";
+  EXPECT_EQ(b.log().find("wrote its usage counters"), std::string::npos) << b.log();
+}
+
 // A hard link to the ledger (made by the tenant's user, anywhere on the same filesystem) must not
 // make the broker let go of it, at a restart or a reload: the limit is still restored.
 TEST(Tamper, HardLinkDoesNotStopTheBrokerWatching) {
@@ -1902,6 +1951,57 @@ uint64_t hostUsed(unsigned index) {
   const bool ok = nvmlDeviceGetHandleByIndex_v2(index, &d) == NVML_SUCCESS && nvmlDeviceGetMemoryInfo(d, &m) == NVML_SUCCESS;
   nvmlShutdown();
   return ok ? m.used : UINT64_MAX;
+}
+
+// A tenant that keeps rewriting its entries' state words (entry 0 freed, entry 1 marked ready) in a
+// loop while the broker runs: found by a second attack review, the broker re-read the ledger after
+// writing an entry back, lost the race, skipped the published entries and gave entry 0 device 1's
+// limit (or left it frozen). Published entries are now the broker's word, never re-read: device
+// 0's budget, and live changes to it, hold throughout. Judged by the device's own count.
+TEST(Devices, EntryStatesRewrittenInALoopGainNothing) {
+  Broker b(testDir());
+  // tamper_response charge: with kill, the tenant's processes go once the lowered limit is below
+  // what the (tampered) entry holds, which is not what this test is about.
+  ASSERT_TRUE(b.start("tamper_response: charge\ntenants:\n  - {name: alpha, memory: {0: 256MiB, 1: 1GiB}}\n"))
+      << b.log();
+  const uint64_t base = hostUsed(0);
+  Child first = b.tenantProcess("alpha");
+  ASSERT_EQ(first.ask("alloc " + std::to_string(64 * MiB)), "ok");
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  void* m = ::mmap(nullptr, sizeof(LedgerHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* h = static_cast<LedgerHeader*>(m);
+  std::atomic<bool> stop{false};
+  std::thread spinner([&] {
+    while (!stop.load()) {
+      h->devices[0].state.store(kLedgerDeviceFree);
+      h->devices[1].state.store(kLedgerDeviceFree);
+    }
+  });
+  // A second process fills device 0 again and again across thirty ticks of it; the most device 0
+  // ever held is the verdict.
+  Child second = b.tenantProcess("alpha");
+  std::string got;
+  uint64_t most = 0;
+  for (const auto until = Clock::now() + milliseconds(1500); Clock::now() < until;) {
+    got = second.ask("fill " + std::to_string(16 * MiB));
+    most = std::max(most, hostUsed(0) - base);
+    ASSERT_EQ(second.ask("freeall"), "ok");
+  }
+  got = second.ask("fill " + std::to_string(16 * MiB));
+  const bool lowered = b.setLimit("alpha", "128MiB", 0).ok();
+  std::this_thread::sleep_for(milliseconds(300));
+  const std::string view = first.ask("info");
+  stop = true;
+  spinner.join();
+  ::munmap(m, sizeof(LedgerHeader));
+  EXPECT_EQ(got, "held " + std::to_string(192 * MiB)) << "device 0's limit, whatever the ledger says";
+  EXPECT_LE(most, 256 * MiB + 2 * 64 * MiB) << "device 0's own count, at its highest (contexts aside)";
+  EXPECT_TRUE(lowered);
+  EXPECT_EQ(view.substr(view.find("total")), "total " + std::to_string(128 * MiB)) << "a live change still reaches it";
 }
 
 // A tenant that swaps the UUIDs of its ledger's two device entries, while the broker is stopped

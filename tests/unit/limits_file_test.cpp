@@ -58,6 +58,8 @@ TEST(LimitsFile, WhatTheBrokerPublishesIsWhatAShimReads) {
   broker->publish(2, kUuidB, 70);
   EXPECT_EQ(shim->find(kUuidA), 2) << "a published entry keeps its UUID";
   EXPECT_EQ(shim->find(kUuidB), -1);
+  EXPECT_EQ(shim->limit(2), 50u) << "and its limit, asked for another device";
+  broker->publish(2, kUuidA, 70);
   EXPECT_EQ(shim->limit(2), 70u);
   shim->setLimit(2, 1ull << 40);  // a reader's write is ignored (and its mapping is read-only)
   EXPECT_EQ(broker->limit(2), 70u);

@@ -90,7 +90,8 @@ class LimitsFile {
     return static_cast<uint32_t>(e) < kLedgerMaxDevices ? hdr_->entries[e].limit.load(std::memory_order_acquire) : 0;
   }
 
-  // The broker only. Publishes entry e (once; a ready entry keeps its UUID) with this limit.
+  // The broker only. Publishes entry e with this limit; a ready entry keeps its UUID, and its
+  // limit too when uuid names another device.
   void publish(int e, const uint8_t uuid[16], uint64_t limit) noexcept;
   void setLimit(int e, uint64_t limit) noexcept;
   // The file's path and identity.

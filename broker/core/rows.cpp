@@ -1,0 +1,66 @@
+// Ledger rows that hold more than their limit allows (Broker::checkRowsLocked, broker.h).
+//
+// A shim reserves in its slot's counter only while the row's sum stays within the limit, so an
+// honest row grows above its limit never: it is above only after the operator lowered the limit
+// below what it held, and then it can only shrink. The ceiling is therefore the limit, or what the
+// row held when it was last found above the limit, whichever is higher; it follows the row down.
+// A row above its ceiling in kHiddenTicks ticks in a row (both reads of a tick: an allocation's
+// momentary intent is in at most one) was written by a process of the tenant: it took bytes off
+// its own counter around an allocation and put them back. The device holds what the counters say,
+// so the hidden-memory check sees nothing; this is what finds it.
+#include <algorithm>
+#include <set>
+
+#include "core/broker.h"
+#include "core/bus_guard.h"
+#include "core/log.h"
+#include "cushare/limits_file.h"
+#include "cushare/parse.h"
+
+namespace cushare::broker {
+
+void Broker::checkRowsLocked(const std::map<std::string, ShownSums>& before,
+                             const std::map<std::string, ShownSums>& after) {
+  for (auto& [name, tp] : tenants_) {
+    TenantState& t = *tp;
+    t.rowCeiling.resize(kLedgerMaxDevices, UINT64_MAX);
+    t.rowOver.resize(kLedgerMaxDevices, 0);
+    const auto b = before.find(name), a = after.find(name);
+    if (!t.ledger || b == before.end() || a == after.end() || b->second.ledger != t.ledger.get() ||
+        a->second.ledger != t.ledger.get())
+      continue;
+    const LimitsFile* limits = t.ledger->limitsFile();
+    std::set<int> over;
+    for (size_t d = 0; d < t.entry.size(); ++d) {
+      const int e = t.entry[d];
+      if (e < 0) continue;
+      const size_t i = static_cast<size_t>(e);
+      uint64_t limit = 0;
+      if (limits != nullptr) {
+        limit = limits->limit(e);
+      } else if (!guarded([&] { limit = t.ledger->limit(e); })) {
+        continue;
+      }
+      const uint64_t held = std::min(b->second.bytes[i], a->second.bytes[i]);
+      uint64_t& ceiling = t.rowCeiling[i];
+      if (ceiling == UINT64_MAX) ceiling = std::max(limit, held);  // first look: whatever it holds
+      if (held > std::max(limit, ceiling)) {
+        if (++t.rowOver[i] == kHiddenTicks) over.insert(e);
+        continue;  // the ceiling does not follow a row that broke it
+      }
+      t.rowOver[i] = 0;
+      ceiling = std::max(limit, std::min(ceiling, held));
+    }
+    for (int e : over) {
+      tamperLocked(&t, "counters");
+      CUSHARE_BLOG(warn, "tenant {}: ledger entry {} holds {} against a limit of {} although it cannot grow above it "
+                   "by reserving: a process of the tenant wrote its usage counters",
+                   name, e, formatSize(std::min(b->second.bytes[static_cast<size_t>(e)],
+                                                a->second.bytes[static_cast<size_t>(e)])),
+                   formatSize(limits != nullptr ? limits->limit(e) : 0));
+    }
+    if (!over.empty()) takeBackLocked(&t, over);
+  }
+}
+
+}  // namespace cushare::broker

@@ -10,7 +10,44 @@
 # simgpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh >/dev/null
+# Builds what the demo runs, and only that (the test command builds the tests), saying so from the
+# first second: a first build takes several minutes on a small machine.
+demo_targets=(cushare-broker cushare cushare_shim simgpu_cuda simgpu_nvml alloc_until_denied busy_for)
+echo "== building cushare for the demo: ${demo_targets[*]}"
+echo "   (a first build takes about 2.5 minutes on 2 cores; later runs rebuild only what changed;"
+echo "    the build's output goes to build/demo-build.log)"
+t0=$(date +%s)
+mkdir -p build
+if ! scripts/install-deps.sh >build/demo-build.log 2>&1; then
+  echo "demo: installing the build's Debian packages failed:" >&2
+  tail -20 build/demo-build.log >&2
+  exit 1
+fi
+echo "   packages in place; configuring ($(($(date +%s) - t0)) s)"
+if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >>build/demo-build.log 2>&1; then
+  echo "demo: configuring the build failed (build/demo-build.log):" >&2
+  tail -20 build/demo-build.log >&2
+  exit 1
+fi
+# Ninja's "[done/total]" lines, shown at every tenth of the way and at least every 20 s.
+progress() {
+  local shown=-1 last=$SECONDS line step
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >>build/demo-build.log
+    [[ $line =~ ^\[([0-9]+)/([0-9]+)\] ]] && ((BASH_REMATCH[2] > 10)) || continue  # not CMake's re-check
+    step=$((10 * BASH_REMATCH[1] / BASH_REMATCH[2]))
+    if ((step > shown || SECONDS - last >= 20)); then
+      echo "   built ${BASH_REMATCH[1]} of ${BASH_REMATCH[2]} ($(($(date +%s) - t0)) s)"
+      shown=$step last=$SECONDS
+    fi
+  done
+}
+if ! cmake --build build -j "$(nproc)" --target "${demo_targets[@]}" 2>&1 | progress; then
+  echo "demo: the build failed (build/demo-build.log):" >&2
+  grep -m5 -E "error|Error" build/demo-build.log >&2 || tail -20 build/demo-build.log >&2
+  exit 1
+fi
+echo "   built in $(($(date +%s) - t0)) s"
 root="$PWD"
 bin="$root/build/bin"
 work="$(mktemp -d /tmp/cushare-demo.XXXXXX)"

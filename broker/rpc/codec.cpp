@@ -149,8 +149,8 @@ bool parseMemoryAmount(std::string_view text, MemoryValue* out, std::string* err
       return fail(err, "memory: " + printable(why, 3 * kMaxQuoted));
     if (v.bytes == 0)
       return fail(err, "memory " + quoted(text) +
-                           ": a limit of 0 bytes would deny every allocation (use reset to drop a "
-                           "live limit)");
+                           ": a limit of 0 bytes would deny every allocation (to drop a live limit: "
+                           "cushare set-limit TENANT --reset)");
   }
   *out = v;
   return true;

@@ -306,8 +306,8 @@ TEST(RpcMemoryAmount, Rejections) {
   const std::pair<const char*, const char*> cases[] = {
       {"", "memory: invalid size '': empty"},
       {"0",
-       "memory '0': a limit of 0 bytes would deny every allocation (use reset to drop a live "
-       "limit)"},
+       "memory '0': a limit of 0 bytes would deny every allocation (to drop a live limit: "
+       "cushare set-limit TENANT --reset)"},
       {"-1G", "memory: invalid size '-1G': negative"},
       {"1.5", "memory: invalid size '1.5': not a whole number of bytes"},
       {"%", "memory '%': expected a percentage such as '25%' or '12.5%'"},

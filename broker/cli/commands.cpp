@@ -187,6 +187,17 @@ int probeVerb(const Globals& g, const Verb& v, const Args& a) {
   std::string err;
   if (a.find("--device") && !parseInt(a.get("--device"), 0, INT32_MAX, &device, &err))
     return usageError(g, v, "--device: " + printable(err, 120));
+  if (device >= 0) {  // a device the host does not have is an error, not an empty table
+    rpc::Request st = newRequest();
+    st.mutable_status();
+    rpc::Response sr;
+    if (const int rc = exchange(g, st, rpc::Response::kStatus, &sr)) return rc;
+    const int n = sr.status().devices_size();
+    if (device >= n)
+      return report(g, kExitFailed, "probe: device " + std::to_string(device) + " does not exist (this host has " +
+                                        std::to_string(n) +
+                                        (n == 1 ? " device: 0)" : " devices: 0.." + std::to_string(n - 1) + ")"));
+  }
   rpc::Request req = newRequest();
   req.mutable_tenants()->set_tenant("");
   rpc::Response resp;

@@ -1782,6 +1782,9 @@ TEST(Cli, RunEnvAndTables) {
   EXPECT_EQ(sh("set-limit alpha --memory lots"), 2) << "refused before it is sent";
   EXPECT_EQ(sh("set-limit nosuch --memory 1GiB"), 1) << "refused by the broker";
   EXPECT_EQ(sh("frobnicate"), 2);
+  EXPECT_EQ(sh("probe --device 3"), 1) << "a device the host does not have";
+  EXPECT_EQ(readFile(b.dir() + "/out.txt"), "cushare: probe: device 3 does not exist (this host has 1 device: 0)\n");
+  EXPECT_EQ(sh("probe --device 0"), 0);
 }
 
 // A server on a socket its own user made, answering like a broker: the CLI does not believe it

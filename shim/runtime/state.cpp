@@ -192,13 +192,12 @@ const std::atomic<uint64_t>* publishedLimit(ShimState& s, const uint8_t uuid[16]
 // session's (see LedgerOpenOptions::renewLimits): this process's environment sets it if it is
 // the first of the session to get here; a higher limit asked for while the tenant's other
 // processes run is refused with a warning, a lower one applies to this process (effectiveLimit).
-// With a broker, a device entry the broker did not make (an unknown tenant's, or a device the
-// broker does not know) starts at zero, never at the environment's nor at the unknown-tenant
-// profile's: only the broker knows whether the name already has a budget in use (a file removed
-// and created again while the old one's processes run), and it sets the limit when it sees the
-// file (at once: it watches the directory). A process finding its entry still at zero where the
-// host offers unknown tenants memory waits for that, at most kBrokerAdoptWaitMs in all. Caller
-// holds the init lock.
+// With a broker, the entry and its limit are those the broker published in the ledger's limits
+// file (publishedLimit); a device entry the broker did not make yet (an unknown tenant's) is added
+// to the ledger at zero: only the broker knows whether the name already has a budget in use (a
+// file removed and created again while the old one's processes run), and it publishes the entry
+// when it sees it (at once: it watches the directory). A process waits for that at most
+// kBrokerAdoptWaitMs in all. Caller holds the init lock.
 bool resolveDevice(ShimState& s, const uint8_t uuid[16], uint64_t envLimit, const std::string& label,
                    DeviceView* v, std::string* err) {
   int idx;

@@ -12,7 +12,7 @@
 # reported ("FAILED"), counted, and the next one runs; MPS daemons started here are quit on exit,
 # also after a failure, or after INT or TERM once the program then running has ended (a daemon a
 # killed run left behind is quit by the next run, whose pipe directories are the same).
-# GPU_CHECK_STEPS (default "1 2 3 4 5 6") picks the steps below, for a rerun of one of them.
+# GPU_CHECK_STEPS (default "1 2 3 4 5 6 7") picks the steps below, for a rerun of one of them.
 # GPU_CHECK_DRY_RUN=1 runs every step with simgpu standing in for the driver too (ctest
 # gpu_check_dry_run), so the script itself is tested without a GPU.
 #
@@ -40,6 +40,10 @@
 # 6. NVML's per-process utilization as the broker reads it to check what tenants meter
 #    (perf/process_util_probe beside a saturating hog): the driver's sampling period and how much
 #    of the hog's time the samples add up to (docs/simgpu.md, "NVML").
+# 7. What one process holds beyond its allocations (perf/context_memory_probe): its context, the
+#    probe module, a 64 MiB device malloc heap and an 8 KiB stack limit, as NVML's per-process
+#    figure shows them: the broker's context_memory (docs/broker-configuration.md) should be at
+#    least the context's and module's `beyond`.
 # Exits 1 if a comparison differs, the shim did not enforce its limit, a program failed or an MPS
 # daemon did not quit; 2 if it could not run.
 # Changes nothing on the host: the shim's ledger, simgpu's state and the MPS daemons' pipe
@@ -52,7 +56,7 @@ out=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$out" || exit 2
 dry=${GPU_CHECK_DRY_RUN:-0}
 T=${GPU_CHECK_STEP_TIMEOUT:-60}
-steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5 6} "
+steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5 6 7} "
 
 main() {
   exec 3>&1  # the log, also from within $(...) whose output is captured (guarded's FAILED lines)
@@ -68,7 +72,7 @@ main() {
     if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null ||
        ! cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml timeslice_probe \
            event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe probe_check \
-           cushare_probes_fatbin busy_for >/dev/null; then
+           context_memory_probe cushare_probes_fatbin busy_for >/dev/null; then
       echo "gpu_check: the build failed; going on with what $build holds"
     fi
   fi
@@ -83,7 +87,8 @@ main() {
   local f missing=0
   for f in "$probe" "$perfdir/process_util_probe" "$shim" "$fatbin" "$simlib/libcuda.so.1" "$simlib/libnvidia-ml.so.1" \
            "$simlib/bin/nvidia-cuda-mps-control" "$simlib/bin/nvidia-cuda-mps-server" "$perfdir/timeslice_probe" \
-           "$perfdir/event_resolution" "$perfdir/mps_sm_probe" "$perfdir/vmm_export_probe" "$perfdir/probe_check" "$busy"; do
+           "$perfdir/event_resolution" "$perfdir/mps_sm_probe" "$perfdir/vmm_export_probe" "$perfdir/probe_check" "$busy" \
+           "$perfdir/context_memory_probe"; do
     [ -e "$f" ] || { echo "gpu_check: missing $f"; missing=1; }
   done
   [ "$missing" = 0 ] || { echo "gpu_check: build or stage first (perf/gpu_check_stage.sh)" >&2; return 2; }
@@ -151,6 +156,7 @@ main() {
   [[ "$steps" == *" 4 "* ]] && step_vmm
   [[ "$steps" == *" 5 "* ]] && step_busy_for
   [[ "$steps" == *" 6 "* ]] && step_process_util
+  [[ "$steps" == *" 7 "* ]] && step_context_memory
 
   local failed
   failed=$(wc -l <"$tmp/failures")
@@ -437,6 +443,13 @@ step_process_util() {
   start_hog simgpu simt "$perfdir/timeslice_probe" 30 1000
   simt "$perfdir/process_util_probe" 3 50 simgpu-util 2>&1
   hog_done simgpu-util
+}
+
+step_context_memory() {
+  echo "== 7. what one process holds beyond its allocations (the broker's context_memory, 512 MiB by default)"
+  echo "   (beyond= NVML's per-process figure less the 1 MiB allocated; simgpu models no context memory: 0)"
+  nomps "$perfdir/context_memory_probe" "$fatbin" 2>&1 | sed 's/^/driver: /'
+  sim "$perfdir/context_memory_probe" "$fatbin" 2>&1 | sed 's/^/simgpu: /'
 }
 
 # The log outlives a signal to the whole group (INT, TERM): it records the cleanup too.

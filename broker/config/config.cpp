@@ -226,11 +226,17 @@ class Parser {
       return true;
     }
     if (k == "tamper_response" || k == "hidden_memory_response") {
-      if (!scalar(v, path, "kill or charge", &text)) return false;
-      Config::TamperResponse* r = k == "tamper_response" ? &c->tamperResponse : &c->hiddenMemoryResponse;
+      const bool hidden = k == "hidden_memory_response";
+      const char* expected = hidden ? "kill_past_limit, kill or charge" : "kill or charge";
+      if (!scalar(v, path, expected, &text)) return false;
+      Config::TamperResponse* r = hidden ? &c->hiddenMemoryResponse : &c->tamperResponse;
       if (text == "kill") *r = Config::TamperResponse::kKill;
       else if (text == "charge") *r = Config::TamperResponse::kCharge;
-      else return fail(v.mark, path, "expected kill or charge, found " + quote(text));
+      else if (hidden && text == "kill_past_limit") *r = Config::TamperResponse::kKillPastLimit;
+      else
+        return fail(v.mark, path,
+                    std::string("expected ") + expected + ", found " + quote(text) +
+                        (hidden ? didYouMean(text, {"kill_past_limit", "kill", "charge"}) : ""));
       return true;
     }
     if (k == "mps") return mps(v, &c->mps);

@@ -185,13 +185,17 @@ struct Config {
   // What the broker does when a tenant's processes allocated past its limit behind its back:
   // kill takes them down (SIGKILL), so the device frees what they took; charge only charges it
   // to the tenant while they keep it (docs/operations.md, "A hostile tenant").
-  enum class TamperResponse { kKill, kCharge };
+  // kKillPastLimit (hidden memory only): kill, but only while what the device holds for the
+  // tenant is past the most its ledger may hold (its limit, or what it held when the operator
+  // lowered the limit below it).
+  enum class TamperResponse { kKill, kCharge, kKillPastLimit };
   // After a limit or device UUID rewritten in the ledger (an honest shim never writes them).
   TamperResponse tamperResponse = TamperResponse::kKill;
-  // For memory hidden from the ledger beyond context_memory per process. Charge by default: the
-  // broker cannot tell hidden memory from a context (or cuCtxSetLimit's heaps) larger than
-  // context_memory, which is not measured on a GPU yet.
-  TamperResponse hiddenMemoryResponse = TamperResponse::kCharge;
+  // For memory hidden from the ledger beyond context_memory per process. kill_past_limit by
+  // default: memory that takes the tenant past its limit on the device goes with the processes
+  // holding it; hidden memory within the limit (or a context larger than context_memory, which
+  // looks the same) is charged and left.
+  TamperResponse hiddenMemoryResponse = TamperResponse::kKillPastLimit;
   MpsConfig mps;
   CdiConfig cdi;
   KubernetesConfig kubernetes;

@@ -221,6 +221,7 @@ class Broker {
     // charged when attached, and nothing once that former ledger is gone (hidden_memory.cpp).
     FileId file{};
     bool viaFormer = false;
+    bool killTried = false;  // hidden_memory_response sent it SIGKILL (once per process)
   };
 
   struct Prepared {
@@ -254,6 +255,11 @@ class Broker {
   // The limits file of a ledger the broker holds, opened (a restarted broker's is kept) and
   // attached on first use; null (logged) when it cannot be written.
   LimitsFile* limitsOfLocked(Ledger* l, const std::string& tenant);
+  // The most the processes of ledger entry e may hold (rows.cpp): its published limit (the
+  // ledger's while none is published), or what they held when the limit was lowered below it.
+  // False if the ledger cannot be read.
+  bool entryAllowanceLocked(TenantState& t, int e, uint64_t* out);
+  bool limitOfEntryLocked(TenantState& t, int e, uint64_t* out);  // the published limit, as above
   // Removes limits files whose ledger the broker no longer holds and no name in the directory
   // (named: the inodes found under the ledger directory's names) refers to.
   void collectLimitsFilesLocked(const std::set<uint64_t>& named);

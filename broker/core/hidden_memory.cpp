@@ -13,12 +13,14 @@
 // slot, so the tenant's admission sees its real total and denies what would pass the limit. The
 // slot is rewritten every tick (the tenant can zero it). Untracked memory up to context_memory per
 // process is what an honest process's context holds: charged, reported as such (info), not as
-// tampering; beyond it, a warning and cushare_tenant_tamper_total{kind="hidden"}, and with
-// hidden_memory_response kill (not the default: a context larger than context_memory looks the
-// same) each of the tenant's own processes (its uid, its current ledger) holding more than a
-// context beyond its own slot is killed, so the device frees what it allocated in the window
-// (kind="killed"; which process zeroed the counters cannot be known: the ones holding the
-// untracked memory are the ones taken down).
+// tampering; beyond it, a warning and cushare_tenant_tamper_total{kind="hidden"}, and then each
+// of the tenant's own processes (its uid, its current ledger) holding more than a context beyond
+// its own slot is killed, so the device frees what it allocated in the window (kind="killed";
+// which process zeroed the counters cannot be known: the ones holding the untracked memory are
+// the ones taken down): with hidden_memory_response kill_past_limit (the default) only while the
+// device holds more for the tenant than its ledger may (so what a context larger than
+// context_memory holds within the limit, which looks the same, is only charged), with kill
+// whenever it is reported, with charge never.
 //
 // No false charge for an honest tenant: its slots never show less than the device holds (the
 // shim reserves before the driver allocates and releases after it frees), but the ledger and the
@@ -302,21 +304,25 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
                      name, d, formatSize(t.hidden[d]), processes[d],
                      formatSize(config_.contextMemory));
       const bool report = t.hidden[d] != 0 && !contextOnly;
-      if (report == static_cast<bool>(t.hiddenReported[d])) continue;
+      const bool changed = report != static_cast<bool>(t.hiddenReported[d]);
       t.hiddenReported[d] = report ? 1 : 0;
-      if (!report) {
+      if (changed && !report) {
         CUSHARE_BLOG(info, "tenant {} device {}: no memory hidden from its ledger any more", name,
                      d);
         continue;
       }
-      tamperLocked(&t, "hidden");
+      // Reported: warned once; the response is judged every tick while it lasts (a tenant past
+      // its limit only later, by allocating more, is taken back then).
+      if (!report) continue;
+      const bool kill = config_.hiddenMemoryResponse != Config::TamperResponse::kCharge;
+      if (!changed && !kill) continue;
       std::vector<Ledger::SlotUsage> slots;
       if (!guarded([&] { slots = t.ledger->slots(); })) {
         faultLocked(&t);
         break;
       }
       std::string who;
-      std::vector<std::pair<int, uint64_t>> culprits;  // host pid, start time: beyond context memory
+      std::vector<int> culprits;  // host pids holding more than a context beyond their slots
       for (const auto& [pid, p] : deviceProcesses_) {
         if (p.tenant != name) continue;
         const auto it = onDevice[d].find(pid);
@@ -335,20 +341,36 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         // user) and of its user.
         if (onDev - inSlot > config_.contextMemory + config_.hiddenMemoryAllowance && !p.viaFormer &&
             !formerFile(p.file) && uidOf(pid) == t.owner)
-          culprits.emplace_back(pid, p.startTime);
+          culprits.push_back(pid);
       }
-      CUSHARE_BLOG(warn,
-                   "tenant {} device {}: its processes hold {} on the device, {} more than its "
-                   "ledger shows{}; "
-                   "charged to the tenant (counted in its usage) while the device holds it",
-                   name, d, formatSize(held[d]), formatSize(t.hidden[d]), who);
-      // hidden_memory_response kill: what it allocated in the window goes with it.
-      if (config_.hiddenMemoryResponse != Config::TamperResponse::kKill) continue;
-      for (const auto& [pid, start] : culprits) {
-        const bool killed = killProcessIfStill(pid, start);
+      if (changed) {
+        tamperLocked(&t, "hidden");
+        CUSHARE_BLOG(warn,
+                     "tenant {} device {}: its processes hold {} on the device, {} more than its "
+                     "ledger shows{}; "
+                     "charged to the tenant (counted in its usage) while the device holds it",
+                     name, d, formatSize(held[d]), formatSize(t.hidden[d]), who);
+      }
+      if (!kill || culprits.empty()) continue;
+      // kill_past_limit: only while the device holds more for the tenant than its ledger may
+      // (its limit, or what it held when the operator lowered the limit below it): hidden memory
+      // within the limit, which a context larger than context_memory also looks like, is charged.
+      std::string response = "kill";
+      if (config_.hiddenMemoryResponse == Config::TamperResponse::kKillPastLimit) {
+        uint64_t allowedOnDevice = 0;
+        if (!entryAllowanceLocked(t, t.entry[d], &allowedOnDevice) || held[d] <= allowedOnDevice) continue;
+        response = "kill_past_limit: " + formatSize(held[d]) + " on the device, past the " +
+                   formatSize(allowedOnDevice) + " its ledger may hold";
+      }
+      // What it allocated in the window goes with it.
+      for (int pid : culprits) {
+        DeviceProcess& p = deviceProcesses_[pid];
+        if (p.killTried) continue;  // listed for a tick or two more while the device frees it
+        p.killTried = true;
+        const bool killed = killProcessIfStill(pid, p.startTime);
         if (killed) tamperLocked(&t, "killed");
-        CUSHARE_BLOG(warn, "tenant {} device {}: pid {} {} (hidden_memory_response: kill): the device frees what it hid",
-                     name, d, pid, killed ? "killed" : "could not be killed (gone already?)");
+        CUSHARE_BLOG(warn, "tenant {} device {}: pid {} {} (hidden_memory_response: {}): the device frees what it hid",
+                     name, d, pid, killed ? "killed" : "could not be killed (gone already?)", response);
       }
     }
   }

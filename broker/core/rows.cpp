@@ -19,6 +19,22 @@
 
 namespace cushare::broker {
 
+bool Broker::limitOfEntryLocked(TenantState& t, int e, uint64_t* out) {
+  if (const LimitsFile* limits = t.ledger->limitsFile(); limits != nullptr) {
+    *out = limits->limit(e);
+    return true;
+  }
+  return guarded([&] { *out = t.ledger->limit(e); });
+}
+
+bool Broker::entryAllowanceLocked(TenantState& t, int e, uint64_t* out) {
+  if (!t.ledger || e < 0 || static_cast<size_t>(e) >= kLedgerMaxDevices || !limitOfEntryLocked(t, e, out))
+    return false;
+  const size_t i = static_cast<size_t>(e);
+  if (i < t.rowCeiling.size() && t.rowCeiling[i] != UINT64_MAX) *out = std::max(*out, t.rowCeiling[i]);
+  return true;
+}
+
 void Broker::checkRowsLocked(const std::map<std::string, ShownSums>& before,
                              const std::map<std::string, ShownSums>& after) {
   for (auto& [name, tp] : tenants_) {
@@ -36,11 +52,7 @@ void Broker::checkRowsLocked(const std::map<std::string, ShownSums>& before,
       if (e < 0) continue;
       const size_t i = static_cast<size_t>(e);
       uint64_t limit = 0;
-      if (limits != nullptr) {
-        limit = limits->limit(e);
-      } else if (!guarded([&] { limit = t.ledger->limit(e); })) {
-        continue;
-      }
+      if (!limitOfEntryLocked(t, e, &limit)) continue;
       const uint64_t held = std::min(b->second.bytes[i], a->second.bytes[i]);
       uint64_t& ceiling = t.rowCeiling[i];
       if (ceiling == UINT64_MAX) ceiling = std::max(limit, held);  // first look: whatever it holds

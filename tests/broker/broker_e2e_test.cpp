@@ -824,9 +824,10 @@ uint64_t deviceHeld(const std::vector<int>& pids) {
 
 // simgpu counts nothing the shim does not (no context memory): every untracked byte is reported
 // as hidden (context_memory: 0), as well as charged. These tests watch the charge, so the
-// tampering process is left running (tamper_response: charge; the default kills it, below).
+// tampering process is left running (tamper_response and hidden_memory_response charge; the
+// defaults kill it, below).
 const std::string kAlphaBeta =
-    "context_memory: 0\ntamper_response: charge\n"
+    "context_memory: 0\ntamper_response: charge\nhidden_memory_response: charge\n"
     "tenants:\n  - {name: alpha, memory: 256MiB, uid: 1000}\n  - {name: beta, memory: 256MiB}\n";
 
 // A process of the tenant truncating its ledger in a tight loop, from before the broker starts
@@ -949,8 +950,9 @@ TEST(Tamper, ZeroedCountersAreFoundInTheDevicesAccounting) {
   EXPECT_EQ(a2.ask("alloc " + std::to_string(256 * MiB)), "ok");
 }
 
-// As kAlphaBeta, taking back what was allocated past the limit: the default for rewritten limits,
-// opted into for hidden memory (hidden_memory_response: kill).
+// As kAlphaBeta, taking back what was allocated past the limit: the default for rewritten limits;
+// for hidden memory kill takes the process down whether or not the tenant is past its limit (the
+// default, kill_past_limit, only when it is: tests below).
 const std::string kAlphaBetaKill =
     "context_memory: 0\nhidden_memory_response: kill\n"
     "tenants:\n  - {name: alpha, memory: 256MiB}\n  - {name: beta, memory: 256MiB}\n";
@@ -992,6 +994,59 @@ TEST(Tamper, ATamperingProcessIsKilledAndTheDeviceFreesWhatItTook) {
   std::printf("the tampering process was killed and its memory freed %.0f ms after the broker could look\n", ms);
   EXPECT_EQ(honest.ask("alloc " + std::to_string(16 * MiB)), "ok") << "the honest process lives on";
   EXPECT_TRUE(b.logHas("tenant alpha device 0: pid " + std::to_string(pid) + " killed (hidden_memory_response: kill)")) << b.log();
+}
+
+// The default response to hidden memory (kill_past_limit): a process that zeroes its counters and
+// allocates past its tenant's limit is killed once the device's accounting shows it, so the device
+// frees what it took (before the default was charge: the device kept 400 MiB for a 256 MiB limit
+// for as long as the process lived). An honest process of the tenant beside it lives on. Judged
+// by the device's own count; the broker is stopped while the attack is set up.
+TEST(Tamper, ByDefaultAProcessHidingMemoryPastTheLimitIsKilled) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB}\n")) << b.log();
+  Child honest = b.tenantProcess("alpha");
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_EQ(a.ask("zero"), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok") << "the shim believes the ledger";
+  ASSERT_EQ(honest.ask("alloc " + std::to_string(16 * MiB)), "ok");
+  const int pid = a.pid();
+  EXPECT_EQ(deviceHeld({pid, honest.pid()}), (400 + 16) * MiB) << "past the limit on the device";
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  ASSERT_NO_FATAL_FAILURE(expectKilledAndFreed(b, a, pid, 16 * MiB));
+  EXPECT_EQ(honest.ask("alloc " + std::to_string(16 * MiB)), "ok") << "the honest process lives on";
+  EXPECT_TRUE(b.logHas("tenant alpha device 0: pid " + std::to_string(pid) +
+                       " killed (hidden_memory_response: kill_past_limit: 416 MiB on the device, past the 256 MiB its ledger "
+                       "may hold)")) << b.log();
+}
+
+// kill_past_limit leaves memory hidden within the limit charged (a CUDA context larger than
+// context_memory looks the same), and judges the tenant every tick while the memory stays hidden:
+// the same process, once it zeroes the counters again (the broker's charge too) and allocates past
+// the limit, is killed then.
+TEST(Tamper, ByDefaultMemoryHiddenWithinTheLimitIsChargedUntilItPassesTheLimit) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 512MiB}\n")) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(100 * MiB)), "ok");
+  ASSERT_EQ(a.ask("zero"), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_TRUE(waitFor([&] {
+    return b.metrics().find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"hidden\"} 1\n") != std::string::npos;
+  })) << b.log();
+  EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 300 * MiB; })) << usedOn0(b.tenant("alpha"));
+  std::this_thread::sleep_for(milliseconds(500));  // ten ticks with the memory hidden, within the limit
+  EXPECT_EQ(a.ask("alloc " + std::to_string(16 * MiB)), "ok") << "alive, and held to what is left";
+  EXPECT_EQ(deviceHeld({a.pid()}), 316 * MiB);
+  EXPECT_EQ(b.metrics().find("kind=\"killed\""), std::string::npos) << b.log();
+  const int pid = a.pid();
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_EQ(a.ask("zero"), "ok");  // the broker's charge slot too
+  ASSERT_EQ(a.ask("alloc " + std::to_string(400 * MiB)), "ok") << "the shim believes the ledger";
+  EXPECT_EQ(deviceHeld({pid}), 716 * MiB) << "past the limit on the device";
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  ASSERT_NO_FATAL_FAILURE(expectKilledAndFreed(b, a, pid, 0));
 }
 
 // With the default configuration (hidden_memory_allowance 0, context_memory 512 MiB) memory a

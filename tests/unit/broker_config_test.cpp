@@ -120,6 +120,18 @@ TEST(BrokerConfig, UntrackedMemorySettings) {
   EXPECT_EQ(parseOk("tamper_response: kill\n").tamperResponse, Config::TamperResponse::kKill);
   EXPECT_EQ(parseError("tamper_response: shoot\n"),
             "b.yaml:1:18: tamper_response: expected kill or charge, found 'shoot'");
+  EXPECT_EQ(parseError("tamper_response: kill_past_limit\n"),
+            "b.yaml:1:18: tamper_response: expected kill or charge, found 'kill_past_limit'")
+      << "only hidden memory can be past the limit";
+  EXPECT_EQ(z.hiddenMemoryResponse, Config::TamperResponse::kKillPastLimit)
+      << "the default takes back what passes the limit";
+  EXPECT_EQ(parseOk("hidden_memory_response: charge\n").hiddenMemoryResponse, Config::TamperResponse::kCharge);
+  EXPECT_EQ(parseOk("hidden_memory_response: kill\n").hiddenMemoryResponse, Config::TamperResponse::kKill);
+  EXPECT_EQ(parseOk("hidden_memory_response: kill_past_limit\n").hiddenMemoryResponse,
+            Config::TamperResponse::kKillPastLimit);
+  EXPECT_EQ(parseError("hidden_memory_response: kill-past-limit\n"),
+            "b.yaml:1:25: hidden_memory_response: expected kill_past_limit, kill or charge, found "
+            "'kill-past-limit'; did you mean 'kill_past_limit'?");
   EXPECT_TRUE(parseOk("mps: {mode: on, multiuser: off}\n").mps.multiuser == false);
   EXPECT_TRUE(parseOk("mps: {mode: on}\n").mps.multiuser) << "one server for every uid by default";
   EXPECT_EQ(parseError("mps: {multiuser: yes}\n"), "b.yaml:1:18: mps.multiuser: expected on or off, found 'yes'");

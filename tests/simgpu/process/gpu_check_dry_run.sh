@@ -21,7 +21,7 @@ log="$work/out/gpu_check.log"
 cmp -s "$work/stdout.txt" "$log" || fail "the log in \$OUT is not what it printed"
 for h in "== 1. device visibility" "== 2. event timer" "== 2. time slice" "== 2. MPS: the multiprocessor count" \
          "== 2. MPS: the probe kernels" "== 3. probe kernels" "== 4. memory an exited exporter" "== 5. the demo's busy_for" \
-         "== 6. NVML per-process utilization"; do
+         "== 6. NVML per-process utilization" "== 7. what one process holds beyond its allocations"; do
   grep -q "^$h" "$log" || fail "no step '$h' in the log"
 done
 grep -q "^gpu_check: 0 case(s) where simgpu differs from the driver; 0 case(s) where the shim did not enforce; 0 program(s) failed$" "$log" ||
@@ -40,6 +40,7 @@ for side in driver simgpu; do
   grep -q "^$side-mps-hog round=9 probe=sm " "$log" || fail "no $side probe round beside an MPS hog"
   grep -q "^$side-hog round=9 probe=sm " "$log" || fail "no $side probe round beside a hog"
   grep -Eq "^$side-util pid=[0-9]+ samples=[1-9][0-9]* period_us=" "$log" || fail "no $side NVML utilization samples of the hog"
+  grep -q "^$side: step=stack rc=0 .* beyond=0$" "$log" || fail "no $side context memory measured to its last step"
   # It ran and reported each second. What share it reports follows how much CPU this host gives
   # simgpu at that moment (the suite's parallel stage: anything from 100 % down), so it is not
   # judged here: install_layout judges busy_for's share under a cap, the demo shows it.

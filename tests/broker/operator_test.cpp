@@ -837,5 +837,37 @@ TEST(Operator, CheckTellsWhetherTheLedgerDirCanBeCreated) {
   EXPECT_FALSE(fs::exists(dir + "/new")) << "--check creates nothing";
 }
 
+// The secure deployment (docs/security.md: a uid per tenant): the default hidden-memory response
+// takes down a process of a tenant on its own uid that zeroes its ledger's counters and allocates
+// past its limit (the broker judges processes by the ledger owner's uid), and leaves the tenant's
+// honest process alone. Judged by the device's own count; the broker is stopped while the attack
+// is set up.
+TEST(Operator, ATenantOnItsOwnUidHidingMemoryPastItsLimitIsKilled) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  constexpr uid_t kAlphaUid = 2001;
+  Broker b(testDir());
+  const uint64_t base = deviceUsed();
+  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB, uid: 2001}\n")) << b.log();
+  std::string first;
+  Child honest = workerAs(b, kAlphaUid, "alpha", &first);
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  Child hider = workerAs(b, kAlphaUid, "alpha", &first);
+  ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
+  ASSERT_EQ(hider.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_EQ(hider.ask("zero"), "ok");  // every slot: the honest process allocates after it
+  ASSERT_EQ(hider.ask("alloc " + std::to_string(200 * MiB)), "ok") << "the shim believes the ledger";
+  ASSERT_EQ(honest.ask("alloc " + std::to_string(16 * MiB)), "ok");
+  EXPECT_EQ(deviceUsed() - base, 416 * MiB) << "past the limit on the device";
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  const int status = hider.wait(5000);
+  EXPECT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status << "\n" << b.log();
+  EXPECT_TRUE(waitFor([&] { return deviceUsed() - base == 16 * MiB; })) << "the device freed what it hid: "
+                                                                      << (deviceUsed() - base) / MiB << " MiB";
+  ASSERT_EQ(honest.wait(0), -1) << "the honest process lives on";
+  EXPECT_EQ(honest.ask("alloc " + std::to_string(16 * MiB)), "ok");
+  EXPECT_NE(b.metrics().find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"killed\"} 1\n"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace cushare::test

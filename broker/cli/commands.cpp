@@ -178,7 +178,10 @@ int tenantsVerb(const Globals& g, const Verb&, const Args& a) {
   req.mutable_tenants()->set_tenant(a.positional.empty() ? "" : a.positional[0]);
   rpc::Response resp;
   if (const int rc = exchange(g, req, rpc::Response::kTenants, &resp)) return rc;
-  return show(g, resp.tenants(), [&] { printTenants(resp.tenants().tenants()); });
+  return show(g, resp.tenants(), [&] {
+    printTenants(resp.tenants().tenants());
+    printOutside(resp.tenants().devices());
+  });
 }
 
 // cushare probe [--device N]: each tenant's share of each device as its probes measured it.

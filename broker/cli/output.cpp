@@ -168,6 +168,17 @@ void printMps(const rpc::Mps& m) {
   if (!m.last_error().empty()) field("mps problem", m.last_error());
 }
 
+void printOutside(const google::protobuf::RepeatedPtrField<rpc::Device>& devices) {
+  for (const rpc::Device& d : devices) {
+    if (d.outside_bytes() == 0) continue;
+    std::string pids;
+    for (int i = 0; i < d.outside_pids_size() && i < 8; ++i) pids += (i == 0 ? "" : " ") + std::to_string(d.outside_pids(i));
+    if (d.outside_pids_size() > 8) pids += " ...";
+    std::printf("\ndevice %d: %s held by %d process(es) outside cushare (pid %s): no tenant's limit counts it\n", d.index(),
+                formatSize(d.outside_bytes()).c_str(), d.outside_pids_size(), pids.c_str());
+  }
+}
+
 void printStatus(const rpc::StatusReply& s) {
   field("broker", "cushare " + s.version() + ", pid " + std::to_string(s.pid()) + ", up " +
                       formatDuration(s.uptime_seconds()));
@@ -182,11 +193,15 @@ void printStatus(const rpc::StatusReply& s) {
                          std::to_string(s.reaped_processes()) + " reaped");
   printMps(s.mps());
   std::printf("\n");
-  Table t({"DEVICE", "UUID", "CAPACITY", "USED"});
+  // USED: the tenants' (what their limits count); OUTSIDE: processes of no tenant; DEVICE-USED:
+  // the device's own figure (every process, and what the driver keeps).
+  Table t({"DEVICE", "UUID", "CAPACITY", "USED", "OUTSIDE", "DEVICE-USED"});
   for (const rpc::Device& d : s.devices())
-    t.add({std::to_string(d.index()), d.uuid(), formatSize(d.capacity_bytes()),
-           formatSize(d.used_bytes())});
+    t.add({std::to_string(d.index()), d.uuid(), formatSize(d.capacity_bytes()), formatSize(d.used_bytes()),
+           d.has_device_used_bytes() ? formatSize(d.outside_bytes()) : "?",
+           d.has_device_used_bytes() ? formatSize(d.device_used_bytes()) : "?"});
   t.print();
+  printOutside(s.devices());
 }
 
 // cushare probe: SHARE is the achieved share with its standard error ("0.31 +-0.02"; "?" before

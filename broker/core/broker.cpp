@@ -1108,7 +1108,19 @@ BrokerSnapshot Broker::snapshot() {
   s.ledgersRefused = unknownRefused_;
   s.logLinesDropped = gLogLinesDropped.load(std::memory_order_relaxed);
   s.mps = mps_;
-  for (const DeviceInfo& d : devices_) s.devices.push_back({d.ordinal, d.uuid, d.totalBytes, 0});
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    DeviceSnapshot d;
+    d.index = devices_[i].ordinal;
+    d.uuid = devices_[i].uuid;
+    d.capacity = devices_[i].totalBytes;
+    if (i < outside_.size() && outside_[i].read) {
+      d.read = true;
+      d.deviceUsed = outside_[i].deviceUsed;
+      d.outside = outside_[i].bytes;
+      d.outsidePids = outside_[i].pids;
+    }
+    s.devices.push_back(std::move(d));
+  }
   auto add = [&](TenantState& t) {
     TenantSnapshot ts = tenantSnapshotLocked(&t);
     for (const TenantDeviceSnapshot& td : ts.devices) s.devices[static_cast<size_t>(td.device)].used += td.used;
@@ -1144,9 +1156,12 @@ int Broker::tick(bool scanDirectory) {
     if (!device && deviceError_ != err)
       CUSHARE_BLOG(error, "the device's per-process memory cannot be read, hidden memory goes unnoticed: {}", err);
     deviceError_ = device ? "" : err;
+    if (!device)
+      for (OutsideDevice& o : outside_) o.read = false;
     ++ticks_;
     if (device) {
       attributeLocked(onDevice);
+      checkOutsideLocked(onDevice, deviceUsed);
       checkLeftBehindLocked(onDevice, deviceUsed, deviceUsedHigh);
       if (!busyErr.empty() && busyError_ != busyErr)
         CUSHARE_BLOG(error, "the device's per-process busy time cannot be read, metering is not checked against it: {}",

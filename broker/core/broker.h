@@ -316,6 +316,9 @@ class Broker {
   // busy_check.cpp: the device's per-process busy time (NVML) added to each attributed process's
   // tenant, and each tenant's metering compared with it.
   void checkBusyLocked(const std::vector<std::map<int, uint64_t>>& busy);
+  // outside_memory.cpp: what processes outside cushare (mapping no tenant's ledger) hold on each
+  // device, for status, metrics and a warning; after attributeLocked.
+  void checkOutsideLocked(const std::vector<std::map<int, uint64_t>>& onDevice, const std::vector<uint64_t>& deviceUsed);
   // left_behind.cpp: memory exited processes left on the device (exported VMM descriptors).
   void checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
                              const std::vector<uint64_t>& deviceUsed, const std::vector<uint64_t>& deviceUsedHigh);
@@ -388,6 +391,15 @@ class Broker {
   uint64_t reaped_ = 0;
   uint64_t reloadsRefused_ = 0;
   std::map<int, DeviceProcess> deviceProcesses_;  // host pid -> (the device's processes only)
+  struct OutsideDevice {
+    bool read = false;         // the device's accounting was read at the last tick
+    uint64_t deviceUsed = 0;   // the device's used memory, as it reports it
+    uint64_t bytes = 0;        // held by processes outside cushare
+    std::vector<int> pids;     // those processes, largest first
+    int ticks = 0;             // consecutive ticks with some (warned at kOutsideTicks)
+    bool warned = false;
+  };
+  std::vector<OutsideDevice> outside_;  // per device (outside_memory.cpp)
   uint64_t ticks_ = 0;
   std::string deviceError_;  // the device's per-process accounting could not be read (logged once)
   std::string busyError_;    // the device's per-process busy time could not be read (logged once)

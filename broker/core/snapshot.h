@@ -19,6 +19,11 @@ struct DeviceSnapshot {
   std::string uuid;          // "GPU-..."
   uint64_t capacity = 0;     // bytes
   uint64_t used = 0;         // bytes, summed over every tenant the broker manages
+  // The device's own accounting (NVML), as of the broker's last tick (outside_memory.cpp):
+  uint64_t deviceUsed = 0;   // used memory as the device reports it, every process and driver reserve
+  uint64_t outside = 0;      // held by processes that map no tenant's ledger (outside cushare)
+  std::vector<int> outsidePids;  // those processes (host pids), largest first
+  bool read = false;         // the device's accounting could be read
 };
 
 struct TenantDeviceSnapshot {

@@ -140,19 +140,32 @@ void renderMps(const MpsSnapshot& m, Writer& w) {
 void renderDevices(const BrokerSnapshot& s, Writer& w) {
   struct Family {
     std::string_view name, help;
-    uint64_t (*value)(const DeviceSnapshot&);
+    std::optional<uint64_t> (*value)(const DeviceSnapshot&);  // nullopt: no sample
   };
   static constexpr Family kFamilies[] = {
       {"cushare_device_memory_capacity_bytes", "Device memory of the GPU, bytes.",
-       [](const DeviceSnapshot& d) { return d.capacity; }},
+       [](const DeviceSnapshot& d) -> std::optional<uint64_t> { return d.capacity; }},
       {"cushare_device_memory_used_bytes",
        "Device memory in use by the tenants the broker manages (sum over tenants), bytes.",
-       [](const DeviceSnapshot& d) { return d.used; }},
+       [](const DeviceSnapshot& d) -> std::optional<uint64_t> { return d.used; }},
+      {"cushare_device_memory_reported_used_bytes",
+       "Device memory in use as the device itself reports it (every process, cushare's or not), bytes; "
+       "absent while the device's accounting cannot be read.",
+       [](const DeviceSnapshot& d) -> std::optional<uint64_t> {
+         return d.read ? std::optional<uint64_t>(d.deviceUsed) : std::nullopt;
+       }},
+      {"cushare_device_memory_outside_bytes",
+       "Device memory held by processes outside cushare (mapping no tenant's ledger): no tenant's limit "
+       "counts it, bytes; absent while the device's accounting cannot be read.",
+       [](const DeviceSnapshot& d) -> std::optional<uint64_t> {
+         return d.read ? std::optional<uint64_t>(d.outside) : std::nullopt;
+       }},
   };
   for (const Family& f : kFamilies) {
     w.family(f.name, kGauge, f.help);
     for (const DeviceSnapshot& d : s.devices)
-      w.sample({{"device", std::to_string(d.index)}, {"uuid", d.uuid}}, f.value(d));
+      if (const std::optional<uint64_t> v = f.value(d))
+        w.sample({{"device", std::to_string(d.index)}, {"uuid", d.uuid}}, *v);
   }
 }
 

@@ -77,6 +77,20 @@ bool selected(const TenantSnapshot& t, const std::string& tenantOrEmpty) {
 
 }  // namespace
 
+namespace {
+
+void toProto(const broker::DeviceSnapshot& d, Device* dev) {
+  dev->set_index(d.index);
+  dev->set_uuid(d.uuid);
+  dev->set_capacity_bytes(d.capacity);
+  dev->set_used_bytes(d.used);
+  if (d.read) dev->set_device_used_bytes(d.deviceUsed);
+  dev->set_outside_bytes(d.outside);
+  for (int pid : d.outsidePids) dev->add_outside_pids(pid);
+}
+
+}  // namespace
+
 void toProto(const BrokerSnapshot& snap, StatusReply* out) {
   out->set_version(snap.version);
   out->set_pid(snap.pid);
@@ -86,13 +100,7 @@ void toProto(const BrokerSnapshot& snap, StatusReply* out) {
   out->set_ledger_dir(snap.ledgerDir);
   out->set_unknown_tenants(snap.unknownTenants);
   out->set_metrics_address(snap.metricsAddress);
-  for (const broker::DeviceSnapshot& d : snap.devices) {
-    Device* dev = out->add_devices();
-    dev->set_index(d.index);
-    dev->set_uuid(d.uuid);
-    dev->set_capacity_bytes(d.capacity);
-    dev->set_used_bytes(d.used);
-  }
+  for (const broker::DeviceSnapshot& d : snap.devices) toProto(d, out->add_devices());
   size_t processes = 0;
   for (const TenantSnapshot& t : snap.tenants) processes += t.processes.size();
   out->set_tenants(static_cast<uint32_t>(snap.tenants.size()));
@@ -154,6 +162,7 @@ bool tenantsToProto(const BrokerSnapshot& snap, const std::string& tenantOrEmpty
     toProto(t, snap, out->add_tenants());
     found = true;
   }
+  for (const broker::DeviceSnapshot& d : snap.devices) toProto(d, out->add_devices());
   return found || tenantOrEmpty.empty();
 }
 

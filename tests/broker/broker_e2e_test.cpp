@@ -1906,6 +1906,59 @@ TEST(Cli, RefusesAFakeBrokerOfAnotherUser) {
   std::filesystem::remove_all(evil);
 }
 
+// Memory held by a program outside cushare (no shim, no ledger) is shown to operators: `cushare
+// status` (OUTSIDE and the device's own DEVICE-USED, and a line naming the process), `cushare
+// tenants` (the same line), the metrics cushare_device_memory_outside_bytes and
+// cushare_device_memory_reported_used_bytes, and a warning once it stays. Before, status showed the
+// device's used memory as 0 B and the broker logged one info line (issue 26, point 3).
+TEST(Cli, MemoryHeldOutsideCushareIsShown) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  Child tenant = b.tenantProcess("alpha");
+  ASSERT_EQ(tenant.ask("alloc " + std::to_string(64 * MiB)), "ok");
+  Child outside = Child::spawn({WORKER_BIN}, {{"LD_PRELOAD", ""}, {"CUSHARE_TENANT", ""}}, b.dir() + "/outside.log");
+  ASSERT_EQ(outside.readLine(), "ready") << readFile(b.dir() + "/outside.log");
+  ASSERT_EQ(outside.ask("alloc " + std::to_string(1536 * MiB)), "ok");
+  const std::string pid = std::to_string(outside.pid());
+  const std::string line = "device 0: 1.50 GiB held by 1 process(es) outside cushare (pid " + pid +
+                           "): no tenant's limit counts it";
+  ASSERT_TRUE(waitFor([&] { return b.logHas("device 0: 1.50 GiB held by 1 process(es) outside cushare (pid " + pid); },
+                      milliseconds(5000)))
+      << b.log();
+  const rpc::StatusReply st = b.status();
+  ASSERT_EQ(st.devices_size(), 1);
+  EXPECT_EQ(st.devices(0).used_bytes(), 64 * MiB) << "the tenants'";
+  EXPECT_EQ(st.devices(0).outside_bytes(), 1536 * MiB);
+  EXPECT_EQ(st.devices(0).device_used_bytes(), (1536 + 64) * MiB) << "the device's own figure";
+  ASSERT_EQ(st.devices(0).outside_pids_size(), 1);
+  EXPECT_EQ(st.devices(0).outside_pids(0), outside.pid());
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_device_memory_outside_bytes{device=\"0\",uuid=\"" + st.devices(0).uuid() + "\"} " +
+                   std::to_string(1536 * MiB) + "\n"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_device_memory_reported_used_bytes{device=\"0\",uuid=\"" + st.devices(0).uuid() + "\"} " +
+                   std::to_string(1600 * MiB) + "\n"),
+            std::string::npos) << m;
+  for (const char* verb : {"status", "tenants"}) {
+    const std::string cmd = std::string(CLI_BIN) + " --socket " + b.socket() + " " + verb + " > " + b.dir() + "/out.txt 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << verb;
+    const std::string out = readFile(b.dir() + "/out.txt");
+    EXPECT_NE(out.find(line), std::string::npos) << verb << ":\n" << out;
+    if (std::string(verb) == "status") {
+      EXPECT_NE(out.find("OUTSIDE"), std::string::npos) << out;
+      EXPECT_NE(out.find("1.56 GiB"), std::string::npos) << "DEVICE-USED\n" << out;
+    }
+  }
+  // Gone: nothing shown, and said so.
+  outside.kill(SIGKILL);
+  outside.wait();
+  EXPECT_TRUE(waitFor([&] { return b.status().devices(0).outside_bytes() == 0; })) << b.log();
+  EXPECT_TRUE(waitFor([&] { return b.logHas("device 0: no memory held outside cushare any more"); })) << b.log();
+  const std::string cmd = std::string(CLI_BIN) + " --socket " + b.socket() + " tenants > " + b.dir() + "/out.txt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(readFile(b.dir() + "/out.txt").find("outside cushare"), std::string::npos);
+}
+
 // `cushare env` carries the tenant's limit and requires the broker: a process started from its
 // variables without the broker's ledger directory (not mounted, or misspelt) fails closed and
 // says why; with the switch removed, the limit in the environment still holds on the device.

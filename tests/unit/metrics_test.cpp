@@ -117,7 +117,16 @@ BrokerSnapshot twoTenants() {
   s.reloadsRefused = 1;
   s.ledgersRefused = 298;
   s.logLinesDropped = 2980;
-  s.devices = {{0, kUuid, 16 * kGiB, 768 * kMiB}};
+  DeviceSnapshot d0;
+  d0.index = 0;
+  d0.uuid = kUuid;
+  d0.capacity = 16 * kGiB;
+  d0.used = 768 * kMiB;
+  d0.read = true;
+  d0.deviceUsed = 5 * kGiB;
+  d0.outside = 4 * kGiB;
+  d0.outsidePids = {4242};
+  s.devices = {d0};
   TenantSnapshot alpha;
   alpha.name = "alpha";
   alpha.source = "config";
@@ -188,6 +197,12 @@ cushare_device_memory_capacity_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-800
 # HELP cushare_device_memory_used_bytes Device memory in use by the tenants the broker manages (sum over tenants), bytes.
 # TYPE cushare_device_memory_used_bytes gauge
 cushare_device_memory_used_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 805306368
+# HELP cushare_device_memory_reported_used_bytes Device memory in use as the device itself reports it (every process, cushare's or not), bytes; absent while the device's accounting cannot be read.
+# TYPE cushare_device_memory_reported_used_bytes gauge
+cushare_device_memory_reported_used_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 5368709120
+# HELP cushare_device_memory_outside_bytes Device memory held by processes outside cushare (mapping no tenant's ledger): no tenant's limit counts it, bytes; absent while the device's accounting cannot be read.
+# TYPE cushare_device_memory_outside_bytes gauge
+cushare_device_memory_outside_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 4294967296
 # HELP cushare_tenant_memory_used_bytes Device memory the tenant holds, bytes.
 # TYPE cushare_tenant_memory_used_bytes gauge
 cushare_tenant_memory_used_bytes{tenant="alpha",device="0"} 536870912
@@ -304,7 +319,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 40u);
+    EXPECT_EQ(helps.size(), 42u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

@@ -343,7 +343,11 @@ broker::BrokerSnapshot sampleSnapshot() {
   s.ledgerDir = "/dev/shm/cushare";
   s.unknownTenants = "refuse";
   s.metricsAddress = "127.0.0.1:9400";
-  s.devices = {{4, "GPU-a", 80ull << 30, 3ull << 30}, {7, "GPU-b", 40ull << 30, 0}};
+  s.devices.resize(2);
+  s.devices[0] = {4, "GPU-a", 80ull << 30, 3ull << 30, 9ull << 30, 5ull << 30, {77, 78}, true};
+  s.devices[1].index = 7;  // its accounting not read
+  s.devices[1].uuid = "GPU-b";
+  s.devices[1].capacity = 40ull << 30;
   s.reapedProcesses = 5;
   s.reloadsRefused = 1;
 
@@ -382,6 +386,12 @@ TEST(RpcConvert, Status) {
   EXPECT_EQ(r.devices(1).uuid(), "GPU-b");
   EXPECT_EQ(r.devices(0).capacity_bytes(), 80ull << 30);
   EXPECT_EQ(r.devices(0).used_bytes(), 3ull << 30);
+  ASSERT_TRUE(r.devices(0).has_device_used_bytes());
+  EXPECT_EQ(r.devices(0).device_used_bytes(), 9ull << 30);
+  EXPECT_EQ(r.devices(0).outside_bytes(), 5ull << 30);
+  ASSERT_EQ(r.devices(0).outside_pids_size(), 2);
+  EXPECT_EQ(r.devices(0).outside_pids(1), 78);
+  EXPECT_FALSE(r.devices(1).has_device_used_bytes()) << "not read: absent, not 0";
   EXPECT_EQ(r.tenants(), 2u);
   EXPECT_EQ(r.processes(), 3u);
   EXPECT_EQ(r.reaped_processes(), 5u);
@@ -427,6 +437,8 @@ TEST(RpcConvert, TenantsFilter) {
   EXPECT_TRUE(tenantsToProto(s, "team-b", &one));
   ASSERT_EQ(one.tenants_size(), 1);
   EXPECT_EQ(one.tenants(0).name(), "team-b");
+  ASSERT_EQ(one.devices_size(), 2) << "every device, for the memory outside cushare";
+  EXPECT_EQ(one.devices(0).outside_bytes(), 5ull << 30);
   EXPECT_FALSE(tenantsToProto(s, "nobody", &none));
   EXPECT_EQ(none.tenants_size(), 0);
 }

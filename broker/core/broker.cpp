@@ -454,8 +454,10 @@ void Broker::collectLimitsFilesLocked(const std::set<uint64_t>& named) {
 // A limit or device UUID rewritten in a tenant's ledger is put back within a tick (above), but what
 // its processes allocated past the limit in between would stay on the device. With tamper_response
 // kill (the default) it is taken back: when an entry's usage exceeds its restored limit, every
-// process of the tenant holding memory there is killed (the ledger cannot say which allocation
-// came in the window), and the device frees what they held.
+// process of the tenant the device lists on that entry's device is killed (the ledger cannot say
+// which allocation came in the window), and the device frees what they held. Which processes is
+// the device's word, not the ledger's: a slot's pid word is the tenant's to write (an attack
+// review found a tenant escaping the kill by rewriting it).
 void Broker::takeBackLocked(TenantState* t, const std::set<int>& entries) {
   if (entries.empty() || config_.tamperResponse != Config::TamperResponse::kKill || !t->ledger) return;
   std::vector<Ledger::SlotUsage> slots;
@@ -471,20 +473,22 @@ void Broker::takeBackLocked(TenantState* t, const std::set<int>& entries) {
     uint64_t used = 0;
     for (const Ledger::SlotUsage& u : slots) used += u.used[e];
     if (used <= limits[e]) continue;
-    for (const Ledger::SlotUsage& u : slots) {
-      if (u.used[e] == 0) continue;
-      for (const auto& [pid, p] : deviceProcesses_) {
-        // Only the tenant's own processes: attributed through its ledger (not a former one, whose
-        // creator is another user) and running as its user (slot pids are the tenant's word).
-        if (p.tenant != t->name || p.nsPid != u.pid || p.viaFormer || uidOf(pid) != t->owner) continue;
-        const bool killed = killProcessIfStill(pid, p.startTime);
-        if (killed) tamperLocked(t, "killed");
-        CUSHARE_BLOG(warn,
-                     "tenant {}: ledger entry {} holds {} past its restored limit {}: pid {} {} (tamper_response: "
-                     "kill), so the device frees what it allocated while the limit was rewritten",
-                     t->name, e, formatSize(used), describeLimit(limits[e]), pid,
-                     killed ? "killed" : "could not be killed (gone already?)");
-      }
+    const auto dev = t->entryDevice.find(e);
+    if (dev == t->entryDevice.end() || dev->second >= 64) continue;
+    for (auto& [pid, p] : deviceProcesses_) {
+      // Only the tenant's own processes on that device: attributed through its ledger (not a
+      // former one, whose creator is another user) and running as its user.
+      if (p.tenant != t->name || p.viaFormer || (p.devices >> dev->second & 1) == 0 || p.killTried ||
+          !ofTenantsUser(*t, pid))
+        continue;
+      p.killTried = true;
+      const bool killed = killProcessIfStill(pid, p.startTime);
+      if (killed) tamperLocked(t, "killed");
+      CUSHARE_BLOG(warn,
+                   "tenant {}: ledger entry {} holds {} past its restored limit {}: pid {} {} (tamper_response: "
+                   "kill), so the device frees what it allocated while the limit was rewritten",
+                   t->name, e, formatSize(used), describeLimit(limits[e]), pid,
+                   killed ? "killed" : "could not be killed (gone already?)");
     }
   }
 }
@@ -606,8 +610,10 @@ void Broker::adoptLocked(const std::string& name, const std::string& fileName, c
     return;
   }
   if (!t->ledger) {
-    // Not retried until the file changes name or the broker restarts: logged once.
-    if (adoptErrors_[fileName] != err) CUSHARE_BLOG(error, "ledger {}: {}", fileName, err);
+    // Not retried until the file changes name or the broker restarts: logged once, within the
+    // budget of lines other users can cause (any user may write files into a 1733 ledger_dir).
+    if (std::string more; adoptErrors_[fileName] != err && refusedLog_.allow(&more))
+      CUSHARE_BLOG(error, "ledger {}: {}{}", fileName, err, more);
     adoptErrors_[fileName] = err;
     return;
   }

@@ -179,7 +179,13 @@ class Broker {
     std::vector<uint64_t> rowCeiling;
     std::vector<int> rowOver;
     std::vector<uint64_t> hidden;         // per device: what the broker charges now
+    // Per device: what the device's own accounting showed the tenant's processes (its current
+    // ledger's) holding at tick deviceHeldTick (hidden_memory.cpp); rows.cpp lets no row ceiling
+    // stay above it.
+    std::vector<uint64_t> deviceHeld;
+    uint64_t deviceHeldTick = 0;
     std::vector<uint8_t> hiddenReported;  // per device: the charge exceeds context memory (warned)
+    std::vector<uint8_t> hiddenPastLimitSaid;  // per device: "nothing to kill" said for this episode
     std::vector<uint64_t> hiddenCharge;   // per ledger entry: the hidden part of the charge slot
     std::vector<uint64_t> leftBehind;     // per device: memory its exited processes left (left_behind.cpp)
     std::map<std::string, uint64_t> tamper;  // kind -> count (see TenantSnapshot::tamper)
@@ -208,6 +214,9 @@ class Broker {
   static bool killProcessIfStill(int pid, uint64_t startTime);
   // The real uid of host pid (/proc/<pid>/status); -1 if it is gone.
   static uid_t uidOf(int pid);
+  // Whether host pid runs as the tenant's user: the ledger owner's uid, or (a tenant configured
+  // with a gid, whose ledger its group shares) a member of that group (/proc/<pid>/status).
+  static bool ofTenantsUser(const TenantState& t, int pid);
 
   // What the broker learned about a process the device reports (host pid).
   struct DeviceProcess {

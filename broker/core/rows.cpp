@@ -7,7 +7,16 @@
 // A row above its ceiling in kHiddenTicks ticks in a row (both reads of a tick: an allocation's
 // momentary intent is in at most one) was written by a process of the tenant: it took bytes off
 // its own counter around an allocation and put them back. The device holds what the counters say,
-// so the hidden-memory check sees nothing; this is what finds it.
+// so the hidden-memory check sees nothing; this is what finds it. It is counted and logged once,
+// and taken back (tamper_response) every tick for as long as the row stays above.
+//
+// The ceiling never stays above what the device's own accounting shows the tenant's processes
+// holding there (when it shows them holding anything: the device may list processes it cannot
+// size): an honest row never exceeds it for long (the shim reserves before the driver allocates
+// and releases after it frees), but a row written up before the broker's first look (a restart,
+// an adoption) would otherwise be an allowance up to its value, which a tenant could then fill by
+// writing its counters around each allocation (found by an attack review: 900 MiB on the device
+// for a 512 MiB limit, nothing logged).
 #include <algorithm>
 #include <set>
 
@@ -45,7 +54,6 @@ void Broker::checkRowsLocked(const std::map<std::string, ShownSums>& before,
     if (!t.ledger || b == before.end() || a == after.end() || b->second.ledger != t.ledger.get() ||
         a->second.ledger != t.ledger.get())
       continue;
-    const LimitsFile* limits = t.ledger->limitsFile();
     std::set<int> over;
     for (size_t d = 0; d < t.entry.size(); ++d) {
       const int e = t.entry[d];
@@ -56,20 +64,20 @@ void Broker::checkRowsLocked(const std::map<std::string, ShownSums>& before,
       const uint64_t held = std::min(b->second.bytes[i], a->second.bytes[i]);
       uint64_t& ceiling = t.rowCeiling[i];
       if (ceiling == UINT64_MAX) ceiling = std::max(limit, held);  // first look: whatever it holds
+      if (t.deviceHeldTick == ticks_ && d < t.deviceHeld.size() && t.deviceHeld[d] != 0)
+        ceiling = std::max(limit, std::min(ceiling, t.deviceHeld[d]));
       if (held > std::max(limit, ceiling)) {
-        if (++t.rowOver[i] == kHiddenTicks) over.insert(e);
+        if (++t.rowOver[i] == kHiddenTicks) {
+          tamperLocked(&t, "counters");
+          CUSHARE_BLOG(warn, "tenant {}: ledger entry {} holds {} against a limit of {} although it cannot grow above it "
+                       "by reserving: a process of the tenant wrote its usage counters",
+                       name, e, formatSize(held), formatSize(limit));
+        }
+        if (t.rowOver[i] >= static_cast<int>(kHiddenTicks)) over.insert(e);
         continue;  // the ceiling does not follow a row that broke it
       }
       t.rowOver[i] = 0;
       ceiling = std::max(limit, std::min(ceiling, held));
-    }
-    for (int e : over) {
-      tamperLocked(&t, "counters");
-      CUSHARE_BLOG(warn, "tenant {}: ledger entry {} holds {} against a limit of {} although it cannot grow above it "
-                   "by reserving: a process of the tenant wrote its usage counters",
-                   name, e, formatSize(std::min(b->second.bytes[static_cast<size_t>(e)],
-                                                a->second.bytes[static_cast<size_t>(e)])),
-                   formatSize(limits != nullptr ? limits->limit(e) : 0));
     }
     if (!over.empty()) takeBackLocked(&t, over);
   }

@@ -58,6 +58,15 @@ std::unique_ptr<Ledger> observe(const std::string& dir, const std::string& tenan
   return ledger;
 }
 
+// The slot of tenant's ledger holding exactly `bytes` on its first device entry; -1 if none.
+int slotHolding(Broker& b, const std::string& tenant, uint64_t bytes) {
+  auto ledger = observe(b.ledgerDir(), tenant);
+  if (!ledger) return -1;
+  for (const Ledger::SlotUsage& u : ledger->slots())
+    if (u.used[0] == bytes) return u.slot;
+  return -1;
+}
+
 // ---- Ledgers, admission, the environment ----
 
 TEST(Basics, CreatesLedgersAndHostSegment) {
@@ -1049,6 +1058,109 @@ TEST(Tamper, ByDefaultMemoryHiddenWithinTheLimitIsChargedUntilItPassesTheLimit) 
   ASSERT_NO_FATAL_FAILURE(expectKilledAndFreed(b, a, pid, 0));
 }
 
+// What hidden_memory_allowance exempts is not counted past the limit either: a process with
+// 300 MiB outside its slot (charged 200 MiB with an allowance of 100 MiB) that then fills what
+// admission leaves it is within its limit and lives (found by an attack review: it was killed at
+// "612 MiB, past the 512 MiB").
+TEST(Tamper, TheAllowanceIsNotCountedPastTheLimit) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("context_memory: 0\nhidden_memory_allowance: 100MiB\ntenants:\n  - {name: alpha, memory: 512MiB}\n"))
+      << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(300 * MiB)), "ok");
+  ASSERT_EQ(a.ask("zero"), "ok");
+  ASSERT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 200 * MiB; })) << usedOn0(b.tenant("alpha")) << "\n" << b.log();
+  ASSERT_EQ(a.ask("fill " + std::to_string(4 * MiB)), "held " + std::to_string(612 * MiB)) << "admission leaves 312 MiB";
+  std::this_thread::sleep_for(milliseconds(500));  // ten ticks
+  ASSERT_EQ(a.wait(0), -1) << "alive\n" << b.log();
+  EXPECT_EQ(b.metrics().find("kind=\"killed\""), std::string::npos) << b.log();
+}
+
+// Idle processes' context headroom is not one process's to hide in: past its limit, a process
+// holding more than context_memory beyond its slot is taken down even while the tenant's hidden
+// total is within what its processes' contexts may hold (found by an attack review: 402 MiB for a
+// 256 MiB limit, logged at info).
+TEST(Tamper, IdleProcessesLendNoContextHeadroom) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("context_memory: 100MiB\ntenants:\n  - {name: alpha, memory: 256MiB}\n")) << b.log();
+  Child idle1 = b.tenantProcess("alpha"), idle2 = b.tenantProcess("alpha"), a = b.tenantProcess("alpha");
+  ASSERT_EQ(idle1.ask("alloc " + std::to_string(1 * MiB)), "ok");
+  ASSERT_EQ(idle2.ask("alloc " + std::to_string(1 * MiB)), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_EQ(a.ask("zero"), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok") << "the shim believes the ledger";
+  const int pid = a.pid();
+  EXPECT_EQ(deviceHeld({pid, idle1.pid(), idle2.pid()}), 402 * MiB) << "past the limit, within 3 x context_memory hidden";
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  const int status = a.wait(5000);
+  ASSERT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status << "\n" << b.log();
+  EXPECT_TRUE(waitFor([&] { return deviceHeld({pid, idle1.pid(), idle2.pid()}) == 2 * MiB; }, milliseconds(2000)));
+  EXPECT_EQ(idle1.ask("held"), "held " + std::to_string(1 * MiB)) << "the idle processes live on";
+}
+
+// A tenant that writes its true total into its slot now and then (here 60 ms of every 200 ms),
+// so that some ticks find nothing hidden, is charged and taken down all the same: a tick whose
+// row is above what it may hold measures nothing (found by an attack review: 600 MiB for 256 MiB,
+// never charged, nothing logged).
+TEST(Tamper, CountersFlickeredToTheTruthStillGetTheMemoryFound) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB}\n")) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  const int slot = slotHolding(b, "alpha", 200 * MiB);
+  ASSERT_GE(slot, 0);
+  const std::string path = b.ledgerDir() + "/alpha.ledger";
+  const size_t at = ledgerUsedOffset(0, static_cast<uint32_t>(slot));
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_EQ(a.ask("zero"), "ok");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok") << "the shim believes the ledger";
+  const int pid = a.pid();
+  EXPECT_EQ(deviceHeld({pid}), 400 * MiB);
+  std::atomic<bool> stop{false};
+  std::thread flicker([&] {
+    const uint64_t truth = 400 * MiB, shown = 200 * MiB;
+    while (!stop) {
+      rawWrite(path, at, &truth, 8);
+      std::this_thread::sleep_for(milliseconds(60));
+      rawWrite(path, at, &shown, 8);
+      std::this_thread::sleep_for(milliseconds(140));
+    }
+  });
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  const int status = a.wait(10000);
+  stop = true;
+  flicker.join();
+  EXPECT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status << "\n" << b.log();
+  EXPECT_TRUE(waitFor([&] { return deviceHeld({pid}) == 0; }, milliseconds(2000)));
+}
+
+// Two processes of a tenant in pid namespaces of their own (containers: both are pid 1 there) are
+// told apart by the kernel's holder of each slot's lock, not by the slot's pid word: what one of
+// them allocated past the limit after zeroing the ledger is found and taken back (before, each
+// process's slot sum read both slots, neither was taken down: 400 MiB for 256 MiB).
+TEST(Tamper, ProcessesThatArePidOneInTheirNamespacesAreToldApart) {
+  if (::geteuid() != 0) GTEST_SKIP() << "pid namespaces need root (CI runs as root)";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB}\n")) << b.log();
+  Child p1 = b.tenantProcessIn({"/usr/bin/unshare", "--pid", "--fork"}, "alpha");
+  Child p2 = b.tenantProcessIn({"/usr/bin/unshare", "--pid", "--fork"}, "alpha");
+  ASSERT_EQ(p1.ask("pid"), "pid 1");
+  ASSERT_EQ(p2.ask("pid"), "pid 1");
+  ASSERT_EQ(p1.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  const uint64_t base = deviceUsed();
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_EQ(p2.ask("zero"), "ok");
+  ASSERT_EQ(p2.ask("alloc " + std::to_string(200 * MiB)), "ok") << "the shim believes the ledger";
+  EXPECT_EQ(deviceUsed() - base, 200 * MiB);
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  // Which process zeroed the ledger cannot be known: the one holding the untracked memory goes.
+  EXPECT_TRUE(waitFor([&] { return deviceUsed() - base == 0; }, milliseconds(5000)))
+      << (deviceUsed() - base) / MiB << " MiB\n" << b.log();
+  EXPECT_NE(b.metrics().find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"killed\"} 1\n"), std::string::npos)
+      << b.log();
+}
+
 // With the default configuration (hidden_memory_allowance 0, context_memory 512 MiB) memory a
 // process hides from its ledger is charged too, though it is no more than a CUDA context holds on
 // a real GPU: the limit covers everything the device holds for the tenant, so no allowance is
@@ -1455,11 +1567,7 @@ TEST(Tamper, AnEntryPastItsRestoredLimitIsTakenBack) {
   ASSERT_EQ(other.ask("alloc " + std::to_string(16 * MiB)), "ok");
   ASSERT_EQ(a.ask("alloc " + std::to_string(16 * MiB)), "ok");
   const int pid = a.pid();
-  auto ledger = observe(b.ledgerDir(), "alpha");
-  ASSERT_TRUE(ledger);
-  int slot = -1;
-  for (const Ledger::SlotUsage& u : ledger->slots())
-    if (u.used[0] == 16 * MiB) slot = u.slot;
+  const int slot = slotHolding(b, "alpha", 16 * MiB);
   ASSERT_GE(slot, 0);
   const std::string path = b.ledgerDir() + "/alpha.ledger";
   const uint64_t huge = 64ull << 30, counted = 1040 * MiB;
@@ -1478,25 +1586,24 @@ TEST(Tamper, AnEntryPastItsRestoredLimitIsTakenBack) {
 // honestly, as the device does, so the hidden-memory check sees nothing. An honest row never grows
 // above its limit by reserving; one found above it five ticks in a row is tampering, taken back
 // with tamper_response kill. The broker is stopped across the writes so the window is certain.
-TEST(Tamper, CountersWrittenAroundAnAllocationAreFound) {
+// forgePid: the slot's pid word is rewritten too.
+void expectCountersWrittenAroundTakenBack(bool forgePid) {
   Broker b(testDir());
   ASSERT_TRUE(b.start(kAlphaBetaKill)) << b.log();
   Child a = b.tenantProcess("alpha");
   ASSERT_EQ(a.ask("alloc " + std::to_string(200 * MiB)), "ok");
   const int pid = a.pid();
-  auto ledger = observe(b.ledgerDir(), "alpha");
-  ASSERT_TRUE(ledger);
-  int slot = -1;
-  for (const Ledger::SlotUsage& u : ledger->slots())
-    if (u.used[0] == 200 * MiB) slot = u.slot;
+  const int slot = slotHolding(b, "alpha", 200 * MiB);
   ASSERT_GE(slot, 0);
   std::this_thread::sleep_for(milliseconds(300));  // ticks that see the row as it honestly is
   const std::string path = b.ledgerDir() + "/alpha.ledger";
   const uint64_t zero = 0, both = 400 * MiB;
+  const int32_t forged = 1;
   ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
   rawWrite(path, ledgerUsedOffset(0, static_cast<uint32_t>(slot)), &zero, 8);
   const std::string second = a.ask("alloc " + std::to_string(200 * MiB));
   rawWrite(path, ledgerUsedOffset(0, static_cast<uint32_t>(slot)), &both, 8);
+  if (forgePid) rawWrite(path, ledgerPidOffset(static_cast<uint32_t>(slot)), &forged, 4);
   const uint64_t held = deviceHeld({pid});
   ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
   ASSERT_EQ(second, "ok") << "the shim believed its own counter";
@@ -1504,6 +1611,33 @@ TEST(Tamper, CountersWrittenAroundAnAllocationAreFound) {
   ASSERT_NO_FATAL_FAILURE(expectKilledAndFreed(b, a, pid, 0));
   EXPECT_TRUE(b.logHas("tenant alpha: ledger entry 0 holds 400 MiB against a limit of 256 MiB")) << b.log();
   EXPECT_NE(b.metrics().find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"counters\"} 1\n"), std::string::npos);
+}
+
+TEST(Tamper, CountersWrittenAroundAnAllocationAreFound) { expectCountersWrittenAroundTakenBack(false); }
+
+// The same, the slot's pid word rewritten too: which processes to take down is the device's word,
+// not the ledger's (found by an attack review: the broker matched processes by the slot's pid,
+// which the tenant writes, and killed nothing; the device kept 600 MiB for a 512 MiB limit).
+TEST(Tamper, CountersWrittenUnderAForgedSlotPidAreStillTakenBack) { expectCountersWrittenAroundTakenBack(true); }
+
+// A row written up before the broker's first look (here: across a restart) is no allowance beyond
+// what the device holds for the tenant: the row is found above it and taken back. Before, the
+// first look's row became the ceiling, and counters then written around each allocation let the
+// device hold 900 MiB for a 512 MiB limit, nothing logged (found by an attack review).
+TEST(Tamper, ARowInflatedBeforeTheBrokersFirstLookIsNoAllowance) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kAlphaBetaKill)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(100 * MiB)), "ok");
+  const int pid = a.pid();
+  const int slot = slotHolding(b, "alpha", 100 * MiB);
+  ASSERT_GE(slot, 0);
+  ASSERT_EQ(b.stop(), 0);
+  const uint64_t inflated = 2048 * MiB;
+  rawWrite(b.ledgerDir() + "/alpha.ledger", ledgerUsedOffset(0, static_cast<uint32_t>(slot)), &inflated, 8);
+  ASSERT_TRUE(b.start(kAlphaBetaKill)) << b.log();
+  ASSERT_NO_FATAL_FAILURE(expectKilledAndFreed(b, a, pid, 0));
+  EXPECT_TRUE(b.logHas("tenant alpha: ledger entry 0 holds 2 GiB against a limit of 256 MiB")) << b.log();
 }
 
 // A live limit lowered below what a tenant's row holds is not tampering: the row only drains.

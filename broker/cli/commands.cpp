@@ -256,6 +256,13 @@ int setLimitVerb(const Globals& g, const Verb& v, const Args& a) {
     google::protobuf::RepeatedPtrField<rpc::Tenant> one;
     *one.Add() = resp.set_limit().tenant();
     printTenants(one);
+    // A limit below what the tenant holds is accepted (limits are live), and said so plainly.
+    for (const rpc::TenantDevice& d : resp.set_limit().tenant().devices())
+      if (d.has_limit_bytes() && d.used_bytes() > d.limit_bytes())
+        std::printf("\nnote: %s holds %s on device %d, above its new limit of %s: its allocations there are denied "
+                    "until it frees below it; nothing it holds is taken\n",
+                    resp.set_limit().tenant().name().c_str(), formatSize(d.used_bytes()).c_str(), d.device(),
+                    formatSize(d.limit_bytes()).c_str());
   });
 }
 

@@ -246,8 +246,9 @@ void printProbeTable(const rpc::ProbeTable& table) {
 }
 
 void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants) {
-  Table t({"TENANT", "DEVICE", "USED", "LIMIT", "PEAK", "DENIED", "CAP", "BUSY", "THROTTLED", "SHARE", "PROCS", "SOURCE"});
-  bool overridden = false;
+  Table t({"TENANT", "DEVICE", "USED", "LIMIT", "PEAK", "DENIED", "CAP", "PRIORITY", "BUSY", "THROTTLED", "SHARE", "PROCS",
+           "SOURCE"});
+  bool overridden = false, above = false;
   const auto seconds = [](uint64_t ns) {
     char b[32];
     std::snprintf(b, sizeof b, "%.3fs", static_cast<double>(ns) / 1e9);
@@ -257,7 +258,7 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
     const std::string procs = std::to_string(tn.processes());
     std::string cap = tn.has_thread_percentage() ? std::to_string(tn.thread_percentage()) + "%" : "-";
     if (tn.threads_overridden()) cap += "*";
-    if (tn.priority_overridden()) cap += " " + tn.priority() + "*";
+    const std::string priority = tn.priority() + (tn.priority_overridden() ? "*" : "");
     overridden = overridden || tn.threads_overridden() || tn.priority_overridden();
     // A tenant the broker cannot manage has no device rows; it still gets a line.
     // Fair share: "w2" for a weight other than 1; the share it got of what it was due, while it
@@ -269,16 +270,24 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
       std::snprintf(b, sizeof b, "%.2f/%.2f", d.fair_achieved(), d.fair_target());
       return std::string(b);
     };
-    if (tn.devices().empty()) t.add({tn.name(), "-", "-", "-", "-", "-", cap, "-", "-", "-", procs, tn.source()});
+    if (tn.devices().empty())
+      t.add({tn.name(), "-", "-", "-", "-", "-", cap, priority, "-", "-", "-", procs, tn.source()});
     for (const rpc::TenantDevice& d : tn.devices()) {
-      t.add({tn.name(), std::to_string(d.device()), formatSize(d.used_bytes()), limitCell(d),
-             formatSize(d.peak_bytes()), std::to_string(d.denied()), cap + (d.paced() ? " paced" : ""),
+      // '!': it holds more than its limit (one lowered below what it held): denied until it frees.
+      const bool over = d.has_limit_bytes() && d.used_bytes() > d.limit_bytes();
+      above = above || over;
+      t.add({tn.name(), std::to_string(d.device()), formatSize(d.used_bytes()) + (over ? "!" : ""), limitCell(d),
+             formatSize(d.peak_bytes()), std::to_string(d.denied()), cap + (d.paced() ? " paced" : ""), priority,
              seconds(d.busy_ns()), seconds(d.throttled_ns()), share(d), procs, tn.source()});
       overridden = overridden || (d.overridden() && d.has_limit_bytes());
     }
   }
   t.print();
   if (overridden) std::printf("\n* set live (cushare set-limit); undo with --reset\n");
+  if (above)
+    std::printf("%s! holds more than its limit (a limit lowered below what it held): its allocations there are "
+                "denied until it frees below the limit; nothing it holds is taken\n",
+                overridden ? "" : "\n");
   bool mps = false;
   for (const rpc::Tenant& tn : tenants) {
     if (!tn.mps()) continue;

@@ -14,7 +14,8 @@
 // block the hardware slices out meanwhile counts as if it ran; under cushare's pacing tenants
 // take exclusive turns (docs/compute.md), so it does not arise there. `busy_for --ptx` prints the
 // kernel's PTX (the ctest busy_for_ptx compiles it with ptxas). Exit status: 0 when done, 1 on a
-// CUDA error, 2 on a usage error.
+// CUDA error or a share above what a device has (simgpu without the cost table), 2 on a usage
+// error.
 #include <cuda.h>
 
 #include <chrono>
@@ -150,8 +151,19 @@ int main(int argc, char** argv) {
       // Since the last line (a second, or more where the host stalled this program).
       const auto whole = std::chrono::duration_cast<std::chrono::seconds>(now - start).count();
       const double wall = std::chrono::duration<double>(now - lastPrint).count();
+      const double share = 100.0 * static_cast<double>(kernelsThisSecond) * static_cast<double>(o.blockUs) / 1e6 / wall;
+      // More than the device has (allowing for a kernel counted at a second's edge): its kernels
+      // did not spin for their blocks' time. simgpu does not run PTX; its cost table does.
+      if (share > 110.0) {
+        std::fprintf(stderr,
+                     "busy_for: %.0f %% of the device's time is more than a device has: the kernels finished before "
+                     "their blocks' %lld us. On simgpu, set SIMGPU_KERNEL_COSTS to busy_for.costs (installed beside "
+                     "this program in share/cushare/examples, examples/tenant/ in the source)\n",
+                     share, static_cast<long long>(o.blockUs));
+        return 1;
+      }
       std::printf("[%s] second %lld: %3.0f %% of the device's time\n", o.name.c_str(), static_cast<long long>(whole),
-                  100.0 * static_cast<double>(kernelsThisSecond) * static_cast<double>(o.blockUs) / 1e6 / wall);
+                  share);
       lastPrint = now;
       kernelsThisSecond = 0;
       second = whole + 1;

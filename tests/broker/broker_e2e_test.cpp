@@ -24,6 +24,7 @@
 #include <random>
 #include <regex>
 #include <thread>
+#include <tuple>
 
 #include "fd_passing.h"
 #include "harness.h"
@@ -2038,6 +2039,40 @@ TEST(Cli, RefusesAFakeBrokerOfAnotherUser) {
   ::kill(fake, SIGKILL);
   ::waitpid(fake, nullptr, 0);
   std::filesystem::remove_all(evil);
+}
+
+// A live limit lowered below what the tenant holds is accepted (limits are live) and said so: the
+// reply notes it, the tenants table flags USED with '!' and explains it; the table shows each
+// tenant's priority (issue 26, point 6: the change was silent, the priority nowhere).
+TEST(Cli, ALimitLoweredBelowUsageIsSaidAndFlagged) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  Child a = b.tenantProcess("alpha");
+  ASSERT_EQ(a.ask("alloc " + std::to_string(300 * MiB)), "ok");
+  const auto cli = [&](const std::string& args) {
+    const std::string cmd = std::string(CLI_BIN) + " --socket " + b.socket() + " " + args + " > " + b.dir() + "/out.txt 2>&1";
+    const int st = std::system(cmd.c_str());
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, readFile(b.dir() + "/out.txt"));
+  };
+  auto [rc, out] = cli("set-limit alpha --memory 128MiB");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("note: alpha holds 300 MiB on device 0, above its new limit of 128 MiB: its allocations there are "
+                     "denied until it frees below it; nothing it holds is taken"),
+            std::string::npos) << out;
+  std::tie(rc, out) = cli("tenants");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("PRIORITY"), std::string::npos) << out;
+  EXPECT_NE(out.find("300 MiB!"), std::string::npos) << out;
+  EXPECT_NE(out.find("! holds more than its limit"), std::string::npos) << out;
+  EXPECT_NE(out.find(" high "), std::string::npos) << "alpha's priority\n" << out;
+  EXPECT_EQ(a.ask("alloc " + std::to_string(1 * MiB)), "oom");
+  EXPECT_EQ(a.ask("held"), "held " + std::to_string(300 * MiB)) << "nothing taken";
+  // Within the limit again: no flag, no note.
+  ASSERT_EQ(a.ask("freeall"), "ok");
+  std::tie(rc, out) = cli("set-limit alpha --memory 256MiB");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.find("note:"), std::string::npos) << out;
+  EXPECT_EQ(out.find("!"), std::string::npos) << out;
 }
 
 // Memory held by a program outside cushare (no shim, no ledger) is shown to operators: `cushare

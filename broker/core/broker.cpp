@@ -301,8 +301,9 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       if (watchdog && (!first || have > want)) {
         rewritten.insert(e);
         tamperLocked(t, "limit");
-        CUSHARE_BLOG(warn, "tenant {} {}: the limit in its ledger was changed to {} outside the broker; restored to {}",
-                     t->name, what, describeLimit(have), describeLimit(want));
+        if (std::string more; tamperLog_.allow(&more))
+          CUSHARE_BLOG(warn, "tenant {} {}: the limit in its ledger was changed to {} outside the broker; restored to {}{}",
+                       t->name, what, describeLimit(have), describeLimit(want), more);
       } else {
         CUSHARE_BLOG(info, "tenant {} {}: limit {} (was {})", t->name, what, describeLimit(want), describeLimit(have));
       }
@@ -323,12 +324,12 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
           t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
           rewritten.insert(e);
           tamperLocked(t, "uuid");
-          if (ready)
+          if (std::string more; ready && tamperLog_.allow(&more))
             CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; "
-                         "restored to {}", t->name, e, devices_[static_cast<size_t>(d)].uuid);
-          else
-            CUSHARE_BLOG(warn, "tenant {}: ledger entry {} was freed outside the broker; it names {} again",
-                         t->name, e, devices_[static_cast<size_t>(d)].uuid);
+                         "restored to {}{}", t->name, e, devices_[static_cast<size_t>(d)].uuid, more);
+          else if (!ready && tamperLog_.allow(&more))
+            CUSHARE_BLOG(warn, "tenant {}: ledger entry {} was freed outside the broker; it names {} again{}",
+                         t->name, e, devices_[static_cast<size_t>(d)].uuid, more);
         }
       } else if (limits != nullptr && limits->readyUuid(e, have)) {
         continue;  // published for a device this host no longer has: nothing is due there
@@ -340,8 +341,9 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
           t->ledger->restoreDeviceUuid(e, uuids[static_cast<size_t>(d)].data());
           rewritten.insert(e);
           tamperLocked(t, "uuid");
-          CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; restored to {}",
-                       t->name, e, devices_[static_cast<size_t>(d)].uuid);
+          if (std::string more; tamperLog_.allow(&more))
+            CUSHARE_BLOG(warn, "tenant {}: the device UUID of ledger entry {} was rewritten outside the broker; restored to {}{}",
+                         t->name, e, devices_[static_cast<size_t>(d)].uuid, more);
         }
       }
       if (d < 0) {
@@ -460,12 +462,13 @@ void Broker::collectLimitsFilesLocked(const std::set<uint64_t>& named) {
 // review found a tenant escaping the kill by rewriting it).
 void Broker::takeBackLocked(TenantState* t, const std::set<int>& entries) {
   if (entries.empty() || config_.tamperResponse != Config::TamperResponse::kKill || !t->ledger) return;
-  std::vector<Ledger::SlotUsage> slots;
+  // The published limit (the limits file's), not the ledger's word, which the tenant can keep
+  // rewriting between the broker's restoring it and reading it here (a review found that).
   std::map<int, uint64_t> limits;
-  if (!guarded([&] {
-        slots = t->ledger->slots();
-        for (int e : entries) limits[e] = t->ledger->limit(e);
-      })) {
+  for (int e : entries)
+    if (!limitOfEntryLocked(*t, e, &limits[e])) return;
+  std::vector<Ledger::SlotUsage> slots;
+  if (!guarded([&] { slots = t->ledger->slots(); })) {
     faultLocked(t);
     return;
   }

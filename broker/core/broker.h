@@ -178,6 +178,7 @@ class Broker {
     // ticks in a row they were found above it (rows.cpp).
     std::vector<uint64_t> rowCeiling;
     std::vector<int> rowOver;
+    std::vector<uint8_t> rowFirstLook;  // the ceiling was set by the first look, above the limit
     std::vector<uint64_t> hidden;         // per device: what the broker charges now
     // Per device: what the device's own accounting showed the tenant's processes (its current
     // ledger's) holding at tick deviceHeldTick (hidden_memory.cpp); rows.cpp lets no row ceiling
@@ -231,6 +232,7 @@ class Broker {
     FileId file{};
     bool viaFormer = false;
     bool killTried = false;  // hidden_memory_response sent it SIGKILL (once per process)
+    uint64_t culpritTick = 0;  // the last tick hidden_memory.cpp found it holding memory hidden
   };
 
   struct Prepared {
@@ -269,6 +271,8 @@ class Broker {
   // False if the ledger cannot be read.
   bool entryAllowanceLocked(TenantState& t, int e, uint64_t* out);
   bool limitOfEntryLocked(TenantState& t, int e, uint64_t* out);  // the published limit, as above
+  // Every slot of t's ledger is held by a process the device lists on device d (rows.cpp).
+  bool allHoldersSizedLocked(TenantState& t, size_t d);
   // Removes limits files whose ledger the broker no longer holds and no name in the directory
   // (named: the inodes found under the ledger directory's names) refers to.
   void collectLimitsFilesLocked(const std::set<uint64_t>& named);
@@ -391,6 +395,9 @@ class Broker {
   // are no tenant's. 20 at once, then one every 6 s each.
   LogLimit refusedLog_{20, std::chrono::milliseconds(6000)};
   LogLimit strangersLog_{20, std::chrono::milliseconds(6000)};
+  // Lines a tenant causes by rewriting its ledger (a limit or device UUID put back every tick):
+  // the same budget; tamper metrics count every one.
+  LogLimit tamperLog_{20, std::chrono::milliseconds(6000)};
   BrokerState state_;             // as last written to the state file
   bool stateDirty_ = false;       // the state file is behind (a shadow came or went)
   bool unknownFull_ = false;      // the host segment offers new unknown tenants nothing (caps reached)

@@ -57,6 +57,9 @@ namespace cushare::broker {
 // ledger in one tick is seen on the device and in neither read.
 inline constexpr size_t kHiddenTicks = 5;
 
+// a + b, or UINT64_MAX where that would wrap: sums of counters a tenant writes.
+inline uint64_t addSaturated(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
 class ProbeScheduler;
 
 struct EnvInfo {
@@ -179,6 +182,7 @@ class Broker {
     std::vector<uint64_t> rowCeiling;
     std::vector<int> rowOver;
     std::vector<uint8_t> rowFirstLook;  // the ceiling was set by the first look, above the limit
+    std::vector<uint8_t> rowSeen;       // the row was looked at (its ceiling may be kNoLimit's)
     std::vector<uint64_t> hidden;         // per device: what the broker charges now
     // Per device: what the device's own accounting showed the tenant's processes (its current
     // ledger's) holding at tick deviceHeldTick (hidden_memory.cpp); rows.cpp lets no row ceiling
@@ -186,7 +190,8 @@ class Broker {
     std::vector<uint64_t> deviceHeld;
     uint64_t deviceHeldTick = 0;
     std::vector<uint8_t> hiddenReported;  // per device: the charge exceeds context memory (warned)
-    std::vector<uint8_t> hiddenPastLimitSaid;  // per device: "nothing to kill" said for this episode
+    std::vector<uint8_t> hiddenPastLimitSaid;  // per device: "nothing to take down" said this episode
+    std::vector<int> culpritRun;  // per device: consecutive judged ticks that found culprits
     std::vector<uint64_t> hiddenCharge;   // per ledger entry: the hidden part of the charge slot
     std::vector<uint64_t> leftBehind;     // per device: memory its exited processes left (left_behind.cpp)
     std::map<std::string, uint64_t> tamper;  // kind -> count (see TenantSnapshot::tamper)
@@ -232,7 +237,6 @@ class Broker {
     FileId file{};
     bool viaFormer = false;
     bool killTried = false;  // hidden_memory_response sent it SIGKILL (once per process)
-    uint64_t culpritTick = 0;  // the last tick hidden_memory.cpp found it holding memory hidden
   };
 
   struct Prepared {
@@ -271,8 +275,6 @@ class Broker {
   // False if the ledger cannot be read.
   bool entryAllowanceLocked(TenantState& t, int e, uint64_t* out);
   bool limitOfEntryLocked(TenantState& t, int e, uint64_t* out);  // the published limit, as above
-  // Every slot of t's ledger is held by a process the device lists on device d (rows.cpp).
-  bool allHoldersSizedLocked(TenantState& t, size_t d);
   // Removes limits files whose ledger the broker no longer holds and no name in the directory
   // (named: the inodes found under the ledger directory's names) refers to.
   void collectLimitsFilesLocked(const std::set<uint64_t>& named);

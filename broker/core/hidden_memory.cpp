@@ -233,7 +233,7 @@ std::map<std::string, Broker::ShownSums> Broker::shownLocked() {
     s.ledger = t->ledger.get();
     if (!guarded([&] {
           for (const Ledger::SlotUsage& u : t->ledger->slots())  // the broker's own slot left out
-            for (uint32_t e = 0; e < kLedgerMaxDevices; ++e) s.bytes[e] += u.used[e];
+            for (uint32_t e = 0; e < kLedgerMaxDevices; ++e) s.bytes[e] = addSaturated(s.bytes[e], u.used[e]);
         })) {
       out.erase(name);
       faultLocked(t.get());
@@ -370,7 +370,10 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
       }
       t.hiddenPastLimitSaid.resize(n, 0);
       if (!judge) t.hiddenPastLimitSaid[d] = 0;
-      if (!(changed && report) && !judge) continue;
+      if (!(changed && report) && !judge) {
+        if (d < t.culpritRun.size()) t.culpritRun[d] = 0;
+        continue;
+      }
       std::vector<Ledger::SlotUsage> slots;
       std::vector<int> holders;  // per slot: the process the kernel names holding it (host pid)
       if (!guarded([&] { slots = t.ledger->slots(); })) {
@@ -380,7 +383,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
       uint64_t rowNow = 0;
       for (const Ledger::SlotUsage& u : slots) {
         holders.push_back(t.ledger->slotHolderPid(u.slot));
-        if (t.entry[d] >= 0) rowNow += u.used[t.entry[d]];
+        if (t.entry[d] >= 0) rowNow = addSaturated(rowNow, u.used[t.entry[d]]);
       }
       // A row above what it may hold in this read credits its slots more than any process can
       // hold honestly: the processes are not judged from it (a tenant that times its writes to
@@ -408,10 +411,11 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         for (size_t k = 0; k < slots.size(); ++k)
           if (holders[k] == pid && t.entry[d] >= 0) {
             holds = true;
-            inSlot += slots[k].used[t.entry[d]];
+            inSlot = addSaturated(inSlot, slots[k].used[t.entry[d]]);
           }
         for (size_t k = 0; k < slots.size() && !holds && byPidWord[p.nsPid] == 1; ++k)
-          if (holders[k] <= 0 && slots[k].pid == p.nsPid && t.entry[d] >= 0) inSlot += slots[k].used[t.entry[d]];
+          if (holders[k] <= 0 && slots[k].pid == p.nsPid && t.entry[d] >= 0)
+            inSlot = addSaturated(inSlot, slots[k].used[t.entry[d]]);
         if (onDev <= inSlot) continue;
         who += "; pid " + std::to_string(pid) +
                (p.nsPid != pid ? " (" + std::to_string(p.nsPid) + " in its pid namespace)" : "") +
@@ -432,18 +436,16 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
                      "charged to the tenant (counted in its usage) while the device holds it",
                      name, d, formatSize(held[d]), formatSize(t.hidden[d]), who);
       }
+      t.culpritRun.resize(n, 0);
       if (!judge) continue;
-      // A culprit two ticks in a row: one tick's figures can disagree by what a process freed
-      // between NVML's read and the slots' (the device frees before the slot is lowered).
-      bool any = false;
-      for (auto& [pid, p] : deviceProcesses_)
-        if (p.tenant == name && std::find(culprits.begin(), culprits.end(), pid) == culprits.end()) p.culpritTick = 0;
+      // Culprits two judged ticks in a row on this device (whichever processes: two that take
+      // turns holding the untracked memory do not reset it): one tick's figures can disagree by
+      // what a process freed between NVML's read and the slots' (the device frees first).
+      t.culpritRun[d] = culprits.empty() ? 0 : t.culpritRun[d] + 1;
+      const bool any = !culprits.empty();
       for (int pid : culprits) {
         DeviceProcess& p = deviceProcesses_.find(pid)->second;
-        const bool again = p.culpritTick + 1 == ticks_;
-        p.culpritTick = ticks_;
-        any = true;
-        if (p.killTried || !again) continue;  // listed for a tick or two more while the device frees it
+        if (p.killTried || t.culpritRun[d] < 2) continue;  // listed a tick or two more while freed
         p.killTried = true;
         const bool killed = killProcessIfStill(pid, p.startTime);
         if (killed) tamperLocked(&t, "killed");

@@ -12,8 +12,8 @@
 //
 // A ceiling taken at the broker's first look (a restart, an adoption) from a row above its limit
 // does not stay above what the device's own accounting shows the tenant's processes holding
-// there, where it shows every slot's holder: otherwise a row written up before that look would be
-// an allowance up to its value, which a tenant could fill by writing its counters around each
+// there (when it shows them holding anything): otherwise a row written up before that look would
+// be an allowance up to its value, which a tenant could fill by writing its counters around each
 // allocation (found by an attack review: 900 MiB on the device for a 512 MiB limit, nothing
 // logged). Only then: after the first look the ceiling is what the row itself showed under the
 // limit, and the device may show less than an honest row (managed memory not resident).
@@ -36,19 +36,6 @@ bool Broker::limitOfEntryLocked(TenantState& t, int e, uint64_t* out) {
   return guarded([&] { *out = t.ledger->limit(e); });
 }
 
-bool Broker::allHoldersSizedLocked(TenantState& t, size_t d) {
-  std::vector<Ledger::SlotUsage> slots;
-  if (!guarded([&] { slots = t.ledger->slots(); })) return false;
-  for (const Ledger::SlotUsage& u : slots) {
-    const int holder = t.ledger->slotHolderPid(u.slot);
-    const auto it = deviceProcesses_.find(holder);
-    if (holder <= 0 || it == deviceProcesses_.end() || it->second.tenant != t.name || d >= 64 ||
-        (it->second.devices >> d & 1) == 0)
-      return false;
-  }
-  return true;
-}
-
 bool Broker::entryAllowanceLocked(TenantState& t, int e, uint64_t* out) {
   if (!t.ledger || e < 0 || static_cast<size_t>(e) >= kLedgerMaxDevices || !limitOfEntryLocked(t, e, out))
     return false;
@@ -64,6 +51,7 @@ void Broker::checkRowsLocked(const std::map<std::string, ShownSums>& before,
     t.rowCeiling.resize(kLedgerMaxDevices, UINT64_MAX);
     t.rowOver.resize(kLedgerMaxDevices, 0);
     t.rowFirstLook.resize(kLedgerMaxDevices, 0);
+    t.rowSeen.resize(kLedgerMaxDevices, 0);
     const auto b = before.find(name), a = after.find(name);
     if (!t.ledger || b == before.end() || a == after.end() || b->second.ledger != t.ledger.get() ||
         a->second.ledger != t.ledger.get())
@@ -77,13 +65,13 @@ void Broker::checkRowsLocked(const std::map<std::string, ShownSums>& before,
       if (!limitOfEntryLocked(t, e, &limit)) continue;
       const uint64_t held = std::min(b->second.bytes[i], a->second.bytes[i]);
       uint64_t& ceiling = t.rowCeiling[i];
-      if (ceiling == UINT64_MAX) {  // first look: whatever it holds, as far as the device shows it
+      if (!t.rowSeen[i]) {  // first look: whatever it holds, as far as the device shows it
+        t.rowSeen[i] = 1;
         ceiling = std::max(limit, held);
         t.rowFirstLook[i] = held > limit ? 1 : 0;
       }
       if (t.rowFirstLook[i] && held <= limit) t.rowFirstLook[i] = 0;
-      if (t.rowFirstLook[i] && t.deviceHeldTick == ticks_ && d < t.deviceHeld.size() && t.deviceHeld[d] != 0 &&
-          allHoldersSizedLocked(t, d))
+      if (t.rowFirstLook[i] && t.deviceHeldTick == ticks_ && d < t.deviceHeld.size() && t.deviceHeld[d] != 0)
         ceiling = std::max(limit, std::min(ceiling, t.deviceHeld[d]));
       if (held > std::max(limit, ceiling)) {
         if (t.rowOver[i] < INT32_MAX) ++t.rowOver[i];

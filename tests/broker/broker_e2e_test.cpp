@@ -2295,6 +2295,31 @@ uint64_t hostUsed(unsigned index) {
   return ok ? m.used : UINT64_MAX;
 }
 
+// A tenant hiding memory past its limit on both devices at once, one process on each: each is
+// taken down (a review found the consecutive-ticks rule kept per process across devices, so each
+// device's pass reset the other's culprit and neither was ever killed).
+TEST(Devices, ProcessesHidingOnTwoDevicesAreBothTakenDown) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("context_memory: 0\ntenants:\n  - {name: alpha, memory: 256MiB}\n")) << b.log();
+  const uint64_t base0 = hostUsed(0), base1 = hostUsed(1);
+  Child p0 = b.tenantProcess("alpha");
+  Child p1 = b.tenantProcess("alpha", {{"CUDA_VISIBLE_DEVICES", "1"}});
+  ASSERT_EQ(p0.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(p1.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_EQ(p0.ask("zero"), "ok");  // every device's counters
+  ASSERT_EQ(p0.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  ASSERT_EQ(p1.ask("alloc " + std::to_string(200 * MiB)), "ok");
+  EXPECT_EQ(hostUsed(0) - base0, 400 * MiB);
+  EXPECT_EQ(hostUsed(1) - base1, 400 * MiB);
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  for (Child* c : {&p0, &p1}) {
+    const int status = c->wait(5000);
+    EXPECT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status << "\n" << b.log();
+  }
+  EXPECT_TRUE(waitFor([&] { return hostUsed(0) == base0 && hostUsed(1) == base1; }, milliseconds(2000))) << b.log();
+}
+
 // A tenant that keeps rewriting its entries' state words (entry 0 freed, entry 1 marked ready) in a
 // loop while the broker runs: found by a second attack review, the broker re-read the ledger after
 // writing an entry back, lost the race, skipped the published entries and gave entry 0 device 1's

@@ -1189,7 +1189,7 @@ int Broker::tick(bool scanDirectory) {
   std::lock_guard<std::mutex> g(mu_);
   reaped += tickLocked(scanDirectory, nullptr);
   mpsClientsLocked();
-  if (device) checkHiddenLocked(onDevice, before, after);
+  if (device) checkHiddenLocked(onDevice, before, after, false);  // NVML's figures are ~100 ms old now
   checkRowsLocked(before, after);
   return reaped;
 }

@@ -320,9 +320,11 @@ class Broker {
     std::array<uint64_t, kLedgerMaxDevices> bytes{};
   };
   std::map<std::string, ShownSums> shownLocked();
+  // judge: whether processes may be taken down from these figures (not in a tick's late pass,
+  // whose device figures are a bounded flock wait older than the ledger's).
   void checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
                          const std::map<std::string, ShownSums>& before,
-                         const std::map<std::string, ShownSums>& after);
+                         const std::map<std::string, ShownSums>& after, bool judge = true);
   void attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevice);
   // Usage counters that hold more than the limit allows (a process took bytes off its own slot's
   // counter around an allocation, then put them back): an honest row never grows while above its

@@ -420,9 +420,12 @@ int report(const Globals& g, int exitCode, const std::string& message) {
 
 int runVerb(const Globals& g, const std::string& verb, const std::vector<std::string>& args) {
   const Verb* v = findVerb(verb);
-  if (!v)
+  if (!v) {
+    std::vector<std::string> names;
+    for (const Verb& known : verbs()) names.emplace_back(known.name);
     return report(g, kExitUsage,
-                  "unknown verb '" + printable(verb, 40) + "' (see 'cushare --help')");
+                  "unknown verb '" + printable(verb, 40) + "' (see 'cushare --help')" + didYouMean(verb, names));
+  }
   Args parsed;
   std::string err;
   Globals local = g;

@@ -40,38 +40,6 @@ bool isDigit(char c) { return c >= '0' && c <= '9'; }
 bool isHex(char c) { return isDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 bool isAlnum(char c) { return isDigit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
-// Levenshtein distance, for "did you mean"; words are short (keys and profile names).
-size_t editDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      const size_t sub = diag + (a[i - 1] == b[j - 1] ? 0 : 1);
-      row[j] = std::min(std::min(row[j - 1] + 1, up + 1), sub);
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// "; did you mean 'x'?" for the closest candidate within two edits, or "".
-std::string didYouMean(std::string_view word, const std::vector<std::string>& candidates) {
-  if (word.size() > 64) return "";
-  size_t best = 3;
-  std::string bestName;
-  for (const std::string& c : candidates) {
-    const size_t d = editDistance(word, c);
-    if (d < best && d < c.size()) {
-      best = d;
-      bestName = c;
-    }
-  }
-  return bestName.empty() ? "" : "; did you mean '" + bestName + "'?";
-}
-
 std::string listOf(const std::vector<std::string>& names) {
   std::string r;
   for (const std::string& n : names) r += (r.empty() ? "" : ", ") + n;

@@ -878,7 +878,10 @@ bool Broker::setLimit(const std::string& tenant, const LimitChange& change, std:
   std::lock_guard<std::mutex> g(mu_);
   auto it = tenants_.find(tenant);
   if (it == tenants_.end() || it->second->source == "removed") {
-    *err = "no tenant '" + tenant + "' on this host (see cushare tenants)";
+    std::vector<std::string> names;
+    for (const auto& [name, known] : tenants_)
+      if (known->source != "removed") names.push_back(name);
+    *err = "no tenant '" + printable(tenant, 64) + "' on this host (see cushare tenants)" + didYouMean(tenant, names);
     return false;
   }
   TenantState& t = *it->second;

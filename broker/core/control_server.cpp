@@ -17,6 +17,7 @@
 
 #include "core/broker.h"
 #include "core/log.h"
+#include "cushare/parse.h"
 #include "rpc/codec.h"
 #include "rpc/convert.h"
 
@@ -87,6 +88,13 @@ std::string who(const Peer& p) {
   return "uid " + std::to_string(p.uid) + " pid " + std::to_string(p.pid);
 }
 
+// "no tenant 'x' on this host", and the nearest name of the host's tenants when there is one.
+std::string noTenant(Broker& b, const std::string& name) {
+  std::vector<std::string> names;
+  for (const broker::TenantSnapshot& t : b.snapshot().tenants) names.push_back(t.name);
+  return "no tenant '" + printable(name, 64) + "' on this host" + didYouMean(name, names);
+}
+
 rpc::Response handle(Broker& b, const std::function<bool(std::string*)>& reload, const rpc::Request& req,
                      const Peer& peer) {
   rpc::Response r;
@@ -102,14 +110,14 @@ rpc::Response handle(Broker& b, const std::function<bool(std::string*)>& reload,
       return r;
     case rpc::Request::kTenants:
       if (!rpc::tenantsToProto(b.snapshot(), req.tenants().tenant(), r.mutable_tenants()))
-        return failure("no tenant '" + req.tenants().tenant() + "' on this host");
+        return failure(noTenant(b, req.tenants().tenant()));
       return r;
     case rpc::Request::kProcesses:
       // A slot's pid is the tenant's own claim; each is checked against the kernel's (the
       // slot's POSIX pid lock and /proc), here, outside the broker's lock.
       if (!rpc::processesToProto(b.snapshot(), req.processes().tenant(), innermostPid,
                                  r.mutable_processes()))
-        return failure("no tenant '" + req.processes().tenant() + "' on this host");
+        return failure(noTenant(b, req.processes().tenant()));
       return r;
     case rpc::Request::kSetLimit: {
       const rpc::SetLimitRequest& s = req.set_limit();

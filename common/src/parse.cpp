@@ -171,6 +171,41 @@ std::string printable(std::string_view s, size_t max) {
   return r;
 }
 
+namespace {
+
+// Levenshtein distance; words are short (keys, verbs, profile and tenant names).
+size_t editDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      const size_t sub = diag + (a[i - 1] == b[j - 1] ? 0 : 1);
+      row[j] = std::min(std::min(row[j - 1] + 1, up + 1), sub);
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string didYouMean(std::string_view word, const std::vector<std::string>& candidates) {
+  if (word.size() > 64) return "";
+  size_t best = 3;
+  std::string bestName;
+  for (const std::string& c : candidates) {
+    const size_t d = editDistance(word, c);
+    if (d < best && d < c.size()) {
+      best = d;
+      bestName = c;
+    }
+  }
+  return bestName.empty() ? "" : "; did you mean '" + bestName + "'?";
+}
+
 std::string formatSize(uint64_t bytes) {
   static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;

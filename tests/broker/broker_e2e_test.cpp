@@ -2103,6 +2103,28 @@ TEST(Cli, RefusesAFakeBrokerOfAnotherUser) {
   std::filesystem::remove_all(evil);
 }
 
+// A misspelt verb or tenant name is answered with the nearest one (issue 26, point 11).
+TEST(Cli, TyposGetADidYouMean) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTwoTenants)) << b.log();
+  const auto cli = [&](const std::string& args) {
+    const std::string cmd = std::string(CLI_BIN) + " --socket " + b.socket() + " " + args + " > " + b.dir() + "/out.txt 2>&1";
+    const int st = std::system(cmd.c_str());
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, readFile(b.dir() + "/out.txt"));
+  };
+  auto [rc, out] = cli("statsu");
+  EXPECT_EQ(rc, 2);
+  EXPECT_EQ(out, "cushare: unknown verb 'statsu' (see 'cushare --help'); did you mean 'status'?\n");
+  std::tie(rc, out) = cli("set-limit alpah --memory 1GiB");
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("no tenant 'alpah' on this host (see cushare tenants); did you mean 'alpha'?"), std::string::npos) << out;
+  std::tie(rc, out) = cli("tenants alpah");
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("no tenant 'alpah' on this host; did you mean 'alpha'?"), std::string::npos) << out;
+  std::tie(rc, out) = cli("tenants zzzzzz");
+  EXPECT_EQ(out.find("did you mean"), std::string::npos) << "nothing near: " << out;
+}
+
 // A live limit lowered below what the tenant holds is accepted (limits are live) and said so: the
 // reply notes it, the tenants table flags USED with '!' and explains it; the table shows each
 // tenant's priority (issue 26, point 6: the change was silent, the priority nowhere).

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cushare {
 
@@ -34,6 +35,9 @@ std::string printable(std::string_view text, size_t max);
 
 // A JSON string literal of text: quotes, backslashes and control characters (DEL too) escaped.
 std::string jsonQuoted(std::string_view text);
+
+// "; did you mean 'x'?" for the candidate closest to word within two edits (Levenshtein), or "".
+std::string didYouMean(std::string_view word, const std::vector<std::string>& candidates);
 
 // Removes leading and trailing ASCII whitespace.
 std::string_view trim(std::string_view text);

@@ -14,12 +14,16 @@
 #include <unistd.h>
 
 #define UNW_LOCAL_ONLY
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <libunwind.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace cushare::shim {
 namespace {
@@ -90,14 +94,26 @@ void logStackRateLimited(LogLevel level, int maxFrames) noexcept {
   unw_context_t ctx;
   unw_cursor_t cur;
   if (unw_getcontext(&ctx) != 0 || unw_init_local(&cur, &ctx) != 0) return;
+  // The application's frames, from the call into CUDA outwards: the shim's own (this function,
+  // the denial, the hook) say nothing to the reader. Names demangled, each with its library.
+  Dl_info self{};
+  const bool known = dladdr(reinterpret_cast<void*>(&logStackRateLimited), &self) != 0;
   int frame = 0;
   while (frame < maxFrames && unw_step(&cur) > 0) {
     unw_word_t ip = 0, off = 0;
     unw_get_reg(&cur, UNW_REG_IP, &ip);
+    Dl_info where{};
+    const bool found = dladdr(reinterpret_cast<void*>(ip), &where) != 0;
+    if (known && found && where.dli_fbase == self.dli_fbase) continue;
     char name[256];
     if (unw_get_proc_name(&cur, name, sizeof name, &off) != 0) std::snprintf(name, sizeof name, "?");
-    logLine(level, "  #%d 0x%llx %s+0x%llx", frame++, static_cast<unsigned long long>(ip), name,
-            static_cast<unsigned long long>(off));
+    int status = -1;
+    char* readable = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+    const char* lib = found && where.dli_fname != nullptr ? where.dli_fname : "?";
+    if (const char* slash = std::strrchr(lib, '/'); slash != nullptr) lib = slash + 1;
+    logLine(level, "  #%d %s+0x%llx (%s)", frame++, status == 0 && readable != nullptr ? readable : name,
+            static_cast<unsigned long long>(off), lib);
+    std::free(readable);
   }
 }
 

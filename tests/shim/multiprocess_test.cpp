@@ -1081,6 +1081,10 @@ TEST_F(Logging, DenialsShowAtLogLevelError) {
   // The line names the charge: linear allocations are charged in the driver's 256-byte units.
   EXPECT_TRUE(anyContains(lines, "allocation of " + std::to_string(limit_ + 256) + " bytes denied")) << joined(lines);
   EXPECT_TRUE(anyContains(lines, "  #0 ")) << "no allocation site with the denial:\n" << joined(lines);
+  // The application's frames, readable: the shim's own left out, names demangled (issue 26: a
+  // denial printed seven mangled frames of the shim).
+  EXPECT_FALSE(anyContains(lines, "cushare4shim") || anyContains(lines, "cushare::shim")) << joined(lines);
+  EXPECT_TRUE(anyContains(lines, "childMain(std::")) << "demangled\n" << joined(lines);
   ASSERT_FALSE(lines.empty());
   EXPECT_EQ("alloc 2", lines.back());
   c.closeControl();

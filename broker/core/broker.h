@@ -218,8 +218,6 @@ class Broker {
   // SIGKILL to host pid if it is still the process that started at startTime (hidden_memory.cpp:
   // through a pidfd, the start time checked after opening it, so a reused pid is never signalled).
   static bool killProcessIfStill(int pid, uint64_t startTime);
-  // The real uid of host pid (/proc/<pid>/status); -1 if it is gone.
-  static uid_t uidOf(int pid);
   // Whether host pid runs as the tenant's user: the ledger owner's uid, or (a tenant configured
   // with a gid, whose ledger its group shares) a member of that group (/proc/<pid>/status).
   static bool ofTenantsUser(const TenantState& t, int pid);

@@ -109,23 +109,6 @@ int32_t innermostPidOf(int pid) {
 
 }  // namespace
 
-uid_t Broker::uidOf(int pid) {
-  char path[40], line[256];
-  std::snprintf(path, sizeof(path), "/proc/%d/status", pid);
-  FILE* f = std::fopen(path, "re");
-  if (f == nullptr) return static_cast<uid_t>(-1);
-  uid_t uid = static_cast<uid_t>(-1);
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    unsigned long real = 0;
-    if (std::sscanf(line, "Uid: %lu", &real) == 1) {
-      uid = static_cast<uid_t>(real);
-      break;
-    }
-  }
-  std::fclose(f);
-  return uid;
-}
-
 bool Broker::ofTenantsUser(const TenantState& t, int pid) {
   char path[40], line[4096];
   std::snprintf(path, sizeof(path), "/proc/%d/status", pid);

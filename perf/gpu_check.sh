@@ -12,7 +12,7 @@
 # reported ("FAILED"), counted, and the next one runs; MPS daemons started here are quit on exit,
 # also after a failure, or after INT or TERM once the program then running has ended (a daemon a
 # killed run left behind is quit by the next run, whose pipe directories are the same).
-# GPU_CHECK_STEPS (default "1 2 3 4 5 6 7") picks the steps below, for a rerun of one of them.
+# GPU_CHECK_STEPS (default "1 2 3 4 5 6 7 8") picks the steps below, for a rerun of one of them.
 # GPU_CHECK_DRY_RUN=1 runs every step with simgpu standing in for the driver too (ctest
 # gpu_check_dry_run), so the script itself is tested without a GPU.
 #
@@ -44,6 +44,11 @@
 #    probe module, a 64 MiB device malloc heap and an 8 KiB stack limit, as NVML's per-process
 #    figure shows them: the broker's context_memory (docs/broker-configuration.md) should be at
 #    least the context's and module's `beyond`.
+# 8. What the driver answers where simgpu's answer is a classification (perf/driver_answers_probe,
+#    simgpu/driver_api_cuda13.txt): a memset captured at an unallocated address, the profiler
+#    calls, stream memory operations (v2, v1, bad flags), the attributes behind the `absent`
+#    entries and their answers, a CUDA 2.x ABI; DIFFERENT where the driver and simgpu disagree
+#    (an attribute that differs explains the answer after it).
 # Exits 1 if a comparison differs, the shim did not enforce its limit, a program failed or an MPS
 # daemon did not quit; 2 if it could not run.
 # Changes nothing on the host: the shim's ledger, simgpu's state and the MPS daemons' pipe
@@ -56,7 +61,7 @@ out=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$out" || exit 2
 dry=${GPU_CHECK_DRY_RUN:-0}
 T=${GPU_CHECK_STEP_TIMEOUT:-60}
-steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5 6 7} "
+steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5 6 7 8} "
 
 main() {
   exec 3>&1  # the log, also from within $(...) whose output is captured (guarded's FAILED lines)
@@ -72,7 +77,7 @@ main() {
     if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null ||
        ! cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml timeslice_probe \
            event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe probe_check \
-           context_memory_probe cushare_probes_fatbin busy_for >/dev/null; then
+           context_memory_probe driver_answers_probe cushare_probes_fatbin busy_for >/dev/null; then
       echo "gpu_check: the build failed; going on with what $build holds"
     fi
   fi
@@ -88,7 +93,7 @@ main() {
   for f in "$probe" "$perfdir/process_util_probe" "$shim" "$fatbin" "$simlib/libcuda.so.1" "$simlib/libnvidia-ml.so.1" \
            "$simlib/bin/nvidia-cuda-mps-control" "$simlib/bin/nvidia-cuda-mps-server" "$perfdir/timeslice_probe" \
            "$perfdir/event_resolution" "$perfdir/mps_sm_probe" "$perfdir/vmm_export_probe" "$perfdir/probe_check" "$busy" \
-           "$perfdir/context_memory_probe"; do
+           "$perfdir/context_memory_probe" "$perfdir/driver_answers_probe"; do
     [ -e "$f" ] || { echo "gpu_check: missing $f"; missing=1; }
   done
   [ "$missing" = 0 ] || { echo "gpu_check: build or stage first (perf/gpu_check_stage.sh)" >&2; return 2; }
@@ -157,6 +162,7 @@ main() {
   [[ "$steps" == *" 5 "* ]] && step_busy_for
   [[ "$steps" == *" 6 "* ]] && step_process_util
   [[ "$steps" == *" 7 "* ]] && step_context_memory
+  [[ "$steps" == *" 8 "* ]] && step_driver_answers
 
   local failed
   failed=$(wc -l <"$tmp/failures")
@@ -450,6 +456,18 @@ step_context_memory() {
   echo "   (beyond= NVML's per-process figure less the 1 MiB allocated; simgpu models no context memory: 0)"
   nomps "$perfdir/context_memory_probe" "$fatbin" 2>&1 | sed 's/^/driver: /'
   sim "$perfdir/context_memory_probe" "$fatbin" 2>&1 | sed 's/^/simgpu: /'
+}
+
+step_driver_answers() {
+  echo "== 8. what the driver answers where simgpu's is a classification (simgpu/driver_api_cuda13.txt)"
+  nomps "$perfdir/driver_answers_probe" >"$tmp/answers-driver" 2>&1
+  sim "$perfdir/driver_answers_probe" >"$tmp/answers-simgpu" 2>&1
+  local d s
+  while IFS= read -r d && IFS= read -r s <&4; do
+    if [ "$d" = "$s" ]; then echo "same:    $d"; else echo "DIFFERENT: driver $d | simgpu $s"; differ=$((differ + 1)); fi
+  done <"$tmp/answers-driver" 4<"$tmp/answers-simgpu"
+  [ "$(wc -l <"$tmp/answers-driver")" = "$(wc -l <"$tmp/answers-simgpu")" ] ||
+    { echo "DIFFERENT: the two sides printed different numbers of lines"; differ=$((differ + 1)); }
 }
 
 # The log outlives a signal to the whole group (INT, TERM): it records the cleanup too.

@@ -207,6 +207,7 @@ bool SharedState::reapSlot(int i) {
     unlockDevice(d);
     returned |= u != 0;
   }
+  sl.contexts.store(0, std::memory_order_release);
   sl.pid.store(0, std::memory_order_release);
   return returned;
 }
@@ -267,6 +268,17 @@ bool SharedState::claimSlot() {
     return true;
   }
   return false;
+}
+
+bool SharedState::setContext(int dev, bool on) {
+  std::lock_guard<std::mutex> g(claimMutex());
+  if (!claimSlot()) return false;
+  const uint32_t bit = 1u << dev;
+  if (on)
+    slots_[slot_].contexts.fetch_or(bit, std::memory_order_acq_rel);
+  else
+    slots_[slot_].contexts.fetch_and(~bit, std::memory_order_acq_rel);
+  return true;
 }
 
 bool SharedState::reserve(int dev, uint64_t bytes) {
@@ -452,7 +464,8 @@ int SharedState::processes(int dev, ProcUsage* out, int max, int* total) {
       const uint64_t id = shared_[k].id.load(std::memory_order_acquire);
       if (id && id != UINT64_MAX && shared_[k].device == dev && shared_[k].creator == pid) u += shared_[k].bytes;
     }
-    if (u == 0) continue;
+    const bool context = (slots_[i].contexts.load(std::memory_order_acquire) >> dev) & 1u;
+    if (u == 0 && !context) continue;
     ++t;
     if (n < max) out[n++] = {pid, u};
   }

@@ -41,7 +41,7 @@ inline constexpr int kMaxShared = 4096;
 
 struct ProcSlot {
   std::atomic<int32_t> pid;  // 0: free
-  uint32_t reserved;
+  std::atomic<uint32_t> contexts;  // bit d: the process has a live context on host device d
   std::atomic<uint64_t> used[kMaxDevices];
 };
 
@@ -110,8 +110,12 @@ class SharedState {
     int32_t pid;
     uint64_t used;
   };
-  // Live processes with memory on dev (reaps first); shareable memory counts for the process
-  // that made it while that process lives. Returns the number written (<= max), and
+  // The calling process has (on) or no longer has (off) a live context on device dev: NVML lists
+  // a process with a context on a device even when it holds no memory there, as the real driver
+  // does. False if the process could get no slot.
+  bool setContext(int dev, bool on);
+  // Live processes with a context or memory on dev (reaps first); shareable memory counts for
+  // the process that made it while that process lives. Returns the number written (<= max), and
   // the total number found in *total.
   int processes(int dev, ProcUsage* out, int max, int* total);
 

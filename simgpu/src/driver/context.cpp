@@ -18,6 +18,17 @@ std::mutex& ctxMutex() {
   return *m;
 }
 
+// Live contexts per device (an active primary context counts one), under ctxMutex(). The first
+// and the last are published in the host-wide state: NVML lists a process with a context on a
+// device, as the real driver does, memory or not.
+int liveContexts[kMaxDevices];
+void contextLiveLocked(int dev, int delta) {
+  const int before = liveContexts[dev];
+  liveContexts[dev] += delta;
+  if ((before == 0) != (liveContexts[dev] == 0) && drv().state)
+    drv().state->setContext(hostDevice(dev), liveContexts[dev] != 0);
+}
+
 Context* newContext(int dev, bool primary, unsigned flags) {
   auto* c = new Context;
   c->device = dev;
@@ -78,6 +89,7 @@ CUresult retainPrimary(int dev, Context** out) {
   Context* p = primaryContext(dev);
   std::lock_guard g(ctxMutex());
   ++p->refs;
+  if (!p->active) contextLiveLocked(dev, +1);
   p->active = true;
   *out = p;
   return CUDA_SUCCESS;
@@ -106,6 +118,7 @@ CU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     std::lock_guard g(ctxMutex());
     if (p->refs <= 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (--p->refs == 0) {
+      if (p->active) contextLiveLocked(dev, -1);
       p->active = false;
       reset = true;
     }
@@ -126,6 +139,7 @@ CU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   if (currentContext() == p) setCurrent(nullptr);
   std::lock_guard g(ctxMutex());
   p->refs = 0;
+  if (p->active) contextLiveLocked(dev, -1);
   p->active = false;
   p->flags = 0;
   return CUDA_SUCCESS;
@@ -159,11 +173,15 @@ CUresult createContext(CUcontext* pctx, unsigned flags, CUdevice dev) {
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
   CU_TRY(mpsContextStatus());
+  if (tlsDepth >= kStackDepth) return CUDA_ERROR_OUT_OF_MEMORY;
   Context* c = newContext(dev, false, flags);
   c->refs = 1;
   c->active = true;
+  {
+    std::lock_guard g(ctxMutex());
+    contextLiveLocked(dev, +1);
+  }
   // A created context is pushed onto the calling thread's stack.
-  if (tlsDepth >= kStackDepth) return CUDA_ERROR_OUT_OF_MEMORY;
   tlsStack[tlsDepth++] = c;
   *pctx = reinterpret_cast<CUcontext>(c);
   return CUDA_SUCCESS;
@@ -203,6 +221,10 @@ CU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
       --i;
     }
   handleRemove(c);
+  {
+    std::lock_guard g(ctxMutex());
+    contextLiveLocked(c->device, -1);
+  }
   // The Context object itself is leaked: a stale handle must stay readable, never reused.
   return CUDA_SUCCESS;
 }

@@ -129,9 +129,13 @@ void deviceRelease(int dev, uint64_t bytes) {
 
 using namespace simgpu;
 
-extern "C" SIMGPU_EXPORT int simgpu_unimplemented(const char* name) {
-  if (traceOn()) std::fprintf(stderr, "[simgpu %d] %s: not supported by simgpu\n", static_cast<int>(getpid()), name);
-  return CUDA_ERROR_NOT_SUPPORTED;
+// Every entry point simgpu does not model (simgpu/driver_api_cuda13.txt gives its answer): not
+// initialised before cuInit, as the real driver, then the listed answer.
+extern "C" SIMGPU_EXPORT int simgpu_unimplemented(const char* name, int answer) {
+  if (const CUresult r = initStatus(); r != CUDA_SUCCESS) return r;
+  if (traceOn())
+    std::fprintf(stderr, "[simgpu %d] %s: not modelled by simgpu; answers %d\n", static_cast<int>(getpid()), name, answer);
+  return answer;
 }
 
 CU_EXPORT CUresult cuInit(unsigned int flags) {

@@ -160,7 +160,16 @@ CUresult enqueueMemset(CUstream hs, CUdeviceptr dst, size_t pitch, unsigned valu
   Op op;
   op.type = Op::kMemset;
   op.memset = m;
-  CU_TRY(setMemory(m, false));
+  // Checked now, except the destination while the stream captures: the real driver records a
+  // memset node without looking the address up (cuDNN 9.28 captures one at 0x80 and discards the
+  // graph; ONNX Runtime's first convolution failed on the error), so simgpu checks it when the
+  // node runs. [unverified: perf/gpu_check.sh asks the real driver]
+  if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    if (m.elementSize != 1 && m.elementSize != 2 && m.elementSize != 4) return CUDA_ERROR_INVALID_VALUE;
+    if (m.height > 1 && m.pitch < m.width * m.elementSize) return CUDA_ERROR_INVALID_VALUE;
+  } else {
+    CU_TRY(setMemory(m, false));
+  }
   op.run = [m] { return setMemory(m); };
   return wait ? submitAndWait(s, std::move(op)) : submit(s, std::move(op));
 }

@@ -455,32 +455,6 @@ CU_EXPORT CUresult cuStreamSetAttribute(CUstream h, CUstreamAttrID attr, const C
   return CUDA_SUCCESS;
 }
 
-// Stream memory operations: a store, in stream order, to memory the driver knows.
-namespace {
-template <typename T>
-CUresult writeValue(CUstream h, CUdeviceptr addr, T value) {
-  Stream* s;
-  CU_TRY(resolveStream(h, &s));
-  if (!registryFind(addr, nullptr) || addr % sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
-  Op op;
-  op.run = [addr, value] {
-    reinterpret_cast<std::atomic<T>*>(addr)->store(value);
-    return CUDA_SUCCESS;
-  };
-  return submit(s, std::move(op));
-}
-}  // namespace
-
-CU_EXPORT CUresult cuStreamWriteValue32_v2(CUstream h, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
-  API_ENTER(h, addr, value, flags);
-  return writeValue(h, addr, value);
-}
-
-CU_EXPORT CUresult cuStreamWriteValue64_v2(CUstream h, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
-  API_ENTER(h, addr, value, flags);
-  return writeValue(h, addr, value);
-}
-
 // ---- events ----
 CU_EXPORT CUresult cuEventCreate(CUevent* ph, unsigned int flags) {
   API_ENTER(ph, flags);

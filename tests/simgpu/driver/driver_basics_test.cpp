@@ -8,6 +8,7 @@
 // SIMGPU_TEST_CUBIN); the kernels' host bodies are the simgpu_host_* functions below, found by
 // the driver because this executable exports its symbols.
 #include <cuda.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -583,6 +584,127 @@ TEST_F(StreamsEvents, EventsElapsedTime) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Stream memory operations (v2): a wait holds its stream's later work until another stream (or
+// the host) writes the value; writes land in stream order; every comparison; bad arguments refused.
+TEST_F(StreamsEvents, MemoryOperationsWaitAndWriteInStreamOrder) {
+  CUdeviceptr words = 0;
+  CU_ASSERT(cuMemAlloc(&words, 64));
+  CU_ASSERT(cuMemsetD8(words, 0, 64));
+  const CUdeviceptr flag = words, out = words + 4, wide = words + 8, out64 = words + 16;
+  CUstream a = nullptr, b = nullptr;
+  CU_ASSERT(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  CU_ASSERT(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  CU_ASSERT(cuStreamWaitValue32(a, flag, 1, CU_STREAM_WAIT_VALUE_EQ));
+  CU_ASSERT(cuStreamWriteValue32(a, out, 7, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  CU_EXPECT_ERR(CUDA_ERROR_NOT_READY, cuStreamQuery(a));
+  uint32_t seen = 99;
+  CU_ASSERT(cuMemcpyDtoH(&seen, out, 4));
+  EXPECT_EQ(seen, 0u) << "the write after the wait ran before the value came";
+  CU_ASSERT(cuStreamWriteValue32(b, flag, 1, 0));  // releases a
+  CU_ASSERT(cuStreamSynchronize(a));
+  CU_ASSERT(cuMemcpyDtoH(&seen, out, 4));
+  EXPECT_EQ(seen, 7u);
+
+  // 64-bit through the batch call: write, then wait for a bit of it (AND), then a barrier.
+  CUstreamBatchMemOpParams ops[3] = {};
+  ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  ops[0].writeValue.address = wide;
+  ops[0].writeValue.value64 = 0x100000000ull;
+  ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  ops[1].waitValue.address = wide;
+  ops[1].waitValue.value64 = 0x100000000ull;
+  ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_AND;
+  ops[2].memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
+  CU_ASSERT(cuStreamBatchMemOp(a, 3, ops, 0));
+  CU_ASSERT(cuStreamWriteValue64(a, out64, 0xfeedfacecafeull, 0));
+  CU_ASSERT(cuStreamSynchronize(a));
+  uint64_t seen64 = 0;
+  CU_ASSERT(cuMemcpyDtoH(&seen64, out64, 8));
+  EXPECT_EQ(seen64, 0xfeedfacecafeull);
+
+  // GEQ is cyclic: 5 is "after" 0xfffffffe at 32 bits, so a wait for >= 0xfffffff0 passes at 5.
+  CU_ASSERT(cuStreamWriteValue32(a, flag, 5, 0));
+  CU_ASSERT(cuStreamWaitValue32(a, flag, 0xfffffff0u, CU_STREAM_WAIT_VALUE_GEQ));
+  // NOR: ~(5 | 0) is non-zero at 32 bits: passes.
+  CU_ASSERT(cuStreamWaitValue32(a, flag, 0, CU_STREAM_WAIT_VALUE_NOR));
+  CU_ASSERT(cuStreamSynchronize(a));
+
+  uint32_t host = 0;
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue32(a, out + 1, 1, 0));  // misaligned
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue64(a, out, 1, 0));      // 8-byte alignment
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue32(a, reinterpret_cast<CUdeviceptr>(&host), 1, 0));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue32(a, words + 64, 1, 0));  // one past the end
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue32(a, out, 1, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWaitValue32(a, flag, 1, CU_STREAM_WAIT_VALUE_FLUSH));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamBatchMemOp(a, 0, ops, 0));
+  ops[0].operation = CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES;
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamBatchMemOp(a, 1, ops, 0));
+  // Not recorded into graphs: the capture ends invalid.
+  CU_ASSERT(cuStreamBeginCapture(b, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CU_EXPECT_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cuStreamWriteValue32(b, out, 1, 0));
+  CUgraph g = nullptr;
+  CU_EXPECT_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(b, &g));
+  CU_EXPECT(cuStreamDestroy(a));
+  CU_EXPECT(cuStreamDestroy(b));
+  CU_EXPECT(cuMemFree(words));
+}
+
+// A memset captured at an address nothing allocated is recorded, as the real driver does (cuDNN
+// 9.28 captures one at 0x80 and drops the graph; ONNX Runtime's first convolution failed when
+// simgpu refused it); outside capture the address is checked at once.
+TEST_F(StreamsEvents, CapturedMemsetIsRecordedWithoutLookingTheAddressUp) {
+  CUstream s = nullptr;
+  CU_ASSERT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CU_ASSERT(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CU_EXPECT(cuMemsetD8Async(0x80, 0, 0x4000, s));
+  CUgraph g = nullptr;
+  CU_ASSERT(cuStreamEndCapture(s, &g));
+  ASSERT_NE(g, nullptr);
+  CU_EXPECT(cuGraphDestroy(g));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuMemsetD8Async(0x80, 0, 0x4000, s));
+  CU_EXPECT(cuStreamDestroy(s));
+}
+
+// The first ABIs whose signatures did not change run today's; the profiler calls succeed in a
+// context (no profiler attached); cuProfilerInitialize is NOT_SUPPORTED since CUDA 12.
+TEST_F(Contexts, FirstAbisAndProfilerControl) {
+  void* drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(drv, nullptr);
+  auto create = reinterpret_cast<CUresult (*)(CUcontext*, unsigned, CUdevice)>(dlsym(drv, "cuCtxCreate"));
+  auto destroy = reinterpret_cast<CUresult (*)(CUcontext)>(dlsym(drv, "cuCtxDestroy"));
+  auto pop = reinterpret_cast<CUresult (*)(CUcontext*)>(dlsym(drv, "cuCtxPopCurrent"));
+  auto push = reinterpret_cast<CUresult (*)(CUcontext)>(dlsym(drv, "cuCtxPushCurrent"));
+  auto streamDestroy = reinterpret_cast<CUresult (*)(CUstream)>(dlsym(drv, "cuStreamDestroy"));
+  auto eventDestroy = reinterpret_cast<CUresult (*)(CUevent)>(dlsym(drv, "cuEventDestroy"));
+  auto start = reinterpret_cast<CUresult (*)()>(dlsym(drv, "cuProfilerStart"));
+  auto stop = reinterpret_cast<CUresult (*)()>(dlsym(drv, "cuProfilerStop"));
+  auto init = reinterpret_cast<CUresult (*)(const char*, const char*, int)>(dlsym(drv, "cuProfilerInitialize"));
+  ASSERT_TRUE(create && destroy && pop && push && streamDestroy && eventDestroy && start && stop && init);
+  CUcontext c = nullptr, popped = nullptr;
+  CU_ASSERT(create(&c, 0, dev_));
+  CUcontext cur = nullptr;
+  CU_ASSERT(cuCtxGetCurrent(&cur));
+  EXPECT_EQ(cur, c);
+  CU_EXPECT(start());
+  CU_EXPECT(stop());
+  CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, init("cfg", "out", 0));
+  CUstream s = nullptr;
+  CUevent e = nullptr;
+  CU_ASSERT(cuStreamCreate(&s, 0));
+  CU_ASSERT(cuEventCreate(&e, 0));
+  CU_EXPECT(streamDestroy(s));
+  CU_EXPECT(eventDestroy(e));
+  CU_ASSERT(pop(&popped));
+  EXPECT_EQ(popped, c);
+  CU_ASSERT(push(c));
+  CU_EXPECT(destroy(c));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_CONTEXT, destroy(c));
+  CU_ASSERT(cuCtxSetCurrent(nullptr));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_CONTEXT, start());
+  CU_ASSERT(cuCtxSetCurrent(primary_));
+}
+
 TEST_F(Errors, NamesAndStrings) {
   struct Case {
     CUresult code;

@@ -17,7 +17,10 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -332,16 +335,139 @@ TEST_F(ProcAddress, EveryRealDriverExportIsDefined) {
   EXPECT_TRUE(unknown.empty()) << unknown.size() << " exported names unknown to cuGetProcAddress: " << u;
 }
 
-TEST_F(ProcAddress, UnimplementedExportsReturnNotSupported) {
-  CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, cuGraphicsUnregisterResource(nullptr));
+TEST_F(ProcAddress, UnimplementedExportsAnswerAsListed) {
+  // A gap (the JIT linker) and an absent feature (no graphics resource can exist on simgpu).
+  CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, cuLinkDestroy(nullptr));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_HANDLE, cuGraphicsUnregisterResource(nullptr));
   // The same through cuGetProcAddress and dlsym.
   using Unreg = CUresult (*)(CUgraphicsResource);
   auto viaLookup = reinterpret_cast<Unreg>(lookup("cuGraphicsUnregisterResource", 13000).fn);
   ASSERT_NE(viaLookup, nullptr);
-  CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, viaLookup(nullptr));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_HANDLE, viaLookup(nullptr));
   auto viaDlsym = reinterpret_cast<Unreg>(sym("cuGraphicsUnregisterResource"));
   ASSERT_NE(viaDlsym, nullptr);
-  CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, viaDlsym(nullptr));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_HANDLE, viaDlsym(nullptr));
+}
+
+// ---------------------------------------------------------------------------------------------
+// simgpu/driver_api_cuda13.txt: every export of the real driver classified once, and the built
+// library as the list says: what is modelled is the library's own code (not the generated stub),
+// what is not answers its listed error (CUDA_ERROR_NOT_INITIALIZED before cuInit), and each
+// `when` attribute is what the device reports.
+struct ApiEntry {
+  std::string name, cls, answer;
+  int whenAttr = -1, whenValue = 0;
+};
+
+std::vector<ApiEntry> readApiList() {
+  std::vector<ApiEntry> out;
+  std::ifstream in(SIMGPU_DRIVER_API_LIST);
+  std::string line;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream ws(line);
+    ApiEntry e;
+    if (!(ws >> e.name)) continue;
+    ws >> e.cls;
+    if (e.cls != "modelled") ws >> e.answer;
+    std::string when;
+    if (ws >> when) {
+      const size_t open = when.find('('), close = when.find(")=");
+      if (open != std::string::npos && close != std::string::npos) {
+        e.whenAttr = std::atoi(when.c_str() + open + 1);
+        e.whenValue = std::atoi(when.c_str() + close + 2);
+      }
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+// CUresult's names and values, from the toolkit's cuda.h.
+std::map<std::string, int> cuResults() {
+  std::ifstream in(SIMGPU_TEST_CUDA_H);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::map<std::string, int> out;
+  const std::regex re(R"(\b(CUDA_SUCCESS|CUDA_ERROR_\w+)\s*=\s*(\d+))");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it)
+    out[(*it)[1]] = std::stoi((*it)[2]);
+  return out;
+}
+
+using ApiClass = int (*)(const char*, int*);
+ApiClass apiClass() { return reinterpret_cast<ApiClass>(sym("simgpu_driver_api_class")); }
+
+TEST(DriverApi, EveryExportIsClassifiedOnce) {
+  const std::vector<ApiEntry> list = readApiList();
+  ASSERT_GT(list.size(), 600u) << "cannot read " << SIMGPU_DRIVER_API_LIST;
+  std::set<std::string> listed, twice;
+  for (const ApiEntry& e : list) {
+    if (!listed.insert(e.name).second) twice.insert(e.name);
+    EXPECT_TRUE(e.cls == "modelled" || e.cls == "absent" || e.cls == "legacy" || e.cls == "gap") << e.name << ": " << e.cls;
+  }
+  EXPECT_TRUE(twice.empty()) << *twice.begin() << " is listed twice";
+  const std::vector<std::string> exported = definedFunctions(SIMGPU_TEST_STUB_LIBCUDA);
+  const std::set<std::string> real(exported.begin(), exported.end());
+  std::string missing, extra;
+  for (const std::string& n : real)
+    if (!listed.count(n)) missing += n + " ";
+  for (const std::string& n : listed)
+    if (!real.count(n)) extra += n + " ";
+  EXPECT_EQ(missing, "") << "exported by the real driver, not classified";
+  EXPECT_EQ(extra, "") << "classified, not exported by the real driver";
+}
+
+TEST_F(ProcAddress, TheLibraryModelsWhatTheListSays) {
+  const ApiClass cls = apiClass();
+  ASSERT_NE(cls, nullptr) << "simgpu_driver_api_class is not exported";
+  const std::map<std::string, int> codes = cuResults();
+  ASSERT_GT(codes.size(), 90u);
+  size_t modelled = 0, answered = 0;
+  for (const ApiEntry& e : readApiList()) {
+    int answer = -1;
+    const int got = cls(e.name.c_str(), &answer);
+    if (e.cls == "modelled") {
+      ++modelled;
+      EXPECT_EQ(got, 1) << e.name << " is listed as modelled, but the library has only the generated stub";
+      continue;
+    }
+    EXPECT_EQ(got, 0) << e.name << " is listed as " << e.cls << ", but the library defines it: list it as modelled";
+    ASSERT_TRUE(codes.count(e.answer)) << e.name << ": " << e.answer;
+    EXPECT_EQ(answer, codes.at(e.answer)) << e.name;
+    // And the call itself answers so. Every stub ignores its arguments, so none are passed.
+    auto fn = reinterpret_cast<CUresult (*)()>(sym(e.name.c_str()));
+    ASSERT_NE(fn, nullptr) << e.name;
+    EXPECT_EQ(static_cast<int>(fn()), codes.at(e.answer)) << e.name;
+    ++answered;
+  }
+  EXPECT_GE(modelled, 370u);
+  EXPECT_GT(answered, 0u);
+  EXPECT_EQ(cls("cuNoSuchFunction", nullptr), -1);
+}
+
+TEST_F(ProcAddress, AbsentFeaturesAreAbsentOnTheDevice) {
+  size_t checked = 0;
+  for (const ApiEntry& e : readApiList()) {
+    if (e.whenAttr < 0) continue;
+    int v = -12345;
+    ASSERT_EQ(CUDA_SUCCESS, cuDeviceGetAttribute(&v, static_cast<CUdevice_attribute>(e.whenAttr), 0)) << e.name;
+    EXPECT_EQ(v, e.whenValue) << e.name << " is absent because attribute " << e.whenAttr << " says so";
+    ++checked;
+  }
+  EXPECT_GT(checked, 10u);
+}
+
+// Run alone (ctest simgpu_proc_address_test_before_init): no cuInit in this process.
+TEST(DriverApiBeforeInit, UnmodelledEntryPointsAreNotInitialized) {
+  size_t checked = 0;
+  for (const ApiEntry& e : readApiList()) {
+    if (e.cls == "modelled") continue;
+    auto fn = reinterpret_cast<CUresult (*)()>(sym(e.name.c_str()));
+    ASSERT_NE(fn, nullptr) << e.name;
+    EXPECT_EQ(fn(), CUDA_ERROR_NOT_INITIALIZED) << e.name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0u);
 }
 
 // SIMGPU_TRACE=1: each call is logged with its arguments on stderr.

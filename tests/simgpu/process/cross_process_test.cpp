@@ -122,6 +122,25 @@ int childHog(size_t kernels) {
   return 0;
 }
 
+// context: a primary context and nothing allocated ("primary"); on a byte, released ("released");
+// on the next, a created context ("created"); on the next, destroyed ("destroyed"); then waits.
+int childContext() {
+  CUresult r = childInit();
+  report(r == CUDA_SUCCESS ? "primary" : "err " + std::to_string(static_cast<int>(r)));
+  awaitControl();
+  r = cuDevicePrimaryCtxRelease(0);
+  report(r == CUDA_SUCCESS ? "released" : "err " + std::to_string(static_cast<int>(r)));
+  awaitControl();
+  CUcontext c = nullptr;
+  r = cuCtxCreate(&c, nullptr, 0, 0);
+  report(r == CUDA_SUCCESS ? "created" : "err " + std::to_string(static_cast<int>(r)));
+  awaitControl();
+  r = cuCtxDestroy(c);
+  report(r == CUDA_SUCCESS ? "destroyed" : "err " + std::to_string(static_cast<int>(r)));
+  awaitControl();
+  return 0;
+}
+
 int childMain(int argc, char** argv) {
   alarm(60);  // never outlive a broken test for long
   const std::string mode = argc > 2 ? argv[2] : "";
@@ -129,6 +148,7 @@ int childMain(int argc, char** argv) {
   if (mode == "hold") return childHold(bytes);
   if (mode == "race") return childRace(bytes);
   if (mode == "hog") return childHog(bytes);
+  if (mode == "context") return childContext();
   std::fprintf(stderr, "unknown child mode '%s'\n", mode.c_str());
   return 2;
 }
@@ -295,6 +315,49 @@ TEST_F(CrossProcess, ChildFreeIsSeenAtOnce) {
   const int status = c.wait();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_EQ(freeMem(), before);
+}
+
+// NVML's compute list names every process with a context on the device, memory or not, as the
+// real driver does (a context holds memory there; simgpu models none, so the entry shows 0 B);
+// a process whose last context on the device is gone is no longer listed.
+TEST_F(CrossProcess, AProcessWithAContextIsListedWithoutMemory) {
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t dev;
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &dev), NVML_SUCCESS);
+  // The entry for pid, or -1 if it is not listed.
+  auto listed = [&](pid_t pid) -> long long {
+    nvmlProcessInfo_t infos[64];
+    unsigned n = 64;
+    EXPECT_EQ(nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, infos), NVML_SUCCESS);
+    for (unsigned i = 0; i < n; ++i)
+      if (infos[i].pid == static_cast<unsigned>(pid)) return static_cast<long long>(infos[i].usedGpuMemory);
+    return -1;
+  };
+  Child c;
+  ASSERT_NO_FATAL_FAILURE(spawn(&c, {"context"}));
+  ASSERT_EQ(c.readLine(), "primary");
+  EXPECT_EQ(listed(c.pid), 0) << "a process holding the primary context only";
+  c.send('n');
+  ASSERT_EQ(c.readLine(), "released");
+  EXPECT_EQ(listed(c.pid), -1) << "its last context released";
+  c.send('n');
+  ASSERT_EQ(c.readLine(), "created");
+  EXPECT_EQ(listed(c.pid), 0) << "a process holding a created context only";
+  c.send('n');
+  ASSERT_EQ(c.readLine(), "destroyed");
+  EXPECT_EQ(listed(c.pid), -1) << "its created context destroyed";
+  c.send('n');
+  c.wait();
+  // Killed while it holds a context: gone from the list as its memory would be.
+  Child k;
+  ASSERT_NO_FATAL_FAILURE(spawn(&k, {"context"}));
+  ASSERT_EQ(k.readLine(), "primary");
+  ASSERT_EQ(listed(k.pid), 0);
+  const pid_t killed = k.pid;
+  k.kill9();
+  k.wait();
+  EXPECT_EQ(listed(killed), -1) << "a killed process's context";
+  nvmlShutdown();
 }
 
 TEST_F(CrossProcess, TwoChildrenAndTheParentAddUp) {

@@ -13,6 +13,7 @@ PACKAGES=(
   libbenchmark-dev valgrind
   libyaml-dev
   clang libclang-rt-14-dev
+  prometheus  # promtool: the alerting rules' tests (ctest prometheus_rules); the server is not used
 )
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then

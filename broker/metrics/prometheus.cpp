@@ -211,7 +211,7 @@ void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {
       if (!t.error.empty()) continue;  // its ledger cannot be read: no numbers to report
       for (const TenantDeviceSnapshot& d : t.devices)
         if (const std::optional<uint64_t> v = f.value(d))
-          w.sample({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, *v);
+          w.sample({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, *v);
     }
   }
 }
@@ -247,7 +247,7 @@ void renderTenantCompute(const BrokerSnapshot& s, Writer& w) {
     for (const TenantSnapshot& t : s.tenants) {
       if (!t.error.empty()) continue;
       for (const TenantDeviceSnapshot& d : t.devices)
-        w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, static_cast<double>(d.*f.ns) / 1e9);
+        w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, static_cast<double>(d.*f.ns) / 1e9);
     }
   }
 }
@@ -274,7 +274,7 @@ void renderTenantFairShare(const BrokerSnapshot& s, Writer& w) {
     for (const TenantSnapshot& t : s.tenants) {
       if (!t.error.empty()) continue;
       for (const TenantDeviceSnapshot& d : t.devices)
-        if (d.contending) w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, d.*f.v);
+        if (d.contending) w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, d.*f.v);
     }
   }
 }
@@ -294,27 +294,27 @@ void renderTenantProbes(const BrokerSnapshot& s, Writer& w) {
            "only once rounds with work were measured).");
   each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
     if (d.probe.roundsWithWork > 0)
-      w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, d.probe.share);
+      w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, d.probe.share);
   });
   w.family("cushare_tenant_bandwidth_share", kGauge,
            "Share of the device's memory bandwidth the tenant's memory probes got over the window (0..1).");
   each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
-    if (d.probe.bandwidthShare) w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, *d.probe.bandwidthShare);
+    if (d.probe.bandwidthShare) w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, *d.probe.bandwidthShare);
   });
   w.family("cushare_tenant_interference", kGauge,
            "Interference the tenant's probes measured over the window, by kind: compute (1 - 1/slowdown), bandwidth "
            "(1 - bandwidth share), latency (p95 start latency above solo, seconds).");
   each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
     const std::string dev = deviceLabel(s, d.device);
-    if (d.probe.computeIndex) w.sampleFloat({{"tenant", t.name}, {"device", dev}, {"kind", "compute"}}, *d.probe.computeIndex);
+    if (d.probe.computeIndex) w.sampleFloat({{"tenant", t.name}, {"device", dev}, {"uuid", d.uuid}, {"kind", "compute"}}, *d.probe.computeIndex);
     if (d.probe.bandwidthIndex)
-      w.sampleFloat({{"tenant", t.name}, {"device", dev}, {"kind", "bandwidth"}}, *d.probe.bandwidthIndex);
+      w.sampleFloat({{"tenant", t.name}, {"device", dev}, {"uuid", d.uuid}, {"kind", "bandwidth"}}, *d.probe.bandwidthIndex);
     if (d.probe.latencyIndexNs)
-      w.sampleFloat({{"tenant", t.name}, {"device", dev}, {"kind", "latency"}}, *d.probe.latencyIndexNs / 1e9);
+      w.sampleFloat({{"tenant", t.name}, {"device", dev}, {"uuid", d.uuid}, {"kind", "latency"}}, *d.probe.latencyIndexNs / 1e9);
   });
   w.family("cushare_tenant_probe_rounds", kGauge, "Probe rounds the tenant was in over the window.");
   each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
-    w.sample({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}}, d.probe.rounds);
+    w.sample({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, d.probe.rounds);
   });
 }
 

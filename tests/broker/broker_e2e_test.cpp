@@ -170,11 +170,11 @@ TEST(Basics, MetricsEndpoint) {
   ASSERT_EQ(alpha.ask("alloc " + std::to_string(96 * MiB)), "ok");
   const std::string body = b.metrics();
   EXPECT_EQ(body.find(" 200 OK\r\n"), 8u) << body.substr(0, 200);
-  EXPECT_NE(body.find("cushare_tenant_memory_used_bytes{tenant=\"alpha\",device=\"0\"} " +
+  EXPECT_NE(body.find("cushare_tenant_memory_used_bytes{tenant=\"alpha\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} " +
                       std::to_string(96 * MiB) + "\n"),
             std::string::npos)
       << body;
-  EXPECT_NE(body.find("cushare_tenant_memory_limit_bytes{tenant=\"alpha\",device=\"0\"} " +
+  EXPECT_NE(body.find("cushare_tenant_memory_limit_bytes{tenant=\"alpha\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} " +
                       std::to_string(512 * MiB) + "\n"),
             std::string::npos);
   EXPECT_NE(body.find("cushare_tenant_processes{tenant=\"alpha\"} 1\n"), std::string::npos);
@@ -945,10 +945,10 @@ TEST(Tamper, ZeroedCountersAreFoundInTheDevicesAccounting) {
                            std::to_string(a.pid()) + ": 400 MiB on the device, 200 MiB in its ledger slot";
   EXPECT_NE(b.log().find(line), std::string::npos) << b.log();
   const std::string m = b.metrics();
-  EXPECT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"alpha\",device=\"0\"} " + std::to_string(200 * MiB) + "\n"),
+  EXPECT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"alpha\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} " + std::to_string(200 * MiB) + "\n"),
             std::string::npos) << m;
   EXPECT_NE(m.find("cushare_tenant_tamper_total{tenant=\"alpha\",kind=\"hidden\"} 1\n"), std::string::npos) << m;
-  EXPECT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"beta\",device=\"0\"} 0\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"beta\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} 0\n"), std::string::npos) << m;
   // Again, the broker's charge zeroed too: re-asserted.
   ASSERT_EQ(a.ask("zero"), "ok");
   EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 400 * MiB; }, milliseconds(1000)));
@@ -1217,7 +1217,7 @@ TEST(Tamper, MemoryWithinAContextsSizeIsChargedToo) {
   EXPECT_EQ(a2.ask("alloc " + std::to_string(16 * MiB)), "oom") << "every process of the tenant";
   EXPECT_EQ(deviceHeld({a.pid(), a2.pid()}), 250 * MiB) << "the device holds no more than when it was found";
   const std::string m = b.metrics();
-  EXPECT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"alpha\",device=\"0\"} " + std::to_string(200 * MiB) + "\n"),
+  EXPECT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"alpha\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} " + std::to_string(200 * MiB) + "\n"),
             std::string::npos) << m;
   EXPECT_EQ(m.find("kind=\"hidden\""), std::string::npos) << "within context_memory: not counted as tampering\n" << m;
   EXPECT_TRUE(b.logHas("tenant alpha device 0: 200 MiB on the device beyond its ledger, within what 1 process context(s) hold")) << b.log();
@@ -1271,7 +1271,7 @@ TEST(Tamper, MemoryAnExitedExporterLeftBehindStaysCharged) {
   }
   EXPECT_EQ(deviceUsed(), base + 128 * MiB) << "the descriptor alone keeps the memory on the device";
   ASSERT_TRUE(waitFor([&] {
-    return b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\"} " +
+    return b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} " +
                             std::to_string(128 * MiB) + "\n") != std::string::npos;
   })) << b.metrics() << b.log();
   EXPECT_EQ(usedOn0(b.tenant("alpha")), 128 * MiB);
@@ -1280,12 +1280,12 @@ TEST(Tamper, MemoryAnExitedExporterLeftBehindStaysCharged) {
   EXPECT_EQ(a2.ask("alloc " + std::to_string(128 * MiB)), "ok");
   EXPECT_EQ(deviceUsed(), base + 256 * MiB) << "the device holds no more than alpha's limit for it";
   EXPECT_TRUE(b.logHas("tenant alpha device 0: its exited processes left 128 MiB on the device")) << b.log();
-  EXPECT_NE(b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"beta\",device=\"0\"} 0\n"), std::string::npos);
+  EXPECT_NE(b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"beta\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} 0\n"), std::string::npos);
   // The descriptor closed: the device frees the memory, the broker returns the charge.
   ::close(fd);
   EXPECT_EQ(deviceUsed(), base + 128 * MiB);
   EXPECT_TRUE(waitFor([&] { return usedOn0(b.tenant("alpha")) == 128 * MiB &&
-                                   b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\"} 0\n") !=
+                                   b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} 0\n") !=
                                        std::string::npos; }))
       << usedOn0(b.tenant("alpha")) << "\n" << b.metrics();
   EXPECT_EQ(a2.ask("alloc " + std::to_string(128 * MiB)), "ok");
@@ -1304,7 +1304,7 @@ TEST(Tamper, MemoryAnExitedExporterLeftBehindStaysCharged) {
     ASSERT_EQ(a.wait(), 0);
   }
   ASSERT_TRUE(waitFor([&] {
-    return b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\"} " +
+    return b.metrics().find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} " +
                             std::to_string(64 * MiB) + "\n") != std::string::npos;
   })) << b.metrics() << b.log();
   EXPECT_EQ(usedOn0(b.tenant("alpha")), 64 * MiB);
@@ -1330,8 +1330,8 @@ TEST(Tamper, HonestExitsLeaveNothingBehind) {
   }
   std::this_thread::sleep_for(milliseconds(400));  // every exit decided
   const std::string m = b.metrics();
-  EXPECT_NE(m.find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\"} 0\n"), std::string::npos) << m;
-  EXPECT_NE(m.find("cushare_tenant_left_behind_bytes{tenant=\"beta\",device=\"0\"} 0\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_left_behind_bytes{tenant=\"alpha\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} 0\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_left_behind_bytes{tenant=\"beta\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} 0\n"), std::string::npos) << m;
   EXPECT_EQ(usedOn0(b.tenant("alpha")), 0u);
   EXPECT_EQ(b.log().find("left "), std::string::npos) << b.log();
 }
@@ -1355,7 +1355,7 @@ TEST(Tamper, HonestChurnIsNeverChargedAsHidden) {
   while (Clock::now() < until) {
     const std::string m = b.metrics();
     ASSERT_EQ(m.find("kind=\"hidden\""), std::string::npos) << m;
-    ASSERT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"alpha\",device=\"0\"} 0\n"), std::string::npos) << m;
+    ASSERT_NE(m.find("cushare_tenant_hidden_bytes{tenant=\"alpha\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} 0\n"), std::string::npos) << m;
     ++looks;
     std::this_thread::sleep_for(milliseconds(20));
   }

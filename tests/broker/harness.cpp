@@ -422,7 +422,7 @@ double probeShareOn0(Broker& b, const std::string& tenant, rpc::ProbeShare* shar
 
 uint64_t hiddenOf(Broker& b, const std::string& tenant) {
   const std::string m = b.metrics();
-  const std::string key = "cushare_tenant_hidden_bytes{tenant=\"" + tenant + "\",device=\"0\"} ";
+  const std::string key = "cushare_tenant_hidden_bytes{tenant=\"" + tenant + "\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} ";
   const size_t at = m.find(key);
   return at == std::string::npos ? UINT64_MAX : std::strtoull(m.c_str() + at + key.size(), nullptr, 10);
 }

@@ -16,6 +16,9 @@
 
 namespace cushare::test {
 
+// simgpu's UUID of host device 0: the broker's per-device metrics carry it (uuid label).
+inline const std::string kDevice0Uuid = "GPU-5e1a90c0-513d-4b1e-8a7f-2c6100000000";
+
 // A fresh, empty directory for one test: $BROKER_TEST_DIR/<suite>.<test>.
 std::string testDir();
 

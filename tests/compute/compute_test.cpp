@@ -351,7 +351,7 @@ TEST(Fair, WeightsOneTwoOneGetTwentyFiveFiftyTwentyFive) {
   EXPECT_NEAR(tb.devices(0).fair_achieved(), 0.50, 0.07);
   const std::string m = b.metrics();
   EXPECT_NE(m.find("cushare_tenant_weight{tenant=\"b\"} 2"), std::string::npos) << m;
-  EXPECT_NE(m.find("cushare_tenant_fair_share_target{tenant=\"b\",device=\"0\"} 0.5"), std::string::npos) << m;
+  EXPECT_NE(m.find("cushare_tenant_fair_share_target{tenant=\"b\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} 0.5"), std::string::npos) << m;
   finish({&a, &w, &c});
 }
 
@@ -501,7 +501,7 @@ TEST(Probe, CapsThirtyAndSeventyMeasuredWithinSevenPoints) {
     EXPECT_NE(json.find("\"tenant\":\"a\""), std::string::npos) << json;
     EXPECT_EQ(run("probe --device 7"), "cushare: probe: device 7 does not exist (this host has 1 device: 0)\n");
     const std::string m = b.metrics();
-    EXPECT_NE(m.find("cushare_tenant_compute_share{tenant=\"a\",device=\"0\"} 0."), std::string::npos) << m;
+    EXPECT_NE(m.find("cushare_tenant_compute_share{tenant=\"a\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} 0."), std::string::npos) << m;
     EXPECT_NE(m.find("cushare_tenant_interference{tenant=\"a\",device=\"0\",kind=\"latency\"}"), std::string::npos)
         << m;
   });

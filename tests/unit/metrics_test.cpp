@@ -205,51 +205,51 @@ cushare_device_memory_reported_used_bytes{device="0",uuid="GPU-5e1a90c0-0000-400
 cushare_device_memory_outside_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 4294967296
 # HELP cushare_tenant_memory_used_bytes Device memory the tenant holds, bytes.
 # TYPE cushare_tenant_memory_used_bytes gauge
-cushare_tenant_memory_used_bytes{tenant="alpha",device="0"} 536870912
-cushare_tenant_memory_used_bytes{tenant="beta",device="0"} 268435456
+cushare_tenant_memory_used_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 536870912
+cushare_tenant_memory_used_bytes{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 268435456
 # HELP cushare_tenant_memory_limit_bytes The tenant's memory limit on the device, bytes (no sample: no limit).
 # TYPE cushare_tenant_memory_limit_bytes gauge
-cushare_tenant_memory_limit_bytes{tenant="alpha",device="0"} 1073741824
+cushare_tenant_memory_limit_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 1073741824
 # HELP cushare_tenant_memory_peak_bytes Highest device memory the tenant has held, bytes.
 # TYPE cushare_tenant_memory_peak_bytes gauge
-cushare_tenant_memory_peak_bytes{tenant="alpha",device="0"} 9007199254740993
-cushare_tenant_memory_peak_bytes{tenant="beta",device="0"} 268435456
+cushare_tenant_memory_peak_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 9007199254740993
+cushare_tenant_memory_peak_bytes{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 268435456
 # HELP cushare_tenant_allocations_denied_total Allocations refused because they would exceed the tenant's limit.
 # TYPE cushare_tenant_allocations_denied_total counter
-cushare_tenant_allocations_denied_total{tenant="alpha",device="0"} 3
-cushare_tenant_allocations_denied_total{tenant="beta",device="0"} 0
+cushare_tenant_allocations_denied_total{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 3
+cushare_tenant_allocations_denied_total{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_tenant_hidden_bytes Device memory the tenant's processes hold beyond what its ledger shows (NVML per-process accounting), charged to the tenant by the broker; included in cushare_tenant_memory_used_bytes.
 # TYPE cushare_tenant_hidden_bytes gauge
-cushare_tenant_hidden_bytes{tenant="alpha",device="0"} 67108864
-cushare_tenant_hidden_bytes{tenant="beta",device="0"} 0
+cushare_tenant_hidden_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 67108864
+cushare_tenant_hidden_bytes{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_tenant_left_behind_bytes Device memory the tenant's exited processes left on the device (shareable memory an exported descriptor keeps alive), charged to the tenant by the broker; included in cushare_tenant_memory_used_bytes.
 # TYPE cushare_tenant_left_behind_bytes gauge
-cushare_tenant_left_behind_bytes{tenant="alpha",device="0"} 33554432
-cushare_tenant_left_behind_bytes{tenant="beta",device="0"} 0
+cushare_tenant_left_behind_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 33554432
+cushare_tenant_left_behind_bytes{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_tenant_memory_limit_overridden 1 when the limit was set live (cushare set-limit) rather than by the configuration.
 # TYPE cushare_tenant_memory_limit_overridden gauge
-cushare_tenant_memory_limit_overridden{tenant="alpha",device="0"} 1
-cushare_tenant_memory_limit_overridden{tenant="beta",device="0"} 0
+cushare_tenant_memory_limit_overridden{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 1
+cushare_tenant_memory_limit_overridden{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_tenant_gpu_busy_seconds_total GPU time during which the tenant's work executed on the device, as charged and billed: the larger of what its processes metered and what the device counted for them, seconds.
 # TYPE cushare_tenant_gpu_busy_seconds_total counter
-cushare_tenant_gpu_busy_seconds_total{tenant="alpha",device="0"} 1.5
-cushare_tenant_gpu_busy_seconds_total{tenant="beta",device="0"} 0
+cushare_tenant_gpu_busy_seconds_total{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 1.5
+cushare_tenant_gpu_busy_seconds_total{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_tenant_gpu_metered_busy_seconds_total GPU time the tenant's processes metered (timing events on their streams, or CUPTI), seconds.
 # TYPE cushare_tenant_gpu_metered_busy_seconds_total counter
-cushare_tenant_gpu_metered_busy_seconds_total{tenant="alpha",device="0"} 0.25
-cushare_tenant_gpu_metered_busy_seconds_total{tenant="beta",device="0"} 0
+cushare_tenant_gpu_metered_busy_seconds_total{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0.25
+cushare_tenant_gpu_metered_busy_seconds_total{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_tenant_gpu_device_busy_seconds_total GPU time the device counted for the tenant's processes (NVML per-process utilization), seconds.
 # TYPE cushare_tenant_gpu_device_busy_seconds_total counter
-cushare_tenant_gpu_device_busy_seconds_total{tenant="alpha",device="0"} 1.5
-cushare_tenant_gpu_device_busy_seconds_total{tenant="beta",device="0"} 0
+cushare_tenant_gpu_device_busy_seconds_total{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 1.5
+cushare_tenant_gpu_device_busy_seconds_total{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_tenant_gpu_share_seconds_total The tenant's share of the device's time, for chargeback: busy time times the fraction of the SMs it could use (its MPS percentage, 1 outside MPS), scaled so that the tenants of a device never sum to more than the device's time, seconds.
 # TYPE cushare_tenant_gpu_share_seconds_total counter
-cushare_tenant_gpu_share_seconds_total{tenant="alpha",device="0"} 0.75
-cushare_tenant_gpu_share_seconds_total{tenant="beta",device="0"} 0
+cushare_tenant_gpu_share_seconds_total{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0.75
+cushare_tenant_gpu_share_seconds_total{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_tenant_throttled_seconds_total Time the tenant's launches waited for their turn (compute caps and priorities), seconds.
 # TYPE cushare_tenant_throttled_seconds_total counter
-cushare_tenant_throttled_seconds_total{tenant="alpha",device="0"} 0.25
-cushare_tenant_throttled_seconds_total{tenant="beta",device="0"} 0
+cushare_tenant_throttled_seconds_total{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0.25
+cushare_tenant_throttled_seconds_total{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_tenant_weight The tenant's weight: its share among tenants contending for a device.
 # TYPE cushare_tenant_weight gauge
 cushare_tenant_weight{tenant="alpha"} 2
@@ -257,21 +257,21 @@ cushare_tenant_weight{tenant="beta"} 1
 cushare_tenant_weight{tenant="gamma"} 1
 # HELP cushare_tenant_fair_share_target Share of the contending tenants' device time the fair-share controller targets for the tenant (0..1; only while it contends).
 # TYPE cushare_tenant_fair_share_target gauge
-cushare_tenant_fair_share_target{tenant="alpha",device="0"} 0.5
+cushare_tenant_fair_share_target{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0.5
 # HELP cushare_tenant_fair_share_achieved Share of the contending tenants' device time the tenant got in the controller's last window (0..1; only while it contends).
 # TYPE cushare_tenant_fair_share_achieved gauge
-cushare_tenant_fair_share_achieved{tenant="alpha",device="0"} 0.25
+cushare_tenant_fair_share_achieved{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0.25
 # HELP cushare_tenant_compute_share Share of the device the tenant's work received, as its probe kernels measured it over the window (0..1; only once rounds with work were measured).
 # TYPE cushare_tenant_compute_share gauge
-cushare_tenant_compute_share{tenant="alpha",device="0"} 0.3
+cushare_tenant_compute_share{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0.3
 # HELP cushare_tenant_bandwidth_share Share of the device's memory bandwidth the tenant's memory probes got over the window (0..1).
 # TYPE cushare_tenant_bandwidth_share gauge
 # HELP cushare_tenant_interference Interference the tenant's probes measured over the window, by kind: compute (1 - 1/slowdown), bandwidth (1 - bandwidth share), latency (p95 start latency above solo, seconds).
 # TYPE cushare_tenant_interference gauge
-cushare_tenant_interference{tenant="alpha",device="0",kind="latency"} 0.0025
+cushare_tenant_interference{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000",kind="latency"} 0.0025
 # HELP cushare_tenant_probe_rounds Probe rounds the tenant was in over the window.
 # TYPE cushare_tenant_probe_rounds gauge
-cushare_tenant_probe_rounds{tenant="alpha",device="0"} 40
+cushare_tenant_probe_rounds{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 40
 # HELP cushare_tenant_processes Live processes of the tenant.
 # TYPE cushare_tenant_processes gauge
 cushare_tenant_processes{tenant="alpha"} 2
@@ -366,7 +366,8 @@ TEST(Prometheus, PrintsExtremeValuesExactly) {
   s.tenants[0].devices[0].denied = UINT64_MAX;
   s.startedAt = 0.1;
   const std::string text = renderMetrics(s);
-  EXPECT_NE(text.find("{tenant=\"alpha\",device=\"0\"} 18446744073709551615\n"), std::string::npos);
+  EXPECT_NE(text.find("{tenant=\"alpha\",device=\"0\",uuid=\"GPU-5e1a90c0-0000-4000-8000-000000000000\"} 18446744073709551615\n"),
+            std::string::npos);
   EXPECT_NE(text.find("cushare_broker_start_time_seconds 0.1\n"), std::string::npos);
 }
 

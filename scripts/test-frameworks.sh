@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Optional test tier: real frameworks nobody on the team wrote (CuPy, PyTorch), unmodified, on
+# Optional test tier: real frameworks nobody on the team wrote (CuPy, PyTorch, ONNX Runtime), unmodified, on
 # simgpu, then under the cushare shim; and a first CUDA program against every CUDA 13 runtime PyPI
 # ships (nvidia-cuda-runtime 13.0 to 13.5, shared and static). Never part of the build or of
-# scripts/test.sh; needs PyPI access the first time (about 4 GB; the venv and the runtime wheels
-# are reused afterwards).
+# scripts/test.sh; needs PyPI access the first time (about 23 GB downloaded; 37 GB on disk: a 6 GB
+# venv and 31 GB of unpacked runtime, cuBLAS and cuDNN wheels), reused afterwards.
 #
 #   scripts/test-frameworks.sh            # extra arguments go to every pytest run
 #
@@ -14,19 +14,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-# Pinned: cupy-cuda13x 14.2.0 links cudart 13.2 statically and loads the toolkit's libnvrtc.so.13
-# and libcublas*.so.13 by soname from /usr/local/cuda/lib64.
+# Pinned: cupy-cuda13x 14.2.0 links cudart 13.2 statically; with its [ctk] extra (the toolkit's
+# libraries as nvidia-* wheels) it loads NVRTC and cuBLAS from those wheels.
 # torch 2.15.0 from PyPI is the CUDA 13 build (+cu132): it brings its own libcudart.so.13 (13.2, the
 # nvidia-cuda-runtime wheel, found through its RPATH) and the other nvidia-* CUDA 13 wheels.
-pins=(cupy-cuda13x==14.2.0 numpy==2.4.6 pytest==9.2.0 torch==2.15.0 nvidia-ml-py==13.615.71)
+# onnxruntime-gpu 1.31.1 with its [cuda,cudnn] extras: the nvidia-* CUDA 13 wheels it names (pip
+# picks cuBLAS and cuDNN versions torch's pins also accept), loaded by onnxruntime.preload_dlls().
+pins=("cupy-cuda13x[ctk]==14.2.0" numpy==2.4.6 pytest==9.2.0 torch==2.15.0 nvidia-ml-py==13.615.71
+  "onnxruntime-gpu[cuda,cudnn]==1.31.1" onnx==1.23.2)
 # Every nvidia-cuda-runtime 13.x build on PyPI, for the runtime probe.
 runtimes=(13.0.48 13.0.88 13.0.96 13.1.80 13.2.51 13.2.75 13.2.86 13.3.29 13.4.49 13.4.92 13.5.37)
-# cuBLAS wheels for the first-call probe: the last before cuBLAS asked the driver for a stream's
-# green context, the first that does, and the newest (about 450 MB each).
-cublases=(13.4.3.11 13.5.1.27 13.10.0.20)
-# cuDNN wheels for its first-call probe (about 700 MB each): the first that asks for a stream's
-# green context, and the newest; the toolkit's own cuDNN (9.19) is the one before.
-cudnns=(9.23.2.1 9.28.1.4)
+# Every cuBLAS 13.x and cuDNN 9.x wheel for CUDA 13 on PyPI, for their first-call probe (about
+# 450 MB and 300-700 MB each, 51 wheels, about 28 GB in all, fetched once into the cache). cuBLAS
+# asks the driver for a stream's green context from 13.5.1.27, cuDNN from 9.23.2.1.
+cublases=(13.0.0.19 13.0.2.14 13.1.0.3 13.1.1.3 13.1.2.11 13.2.0.9 13.2.1.1 13.2.2.2 13.3.0.5 13.4.0.1
+  13.4.1.1 13.4.1.3 13.4.2.4 13.4.3.11 13.5.1.27 13.6.0.2 13.6.1.10 13.6.2.16 13.7.0.27 13.8.0.4
+  13.8.1.7 13.8.2.12 13.10.0.20)
+cudnns=(9.12.0.46 9.13.0.50 9.13.1.26 9.14.0.64 9.15.0.57 9.15.1.9 9.16.0.29 9.17.0.29 9.17.1.4 9.18.0.77
+  9.18.1.3 9.19.0.56 9.19.1.2 9.20.0.48 9.21.0.82 9.21.1.3 9.22.0.52 9.23.0.39 9.23.1.3 9.23.2.1
+  9.24.0.43 9.24.1.1 9.25.1.1 9.26.0.51 9.26.1.1 9.27.0.42 9.28.0.42 9.28.1.4)
 
 cuda_lib=/usr/local/cuda/lib64
 simgpu_lib=$root/build/lib/simgpu
@@ -59,6 +65,7 @@ for v in "${runtimes[@]}"; do
       --platform manylinux2014_x86_64 -d "$cache/runtimes/$v.tmp" "nvidia-cuda-runtime==$v"
     "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
       "$(ls "$cache/runtimes/$v.tmp"/*.whl)" "$cache/runtimes/$v.tmp"
+    rm -f "$cache/runtimes/$v.tmp"/*.whl
     rm -rf "$cache/runtimes/$v" && mv "$cache/runtimes/$v.tmp" "$cache/runtimes/$v"
   fi
 done
@@ -70,10 +77,13 @@ fetch_wheel() {
   [[ -e $cache/$kind/$v/$library ]] && return 0
   echo "test-frameworks: fetching $package $v"
   rm -rf "$cache/$kind/$v.tmp" && mkdir -p "$cache/$kind/$v.tmp"
+  # The interpreter's own platform: older wheels are tagged manylinux_2_27, which a
+  # --platform manylinux2014_x86_64 request would not accept.
   "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-    --platform manylinux2014_x86_64 -d "$cache/$kind/$v.tmp" "$package==$v"
+    -d "$cache/$kind/$v.tmp" "$package==$v"
   "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
     "$(ls "$cache/$kind/$v.tmp"/*.whl)" "$cache/$kind/$v.tmp"
+  rm -f "$cache/$kind/$v.tmp"/*.whl  # the unpacked wheel is what the runs use
   rm -rf "$cache/$kind/$v" && mv "$cache/$kind/$v.tmp" "$cache/$kind/$v"
 }
 mkdir -p "$cache/cublas" "$cache/cudnn"
@@ -175,6 +185,13 @@ for v in "${cudnns[@]}"; do
     "cudnn ok $(( 10#$major * 10000 + 10#$minor * 100 + 10#$patch ))" "$probe_dir/cudnn_first_call"
 done
 
+# ONNX Runtime as pip installs it: its CUDA libraries from the nvidia-* wheels, no preload but
+# the shim; judged by its own view and by simgpu-smi's count of the device.
+run_tier onnxruntime-simgpu tests/frameworks/test_onnxruntime.py LD_LIBRARY_PATH="$simgpu_lib" \
+  SIMGPU_SMI="$root/build/tools/simgpu-smi"
+run_tier onnxruntime-shim tests/frameworks/test_onnxruntime.py LD_LIBRARY_PATH="$simgpu_lib" \
+  SIMGPU_SMI="$root/build/tools/simgpu-smi" LD_PRELOAD="$shim" CUSHARE_TENANT=ort CUSHARE_MEMORY_LIMIT=256MiB \
+  CUSHARE_LEDGER_DIR="$state/ledger-ort"
 run_tier cupy-simgpu tests/frameworks/test_cupy.py
 run_tier cupy-shim tests/frameworks/test_cupy.py \
   LD_PRELOAD="$shim" CUSHARE_TENANT=cupy CUSHARE_MEMORY_LIMIT=256MiB \

@@ -426,3 +426,35 @@ def test_cuda_graph_capture_and_replay_with_its_pool_counted(children):
     assert r["before"]["free"] - r["after"]["free"] >= r["pool"], "the pool counts in the view"
     assert device >= 2 * 16 * MiB + r["pool"] - 2 * MiB
     assert released["free"] - r["after"]["free"] >= r["pool"]
+
+
+def test_cudnn_convolution_on_a_side_stream_and_in_graph_capture(children):
+    # How serving engines run convolutions: on a torch.cuda.Stream() and captured into a CUDA
+    # graph. cuDNN from 9.23.2.1 asks the driver for the stream's green context as it is set to a
+    # stream; it failed there (CUDNN_STATUS_INTERNAL_ERROR) when simgpu answered NOT_SUPPORTED.
+    # That cuDNN really ran is seen in the process: its convolution engines are loaded on first use.
+    c = children("""
+        conv = torch.nn.Conv2d(3, 8, 3).cuda()
+        x = torch.ones(2, 3, 32, 32, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            y = conv(x)
+            y = conv(x)  # warm-up before the capture, as PyTorch's documentation asks
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            z = conv(x)
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        maps = open("/proc/self/maps").read()
+        report(y=list(y.shape), z=list(z.shape), cudnn=torch.backends.cudnn.version(),
+               enabled=torch.backends.cudnn.enabled, engines="libcudnn_engines" in maps or "libcudnn_cnn" in maps)
+    """)
+    r = c.recv()
+    c.finish()
+    assert r["enabled"] and r["cudnn"] >= 91200, r
+    assert r["y"] == [2, 8, 30, 30] and r["z"] == [2, 8, 30, 30]
+    assert r["engines"], "no cuDNN convolution engine was loaded: the convolutions did not go through cuDNN"

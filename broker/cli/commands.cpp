@@ -8,9 +8,18 @@
 
 #include "cushare/parse.h"
 #include "cushare/shim_config.h"
+#include <poll.h>
+#include <signal.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+
 #include "environment.h"
 #include "output.h"
 #include "rpc/codec.h"
+#include "top.h"
 
 namespace cushare::cli {
 namespace {
@@ -218,6 +227,103 @@ int probeVerb(const Globals& g, const Verb& v, const Args& a) {
   return show(g, table, [&] { printProbeTable(table); });
 }
 
+// cushare top: a frame every --interval seconds (rates over that interval) until Ctrl-C, `q` on the
+// terminal or --count frames; --once is --count 1. On a terminal each frame replaces the last.
+volatile sig_atomic_t gTopStop = 0;
+void topStop(int) { gTopStop = 1; }
+
+// The terminal's mode while top reads single keys; restored by the destructor.
+class KeyReader {
+ public:
+  KeyReader() {
+    if (!isatty(STDIN_FILENO) || tcgetattr(STDIN_FILENO, &saved_) != 0) return;
+    termios raw = saved_;
+    raw.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO);
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
+    on_ = tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+  }
+  ~KeyReader() {
+    if (on_) tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+  KeyReader(const KeyReader&) = delete;
+  KeyReader& operator=(const KeyReader&) = delete;
+  // Waits `seconds`; false if the user asked to stop meanwhile (a signal, or q).
+  bool wait(double seconds) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!gTopStop) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return true;
+      pollfd p{STDIN_FILENO, POLLIN, 0};
+      const int n = poll(on_ ? &p : nullptr, on_ ? 1 : 0, static_cast<int>(std::min<int64_t>(left.count(), 250)));
+      char c = 0;
+      if (n > 0 && read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q')) return false;
+    }
+    return false;
+  }
+
+ private:
+  termios saved_{};
+  bool on_ = false;
+};
+
+int topVerb(const Globals& g, const Verb& v, const Args& a) {
+  double interval = 1;
+  if (a.find("--interval")) {
+    const std::string text = a.get("--interval");
+    char* end = nullptr;
+    interval = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != 0 || !std::isfinite(interval) || interval < 0.1 || interval > 3600)
+      return usageError(g, v, "--interval: '" + printable(text, 40) + "' is not a number of seconds from 0.1 to 3600");
+  }
+  int64_t count = 0;  // 0: until stopped
+  std::string err;
+  if (a.find("--count") && !parseInt(a.get("--count"), 1, INT32_MAX, &count, &err))
+    return usageError(g, v, "--count: " + printable(err, 120));
+  if (a.find("--once")) {
+    if (a.find("--count")) return usageError(g, v, "--once is --count 1: give one of them");
+    count = 1;
+  }
+  const auto fetch = [&](rpc::TenantsReply* out) {
+    rpc::Request req = newRequest();
+    req.mutable_tenants()->set_tenant("");
+    rpc::Response resp;
+    if (const int rc = exchange(g, req, rpc::Response::kTenants, &resp)) return rc;
+    *out = resp.tenants();
+    return 0;
+  };
+  struct sigaction sa{};
+  sa.sa_handler = topStop;  // no SA_RESTART: the wait returns at once
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  const bool redraw = !g.json && count != 1 && isatty(STDOUT_FILENO);
+  const KeyReader keys;
+  rpc::TenantsReply before, after;
+  if (const int rc = fetch(&before)) return rc;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t frame = 0; count == 0 || frame < count; ++frame) {
+    if (!keys.wait(interval)) break;
+    if (const int rc = fetch(&after)) return rc;
+    const auto t1 = std::chrono::steady_clock::now();
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const rpc::TopFrame f = topFrame(before, after, std::chrono::duration<double>(t1 - t0).count(), now);
+    if (g.json) {
+      printJson(f);
+    } else {
+      if (redraw) std::printf("\033[H\033[2J");
+      else if (frame > 0) std::printf("\n");
+      printTopFrame(f);
+      if (redraw) std::printf("\n(q or Ctrl-C to quit)\n");
+    }
+    std::fflush(stdout);
+    before = std::move(after);
+    after.Clear();
+    t0 = t1;
+  }
+  return 0;
+}
+
 int processesVerb(const Globals& g, const Verb&, const Args& a) {
   rpc::Request req = newRequest();
   req.mutable_processes()->set_tenant(a.get("--tenant"));
@@ -292,6 +398,18 @@ int tenantVars(const Globals& g, const Verb& v, const Args& a, bool run, EnvVars
   rpc::Response resp;
   if (const int rc = exchange(g, req, rpc::Response::kEnv, &resp)) return rc;
   if (!tenantEnvironment(resp.env(), memory, shim, !run, out, &err)) return report(g, kExitFailed, err);
+  // --memory only lowers the broker's limit (the shim takes the lower of the two): above it on a
+  // device, the broker's holds there, and the user hears so rather than finding out at an
+  // out-of-memory error.
+  MemoryLimitSpec spec;
+  if (!memory.empty() && parseMemoryLimit(memory, &spec, &err) && spec.kind == MemoryLimitSpec::kAll)
+    for (const rpc::TenantDevice& d : resp.env().devices())
+      if (d.has_limit_bytes() && d.limit_bytes() < spec.all)
+        std::fprintf(stderr,
+                     "cushare: note: --memory %s is above tenant %s's limit of %s on device %d; the broker's limit "
+                     "holds there (raise it with cushare set-limit)\n",
+                     printable(memory, 40).c_str(), printable(resp.env().tenant(), 64).c_str(),
+                     formatSize(d.limit_bytes()).c_str(), d.device());
   return 0;
 }
 
@@ -347,6 +465,17 @@ const std::vector<Verb>& verbs() {
        0,
        false,
        probeVerb},
+      {"top",
+       "top [--interval SECONDS] [--count N | --once]",
+       "a live view of each device and its tenants: memory against the limit, share of the device's time, "
+       "time waited for turns, refusals, priority and cap, the probes' share; q or Ctrl-C quits",
+       {"--interval", "--count"},
+       {"--once"},
+       {},
+       0,
+       0,
+       false,
+       topVerb},
       {"processes",
        "processes [--tenant NAME]",
        "live tenant processes and their memory",

@@ -5,9 +5,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <vector>
 
 #include "cushare/parse.h"
+#include "top.h"
 
 namespace cushare::cli {
 namespace {
@@ -352,6 +354,58 @@ void printJsonObject(const std::vector<std::pair<std::string, std::string>>& fie
   for (const auto& [key, value] : fields)
     json += (json.size() > 1 ? ", " : "") + jsonQuoted(key) + ": " + jsonQuoted(value);
   std::printf("%s}\n", json.c_str());
+}
+
+void printTopFrame(const rpc::TopFrame& f) {
+  const std::time_t t = static_cast<std::time_t>(f.time());
+  char when[16] = "?";
+  std::tm tm{};
+  if (localtime_r(&t, &tm)) std::strftime(when, sizeof when, "%H:%M:%S", &tm);
+  std::printf("cushare top  %s  busy and waits over the last %.1f s\n", when, f.interval_seconds());
+  const auto pct = [](double fraction) {
+    char b[16];
+    std::snprintf(b, sizeof b, "%.0f%%", fraction * 100);
+    return std::string(b);
+  };
+  bool uncertain = false;
+  for (const rpc::TopDevice& d : f.devices()) {
+    std::string memory = d.has_device_used_bytes() ? "device " + formatSize(d.device_used_bytes()) + " of "
+                                                   : "device ? of ";
+    memory += formatSize(d.capacity_bytes()) + ", tenants " + formatSize(d.used_bytes());
+    if (d.outside_bytes() > 0) memory += ", outside cushare " + formatSize(d.outside_bytes());
+    std::printf("\nGPU %d  %s  busy %s  memory: %s\n", d.index(), d.uuid().c_str(), pct(d.busy()).c_str(),
+                memory.c_str());
+    if (d.tenants().empty()) {
+      std::printf("  no tenant on this device\n");
+      continue;
+    }
+    Table tbl({"  TENANT", "PRIORITY", "CAP", "PROCS", "USED", "LIMIT", "USE", "BUSY", "WAITED", "DENIED/S", "PROBE"});
+    for (const rpc::TopTenant& tt : d.tenants()) {
+      std::string use = "-";
+      if (tt.has_limit_bytes() && tt.limit_bytes() > 0)
+        use = pct(static_cast<double>(tt.used_bytes()) / static_cast<double>(tt.limit_bytes()));
+      char denied[32];
+      std::snprintf(denied, sizeof denied, tt.denied_per_second() == 0 ? "0" : "%.1f", tt.denied_per_second());
+      std::string probe = "-";
+      if (tt.has_probe() && tt.probe().rounds_with_work() > 0) {
+        char b[48];
+        std::snprintf(b, sizeof b, "%.2f +-%.2f", tt.probe().compute_share(), tt.probe().compute_share_stderr());
+        probe = b;
+        if (!tt.probe().enough()) {
+          probe += " ?";
+          uncertain = true;
+        }
+      }
+      tbl.add({"  " + tt.tenant(), tt.priority(),
+               tt.has_thread_percentage() ? std::to_string(tt.thread_percentage()) + "%" : "-",
+               std::to_string(tt.processes()), formatSize(tt.used_bytes()),
+               tt.has_limit_bytes() ? formatSize(tt.limit_bytes()) : "-", use, pct(tt.busy()),
+               pct(tt.throttled()) + (tt.paced() ? " paced" : ""), denied, probe});
+    }
+    tbl.print();
+  }
+  if (uncertain) std::printf("\n? too few probe rounds yet for the share to be trusted (docs/probes.md)\n");
+  for (const std::string& e : f.errors()) std::printf("%s\n", e.c_str());
 }
 
 }  // namespace cushare::cli

@@ -2237,6 +2237,14 @@ TEST(Cli, EnvCarriesTheLimitAndRequiresTheBroker) {
   EXPECT_EQ(sh("env --tenant alpha --memory 1GiB"), 0);
   env = readFile(b.dir() + "/out.txt");
   EXPECT_NE(env.find("\nCUSHARE_MEMORY_LIMIT=" + limit + "\n"), std::string::npos) << "never above the broker's: " << env;
+  // ... and said so (issue 26, point 11: it was capped silently), for run too.
+  const std::string note = "cushare: note: --memory 1GiB is above tenant alpha's limit of 512 MiB on device 0; the "
+                           "broker's limit holds there (raise it with cushare set-limit)\n";
+  EXPECT_NE(env.find(note), std::string::npos) << env;
+  EXPECT_EQ(sh("run --tenant alpha --memory 1GiB -- true"), 0);
+  EXPECT_EQ(readFile(b.dir() + "/out.txt"), note);
+  EXPECT_EQ(sh("env --tenant alpha --memory 256MiB"), 0);
+  EXPECT_EQ(readFile(b.dir() + "/out.txt").find("note:"), std::string::npos) << "below the limit: nothing to say";
   // `cushare run` runs on this host, in the broker's directory: it requires the broker and does not
   // carry the limit, which would cap live raises (--memory is still passed).
   EXPECT_EQ(sh("run --tenant alpha -- sh -c 'echo ${CUSHARE_REQUIRE_BROKER}:${CUSHARE_MEMORY_LIMIT-unset}'"), 0);

@@ -22,6 +22,7 @@
 #include <iterator>
 #include <functional>
 #include <map>
+#include <regex>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -502,7 +503,7 @@ TEST(Probe, CapsThirtyAndSeventyMeasuredWithinSevenPoints) {
     EXPECT_EQ(run("probe --device 7"), "cushare: probe: device 7 does not exist (this host has 1 device: 0)\n");
     const std::string m = b.metrics();
     EXPECT_NE(m.find("cushare_tenant_compute_share{tenant=\"a\",device=\"0\",uuid=\"" + kDevice0Uuid + "\"} 0."), std::string::npos) << m;
-    EXPECT_NE(m.find("cushare_tenant_interference{tenant=\"a\",device=\"0\",kind=\"latency\"}"), std::string::npos)
+    EXPECT_NE(m.find("cushare_tenant_interference{tenant=\"a\",device=\"0\",uuid=\"" + kDevice0Uuid + "\",kind=\"latency\"}"), std::string::npos)
         << m;
   });
 }
@@ -674,6 +675,62 @@ TEST(Live, ACapChangedByReloadAppliesToRunningProcesses) {
   EXPECT_NEAR(before[0], 0.30, 0.05);
   EXPECT_NEAR(after[0], 0.60, 0.05);
   finish({&a});
+}
+
+// `cushare top` (issue 26, point 10): the live view shows what each tenant gets of the device over
+// the interval (a tenant capped at 30 % beside an uncapped one), its cap, its waits and its memory
+// against its limit, as JSON and for people; bad options are usage errors.
+TEST(Live, TopShowsEachTenantsShareCapWaitsAndMemory) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 30, memory: 1GiB}\n  - {name: c}\n"));
+  const auto cli = [&](const std::string& args) {
+    const std::string full = std::string(CLI_BIN) + " --socket " + b.socket() + " " + args + " > " + b.dir() +
+                             "/top.txt 2>&1";
+    const int st = std::system(full.c_str());
+    std::ifstream in(b.dir() + "/top.txt");
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, std::string(std::istreambuf_iterator<char>(in), {}));
+  };
+  Child a = worker(b, "a"), c = worker(b, "c");
+  a.send("run 4000 2000");
+  c.send("run 4000 2000");
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  auto [rc, json] = cli("top --once --json --interval 1.5");
+  ASSERT_EQ(rc, 0) << json;
+  // One object on one line: {"time":...,"interval_seconds":1.5..,"devices":[{..."tenants":[...]}]}
+  EXPECT_EQ(std::count(json.begin(), json.end(), '\n'), 1) << json;
+  const auto field = [&](const std::string& tenant, const std::string& name) {
+    const std::regex re("\"tenant\": ?\"" + tenant + "\"[^}]*?\"" + name + "\": ?([0-9.e+-]+)");
+    std::smatch m;
+    return std::regex_search(json, m, re) ? std::stod(m[1]) : -1.0;
+  };
+  std::printf("top: a busy %.3f waited %.3f, c busy %.3f\n", field("a", "busy"), field("a", "throttled"),
+              field("c", "busy"));
+  EXPECT_NEAR(field("a", "busy"), 0.30, 0.08) << json;
+  EXPECT_GE(field("c", "busy"), 0.55) << json;
+  EXPECT_GT(field("a", "throttled"), 0.3) << "a waits for its turns\n" << json;
+  EXPECT_EQ(field("a", "thread_percentage"), 30) << json;
+  EXPECT_EQ(field("a", "limit_bytes"), static_cast<double>(1ull << 30)) << json;
+  EXPECT_GE(field("a", "used_bytes"), 0) << json;
+  // For people: a block per device, a row per tenant, busiest first.
+  std::string human;
+  std::tie(rc, human) = cli("top --once --interval 0.5");
+  ASSERT_EQ(rc, 0) << human;
+  EXPECT_NE(human.find("GPU 0  GPU-"), std::string::npos) << human;
+  EXPECT_NE(human.find("TENANT"), std::string::npos) << human;
+  EXPECT_LT(human.find("  c "), human.find("  a ")) << "the busier tenant first\n" << human;
+  EXPECT_NE(human.find("30%"), std::string::npos) << "a's cap\n" << human;
+  EXPECT_NE(human.find("  1 GiB  "), std::string::npos) << "a's limit\n" << human;
+  // Two frames without a terminal: printed one after the other.
+  std::tie(rc, human) = cli("top --count 2 --interval 0.2");
+  ASSERT_EQ(rc, 0) << human;
+  EXPECT_EQ(std::count(human.begin(), human.end(), '\n') > 0 && human.find("cushare top", 1) != std::string::npos, true)
+      << human;
+  finish({&a, &c});
+  for (const char* bad : {"top --interval 0", "top --interval 1h", "top --count 0", "top --once --count 2", "top now"}) {
+    std::tie(rc, human) = cli(bad);
+    EXPECT_EQ(rc, 2) << bad << ": " << human;
+    EXPECT_NE(human.find("usage: cushare top"), std::string::npos) << bad << ": " << human;
+  }
 }
 
 // `cushare set-limit --threads` (the CLI, as an operator runs it): the cap applies at once to a

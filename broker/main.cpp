@@ -102,7 +102,9 @@ int main(int argc, char** argv) {
     Config c;
     std::string why;
     if (loadConfig(configPath, &c, &err) && c.mps.mode != MpsConfig::Mode::kOff) {
-      const std::string control = resolveMpsControl(c.mps, &why);
+      // As the start: the control daemon, then its directories (made there, only looked at here).
+      std::string control = resolveMpsControl(c.mps, &why);
+      if (!control.empty() && !checkMpsDirs(c.mps, &why)) control.clear();
       if (control.empty() && c.mps.mode == MpsConfig::Mode::kOn) {
         spdlog::error("{}: mps.mode on: {}", configPath, why);
         return 1;

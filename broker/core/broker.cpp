@@ -667,7 +667,9 @@ bool Broker::prepare(Prepared* out, std::string* err) const {
 bool Broker::check(std::string* err) const {
   Prepared p;
   BrokerState st;
-  if (!prepare(&p, err) || !checkPlaces(p.config, err) || !loadStateFor(p.config, &st, err)) return false;
+  if (!prepare(&p, err) || !checkPlaces(p.config, err) || !checkLedgerOwners(p.config, err) ||
+      !loadStateFor(p.config, &st, err))
+    return false;
   struct stat ls;
   if (::lstat(p.config.ledgerDir.c_str(), &ls) == 0 && ls.st_uid != ::geteuid())
     CUSHARE_BLOG(warn, "ledger_dir {} belongs to uid {}: the broker will move it aside, unread, when it starts",
@@ -704,7 +706,7 @@ bool Broker::start(std::string* err) {
   std::map<std::string, std::vector<uint64_t>>& configured = p.configured;
   std::vector<uint64_t>& unknown = p.unknown;
   BrokerState state;
-  if (!checkPlaces(c, err) || !loadStateFor(c, &state, err)) return false;
+  if (!checkPlaces(c, err) || !checkLedgerOwners(c, err) || !loadStateFor(c, &state, err)) return false;
   Overrides o = state.limits;
   dropStaleOverrides(c, configured, &o);
   dropStaleOverrides(c, configured, &state.threads);
@@ -763,6 +765,7 @@ bool Broker::reload(std::string* err) {
   const Config& c = p.config;
   // The places that may change on reload and are checked at start: the CUPTI library tenants load.
   if (std::string cupti; !checkCuptiLibrary(c, &cupti, &why)) return refuse(why);
+  if (!checkLedgerOwners(c, &why)) return refuse(why);
   const std::optional<gid_t>& admin = p.adminGid;
   const std::map<std::string, std::vector<uint64_t>>& configured = p.configured;
   const std::vector<uint64_t>& unknown = p.unknown;

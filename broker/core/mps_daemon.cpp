@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,6 +21,7 @@
 
 #include "core/broker.h"
 #include "core/log.h"
+#include "core/places.h"
 
 extern char** environ;
 
@@ -74,12 +76,30 @@ bool makeDir(const std::string& dir, const std::string& what, std::string* err) 
     if (i < dir.size() && dir[i] != '/') continue;
     const std::string p = dir.substr(0, i);
     if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) {
-      *err = "mps." + what + ": cannot create " + p + ": " + std::strerror(errno);
+      // Worded as --check words it (checkMpsDirs): the directory asked for, and where it failed.
+      *err = "mps." + what + " " + dir + " cannot be created in " + p.substr(0, std::max<size_t>(1, p.rfind('/'))) +
+             ": " + std::strerror(errno);
       return false;
     }
   }
   struct stat st;
   if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *err = "mps." + what + ": " + dir + " is not a directory";
+    return false;
+  }
+  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+    *err = "mps." + what + ": " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+           " or is writable by others: the broker needs a directory of its own (mode 0755)";
+    return false;
+  }
+  return true;
+}
+
+// makeDir's verdict without making anything.
+bool checkMpsDir(const std::string& dir, const std::string& what, std::string* err) {
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) return checkDirWritable(dir, "mps." + what, err);
+  if (!S_ISDIR(st.st_mode)) {
     *err = "mps." + what + ": " + dir + " is not a directory";
     return false;
   }
@@ -632,6 +652,10 @@ void MpsSupervisor::stop() {
   else
     CUSHARE_BLOG(info, "mps: control daemon stopped");
   active_ = false;
+}
+
+bool checkMpsDirs(const MpsConfig& c, std::string* why) {
+  return checkMpsDir(c.pipeDir, "pipe_dir", why) && checkMpsDir(c.logDir, "log_dir", why);
 }
 
 }  // namespace cushare::broker

@@ -56,6 +56,9 @@ struct MpsControl {
 // The control binary the configuration names: mps.control resolved on PATH, or the default.
 // Empty (with *why) when there is none that can be executed.
 std::string resolveMpsControl(const MpsConfig& c, std::string* why);
+// What the start's making of mps.pipe_dir and mps.log_dir would say, without making them
+// (--check): each is a directory of this user that others cannot write, or can be created.
+bool checkMpsDirs(const MpsConfig& c, std::string* why);
 
 class MpsSupervisor {
  public:

@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/log.h"
 #include "cushare/atomic_file.h"
@@ -133,16 +135,55 @@ bool checkPlaces(const Config& c, std::string* err) {
     }
     return true;
   }
+  return checkDirWritable(dir, "ledger_dir", err);
+}
+
+bool checkDirWritable(const std::string& dir, const std::string& what, std::string* err) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      *err = what + " " + dir + " is not a directory";
+      return false;
+    }
+    if (::faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+      *err = sysErr(what + " " + dir + " cannot be written");
+      return false;
+    }
+    return true;
+  }
   // Missing: the nearest existing directory above it must let the broker create it.
   std::string above = dirOf(dir);
   while (::stat(above.c_str(), &st) != 0 && errno == ENOENT && above != "/") above = dirOf(above);
   if (::stat(above.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    *err = "ledger_dir " + dir + " cannot be created: " + above + " is not a directory";
+    *err = what + " " + dir + " cannot be created: " + above + " is not a directory";
     return false;
   }
   if (::faccessat(AT_FDCWD, above.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
-    *err = sysErr("ledger_dir " + dir + " cannot be created in " + above);
+    *err = sysErr(what + " " + dir + " cannot be created in " + above);
     return false;
+  }
+  return true;
+}
+
+bool checkLedgerOwners(const Config& c, std::string* err) {
+  const uid_t me = ::geteuid();
+  if (me == 0) return true;
+  std::vector<gid_t> groups(static_cast<size_t>(std::max(0, ::getgroups(0, nullptr))));
+  groups.resize(static_cast<size_t>(std::max(0, ::getgroups(static_cast<int>(groups.size()), groups.data()))));
+  groups.push_back(::getegid());
+  for (const Tenant& t : c.tenants) {
+    if (t.uid && *t.uid != me) {
+      *err = "tenant " + t.name + ": uid " + std::to_string(*t.uid) + ": the broker runs as uid " + std::to_string(me) +
+             " and cannot give the tenant's ledger to another user (only root can); run it as root, or drop the "
+             "tenant's uid";
+      return false;
+    }
+    if (t.gid && std::find(groups.begin(), groups.end(), static_cast<gid_t>(*t.gid)) == groups.end()) {
+      *err = "tenant " + t.name + ": gid " + std::to_string(*t.gid) + ": the broker runs as uid " + std::to_string(me) +
+             ", which is not in that group, and cannot give the tenant's ledger to it; run it as root, or add its "
+             "user to the group";
+      return false;
+    }
   }
   return true;
 }

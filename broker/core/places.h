@@ -31,6 +31,16 @@ bool checkParentsOf(const std::string& path, const std::string& what, bool stric
 // here, but the directories it would appear in are checked.
 bool checkTrustedFile(const std::string& path, const std::string& what, std::string* resolved, std::string* err);
 
+// A directory the broker will create or write into (mps.pipe_dir, mps.log_dir, cdi.spec_dir), as
+// --check sees it without creating anything: it is a directory this process may write into, or it
+// is missing and the nearest existing directory above it lets this process create it.
+bool checkDirWritable(const std::string& dir, const std::string& what, std::string* err);
+
+// The tenants' uid and gid keys: the broker gives each such tenant's ledger to that user or group
+// when it creates it, which only root (or a process with CAP_CHOWN) may do for another user, and a
+// process may do for a group only if it is one of its groups.
+bool checkLedgerOwners(const Config& c, std::string* err);
+
 // compute.cupti_library, when set: it must exist and be a trusted file (checkTrustedFile); its
 // resolved path (what the host segment names and containers mount) in *resolved, empty when unset.
 bool checkCuptiLibrary(const Config& c, std::string* resolved, std::string* err);

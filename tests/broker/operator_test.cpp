@@ -874,6 +874,84 @@ TEST(Operator, CheckTellsWhetherTheLedgerDirCanBeCreated) {
   EXPECT_FALSE(fs::exists(dir + "/new")) << "--check creates nothing";
 }
 
+// `cushare-broker --check` as an ordinary user runs the checks the start would fail on (issue 26,
+// point 5: it passed configurations the start then rejected or half-applied): MPS directories it
+// cannot create, a tenant uid or gid it cannot give ledgers to, a CDI spec directory it cannot
+// write. Each refusal names the place and why; the start refuses the same way; nothing is created.
+TEST(Operator, CheckRunsTheStartsChecksAsAnOrdinaryUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  ASSERT_NE(deviceUsed(), UINT64_MAX) << "simgpu's state, made here so that uid 2000 finds it";
+  const std::string dir = testDir();
+  const std::string own = dir + "/user", rootOnly = dir + "/rootonly";
+  ASSERT_EQ(::mkdir(own.c_str(), 0755), 0);
+  ASSERT_EQ(::chown(own.c_str(), kOther, kOther), 0);
+  ASSERT_EQ(::mkdir(rootOnly.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  // The broker and simgpu's libraries where uid 2000 can read them (the checkout may be private).
+  UserStage stage;
+  const std::string broker = stage.copy(BROKER_BIN, "bin/cushare-broker");
+  const std::string lib = std::filesystem::path(SHIM_LIB).parent_path().string();
+  const std::string simgpu = stage.copy(lib + "/simgpu", "lib/simgpu");
+  stage.copy(SHIM_LIB, "lib/libcushare.so");  // the CDI spec names the shim beside the broker
+  stage.copy(lib + "/cushare", "lib/cushare");
+  // Runs the staged broker as uid 2000 on body (places under own/ unless body moves them);
+  // --check or a start that must end by itself (a refusal), bounded by `timeout`.
+  auto run = [&](const std::string& body, bool check) {
+    std::ofstream(own + "/config.yaml") << "ledger_dir: " << own << "/ledgers\nsocket: " << own << "/broker.sock\n"
+                                        << "state_file: " << own << "/broker.state\nmetrics_listen: off\n" << body;
+    ::unlink((own + "/out.log").c_str());
+    // stdout (--check's report) joins stderr (the log lines) in out.log.
+    std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$@\" 1>&2", "sh", "/usr/bin/timeout", "10",
+                                     "/usr/bin/setpriv", "--reuid=2000", "--regid=2000", "--clear-groups", broker,
+                                     "--config", own + "/config.yaml"};
+    if (check) argv.push_back("--check");
+    Child c = Child::spawn(argv, {{"LD_PRELOAD", ""}, {"LD_LIBRARY_PATH", simgpu}}, own + "/out.log");
+    const int status = c.wait();
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, fileText(own + "/out.log"));
+  };
+  // The places of its own: valid.
+  auto [rc, out] = run("cdi: {spec_dir: " + own + "/cdi}\n", true);
+  EXPECT_EQ(rc, 0) << out;
+  struct Case {
+    std::string body, message;
+    std::string startMessage = "";  // when the start words it otherwise
+  };
+  const std::vector<Case> cases = {
+      {"mps: {mode: on, pipe_dir: " + rootOnly + "/pipe, log_dir: " + own + "/mpslog}\ncdi: off\n",
+       "mps.mode on: mps.pipe_dir " + rootOnly + "/pipe cannot be created in " + rootOnly + ": Permission denied"},
+      {"mps: {mode: on, pipe_dir: " + own + "/pipe, log_dir: " + rootOnly + "/log}\ncdi: off\n",
+       "mps.mode on: mps.log_dir " + rootOnly + "/log cannot be created in " + rootOnly + ": Permission denied"},
+      {"cdi: {spec_dir: " + rootOnly + "/cdi}\ntenants:\n  - {name: alpha}\n",
+       "cdi.spec_dir " + rootOnly + "/cdi cannot be created in " + rootOnly + ": Permission denied",
+       "cdi: cannot create " + rootOnly + "/cdi: Permission denied"},
+      {"cdi: off\ntenants:\n  - {name: alpha, uid: 2001}\n",
+       "tenant alpha: uid 2001: the broker runs as uid 2000 and cannot give the tenant's ledger to another user"},
+      {"cdi: off\ntenants:\n  - {name: alpha, gid: 2001}\n",
+       "tenant alpha: gid 2001: the broker runs as uid 2000, which is not in that group"},
+  };
+  for (const Case& k : cases) {
+    std::tie(rc, out) = run(k.body, true);
+    EXPECT_EQ(rc, 1) << k.body << out;
+    EXPECT_NE(out.find(k.message), std::string::npos) << "--check: " << k.body << out;
+    std::tie(rc, out) = run(k.body, false);
+    EXPECT_EQ(rc, 1) << "the start refuses too: " << k.body << out;
+    EXPECT_NE(out.find(k.startMessage.empty() ? k.message : k.startMessage), std::string::npos)
+        << "start: " << k.body << out;
+  }
+  // The default CDI (not asked for; /var/run/cdi, root's): the start would warn and run without a
+  // spec; --check says so and passes.
+  std::tie(rc, out) = run("tenants:\n  - {name: alpha}\n", true);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("cdi.spec_dir /var/run/cdi cannot be"), std::string::npos) << out;
+  EXPECT_NE(out.find("(cdi is on by default: the broker would warn and run without a spec; cdi: off silences it)"),
+            std::string::npos) << out;
+  EXPECT_TRUE(::access((rootOnly + "/pipe").c_str(), F_OK) != 0 && ::access((rootOnly + "/cdi").c_str(), F_OK) != 0)
+      << "nothing created";
+  // A tenant uid the broker's own, or a group it is in, is fine.
+  std::tie(rc, out) = run("cdi: off\ntenants:\n  - {name: alpha, uid: 2000, gid: 2000}\n", true);
+  EXPECT_EQ(rc, 0) << out;
+}
+
 // The secure deployment (docs/security.md: a uid per tenant, or a group per tenant): the default
 // hidden-memory response takes down a process of the tenant's user that zeroes its ledger's
 // counters and allocates past its limit, and leaves the tenant's honest process alone. Judged by

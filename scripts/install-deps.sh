@@ -14,6 +14,8 @@ PACKAGES=(
   libyaml-dev
   clang libclang-rt-14-dev
   prometheus  # promtool: the alerting rules' tests (ctest prometheus_rules); the server is not used
+  help2man    # the man pages, generated from --help
+  zsh         # install_layout checks the zsh completion's syntax
 )
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then

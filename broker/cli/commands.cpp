@@ -467,8 +467,8 @@ const std::vector<Verb>& verbs() {
        probeVerb},
       {"top",
        "top [--interval SECONDS] [--count N | --once]",
-       "a live view of each device and its tenants: memory against the limit, share of the device's time, "
-       "time waited for turns, refusals, priority and cap, the probes' share; q or Ctrl-C quits",
+       "a live view of each device and its tenants (memory, share of the device's time, waits, refusals, "
+       "probe share); q quits",
        {"--interval", "--count"},
        {"--once"},
        {},

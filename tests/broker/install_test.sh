@@ -13,7 +13,10 @@ cmake --install "$build" --prefix "$prefix" >/dev/null
 for f in bin/cushare-broker bin/cushare lib/cushare/libcushare.so lib/cushare/probes.fatbin lib/cushare/simgpu/libcuda.so.1 \
          lib/cushare/simgpu/libcuda.so lib/cushare/simgpu/libnvidia-ml.so.1 \
          share/cushare/examples/vector_add share/cushare/examples/alloc_until_denied \
-         share/cushare/examples/busy_for share/cushare/examples/busy_for.costs; do
+         share/cushare/examples/busy_for share/cushare/examples/busy_for.costs \
+         share/man/man1/cushare.1 share/man/man1/cushare-broker.1 \
+         share/bash-completion/completions/cushare share/bash-completion/completions/cushare-broker \
+         share/zsh/vendor-completions/_cushare; do
   [ -e "$prefix/$f" ] || { echo "install_test: $f is not installed" >&2; exit 1; }
 done
 
@@ -66,4 +69,45 @@ rc=0
 "$prefix/share/cushare/examples/busy_for" --seconds 0 2>"$work/busy.err" || rc=$?
 [ $rc -eq 2 ] && grep -q "^busy_for: --seconds: " "$work/busy.err" ||
   { echo "install_test: busy_for --seconds 0 exited $rc:" >&2; cat "$work/busy.err" >&2; exit 1; }
+# The man pages render without warnings and carry every verb of the help they came from.
+for page in cushare cushare-broker; do
+  warnings=$(MANWIDTH=100 man --warnings -l "$prefix/share/man/man1/$page.1" 2>&1 >"$work/$page.txt")
+  [ -z "$warnings" ] || { echo "install_test: man $page: $warnings" >&2; exit 1; }
+done
+for verb in $("$prefix/bin/cushare" --help | awk '/^verbs:/ {v=1; next} /^[a-z]/ {v=0} v && /^  [a-z]/ {print $1}'); do
+  grep -q "^ *$verb" "$work/cushare.txt" || { echo "install_test: man cushare lacks the verb $verb" >&2; exit 1; }
+done
+grep -q -- "--check" "$work/cushare-broker.txt" || { echo "install_test: man cushare-broker lacks --check" >&2; exit 1; }
+# Completion: bash, as a shell would call it (verbs, a verb's options, tenant names from the
+# broker, values), and zsh's file at least parses.
+cat >"$work/complete.bash" <<'BASH'
+set -u
+. "$1"
+complete_line() {  # the completions of the last word of $1
+  read -r -a COMP_WORDS <<<"$1"
+  [[ $1 == *" " ]] && COMP_WORDS+=("")
+  COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+  COMPREPLY=()
+  if [[ ${COMP_WORDS[0]} == cushare-broker ]]; then _cushare_broker; else _cushare; fi
+  echo "${COMPREPLY[*]}"
+}
+expect() {
+  local got
+  got=$(complete_line "$1")
+  [[ " $got " == *" $2 "* ]] || { echo "install_test: completing '$1' gave '$got', without $2" >&2; exit 1; }
+}
+expect "cushare " status
+expect "cushare to" top
+expect "cushare top --" --interval
+expect "cushare top --" --once
+expect "cushare set-limit " alpha
+expect "cushare run --tenant a" alpha
+expect "cushare set-limit alpha --priority " low
+expect "cushare --" --socket
+expect "cushare-broker --log-level " debug
+expect "cushare-broker --c" --check
+[[ -z $(complete_line "cushare status --memory ") ]] || { echo "install_test: a size was completed" >&2; exit 1; }
+BASH
+PATH="$prefix/bin:$PATH" bash "$work/complete.bash" "$prefix/share/bash-completion/completions/cushare"
+zsh -n "$prefix/share/zsh/vendor-completions/_cushare" || { echo "install_test: _cushare does not parse" >&2; exit 1; }
 echo "install_test: layout and installed tools work"

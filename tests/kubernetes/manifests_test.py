@@ -110,6 +110,24 @@ def main(deploy, broker, work):
             ok = any(path == mp or path.startswith(mp.rstrip("/") + "/") for mp in mounts)
             need(ok, f"{where}: {what} {path} is not under a hostPath the DaemonSet mounts")
 
+        # Probes: the image's CLI (deploy/Containerfile copies it to /usr/local/bin) asks the broker
+        # on the socket the configuration names; readiness scrapes the metrics port it listens on.
+        broker_c = get(ds, "spec.template.spec.containers", [{}])[0]
+        with open(os.path.join(os.path.dirname(deploy.rstrip("/")), "Containerfile")) as fh:
+            containerfile = fh.read()
+        for probe in ("startupProbe", "livenessProbe"):
+            cmd_ = get(broker_c, probe + ".exec.command", [])
+            need(cmd_[:1] == ["/usr/local/bin/cushare"] and cmd_[-1:] == ["status"],
+                 f"{where}: {probe} runs cushare status: {cmd_}")
+            need("--socket" in cmd_ and cmd_[cmd_.index("--socket") + 1] == conf["socket"],
+                 f"{where}: {probe} asks the socket the configuration names ({conf['socket']})")
+        need("/usr/local/bin/cushare" in containerfile, f"{where}: the image (deploy/Containerfile) has no /usr/local/bin/cushare")
+        port = get(broker_c, "readinessProbe.httpGet.port")
+        ports = {p_.get("name"): p_.get("containerPort") for p_ in broker_c.get("ports", [])}
+        need(get(broker_c, "readinessProbe.httpGet.path") == "/metrics" and port in ports,
+             f"{where}: readinessProbe scrapes /metrics on a named port")
+        need(str(conf.get("metrics_listen", "")).endswith(":" + str(ports.get(port))),
+             f"{where}: metrics_listen {conf.get('metrics_listen')} is not the readiness port {ports.get(port)}")
         under(conf["ledger_dir"], "ledger_dir")
         under(os.path.dirname(conf["socket"]), "socket")
         under(conf["cdi"]["spec_dir"], "cdi.spec_dir")

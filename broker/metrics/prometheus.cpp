@@ -296,6 +296,21 @@ void renderTenantProbes(const BrokerSnapshot& s, Writer& w) {
     if (d.probe.roundsWithWork > 0)
       w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, d.probe.share);
   });
+  // How far to trust it (issue 26, point 7): with few rounds in the window the number alone says
+  // little, and a dashboard or alert should say so or wait.
+  w.family("cushare_tenant_compute_share_stderr", kGauge,
+           "Standard error of cushare_tenant_compute_share over the window's rounds (0..1).");
+  each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
+    if (d.probe.roundsWithWork > 0)
+      w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, d.probe.shareError);
+  });
+  w.family("cushare_tenant_compute_share_trusted", kGauge,
+           "1 when the window holds enough rounds (10 with work) for cushare_tenant_compute_share to be trusted; 0 "
+           "while it does not and the share is only indicative.");
+  each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {
+    if (d.probe.roundsWithWork > 0)
+      w.sample({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, d.probe.enough ? 1 : 0);
+  });
   w.family("cushare_tenant_bandwidth_share", kGauge,
            "Share of the device's memory bandwidth the tenant's memory probes got over the window (0..1).");
   each([&](const TenantSnapshot& t, const TenantDeviceSnapshot& d) {

@@ -145,6 +145,8 @@ BrokerSnapshot twoTenants() {
   alpha.weight = 2;
   alpha.devices[0].probe.known = true;
   alpha.devices[0].probe.share = 0.3;
+  alpha.devices[0].probe.shareError = 0.02;
+  alpha.devices[0].probe.enough = true;
   alpha.devices[0].probe.rounds = 40;
   alpha.devices[0].probe.roundsWithWork = 38;
   alpha.devices[0].probe.latencyIndexNs = 2'500'000;
@@ -264,6 +266,12 @@ cushare_tenant_fair_share_achieved{tenant="alpha",device="0",uuid="GPU-5e1a90c0-
 # HELP cushare_tenant_compute_share Share of the device the tenant's work received, as its probe kernels measured it over the window (0..1; only once rounds with work were measured).
 # TYPE cushare_tenant_compute_share gauge
 cushare_tenant_compute_share{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0.3
+# HELP cushare_tenant_compute_share_stderr Standard error of cushare_tenant_compute_share over the window's rounds (0..1).
+# TYPE cushare_tenant_compute_share_stderr gauge
+cushare_tenant_compute_share_stderr{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0.02
+# HELP cushare_tenant_compute_share_trusted 1 when the window holds enough rounds (10 with work) for cushare_tenant_compute_share to be trusted; 0 while it does not and the share is only indicative.
+# TYPE cushare_tenant_compute_share_trusted gauge
+cushare_tenant_compute_share_trusted{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 1
 # HELP cushare_tenant_bandwidth_share Share of the device's memory bandwidth the tenant's memory probes got over the window (0..1).
 # TYPE cushare_tenant_bandwidth_share gauge
 # HELP cushare_tenant_interference Interference the tenant's probes measured over the window, by kind: compute (1 - 1/slowdown), bandwidth (1 - bandwidth share), latency (p95 start latency above solo, seconds).
@@ -319,7 +327,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 42u);
+    EXPECT_EQ(helps.size(), 44u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

@@ -13,8 +13,11 @@
 #include <cstring>
 #include <string>
 #include <map>
+#include <memory>
+#include <string_view>
 #include <vector>
 
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -36,10 +39,54 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: cushare-broker --config FILE [--log-level error|warn|info|debug] [--check]\n"
+    "usage: cushare-broker --config FILE [--log-level error|warn|info|debug] [--log-format text|json] [--check]\n"
     "  --config FILE   the broker configuration (YAML; docs/broker-configuration.md)\n"
     "  --check         validate the configuration against this host's devices and exit\n"
-    "  --log-level L   default info\n";
+    "  --log-level L   default info\n"
+    "  --log-format F  text (default): one line per event; json: one JSON object per line\n"
+    "                  (time, level, logger, message), for Loki, Elasticsearch and the like\n";
+
+// %* in the JSON log pattern: the message as the inside of a JSON string (quotes, backslashes
+// and control characters escaped; bytes that are not UTF-8 as U+FFFD), so every line parses.
+class JsonEscapedMessage : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    const auto* p = reinterpret_cast<const unsigned char*>(msg.payload.data());
+    const size_t n = msg.payload.size();
+    auto put = [&dest](std::string_view s) { dest.append(s.data(), s.data() + s.size()); };
+    for (size_t i = 0; i < n;) {
+      const unsigned char c = p[i];
+      if (c == '"' || c == '\\') {
+        const char e[2] = {'\\', static_cast<char>(c)};
+        put(std::string_view(e, 2));
+        ++i;
+      } else if (c < 0x20 || c == 0x7f) {
+        char e[8];
+        std::snprintf(e, sizeof e, "\\u%04x", c);
+        put(e);
+        ++i;
+      } else if (c < 0x80) {
+        dest.push_back(static_cast<char>(c));
+        ++i;
+      } else {
+        // A whole UTF-8 sequence passes as it is; anything else is one replacement character.
+        const size_t len = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+        bool ok = len != 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
+        if (ok) {
+          put(std::string_view(reinterpret_cast<const char*>(p + i), len));
+          i += len;
+        } else {
+          put("\\ufffd");
+          ++i;
+        }
+      }
+    }
+  }
+  std::unique_ptr<spdlog::custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonEscapedMessage>();
+  }
+};
 
 int usage(const std::string& why) {
   std::fprintf(stderr, "cushare-broker: %s\n%s", why.c_str(), kUsage);
@@ -50,12 +97,12 @@ int usage(const std::string& why) {
 
 int main(int argc, char** argv) {
   using namespace cushare::broker;
-  std::string configPath, level = "info";
+  std::string configPath, level = "info", format = "text";
   bool checkOnly = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--config" || a == "--log-level") && i + 1 < argc) {
-      (a == "--config" ? configPath : level) = argv[++i];
+    if ((a == "--config" || a == "--log-level" || a == "--log-format") && i + 1 < argc) {
+      (a == "--config" ? configPath : a == "--log-level" ? level : format) = argv[++i];
     } else if (a == "--check") {
       checkOnly = true;
     } else if (a == "--help" || a == "-h") {
@@ -72,8 +119,17 @@ int main(int argc, char** argv) {
   const auto lvl = spdlog::level::from_str(level);
   if (lvl == spdlog::level::off && level != "off") return usage("unknown log level '" + level + "'");
 
+  if (format != "text" && format != "json") return usage("unknown log format '" + format + "' (text or json)");
+
   auto logger = spdlog::stderr_logger_mt("cushare-broker");
-  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e cushare-broker %l: %v");
+  if (format == "json") {
+    auto f = std::make_unique<spdlog::pattern_formatter>();
+    f->add_flag<JsonEscapedMessage>('*').set_pattern(
+        R"({"time":"%Y-%m-%dT%H:%M:%S.%e%z","level":"%l","logger":"cushare-broker","message":"%*"})");
+    logger->set_formatter(std::move(f));
+  } else {
+    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e cushare-broker %l: %v");
+  }
   logger->set_level(lvl);
   logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(logger);

@@ -34,6 +34,9 @@ ts("Device memory", [
     (f'cushare_device_memory_used_bytes{{{I}}}', "tenants {{instance}} {{uuid}}"),
     (f'cushare_device_memory_outside_bytes{{{I}}}', "outside cushare {{instance}} {{uuid}}")],
    "bytes", 0, 4, desc="The device's own count beside what the tenants hold and what processes outside cushare hold.")
+ts("Device utilisation (every process)", [
+    (f'rate(cushare_device_busy_seconds_total{{{I}}}[5m])', "{{instance}} {{uuid}}")], "percentunit", 0, 52,
+   desc="Time any process's kernels ran on the device, as NVML counts it per process (under MPS clients overlap).")
 ts("Tenant memory used and limit", [
     (f'cushare_tenant_memory_used_bytes{{{T}}}', "{{tenant}} used {{uuid}}"),
     (f'cushare_tenant_memory_limit_bytes{{{T}}}', "{{tenant}} limit {{uuid}}")],

@@ -1128,6 +1128,7 @@ BrokerSnapshot Broker::snapshot() {
     d.index = devices_[i].ordinal;
     d.uuid = devices_[i].uuid;
     d.capacity = devices_[i].totalBytes;
+    d.busyNs = i < deviceBusyNs_.size() ? deviceBusyNs_[i] : 0;
     if (i < outside_.size() && outside_[i].read) {
       d.read = true;
       d.deviceUsed = outside_[i].deviceUsed;

@@ -418,6 +418,9 @@ class Broker {
     bool warned = false;
   };
   std::vector<OutsideDevice> outside_;  // per device (outside_memory.cpp)
+  // Per device: every process's busy time as NVML's per-process utilization counted it since the
+  // broker started, cushare's processes or not (busy_check.cpp), ns.
+  std::vector<uint64_t> deviceBusyNs_;
   uint64_t ticks_ = 0;
   std::string deviceError_;  // the device's per-process accounting could not be read (logged once)
   std::string busyError_;    // the device's per-process busy time could not be read (logged once)

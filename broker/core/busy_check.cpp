@@ -45,8 +45,10 @@ uint64_t monotonicNs() {
 void Broker::checkBusyLocked(const std::vector<std::map<int, uint64_t>>& busy) {
   const size_t n = devices_.size();
   for (auto& [name, t] : tenants_) t->deviceBusy.resize(n, 0);
+  deviceBusyNs_.resize(n, 0);
   for (size_t d = 0; d < busy.size() && d < n; ++d)
     for (const auto& [pid, ns] : busy[d]) {
+      deviceBusyNs_[d] = addSaturated(deviceBusyNs_[d], ns);  // the device's, whoever's process
       const auto p = deviceProcesses_.find(pid);
       if (p == deviceProcesses_.end() || p->second.tenant.empty()) continue;
       const auto t = tenants_.find(p->second.tenant);

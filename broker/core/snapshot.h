@@ -24,6 +24,7 @@ struct DeviceSnapshot {
   uint64_t outside = 0;      // held by processes that map no tenant's ledger (outside cushare)
   std::vector<int> outsidePids;  // those processes (host pids), largest first
   bool read = false;         // the device's accounting could be read
+  uint64_t busyNs = 0;       // every process's busy time on it as NVML counted it, ns (counter)
 };
 
 struct TenantDeviceSnapshot {

@@ -167,6 +167,12 @@ void renderDevices(const BrokerSnapshot& s, Writer& w) {
       if (const std::optional<uint64_t> v = f.value(d))
         w.sample({{"device", std::to_string(d.index)}, {"uuid", d.uuid}}, *v);
   }
+  // The device's utilisation, for a dashboard and for the tenants' share of it: rate() of this.
+  w.family("cushare_device_busy_seconds_total", kCounter,
+           "Time any process's kernels ran on the device, as NVML's per-process utilization counts it (every "
+           "process, cushare's or not; MPS clients running side by side each count), seconds.");
+  for (const DeviceSnapshot& d : s.devices)
+    w.sampleFloat({{"device", std::to_string(d.index)}, {"uuid", d.uuid}}, static_cast<double>(d.busyNs) / 1e9);
 }
 
 void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {

@@ -881,7 +881,15 @@ TEST(Operator, CheckTellsWhetherTheLedgerDirCanBeCreated) {
 TEST(Operator, CheckRunsTheStartsChecksAsAnOrdinaryUser) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
   ASSERT_NE(deviceUsed(), UINT64_MAX) << "simgpu's state, made here so that uid 2000 finds it";
-  const std::string dir = testDir();
+  // Short places (the MPS pipe directory's socket must fit sockaddr_un's 107 bytes, and CI's test
+  // directories are long): a directory of its own under /tmp, removed at the end.
+  char tmpl[] = "/tmp/cushare-chk-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  struct Remove {
+    std::string path;
+    ~Remove() { std::filesystem::remove_all(path); }
+  } remove{dir};
   const std::string own = dir + "/user", rootOnly = dir + "/rootonly";
   ASSERT_EQ(::mkdir(own.c_str(), 0755), 0);
   ASSERT_EQ(::chown(own.c_str(), kOther, kOther), 0);
@@ -950,6 +958,46 @@ TEST(Operator, CheckRunsTheStartsChecksAsAnOrdinaryUser) {
   // A tenant uid the broker's own, or a group it is in, is fine.
   std::tie(rc, out) = run("cdi: off\ntenants:\n  - {name: alpha, uid: 2000, gid: 2000}\n", true);
   EXPECT_EQ(rc, 0) << out;
+}
+
+// --log-format json (issue 26, point 10): every line the broker logs is one JSON object with time,
+// level, logger and message, whatever the message holds (here a ledger_dir with a quote, a
+// backslash and a non-ASCII letter; a refused reload's multi-part error); text stays the default.
+TEST(Operator, JsonLogsAreOneObjectPerLine) {
+  const std::string dir = testDir();
+  const std::string ledgers = dir + "/le\"dg\\ers-\xc3\xa9";
+  std::ofstream(dir + "/config.yaml") << "ledger_dir: '" << ledgers << "'\nsocket: " << socketFor(dir)
+                                      << "\nstate_file: " << dir << "/broker.state\nmetrics_listen: off\ncdi: off\n"
+                                      << "tenants:\n  - {name: alpha, memory: 256MiB}\n";
+  Child b = Child::spawn({BROKER_BIN, "--config", dir + "/config.yaml", "--log-format", "json"}, {{"LD_PRELOAD", ""}},
+                         dir + "/broker.log");
+  ASSERT_TRUE(waitFor([&] { return fileText(dir + "/broker.log").find("ready: control socket") != std::string::npos; }))
+      << fileText(dir + "/broker.log");
+  std::ofstream(dir + "/config.yaml", std::ios::app) << "tenantz: []\n";  // a refused reload logs an error
+  ::kill(b.pid(), SIGHUP);
+  ASSERT_TRUE(waitFor([&] { return fileText(dir + "/broker.log").find("\"level\":\"error\"") != std::string::npos; }))
+      << fileText(dir + "/broker.log");
+  ::kill(b.pid(), SIGTERM);
+  b.wait();
+  const std::string log = fileText(dir + "/broker.log");
+  // Each line parses as JSON with exactly these keys (Python's json, as a log shipper would).
+  const std::string check = std::string("python3") + " -c 'import json, sys\n"
+                            "n = 0\n"
+                            "for line in open(sys.argv[1], encoding=\"utf-8\"):\n"
+                            "    o = json.loads(line); n += 1\n"
+                            "    assert sorted(o) == [\"level\", \"logger\", \"message\", \"time\"], o\n"
+                            "    assert o[\"logger\"] == \"cushare-broker\" and o[\"level\"] in (\"debug\", \"info\", \"warning\", \"error\"), o\n"
+                            "print(n)' " + dir + "/broker.log > " + dir + "/lines.txt 2>&1";
+  EXPECT_EQ(std::system(check.c_str()), 0) << fileText(dir + "/lines.txt") << log;
+  EXPECT_GE(std::atoi(fileText(dir + "/lines.txt").c_str()), 4) << log;
+  EXPECT_NE(log.find("le\\\"dg\\\\ers-\xc3\xa9"), std::string::npos) << "the path, escaped\n" << log;
+  EXPECT_NE(log.find("tenantz"), std::string::npos) << "the refused reload's reason\n" << log;
+  // A format it does not know is a usage error.
+  Child bad = Child::spawn({BROKER_BIN, "--config", dir + "/config.yaml", "--log-format", "yaml"}, {{"LD_PRELOAD", ""}},
+                           dir + "/bad.log");
+  const int st = bad.wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << fileText(dir + "/bad.log");
+  EXPECT_NE(fileText(dir + "/bad.log").find("unknown log format 'yaml' (text or json)"), std::string::npos);
 }
 
 // The secure deployment (docs/security.md: a uid per tenant, or a group per tenant): the default

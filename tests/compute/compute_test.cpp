@@ -726,6 +726,17 @@ TEST(Live, TopShowsEachTenantsShareCapWaitsAndMemory) {
   EXPECT_EQ(std::count(human.begin(), human.end(), '\n') > 0 && human.find("cushare top", 1) != std::string::npos, true)
       << human;
   finish({&a, &c});
+  // The device's own busy time (every process, NVML's per-process count): about what the two
+  // tenants were billed together, the device saturated for the run (issue 26, point 10).
+  const std::string m = b.metrics();
+  std::smatch dm;
+  ASSERT_TRUE(std::regex_search(m, dm, std::regex("\ncushare_device_busy_seconds_total\\{device=\"0\",uuid=\"[^\"]+\"\\} ([0-9.e+]+)\n")))
+      << m;
+  const double deviceBusy = std::stod(dm[1]);
+  const double billed = (b.tenant("a").devices(0).busy_ns() + b.tenant("c").devices(0).busy_ns()) / 1e9;
+  std::printf("device busy %.3f s, tenants billed %.3f s\n", deviceBusy, billed);
+  EXPECT_GT(deviceBusy, 1.5);
+  EXPECT_NEAR(deviceBusy, billed, 0.35 * billed);
   for (const char* bad : {"top --interval 0", "top --interval 1h", "top --count 0", "top --once --count 2", "top now"}) {
     std::tie(rc, human) = cli(bad);
     EXPECT_EQ(rc, 2) << bad << ": " << human;

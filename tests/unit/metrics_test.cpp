@@ -120,6 +120,7 @@ BrokerSnapshot twoTenants() {
   DeviceSnapshot d0;
   d0.index = 0;
   d0.uuid = kUuid;
+  d0.busyNs = 2'500'000'000;
   d0.capacity = 16 * kGiB;
   d0.used = 768 * kMiB;
   d0.read = true;
@@ -205,6 +206,9 @@ cushare_device_memory_reported_used_bytes{device="0",uuid="GPU-5e1a90c0-0000-400
 # HELP cushare_device_memory_outside_bytes Device memory held by processes outside cushare (mapping no tenant's ledger): no tenant's limit counts it, bytes; absent while the device's accounting cannot be read.
 # TYPE cushare_device_memory_outside_bytes gauge
 cushare_device_memory_outside_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 4294967296
+# HELP cushare_device_busy_seconds_total Time any process's kernels ran on the device, as NVML's per-process utilization counts it (every process, cushare's or not; MPS clients running side by side each count), seconds.
+# TYPE cushare_device_busy_seconds_total counter
+cushare_device_busy_seconds_total{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 2.5
 # HELP cushare_tenant_memory_used_bytes Device memory the tenant holds, bytes.
 # TYPE cushare_tenant_memory_used_bytes gauge
 cushare_tenant_memory_used_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 536870912
@@ -327,7 +331,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 44u);
+    EXPECT_EQ(helps.size(), 45u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

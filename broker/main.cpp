@@ -26,6 +26,7 @@
 #include "core/containers.h"
 #include "core/control_server.h"
 #include "core/devices.h"
+#include "core/json_text.h"
 #include "core/log.h"
 #include "core/mps_daemon.h"
 #include "core/compute_thread.h"
@@ -46,42 +47,13 @@ constexpr char kUsage[] =
     "  --log-format F  text (default): one line per event; json: one JSON object per line\n"
     "                  (time, level, logger, message), for Loki, Elasticsearch and the like\n";
 
-// %* in the JSON log pattern: the message as the inside of a JSON string (quotes, backslashes
-// and control characters escaped; bytes that are not UTF-8 as U+FFFD), so every line parses.
+// %* in the JSON log pattern: the message as the inside of a JSON string (core/json_text.h).
 class JsonEscapedMessage : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
-    const auto* p = reinterpret_cast<const unsigned char*>(msg.payload.data());
-    const size_t n = msg.payload.size();
-    auto put = [&dest](std::string_view s) { dest.append(s.data(), s.data() + s.size()); };
-    for (size_t i = 0; i < n;) {
-      const unsigned char c = p[i];
-      if (c == '"' || c == '\\') {
-        const char e[2] = {'\\', static_cast<char>(c)};
-        put(std::string_view(e, 2));
-        ++i;
-      } else if (c < 0x20 || c == 0x7f) {
-        char e[8];
-        std::snprintf(e, sizeof e, "\\u%04x", c);
-        put(e);
-        ++i;
-      } else if (c < 0x80) {
-        dest.push_back(static_cast<char>(c));
-        ++i;
-      } else {
-        // A whole UTF-8 sequence passes as it is; anything else is one replacement character.
-        const size_t len = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
-        bool ok = len != 0 && i + len <= n;
-        for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
-        if (ok) {
-          put(std::string_view(reinterpret_cast<const char*>(p + i), len));
-          i += len;
-        } else {
-          put("\\ufffd");
-          ++i;
-        }
-      }
-    }
+    std::string out;
+    cushare::broker::appendJsonEscaped(std::string_view(msg.payload.data(), msg.payload.size()), &out);
+    dest.append(out.data(), out.data() + out.size());
   }
   std::unique_ptr<spdlog::custom_flag_formatter> clone() const override {
     return std::make_unique<JsonEscapedMessage>();

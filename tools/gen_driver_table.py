@@ -81,6 +81,11 @@ def main():
     for name, (cls, answer) in classes.items():
         if answer not in codes:
             sys.exit(f"{classes_path}: '{name}' answers {answer}, which is not a CUresult of cuda.h")
+    # A `when` attribute's name and number must be cuda.h's (the number is what the test asks).
+    attrs = {m.group(1): int(m.group(2)) for m in re.finditer(r"\b(CU_DEVICE_ATTRIBUTE_\w+)\s*=\s*(\d+)", cuda_h)}
+    for m in re.finditer(r"when=(CU_DEVICE_ATTRIBUTE_\w+)\((\d+)\)", open(classes_path).read()):
+        if attrs.get(m.group(1)) != int(m.group(2)):
+            sys.exit(f"{classes_path}: {m.group(1)} is {attrs.get(m.group(1))} in cuda.h, not {m.group(2)}")
 
     abis = defaultdict(set)  # name -> {version} (default-stream ABIs)
     pts = []  # (name, version, suffix)

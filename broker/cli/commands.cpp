@@ -292,11 +292,12 @@ int topVerb(const Globals& g, const Verb& v, const Args& a) {
     *out = resp.tenants();
     return 0;
   };
+  // Every way out runs the key reader's destructor, which gives the terminal its mode back: the
+  // signals that end a program at a terminal (a closed pipe, `| head`, included) stop the loop.
   struct sigaction sa{};
   sa.sa_handler = topStop;  // no SA_RESTART: the wait returns at once
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGPIPE}) sigaction(sig, &sa, nullptr);
   const bool redraw = !g.json && count != 1 && isatty(STDOUT_FILENO);
   const KeyReader keys;
   rpc::TenantsReply before, after;
@@ -316,7 +317,7 @@ int topVerb(const Globals& g, const Verb& v, const Args& a) {
       printTopFrame(f);
       if (redraw) std::printf("\n(q or Ctrl-C to quit)\n");
     }
-    std::fflush(stdout);
+    if (std::fflush(stdout) != 0 || std::ferror(stdout) || gTopStop) break;  // nobody reads any more
     before = std::move(after);
     after.Clear();
     t0 = t1;

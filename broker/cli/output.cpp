@@ -373,6 +373,7 @@ void printTopFrame(const rpc::TopFrame& f) {
                                                    : "device ? of ";
     memory += formatSize(d.capacity_bytes()) + ", tenants " + formatSize(d.used_bytes());
     if (d.outside_bytes() > 0) memory += ", outside cushare " + formatSize(d.outside_bytes());
+    // Busy is the tenants' summed shares: above 100 % only when they run side by side (MPS).
     std::printf("\nGPU %d  %s  busy %s  memory: %s\n", d.index(), d.uuid().c_str(), pct(d.busy()).c_str(),
                 memory.c_str());
     if (d.tenants().empty()) {

@@ -114,7 +114,10 @@ bool describeCdi(const Config& c, std::string* line, std::string* err) {
   if (!build(c, c.mps.mode == MpsConfig::Mode::kOff ? "" : c.mps.pipeDir, false, &spec, err)) return false;
   // The start makes the spec directory and writes the spec there when there is one to write: a
   // place this user cannot write fails it (cdi asked for) or leaves it without a spec (the default).
-  if (!spec.devices.empty() && !checkDirWritable(c.cdi.specDir, "cdi.spec_dir", err)) return false;
+  // (With no tenant it removes a spec left from before, which needs the directory writable too.)
+  struct stat old{};
+  const bool stale = ::stat((c.cdi.specDir + "/" + container::kCdiSpecFile).c_str(), &old) == 0;
+  if ((!spec.devices.empty() || stale) && !checkDirWritable(c.cdi.specDir, "cdi.spec_dir", err)) return false;
   container::HostPlaces h;
   std::string ignored;
   hostPlaces(c, "", false, &h, &ignored);

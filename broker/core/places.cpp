@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "core/log.h"
@@ -165,23 +167,34 @@ bool checkDirWritable(const std::string& dir, const std::string& what, std::stri
   return true;
 }
 
+namespace {
+// CAP_CHOWN among this process's effective capabilities (root normally has it; a broker started
+// with systemd's AmbientCapabilities=CAP_CHOWN has it without being root).
+bool canChown() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("CapEff:", 0) == 0) return (std::strtoull(line.c_str() + 7, nullptr, 16) & 1ull) != 0;  // bit 0
+  return ::geteuid() == 0;
+}
+}  // namespace
+
 bool checkLedgerOwners(const Config& c, std::string* err) {
   const uid_t me = ::geteuid();
-  if (me == 0) return true;
+  if (canChown()) return true;
   std::vector<gid_t> groups(static_cast<size_t>(std::max(0, ::getgroups(0, nullptr))));
   groups.resize(static_cast<size_t>(std::max(0, ::getgroups(static_cast<int>(groups.size()), groups.data()))));
   groups.push_back(::getegid());
   for (const Tenant& t : c.tenants) {
     if (t.uid && *t.uid != me) {
       *err = "tenant " + t.name + ": uid " + std::to_string(*t.uid) + ": the broker runs as uid " + std::to_string(me) +
-             " and cannot give the tenant's ledger to another user (only root can); run it as root, or drop the "
-             "tenant's uid";
+             " without CAP_CHOWN and cannot give the tenant's ledger to another user; run it as root (or with "
+             "CAP_CHOWN), or drop the tenant's uid";
       return false;
     }
     if (t.gid && std::find(groups.begin(), groups.end(), static_cast<gid_t>(*t.gid)) == groups.end()) {
       *err = "tenant " + t.name + ": gid " + std::to_string(*t.gid) + ": the broker runs as uid " + std::to_string(me) +
-             ", which is not in that group, and cannot give the tenant's ledger to it; run it as root, or add its "
-             "user to the group";
+             " without CAP_CHOWN, not in that group, and cannot give the tenant's ledger to it; run it as root (or "
+             "with CAP_CHOWN), or add its user to the group";
       return false;
     }
   }

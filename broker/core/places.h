@@ -37,8 +37,8 @@ bool checkTrustedFile(const std::string& path, const std::string& what, std::str
 bool checkDirWritable(const std::string& dir, const std::string& what, std::string* err);
 
 // The tenants' uid and gid keys: the broker gives each such tenant's ledger to that user or group
-// when it creates it, which only root (or a process with CAP_CHOWN) may do for another user, and a
-// process may do for a group only if it is one of its groups.
+// when it creates it, which a process may do for another user only with CAP_CHOWN (root has it),
+// and for a group only with CAP_CHOWN or if it is one of its groups.
 bool checkLedgerOwners(const Config& c, std::string* err);
 
 // compute.cupti_library, when set: it must exist and be a trusted file (checkTrustedFile); its

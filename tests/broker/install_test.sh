@@ -106,6 +106,8 @@ expect "cushare set-limit alpha --priority " low
 expect "cushare --" --socket
 expect "cushare-broker --log-level " debug
 expect "cushare-broker --c" --check
+expect "cushare-broker --log-format " json
+expect "cushare run --tenant alpha -- tr" true
 [[ -z $(complete_line "cushare status --memory ") ]] || { echo "install_test: a size was completed" >&2; exit 1; }
 BASH
 PATH="$prefix/bin:$PATH" bash "$work/complete.bash" "$prefix/share/bash-completion/completions/cushare"

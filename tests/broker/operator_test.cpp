@@ -904,14 +904,15 @@ TEST(Operator, CheckRunsTheStartsChecksAsAnOrdinaryUser) {
   stage.copy(lib + "/cushare", "lib/cushare");
   // Runs the staged broker as uid 2000 on body (places under own/ unless body moves them);
   // --check or a start that must end by itself (a refusal), bounded by `timeout`.
-  auto run = [&](const std::string& body, bool check) {
+  auto run = [&](const std::string& body, bool check, const std::vector<std::string>& caps = {}) {
     std::ofstream(own + "/config.yaml") << "ledger_dir: " << own << "/ledgers\nsocket: " << own << "/broker.sock\n"
                                         << "state_file: " << own << "/broker.state\nmetrics_listen: off\n" << body;
     ::unlink((own + "/out.log").c_str());
     // stdout (--check's report) joins stderr (the log lines) in out.log.
     std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$@\" 1>&2", "sh", "/usr/bin/timeout", "10",
-                                     "/usr/bin/setpriv", "--reuid=2000", "--regid=2000", "--clear-groups", broker,
-                                     "--config", own + "/config.yaml"};
+                                     "/usr/bin/setpriv", "--reuid=2000", "--regid=2000", "--clear-groups"};
+    argv.insert(argv.end(), caps.begin(), caps.end());
+    argv.insert(argv.end(), {broker, "--config", own + "/config.yaml"});
     if (check) argv.push_back("--check");
     Child c = Child::spawn(argv, {{"LD_PRELOAD", ""}, {"LD_LIBRARY_PATH", simgpu}}, own + "/out.log");
     const int status = c.wait();
@@ -933,9 +934,9 @@ TEST(Operator, CheckRunsTheStartsChecksAsAnOrdinaryUser) {
        "cdi.spec_dir " + rootOnly + "/cdi cannot be created in " + rootOnly + ": Permission denied",
        "cdi: cannot create " + rootOnly + "/cdi: Permission denied"},
       {"cdi: off\ntenants:\n  - {name: alpha, uid: 2001}\n",
-       "tenant alpha: uid 2001: the broker runs as uid 2000 and cannot give the tenant's ledger to another user"},
+       "tenant alpha: uid 2001: the broker runs as uid 2000 without CAP_CHOWN and cannot give the tenant's ledger to another user"},
       {"cdi: off\ntenants:\n  - {name: alpha, gid: 2001}\n",
-       "tenant alpha: gid 2001: the broker runs as uid 2000, which is not in that group"},
+       "tenant alpha: gid 2001: the broker runs as uid 2000 without CAP_CHOWN, not in that group"},
   };
   for (const Case& k : cases) {
     std::tie(rc, out) = run(k.body, true);
@@ -955,9 +956,13 @@ TEST(Operator, CheckRunsTheStartsChecksAsAnOrdinaryUser) {
             std::string::npos) << out;
   EXPECT_TRUE(::access((rootOnly + "/pipe").c_str(), F_OK) != 0 && ::access((rootOnly + "/cdi").c_str(), F_OK) != 0)
       << "nothing created";
-  // A tenant uid the broker's own, or a group it is in, is fine.
+  // A tenant uid the broker's own, or a group it is in, is fine; so is any with CAP_CHOWN (a broker
+  // given it by systemd's AmbientCapabilities without being root).
   std::tie(rc, out) = run("cdi: off\ntenants:\n  - {name: alpha, uid: 2000, gid: 2000}\n", true);
   EXPECT_EQ(rc, 0) << out;
+  std::tie(rc, out) = run("cdi: off\ntenants:\n  - {name: alpha, uid: 2001, gid: 2001}\n", true,
+                          {"--inh-caps=+chown", "--ambient-caps=+chown"});
+  EXPECT_EQ(rc, 0) << "with CAP_CHOWN: " << out;
 }
 
 // --log-format json (issue 26, point 10): every line the broker logs is one JSON object with time,
@@ -965,6 +970,8 @@ TEST(Operator, CheckRunsTheStartsChecksAsAnOrdinaryUser) {
 // backslash and a non-ASCII letter; a refused reload's multi-part error); text stays the default.
 TEST(Operator, JsonLogsAreOneObjectPerLine) {
   const std::string dir = testDir();
+  // A quote, a backslash and an e-acute (the configuration refuses bytes that are not UTF-8; the
+  // escaping of those is JsonText.* in the unit tests).
   const std::string ledgers = dir + "/le\"dg\\ers-\xc3\xa9";
   std::ofstream(dir + "/config.yaml") << "ledger_dir: '" << ledgers << "'\nsocket: " << socketFor(dir)
                                       << "\nstate_file: " << dir << "/broker.state\nmetrics_listen: off\ncdi: off\n"

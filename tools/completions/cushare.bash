@@ -11,28 +11,31 @@ _cushare_words() {  # the verbs, or a verb's options: from cushare's help text
   fi
 }
 
-_cushare_tenants() {
-  local socket=()
-  [[ -n ${1:-} ]] && socket=(--socket "$1")
-  cushare "${socket[@]}" --json tenants 2>/dev/null | grep -o '"name": *"[^"]*"' | sed 's/.*"\([^"]*\)"$/\1/' | sort -u
+_cushare_tenants() {  # [socket [broker-user]]: the same broker the command line names
+  local global=()
+  [[ -n ${1:-} ]] && global+=(--socket "$1")
+  [[ -n ${2:-} ]] && global+=(--broker-user "$2")
+  cushare "${global[@]}" --json tenants 2>/dev/null | grep -o '"name": *"[^"]*"' | sed 's/.*"\([^"]*\)"$/\1/' | sort -u
 }
 
 _cushare() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
-  local i verb="" socket=""
+  local i verb="" socket="" user=""
   for ((i = 1; i < COMP_CWORD; i++)); do
     case ${COMP_WORDS[i]} in
       --socket) socket=${COMP_WORDS[i+1]}; ((i++)) ;;
-      --broker-user) ((i++)) ;;
-      --) [[ $verb == run ]] && { COMPREPLY=($(compgen -c -- "$cur")); return; } ;;
+      --broker-user) user=${COMP_WORDS[i+1]}; ((i++)) ;;
+      --) if [[ $verb == run ]]; then  # the command: its name, then its own arguments (files)
+            ((COMP_CWORD == i + 1)) && COMPREPLY=($(compgen -c -- "$cur")) || { compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); }
+            return
+          fi ;;
       -*) ;;
       *) [[ -z $verb ]] && verb=${COMP_WORDS[i]} ;;
     esac
   done
   case $prev in
-    --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-    --shim) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-    --tenant) COMPREPLY=($(compgen -W "$(_cushare_tenants "$socket")" -- "$cur")); return ;;
+    --socket|--shim) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    --tenant) COMPREPLY=($(compgen -W "$(_cushare_tenants "$socket" "$user")" -- "$cur")); return ;;
     --priority) COMPREPLY=($(compgen -W "high normal low" -- "$cur")); return ;;
     --broker-user) COMPREPLY=($(compgen -u -- "$cur")); return ;;
     --memory|--threads|--device|--interval|--count) return ;;
@@ -48,7 +51,7 @@ _cushare() {
   if [[ $cur == -* ]]; then
     COMPREPLY=($(compgen -W "$(_cushare_words "$verb")" -- "$cur"))
   elif [[ $verb == set-limit || $verb == tenants ]] && [[ $prev == "$verb" ]]; then
-    COMPREPLY=($(compgen -W "$(_cushare_tenants "$socket")" -- "$cur"))
+    COMPREPLY=($(compgen -W "$(_cushare_tenants "$socket" "$user")" -- "$cur"))
   fi
 }
 complete -F _cushare cushare
@@ -56,9 +59,10 @@ complete -F _cushare cushare
 _cushare_broker() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   case $prev in
-    --config) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    --config) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --log-level) COMPREPLY=($(compgen -W "error warn info debug" -- "$cur")); return ;;
+    --log-format) COMPREPLY=($(compgen -W "text json" -- "$cur")); return ;;
   esac
-  COMPREPLY=($(compgen -W "--config --check --log-level --help --version" -- "$cur"))
+  COMPREPLY=($(compgen -W "--config --check --log-level --log-format --help --version" -- "$cur"))
 }
 complete -F _cushare_broker cushare-broker

@@ -1,6 +1,8 @@
 // Contexts: primary contexts (one per device, reference counted, what cudart uses) and created
 // contexts, and the per-thread context stack. The stack is a fixed thread-local array so it is
 // trivially destructible: cudart reads it during its exit-time teardown.
+#include <pthread.h>
+
 #include <mutex>
 #include <set>
 
@@ -22,6 +24,11 @@ std::mutex& ctxMutex() {
 // and the last are published in the host-wide state: NVML lists a process with a context on a
 // device, as the real driver does, memory or not.
 int liveContexts[kMaxDevices];
+// A forked child has none of its parent's contexts (CUDA's rule): its count starts from zero, so
+// its own first context on a device is published.
+[[maybe_unused]] const int kForgetContextsInChild = pthread_atfork(nullptr, nullptr, [] {
+  for (int& n : liveContexts) n = 0;
+});
 void contextLiveLocked(int dev, int delta) {
   const int before = liveContexts[dev];
   liveContexts[dev] += delta;

@@ -1,6 +1,7 @@
 // The first ABIs of entry points whose parameters did not change when the driver gave them a _v2
 // name (CUDA 3.2 and 4.0 changed 32-bit sizes and context-stack semantics around them, not these
-// signatures): each runs today's ABI. cuGetProcAddress hands them out for an old requested
+// signatures): each runs today's ABI, with the first ABI's rule where it had another
+// (cuDevicePrimaryCtxSetFlags). cuGetProcAddress hands them out for an old requested
 // version, and binaries linked by name against an old cuda.h call them. The ABIs whose sizes or
 // pointers were 32 bits are classified `legacy` in simgpu/driver_api_cuda13.txt instead.
 #include "driver.h"
@@ -29,7 +30,12 @@ CUresult simgpu_legacy_cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s
 
 SIMGPU_LEGACY(CUresult, simgpu_legacy_cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned flags),
               "cuDevicePrimaryCtxSetFlags");
+// The first ABI refused to change an active primary context's flags (the _v2 ABI lifted that).
 CUresult simgpu_legacy_cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned flags) {
+  unsigned current = 0;
+  int active = 0;
+  if (const CUresult r = cuDevicePrimaryCtxGetState(dev, &current, &active); r != CUDA_SUCCESS) return r;
+  if (active) return CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE;
   return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
 }
 

@@ -25,12 +25,14 @@ struct MemOp {
   unsigned flags = 0;
 };
 
-// The address must lie inside memory the device can reach, aligned to the operation's width.
+// The address must lie inside memory the device can reach (not managed memory, which cuda.h says no
+// memory operation supports), aligned to the operation's width.
 CUresult checkAddress(CUdeviceptr addr, bool wide) {
   const size_t width = wide ? 8 : 4;
   if (addr == 0 || addr % width != 0) return CUDA_ERROR_INVALID_VALUE;
   Allocation a;
   if (!registryFind(static_cast<uintptr_t>(addr), &a)) return CUDA_ERROR_INVALID_VALUE;
+  if (a.kind == MemKind::kManaged) return CUDA_ERROR_INVALID_VALUE;  // cuda.h: managed memory is not supported
   if (static_cast<uintptr_t>(addr) + width > a.base + a.size) return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
@@ -146,7 +148,7 @@ CU_EXPORT CUresult cuStreamWriteValue64_v2(CUstream h, CUdeviceptr addr, cuuint6
 CU_EXPORT CUresult cuStreamBatchMemOp_v2(CUstream h, unsigned int count, CUstreamBatchMemOpParams* params,
                                          unsigned int flags) {
   API_ENTER(h, count, params, flags);
-  if (count == 0 || !params || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (count == 0 || count >= 256 || !params || flags != 0) return CUDA_ERROR_INVALID_VALUE;  // cuda.h: fewer than 256
   std::vector<MemOp> ops(count);
   for (unsigned i = 0; i < count; ++i) {
     const CUstreamBatchMemOpParams& p = params[i];

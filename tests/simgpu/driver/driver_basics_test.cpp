@@ -638,6 +638,13 @@ TEST_F(StreamsEvents, MemoryOperationsWaitAndWriteInStreamOrder) {
   CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue32(a, out, 1, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER));
   CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWaitValue32(a, flag, 1, CU_STREAM_WAIT_VALUE_FLUSH));
   CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamBatchMemOp(a, 0, ops, 0));
+  std::vector<CUstreamBatchMemOpParams> many(256, ops[2]);  // barriers: at most 255 in one call
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamBatchMemOp(a, 256, many.data(), 0));
+  CU_EXPECT(cuStreamBatchMemOp(a, 255, many.data(), 0));
+  CUdeviceptr managed = 0;
+  CU_ASSERT(cuMemAllocManaged(&managed, 64, CU_MEM_ATTACH_GLOBAL));
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue32(a, managed, 1, 0));  // cuda.h: not on managed memory
+  CU_EXPECT(cuMemFree(managed));
   ops[0].operation = CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES;
   CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamBatchMemOp(a, 1, ops, 0));
   // Not recorded into graphs: the capture ends invalid.
@@ -703,6 +710,14 @@ TEST_F(Contexts, FirstAbisAndProfilerControl) {
   CU_ASSERT(cuCtxSetCurrent(nullptr));
   CU_EXPECT_ERR(CUDA_ERROR_INVALID_CONTEXT, start());
   CU_ASSERT(cuCtxSetCurrent(primary_));
+  // The first cuDevicePrimaryCtxSetFlags refuses an active primary context; _v2 takes it.
+  auto setFlags = reinterpret_cast<CUresult (*)(CUdevice, unsigned)>(dlsym(drv, "cuDevicePrimaryCtxSetFlags"));
+  ASSERT_NE(setFlags, nullptr);
+  CU_EXPECT_ERR(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, setFlags(dev_, CU_CTX_SCHED_SPIN));
+  unsigned flags = 0;
+  int active = 0;
+  CU_ASSERT(cuDevicePrimaryCtxGetState(dev_, &flags, &active));
+  CU_ASSERT(cuDevicePrimaryCtxSetFlags(dev_, flags));
 }
 
 TEST_F(Errors, NamesAndStrings) {

@@ -128,6 +128,7 @@ TEST(MetricsConsumers, TheOperationsTableListsEveryFamilyWithItsLabels) {
 void checkExpression(const std::string& where, const std::string& expr, const std::string& labelText,
                      const std::map<std::string, std::set<std::string>>& families, int* metricsSeen) {
   std::set<std::string> available = kPrometheusLabels;
+  std::vector<std::set<std::string>> each;  // every metric's own labels, for joins
   const std::regex metric(R"((cushare_\w+|\bup\b)(\{([^}]*)\})?)");
   const std::regex matcher(R"((\w+)\s*(=~|!~|!=|=))");
   for (std::sregex_iterator it(expr.begin(), expr.end(), metric), end; it != end; ++it) {
@@ -140,6 +141,7 @@ void checkExpression(const std::string& where, const std::string& expr, const st
       continue;
     }
     available.insert(f->second.begin(), f->second.end());
+    each.push_back(f->second);
     const std::string sel = (*it)[3];
     for (std::sregex_iterator m(sel.begin(), sel.end(), matcher), e; m != e; ++m)
       EXPECT_TRUE(f->second.count((*m)[1]) || kPrometheusLabels.count((*m)[1]))
@@ -149,8 +151,17 @@ void checkExpression(const std::string& where, const std::string& expr, const st
   const std::regex word(R"(\w+)");
   for (std::sregex_iterator it(expr.begin(), expr.end(), grouping), end; it != end; ++it) {
     const std::string list = (*it)[2];
-    for (std::sregex_iterator w(list.begin(), list.end(), word), e; w != e; ++w)
-      EXPECT_TRUE(available.count((*w)[0])) << where << ": no metric of `" << expr << "` has label " << (*w)[0];
+    // A join (on) matches only on labels both sides carry: every metric of the expression must
+    // have each one; by/without group within one side: some metric must have it.
+    const bool join = (*it)[1] == "on" || (*it)[1] == "ignoring";
+    for (std::sregex_iterator w(list.begin(), list.end(), word), e; w != e; ++w) {
+      const std::string label = (*w)[0];
+      EXPECT_TRUE(available.count(label)) << where << ": no metric of `" << expr << "` has label " << label;
+      if (join && !kPrometheusLabels.count(label))
+        for (const std::set<std::string>& labels : each)
+          EXPECT_TRUE(labels.count(label)) << where << ": `" << expr << "` joins on " << label
+                                           << ", which one of its metrics lacks: the join never matches";
+    }
   }
   const std::regex templ(R"(\{\{\s*(?:\$labels\.)?(\w+)\s*\}\})");
   for (std::sregex_iterator it(labelText.begin(), labelText.end(), templ), end; it != end; ++it)

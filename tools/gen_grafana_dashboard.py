@@ -4,23 +4,29 @@ metrics_consumers_test.cpp checks every metric and label it uses against what th
 import json
 import os
 panels = []
+
+
+def panel(kind, title, unit, x, y, w, h, desc, targets, **extra):
+    panels.append({
+        "type": kind, "title": title, "description": desc,
+        "gridPos": {"x": x, "y": y, "w": w, "h": h},
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        **extra,
+        "targets": targets,
+    })
+
+
 def ts(title, exprs, unit, x, y, w=12, h=8, desc=""):
-    panels.append({
-        "type": "timeseries", "title": title, "description": desc,
-        "gridPos": {"x": x, "y": y, "w": w, "h": h},
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-        "options": {"legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull", "max"]}},
-        "targets": [{"refId": chr(65 + i), "expr": e, "legendFormat": l} for i, (e, l) in enumerate(exprs)],
-    })
+    panel("timeseries", title, unit, x, y, w, h, desc,
+          [{"refId": chr(65 + i), "expr": e, "legendFormat": l} for i, (e, l) in enumerate(exprs)],
+          options={"legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull", "max"]}})
+
+
 def stat(title, expr, unit, x, y, w=6, h=4, desc=""):
-    panels.append({
-        "type": "stat", "title": title, "description": desc,
-        "gridPos": {"x": x, "y": y, "w": w, "h": h},
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-        "targets": [{"refId": "A", "expr": expr}],
-    })
+    panel("stat", title, unit, x, y, w, h, desc, [{"refId": "A", "expr": expr}])
+
+
 I = 'instance=~"$instance"'
 T = 'instance=~"$instance", tenant=~"$tenant"'
 stat("Brokers up", f'sum(cushare_broker_up{{{I}}})', "none", 0, 0)

@@ -48,6 +48,25 @@ std::string limitCell(const rpc::TenantDevice& d) {
   return formatSize(d.limit_bytes()) + (d.overridden() ? "*" : "");
 }
 
+// v through a printf format of one double ("%.2f").
+std::string num(double v, const char* fmt) {
+  char b[48];
+  std::snprintf(b, sizeof b, fmt, v);
+  return std::string(b);
+}
+
+// A probe window's share for people: "0.41 +-0.03", " ?" after it while too few rounds back it
+// (*uncertain set then), "-" before a round with work.
+std::string probeShareCell(const rpc::ProbeShare& p, bool* uncertain = nullptr) {
+  if (p.rounds_with_work() == 0) return "-";
+  std::string cell = num(p.compute_share(), "%.2f") + " +-" + num(p.compute_share_stderr(), "%.2f");
+  if (!p.enough()) {
+    cell += " ?";
+    if (uncertain) *uncertain = true;
+  }
+  return cell;
+}
+
 // "1 reload", "2 reloads".
 std::string count(uint64_t n, const std::string& what) {
   return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
@@ -215,16 +234,9 @@ void printProbeTable(const rpc::ProbeTable& table) {
   }
   Table t({"TENANT", "DEVICE", "REGIME", "SHARE", "ROUNDS", "WITH-WORK", "MISSING", "BANDWIDTH", "COMPUTE-IDX",
            "BW-IDX", "LATENCY-IDX", "WINDOW"});
-  const auto num = [](double v, const char* fmt) {
-    char b[48];
-    std::snprintf(b, sizeof b, fmt, v);
-    return std::string(b);
-  };
   for (const rpc::ProbeRow& r : table.rows()) {
     const rpc::ProbeShare& p = r.probe();
-    std::string share = p.rounds_with_work() == 0 ? "-" : num(p.compute_share(), "%.2f") + " +-" + num(p.compute_share_stderr(), "%.2f");
-    if (p.rounds_with_work() != 0 && !p.enough()) share += " ?";
-    t.add({r.tenant(), std::to_string(r.device()), p.regime().empty() ? "-" : p.regime(), share,
+    t.add({r.tenant(), std::to_string(r.device()), p.regime().empty() ? "-" : p.regime(), probeShareCell(p),
            std::to_string(p.rounds()),
            std::to_string(p.rounds_with_work()), std::to_string(p.missing()),
            p.has_bandwidth_share() ? num(p.bandwidth_share(), "%.2f") : "-",
@@ -362,11 +374,7 @@ void printTopFrame(const rpc::TopFrame& f) {
   std::tm tm{};
   if (localtime_r(&t, &tm)) std::strftime(when, sizeof when, "%H:%M:%S", &tm);
   std::printf("cushare top  %s  busy and waits over the last %.1f s\n", when, f.interval_seconds());
-  const auto pct = [](double fraction) {
-    char b[16];
-    std::snprintf(b, sizeof b, "%.0f%%", fraction * 100);
-    return std::string(b);
-  };
+  const auto pct = [](double fraction) { return num(fraction * 100, "%.0f%%"); };
   bool uncertain = false;
   for (const rpc::TopDevice& d : f.devices()) {
     std::string memory = d.has_device_used_bytes() ? "device " + formatSize(d.device_used_bytes()) + " of "
@@ -387,16 +395,7 @@ void printTopFrame(const rpc::TopFrame& f) {
         use = pct(static_cast<double>(tt.used_bytes()) / static_cast<double>(tt.limit_bytes()));
       char denied[32];
       std::snprintf(denied, sizeof denied, tt.denied_per_second() == 0 ? "0" : "%.1f", tt.denied_per_second());
-      std::string probe = "-";
-      if (tt.has_probe() && tt.probe().rounds_with_work() > 0) {
-        char b[48];
-        std::snprintf(b, sizeof b, "%.2f +-%.2f", tt.probe().compute_share(), tt.probe().compute_share_stderr());
-        probe = b;
-        if (!tt.probe().enough()) {
-          probe += " ?";
-          uncertain = true;
-        }
-      }
+      const std::string probe = tt.has_probe() ? probeShareCell(tt.probe(), &uncertain) : "-";
       tbl.add({"  " + tt.tenant(), tt.priority(),
                tt.has_thread_percentage() ? std::to_string(tt.thread_percentage()) + "%" : "-",
                std::to_string(tt.processes()), formatSize(tt.used_bytes()),

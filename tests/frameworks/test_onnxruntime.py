@@ -91,7 +91,7 @@ def test_arena_limit_refuses_before_the_device_is_asked():
     # gpu_mem_limit caps ONNX Runtime's arena: an input that does not fit is refused by the arena
     # itself (its own message), the device's count does not move, and the session goes on working.
     # (Beside the arena, the CUDA provider's cuBLAS and cuDNN handles hold memory of their own,
-    # about 128 MiB on simgpu, which the cap does not cover.)
+    # which the cap does not cover.)
     s = cuda_session(add_model(), gpu_mem_limit=64 * MiB, arena_extend_strategy="kSameAsRequested")
     assert s.run(None, {"X": floats(8)})[0].shape == (8 * MiB // 4,)
     held = device_used()

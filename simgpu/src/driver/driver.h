@@ -364,7 +364,7 @@ bool anyGlobalCaptureActive();
 // Copies (memcpy.cpp)
 // With execute = false only validate (what a submission does before queueing).
 CUresult copy3D(const CUDA_MEMCPY3D& c, bool execute = true);
-CUresult setMemory(const CUDA_MEMSET_NODE_PARAMS& m, bool execute = true);
+CUresult setMemory(const CUDA_MEMSET_NODE_PARAMS& m, bool execute = true, bool checkRange = true);
 
 }  // namespace simgpu
 

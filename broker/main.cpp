@@ -29,10 +29,12 @@
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/mps_daemon.h"
+#include "core/places.h"
 #include "core/compute_thread.h"
 #include "core/reaper.h"
 #if CUSHARE_DEVICE_PLUGIN
 #include "kubernetes/device_plugin.h"
+#include "kubernetes/pod_resources.h"
 #endif
 #include "metrics/http_server.h"
 #include "metrics/prometheus.h"
@@ -147,11 +149,25 @@ int main(int argc, char** argv) {
         return 1;
       }
 #endif
-      if (c.kubernetes.enabled)
+      if (c.kubernetes.enabled) {
         std::printf("%s: kubernetes: device plugin in %s, %u device(s) per GPU per tenant%s\n", configPath.c_str(),
                     c.kubernetes.devicePluginDir.c_str(), c.kubernetes.devicesPerGpu,
                     c.kubernetes.gpuCdiDevice.empty() ? ""
                                                       : ("; each GPU as the CDI device " + c.kubernetes.gpuCdiDevice).c_str());
+        // As the start: the allocation directories are made there (a failure stops it).
+        if (!c.kubernetes.podResourcesSocket.empty() &&
+            !checkDirWritable(c.kubernetes.allocationDir, "kubernetes.allocation_dir", &why)) {
+          spdlog::error("{}: {}", configPath, why);
+          return 1;
+        }
+        std::printf("%s: kubernetes: %s\n", configPath.c_str(),
+                    c.kubernetes.podResourcesSocket.empty()
+                        ? "pod labels off"
+                        : ("pod labels from " + c.kubernetes.podResourcesSocket + " (" +
+                           (::access(c.kubernetes.podResourcesSocket.c_str(), F_OK) == 0 ? "present" : "not there now") +
+                           "), allocation directories in " + c.kubernetes.allocationDir)
+                              .c_str());
+      }
       std::string line;
       if (!describeCdi(c, &line, &err)) {
         if (c.cdi.mark.line != 0) {  // asked for: the start would fail
@@ -208,6 +224,10 @@ int main(int argc, char** argv) {
     return h;
   };
   cushare::kubernetes::DevicePlugin plugin(health);
+  const Config startConfig = broker.config();
+  // Pod labels (docs/kubernetes.md): set at start; moving the socket or the directory needs a restart.
+  const std::string podSocket = startConfig.kubernetes.enabled ? startConfig.kubernetes.podResourcesSocket : "";
+  const std::string allocationDir = podSocket.empty() ? "" : startConfig.kubernetes.allocationDir;
   auto pluginSettings = [&](const Config& c, cushare::kubernetes::PluginSettings* s, std::string* e) {
     std::vector<TenantEditsOf> edits;
     std::vector<std::string> leftOut;
@@ -217,10 +237,10 @@ int main(int argc, char** argv) {
     s->devicesPerGpu = c.kubernetes.devicesPerGpu;
     s->gpus = gpuUuids;
     s->gpuCdiDevice = c.kubernetes.gpuCdiDevice;
+    s->allocationDir = allocationDir;
     for (TenantEditsOf& t : edits) s->tenants.push_back({t.tenant, std::move(t.edits), t.cdiDevice});
     return true;
   };
-  const Config startConfig = broker.config();
   bool pluginOn = startConfig.kubernetes.enabled;
   if (pluginOn) {
     cushare::kubernetes::PluginSettings s;
@@ -229,12 +249,22 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  std::shared_ptr<cushare::kubernetes::PodResourcesClient> podResources;
+  if (!podSocket.empty()) {
+    podResources = std::make_shared<cushare::kubernetes::PodResourcesClient>(podSocket);
+    podResources->start();
+    broker.setPodLabeler(std::make_shared<cushare::broker::PodLabeler>(
+        allocationDir, [podResources](const std::string& r, const std::string& id) { return podResources->find(r, id); },
+        [podResources] { return podResources->status(); }));
+  }
   auto refreshPlugin = [&] {
     const Config c = broker.config();
     if (c.kubernetes.enabled != pluginOn ||
-        (pluginOn && c.kubernetes.devicePluginDir != startConfig.kubernetes.devicePluginDir))
-      spdlog::warn("kubernetes: turning the device plugin on or off, or moving its directory, takes effect when the "
-                   "broker restarts");
+        (pluginOn && (c.kubernetes.devicePluginDir != startConfig.kubernetes.devicePluginDir ||
+                      c.kubernetes.podResourcesSocket != startConfig.kubernetes.podResourcesSocket ||
+                      c.kubernetes.allocationDir != startConfig.kubernetes.allocationDir)))
+      spdlog::warn("kubernetes: turning the device plugin on or off, moving its directory, the pod resources socket "
+                   "or the allocation directory takes effect when the broker restarts");
     if (!pluginOn) return;
     cushare::kubernetes::PluginSettings s;
     std::string why;
@@ -267,7 +297,7 @@ int main(int argc, char** argv) {
   }
   if (!broker.metricsHost().empty()) {
     if (!metrics.start(broker.metricsHost(), broker.metricsPort(),
-                       [&broker] { return renderMetrics(broker.snapshot()); }, &err)) {
+                       [&broker] { return renderMetrics(broker.snapshotWithPods()); }, &err)) {
       spdlog::error("{}", err);
       return 1;
     }

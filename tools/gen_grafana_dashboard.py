@@ -76,6 +76,10 @@ ts("Broker and MPS restarts", [
     (f'increase(cushare_mps_restarts_total{{{I}}}[1h])', "MPS daemon {{instance}}")], "none", 0, 44)
 ts("Live processes by tenant", [
     (f'cushare_tenant_processes{{{T}}}', "{{tenant}}")], "none", 12, 44)
+ts("Memory by Kubernetes container", [
+    (f'cushare_container_memory_used_bytes{{{T}}}', "{{namespace}}/{{pod}}/{{container}} ({{tenant}}) {{uuid}}")],
+   "bytes", 12, 52,
+   desc="What each tenant's processes in each container hold (pod labels: docs/kubernetes.md); part of the tenant's memory.")
 dash = {
     "title": "cushare: GPU sharing",
     "uid": "cushare-gpu-sharing",

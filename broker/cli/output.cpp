@@ -336,13 +336,26 @@ std::string pidCell(const rpc::Process& p, bool* unverified) {
 }
 
 void printProcesses(const rpc::ProcessesReply& p) {
-  Table t({"TENANT", "PID", "DEVICE", "USED"});
+  // A POD column (namespace/pod/container) once any process has one (docs/kubernetes.md).
+  bool pods = false;
+  for (const rpc::Process& proc : p.processes()) pods = pods || proc.has_pod();
+  std::vector<std::string> head = {"TENANT", "PID", "DEVICE", "USED"};
+  if (pods) head.push_back("POD");
+  Table t(head);
   bool unverified = false;
   for (const rpc::Process& proc : p.processes()) {
     const std::string pid = pidCell(proc, &unverified);
-    if (proc.usage().empty()) t.add({proc.tenant(), pid, "-", formatSize(0)});
+    std::vector<std::string> extra;
+    if (pods)
+      extra.push_back(proc.has_pod() ? proc.pod().namespace_() + "/" + proc.pod().pod() + "/" + proc.pod().container()
+                                     : "-");
+    auto row = [&](std::vector<std::string> cells) {
+      cells.insert(cells.end(), extra.begin(), extra.end());
+      t.add(cells);
+    };
+    if (proc.usage().empty()) row({proc.tenant(), pid, "-", formatSize(0)});
     for (const rpc::ProcessUsage& u : proc.usage())
-      t.add({proc.tenant(), pid, std::to_string(u.device()), formatSize(u.used_bytes())});
+      row({proc.tenant(), pid, std::to_string(u.device()), formatSize(u.used_bytes())});
   }
   t.print();
   if (unverified)

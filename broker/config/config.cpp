@@ -348,9 +348,11 @@ class Parser {
     return true;
   }
 
-  // kubernetes: {device_plugin_dir: DIR, devices_per_gpu: 1..100, gpu_cdi_device: TEMPLATE}.
+  // kubernetes: {device_plugin_dir: DIR, devices_per_gpu: 1..100, gpu_cdi_device: TEMPLATE,
+  //              pod_resources_socket: PATH|off, allocation_dir: DIR}.
   bool kubernetes(const Node& n, KubernetesConfig* out) {
-    static const std::vector<std::string> kKeys = {"device_plugin_dir", "devices_per_gpu", "gpu_cdi_device"};
+    static const std::vector<std::string> kKeys = {"device_plugin_dir", "devices_per_gpu", "gpu_cdi_device",
+                                                   "pod_resources_socket", "allocation_dir"};
     KubernetesConfig k;
     k.enabled = true;
     k.mark = sourceMark(n.mark);
@@ -381,6 +383,22 @@ class Parser {
         if (!container::gpuCdiDevice(text, "GPU-00000000-0000-0000-0000-000000000000", 0, &sample, &reason))
           return fail(v.mark, path, reason);
         k.gpuCdiDevice = text;
+      } else if (key.text == "pod_resources_socket") {
+        if (!scalar(v, path, "the kubelet's pod resources socket (an absolute path) or off", &text)) return false;
+        if (text == "off") {
+          k.podResourcesSocket.clear();
+          continue;
+        }
+        if (!parseLedgerDir(text, &k.podResourcesSocket, &reason)) return fail(v.mark, path, reason + ", or off");
+        if (k.podResourcesSocket.size() > 107)
+          return fail(v.mark, path, "longer than 107 bytes, the limit of a Unix socket address");
+      } else if (key.text == "allocation_dir") {
+        if (!scalar(v, path, "an absolute path", &text)) return false;
+        if (!parseLedgerDir(text, &k.allocationDir, &reason)) return fail(v.mark, path, reason);
+        if (k.allocationDir == "/")
+          return fail(v.mark, path, "the root directory: name a directory of its own, e.g. /run/cushare/allocations");
+        if (k.allocationDir.size() > kMaxAllocationDir)
+          return fail(v.mark, path, "longer than " + std::to_string(kMaxAllocationDir) + " bytes");
       } else {
         return unknownKey(key, path, kKeys);
       }

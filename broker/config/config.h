@@ -151,9 +151,18 @@ struct KubernetesConfig {
   uint32_t devicesPerGpu = 8;  // devices (container slots) of each tenant's resource per GPU, 1..100
   // The CDI device Allocate adds for each GPU of the allocated IDs ({uuid}, {index}); empty: none.
   std::string gpuCdiDevice;
+  // Pod labels (docs/kubernetes.md, "Pods in the metrics"): the kubelet's pod resources socket,
+  // asked which pod and container hold each device ID; empty (pod_resources_socket: off): no
+  // pod labels and no allocation mounts.
+  std::string podResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  // Per allocated device ID a directory <allocationDir>/<tenant>/<uuid>_<n>, which Allocate
+  // mounts into the container: how the broker tells a process's container (the same path on the
+  // host and in the broker's container).
+  std::string allocationDir = "/run/cushare/allocations";
   SourceMark mark;             // of the kubernetes: key's value
 };
 inline constexpr size_t kMaxDevicePluginDir = 70;  // <dir>/cushare-<name>.sock must fit 107 bytes
+inline constexpr size_t kMaxAllocationDir = 200;  // + /<tenant>/<uuid>_<n> stays far below PATH_MAX
 
 struct Config {
   std::string file;

@@ -1149,6 +1149,22 @@ BrokerSnapshot Broker::snapshot() {
   return s;
 }
 
+BrokerSnapshot Broker::snapshotWithPods() {
+  std::shared_ptr<PodLabeler> labeler;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    labeler = podLabeler_;
+  }
+  BrokerSnapshot s = snapshot();
+  if (labeler) labeler->label(&s);  // without the broker's lock: it reads /proc
+  return s;
+}
+
+void Broker::setPodLabeler(std::shared_ptr<PodLabeler> labeler) {
+  std::lock_guard<std::mutex> g(mu_);
+  podLabeler_ = std::move(labeler);
+}
+
 int Broker::tick(bool scanDirectory) {
   // The device's own accounting, read without the broker's lock (NVML may take milliseconds),
   // between two reads of what the ledgers show (hidden_memory.cpp says why).

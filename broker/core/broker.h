@@ -117,6 +117,11 @@ class Broker {
 
   // Not const: a ledger found unreadable while reading it is dropped (see faultLocked).
   BrokerSnapshot snapshot();
+  // The same with each process's Kubernetes container (pod_labels.h) when pod labels are on:
+  // reads each process's mount table, so only for the metrics and `cushare processes`.
+  BrokerSnapshot snapshotWithPods();
+  // Turns pod labels on (main, before serving); null: off.
+  void setPodLabeler(std::shared_ptr<PodLabeler> labeler);
 
   // Housekeeping, from the reaper: returns dead processes' usage, adopts ledgers that appeared in
   // the directory, restores tampered limits, charges memory hidden from the ledgers, drops removed
@@ -378,6 +383,7 @@ class Broker {
   double startedUnix_ = 0;
 
   mutable std::mutex mu_;
+  std::shared_ptr<PodLabeler> podLabeler_;  // under mu_; null: pod labels off
   Config config_;
   std::optional<gid_t> adminGid_;
   std::string ledgerDir_;  // fixed at start: moving ledgers under running tenants is not possible

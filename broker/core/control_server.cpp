@@ -115,7 +115,7 @@ rpc::Response handle(Broker& b, const std::function<bool(std::string*)>& reload,
     case rpc::Request::kProcesses:
       // A slot's pid is the tenant's own claim; each is checked against the kernel's (the
       // slot's POSIX pid lock and /proc), here, outside the broker's lock.
-      if (!rpc::processesToProto(b.snapshot(), req.processes().tenant(), innermostPid,
+      if (!rpc::processesToProto(b.snapshotWithPods(), req.processes().tenant(), innermostPid,
                                  r.mutable_processes()))
         return failure(noTenant(b, req.processes().tenant()));
       return r;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/pod_labels.h"
 #include "cushare/shim_config.h"
 
 namespace cushare::broker {
@@ -76,6 +77,9 @@ struct ProcessSnapshot {
   std::vector<uint64_t> used;   // bytes, indexed like BrokerSnapshot::devices
   int hostPid = 0;              // the slot's holder as the kernel names it in the broker's pid
                                 // namespace (Ledger::slotHolderPid); 0: unknown
+  // The Kubernetes container it runs in (pod_labels.h); only in Broker::snapshotWithPods, and
+  // only for a process whose container the broker could tell.
+  std::optional<PodRef> pod;
 };
 
 struct TenantSnapshot {
@@ -147,6 +151,12 @@ struct BrokerSnapshot {
   uint64_t ledgersRefused = 0;     // counter: ledger files not adopted (unknown-tenant caps, unknown renamed files)
   uint64_t logLinesDropped = 0;    // counter: log lines other users caused beyond their budget (log_limit.h)
   MpsSnapshot mps;                 // mode "off" and not active when the broker runs no MPS
+  // Pod labels (pod_labels.h), in Broker::snapshotWithPods while they are on.
+  struct PodLabels {
+    bool on = false;    // configured (kubernetes.pod_resources_socket)
+    bool up = false;    // the kubelet's pod resources API answered its last List
+    std::string error;  // why not
+  } podLabels;
 };
 
 }  // namespace cushare::broker

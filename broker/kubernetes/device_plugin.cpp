@@ -20,6 +20,7 @@
 
 #include "container/cdi.h"
 #include "core/log.h"
+#include "core/pod_labels.h"
 #include "deviceplugin_v1beta1.grpc.pb.h"
 
 namespace cushare::kubernetes {
@@ -41,6 +42,7 @@ struct Shared {
   std::vector<std::pair<std::string, std::string>> ids;  // device ID, its GPU's UUID
   std::map<std::string, std::string> gpuDevices;          // GPU UUID -> its CDI device (gpu_cdi_device)
   std::map<std::string, bool> health;                     // GPU UUID -> healthy
+  std::string allocationDir;                              // <allocation_dir>/<tenant>; empty: no mounts
   uint64_t generation = 1;                                // bumped on every change of the list
   bool stopping = false;
 };
@@ -63,6 +65,43 @@ std::vector<std::pair<std::string, std::string>> deviceIds(const PluginSettings&
   for (const std::string& gpu : s.gpus)
     for (uint32_t n = 0; n < s.devicesPerGpu; ++n) ids.emplace_back(gpu + "::" + std::to_string(n), gpu);
   return ids;
+}
+
+// A directory of the allocation tree: made when missing (0755), and then it must be a directory
+// (not a link) that only its owner can write, else a tenant could plant an entry a pod's process
+// would be named by.
+bool allocationDir(const std::string& path, std::string* err) {
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    *err = "cannot make " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *err = path + " is not a directory";
+    return false;
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    *err = path + " is writable by others than its owner (mode " + mode +
+           "): a tenant could plant a directory there";
+    return false;
+  }
+  return true;
+}
+
+// The allocation directories of one tenant's IDs (PluginSettings::allocationDir); false with *err.
+bool makeAllocationDirs(const PluginSettings& s, const std::string& tenant,
+                        const std::vector<std::pair<std::string, std::string>>& ids, std::string* err) {
+  if (s.allocationDir.empty()) return true;
+  for (size_t i = 1; i < s.allocationDir.size(); ++i)  // its parents, as a start makes the plugin directory's
+    if (s.allocationDir[i] == '/') ::mkdir(s.allocationDir.substr(0, i).c_str(), 0755);
+  if (!allocationDir(s.allocationDir, err)) return false;
+  const std::string dir = s.allocationDir + "/" + tenant;
+  if (!allocationDir(dir, err)) return false;
+  for (const auto& [id, gpu] : ids)
+    if (!allocationDir(dir + "/" + broker::allocationDirName(id), err)) return false;
+  return true;
 }
 
 class Service final : public v1beta1::DevicePlugin::Service {
@@ -134,6 +173,21 @@ class Service final : public v1beta1::DevicePlugin::Service {
         pm->set_read_only(m.readOnly);
       }
       if (!s_->tenant.cdiDevice.empty()) r->add_cdi_devices()->set_name(s_->tenant.cdiDevice);
+      if (!s_->allocationDir.empty()) {
+        // The container's first ID (in order: one container, one directory, whatever the
+        // kubelet's order) names it to the broker (core/pod_labels.h).
+        const std::string first = *std::min_element(c.devices_ids().begin(), c.devices_ids().end());
+        const std::string host = s_->allocationDir + "/" + broker::allocationDirName(first);
+        struct stat st {};
+        if (::stat(host.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {  // else the runtime would fail the container
+          v1beta1::Mount* pm = r->add_mounts();
+          pm->set_container_path(broker::kAllocationMountPoint);
+          pm->set_host_path(host);
+          pm->set_read_only(true);
+        } else {
+          CUSHARE_BLOG(error, "kubernetes: {} is missing: the container gets no allocation mount (no pod labels)", host);
+        }
+      }
     }
     CUSHARE_BLOG(info, "kubernetes: {}: allocated to {} container(s)", s_->resource, req->container_requests_size());
     return grpc::Status::OK;
@@ -465,6 +519,13 @@ struct DevicePlugin::Impl {
     t.shared->ids = deviceIds(settings);
     t.shared->gpuDevices = gpuDevicesOf(settings);
     t.shared->health = health;
+    if (!settings.allocationDir.empty()) {
+      if (!makeAllocationDirs(settings, pt.name, t.shared->ids, err)) {
+        *err = "kubernetes: allocation_dir: " + *err;
+        return false;
+      }
+      t.shared->allocationDir = settings.allocationDir + "/" + pt.name;
+    }
     t.endpoint = endpointFor(settings.dir, pt.name);
     if (!serve(pt.name, &t, err)) return false;
     registerWithKubelet(&t);
@@ -537,6 +598,10 @@ void DevicePlugin::update(const PluginSettings& s) {
     it->second.shared->tenant = t;
     it->second.shared->gpuDevices = gpuDevices;
     if (devicesChanged) {
+      std::string err;
+      if (!makeAllocationDirs(m.settings, t.name, deviceIds(m.settings), &err))
+        CUSHARE_BLOG(error, "kubernetes: allocation_dir: {}; {}'s new devices get no allocation mount", err,
+                     it->second.shared->resource);
       it->second.shared->ids = deviceIds(m.settings);
       ++it->second.shared->generation;
       it->second.shared->cv.notify_all();

@@ -45,6 +45,10 @@ struct PluginSettings {
   // When set, Allocate also names the CDI device of each GPU of the IDs it is given
   // (container::gpuCdiDevice: {uuid}, {index}), so pods get the GPU through the resource.
   std::string gpuCdiDevice;
+  // Pod labels (core/pod_labels.h): when set, a directory <allocationDir>/<tenant>/<uuid>_<n> per
+  // device ID, made at start and on update, and Allocate mounts the one of a container's first ID
+  // read-only at kAllocationMountPoint. Empty: no mounts.
+  std::string allocationDir;
 };
 
 // Per GPU UUID: healthy. A GPU missing from the answer is unhealthy.

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <initializer_list>
+#include <map>
 #include <optional>
 
 namespace cushare::broker {
@@ -364,6 +365,44 @@ void renderTenants(const BrokerSnapshot& s, Writer& w) {
     for (const auto& [kind, n] : t.tamper) w.sample({{"tenant", t.name}, {"kind", kind}}, n);
 }
 
+// Kubernetes containers (docs/kubernetes.md, "Pods, namespaces and containers"): what the tenant's
+// processes in each container hold, from snapshotWithPods. Containers in PodRef order.
+void renderContainers(const BrokerSnapshot& s, Writer& w) {
+  w.family("cushare_kubernetes_pod_resources_up", kGauge,
+           "With pod labels on: 1 when the kubelet's pod resources API answered the broker's last "
+           "List, 0 when it did not (containers allocated since are not named); no sample when off.");
+  if (s.podLabels.on) w.sample({}, s.podLabels.up ? 1 : 0);
+  w.family("cushare_container_processes", kGauge,
+           "Live processes of the tenant in the Kubernetes container (pod labels on, the "
+           "container known).");
+  for (const TenantSnapshot& t : s.tenants) {
+    std::map<PodRef, uint64_t> n;
+    for (const ProcessSnapshot& p : t.processes)
+      if (p.pod) ++n[*p.pod];
+    for (const auto& [pod, count] : n)
+      w.sample({{"tenant", t.name}, {"namespace", pod.ns}, {"pod", pod.pod}, {"container", pod.container}}, count);
+  }
+  w.family("cushare_container_memory_used_bytes", kGauge,
+           "Device memory the tenant's processes in the Kubernetes container hold on the device, "
+           "bytes (part of cushare_tenant_memory_used_bytes).");
+  for (const TenantSnapshot& t : s.tenants) {
+    if (!t.error.empty()) continue;
+    for (const TenantDeviceSnapshot& d : t.devices) {
+      std::map<PodRef, uint64_t> used;
+      for (const ProcessSnapshot& p : t.processes)
+        if (p.pod) used[*p.pod] += static_cast<size_t>(d.device) < p.used.size() ? p.used[static_cast<size_t>(d.device)] : 0;
+      for (const auto& [pod, bytes] : used)
+        w.sample({{"tenant", t.name},
+                  {"device", deviceLabel(s, d.device)},
+                  {"uuid", d.uuid},
+                  {"namespace", pod.ns},
+                  {"pod", pod.pod},
+                  {"container", pod.container}},
+                 bytes);
+    }
+  }
+}
+
 }  // namespace
 
 std::string escapeLabelValue(std::string_view value) {
@@ -396,6 +435,7 @@ std::string renderMetrics(const BrokerSnapshot& s) {
   renderTenantFairShare(s, w);
   renderTenantProbes(s, w);
   renderTenants(s, w);
+  renderContainers(s, w);
   renderMps(s.mps, w);
   return w.take();
 }

@@ -63,6 +63,11 @@ void toProto(const TenantSnapshot& t, const broker::ProcessSnapshot& p, const Br
   out->set_pid(p.pid);
   out->set_host_pid(p.hostPid);
   out->set_pid_verified(p.hostPid > 0 && p.pid > 0 && innermostPid(p.hostPid) == p.pid);
+  if (p.pod) {
+    out->mutable_pod()->set_namespace_(p.pod->ns);
+    out->mutable_pod()->set_pod(p.pod->pod);
+    out->mutable_pod()->set_container(p.pod->container);
+  }
   for (size_t i = 0; i < p.used.size(); ++i) {
     if (p.used[i] == 0) continue;  // a process touches few of the devices; zeros are noise
     ProcessUsage* u = out->add_usage();

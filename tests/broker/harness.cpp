@@ -309,7 +309,8 @@ UidTenants::UidTenants() {
 }
 
 Child UidTenants::spawn(uid_t uid, const std::string& program, Broker& b, const std::string& tenant,
-                        const std::map<std::string, std::string>& env, const std::vector<std::string>& args) {
+                        const std::map<std::string, std::string>& env, const std::vector<std::string>& args,
+                        const std::vector<std::string>& wrapper) {
   std::string& staged = programs_[program];
   if (staged.empty()) staged = stage_.copy(program, "bin/" + std::filesystem::path(program).filename().string());
   std::map<std::string, std::string> e = {{"LD_PRELOAD", shim_},
@@ -329,7 +330,10 @@ Child UidTenants::spawn(uid_t uid, const std::string& program, Broker& b, const 
     e[k] = v;
   }
   const std::string id = std::to_string(uid);
-  std::vector<std::string> argv = {"/usr/bin/setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups", staged};
+  std::vector<std::string> argv = wrapper;
+  for (const std::string& a : {std::string("/usr/bin/setpriv"), "--reuid=" + id, "--regid=" + id,
+                               std::string("--clear-groups"), staged})
+    argv.push_back(a);
   argv.insert(argv.end(), args.begin(), args.end());
   return Child::spawn(argv, e, b.dir() + "/tenants.log");
 }

@@ -125,9 +125,11 @@ class UidTenants {
   UidTenants();
   // Stages program (once) and starts it as uid under the staged shim: env adds to the tenant's
   // variables (CUSHARE_TENANT, CUSHARE_LEDGER_DIR of b); its stderr goes to b.dir()/tenants.log.
-  // args: the program's arguments.
+  // args: the program's arguments; wrapper: a command (run as root) that execs the rest, e.g.
+  // cdi_spec.py run SPEC DEVICE -- (a container's mounts before the uid changes).
   Child spawn(uid_t uid, const std::string& program, Broker& b, const std::string& tenant,
-              const std::map<std::string, std::string>& env = {}, const std::vector<std::string>& args = {});
+              const std::map<std::string, std::string>& env = {}, const std::vector<std::string>& args = {},
+              const std::vector<std::string>& wrapper = {});
   const UserStage& stage() const { return stage_; }
 
  private:

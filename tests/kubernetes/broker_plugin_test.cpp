@@ -9,9 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
+#include "core/pod_labels.h"
 #include "fake_kubelet.h"
 #include "harness.h"
 
@@ -61,7 +63,8 @@ TEST(BrokerPlugin, APodAskingForATenantIsThatTenantAndSurvivesKubeletRestarts) {
   std::filesystem::remove_all(dp);
   auto kubelet = std::make_unique<FakeKubelet>(dp);
   ASSERT_TRUE(kubelet->start());
-  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 2}\n"
+  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 2, allocation_dir: " + b.dir() +
+                      "/allocations}\n"
                       "tenants:\n  - {name: alpha, memory: 256MiB}\n  - {name: beta, memory: 512MiB}\n"))
       << b.log();
   ASSERT_TRUE(kubelet->waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 2); })) << b.log();
@@ -127,6 +130,193 @@ TEST(BrokerPlugin, APodAskingForATenantIsThatTenantAndSurvivesKubeletRestarts) {
   std::filesystem::remove_all(dp);
 }
 
+size_t countLines(const std::string& text, const std::string& prefix) {
+  size_t n = 0;
+  for (size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1))
+    if (at == 0 || text[at - 1] == '\n') ++n;
+  return n;
+}
+
+// Pods in the metrics (docs/kubernetes.md): a process is named by the namespace, pod and container
+// that the kubelet's pod resources API gives for the device ID whose allocation directory its
+// container has mounted (exactly as Allocate answered, applied by tests/containers/cdi_spec.py),
+// on the tenants' own uids. Nothing else names one: a process without the mount, another
+// tenant's mount, a look-alike directory on the same filesystem, an ID the kubelet does not list.
+// The labels follow the kubelet (a new container within seconds, none while it fails) and change
+// no accounting.
+TEST(BrokerPlugin, ProcessesAreNamedByTheirPodAndContainer) {
+  Broker b(testDir());
+  const std::string dp = "/tmp/cushare-dp-" + std::to_string(::getpid()) + "-pods";
+  const std::string socket = "/tmp/cushare-pr-" + std::to_string(::getpid()) + ".sock";
+  const std::string alloc = b.dir() + "/allocations";
+  std::filesystem::remove_all(dp);
+  FakeKubelet kubelet(dp);
+  ASSERT_TRUE(kubelet.start());
+  FakePodResources pods(socket);
+  ASSERT_TRUE(pods.start());
+  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 3, pod_resources_socket: " + socket +
+                      ", allocation_dir: " + alloc + "}\n"
+                      "tenants:\n  - {name: alpha, memory: 256MiB, uid: 2000}\n"
+                      "  - {name: beta, memory: 256MiB, uid: 2001}\n"))
+      << b.log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 3); })) << b.log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return healthy(p, 3); })) << b.log();
+  std::vector<std::string> ids;
+  for (const auto& d : kubelet.plugin("cushare.io/alpha").devices) ids.push_back(d.id());
+  std::sort(ids.begin(), ids.end());
+  const std::string betaId = kubelet.plugin("cushare.io/beta").devices[0].id();
+
+  // Allocate mounts the directory of the container's first ID, read-only.
+  auto mountOf = [&](const std::vector<std::string>& request) {
+    v1beta1::AllocateRequest req;
+    v1beta1::ContainerAllocateRequest* c = req.add_container_requests();  // one container, all of them
+    for (const std::string& id : request) c->add_devices_ids(id);
+    v1beta1::AllocateResponse a;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    EXPECT_TRUE(kubelet.dial("cushare.io/alpha")->Allocate(&ctx, req, &a).ok());
+    std::string host;
+    for (const auto& m : a.container_responses(0).mounts())
+      if (m.container_path() == broker::kAllocationMountPoint) {
+        EXPECT_TRUE(m.read_only());
+        EXPECT_TRUE(host.empty()) << "one allocation mount";
+        host = m.host_path();
+      }
+    return host;
+  };
+  const std::string first = mountOf({ids[1], ids[0]});
+  EXPECT_EQ(first, alloc + "/alpha/" + broker::allocationDirName(ids[0]));
+  const std::string second = mountOf({ids[2]});
+  EXPECT_EQ(second, alloc + "/alpha/" + broker::allocationDirName(ids[2]));
+  ASSERT_TRUE(std::filesystem::is_directory(first) && std::filesystem::is_directory(second));
+
+  // Processes in containers: the allocation mount applied as a runtime would, then the tenant's uid.
+  UidTenants users;
+  auto inContainer = [&](const std::string& hostPath, const std::string& name) {
+    v1beta1::ContainerAllocateResponse r;
+    v1beta1::Mount* m = r.add_mounts();
+    m->set_container_path(broker::kAllocationMountPoint);
+    m->set_host_path(hostPath);
+    m->set_read_only(true);
+    return std::vector<std::string>{PYTHON3, CDI_SPEC_PY, "run", asSpec(r, b.dir() + "/" + name + ".json"), "pod", "--"};
+  };
+  Child server = users.spawn(2000, WORKER_BIN, b, "alpha", {}, {}, inContainer(first, "server"));
+  const std::string ready = server.readLine();
+  if (ready.empty()) {
+    std::ifstream in(b.dir() + "/tenants.log");
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (log.find("no mount namespace") != std::string::npos) GTEST_SKIP() << log;
+  }
+  ASSERT_EQ(ready, "ready");
+  ASSERT_EQ(server.ask("alloc " + std::to_string(64 * MiB)), "ok");
+  Child worker = users.spawn(2000, WORKER_BIN, b, "alpha", {}, {}, inContainer(second, "worker"));
+  ASSERT_EQ(worker.readLine(), "ready");
+  ASSERT_EQ(worker.ask("alloc " + std::to_string(32 * MiB)), "ok");
+  Child bare = users.spawn(2000, WORKER_BIN, b, "alpha");  // no container
+  ASSERT_EQ(bare.readLine(), "ready");
+  ASSERT_EQ(bare.ask("alloc " + std::to_string(16 * MiB)), "ok");
+  // beta's process with alpha's allocation mounted (a pod that asked for cushare.io/alpha but runs
+  // as beta's user), and alpha's process with a look-alike of that directory on the same filesystem.
+  Child intruder = users.spawn(2001, WORKER_BIN, b, "beta", {}, {}, inContainer(first, "intruder"));
+  ASSERT_EQ(intruder.readLine(), "ready");
+  ASSERT_EQ(intruder.ask("alloc " + std::to_string(8 * MiB)), "ok");
+  const std::string lookAlike = b.dir() + "/mine/alpha/" + broker::allocationDirName(ids[0]);
+  std::filesystem::create_directories(lookAlike);
+  Child copy = users.spawn(2000, WORKER_BIN, b, "alpha", {}, {}, inContainer(lookAlike, "copy"));
+  ASSERT_EQ(copy.readLine(), "ready");
+  ASSERT_EQ(copy.ask("alloc " + std::to_string(4 * MiB)), "ok");
+
+  // The kubelet lists the first container (and beta's, which holds none of these processes).
+  pods.set({{"team-a", "infer-0", "server", "cushare.io/alpha", {ids[0], ids[1]}},
+            {"team-b", "other", "main", "cushare.io/beta", {betaId}}});
+  const std::string dev = "device=\"0\",uuid=\"" + kDevice0Uuid + "\"";
+  const std::string serverMemory = "cushare_container_memory_used_bytes{tenant=\"alpha\"," + dev +
+                                   ",namespace=\"team-a\",pod=\"infer-0\",container=\"server\"} ";
+  const std::string workerMemory = "cushare_container_memory_used_bytes{tenant=\"alpha\"," + dev +
+                                   ",namespace=\"team-a\",pod=\"infer-1\",container=\"worker\"} ";
+  ASSERT_TRUE(eventually([&] { return b.metrics().find(serverMemory + std::to_string(64 * MiB) + "\n") != std::string::npos; }))
+      << b.metrics() << b.log();
+  std::string m = b.metrics();
+  EXPECT_NE(m.find("\ncushare_kubernetes_pod_resources_up 1\n"), std::string::npos);
+  EXPECT_NE(m.find("\ncushare_container_processes{tenant=\"alpha\",namespace=\"team-a\",pod=\"infer-0\",container=\"server\"} 1\n"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(countLines(m, "cushare_container_memory_used_bytes{"), 1u) << m;
+  EXPECT_EQ(countLines(m, "cushare_container_processes{"), 1u) << m;
+  // The device's own count agrees: the server's process holds that much there.
+  EXPECT_GE(deviceMemoryOn0()[server.pid()], 64 * MiB);
+  // Labels change no accounting.
+  EXPECT_EQ(usedOn0(b.tenant("alpha")), (64 + 32 + 16 + 4) * MiB);
+  EXPECT_EQ(usedOn0(b.tenant("beta")), 8 * MiB);
+  EXPECT_TRUE(b.logHas("has tenant alpha's allocation mounted")) << b.log();
+  // cushare processes names the container of the server's process, and no other.
+  rpc::Request req;
+  req.set_version(1);
+  req.mutable_processes();
+  const rpc::ProcessesReply procs = b.call(req).processes();
+  int named = 0;
+  for (const rpc::Process& p : procs.processes()) {
+    if (!p.has_pod()) continue;
+    ++named;
+    EXPECT_EQ(p.host_pid(), server.pid());
+    EXPECT_EQ(p.pod().namespace_(), "team-a");
+    EXPECT_EQ(p.pod().pod(), "infer-0");
+    EXPECT_EQ(p.pod().container(), "server");
+  }
+  EXPECT_EQ(named, 1);
+  EXPECT_EQ(procs.processes_size(), 5);
+  // ... and so does the CLI: a POD column, "-" for the others; a pod object in its JSON.
+  auto cli = [&](const std::string& args) {
+    const std::string out = b.dir() + "/cli.txt";
+    const std::string cmd = std::string(CLI_BIN) + " --socket " + b.socket() + " " + args + " > " + out + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream in(out);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string table = cli("processes --tenant alpha");
+  EXPECT_NE(table.find("POD"), std::string::npos) << table;
+  EXPECT_NE(table.find(std::to_string(server.pid()) + " "), std::string::npos) << table;
+  EXPECT_NE(table.find("team-a/infer-0/server"), std::string::npos) << table;
+  EXPECT_EQ(countLines(table, "alpha "), 4u) << table;
+  const std::string json = cli("processes --tenant alpha --json");
+  EXPECT_NE(json.find("\"pod\":{\"namespace\":\"team-a\",\"pod\":\"infer-0\",\"container\":\"server\"}"),
+            std::string::npos)
+      << json;
+
+  // A container the kubelet lists later is named within seconds (a miss asks the kubelet again
+  // at once, not at the next period of 10 s).
+  pods.set({{"team-a", "infer-0", "server", "cushare.io/alpha", {ids[0], ids[1]}},
+            {"team-a", "infer-1", "worker", "cushare.io/alpha", {ids[2]}}});
+  EXPECT_TRUE(eventually([&] { return b.metrics().find(workerMemory + std::to_string(32 * MiB) + "\n") != std::string::npos; },
+                         5000))
+      << b.metrics();
+
+  // The kubelet fails: no labels (a device ID may pass to another pod meanwhile), the gauge says so.
+  pods.fail(true);
+  EXPECT_TRUE(eventually([&] {
+    const std::string t = b.metrics();
+    return t.find("\ncushare_kubernetes_pod_resources_up 0\n") != std::string::npos &&
+           countLines(t, "cushare_container_memory_used_bytes{") == 0;
+  }, 20000)) << b.metrics();
+  EXPECT_TRUE(b.logHas("pod labels: List on " + socket)) << b.log();
+  pods.fail(false);
+  EXPECT_TRUE(eventually([&] { return b.metrics().find(serverMemory + std::to_string(64 * MiB) + "\n") != std::string::npos; },
+                         20000))
+      << b.metrics();
+
+  // The server exits: its container's series go with it.
+  EXPECT_EQ(server.ask("quit"), "");
+  EXPECT_EQ(server.wait(), 0);
+  EXPECT_TRUE(eventually([&] { return b.metrics().find(serverMemory) == std::string::npos; })) << b.metrics();
+  EXPECT_NE(b.metrics().find(workerMemory + std::to_string(32 * MiB) + "\n"), std::string::npos);
+  for (Child* c : {&worker, &bare, &intruder, &copy}) {
+    c->send("quit");
+    EXPECT_EQ(c->wait(), 0);
+  }
+  EXPECT_EQ(b.stop(), 0);
+  std::filesystem::remove_all(dp);
+}
+
 // A faulted MPS server makes every device unhealthy (the kubelet places no new pod on it) until it
 // serves again; the kubelet hears it on the ListAndWatch stream.
 TEST(BrokerPlugin, AFaultedMpsServerMakesTheDevicesUnhealthyUntilItRecovers) {
@@ -138,7 +328,7 @@ TEST(BrokerPlugin, AFaultedMpsServerMakesTheDevicesUnhealthyUntilItRecovers) {
   std::filesystem::remove_all(pipe);
   FakeKubelet kubelet(dp);
   ASSERT_TRUE(kubelet.start());
-  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 2}\n"
+  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 2, pod_resources_socket: off}\n"
                       "mps: {mode: on, control: " SIMGPU_MPS_BIN "/nvidia-cuda-mps-control, pipe_dir: " + pipe +
                       ", log_dir: " + b.dir() + "/mps-log, context_reserve: 256MiB}\n"
                       "tenants:\n  - {name: alpha, memory: 256MiB, thread_percentage: 30}\n"))

@@ -429,6 +429,55 @@ TEST(DevicePlugin, AllocateNamesTheGpusOfTheIdsAsCdiDevices) {
   EXPECT_EQ(c.container_responses(0).cdi_devices(0).name(), "cushare.io/tenant=beta");
 }
 
+// Pod labels (core/pod_labels.h): a directory per device ID under allocation_dir, and Allocate
+// mounts the one of each container's first ID (whatever the kubelet's order) read-only; a
+// directory others can write is refused at start, and a reload that adds IDs makes theirs.
+TEST(DevicePlugin, AllocateMountsTheAllocationDirectoryOfTheFirstId) {
+  const std::string dir = dirFor("alloc");
+  const std::string root = dir + "/allocations";
+  PluginSettings s = settings(dir, 2);
+  s.allocationDir = root;
+  Running running(dir);
+  auto& [kubelet, h, plugin] = running;
+  ASSERT_TRUE(running.start(s));
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 4); }));
+  for (const std::string t : {"alpha", "beta"})
+    for (const std::string& gpu : {kGpu0, kGpu1})
+      for (const std::string n : {"0", "1"})
+        EXPECT_TRUE(std::filesystem::is_directory(root + "/" + t + "/" + gpu + "_" + n)) << t << " " << gpu << n;
+  v1beta1::AllocateResponse a;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", {{kGpu1 + "::1", kGpu0 + "::1"}, {kGpu1 + "::0"}}, &a).ok());
+  ASSERT_EQ(a.container_responses_size(), 2);
+  auto allocationMounts = [](const v1beta1::ContainerAllocateResponse& c) {
+    std::vector<std::string> out;
+    for (const auto& m : c.mounts())
+      if (m.container_path() == "/run/cushare/allocation") out.push_back(m.host_path() + (m.read_only() ? " ro" : " rw"));
+    return out;
+  };
+  EXPECT_EQ(allocationMounts(a.container_responses(0)), std::vector<std::string>{root + "/alpha/" + kGpu0 + "_1 ro"});
+  EXPECT_EQ(allocationMounts(a.container_responses(1)), std::vector<std::string>{root + "/alpha/" + kGpu1 + "_0 ro"});
+  // A reload with more devices per GPU makes their directories.
+  s.devicesPerGpu = 3;
+  plugin.update(s);
+  EXPECT_TRUE(std::filesystem::is_directory(root + "/beta/" + kGpu1 + "_2"));
+  plugin.stop();
+  kubelet.stop(false);
+
+  // A directory others may write: a tenant could plant entries there. The start refuses it.
+  ::chmod((root + "/alpha").c_str(), 0777);
+  const std::string dir2 = dirFor("alloc2");
+  Running again(dir2);
+  PluginSettings s2 = settings(dir2, 2);
+  s2.allocationDir = root;
+  ASSERT_TRUE(again.kubelet.start());
+  std::string err;
+  EXPECT_FALSE(again.plugin.start(s2, &err));
+  EXPECT_NE(err.find("allocation_dir: " + root + "/alpha is writable by others than its owner (mode 0777)"),
+            std::string::npos)
+      << err;
+  again.plugin.stop();
+}
+
 TEST(DevicePlugin, ResourceNames) {
   std::string why;
   EXPECT_TRUE(kubernetes::validResourceName("alpha", &why));

@@ -166,4 +166,70 @@ FakeKubelet::Plugin FakeKubelet::plugin(const std::string& resource) {
   return plugins_[resource];
 }
 
+// ---- The pod resources API ----
+
+class FakePodResources::Service final : public v1::PodResourcesLister::Service {
+ public:
+  grpc::Status List(grpc::ServerContext*, const v1::ListPodResourcesRequest*,
+                    v1::ListPodResourcesResponse* out) override {
+    std::lock_guard<std::mutex> g(mu);
+    ++lists;
+    if (failing) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the fake kubelet is told to fail");
+    // One PodResources per pod, as the kubelet answers: containers of a pod together.
+    std::map<std::pair<std::string, std::string>, v1::PodResources*> pods;
+    for (const Container& c : containers) {
+      v1::PodResources*& p = pods[{c.ns, c.pod}];
+      if (!p) {
+        p = out->add_pod_resources();
+        p->set_name(c.pod);
+        p->set_namespace_(c.ns);
+      }
+      v1::ContainerResources* cr = p->add_containers();
+      cr->set_name(c.container);
+      v1::ContainerDevices* d = cr->add_devices();
+      d->set_resource_name(c.resource);
+      for (const std::string& id : c.ids) d->add_device_ids(id);
+    }
+    return grpc::Status::OK;
+  }
+  mutable std::mutex mu;
+  std::vector<Container> containers;
+  bool failing = false;
+  int lists = 0;
+};
+
+FakePodResources::FakePodResources(std::string path) : path_(std::move(path)), service_(std::make_unique<Service>()) {}
+FakePodResources::~FakePodResources() { stop(); }
+
+bool FakePodResources::start() {
+  ::unlink(path_.c_str());
+  grpc::ServerBuilder b;
+  b.AddListeningPort("unix://" + path_, grpc::InsecureServerCredentials());
+  b.RegisterService(service_.get());
+  server_ = b.BuildAndStart();
+  return server_ != nullptr;
+}
+
+void FakePodResources::stop() {
+  if (!server_) return;
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_.reset();
+  ::unlink(path_.c_str());
+}
+
+void FakePodResources::set(const std::vector<Container>& containers) {
+  std::lock_guard<std::mutex> g(service_->mu);
+  service_->containers = containers;
+}
+
+void FakePodResources::fail(bool on) {
+  std::lock_guard<std::mutex> g(service_->mu);
+  service_->failing = on;
+}
+
+int FakePodResources::lists() const {
+  std::lock_guard<std::mutex> g(service_->mu);
+  return service_->lists;
+}
+
 }  // namespace cushare::test

@@ -18,6 +18,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "deviceplugin_v1beta1.grpc.pb.h"
+#include "podresources_v1.grpc.pb.h"
 
 namespace cushare::test {
 
@@ -63,6 +64,29 @@ class FakeKubelet {
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::shared_ptr<grpc::ClientContext>> streams_;
   std::vector<std::thread> watchers_;
+};
+
+// The kubelet's pod resources API (v1 List) on <path>: answers with the pods set last, and counts
+// the Lists asked. fail() makes List answer UNAVAILABLE until it is cleared.
+class FakePodResources {
+ public:
+  struct Container {
+    std::string ns, pod, container, resource;
+    std::vector<std::string> ids;
+  };
+  explicit FakePodResources(std::string path);
+  ~FakePodResources();
+  bool start();
+  void stop();
+  void set(const std::vector<Container>& containers);
+  void fail(bool on);
+  int lists() const;
+
+ private:
+  class Service;
+  const std::string path_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
 };
 
 }  // namespace cushare::test

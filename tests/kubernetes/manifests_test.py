@@ -73,7 +73,8 @@ def main(deploy, broker, work):
              f"{where}: GPU node affinity")
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
         host = {v["hostPath"]["path"]: v for v in volumes.values() if "hostPath" in v}
-        for p in ("/var/lib/kubelet/device-plugins", "/var/run/cdi", "/dev/shm", "/run/cushare"):
+        for p in ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/var/run/cdi", "/dev/shm",
+                  "/run/cushare"):
             need(p in host, f"{where}: hostPath {p}")
         mounts = {}
         for c in pod.get("initContainers", []) + pod.get("containers", []):
@@ -133,6 +134,10 @@ def main(deploy, broker, work):
         under(conf["cdi"]["spec_dir"], "cdi.spec_dir")
         under(os.path.dirname(conf["cdi"]["shim"]), "cdi.shim")
         under(conf["kubernetes"]["device_plugin_dir"], "kubernetes.device_plugin_dir")
+        # Pod labels: the kubelet's socket and the allocation directories (bound into pods from
+        # the host, so the same path on both sides).
+        under(os.path.dirname(conf["kubernetes"]["pod_resources_socket"]), "kubernetes.pod_resources_socket")
+        under(conf["kubernetes"]["allocation_dir"], "kubernetes.allocation_dir")
         tenants = [t["name"] for t in conf.get("tenants", [])]
         path = os.path.join(work, "broker.yaml")
         os.makedirs(work, exist_ok=True)
@@ -159,6 +164,9 @@ def main(deploy, broker, work):
         need("cdi: /var/run/cdi/cushare.io-tenant.json" in r.stdout, f"{where}: --check did not describe the CDI spec: {r.stdout}")
         need("kubernetes: device plugin in /var/lib/kubelet/device-plugins" in r.stdout,
              f"{where}: --check did not describe the device plugin: {r.stdout}")
+        need("kubernetes: pod labels from /var/lib/kubelet/pod-resources/kubelet.sock" in r.stdout
+             and "allocation directories in " + os.path.join(work, "run", "allocations") in r.stdout,
+             f"{where}: --check did not describe the pod labels: {r.stdout}")
 
     # The example: a pod asking for a tenant's resource, a quota capping it.
     deps = by_kind.get("Deployment", [])

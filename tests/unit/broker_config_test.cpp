@@ -720,6 +720,23 @@ TEST(BrokerConfig, KubernetesBlock) {
             std::string::npos);
   EXPECT_NE(parseError("kubernetes: {gpu_cdi_device: 'nvidia.com/gpu='}\n").find("kubernetes.gpu_cdi_device"),
             std::string::npos);
+  // Pod labels: the kubelet's pod resources socket (off: none) and the allocation directories.
+  EXPECT_EQ(d.kubernetes.podResourcesSocket, "/var/lib/kubelet/pod-resources/kubelet.sock");
+  EXPECT_EQ(d.kubernetes.allocationDir, "/run/cushare/allocations");
+  EXPECT_TRUE(parseOk("kubernetes: {pod_resources_socket: off}\n").kubernetes.podResourcesSocket.empty());
+  const Config p = parseOk("kubernetes: {pod_resources_socket: /tmp/pr/kubelet.sock, allocation_dir: /tmp/al/}\n");
+  EXPECT_EQ(p.kubernetes.podResourcesSocket, "/tmp/pr/kubelet.sock");
+  EXPECT_EQ(p.kubernetes.allocationDir, "/tmp/al");
+  EXPECT_NE(parseError("kubernetes: {pod_resources_socket: kubelet.sock}\n").find("not an absolute path"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {pod_resources_socket: ''}\n").find("pod_resources_socket: expected the kubelet's pod resources socket (an absolute path) or off, found an empty value"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {pod_resources_socket: /" + std::string(107, 's') + "}\n").find("longer than 107"),
+            std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {allocation_dir: /}\n").find("the root directory"), std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {allocation_dir: run/x}\n").find("kubernetes.allocation_dir"), std::string::npos);
+  EXPECT_NE(parseError("kubernetes: {allocation_dirs: /x}\n").find("did you mean 'allocation_dir'?"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -56,7 +56,13 @@ BrokerSnapshot everything() {
   td.probe.latencyIndexNs = 1000;
   a.devices.push_back(td);
   a.tamper["hidden"] = 1;
+  ProcessSnapshot p;
+  p.pid = p.hostPid = 10;
+  p.used = {1 << 20};
+  p.pod = PodRef{"team-a", "infer-0", "server"};
+  a.processes.push_back(p);
   s.tenants.push_back(a);
+  s.podLabels.on = s.podLabels.up = true;
   TenantSnapshot g;
   g.name = "gamma";
   g.error = "broken";

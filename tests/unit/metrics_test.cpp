@@ -301,6 +301,12 @@ cushare_tenant_ledger_error{tenant="gamma"} 1
 # TYPE cushare_tenant_tamper_total counter
 cushare_tenant_tamper_total{tenant="alpha",kind="hidden"} 2
 cushare_tenant_tamper_total{tenant="alpha",kind="limit"} 1
+# HELP cushare_kubernetes_pod_resources_up With pod labels on: 1 when the kubelet's pod resources API answered the broker's last List, 0 when it did not (containers allocated since are not named); no sample when off.
+# TYPE cushare_kubernetes_pod_resources_up gauge
+# HELP cushare_container_processes Live processes of the tenant in the Kubernetes container (pod labels on, the container known).
+# TYPE cushare_container_processes gauge
+# HELP cushare_container_memory_used_bytes Device memory the tenant's processes in the Kubernetes container hold on the device, bytes (part of cushare_tenant_memory_used_bytes).
+# TYPE cushare_container_memory_used_bytes gauge
 # HELP cushare_mps_up 1 when the last health check of the MPS control daemon got an answer.
 # TYPE cushare_mps_up gauge
 # HELP cushare_mps_restarts_total Times the broker restarted the MPS control daemon after it exited or hung.
@@ -331,10 +337,42 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 45u);
+    EXPECT_EQ(helps.size(), 48u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }
+}
+
+// Pod labels (docs/kubernetes.md): per container of each tenant, its processes and what they hold
+// per device; processes whose container is not known count only in the tenant's families.
+TEST(Prometheus, RendersContainersOfTenantsExactly) {
+  BrokerSnapshot s = twoTenants();
+  s.podLabels.on = true;
+  TenantSnapshot& alpha = s.tenants[0];
+  alpha.processes = {{10, {100 * kMiB}}, {11, {28 * kMiB}}, {13, {128 * kMiB}}, {14, {0}}};
+  alpha.processes[0].pod = PodRef{"team-a", "infer-0", "server"};
+  alpha.processes[1].pod = PodRef{"team-a", "infer-0", "server"};
+  alpha.processes[3].pod = PodRef{"team-a", "infer-0", "side\"car\""};  // escaped like any label value
+  s.tenants[1].processes[0].pod = PodRef{"team-b", "batch-7", "main"};
+  s.tenants[2].processes = {{20, {}}};  // gamma: its ledger is in error, no memory figures
+  s.tenants[2].processes[0].pod = PodRef{"team-c", "x", "y"};
+  const std::string text = renderMetrics(s);
+  ASSERT_EQ(validateExposition(text), "") << text;
+  std::string got;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("cushare_container_") || line.starts_with("cushare_kubernetes_")) got += line + "\n";
+  const std::string d = std::string("device=\"0\",uuid=\"") + kUuid + "\"";
+  EXPECT_EQ(got, "cushare_kubernetes_pod_resources_up 0\n"
+                 "cushare_container_processes{tenant=\"alpha\",namespace=\"team-a\",pod=\"infer-0\",container=\"server\"} 2\n"
+                 "cushare_container_processes{tenant=\"alpha\",namespace=\"team-a\",pod=\"infer-0\",container=\"side\\\"car\\\"\"} 1\n"
+                 "cushare_container_processes{tenant=\"beta\",namespace=\"team-b\",pod=\"batch-7\",container=\"main\"} 1\n"
+                 "cushare_container_processes{tenant=\"gamma\",namespace=\"team-c\",pod=\"x\",container=\"y\"} 1\n"
+                 "cushare_container_memory_used_bytes{tenant=\"alpha\"," + d + ",namespace=\"team-a\",pod=\"infer-0\",container=\"server\"} 134217728\n"
+                 "cushare_container_memory_used_bytes{tenant=\"alpha\"," + d + ",namespace=\"team-a\",pod=\"infer-0\",container=\"side\\\"car\\\"\"} 0\n"
+                 "cushare_container_memory_used_bytes{tenant=\"beta\"," + d + ",namespace=\"team-b\",pod=\"batch-7\",container=\"main\"} 268435456\n");
+  s.podLabels.up = true;
+  EXPECT_NE(renderMetrics(s).find("\ncushare_kubernetes_pod_resources_up 1\n"), std::string::npos);
 }
 
 TEST(Prometheus, RendersTheMpsDaemonWhileTheBrokerRunsIt) {

@@ -12,7 +12,7 @@
 # reported ("FAILED"), counted, and the next one runs; MPS daemons started here are quit on exit,
 # also after a failure, or after INT or TERM once the program then running has ended (a daemon a
 # killed run left behind is quit by the next run, whose pipe directories are the same).
-# GPU_CHECK_STEPS (default "1 2 3 4 5 6 7 8") picks the steps below, for a rerun of one of them.
+# GPU_CHECK_STEPS (default "1 2 3 4 5 6 7 8 9") picks the steps below, for a rerun of one of them.
 # GPU_CHECK_DRY_RUN=1 runs every step with simgpu standing in for the driver too (ctest
 # gpu_check_dry_run), so the script itself is tested without a GPU.
 #
@@ -49,6 +49,11 @@
 #    calls, stream memory operations (v2, v1, bad flags), the attributes behind the `absent`
 #    entries and their answers, a CUDA 2.x ABI; DIFFERENT where the driver and simgpu disagree
 #    (an attribute that differs explains the answer after it).
+# 9. MIG, read-only (nothing is created or switched): GPU 0's GPU instance profiles and their
+#    placements as NVML lists them (tools/simgpu_smi_mig.cpp: `simgpu-smi mig -lgip`, `-lgipp`),
+#    beside simgpu's table for the same board (SIMGPU_GPU_MODEL picked from the name); DIFFERENT
+#    where a line differs (docs/simgpu.md, "MIG", lists the guesses). A board simgpu has no model
+#    for is only listed.
 # Exits 1 if a comparison differs, the shim did not enforce its limit, a program failed or an MPS
 # daemon did not quit; 2 if it could not run.
 # Changes nothing on the host: the shim's ledger, simgpu's state and the MPS daemons' pipe
@@ -61,7 +66,7 @@ out=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$out" || exit 2
 dry=${GPU_CHECK_DRY_RUN:-0}
 T=${GPU_CHECK_STEP_TIMEOUT:-60}
-steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5 6 7 8} "
+steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5 6 7 8 9} "
 
 main() {
   exec 3>&1  # the log, also from within $(...) whose output is captured (guarded's FAILED lines)
@@ -77,7 +82,7 @@ main() {
     if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null ||
        ! cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml timeslice_probe \
            event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe probe_check \
-           context_memory_probe driver_answers_probe cushare_probes_fatbin busy_for >/dev/null; then
+           context_memory_probe driver_answers_probe cushare_probes_fatbin busy_for simgpu-smi >/dev/null; then
       echo "gpu_check: the build failed; going on with what $build holds"
     fi
   fi
@@ -93,7 +98,7 @@ main() {
   for f in "$probe" "$perfdir/process_util_probe" "$shim" "$fatbin" "$simlib/libcuda.so.1" "$simlib/libnvidia-ml.so.1" \
            "$simlib/bin/nvidia-cuda-mps-control" "$simlib/bin/nvidia-cuda-mps-server" "$perfdir/timeslice_probe" \
            "$perfdir/event_resolution" "$perfdir/mps_sm_probe" "$perfdir/vmm_export_probe" "$perfdir/probe_check" "$busy" \
-           "$perfdir/context_memory_probe" "$perfdir/driver_answers_probe"; do
+           "$perfdir/context_memory_probe" "$perfdir/driver_answers_probe" "$build/tools/simgpu-smi"; do
     [ -e "$f" ] || { echo "gpu_check: missing $f"; missing=1; }
   done
   [ "$missing" = 0 ] || { echo "gpu_check: build or stage first (perf/gpu_check_stage.sh)" >&2; return 2; }
@@ -163,6 +168,7 @@ main() {
   [[ "$steps" == *" 6 "* ]] && step_process_util
   [[ "$steps" == *" 7 "* ]] && step_context_memory
   [[ "$steps" == *" 8 "* ]] && step_driver_answers
+  [[ "$steps" == *" 9 "* ]] && step_mig
 
   local failed
   failed=$(wc -l <"$tmp/failures")
@@ -468,6 +474,40 @@ step_driver_answers() {
   done <"$tmp/answers-driver" 4<"$tmp/answers-simgpu"
   [ "$(wc -l <"$tmp/answers-driver")" = "$(wc -l <"$tmp/answers-simgpu")" ] ||
     { echo "DIFFERENT: the two sides printed different numbers of lines"; differ=$((differ + 1)); }
+}
+
+step_mig() {
+  echo "== 9. MIG profiles and placements of GPU 0 (read-only), against simgpu's table for the board"
+  local smi="$build/tools/simgpu-smi" name model nvml
+  # simgpu-smi's RUNPATH names simgpu's NVML: the driver's side puts the real one first.
+  if [ "$dry" = 1 ]; then
+    real() { drv env SIMGPU_GPU_MODEL=h100-80gb SIMGPU_STATE_DIR="$tmp/drv-mig" "$@"; }
+  else
+    nvml=$(ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 .*x86-64/ { print $NF; exit }')
+    [ -n "$nvml" ] || { echo "   the driver's libnvidia-ml.so.1 is not in ldconfig's cache: left out"; return; }
+    real() { drv env LD_LIBRARY_PATH="$(dirname "$nvml"):$deps" "$@"; }
+  fi
+  name=$(real "$smi" -L | sed -n 's/^GPU 0: \(.*\) (UUID: .*/\1/p')
+  case "$name" in
+    *A100*40GB*) model=a100-40gb ;;
+    *A100*80GB*) model=a100-80gb ;;
+    *H100*80GB*) model=h100-80gb ;;
+    *H200*) model=h200 ;;
+    *) echo "   GPU 0 is '$name': simgpu has no model of it; its profiles:"
+       real "$smi" mig -i 0 -lgip; real "$smi" mig -i 0 -lgipp; return ;;
+  esac
+  echo "   GPU 0 is '$name': simgpu's $model"
+  local what d s
+  for what in -lgip -lgipp; do
+    real "$smi" mig -i 0 "$what" >"$tmp/mig-driver" 2>&1
+    guarded env LD_LIBRARY_PATH="$simlib:$deps" SIMGPU_GPU_MODEL="$model" SIMGPU_STATE_DIR="$tmp/sim-mig" \
+      "$smi" mig -i 0 "$what" >"$tmp/mig-simgpu" 2>&1
+    while IFS= read -r d && IFS= read -r s <&4; do
+      if [ "$d" = "$s" ]; then echo "same:    $d"; else echo "DIFFERENT: driver $d | simgpu $s"; differ=$((differ + 1)); fi
+    done <"$tmp/mig-driver" 4<"$tmp/mig-simgpu"
+    [ "$(wc -l <"$tmp/mig-driver")" = "$(wc -l <"$tmp/mig-simgpu")" ] ||
+      { echo "DIFFERENT: $what printed different numbers of lines"; differ=$((differ + 1)); }
+  done
 }
 
 # The log outlives a signal to the whole group (INT, TERM): it records the cleanup too.

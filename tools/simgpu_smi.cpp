@@ -7,14 +7,22 @@
 // blocks, kernels, sliced_out_ns (time it had work while another process held the device). An MPS
 // server (one slot to the slicer, the sum of its clients) has "mps": "server"; each of its clients
 // follows with what the server's engine gave it, "mps": "client", "server": <its server's pid>.
+//
+// MIG, as nvidia-smi spells it (simgpu_smi_mig.cpp; docs/simgpu.md, "MIG"): `-L`, `[-i N] -mig 0|1`,
+// `mig -lgip | -lgipp | -lgi | -lci | -cgi ... | -cci ... | -dci | -dgi`, and `[-i N] --gpu-reset`
+// (simgpu's own: a pending MIG mode becomes current and the instances go, as on a real reset).
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "config.h"
+#include "mig.h"
 #include "simgpu/nvml.h"
+#include "simgpu_smi_mig.h"
 #include "timeslice_board.h"
 
 namespace {
@@ -55,6 +63,51 @@ int printJson(unsigned count) {
   return 0;
 }
 
+// `--gpu-reset [-i N]`: what resetting a simulated GPU does to MIG (simgpu's own, not NVML's):
+// a pending mode becomes current and the GPU and compute instances are gone, as on a real reset.
+// Root only, and refused while a process has a context or memory on the GPU.
+int gpuReset(int index) {
+  if (::geteuid() != 0) {
+    std::fprintf(stderr, "simgpu-smi: --gpu-reset: only root can reset a GPU\n");
+    return 1;
+  }
+  simgpu::Config cfg;
+  std::string err;
+  if (!simgpu::loadConfig(&cfg, &err)) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    return 1;
+  }
+  unsigned count = 0;
+  nvmlDeviceGetCount_v2(&count);
+  for (unsigned i = 0; i < count; ++i) {
+    if (index >= 0 && i != static_cast<unsigned>(index)) continue;
+    nvmlDevice_t dev;
+    nvmlDeviceGetHandleByIndex_v2(i, &dev);
+    unsigned n = 0;
+    nvmlProcessInfo_t procs[1];
+    if (nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, procs) != NVML_SUCCESS || n > 0) {
+      std::fprintf(stderr, "simgpu-smi: GPU %u is in use by %u process(es); stop them before a reset\n", i, n);
+      return 1;
+    }
+    const int host = cfg.container[i];
+    simgpu::mig::update(
+        cfg.stateDir,
+        [&](simgpu::mig::State* s) {
+          simgpu::mig::DeviceMig& d = s->dev[host];
+          d.current = d.pending;
+          for (simgpu::mig::Gi& gi : d.gi) gi = simgpu::mig::Gi{};
+          return true;
+        },
+        &err);
+    if (!err.empty()) {
+      std::fprintf(stderr, "%s\n", err.c_str());
+      return 1;
+    }
+    std::printf("GPU %u was reset.\n", i);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,6 +116,27 @@ int main(int argc, char** argv) {
   if (r != NVML_SUCCESS) {
     std::fprintf(stderr, "simgpu-smi: nvmlInit failed: %s\n", nvmlErrorString(r));
     return 1;
+  }
+  // MIG and reset commands (simgpu_smi_mig.cpp): [-i N] -mig 0|1, -L, mig ..., [-i N] --gpu-reset.
+  if (argc > 1 && std::strcmp(argv[1], "mig") == 0) return smiMig(argc - 2, argv + 2);
+  if (argc > 1 && std::strcmp(argv[1], "-L") == 0) return smiListWithMig();
+  {
+    // [-i N] -mig 0|1, [-i N] --gpu-reset, in any order.
+    int index = -1;
+    const char* mode = nullptr;
+    bool reset = false, other = false;
+    for (int a = 1; a < argc; ++a) {
+      if (std::strcmp(argv[a], "-i") == 0 && a + 1 < argc) index = std::atoi(argv[++a]);
+      else if (std::strcmp(argv[a], "-mig") == 0 && a + 1 < argc) mode = argv[++a];
+      else if (std::strcmp(argv[a], "--gpu-reset") == 0) reset = true;
+      else other = true;
+    }
+    if (!other && mode && !reset) return smiSetMigMode(index, mode);
+    if (!other && reset && !mode) return gpuReset(index);
+    if (!json && (mode || reset || index >= 0 || other)) {
+      std::fprintf(stderr, "simgpu-smi: usage: simgpu-smi [--json] | -L | [-i N] -mig 0|1 | [-i N] --gpu-reset | mig ...\n");
+      return 1;
+    }
   }
   unsigned count = 0;
   nvmlDeviceGetCount_v2(&count);

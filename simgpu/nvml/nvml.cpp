@@ -30,6 +30,9 @@ struct Globals {
   bool built = false;           // guarded by mu; true once devs/st are set, forever after
   int count = 0;
   nvmlDevice_st* devs = nullptr;
+  nvmlDevice_st* migDevs = nullptr;  // count x kMaxMigDevices MIG device handles
+  const mig::Model* model = nullptr;
+  std::string stateDir;
   SharedState* st = nullptr;
   std::string lastError;        // guarded by mu; the last error printed, so each prints once
 };
@@ -77,7 +80,19 @@ nvmlReturn_t build(Globals& s) {
     r.board = openBoard(cfg.stateDir, d, &boardErr);  // null: utilisation reads 0
     r.timeScale = cfg.timeScale;
   }
+  auto* migDevs = new nvmlDevice_st[static_cast<size_t>(cfg.containerCount > 0 ? cfg.containerCount : 1) *
+                                    mig::kMaxMigDevices]();
+  for (int i = 0; i < cfg.containerCount; ++i)
+    for (int j = 0; j < mig::kMaxMigDevices; ++j) {
+      nvmlDevice_st& m = migDevs[i * mig::kMaxMigDevices + j];
+      m = devs[i];
+      m.migParent = i;
+      m.migIndex = static_cast<unsigned>(j);
+    }
   s.devs = devs;
+  s.migDevs = migDevs;
+  s.model = cfg.model;
+  s.stateDir = cfg.stateDir;
   s.st = st;
   s.count = cfg.containerCount;
   s.built = true;
@@ -102,24 +117,39 @@ nvmlReturn_t initImpl() {
   }
 }
 
+// The element of table[0..n) that handle points at exactly, or nullptr. Integer arithmetic, not
+// pointer comparison: the handle may point anywhere.
+nvmlDevice_st* inTable(nvmlDevice_t handle, nvmlDevice_st* table, size_t n) {
+  if (!handle || !table) return nullptr;
+  const auto p = reinterpret_cast<uintptr_t>(handle);
+  const auto base = reinterpret_cast<uintptr_t>(table);
+  if (p < base) return nullptr;
+  const uintptr_t off = p - base;
+  if (off % sizeof(nvmlDevice_st) != 0 || off / sizeof(nvmlDevice_st) >= n) return nullptr;
+  return &table[off / sizeof(nvmlDevice_st)];
+}
+
 }  // namespace
 
 bool initialized() { return g().live.load(std::memory_order_acquire) > 0; }
 int deviceCount() { return g().count; }
 nvmlDevice_st* device(int ordinal) { return &g().devs[ordinal]; }
 SharedState* state() { return g().st; }
+const mig::Model* model() { return g().model; }
+const std::string& stateDir() { return g().stateDir; }
+nvmlDevice_st* migHandle(int parent, unsigned index) {
+  return &g().migDevs[static_cast<size_t>(parent) * mig::kMaxMigDevices + index];
+}
+
+// A MIG device handle of ours, or nullptr.
+nvmlDevice_st* fromMigHandle(nvmlDevice_t handle) {
+  Globals& s = g();
+  return inTable(handle, s.migDevs, static_cast<size_t>(s.count) * mig::kMaxMigDevices);
+}
 
 nvmlDevice_st* fromHandle(nvmlDevice_t handle) {
   Globals& s = g();
-  if (!handle || !s.devs) return nullptr;
-  // Integer arithmetic, not pointer comparison: the handle may point anywhere.
-  const auto p = reinterpret_cast<uintptr_t>(handle);
-  const auto base = reinterpret_cast<uintptr_t>(s.devs);
-  if (p < base) return nullptr;
-  const uintptr_t off = p - base;
-  if (off % sizeof(nvmlDevice_st) != 0 || off / sizeof(nvmlDevice_st) >= static_cast<uintptr_t>(s.count))
-    return nullptr;
-  return &s.devs[off / sizeof(nvmlDevice_st)];
+  return inTable(handle, s.devs, static_cast<size_t>(s.count));
 }
 
 nvmlReturn_t checkDevice(nvmlDevice_t handle, nvmlDevice_st** out) {

@@ -8,6 +8,7 @@
 
 #include <cctype>
 #include <cstring>
+#include <string>
 
 #include "nvml_internal.h"
 
@@ -114,6 +115,8 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvml
   return handleByIndex(index, device);
 }
 
+// A GPU's UUID, or a MIG device's: "MIG-<uuid>" or the legacy "MIG-<GPU-UUID>/<GI>/<CI>" (both
+// accepted since R470, NVML's change log).
 SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
   if (!initialized()) return NVML_ERROR_UNINITIALIZED;
   if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
@@ -121,6 +124,22 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDev
     if (strcasecmp(simgpu::nvml::device(d)->uuid, uuid) == 0) {
       *device = simgpu::nvml::device(d);
       return NVML_SUCCESS;
+    }
+  }
+  if (strncasecmp(uuid, "MIG-", 4) != 0 || !model()) return NVML_ERROR_NOT_FOUND;
+  simgpu::mig::State st;
+  std::string err;
+  if (!simgpu::mig::load(stateDir(), &st, &err)) return NVML_ERROR_UNKNOWN;
+  for (int d = 0; d < deviceCount(); ++d) {
+    const int host = simgpu::nvml::device(d)->host;
+    for (const simgpu::mig::MigDevice& m : simgpu::mig::migDevices(*model(), st.dev[host])) {
+      const std::string legacy = std::string("MIG-") + simgpu::nvml::device(d)->uuid + "/" + std::to_string(m.gi) +
+                                 "/" + std::to_string(m.ci);
+      if (strcasecmp(simgpu::mig::migUuid(host, m.gi, m.ci).c_str(), uuid) == 0 ||
+          strcasecmp(legacy.c_str(), uuid) == 0) {
+        *device = migHandle(d, m.index);
+        return NVML_SUCCESS;
+      }
     }
   }
   return NVML_ERROR_NOT_FOUND;
@@ -133,24 +152,37 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* busId, nv
   return handleByBusId(busId, device);
 }
 
+// On a MIG device handle: its MIG index under the parent (what GetMigDeviceHandleByIndex takes).
 SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t handle, unsigned int* index) {
   nvmlDevice_st* d;
-  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
+  simgpu::mig::MigDevice m;
+  bool isMig;
+  if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
   if (!index) return NVML_ERROR_INVALID_ARGUMENT;
-  *index = static_cast<unsigned>(d->ordinal);
+  *index = isMig ? m.index : static_cast<unsigned>(d->ordinal);
   return NVML_SUCCESS;
 }
 
+// A MIG device is "<board> MIG <profile>", as CUDA and nvidia-smi name it.
 SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t handle, char* name, unsigned int length) {
   nvmlDevice_st* d;
-  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
-  return copyString(d->name, name, length);
+  simgpu::mig::MigDevice m;
+  bool isMig;
+  if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
+  if (!isMig) return copyString(d->name, name, length);
+  const std::string profile = m.ciProfile.slices == m.giProfile->slices
+                                  ? std::string(m.giProfile->name)
+                                  : std::to_string(m.ciProfile.slices) + "c." + m.giProfile->name;
+  return copyString((std::string(d->name) + " MIG " + profile).c_str(), name, length);
 }
 
 SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t handle, char* uuid, unsigned int length) {
   nvmlDevice_st* d;
-  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
-  return copyString(d->uuid, uuid, length);
+  simgpu::mig::MigDevice m;
+  bool isMig;
+  if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
+  if (!isMig) return copyString(d->uuid, uuid, length);
+  return copyString(simgpu::mig::migUuid(d->host, m.gi, m.ci).c_str(), uuid, length);
 }
 
 SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t handle, char* serial, unsigned int length) {
@@ -263,12 +295,3 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t handle, n
   return NVML_SUCCESS;
 }
 
-SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t handle, unsigned int* currentMode,
-                                                  unsigned int* pendingMode) {
-  nvmlDevice_st* d;
-  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
-  if (!currentMode || !pendingMode) return NVML_ERROR_INVALID_ARGUMENT;
-  *currentMode = NVML_DEVICE_MIG_DISABLE;
-  *pendingMode = NVML_DEVICE_MIG_DISABLE;
-  return NVML_SUCCESS;
-}

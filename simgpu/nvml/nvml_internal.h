@@ -15,6 +15,9 @@
 
 #include <cstdint>
 
+#include <string>
+
+#include "mig.h"
 #include "shared_state.h"
 #include "timeslice_board.h"
 
@@ -32,6 +35,10 @@ struct nvmlDevice_st {
   char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];   // "0000:18:00.0"
   simgpu::Board* board;  // the device's time-slice board: what the engines ran (null if unavailable)
   double timeScale;      // SIMGPU_TIME_SCALE: device time = CLOCK_MONOTONIC / timeScale
+  // A MIG device handle (nvml_mig.cpp): the parent's ordinal, else -1; migIndex is its MIG index
+  // under the parent. Its other fields are the parent's.
+  int migParent = -1;
+  unsigned migIndex = 0;
 };
 
 namespace simgpu::nvml {
@@ -51,12 +58,25 @@ int deviceCount();
 nvmlDevice_st* device(int ordinal);
 SharedState* state();
 
-// Resolves a handle; nullptr if it is not one of ours.
+// Resolves a handle; nullptr if it is not one of ours (a MIG device handle is not: see below).
 nvmlDevice_st* fromHandle(nvmlDevice_t handle);
 
 // The usual preamble of a device query: UNINITIALIZED before init, INVALID_ARGUMENT for a handle
-// that is not ours. NVML_SUCCESS lets the caller go on with *out set.
+// that is not ours. NVML_SUCCESS lets the caller go on with *out set. A MIG device handle is
+// refused here: only the queries that answer for MIG devices take one (checkDeviceOrMig).
 nvmlReturn_t checkDevice(nvmlDevice_t handle, nvmlDevice_st** out);
+
+// MIG (nvml_mig.cpp). The model (null: a board without MIG) and the state directory.
+const simgpu::mig::Model* model();
+const std::string& stateDir();
+// The MIG device handles of parent ordinal p (kMaxMigDevices of them, leaked like the devices).
+nvmlDevice_st* migHandle(int parent, unsigned index);
+nvmlDevice_st* fromMigHandle(nvmlDevice_t handle);  // nullptr if not a MIG device handle of ours
+// Whether MIG is on now on host device `host` (utilisation is then NOT_SUPPORTED, as NVML's notes say).
+bool migEnabled(int host);
+// A device or a live MIG device handle; for a MIG handle *mig describes it now (a handle whose
+// MIG device was destroyed is INVALID_ARGUMENT).
+nvmlReturn_t checkDeviceOrMig(nvmlDevice_t handle, nvmlDevice_st** out, simgpu::mig::MigDevice* mig, bool* isMig);
 
 // Copies a NUL-terminated string into a caller's buffer as NVML does: INVALID_ARGUMENT for a null
 // buffer, INSUFFICIENT_SIZE (buffer untouched) when length cannot hold the string and its NUL.

@@ -37,8 +37,14 @@ void fill(nvmlProcessInfo_v2_t* out, const simgpu::SharedState::ProcUsage& p) {
 template <class Info>
 nvmlReturn_t computeProcesses(nvmlDevice_t handle, unsigned int* infoCount, Info* infos) {
   nvmlDevice_st* d;
-  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
+  simgpu::mig::MigDevice m;
+  bool isMig;
+  if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
   if (!infoCount || (*infoCount > 0 && !infos)) return NVML_ERROR_INVALID_ARGUMENT;
+  if (isMig) {  // no process runs in a MIG device yet (docs/simgpu.md)
+    *infoCount = 0;
+    return NVML_SUCCESS;
+  }
   // One snapshot of every slot, so the count we report and the entries we write agree.
   simgpu::SharedState::ProcUsage found[simgpu::kMaxSlots];
   int total = 0;
@@ -63,12 +69,26 @@ nvmlReturn_t noProcesses(nvmlDevice_t handle, unsigned int* infoCount) {
 
 }  // namespace
 
-SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t handle, nvmlMemory_t* memory) {
+// A MIG device's memory is its GPU instance's; no process can allocate in one yet (CUDA does not
+// enter MIG devices in simgpu: docs/simgpu.md), so all of it is free.
+static nvmlReturn_t memoryOf(nvmlDevice_t handle, unsigned long long* total, unsigned long long* used) {
   nvmlDevice_st* d;
-  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
-  if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
+  simgpu::mig::MigDevice m;
+  bool isMig;
+  if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
+  if (isMig) {
+    *total = m.giProfile->memoryMiB << 20;
+    *used = 0;
+  } else {
+    readMemory(d->host, total, used);
+  }
+  return NVML_SUCCESS;
+}
+
+SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t handle, nvmlMemory_t* memory) {
   unsigned long long total, used;
-  readMemory(d->host, &total, &used);
+  if (nvmlReturn_t r = memoryOf(handle, &total, &used); r != NVML_SUCCESS) return r;
+  if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
   memory->total = total;
   memory->used = used;
   memory->free = total - used;
@@ -76,12 +96,10 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t handle, nvmlMe
 }
 
 SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t handle, nvmlMemory_v2_t* memory) {
-  nvmlDevice_st* d;
-  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
+  unsigned long long total, used;
+  if (nvmlReturn_t r = memoryOf(handle, &total, &used); r != NVML_SUCCESS) return r;
   if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
   if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-  unsigned long long total, used;
-  readMemory(d->host, &total, &used);
   memory->total = total;
   memory->reserved = 0;
   memory->used = used;

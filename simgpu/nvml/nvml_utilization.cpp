@@ -52,6 +52,7 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t handle, 
   nvmlDevice_st* d;
   if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
   if (!utilization) return NVML_ERROR_INVALID_ARGUMENT;
+  if (migEnabled(d->host)) return NVML_ERROR_NOT_SUPPORTED;  // as NVML's notes say, on a MIG-enabled GPU
   utilization->gpu = 0;
   utilization->memory = 0;
   if (!d->board) return NVML_SUCCESS;
@@ -80,6 +81,7 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle
   nvmlDevice_st* d;
   if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
   if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
+  if (migEnabled(d->host)) return NVML_ERROR_NOT_SUPPORTED;
   if (!d->board) {
     *processSamplesCount = 0;
     return NVML_ERROR_NOT_FOUND;

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "cushare/parse.h"
+#include "mig.h"
 
 namespace simgpu {
 
@@ -101,6 +102,18 @@ bool loadConfig(Config* c, std::string* error) {
     c->smCount = static_cast<uint32_t>(n);
   }
   c->name = "NVIDIA H100 80GB HBM3 (simgpu)";
+  if (const char* v = std::getenv("SIMGPU_GPU_MODEL")) {
+    // A board of a known model: its name, memory, SMs and MIG profiles (mig.h). It sets what
+    // SIMGPU_MEMORY and SIMGPU_SMS would, so a value for either as well is refused, not ignored.
+    c->model = mig::findModel(v);
+    if (!c->model) return bad("SIMGPU_GPU_MODEL", v, "not a model simgpu knows (" + mig::modelKeys() + ")");
+    if (std::getenv("SIMGPU_MEMORY"))
+      return bad("SIMGPU_GPU_MODEL", v, "sets the memory itself; unset SIMGPU_MEMORY");
+    if (std::getenv("SIMGPU_SMS")) return bad("SIMGPU_GPU_MODEL", v, "sets the SM count itself; unset SIMGPU_SMS");
+    for (int d = 0; d < kMaxDevices; ++d) c->memory[d] = c->model->memoryMiB << 20;
+    c->smCount = c->model->sms;
+    c->name = c->model->name;
+  }
   if (const char* v = std::getenv("SIMGPU_NAME")) {
     std::string_view s(v);
     if (s.empty() || s.size() > 95) return bad("SIMGPU_NAME", v, "must be 1 to 95 characters");

@@ -10,11 +10,18 @@
 
 namespace simgpu {
 
+namespace mig {
+struct Model;
+}
+
 struct Config {
   int deviceCount = 1;                 // SIMGPU_DEVICES (1..16)
   uint64_t memory[kMaxDevices] = {};   // SIMGPU_MEMORY: one size for all, or "16GiB,8GiB" per device
   uint32_t smCount = 132;              // SIMGPU_SMS (1..1024)
   std::string name;                    // SIMGPU_NAME
+  // SIMGPU_GPU_MODEL (mig.h): a known board (name, memory, SMs, MIG profiles); null: a generic
+  // board sized by SIMGPU_MEMORY and SIMGPU_SMS, without MIG.
+  const mig::Model* model = nullptr;
   std::string stateDir;                // SIMGPU_STATE_DIR
   bool trace = false;                  // SIMGPU_TRACE=1
   // SIMGPU_CONTAINER_DEVICES: the host devices a container runtime gave this process, as host

@@ -22,7 +22,7 @@ cmp -s "$work/stdout.txt" "$log" || fail "the log in \$OUT is not what it printe
 for h in "== 1. device visibility" "== 2. event timer" "== 2. time slice" "== 2. MPS: the multiprocessor count" \
          "== 2. MPS: the probe kernels" "== 3. probe kernels" "== 4. memory an exited exporter" "== 5. the demo's busy_for" \
          "== 6. NVML per-process utilization" "== 7. what one process holds beyond its allocations" \
-         "== 8. what the driver answers"; do
+         "== 8. what the driver answers" "== 9. MIG profiles and placements"; do
   grep -q "^$h" "$log" || fail "no step '$h' in the log"
 done
 grep -q "^gpu_check: 0 case(s) where simgpu differs from the driver; 0 case(s) where the shim did not enforce; 0 program(s) failed$" "$log" ||
@@ -37,6 +37,7 @@ for lib in libunwind.so.8 liblzma.so.5; do
 done
 [ "$(grep -c "^shim .*count=[1-9].* alloc=0/2" "$log")" -ge 10 ] || fail "the shim's cases do not show 1 GiB granted and a byte denied"
 [ "$(grep -c "^same: " "$log")" -ge 20 ] || fail "step 8 compared fewer than 20 answers"
+[ "$(grep -c "^same: .*MIG [0-9]g\." "$log")" -ge 14 ] || fail "step 9 compared fewer than 14 MIG profile lines"
 [ "$(grep -c "^MPS client at .*sms attribute=" "$log")" = 11 ] || fail "not every MPS percentage was measured"
 for side in driver simgpu; do
   grep -q "^$side-mps-hog round=9 probe=sm " "$log" || fail "no $side probe round beside an MPS hog"

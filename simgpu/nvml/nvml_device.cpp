@@ -170,10 +170,7 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t handle, char* name, 
   bool isMig;
   if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
   if (!isMig) return copyString(d->name, name, length);
-  const std::string profile = m.ciProfile.slices == m.giProfile->slices
-                                  ? std::string(m.giProfile->name)
-                                  : std::to_string(m.ciProfile.slices) + "c." + m.giProfile->name;
-  return copyString((std::string(d->name) + " MIG " + profile).c_str(), name, length);
+  return copyString(simgpu::mig::migDeviceName(*model(), m).c_str(), name, length);
 }
 
 SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t handle, char* uuid, unsigned int length) {

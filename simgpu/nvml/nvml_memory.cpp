@@ -30,8 +30,8 @@ void fill(nvmlProcessInfo_v1_t* out, const simgpu::SharedState::ProcUsage& p) {
 void fill(nvmlProcessInfo_v2_t* out, const simgpu::SharedState::ProcUsage& p) {
   out->pid = static_cast<unsigned>(p.pid);
   out->usedGpuMemory = p.used;
-  out->gpuInstanceId = 0xFFFFFFFFu;  // no MIG
-  out->computeInstanceId = 0xFFFFFFFFu;
+  out->gpuInstanceId = p.gi;  // 0xFFFFFFFF outside MIG
+  out->computeInstanceId = p.ci;
 }
 
 template <class Info>
@@ -41,14 +41,17 @@ nvmlReturn_t computeProcesses(nvmlDevice_t handle, unsigned int* infoCount, Info
   bool isMig;
   if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
   if (!infoCount || (*infoCount > 0 && !infos)) return NVML_ERROR_INVALID_ARGUMENT;
-  if (isMig) {  // no process runs in a MIG device yet (docs/simgpu.md)
-    *infoCount = 0;
-    return NVML_SUCCESS;
-  }
+
   // One snapshot of every slot, so the count we report and the entries we write agree.
   simgpu::SharedState::ProcUsage found[simgpu::kMaxSlots];
   int total = 0;
-  const int n = state()->processes(d->host, found, simgpu::kMaxSlots, &total);
+  int n = state()->processes(d->host, found, simgpu::kMaxSlots, &total);
+  if (isMig) {  // a MIG device lists the processes running in it
+    int kept = 0;
+    for (int i = 0; i < n; ++i)
+      if (found[i].gi == m.gi && found[i].ci == m.ci) found[kept++] = found[i];
+    n = kept;
+  }
   if (static_cast<unsigned>(n) > *infoCount) {
     *infoCount = static_cast<unsigned>(n);
     return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -69,16 +72,15 @@ nvmlReturn_t noProcesses(nvmlDevice_t handle, unsigned int* infoCount) {
 
 }  // namespace
 
-// A MIG device's memory is its GPU instance's; no process can allocate in one yet (CUDA does not
-// enter MIG devices in simgpu: docs/simgpu.md), so all of it is free.
+// A MIG device's memory is its GPU instance's: its total, and what the instance's processes hold.
 static nvmlReturn_t memoryOf(nvmlDevice_t handle, unsigned long long* total, unsigned long long* used) {
   nvmlDevice_st* d;
   simgpu::mig::MigDevice m;
   bool isMig;
   if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
-  if (isMig) {
+  if (isMig) {  // the GPU instance's memory, and what its processes hold
     *total = m.giProfile->memoryMiB << 20;
-    *used = 0;
+    *used = state()->instanceUsed(d->host, m.gi);
   } else {
     readMemory(d->host, total, used);
   }
@@ -169,8 +171,8 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t 
     nvmlProcessDetail_v1_t& out = plist->procArray[i];
     out.pid = static_cast<unsigned>(found[i].pid);
     out.usedGpuMemory = found[i].used;
-    out.gpuInstanceId = 0xFFFFFFFFu;  // no MIG
-    out.computeInstanceId = 0xFFFFFFFFu;
+    out.gpuInstanceId = found[i].gi;  // 0xFFFFFFFF outside MIG
+    out.computeInstanceId = found[i].ci;
     out.usedGpuCcProtectedMemory = 0;
   }
   plist->numProcArrayEntries = static_cast<unsigned>(n);

@@ -247,12 +247,16 @@ nvmlReturn_t createCi(nvmlGpuInstance_t handle, unsigned profileId, const nvmlCo
   return result;
 }
 
-// Whether any process has a context or memory on host device `host` now.
-bool busy(int host) {
+// Whether any process has a context or memory on host device `host` now; with gi (and ci), in
+// that GPU (and compute) instance.
+bool busy(int host, unsigned gi = ~0u, unsigned ci = ~0u) {
   int total = 0;
-  SharedState::ProcUsage one[1];
-  state()->processes(host, one, 1, &total);
-  return total > 0;
+  static thread_local SharedState::ProcUsage found[kMaxSlots];
+  const int n = state()->processes(host, found, kMaxSlots, &total);
+  if (gi == ~0u) return total > 0;
+  for (int i = 0; i < n; ++i)
+    if (found[i].gi == gi && (ci == ~0u || found[i].ci == ci)) return true;
+  return false;
 }
 
 }  // namespace
@@ -424,6 +428,7 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice
 SIMGPU_NVML_API nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t handle) {
   Instance in;
   if (nvmlReturn_t r = instance(handle, &in, true); r != NVML_SUCCESS) return r;
+  if (busy(in.p.d->host, in.h->id)) return NVML_ERROR_IN_USE;  // processes run in it
   const int host = in.p.d->host;
   const unsigned id = in.h->id;
   nvmlReturn_t result = NVML_SUCCESS;
@@ -595,12 +600,12 @@ nvmlReturn_t computeInstance(nvmlComputeInstance_t handle, Instance* in, CiHandl
 
 }  // namespace
 
-// Refused (IN_USE) while a process runs in it: none can yet, CUDA does not enter MIG devices in
-// simgpu (docs/simgpu.md).
+// Refused (IN_USE) while a process runs in it.
 SIMGPU_NVML_API nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t handle) {
   Instance in;
   CiHandle* h;
   if (nvmlReturn_t r = computeInstance(handle, &in, &h, true); r != NVML_SUCCESS) return r;
+  if (busy(in.p.d->host, h->gi, h->id)) return NVML_ERROR_IN_USE;
   const int host = in.p.d->host;
   std::string err;
   const unsigned gi = h->gi, id = h->id;

@@ -31,6 +31,9 @@
 #include <utility>
 #include <vector>
 
+// The driver's first-ABI cuDeviceGetUuid (init_device.cpp defines it under that symbol name).
+extern "C" CUresult simgpu_firstAbiUuid(CUuuid* uuid, CUdevice dev) __asm__("cuDeviceGetUuid");
+
 namespace simgpu {
 namespace {
 
@@ -292,8 +295,10 @@ CUresult integrityCheck(uint32_t version, uint64_t unixSeconds, uint64_t* out) n
   for (int i = 0; i < count; ++i) {
     CUdevice dev = 0;
     if ((r = cuDeviceGet(&dev, i)) != CUDA_SUCCESS) return r;
+    // The first ABI's UUID: cudart hashes what it got from cuDeviceGetUuid, which differs from
+    // _v2's inside a MIG device (the GPU's, not the MIG device's).
     CUuuid uuid{};
-    if ((r = cuDeviceGetUuid_v2(&uuid, dev)) != CUDA_SUCCESS) return r;
+    if ((r = simgpu_firstAbiUuid(&uuid, dev)) != CUDA_SUCCESS) return r;
     static_assert(sizeof(uuid.bytes) == sizeof(devices[i].uuid));
     std::memcpy(devices[i].uuid, uuid.bytes, sizeof(devices[i].uuid));
     int domain = 0, bus = 0, device = 0;

@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <strings.h>
 
 #include "config.h"
 
@@ -150,23 +152,51 @@ std::vector<MigDevice> migDevices(const Model& m, const DeviceMig& d) {
   return out;
 }
 
-std::string migUuid(int hostDevice, unsigned gi, unsigned ci) {
+void migUuidBytes(int hostDevice, unsigned gi, unsigned ci, unsigned char u[16]) {
   unsigned char parent[16];
   deviceUuid(hostDevice, parent);
   uint64_t seed = 0;
   for (unsigned char b : parent) seed = mix(seed ^ b);
   const uint64_t hi = mix(seed ^ (uint64_t{gi} << 8 | ci)), lo = mix(hi ^ 0x4d4947u);
-  unsigned char u[16];
   for (int i = 0; i < 8; ++i) {
     u[i] = static_cast<unsigned char>(hi >> (8 * i));
     u[8 + i] = static_cast<unsigned char>(lo >> (8 * i));
   }
   u[6] = static_cast<unsigned char>((u[6] & 0x0f) | 0x50);  // version 5 (name-based), as NVIDIA's
   u[8] = static_cast<unsigned char>((u[8] & 0x3f) | 0x80);  // RFC 4122 variant
+}
+
+std::string migUuid(int hostDevice, unsigned gi, unsigned ci) {
+  unsigned char u[16];
+  migUuidBytes(hostDevice, gi, ci, u);
   char s[48];
   std::snprintf(s, sizeof s, "MIG-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
                 u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
   return s;
+}
+
+bool findMigDevice(const Model& m, const State& s, const int* hosts, int n, const std::string& entry, int* host,
+                   MigDevice* out) {
+  if (strncasecmp(entry.c_str(), "MIG-", 4) != 0) return false;
+  for (int i = 0; i < n; ++i)
+    for (const MigDevice& d : migDevices(m, s.dev[hosts[i]])) {
+      const std::string legacy = "MIG-" + deviceUuidString(hosts[i]) + "/" + std::to_string(d.gi) + "/" +
+                                 std::to_string(d.ci);
+      if (strcasecmp(migUuid(hosts[i], d.gi, d.ci).c_str(), entry.c_str()) == 0 ||
+          strcasecmp(legacy.c_str(), entry.c_str()) == 0) {
+        *host = hosts[i];
+        *out = d;
+        return true;
+      }
+    }
+  return false;
+}
+
+std::string migDeviceName(const Model& m, const MigDevice& d) {
+  const std::string profile = d.ciProfile.slices == d.giProfile->slices
+                                  ? std::string(d.giProfile->name)
+                                  : std::to_string(d.ciProfile.slices) + "c." + d.giProfile->name;
+  return std::string(m.name) + " MIG " + profile;
 }
 
 bool load(const std::string& stateDir, State* out, std::string* err) {

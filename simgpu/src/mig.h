@@ -105,8 +105,17 @@ struct MigDevice {
 };
 std::vector<MigDevice> migDevices(const Model& m, const DeviceMig& d);
 
-// "MIG-xxxxxxxx-xxxx-5xxx-xxxx-xxxxxxxxxxxx", stable for (host device, GI, CI).
+// "MIG-xxxxxxxx-xxxx-5xxx-xxxx-xxxxxxxxxxxx", stable for (host device, GI, CI); its 16 bytes
+// (what cuDeviceGetUuid_v2 gives inside the MIG device).
 std::string migUuid(int hostDevice, unsigned gi, unsigned ci);
+void migUuidBytes(int hostDevice, unsigned gi, unsigned ci, unsigned char out[16]);
+
+// The MIG device CUDA_VISIBLE_DEVICES names by `entry` ("MIG-<uuid>" or the legacy
+// "MIG-<GPU-UUID>/<GI>/<CI>", any case) among host devices hosts[0..n); false if none.
+bool findMigDevice(const Model& m, const State& s, const int* hosts, int n, const std::string& entry, int* host,
+                   MigDevice* out);
+// "<board name> MIG <profile>" ("... MIG 1c.3g.40gb" for a CI smaller than its GI).
+std::string migDeviceName(const Model& m, const MigDevice& d);
 
 // Reads the state (all zero when the file does not exist yet); false with *err.
 bool load(const std::string& stateDir, State* out, std::string* err);

@@ -208,6 +208,7 @@ bool SharedState::reapSlot(int i) {
     returned |= u != 0;
   }
   sl.contexts.store(0, std::memory_order_release);
+  sl.mig.store(0, std::memory_order_release);
   sl.pid.store(0, std::memory_order_release);
   return returned;
 }
@@ -263,6 +264,7 @@ bool SharedState::claimSlot() {
   for (int i = 0; i < kMaxSlots; ++i) {
     if (!tryLockSlot(i, fd_)) continue;
     reapSlot(i);  // a dead owner's leftovers, if any
+    slots_[i].mig.store(migTag_, std::memory_order_release);
     slots_[i].pid.store(pid, std::memory_order_release);
     slot_ = i;
     return true;
@@ -286,10 +288,15 @@ bool SharedState::reserve(int dev, uint64_t bytes) {
     std::lock_guard<std::mutex> g(claimMutex());
     if (!claimSlot()) return false;
   }
+  const bool inMig = migTag_ != 0 && static_cast<int>(migTag_ & 0xff) == dev + 1;
   for (int attempt = 0; attempt < 2; ++attempt) {
     lockDevice(dev);
     const uint64_t cur = hdr_->used[dev].load(std::memory_order_relaxed);
-    const bool fits = bytes <= hdr_->capacity[dev] && cur <= hdr_->capacity[dev] - bytes;
+    bool fits = bytes <= hdr_->capacity[dev] && cur <= hdr_->capacity[dev] - bytes;
+    if (fits && inMig) {  // and within the GPU instance (the slots are the truth; under dev's lock)
+      const uint64_t inst = instanceUsedLocked(dev, ((migTag_ >> 8) & 0xff) - 1);
+      fits = bytes <= giCapacity_ && inst <= giCapacity_ - bytes;
+    }
     if (fits) {
       slots_[slot_].used[dev].fetch_add(bytes, std::memory_order_acq_rel);
       hdr_->used[dev].store(cur + bytes, std::memory_order_release);
@@ -452,6 +459,30 @@ bool SharedState::reapShared(uint64_t id) {
   return false;
 }
 
+void SharedState::enterMig(int dev, unsigned gi, unsigned ci, uint64_t giCapacity) {
+  std::lock_guard<std::mutex> g(claimMutex());
+  migTag_ = static_cast<uint32_t>(dev + 1) | (gi + 1) << 8 | (ci + 1) << 16;
+  giCapacity_ = giCapacity;
+  if (slot_ >= 0) slots_[slot_].mig.store(migTag_, std::memory_order_release);
+}
+
+uint64_t SharedState::instanceUsedLocked(int dev, unsigned gi) const {
+  const uint32_t want = static_cast<uint32_t>(dev + 1) | (gi + 1) << 8;
+  uint64_t sum = 0;
+  for (int i = 0; i < kMaxSlots; ++i)
+    if ((slots_[i].mig.load(std::memory_order_acquire) & 0xffff) == want)
+      sum += slots_[i].used[dev].load(std::memory_order_acquire);
+  return sum;
+}
+
+uint64_t SharedState::instanceUsed(int dev, unsigned gi) {
+  reap();
+  lockDevice(dev);
+  const uint64_t u = instanceUsedLocked(dev, gi);
+  unlockDevice(dev);
+  return u;
+}
+
 int SharedState::processes(int dev, ProcUsage* out, int max, int* total) {
   reap();
   int n = 0, t = 0;
@@ -467,7 +498,13 @@ int SharedState::processes(int dev, ProcUsage* out, int max, int* total) {
     const bool context = (slots_[i].contexts.load(std::memory_order_acquire) >> dev) & 1u;
     if (u == 0 && !context) continue;
     ++t;
-    if (n < max) out[n++] = {pid, u};
+    ProcUsage p{pid, u};
+    const uint32_t tag = slots_[i].mig.load(std::memory_order_acquire);
+    if (tag != 0 && static_cast<int>(tag & 0xff) == dev + 1) {
+      p.gi = ((tag >> 8) & 0xff) - 1;
+      p.ci = ((tag >> 16) & 0xff) - 1;
+    }
+    if (n < max) out[n++] = p;
   }
   if (total) *total = t;
   return n;

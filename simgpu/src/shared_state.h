@@ -34,7 +34,7 @@
 namespace simgpu {
 
 inline constexpr uint64_t kStateMagic = 0x5354415447504953ull;  // "SIMGPSTAT" (little endian)
-inline constexpr uint32_t kStateVersion = 3;
+inline constexpr uint32_t kStateVersion = 4;
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kMaxSlots = 1024;
 inline constexpr int kMaxShared = 4096;
@@ -43,6 +43,10 @@ struct ProcSlot {
   std::atomic<int32_t> pid;  // 0: free
   std::atomic<uint32_t> contexts;  // bit d: the process has a live context on host device d
   std::atomic<uint64_t> used[kMaxDevices];
+  // The MIG device the process runs in (SharedState::enterMig): (host device + 1) | (GI + 1) << 8 |
+  // (CI + 1) << 16; 0 for none. Its memory on that device counts to the GPU instance's too.
+  std::atomic<uint32_t> mig;
+  uint32_t reserved;
 };
 
 struct StateHeader {
@@ -73,7 +77,7 @@ struct SharedAlloc {
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
-static_assert(sizeof(ProcSlot) == 8 + 8 * kMaxDevices);
+static_assert(sizeof(ProcSlot) == 8 + 8 * kMaxDevices + 8);
 
 struct DeviceConfig;  // config.h
 
@@ -109,7 +113,14 @@ class SharedState {
   struct ProcUsage {
     int32_t pid;
     uint64_t used;
+    uint32_t gi = 0xFFFFFFFFu, ci = 0xFFFFFFFFu;  // its MIG device on dev; none: 0xFFFFFFFF
   };
+  // This process runs in MIG device (gi, ci) of host device dev, whose GPU instance has
+  // giCapacity bytes: from now on its reservations on dev also fit in what the GPU instance's
+  // processes hold (every process of the host, counted from the slots). A forked child carries it.
+  void enterMig(int dev, unsigned gi, unsigned ci, uint64_t giCapacity);
+  // Bytes the processes in GPU instance gi of host device dev hold (reaps first).
+  uint64_t instanceUsed(int dev, unsigned gi);
   // The calling process has (on) or no longer has (off) a live context on device dev: NVML lists
   // a process with a context on a device even when it holds no memory there, as the real driver
   // does. False if the process could get no slot.
@@ -139,6 +150,9 @@ class SharedState {
   int fd_ = -1;           // this process's own open file description (holds the slot lock)
   int fdPid_ = 0;         // pid that opened fd_ (a forked child opens its own)
   int slot_ = -1;
+  uint32_t migTag_ = 0;          // enterMig's, stored in every slot this process claims
+  uint64_t giCapacity_ = 0;
+  uint64_t instanceUsedLocked(int dev, unsigned gi) const;
   StateHeader* hdr_ = nullptr;
   ProcSlot* slots_ = nullptr;
   SharedAlloc* shared_ = nullptr;

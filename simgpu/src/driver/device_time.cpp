@@ -99,7 +99,7 @@ void ensureEngine(DeviceEngine& d, int dev) {
     d.runner = new DeviceRunner(p, [&d](uint64_t id, uint64_t end) { d.finished[id] = end; }, &d.queued);
     d.runner->engine().setBlockObserver([&d](const BlockEvent& e) { d.traces[e.kernel].push_back(e); });
     std::string err;
-    Board* b = openBoard(cfg.stateDir, hostDevice(dev), &err);  // one board per physical device
+    Board* b = openBoard(cfg.stateDir, boardDevice(dev), &err);  // one per physical device (or MIG device)
     if (!b) {
       std::fprintf(stderr, "simgpu: %s; kernels of this process do not take turns with other processes\n", err.c_str());
     } else if (!d.runner->joinBoard(b, getpid(), false, &err)) {

@@ -58,6 +58,13 @@ struct Driver {
   // host indices. Everything host-wide (the shared state, sizes, UUIDs, PCI ids) is by host index.
   int visibleCount = 0;
   int visible[kMaxDevices] = {};
+  // The MIG device this process runs in (CUDA_VISIBLE_DEVICES=MIG-...; docs/simgpu.md, "MIG"):
+  // then it is the only device, and cfg's name, SM count and memory of `host` are the instance's.
+  struct Mig {
+    bool on = false;
+    int host = 0;
+    unsigned gi = 0, ci = 0;
+  } mig;
 };
 Driver& drv();
 bool traceOn();
@@ -157,6 +164,12 @@ int deviceCount();
 bool validDevice(CUdevice d);
 // The host index behind a valid device of this process.
 inline int hostDevice(CUdevice d) { return drv().visible[d]; }
+// The time-slice board a device's work takes turns on: the GPU's, or a MIG device's own (compute
+// instances run side by side, each on its SMs).
+inline int boardDevice(CUdevice d) {
+  const Driver::Mig& m = drv().mig;
+  return m.on ? 1000 + m.host * 128 + static_cast<int>(m.gi * 8 + m.ci) : hostDevice(d);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Memory registry: every range of simulated device memory (and registered/pinned host memory).

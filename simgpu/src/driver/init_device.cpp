@@ -3,10 +3,14 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <strings.h>
+
 #include <cstring>
 #include <mutex>
+#include <string_view>
 
 #include "driver.h"
+#include "mig.h"
 #include "mps_client.h"
 
 namespace simgpu {
@@ -83,6 +87,51 @@ void loadKernelLibraries() {
   }
 }
 
+// MIG (docs/simgpu.md, "MIG"), on a board of a known model: a process enters the MIG device that
+// the first MIG-... entry of CUDA_VISIBLE_DEVICES names, and then sees only it (one MIG device per
+// process, the rule before driver R570), with the instance's name, SMs and memory; an entry that
+// names no MIG device leaves no device. Without such an entry the GPUs in MIG mode are hidden: CUDA
+// runs on a MIG-enabled GPU only inside one of its MIG devices. False on a broken MIG state file.
+bool chooseMigDevice(Driver& d) {
+  mig::State st;
+  std::string err;
+  if (!mig::load(d.cfg.stateDir, &st, &err)) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    return false;
+  }
+  std::string first;  // the first MIG-... entry
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::string_view rest(v);
+    while (first.empty() && !rest.empty()) {
+      const size_t comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+      if (item.size() >= 4 && strncasecmp(item.data(), "MIG-", 4) == 0) first = std::string(item);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+  }
+  if (!first.empty()) {
+    int host = 0;
+    mig::MigDevice m;
+    d.visibleCount = 0;
+    if (!mig::findMigDevice(*d.cfg.model, st, d.cfg.container, d.cfg.containerCount, first, &host, &m)) return true;
+    d.visible[0] = host;
+    d.visibleCount = 1;
+    d.mig = {true, host, m.gi, m.ci};
+    d.cfg.name = mig::migDeviceName(*d.cfg.model, m);
+    d.cfg.smCount = m.ciProfile.sms;
+    d.cfg.memory[host] = m.giProfile->memoryMiB << 20;
+    d.state->enterMig(host, m.gi, m.ci, d.cfg.memory[host]);
+    return true;
+  }
+  int kept = 0;
+  for (int i = 0; i < d.visibleCount; ++i)
+    if (st.dev[d.visible[i]].current != 1) d.visible[kept++] = d.visible[i];
+  d.visibleCount = kept;
+  return true;
+}
+
 void doInit() {
   Driver& d = drv();
   std::string err;
@@ -100,6 +149,11 @@ void doInit() {
     return;
   }
   d.visibleCount = visibleDevices(d.cfg, std::getenv("CUDA_VISIBLE_DEVICES"), d.visible);
+  if (d.cfg.model && !chooseMigDevice(d)) {
+    d.initResult = CUDA_ERROR_NOT_INITIALIZED;
+    d.initState.store(2, std::memory_order_release);
+    return;
+  }
   if (d.visibleCount == 0) {  // as the real driver: nothing to initialise
     d.initResult = CUDA_ERROR_NO_DEVICE;
     d.initState.store(2, std::memory_order_release);
@@ -185,15 +239,26 @@ CU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+// Inside a MIG device, its MIG UUID ("uniquely identifies the subscribed MIG compute instance",
+// cuda-python's documentation of cuDeviceGetUuid_v2).
 CU_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+  API_ENTER(uuid, dev);
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  const Driver::Mig& m = drv().mig;
+  if (m.on) mig::migUuidBytes(m.host, m.gi, m.ci, reinterpret_cast<unsigned char*>(uuid->bytes));
+  else deviceUuid(hostDevice(dev), reinterpret_cast<unsigned char*>(uuid->bytes));
+  return CUDA_SUCCESS;
+}
+// The first ABI: the GPU's UUID, in a MIG device too ([unverified], docs/simgpu.md).
+extern "C" SIMGPU_EXPORT CUresult simgpu_cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) __asm__("cuDeviceGetUuid");
+CUresult simgpu_cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
   API_ENTER(uuid, dev);
   if (!uuid) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
   deviceUuid(hostDevice(dev), reinterpret_cast<unsigned char*>(uuid->bytes));
   return CUDA_SUCCESS;
 }
-extern "C" SIMGPU_EXPORT CUresult simgpu_cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) __asm__("cuDeviceGetUuid");
-CUresult simgpu_cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
 
 CU_EXPORT CUresult cuDeviceGetLuid(char* luid, unsigned int* mask, CUdevice dev) {
   API_ENTER(luid, mask, dev);

@@ -190,7 +190,10 @@ CU_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   SharedState* s = drv().state;
   s->reap();
   const int host = hostDevice(c->device);
-  const uint64_t cap = s->capacity(host), used = s->used(host);
+  const Driver::Mig& m = drv().mig;
+  // Inside a MIG device: its GPU instance's memory and what that instance's processes hold.
+  const uint64_t cap = m.on ? drv().cfg.memory[host] : s->capacity(host);
+  const uint64_t used = m.on ? s->instanceUsed(host, m.gi) : s->used(host);
   *total = cap;
   *free = used >= cap ? 0 : cap - used;
   return CUDA_SUCCESS;

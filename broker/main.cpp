@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
                                                       : ("; each GPU as the CDI device " + c.kubernetes.gpuCdiDevice).c_str());
         // As the start: the allocation directories are made there (a failure stops it).
         if (!c.kubernetes.podResourcesSocket.empty() &&
-            !checkDirWritable(c.kubernetes.allocationDir, "kubernetes.allocation_dir", &why)) {
+            (!checkParentsOf(c.kubernetes.allocationDir, "kubernetes.allocation_dir", true, &why) ||
+             !checkDirWritable(c.kubernetes.allocationDir, "kubernetes.allocation_dir", &why))) {
           spdlog::error("{}: {}", configPath, why);
           return 1;
         }
@@ -242,6 +243,12 @@ int main(int argc, char** argv) {
     return true;
   };
   bool pluginOn = startConfig.kubernetes.enabled;
+  // The allocation directories name pods: nobody but root and the broker's user may change what
+  // lies above them (as for the ledger directory, docs/broker-configuration.md "Places").
+  if (!allocationDir.empty() && !checkParentsOf(allocationDir, "kubernetes.allocation_dir", true, &err)) {
+    spdlog::error("{}", err);
+    return 1;
+  }
   if (pluginOn) {
     cushare::kubernetes::PluginSettings s;
     if (!pluginSettings(startConfig, &s, &err) || !plugin.start(s, &err)) {

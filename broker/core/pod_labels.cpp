@@ -18,7 +18,7 @@ namespace cushare::broker {
 namespace {
 
 constexpr char kResourcePrefix[] = "cushare.io/";
-constexpr size_t kMaxMountinfo = 4 << 20;  // a process's mount table read at most this far
+constexpr size_t kMaxMountinfo = 1 << 20;  // a process's mount table read at most this far
 
 // proc(5): mountinfo escapes space, tab, newline and backslash as \ooo (three octal digits).
 std::string unescape(std::string_view s) {
@@ -76,13 +76,17 @@ bool deviceIdOfDirName(std::string_view name, std::string* deviceId) {
 
 namespace {
 
+// A mount table, at most kMaxMountinfo bytes of it (a process can grow its own table; what lies
+// beyond is ignored, and the allocation mount, made by the runtime first, lies before it).
 std::string readMountinfo(const std::string& path) {
   std::ifstream in(path);
   std::string text;
-  if (!in) return text;
-  text.resize(kMaxMountinfo);
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
+  char buf[16384];
+  while (in && text.size() < kMaxMountinfo) {
+    in.read(buf, sizeof buf);
+    text.append(buf, static_cast<size_t>(in.gcount()));
+  }
+  if (text.size() > kMaxMountinfo) text.resize(kMaxMountinfo);
   return text;
 }
 
@@ -165,7 +169,6 @@ void PodLabeler::label(BrokerSnapshot* s) {
   const unsigned major = ::major(root.st_dev), minor = ::minor(root.st_dev);
   const std::optional<std::string> dirInFs = pathWithinFilesystem(readMountinfo("/proc/self/mountinfo"), real, major, minor);
   if (!dirInFs) return;
-  std::lock_guard<std::mutex> g(mu_);
   std::set<int> seen;
   for (TenantSnapshot& t : s->tenants)
     for (ProcessSnapshot& p : t.processes) {
@@ -177,11 +180,14 @@ void PodLabeler::label(BrokerSnapshot* s) {
           allocationFromMountinfo(readMountinfo("/proc/" + std::to_string(p.hostPid) + "/mountinfo"), major, minor, *dirInFs);
       if (!m) continue;
       if (m->tenant != t.name) {
-        if (warned_.insert(p.hostPid).second)
+        // Once per process, and within a budget: a tenant can start such processes at will.
+        std::lock_guard<std::mutex> g(mu_);
+        std::string more;
+        if (warned_.insert(p.hostPid).second && logLimit_.allow(&more))
           CUSHARE_BLOG(warn,
                        "kubernetes: process {} of tenant {} has tenant {}'s allocation mounted (a pod that asked "
-                       "for cushare.io/{} runs as {}'s user): it gets no pod labels",
-                       p.hostPid, t.name, m->tenant, m->tenant, t.name);
+                       "for cushare.io/{} runs as {}'s user): it gets no pod labels{}",
+                       p.hostPid, t.name, m->tenant, m->tenant, t.name, more);
         continue;
       }
       struct stat d {};
@@ -189,6 +195,7 @@ void PodLabeler::label(BrokerSnapshot* s) {
       if (::stat(path.c_str(), &d) != 0 || !S_ISDIR(d.st_mode) || d.st_dev != root.st_dev) continue;
       if (std::optional<PodRef> pod = lookup_(kResourcePrefix + t.name, m->deviceId)) p.pod = std::move(*pod);
     }
+  std::lock_guard<std::mutex> g(mu_);
   for (auto it = warned_.begin(); it != warned_.end();) it = seen.count(*it) ? std::next(it) : warned_.erase(it);
 }
 

@@ -30,6 +30,8 @@
 #include <string_view>
 #include <tuple>
 
+#include "core/log_limit.h"
+
 namespace cushare::broker {
 
 struct BrokerSnapshot;
@@ -93,8 +95,9 @@ class PodLabeler {
   const std::string dir_;
   const Lookup lookup_;
   const std::function<Status()> status_;
-  std::mutex mu_;
+  std::mutex mu_;         // guards warned_ and logLimit_ (label() runs on the metrics and control threads)
   std::set<int> warned_;  // host pids with another tenant's allocation mounted, warned about once
+  LogLimit logLimit_{20, std::chrono::seconds(6)};
 };
 
 }  // namespace cushare::broker

@@ -79,7 +79,7 @@ struct ProcessSnapshot {
                                 // namespace (Ledger::slotHolderPid); 0: unknown
   // The Kubernetes container it runs in (pod_labels.h); only in Broker::snapshotWithPods, and
   // only for a process whose container the broker could tell.
-  std::optional<PodRef> pod;
+  std::optional<PodRef> pod{};
 };
 
 struct TenantSnapshot {

@@ -67,11 +67,11 @@ std::vector<std::pair<std::string, std::string>> deviceIds(const PluginSettings&
   return ids;
 }
 
-// A directory of the allocation tree: made when missing (0755), and then it must be a directory
-// (not a link) that only its owner can write, else a tenant could plant an entry a pod's process
-// would be named by.
-bool allocationDir(const std::string& path, std::string* err) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+// A directory of the allocation tree: made when missing (mode `mode`), and then it must be a
+// directory (not a link) of the broker's user that nobody else can write, else a tenant could
+// plant an entry (or a link a runtime would follow) that a pod's process would be named by.
+bool allocationDir(const std::string& path, mode_t mode, std::string* err) {
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
     *err = "cannot make " + path + ": " + std::strerror(errno);
     return false;
   }
@@ -80,11 +80,14 @@ bool allocationDir(const std::string& path, std::string* err) {
     *err = path + " is not a directory";
     return false;
   }
+  if (st.st_uid != ::geteuid()) {
+    *err = path + " belongs to uid " + std::to_string(st.st_uid) + ", not to the broker's user: another user made it";
+    return false;
+  }
   if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    *err = path + " is writable by others than its owner (mode " + mode +
-           "): a tenant could plant a directory there";
+    char m[8];
+    std::snprintf(m, sizeof m, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    *err = path + " is writable by others than its owner (mode " + m + "): a tenant could plant a directory there";
     return false;
   }
   return true;
@@ -96,11 +99,17 @@ bool makeAllocationDirs(const PluginSettings& s, const std::string& tenant,
   if (s.allocationDir.empty()) return true;
   for (size_t i = 1; i < s.allocationDir.size(); ++i)  // its parents, as a start makes the plugin directory's
     if (s.allocationDir[i] == '/') ::mkdir(s.allocationDir.substr(0, i).c_str(), 0755);
-  if (!allocationDir(s.allocationDir, err)) return false;
+  // The top is the broker's alone (0700): only root (the runtime that binds them) reaches the
+  // directories below, so no tenant can bind a sibling pod's directory in a namespace of its own.
+  if (!allocationDir(s.allocationDir, 0700, err)) return false;
+  if (::chmod(s.allocationDir.c_str(), 0700) != 0) {  // the broker's own directory (checked above)
+    *err = "cannot make " + s.allocationDir + " the broker's alone (mode 0700): " + std::strerror(errno);
+    return false;
+  }
   const std::string dir = s.allocationDir + "/" + tenant;
-  if (!allocationDir(dir, err)) return false;
+  if (!allocationDir(dir, 0755, err)) return false;
   for (const auto& [id, gpu] : ids)
-    if (!allocationDir(dir + "/" + broker::allocationDirName(id), err)) return false;
+    if (!allocationDir(dir + "/" + broker::allocationDirName(id), 0755, err)) return false;
   return true;
 }
 
@@ -179,7 +188,9 @@ class Service final : public v1beta1::DevicePlugin::Service {
         const std::string first = *std::min_element(c.devices_ids().begin(), c.devices_ids().end());
         const std::string host = s_->allocationDir + "/" + broker::allocationDirName(first);
         struct stat st {};
-        if (::stat(host.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {  // else the runtime would fail the container
+        // The broker's own directory, not a link (the runtime would follow one); else no mount,
+        // where the runtime would fail the container.
+        if (::lstat(host.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid()) {
           v1beta1::Mount* pm = r->add_mounts();
           pm->set_container_path(broker::kAllocationMountPoint);
           pm->set_host_path(host);

@@ -69,13 +69,13 @@ struct PodResourcesClient::Impl {
     std::unique_lock<std::mutex> l(mu);
     Clock::time_point last{};
     while (!stopping) {
+      wanted = false;  // a miss from now on asks for the List after this one
       l.unlock();
       std::map<std::pair<std::string, std::string>, broker::PodRef> fresh;
       std::string err;
       const bool ok = list(&fresh, &err);
       l.lock();
       last = Clock::now();
-      wanted = false;
       if (ok) {
         byId = std::move(fresh);
         ++lists;

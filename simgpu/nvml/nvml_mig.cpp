@@ -247,16 +247,12 @@ nvmlReturn_t createCi(nvmlGpuInstance_t handle, unsigned profileId, const nvmlCo
   return result;
 }
 
-// Whether any process has a context or memory on host device `host` now; with gi (and ci), in
-// that GPU (and compute) instance.
-bool busy(int host, unsigned gi = ~0u, unsigned ci = ~0u) {
+// Whether any process has a context or memory on host device `host` now.
+bool busy(int host) {
   int total = 0;
-  static thread_local SharedState::ProcUsage found[kMaxSlots];
-  const int n = state()->processes(host, found, kMaxSlots, &total);
-  if (gi == ~0u) return total > 0;
-  for (int i = 0; i < n; ++i)
-    if (found[i].gi == gi && (ci == ~0u || found[i].ci == ci)) return true;
-  return false;
+  SharedState::ProcUsage one[1];
+  state()->processes(host, one, 1, &total);
+  return total > 0;
 }
 
 }  // namespace
@@ -428,7 +424,6 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice
 SIMGPU_NVML_API nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t handle) {
   Instance in;
   if (nvmlReturn_t r = instance(handle, &in, true); r != NVML_SUCCESS) return r;
-  if (busy(in.p.d->host, in.h->id)) return NVML_ERROR_IN_USE;  // processes run in it
   const int host = in.p.d->host;
   const unsigned id = in.h->id;
   nvmlReturn_t result = NVML_SUCCESS;
@@ -439,6 +434,10 @@ SIMGPU_NVML_API nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t handle) {
         mig::Gi& gi = s->dev[host].gi[id];
         if (!gi.used) {
           result = NVML_ERROR_INVALID_ARGUMENT;
+          return false;
+        }
+        if (state()->instanceInUse(host, id, ~0u)) {  // under the state's lock: see chooseMigDevice
+          result = NVML_ERROR_IN_USE;
           return false;
         }
         for (const mig::Ci& c : gi.ci)
@@ -605,11 +604,10 @@ SIMGPU_NVML_API nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ha
   Instance in;
   CiHandle* h;
   if (nvmlReturn_t r = computeInstance(handle, &in, &h, true); r != NVML_SUCCESS) return r;
-  if (busy(in.p.d->host, h->gi, h->id)) return NVML_ERROR_IN_USE;
   const int host = in.p.d->host;
   std::string err;
   const unsigned gi = h->gi, id = h->id;
-  bool gone = false;
+  bool gone = false, used = false;
   mig::update(
       stateDir(),
       [&](mig::State* s) {
@@ -618,12 +616,16 @@ SIMGPU_NVML_API nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ha
           gone = true;
           return false;
         }
+        if (state()->instanceInUse(host, gi, id)) {  // under the state's lock: see chooseMigDevice
+          used = true;
+          return false;
+        }
         c = mig::Ci{};
         return true;
       },
       &err);
   if (!err.empty()) return NVML_ERROR_UNKNOWN;
-  return gone ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+  return gone ? NVML_ERROR_INVALID_ARGUMENT : used ? NVML_ERROR_IN_USE : NVML_SUCCESS;
 }
 
 SIMGPU_NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t handle, unsigned int profileId,

@@ -66,6 +66,30 @@ constexpr unsigned kCiSlices[] = {1, 2, 3, 4, 7};
 
 std::string path(const std::string& dir) { return dir + "/mig"; }
 
+// Every entry as the code writes it (the file is shared with every user of the simulated host):
+// an entry's ID is its index, placements lie on their axes, profiles in range.
+bool wellFormed(const State& s) {
+  for (const DeviceMig& d : s.dev) {
+    if (d.current > 1 || d.pending > 1) return false;
+    for (unsigned g = 0; g < kMaxGpuInstances; ++g) {
+      const Gi& gi = d.gi[g];
+      if (gi.used > 1) return false;
+      if (!gi.used) continue;
+      if (gi.id != g || gi.profileId >= 32 || gi.size == 0 || gi.start >= kMemorySlices ||
+          gi.size > kMemorySlices - gi.start)
+        return false;
+      for (unsigned c = 0; c < kMaxComputeInstances; ++c) {
+        const Ci& ci = gi.ci[c];
+        if (ci.used > 1) return false;
+        if (ci.used && (ci.id != c || ci.profile >= 5 || ci.size == 0 || ci.start >= kComputeSlices ||
+                        ci.size > kComputeSlices - ci.start))
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
 bool overlaps(unsigned a, unsigned as, unsigned b, unsigned bs) { return a < b + bs && b < a + as; }
 
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser
@@ -201,7 +225,7 @@ std::string migDeviceName(const Model& m, const MigDevice& d) {
 
 bool load(const std::string& stateDir, State* out, std::string* err) {
   *out = State{};
-  const int fd = ::open(path(stateDir).c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path(stateDir).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     if (errno == ENOENT) return true;
     *err = "simgpu: cannot open " + path(stateDir) + ": " + std::strerror(errno);
@@ -215,7 +239,7 @@ bool load(const std::string& stateDir, State* out, std::string* err) {
     return true;
   }
   if (n != static_cast<ssize_t>(sizeof *out) || out->magic != kMagic || out->version != kVersion ||
-      out->size != sizeof *out) {
+      out->size != sizeof *out || !wellFormed(*out)) {
     *err = "simgpu: " + path(stateDir) + " is not a MIG state file of this simgpu (version " +
            std::to_string(kVersion) + "); remove it";
     *out = State{};
@@ -226,7 +250,7 @@ bool load(const std::string& stateDir, State* out, std::string* err) {
 
 namespace detail {
 bool updateImpl(const std::string& stateDir, bool (*f)(State*, void*), void* ctx, std::string* err) {
-  const int fd = ::open(path(stateDir).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = ::open(path(stateDir).c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) {
     *err = "simgpu: cannot open " + path(stateDir) + ": " + std::strerror(errno);
     return false;
@@ -239,7 +263,8 @@ bool updateImpl(const std::string& stateDir, bool (*f)(State*, void*), void* ctx
     s.magic = kMagic;
     s.version = kVersion;
     s.size = sizeof s;
-  } else if (n != static_cast<ssize_t>(sizeof s) || s.magic != kMagic || s.version != kVersion || s.size != sizeof s) {
+  } else if (n != static_cast<ssize_t>(sizeof s) || s.magic != kMagic || s.version != kVersion || s.size != sizeof s ||
+             !wellFormed(s)) {
     ::close(fd);
     *err = "simgpu: " + path(stateDir) + " is not a MIG state file of this simgpu; remove it";
     return false;
@@ -340,14 +365,11 @@ unsigned ciRemaining(const Gi& gi, const GiProfile& gp, const CiProfile& cp) {
   for (;;) {
     const int s = defaultCiStart(t, gp, cp);
     if (s < 0) return n;
+    Ci* free = nullptr;
     for (Ci& c : t.ci)
-      if (!c.used) {
-        c.used = 1;
-        c.profile = cp.index;
-        c.start = static_cast<unsigned>(s);
-        c.size = cp.slices;
-        break;
-      }
+      if (!c.used && !free) free = &c;
+    if (!free) return n;  // no CI ID left
+    *free = {1, 0, cp.index, static_cast<unsigned>(s), cp.slices};
     ++n;
   }
 }

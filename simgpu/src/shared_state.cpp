@@ -459,11 +459,29 @@ bool SharedState::reapShared(uint64_t id) {
   return false;
 }
 
-void SharedState::enterMig(int dev, unsigned gi, unsigned ci, uint64_t giCapacity) {
+bool SharedState::enterMig(int dev, unsigned gi, unsigned ci, uint64_t giCapacity) {
   std::lock_guard<std::mutex> g(claimMutex());
   migTag_ = static_cast<uint32_t>(dev + 1) | (gi + 1) << 8 | (ci + 1) << 16;
   giCapacity_ = giCapacity;
-  if (slot_ >= 0) slots_[slot_].mig.store(migTag_, std::memory_order_release);
+  if (!claimSlot()) return false;
+  slots_[slot_].mig.store(migTag_, std::memory_order_release);
+  return true;
+}
+
+void SharedState::leaveMig() {
+  std::lock_guard<std::mutex> g(claimMutex());
+  migTag_ = 0;
+  if (slot_ >= 0) slots_[slot_].mig.store(0, std::memory_order_release);
+}
+
+bool SharedState::instanceInUse(int dev, unsigned gi, unsigned ci) {
+  reap();
+  const uint32_t want = static_cast<uint32_t>(dev + 1) | (gi + 1) << 8 | (ci == ~0u ? 0 : (ci + 1) << 16);
+  const uint32_t mask = ci == ~0u ? 0xffffu : 0xffffffu;
+  for (int i = 0; i < kMaxSlots; ++i)
+    if (slots_[i].pid.load(std::memory_order_acquire) != 0 && (slots_[i].mig.load(std::memory_order_acquire) & mask) == want)
+      return true;
+  return false;
 }
 
 uint64_t SharedState::instanceUsedLocked(int dev, unsigned gi) const {

@@ -118,7 +118,12 @@ class SharedState {
   // This process runs in MIG device (gi, ci) of host device dev, whose GPU instance has
   // giCapacity bytes: from now on its reservations on dev also fit in what the GPU instance's
   // processes hold (every process of the host, counted from the slots). A forked child carries it.
-  void enterMig(int dev, unsigned gi, unsigned ci, uint64_t giCapacity);
+  // It claims the process's slot at once, so that the instance is in use from then on
+  // (instanceInUse) even before the process holds memory or a context. False if no slot.
+  bool enterMig(int dev, unsigned gi, unsigned ci, uint64_t giCapacity);
+  void leaveMig();  // undoes enterMig (the instance went while the process was entering it)
+  // Whether a live process entered GPU instance gi (and compute instance ci; ~0u: any) of dev.
+  bool instanceInUse(int dev, unsigned gi, unsigned ci);
   // Bytes the processes in GPU instance gi of host device dev hold (reaps first).
   uint64_t instanceUsed(int dev, unsigned gi);
   // The calling process has (on) or no longer has (off) a live context on device dev: NVML lists

@@ -445,6 +445,9 @@ TEST(DevicePlugin, AllocateMountsTheAllocationDirectoryOfTheFirstId) {
     for (const std::string& gpu : {kGpu0, kGpu1})
       for (const std::string n : {"0", "1"})
         EXPECT_TRUE(std::filesystem::is_directory(root + "/" + t + "/" + gpu + "_" + n)) << t << " " << gpu << n;
+  struct stat top {};
+  ASSERT_EQ(::stat(root.c_str(), &top), 0);
+  EXPECT_EQ(top.st_mode & 0777, 0700u) << "only root (the runtime) reaches the directories: no tenant binds a sibling's";
   v1beta1::AllocateResponse a;
   ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", {{kGpu1 + "::1", kGpu0 + "::1"}, {kGpu1 + "::0"}}, &a).ok());
   ASSERT_EQ(a.container_responses_size(), 2);
@@ -476,6 +479,19 @@ TEST(DevicePlugin, AllocateMountsTheAllocationDirectoryOfTheFirstId) {
             std::string::npos)
       << err;
   again.plugin.stop();
+  again.kubelet.stop(false);
+
+  // One another user made (a tenant that got there first): refused, never adopted.
+  ::chmod((root + "/alpha").c_str(), 0755);
+  ASSERT_EQ(::chown((root + "/beta").c_str(), 2000, 2000), 0);
+  const std::string dir3 = dirFor("alloc3");
+  Running third(dir3);
+  PluginSettings s3 = settings(dir3, 2);
+  s3.allocationDir = root;
+  ASSERT_TRUE(third.kubelet.start());
+  EXPECT_FALSE(third.plugin.start(s3, &err));
+  EXPECT_NE(err.find(root + "/beta belongs to uid 2000, not to the broker's user"), std::string::npos) << err;
+  third.plugin.stop();
 }
 
 TEST(DevicePlugin, ResourceNames) {

@@ -116,13 +116,24 @@ bool chooseMigDevice(Driver& d) {
     mig::MigDevice m;
     d.visibleCount = 0;
     if (!mig::findMigDevice(*d.cfg.model, st, d.cfg.container, d.cfg.containerCount, first, &host, &m)) return true;
+    // In use from here on (a destroy is refused), then checked again: an instance destroyed
+    // between the first look and now is left at once (NVML's destroy checks the users under the
+    // state's lock, so one of the two sees the other).
+    if (!d.state->enterMig(host, m.gi, m.ci, m.giProfile->memoryMiB << 20)) return true;
+    mig::MigDevice again;
+    int hostAgain = 0;
+    if (!mig::load(d.cfg.stateDir, &st, &err) ||
+        !mig::findMigDevice(*d.cfg.model, st, d.cfg.container, d.cfg.containerCount, first, &hostAgain, &again) ||
+        hostAgain != host || again.gi != m.gi || again.ci != m.ci) {
+      d.state->leaveMig();
+      return true;
+    }
     d.visible[0] = host;
     d.visibleCount = 1;
     d.mig = {true, host, m.gi, m.ci};
     d.cfg.name = mig::migDeviceName(*d.cfg.model, m);
     d.cfg.smCount = m.ciProfile.sms;
     d.cfg.memory[host] = m.giProfile->memoryMiB << 20;
-    d.state->enterMig(host, m.gi, m.ci, d.cfg.memory[host]);
     return true;
   }
   int kept = 0;

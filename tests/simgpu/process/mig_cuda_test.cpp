@@ -28,6 +28,16 @@ std::string gSelf;
 
 // ---- The child: cuInit, describe device 0, then allocate what stdin asks ----
 
+// --child-init: cuInit only (no context, no memory), then wait for stdin to close.
+int childInitOnly() {
+  std::printf("init=%d\n", static_cast<int>(cuInit(0)));
+  std::fflush(stdout);
+  char line[16];
+  while (std::fgets(line, sizeof line, stdin)) {
+  }
+  return 0;
+}
+
 int child() {
   const CUresult init = cuInit(0);
   int count = 0;
@@ -116,7 +126,7 @@ struct Child {
 };
 
 // This program as a child, with CUDA_VISIBLE_DEVICES set to visible (unset when null).
-Child spawn(const char* visible) {
+Child spawn(const char* visible, const char* mode = "--child") {
   int a[2], b[2];
   Child c;
   if (::pipe(a) != 0 || ::pipe(b) != 0) return c;
@@ -128,7 +138,7 @@ Child spawn(const char* visible) {
     ::close(b[0]);
     if (visible) ::setenv("CUDA_VISIBLE_DEVICES", visible, 1);
     else ::unsetenv("CUDA_VISIBLE_DEVICES");
-    ::execl(gSelf.c_str(), gSelf.c_str(), "--child", static_cast<char*>(nullptr));
+    ::execl(gSelf.c_str(), gSelf.c_str(), mode, static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(a[0]);
@@ -253,6 +263,17 @@ TEST_F(MigCuda, AProcessInAMigDeviceIsHeldToItsInstance) {
   EXPECT_EQ(nvmlComputeInstanceDestroy(c3), NVML_SUCCESS);
 }
 
+// A process is in its MIG device from cuInit on, before any context or memory: the instance
+// cannot be destroyed under it (nor its GPU instance).
+TEST_F(MigCuda, AnInstanceIsInUseFromTheFirstCudaCall) {
+  Child c = spawn(uuid1.c_str(), "--child-init");
+  ASSERT_EQ(c.line(), "init=0");
+  EXPECT_EQ(nvmlComputeInstanceDestroy(c1), NVML_ERROR_IN_USE);
+  EXPECT_EQ(nvmlComputeInstanceDestroy(c3), NVML_SUCCESS) << "the other instance is free";
+  EXPECT_EQ(c.stop(), 0);
+  EXPECT_EQ(nvmlComputeInstanceDestroy(c1), NVML_SUCCESS) << "free once the process has gone";
+}
+
 // Outside its MIG devices a MIG-enabled GPU is not reachable: no CUDA_VISIBLE_DEVICES, its index,
 // its GPU UUID, a MIG UUID it does not have.
 TEST_F(MigCuda, AMigEnabledGpuIsOnlyReachedThroughItsMigDevices) {
@@ -312,6 +333,7 @@ TEST_F(MigCuda, InstancesRunSideBySideAndProcessesInOneTakeTurns) {
 int main(int argc, char** argv) {
   gSelf = argv[0];
   if (argc > 1 && std::strcmp(argv[1], "--child") == 0) return child();
+  if (argc > 1 && std::strcmp(argv[1], "--child-init") == 0) return childInitOnly();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -130,6 +130,35 @@ TEST(MigTables, DefaultPlacementsFollowTheGuide) {
   EXPECT_EQ(mig::remaining(m, good, *mig::giProfileById(m, 19)), 0u) << "3 + 1 + 2 + 1: all 7 compute slices";
 }
 
+// The state file is shared by every user of the simulated host: an entry the code would never
+// write (an ID that is not its index, a placement off the axis) is refused whole, with the file named.
+TEST(MigTables, AMalformedStateFileIsRefused) {
+  char tmpl[] = "/tmp/simgpu-mig-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::string err;
+  ASSERT_TRUE(mig::update(dir, [](mig::State* s) { s->dev[0].current = s->dev[0].pending = 1; return true; }, &err))
+      << err;
+  mig::State st;
+  ASSERT_TRUE(mig::load(dir, &st, &err)) << err;
+  EXPECT_EQ(st.dev[0].current, 1u);
+  for (int bad = 0; bad < 3; ++bad) {
+    mig::State b = st;
+    if (bad == 0) b.dev[0].gi[3] = {1, 9, 19, 0, 1, {}};   // ID 9 at index 3
+    if (bad == 1) b.dev[0].gi[7] = {1, 7, 19, 7, 4, {}};   // memory slices 7..10
+    if (bad == 2) b.dev[0].gi[7] = {1, 7, 19, 0, 1, {}}, b.dev[0].gi[7].ci[0] = {1, 0, 9, 0, 1};  // CI profile 9
+    FILE* f = std::fopen((dir + "/mig").c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(&b, sizeof b, 1, f), 1u);
+    std::fclose(f);
+    EXPECT_FALSE(mig::load(dir, &st, &err)) << bad;
+    EXPECT_NE(err.find(dir + "/mig is not a MIG state file of this simgpu"), std::string::npos) << err;
+    EXPECT_FALSE(mig::update(dir, [](mig::State*) { return true; }, &err)) << bad;
+  }
+  std::remove((dir + "/mig").c_str());
+  ::rmdir(dir.c_str());
+}
+
 TEST(MigTables, TheModelVariableIsCheckedAndExclusive) {
   const char* was = std::getenv("SIMGPU_GPU_MODEL");
   const std::string before = was ? was : "";

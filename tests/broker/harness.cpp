@@ -410,6 +410,26 @@ bool eventually(const std::function<bool()>& pred, int ms) {
   return pred();
 }
 
+bool stopProcess(pid_t pid) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  return eventually(
+      [&] {
+        bool all = true, any = false;
+        for (const auto& t : std::filesystem::directory_iterator(tasks, std::filesystem::directory_options::skip_permission_denied)) {
+          std::ifstream in(t.path() / "stat");
+          std::string line;
+          std::getline(in, line);
+          const size_t paren = line.rfind(')');  // the state follows the command's closing parenthesis
+          if (paren == std::string::npos || paren + 2 >= line.size()) continue;
+          any = true;
+          all = all && (line[paren + 2] == 'T' || line[paren + 2] == 't');
+        }
+        return any && all;
+      },
+      5000);
+}
+
 double probeShareOn0(Broker& b, const std::string& tenant, rpc::ProbeShare* share_out) {
   const rpc::Tenant t = b.tenant(tenant);
   if (t.devices_size() < 1 || !t.devices(0).has_probe()) return -1;

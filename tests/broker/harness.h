@@ -141,6 +141,11 @@ class UidTenants {
 // Waits up to ms for pred (polled every 50 ms); its last answer.
 bool eventually(const std::function<bool()>& pred, int ms = 15000);
 
+// SIGSTOP, then waits until every thread of pid is stopped (/proc/<pid>/task/*/stat): kill()
+// returns before a thread running on another core has stopped, and under load the broker could
+// still finish a tick (adopt a ledger the test is about to make) after it. False after 5 s.
+bool stopProcess(pid_t pid);
+
 // A connected Unix stream socket to path, or -1.
 int connectUnix(const std::string& path);
 

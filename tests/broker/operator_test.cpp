@@ -546,7 +546,7 @@ TEST(Operator, ARecreatedUnknownLedgerGrantsNothingBeforeTheBrokerSeesIt) {
   const uint64_t base = deviceUsed();
   ASSERT_TRUE(b.start(kSmallUnknown)) << b.log();
   Child old = unknownHolding(b, "zeta", 192);
-  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(stopProcess(b.pid()));
   ASSERT_EQ(runAs(kOther, [&] { return ::unlink((b.ledgerDir() + "/zeta.ledger").c_str()); }), 0);
   std::string first;
   const auto start = Clock::now();
@@ -583,7 +583,7 @@ TEST(Operator, AHandMadeLedgerWhoseLockIsHeldGrantsNothing) {
   int toTest[2], toHolder[2];
   ASSERT_EQ(::pipe(toTest), 0);
   ASSERT_EQ(::pipe(toHolder), 0);
-  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(stopProcess(b.pid()));
   // The holder makes the ledger (device 0 at 64 GiB), waits while a worker opens it, then takes
   // its flock for good.
   const pid_t holderPid = ::fork();
@@ -1022,7 +1022,7 @@ void expectAHiderRunningAsKilled(const std::string& body, uid_t uid) {
   Child hider = workerAs(b, uid, "alpha", &first);
   ASSERT_EQ(first, "ready") << fileText(b.dir() + "/tenants.log");
   ASSERT_EQ(hider.ask("alloc " + std::to_string(200 * MiB)), "ok");
-  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(stopProcess(b.pid()));
   ASSERT_EQ(hider.ask("zero"), "ok");  // every slot: the honest process allocates after it
   ASSERT_EQ(hider.ask("alloc " + std::to_string(200 * MiB)), "ok") << "the shim believes the ledger";
   ASSERT_EQ(honest.ask("alloc " + std::to_string(16 * MiB)), "ok");

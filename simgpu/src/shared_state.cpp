@@ -516,7 +516,7 @@ int SharedState::processes(int dev, ProcUsage* out, int max, int* total) {
     const bool context = (slots_[i].contexts.load(std::memory_order_acquire) >> dev) & 1u;
     if (u == 0 && !context) continue;
     ++t;
-    ProcUsage p{pid, u};
+    ProcUsage p{pid, u, 0xFFFFFFFFu, 0xFFFFFFFFu};
     const uint32_t tag = slots_[i].mig.load(std::memory_order_acquire);
     if (tag != 0 && static_cast<int>(tag & 0xff) == dev + 1) {
       p.gi = ((tag >> 8) & 0xff) - 1;

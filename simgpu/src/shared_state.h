@@ -110,10 +110,12 @@ class SharedState {
   // Returns entry id's bytes if nothing refers to its memory any more; true if it did.
   bool reapShared(uint64_t id);
 
+  // Trivially constructible (callers keep arrays of kMaxSlots on their stacks; processes() writes
+  // every field of what it returns).
   struct ProcUsage {
     int32_t pid;
     uint64_t used;
-    uint32_t gi = 0xFFFFFFFFu, ci = 0xFFFFFFFFu;  // its MIG device on dev; none: 0xFFFFFFFF
+    uint32_t gi, ci;  // its MIG device on dev; none: 0xFFFFFFFF
   };
   // This process runs in MIG device (gi, ci) of host device dev, whose GPU instance has
   // giCapacity bytes: from now on its reservations on dev also fit in what the GPU instance's

@@ -28,6 +28,27 @@ std::string gSelf;
 
 // ---- The child: cuInit, describe device 0, then allocate what stdin asks ----
 
+// --child-shim: under the shim (its limit set by the parent), the tenant's view through CUDA and
+// through NVML's MIG device handle, which must agree.
+int childShim() {
+  if (cuInit(0) != CUDA_SUCCESS) return 2;
+  CUdevice dev;
+  CUcontext ctx;
+  cuDeviceGet(&dev, 0);
+  cuDevicePrimaryCtxRetain(&ctx, dev);
+  cuCtxSetCurrent(ctx);
+  size_t free = 0, total = 0;
+  cuMemGetInfo(&free, &total);
+  nvmlInit_v2();
+  nvmlDevice_t gpu, mig;
+  nvmlMemory_t m = {};
+  const bool ok = nvmlDeviceGetHandleByIndex_v2(0, &gpu) == NVML_SUCCESS &&
+                  nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0, &mig) == NVML_SUCCESS &&
+                  nvmlDeviceGetMemoryInfo(mig, &m) == NVML_SUCCESS;
+  std::printf("cuda_total=%zu nvml_mig_total=%llu ok=%d\n", total, static_cast<unsigned long long>(m.total), ok);
+  return 0;
+}
+
 // --child-init: cuInit only (no context, no memory), then wait for stdin to close.
 int childInitOnly() {
   std::printf("init=%d\n", static_cast<int>(cuInit(0)));
@@ -274,6 +295,20 @@ TEST_F(MigCuda, AnInstanceIsInUseFromTheFirstCudaCall) {
   EXPECT_EQ(nvmlComputeInstanceDestroy(c1), NVML_SUCCESS) << "free once the process has gone";
 }
 
+// Under the shim inside a MIG device (a standalone limit of 1 GiB on the MIG device), CUDA and
+// NVML's MIG device handle report the tenant's view alike: cushare knows the MIG device by its UUID.
+TEST_F(MigCuda, TheShimsViewHoldsForTheMigDeviceThroughCudaAndNvml) {
+  ::setenv("LD_PRELOAD", SHIM_LIB, 1);
+  ::setenv("CUSHARE_TENANT", "alpha", 1);
+  ::setenv("CUSHARE_MEMORY_LIMIT", "1GiB", 1);
+  const std::string ledgers = std::string(std::getenv("SIMGPU_STATE_DIR")) + "/ledgers";
+  ::setenv("CUSHARE_LEDGER_DIR", ledgers.c_str(), 1);
+  Child c = spawn(uuid3.c_str(), "--child-shim");
+  for (const char* v : {"LD_PRELOAD", "CUSHARE_TENANT", "CUSHARE_MEMORY_LIMIT", "CUSHARE_LEDGER_DIR"}) ::unsetenv(v);
+  EXPECT_EQ(c.line(), "cuda_total=" + std::to_string(1024 * kMiB) + " nvml_mig_total=" + std::to_string(1024 * kMiB) +
+                          " ok=1");
+}
+
 // Outside its MIG devices a MIG-enabled GPU is not reachable: no CUDA_VISIBLE_DEVICES, its index,
 // its GPU UUID, a MIG UUID it does not have.
 TEST_F(MigCuda, AMigEnabledGpuIsOnlyReachedThroughItsMigDevices) {
@@ -334,6 +369,7 @@ int main(int argc, char** argv) {
   gSelf = argv[0];
   if (argc > 1 && std::strcmp(argv[1], "--child") == 0) return child();
   if (argc > 1 && std::strcmp(argv[1], "--child-init") == 0) return childInitOnly();
+  if (argc > 1 && std::strcmp(argv[1], "--child-shim") == 0) return childShim();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -77,12 +77,7 @@ int gpuReset(int index) {
     std::fprintf(stderr, "%s\n", err.c_str());
     return 1;
   }
-  unsigned count = 0;
-  nvmlDeviceGetCount_v2(&count);
-  for (unsigned i = 0; i < count; ++i) {
-    if (index >= 0 && i != static_cast<unsigned>(index)) continue;
-    nvmlDevice_t dev;
-    nvmlDeviceGetHandleByIndex_v2(i, &dev);
+  return forEachGpu(index, [&](unsigned i, nvmlDevice_t dev) {
     unsigned n = 0;
     nvmlProcessInfo_t procs[1];
     if (nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, procs) != NVML_SUCCESS || n > 0) {
@@ -104,8 +99,8 @@ int gpuReset(int index) {
       return 1;
     }
     std::printf("GPU %u was reset.\n", i);
-  }
-  return 0;
+    return 0;
+  });
 }
 
 }  // namespace

@@ -226,6 +226,18 @@ int destroy(unsigned idx, nvmlDevice_t dev, int giId, int ciId, bool gpuInstance
 
 }  // namespace
 
+int forEachGpu(int index, const std::function<int(unsigned, nvmlDevice_t)>& f) {
+  unsigned count = 0;
+  nvmlDeviceGetCount_v2(&count);
+  for (unsigned i = 0; i < count; ++i) {
+    if (index >= 0 && i != static_cast<unsigned>(index)) continue;
+    nvmlDevice_t dev;
+    if (nvmlReturn_t r = nvmlDeviceGetHandleByIndex_v2(i, &dev); r != NVML_SUCCESS) return fail("GPU " + std::to_string(i), r);
+    if (const int rc = f(i, dev); rc != 0) return rc;
+  }
+  return 0;
+}
+
 int smiListWithMig() {
   unsigned count = 0;
   nvmlDeviceGetCount_v2(&count);
@@ -259,14 +271,9 @@ int smiSetMigMode(int index, const char* mode) {
     std::fprintf(stderr, "simgpu-smi: -mig takes 0 or 1\n");
     return 1;
   }
-  unsigned count = 0;
-  nvmlDeviceGetCount_v2(&count);
-  for (unsigned i = 0; i < count; ++i) {
-    if (index >= 0 && i != static_cast<unsigned>(index)) continue;
-    nvmlDevice_t dev;
-    nvmlDeviceGetHandleByIndex_v2(i, &dev);
+  const unsigned m = mode[0] == '1' ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+  return forEachGpu(index, [&](unsigned i, nvmlDevice_t dev) {
     nvmlReturn_t activation = NVML_SUCCESS;
-    const unsigned m = mode[0] == '1' ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
     if (nvmlReturn_t r = nvmlDeviceSetMigMode(dev, m, &activation); r != NVML_SUCCESS)
       return fail("setting MIG mode on GPU " + std::to_string(i), r);
     char bus[32] = {};
@@ -278,8 +285,8 @@ int smiSetMigMode(int index, const char* mode) {
       std::printf("Warning: MIG mode is in pending %s state for GPU %s: %s\nReboot the system or reset the GPU "
                   "(simgpu-smi --gpu-reset -i %u).\n",
                   m ? "enable" : "disable", bus, nvmlErrorString(activation), i);
-  }
-  return 0;
+    return 0;
+  });
 }
 
 int smiMig(int argc, char** argv) {
@@ -313,18 +320,11 @@ int smiMig(int argc, char** argv) {
     std::fprintf(stderr, "simgpu-smi: mig: what to do? -lgip, -lgipp, -lgi, -lci, -cgi, -cci, -dci or -dgi\n");
     return 1;
   }
-  unsigned count = 0;
-  nvmlDeviceGetCount_v2(&count);
-  int rc = 0;
-  for (unsigned i = 0; i < count && rc == 0; ++i) {
-    if (index >= 0 && i != static_cast<unsigned>(index)) continue;
-    nvmlDevice_t dev;
-    if (nvmlReturn_t r = nvmlDeviceGetHandleByIndex_v2(i, &dev); r != NVML_SUCCESS) return fail("GPU", r);
-    if (action == "-lgip" || action == "-lgipp") rc = listProfiles(i, dev, action == "-lgipp");
-    else if (action == "-lgi" || action == "-lci") rc = listGpuInstances(i, dev, action == "-lci");
-    else if (action == "-cgi") rc = createGpuInstances(i, dev, list, withCi);
-    else if (action == "-cci") rc = createComputeInstances(i, dev, gi, list);
-    else rc = destroy(i, dev, gi, ci, action == "-dgi");
-  }
-  return rc;
+  return forEachGpu(index, [&](unsigned i, nvmlDevice_t dev) {
+    if (action == "-lgip" || action == "-lgipp") return listProfiles(i, dev, action == "-lgipp");
+    if (action == "-lgi" || action == "-lci") return listGpuInstances(i, dev, action == "-lci");
+    if (action == "-cgi") return createGpuInstances(i, dev, list, withCi);
+    if (action == "-cci") return createComputeInstances(i, dev, gi, list);
+    return destroy(i, dev, gi, ci, action == "-dgi");
+  });
 }

@@ -67,6 +67,12 @@ std::vector<std::pair<std::string, std::string>> deviceIds(const PluginSettings&
   return ids;
 }
 
+// The directories above path, made where missing (0755); failures show when path is used.
+void makeParents(const std::string& path) {
+  for (size_t i = 1; i < path.size(); ++i)
+    if (path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
+}
+
 // A directory of the allocation tree: made when missing (mode `mode`), and then it must be a
 // directory (not a link) of the broker's user that nobody else can write, else a tenant could
 // plant an entry (or a link a runtime would follow) that a pod's process would be named by.
@@ -97,8 +103,7 @@ bool allocationDir(const std::string& path, mode_t mode, std::string* err) {
 bool makeAllocationDirs(const PluginSettings& s, const std::string& tenant,
                         const std::vector<std::pair<std::string, std::string>>& ids, std::string* err) {
   if (s.allocationDir.empty()) return true;
-  for (size_t i = 1; i < s.allocationDir.size(); ++i)  // its parents, as a start makes the plugin directory's
-    if (s.allocationDir[i] == '/') ::mkdir(s.allocationDir.substr(0, i).c_str(), 0755);
+  makeParents(s.allocationDir);  // as a start makes the plugin directory's
   // The top is the broker's alone (0700): only root (the runtime that binds them) reaches the
   // directories below, so no tenant can bind a sibling pod's directory in a namespace of its own.
   if (!allocationDir(s.allocationDir, 0700, err)) return false;
@@ -560,8 +565,8 @@ bool DevicePlugin::start(const PluginSettings& s, std::string* err) {
   }
   std::lock_guard<std::mutex> g(m.mu);
   m.settings = s;
-  for (size_t i = 1; i <= s.dir.size(); ++i)
-    if (i == s.dir.size() || s.dir[i] == '/') ::mkdir(s.dir.substr(0, i).c_str(), 0755);
+  makeParents(s.dir);
+  ::mkdir(s.dir.c_str(), 0755);
   m.inotifyFd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   m.stopFd = ::eventfd(0, EFD_CLOEXEC);
   if (m.inotifyFd < 0 || m.stopFd < 0 ||

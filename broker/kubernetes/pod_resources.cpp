@@ -32,7 +32,6 @@ struct PodResourcesClient::Impl {
   std::map<std::pair<std::string, std::string>, broker::PodRef> byId;  // (resource, id) -> container
   broker::PodLabeler::Status status;
   bool wanted = false, stopping = false, logged = false;
-  uint64_t lists = 0;
   std::thread thread;
 
   // One List; false with *err.
@@ -78,7 +77,6 @@ struct PodResourcesClient::Impl {
       last = Clock::now();
       if (ok) {
         byId = std::move(fresh);
-        ++lists;
         if (!status.up && logged) CUSHARE_BLOG(info, "kubernetes: the kubelet's pod resources answer again");
         status = {true, ""};
       } else {
@@ -127,11 +125,6 @@ std::optional<broker::PodRef> PodResourcesClient::find(const std::string& resour
 broker::PodLabeler::Status PodResourcesClient::status() const {
   std::lock_guard<std::mutex> g(impl_->mu);
   return impl_->status;
-}
-
-uint64_t PodResourcesClient::lists() const {
-  std::lock_guard<std::mutex> g(impl_->mu);
-  return impl_->lists;
 }
 
 }  // namespace cushare::kubernetes

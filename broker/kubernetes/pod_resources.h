@@ -29,7 +29,6 @@ class PodResourcesClient {
   void start();
   std::optional<broker::PodRef> find(const std::string& resource, const std::string& id);
   broker::PodLabeler::Status status() const;
-  uint64_t lists() const;  // Lists answered so far (tests)
 
  private:
   struct Impl;

@@ -131,15 +131,11 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDev
   std::string err;
   if (!simgpu::mig::load(stateDir(), &st, &err)) return NVML_ERROR_UNKNOWN;
   for (int d = 0; d < deviceCount(); ++d) {
-    const int host = simgpu::nvml::device(d)->host;
-    for (const simgpu::mig::MigDevice& m : simgpu::mig::migDevices(*model(), st.dev[host])) {
-      const std::string legacy = std::string("MIG-") + simgpu::nvml::device(d)->uuid + "/" + std::to_string(m.gi) +
-                                 "/" + std::to_string(m.ci);
-      if (strcasecmp(simgpu::mig::migUuid(host, m.gi, m.ci).c_str(), uuid) == 0 ||
-          strcasecmp(legacy.c_str(), uuid) == 0) {
-        *device = migHandle(d, m.index);
-        return NVML_SUCCESS;
-      }
+    int host = 0;
+    simgpu::mig::MigDevice m;
+    if (simgpu::mig::findMigDevice(*model(), st, &simgpu::nvml::device(d)->host, 1, uuid, &host, &m)) {
+      *device = migHandle(d, m.index);
+      return NVML_SUCCESS;
     }
   }
   return NVML_ERROR_NOT_FOUND;

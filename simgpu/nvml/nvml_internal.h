@@ -72,7 +72,9 @@ const std::string& stateDir();
 // The MIG device handles of parent ordinal p (kMaxMigDevices of them, leaked like the devices).
 nvmlDevice_st* migHandle(int parent, unsigned index);
 nvmlDevice_st* fromMigHandle(nvmlDevice_t handle);  // nullptr if not a MIG device handle of ours
-// Whether MIG is on now on host device `host` (utilisation is then NOT_SUPPORTED, as NVML's notes say).
+// The MIG mode of host device `host` now (disabled on a board without MIG); false when the MIG
+// state cannot be read. migEnabled: whether it is on (utilisation is then NOT_SUPPORTED).
+bool migMode(int host, unsigned* current, unsigned* pending);
 bool migEnabled(int host);
 // A device or a live MIG device handle; for a MIG handle *mig describes it now (a handle whose
 // MIG device was destroyed is INVALID_ARGUMENT).

@@ -80,6 +80,7 @@ static nvmlReturn_t memoryOf(nvmlDevice_t handle, unsigned long long* total, uns
   if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
   if (isMig) {  // the GPU instance's memory, and what its processes hold
     *total = m.giProfile->memoryMiB << 20;
+    state()->reap();
     *used = state()->instanceUsed(d->host, m.gi);
   } else {
     readMemory(d->host, total, used);

@@ -157,11 +157,6 @@ nvmlReturn_t giProfileInfoV(const mig::GiProfile& p, nvmlGpuInstanceProfileInfo_
   return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
 }
 
-// "1c.3g.40gb" for a CI smaller than its GI, else the GI's name.
-std::string ciName(const mig::GiProfile& gp, const mig::CiProfile& cp) {
-  return cp.slices == gp.slices ? std::string(gp.name) : std::to_string(cp.slices) + "c." + gp.name;
-}
-
 nvmlReturn_t createGi(nvmlDevice_t handle, unsigned profileId, const nvmlGpuInstancePlacement_t* placement,
                       nvmlGpuInstance_t* out) {
   Parent p;
@@ -185,14 +180,7 @@ nvmlReturn_t createGi(nvmlDevice_t handle, unsigned profileId, const nvmlGpuInst
         }
         const int start = placement ? static_cast<int>(placement->start) : mig::defaultStart(d, *prof);
         if (start < 0 || !mig::fits(m, d, *prof, static_cast<unsigned>(start))) return false;
-        id = mig::giIdFor(static_cast<unsigned>(start), prof->memSlices);
-        mig::Gi& gi = d.gi[id];
-        gi = mig::Gi{};
-        gi.used = 1;
-        gi.id = id;
-        gi.profileId = prof->id;
-        gi.start = static_cast<unsigned>(start);
-        gi.size = prof->memSlices;
+        id = mig::addGi(d, *prof, static_cast<unsigned>(start));
         result = NVML_SUCCESS;
         return true;
       },
@@ -229,12 +217,9 @@ nvmlReturn_t createCi(nvmlGpuInstance_t handle, unsigned profileId, const nvmlCo
         }
         const int start = placement ? static_cast<int>(placement->start) : mig::defaultCiStart(gi, gp, cp);
         if (start < 0 || !mig::ciFits(gi, gp, cp, static_cast<unsigned>(start))) return false;
-        unsigned free = mig::kMaxComputeInstances;
-        for (unsigned c = 0; c < mig::kMaxComputeInstances && free == mig::kMaxComputeInstances; ++c)
-          if (!gi.ci[c].used) free = c;  // CI IDs: the lowest free, from 0
-        if (free == mig::kMaxComputeInstances) return false;
-        gi.ci[free] = {1, free, cp.index, static_cast<unsigned>(start), cp.slices};
-        id = free;
+        const int ci = mig::addCi(gi, cp, static_cast<unsigned>(start));
+        if (ci < 0) return false;
+        id = static_cast<unsigned>(ci);
         result = NVML_SUCCESS;
         return true;
       },
@@ -276,10 +261,19 @@ nvmlReturn_t checkDeviceOrMig(nvmlDevice_t handle, nvmlDevice_st** out, mig::Mig
   return NVML_SUCCESS;
 }
 
-bool migEnabled(int host) {
-  if (!model()) return false;
+bool migMode(int host, unsigned* current, unsigned* pending) {
+  *current = *pending = NVML_DEVICE_MIG_DISABLE;
+  if (!model()) return true;  // a board without MIG
   mig::State s;
-  return load(&s) && s.dev[host].current == NVML_DEVICE_MIG_ENABLE;
+  if (!load(&s)) return false;
+  *current = s.dev[host].current;
+  *pending = s.dev[host].pending;
+  return true;
+}
+
+bool migEnabled(int host) {
+  unsigned current, pending;
+  return migMode(host, &current, &pending) && current == NVML_DEVICE_MIG_ENABLE;
 }
 
 }  // namespace simgpu::nvml
@@ -294,11 +288,7 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t handle, unsigned 
   nvmlDevice_st* d;
   if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
   if (!currentMode || !pendingMode) return NVML_ERROR_INVALID_ARGUMENT;
-  mig::State s;
-  if (model() && !load(&s)) return NVML_ERROR_UNKNOWN;
-  *currentMode = model() ? s.dev[d->host].current : NVML_DEVICE_MIG_DISABLE;
-  *pendingMode = model() ? s.dev[d->host].pending : NVML_DEVICE_MIG_DISABLE;
-  return NVML_SUCCESS;
+  return migMode(d->host, currentMode, pendingMode) ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
 }
 
 // Root only. Refused (IN_USE) while a process has a context on the GPU or instances exist. A board
@@ -532,7 +522,7 @@ SIMGPU_NVML_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlG
   info->sharedEncoderCount = in.profile->enc;
   info->sharedJpegCount = in.profile->jpeg;
   info->sharedOfaCount = in.profile->ofa;
-  std::snprintf(info->name, sizeof info->name, "MIG %s", ciName(*in.profile, cp).c_str());
+  std::snprintf(info->name, sizeof info->name, "MIG %s", mig::profileName(*in.profile, cp).c_str());
   if (version == nvmlComputeInstanceProfileInfo_v3)
     reinterpret_cast<nvmlComputeInstanceProfileInfo_v3_t*>(info)->capabilities = 0;
   return NVML_SUCCESS;
@@ -684,9 +674,9 @@ SIMGPU_NVML_API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t handle,
   nvmlDevice_st* d;
   if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
   if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-  mig::State s;
-  if (model() && !load(&s)) return NVML_ERROR_UNKNOWN;
-  *count = model() && s.dev[d->host].current == NVML_DEVICE_MIG_ENABLE ? mig::kMaxMigDevices : 0;
+  unsigned current, pending;
+  if (!migMode(d->host, &current, &pending)) return NVML_ERROR_UNKNOWN;
+  *count = current == NVML_DEVICE_MIG_ENABLE ? mig::kMaxMigDevices : 0;
   return NVML_SUCCESS;
 }
 

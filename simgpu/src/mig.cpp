@@ -216,11 +216,12 @@ bool findMigDevice(const Model& m, const State& s, const int* hosts, int n, cons
   return false;
 }
 
+std::string profileName(const GiProfile& gp, const CiProfile& cp) {
+  return cp.slices == gp.slices ? std::string(gp.name) : std::to_string(cp.slices) + "c." + gp.name;
+}
+
 std::string migDeviceName(const Model& m, const MigDevice& d) {
-  const std::string profile = d.ciProfile.slices == d.giProfile->slices
-                                  ? std::string(d.giProfile->name)
-                                  : std::to_string(d.ciProfile.slices) + "c." + d.giProfile->name;
-  return std::string(m.name) + " MIG " + profile;
+  return std::string(m.name) + " MIG " + profileName(*d.giProfile, d.ciProfile);
 }
 
 bool load(const std::string& stateDir, State* out, std::string* err) {
@@ -324,18 +325,34 @@ int defaultStart(const DeviceMig& d, const GiProfile& p) {
   return -1;
 }
 
+unsigned addGi(DeviceMig& d, const GiProfile& p, unsigned start) {
+  const unsigned id = giIdFor(start, p.memSlices);
+  Gi& gi = d.gi[id];
+  gi = Gi{};
+  gi.used = 1;
+  gi.id = id;
+  gi.profileId = p.id;
+  gi.start = start;
+  gi.size = p.memSlices;
+  return id;
+}
+
+int addCi(Gi& gi, const CiProfile& cp, unsigned start) {
+  for (unsigned c = 0; c < kMaxComputeInstances; ++c)
+    if (!gi.ci[c].used) {
+      gi.ci[c] = {1, c, cp.index, start, cp.slices};
+      return static_cast<int>(c);
+    }
+  return -1;
+}
+
 unsigned remaining(const Model& m, const DeviceMig& d, const GiProfile& p) {
   DeviceMig t = d;
   unsigned n = 0;
   for (;;) {
     const int s = defaultStart(t, p);
     if (s < 0 || !fits(m, t, p, static_cast<unsigned>(s))) return n;
-    Gi& gi = t.gi[giIdFor(static_cast<unsigned>(s), p.memSlices)];
-    gi = Gi{};
-    gi.used = 1;
-    gi.profileId = p.id;
-    gi.start = static_cast<unsigned>(s);
-    gi.size = p.memSlices;
+    addGi(t, p, static_cast<unsigned>(s));
     ++n;
   }
 }
@@ -364,12 +381,7 @@ unsigned ciRemaining(const Gi& gi, const GiProfile& gp, const CiProfile& cp) {
   unsigned n = 0;
   for (;;) {
     const int s = defaultCiStart(t, gp, cp);
-    if (s < 0) return n;
-    Ci* free = nullptr;
-    for (Ci& c : t.ci)
-      if (!c.used && !free) free = &c;
-    if (!free) return n;  // no CI ID left
-    *free = {1, 0, cp.index, static_cast<unsigned>(s), cp.slices};
+    if (s < 0 || addCi(t, cp, static_cast<unsigned>(s)) < 0) return n;  // no place or no CI ID left
     ++n;
   }
 }

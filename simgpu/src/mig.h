@@ -114,7 +114,10 @@ void migUuidBytes(int hostDevice, unsigned gi, unsigned ci, unsigned char out[16
 // "MIG-<GPU-UUID>/<GI>/<CI>", any case) among host devices hosts[0..n); false if none.
 bool findMigDevice(const Model& m, const State& s, const int* hosts, int n, const std::string& entry, int* host,
                    MigDevice* out);
-// "<board name> MIG <profile>" ("... MIG 1c.3g.40gb" for a CI smaller than its GI).
+// A compute instance's profile name: its GPU instance's ("3g.40gb"), or "1c.3g.40gb" for a CI
+// smaller than its GI.
+std::string profileName(const GiProfile& gp, const CiProfile& cp);
+// "<board name> MIG <profile>".
 std::string migDeviceName(const Model& m, const MigDevice& d);
 
 // Reads the state (all zero when the file does not exist yet); false with *err.
@@ -132,6 +135,11 @@ int defaultStart(const DeviceMig& d, const GiProfile& p);
 bool fits(const Model& m, const DeviceMig& d, const GiProfile& p, unsigned start);
 // How many more GIs of p could be created now.
 unsigned remaining(const Model& m, const DeviceMig& d, const GiProfile& p);
+// Records a GPU instance of p at start (which fits) and returns its ID.
+unsigned addGi(DeviceMig& d, const GiProfile& p, unsigned start);
+// Records a compute instance of cp at start (which fits) under the lowest free CI ID and returns
+// it; -1 when no ID is left.
+int addCi(Gi& gi, const CiProfile& cp, unsigned start);
 // CI side, inside gi.
 int defaultCiStart(const Gi& gi, const GiProfile& gp, const CiProfile& cp);
 bool ciFits(const Gi& gi, const GiProfile& gp, const CiProfile& cp, unsigned start);

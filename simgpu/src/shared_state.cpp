@@ -494,7 +494,6 @@ uint64_t SharedState::instanceUsedLocked(int dev, unsigned gi) const {
 }
 
 uint64_t SharedState::instanceUsed(int dev, unsigned gi) {
-  reap();
   lockDevice(dev);
   const uint64_t u = instanceUsedLocked(dev, gi);
   unlockDevice(dev);

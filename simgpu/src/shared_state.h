@@ -126,7 +126,8 @@ class SharedState {
   void leaveMig();  // undoes enterMig (the instance went while the process was entering it)
   // Whether a live process entered GPU instance gi (and compute instance ci; ~0u: any) of dev.
   bool instanceInUse(int dev, unsigned gi, unsigned ci);
-  // Bytes the processes in GPU instance gi of host device dev hold (reaps first).
+  // Bytes the processes in GPU instance gi of host device dev hold (dead ones not reaped yet
+  // included: callers reap first, as for used()).
   uint64_t instanceUsed(int dev, unsigned gi);
   // The calling process has (on) or no longer has (off) a live context on device dev: NVML lists
   // a process with a context on a device even when it holds no memory there, as the real driver

@@ -173,7 +173,6 @@ class FakePodResources::Service final : public v1::PodResourcesLister::Service {
   grpc::Status List(grpc::ServerContext*, const v1::ListPodResourcesRequest*,
                     v1::ListPodResourcesResponse* out) override {
     std::lock_guard<std::mutex> g(mu);
-    ++lists;
     if (failing) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the fake kubelet is told to fail");
     // One PodResources per pod, as the kubelet answers: containers of a pod together.
     std::map<std::pair<std::string, std::string>, v1::PodResources*> pods;
@@ -195,7 +194,6 @@ class FakePodResources::Service final : public v1::PodResourcesLister::Service {
   mutable std::mutex mu;
   std::vector<Container> containers;
   bool failing = false;
-  int lists = 0;
 };
 
 FakePodResources::FakePodResources(std::string path) : path_(std::move(path)), service_(std::make_unique<Service>()) {}
@@ -225,11 +223,6 @@ void FakePodResources::set(const std::vector<Container>& containers) {
 void FakePodResources::fail(bool on) {
   std::lock_guard<std::mutex> g(service_->mu);
   service_->failing = on;
-}
-
-int FakePodResources::lists() const {
-  std::lock_guard<std::mutex> g(service_->mu);
-  return service_->lists;
 }
 
 }  // namespace cushare::test

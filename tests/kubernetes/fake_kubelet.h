@@ -66,8 +66,8 @@ class FakeKubelet {
   std::vector<std::thread> watchers_;
 };
 
-// The kubelet's pod resources API (v1 List) on <path>: answers with the pods set last, and counts
-// the Lists asked. fail() makes List answer UNAVAILABLE until it is cleared.
+// The kubelet's pod resources API (v1 List) on <path>: answers with the pods set last. fail()
+// makes List answer UNAVAILABLE until it is cleared.
 class FakePodResources {
  public:
   struct Container {
@@ -80,7 +80,6 @@ class FakePodResources {
   void stop();
   void set(const std::vector<Container>& containers);
   void fail(bool on);
-  int lists() const;
 
  private:
   class Service;

@@ -104,11 +104,7 @@ TEST(MigTables, DefaultPlacementsFollowTheGuide) {
     const mig::GiProfile& p = *mig::giProfileById(m, id);
     const int s = mig::defaultStart(d, p);
     if (s < 0 || !mig::fits(m, d, p, static_cast<unsigned>(s))) return -1;
-    mig::Gi& gi = d.gi[mig::giIdFor(static_cast<unsigned>(s), p.memSlices)];
-    gi.used = 1;
-    gi.profileId = id;
-    gi.start = static_cast<unsigned>(s);
-    gi.size = p.memSlices;
+    mig::addGi(d, p, static_cast<unsigned>(s));
     return s;
   };
   mig::DeviceMig bad{};

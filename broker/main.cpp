@@ -118,10 +118,18 @@ int main(int argc, char** argv) {
 
   std::vector<cushare::broker::DeviceInfo> devices;
   std::string err;
-  if (!listDevices(&devices, &err)) {
+  std::vector<std::string> migIdle;
+  if (!listDevices(&devices, &err, &migIdle)) {
     spdlog::error("{}", err);
     return 1;
   }
+  for (const std::string& gpu : migIdle)
+    spdlog::warn("GPU {} is in MIG mode without MIG devices: CUDA cannot run on it and the broker shares nothing there "
+                 "(create GPU and compute instances, then restart the broker; docs/mig.md)", gpu);
+  for (const cushare::broker::DeviceInfo& d : devices)
+    if (d.mig())
+      spdlog::info("device {}: MIG {} (GPU instance {}, compute instance {}) of GPU {}, {}, {} bytes", d.name(), d.profile,
+                   d.gpuInstance, d.computeInstance, d.parentUuid, d.uuid, d.totalBytes);
   installBusGuard();  // before any ledger is mapped and before the threads start
   Broker broker(configPath, devices);
   if (checkOnly) {
@@ -133,7 +141,8 @@ int main(int argc, char** argv) {
     std::string why;
     if (loadConfig(configPath, &c, &err) && c.mps.mode != MpsConfig::Mode::kOff) {
       // As the start: the control daemon, then its directories (made there, only looked at here).
-      std::string control = resolveMpsControl(c.mps, &why);
+      why = migRefusal(broker.snapshot().devices);
+      std::string control = why.empty() ? resolveMpsControl(c.mps, &why) : "";
       if (!control.empty() && !checkMpsDirs(c.mps, &why)) control.clear();
       if (control.empty() && c.mps.mode == MpsConfig::Mode::kOn) {
         spdlog::error("{}: mps.mode on: {}", configPath, why);
@@ -208,8 +217,11 @@ int main(int argc, char** argv) {
 #if CUSHARE_DEVICE_PLUGIN
   // The kubelet device plugin (docs/kubernetes.md): healthy while the GPU is listed by NVML and
   // MPS (when the broker runs it) answers and has no faulted server.
-  std::vector<std::string> gpuUuids;
-  for (const DeviceInfo& d : devices) gpuUuids.push_back(d.uuid);
+  std::vector<std::string> gpuUuids, gpuNames;
+  for (const DeviceInfo& d : devices) {
+    gpuUuids.push_back(d.uuid);
+    gpuNames.push_back(d.name());
+  }
   auto health = [&broker, &mps] {
     std::map<std::string, bool> h;
     std::vector<DeviceInfo> now;
@@ -237,6 +249,7 @@ int main(int argc, char** argv) {
     s->dir = c.kubernetes.devicePluginDir;
     s->devicesPerGpu = c.kubernetes.devicesPerGpu;
     s->gpus = gpuUuids;
+    s->gpuNames = gpuNames;
     s->gpuCdiDevice = c.kubernetes.gpuCdiDevice;
     s->allocationDir = allocationDir;
     for (TenantEditsOf& t : edits) s->tenants.push_back({t.tenant, std::move(t.edits), t.cdiDevice});

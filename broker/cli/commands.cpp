@@ -3,6 +3,7 @@
 
 
 #include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <functional>
 
@@ -193,23 +194,42 @@ int tenantsVerb(const Globals& g, const Verb&, const Args& a) {
   });
 }
 
-// cushare probe [--device N]: each tenant's share of each device as its probes measured it.
-int probeVerb(const Globals& g, const Verb& v, const Args& a) {
-  int64_t device = -1;
-  std::string err;
-  if (a.find("--device") && !parseInt(a.get("--device"), 0, INT32_MAX, &device, &err))
-    return usageError(g, v, "--device: " + printable(err, 120));
-  if (device >= 0) {  // a device the host does not have is an error, not an empty table
-    rpc::Request st = newRequest();
-    st.mutable_status();
-    rpc::Response sr;
-    if (const int rc = exchange(g, st, rpc::Response::kStatus, &sr)) return rc;
-    const int n = sr.status().devices_size();
-    if (device >= n)
-      return report(g, kExitFailed, "probe: device " + std::to_string(device) + " does not exist (this host has " +
-                                        std::to_string(n) +
-                                        (n == 1 ? " device: 0)" : " devices: 0.." + std::to_string(n - 1) + ")"));
+// --device TEXT: the broker's device number of the device TEXT names: its name as the broker
+// lists it ("0", or "0:1" for a MIG device) or its UUID (GPU-... or MIG-..., any case). 0 with
+// *number set, or the exit status after reporting why not (a device the host does not have is an
+// error, not an empty answer).
+int deviceNumber(const Globals& g, const std::string& verb, const std::string& text, int64_t* number) {
+  rpc::Request st = newRequest();
+  st.mutable_status();
+  rpc::Response sr;
+  if (const int rc = exchange(g, st, rpc::Response::kStatus, &sr)) return rc;
+  std::string lower = text, names, migOf;
+  int n = 0;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const rpc::Device& d : sr.status().devices()) {
+    const std::string name = d.name().empty() ? std::to_string(d.index()) : d.name();
+    std::string uuid = d.uuid();
+    for (char& c : uuid) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (name == text || uuid == lower) {
+      *number = d.index();
+      return 0;
+    }
+    names += (n++ ? ", " : "") + name;
+    if (d.mig() && name.rfind(text + ":", 0) == 0) migOf += (migOf.empty() ? "" : ", ") + name;
   }
+  if (!migOf.empty())
+    return report(g, kExitFailed, verb + ": GPU " + text + " is in MIG mode; name one of its MIG devices (" + migOf +
+                                      ") or its MIG-<uuid>");
+  return report(g, kExitFailed, verb + ": device " + printable(text, 64) + " does not exist (this host has " +
+                                    (n == 0 ? std::string("no devices)")
+                                            : std::to_string(n) + (n == 1 ? " device: " : " devices: ") + names + ")"));
+}
+
+// cushare probe [--device N]: each tenant's share of each device as its probes measured it.
+int probeVerb(const Globals& g, const Verb&, const Args& a) {
+  int64_t device = -1;
+  if (a.find("--device"))
+    if (const int rc = deviceNumber(g, "probe", a.get("--device"), &device)) return rc;
   rpc::Request req = newRequest();
   req.mutable_tenants()->set_tenant("");
   rpc::Response resp;
@@ -221,6 +241,7 @@ int probeVerb(const Globals& g, const Verb& v, const Args& a) {
       rpc::ProbeRow* row = table.add_rows();
       row->set_tenant(t.name());
       row->set_device(d.device());
+      row->set_device_name(d.device_name());
       row->set_uuid(d.uuid());
       *row->mutable_probe() = d.probe();
     }
@@ -339,10 +360,10 @@ int setLimitVerb(const Globals& g, const Verb& v, const Args& a) {
     return usageError(g, v, "give --memory, --threads or --priority, or --reset alone");
   int64_t device = -1;  // every device; the protocol's default of 0 would mean the first one
   std::string err;
-  if (a.find("--device") && !parseInt(a.get("--device"), -1, INT32_MAX, &device, &err))
-    return usageError(g, v, "--device: " + printable(err, 120));
-  if (a.find("--device") && device != -1 && !a.find("--memory") && !a.find("--reset"))
+  if (a.find("--device") && a.get("--device") != "-1" && !a.find("--memory") && !a.find("--reset"))
     return usageError(g, v, "--device goes with --memory or --reset: threads and priority are per tenant");
+  if (a.find("--device") && a.get("--device") != "-1")
+    if (const int rc = deviceNumber(g, "set-limit", a.get("--device"), &device)) return rc;
   int64_t threads = 0;
   if (a.find("--threads") && !parseInt(a.get("--threads"), 1, 100, &threads, &err))
     return usageError(g, v, "--threads: " + printable(err, 120) + " (a percentage of the device's SMs, 1..100)");
@@ -366,9 +387,10 @@ int setLimitVerb(const Globals& g, const Verb& v, const Args& a) {
     // A limit below what the tenant holds is accepted (limits are live), and said so plainly.
     for (const rpc::TenantDevice& d : resp.set_limit().tenant().devices())
       if (d.has_limit_bytes() && d.used_bytes() > d.limit_bytes())
-        std::printf("\nnote: %s holds %s on device %d, above its new limit of %s: its allocations there are denied "
+        std::printf("\nnote: %s holds %s on device %s, above its new limit of %s: its allocations there are denied "
                     "until it frees below it; nothing it holds is taken\n",
-                    resp.set_limit().tenant().name().c_str(), formatSize(d.used_bytes()).c_str(), d.device(),
+                    resp.set_limit().tenant().name().c_str(), formatSize(d.used_bytes()).c_str(),
+                    (d.device_name().empty() ? std::to_string(d.device()) : d.device_name()).c_str(),
                     formatSize(d.limit_bytes()).c_str());
   });
 }
@@ -457,7 +479,7 @@ const std::vector<Verb>& verbs() {
        false,
        tenantsVerb},
       {"probe",
-       "probe [--device N]",
+       "probe [--device N|N:M|UUID]",
        "each tenant's share of each device, as its probe kernels measured it",
        {"--device"},
        {},
@@ -488,7 +510,7 @@ const std::vector<Verb>& verbs() {
        false,
        processesVerb},
       {"set-limit",
-       "set-limit TENANT ([--memory SIZE|PCT%] [--threads PCT] [--priority high|normal|low] | --reset) [--device N]",
+       "set-limit TENANT ([--memory SIZE|PCT%] [--threads PCT] [--priority high|normal|low] | --reset) [--device N|N:M|UUID]",
        "change a tenant's memory limit, compute cap or priority live (admin)",
        {"--memory", "--device", "--threads", "--priority"},
        {"--reset"},

@@ -189,14 +189,17 @@ void printMps(const rpc::Mps& m) {
   if (!m.last_error().empty()) field("mps problem", m.last_error());
 }
 
+// A device as the broker names it: "0", or "0:1" for a MIG device (an older broker sends no name).
+std::string deviceCell(const std::string& name, int number) { return name.empty() ? std::to_string(number) : name; }
+
 void printOutside(const google::protobuf::RepeatedPtrField<rpc::Device>& devices) {
   for (const rpc::Device& d : devices) {
     if (d.outside_bytes() == 0) continue;
     std::string pids;
     for (int i = 0; i < d.outside_pids_size() && i < 8; ++i) pids += (i == 0 ? "" : " ") + std::to_string(d.outside_pids(i));
     if (d.outside_pids_size() > 8) pids += " ...";
-    std::printf("\ndevice %d: %s held by %d process(es) outside cushare (pid %s): no tenant's limit counts it\n", d.index(),
-                formatSize(d.outside_bytes()).c_str(), d.outside_pids_size(), pids.c_str());
+    std::printf("\ndevice %s: %s held by %d process(es) outside cushare (pid %s): no tenant's limit counts it\n",
+                deviceCell(d.name(), d.index()).c_str(), formatSize(d.outside_bytes()).c_str(), d.outside_pids_size(), pids.c_str());
   }
 }
 
@@ -218,10 +221,20 @@ void printStatus(const rpc::StatusReply& s) {
   // the device's own figure (every process, and what the driver keeps).
   Table t({"DEVICE", "UUID", "CAPACITY", "USED", "OUTSIDE", "DEVICE-USED"});
   for (const rpc::Device& d : s.devices())
-    t.add({std::to_string(d.index()), d.uuid(), formatSize(d.capacity_bytes()), formatSize(d.used_bytes()),
+    t.add({deviceCell(d.name(), d.index()), d.uuid(), formatSize(d.capacity_bytes()), formatSize(d.used_bytes()),
            d.has_device_used_bytes() ? formatSize(d.outside_bytes()) : "?",
            d.has_device_used_bytes() ? formatSize(d.device_used_bytes()) : "?"});
   t.print();
+  // MIG devices: what each is (its capacity is its GPU instance's memory, shared by the compute
+  // instances of that GPU instance).
+  bool mig = false;
+  for (const rpc::Device& d : s.devices()) {
+    if (!d.mig()) continue;
+    if (!mig) std::printf("\n");
+    mig = true;
+    std::printf("device %s: MIG %s, GPU instance %u, compute instance %u, of GPU %s\n", d.name().c_str(),
+                d.mig_profile().c_str(), d.gpu_instance_id(), d.compute_instance_id(), d.gpu_uuid().c_str());
+  }
   printOutside(s.devices());
 }
 
@@ -236,7 +249,7 @@ void printProbeTable(const rpc::ProbeTable& table) {
            "BW-IDX", "LATENCY-IDX", "WINDOW"});
   for (const rpc::ProbeRow& r : table.rows()) {
     const rpc::ProbeShare& p = r.probe();
-    t.add({r.tenant(), std::to_string(r.device()), p.regime().empty() ? "-" : p.regime(), probeShareCell(p),
+    t.add({r.tenant(), deviceCell(r.device_name(), r.device()), p.regime().empty() ? "-" : p.regime(), probeShareCell(p),
            std::to_string(p.rounds()),
            std::to_string(p.rounds_with_work()), std::to_string(p.missing()),
            p.has_bandwidth_share() ? num(p.bandwidth_share(), "%.2f") : "-",
@@ -249,13 +262,16 @@ void printProbeTable(const rpc::ProbeTable& table) {
   // Concurrent (MPS) rows: the SM probe's factors the share is made of (docs/probe-analysis.md).
   for (const rpc::ProbeRow& r : table.rows())
     if (r.probe().has_spatial())
-      std::printf("%s on device %d: spatial %.2f x temporal %.2f x intra-SM %.2f\n", r.tenant().c_str(), r.device(),
+      std::printf("%s on device %s: spatial %.2f x temporal %.2f x intra-SM %.2f\n", r.tenant().c_str(),
+                  deviceCell(r.device_name(), r.device()).c_str(),
                   r.probe().spatial(), r.probe().temporal(), r.probe().intra());
   for (const rpc::ProbeRow& r : table.rows()) {
     if (!r.probe().caveat().empty())
-      std::printf("%s on device %d: %s\n", r.tenant().c_str(), r.device(), r.probe().caveat().c_str());
+      std::printf("%s on device %s: %s\n", r.tenant().c_str(), deviceCell(r.device_name(), r.device()).c_str(),
+                  r.probe().caveat().c_str());
     if (!r.probe().last_error().empty())
-      std::printf("%s on device %d: %s\n", r.tenant().c_str(), r.device(), r.probe().last_error().c_str());
+      std::printf("%s on device %s: %s\n", r.tenant().c_str(), deviceCell(r.device_name(), r.device()).c_str(),
+                  r.probe().last_error().c_str());
   }
 }
 
@@ -290,7 +306,7 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
       // '!': it holds more than its limit (one lowered below what it held): denied until it frees.
       const bool over = d.has_limit_bytes() && d.used_bytes() > d.limit_bytes();
       above = above || over;
-      t.add({tn.name(), std::to_string(d.device()), formatSize(d.used_bytes()) + (over ? "!" : ""), limitCell(d),
+      t.add({tn.name(), deviceCell(d.device_name(), d.device()), formatSize(d.used_bytes()) + (over ? "!" : ""), limitCell(d),
              formatSize(d.peak_bytes()), std::to_string(d.denied()), cap + (d.paced() ? " paced" : ""), priority,
              seconds(d.busy_ns()), seconds(d.throttled_ns()), share(d), procs, tn.source()});
       overridden = overridden || (d.overridden() && d.has_limit_bytes());
@@ -355,7 +371,7 @@ void printProcesses(const rpc::ProcessesReply& p) {
     };
     if (proc.usage().empty()) row({proc.tenant(), pid, "-", formatSize(0)});
     for (const rpc::ProcessUsage& u : proc.usage())
-      row({proc.tenant(), pid, std::to_string(u.device()), formatSize(u.used_bytes())});
+      row({proc.tenant(), pid, deviceCell(u.device_name(), u.device()), formatSize(u.used_bytes())});
   }
   t.print();
   if (unverified)
@@ -395,8 +411,9 @@ void printTopFrame(const rpc::TopFrame& f) {
     memory += formatSize(d.capacity_bytes()) + ", tenants " + formatSize(d.used_bytes());
     if (d.outside_bytes() > 0) memory += ", outside cushare " + formatSize(d.outside_bytes());
     // Busy is the tenants' summed shares: above 100 % only when they run side by side (MPS).
-    std::printf("\nGPU %d  %s  busy %s  memory: %s\n", d.index(), d.uuid().c_str(), pct(d.busy()).c_str(),
-                memory.c_str());
+    const std::string name = deviceCell(d.name(), d.index());
+    std::printf("\n%s %s  %s  busy %s  memory: %s\n", name.find(':') == std::string::npos ? "GPU" : "MIG device",
+                name.c_str(), d.uuid().c_str(), pct(d.busy()).c_str(), memory.c_str());
     if (d.tenants().empty()) {
       std::printf("  no tenant on this device\n");
       continue;

@@ -29,6 +29,7 @@ rpc::TopFrame topFrame(const rpc::TenantsReply& before, const rpc::TenantsReply&
   for (const rpc::Device& d : after.devices()) {
     rpc::TopDevice* td = f.add_devices();
     td->set_index(d.index());
+    td->set_name(d.name());
     td->set_uuid(d.uuid());
     td->set_capacity_bytes(d.capacity_bytes());
     td->set_used_bytes(d.used_bytes());

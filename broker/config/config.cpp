@@ -6,6 +6,8 @@
 // file and in a tenant's environment.
 #include "config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -380,7 +382,7 @@ class Parser {
       } else if (key.text == "gpu_cdi_device") {
         if (!scalar(v, path, "a CDI device name with {uuid} or {index}, e.g. nvidia.com/gpu={uuid}", &text)) return false;
         std::string sample;
-        if (!container::gpuCdiDevice(text, "GPU-00000000-0000-0000-0000-000000000000", 0, &sample, &reason))
+        if (!container::gpuCdiDevice(text, "GPU-00000000-0000-0000-0000-000000000000", "0", &sample, &reason))
           return fail(v.mark, path, reason);
         k.gpuCdiDevice = text;
       } else if (key.text == "pod_resources_socket") {
@@ -591,7 +593,8 @@ class Parser {
       if (!deviceKey(key, kpath, &e)) return false;
       if (!amount(n.items[i], kpath, &e.amount)) return false;
       for (const MemorySpec::Entry& prev : m.entries) {
-        const bool same = e.uuid.empty() ? prev.ordinal == e.ordinal : prev.uuid == e.uuid;
+        const bool same =
+            e.uuid.empty() ? prev.ordinal == e.ordinal && prev.migIndex == e.migIndex : prev.uuid == e.uuid;
         if (same)
           return fail(key.mark, kpath,
                       "duplicate device " + quote(key.text) + ": " + quote(prev.key) + " at line " +
@@ -605,13 +608,38 @@ class Parser {
     return true;
   }
 
-  // A device key, by the CUSHARE_MEMORY_LIMIT rules: an ordinal or GPU-<uuid>.
+  // A device key: by the CUSHARE_MEMORY_LIMIT rules an ordinal, GPU-<uuid> or MIG-<uuid>; or a
+  // MIG device of a GPU as <gpu>:<mig> (NVIDIA's naming, e.g. "0:1").
   bool deviceKey(const Node& key, const std::string& path, MemorySpec::Entry* e) {
-    const std::string_view k = key.text;
-    if (trim(k).empty() || k.find_first_of(",=") != std::string_view::npos)
-      return fail(
-          key.mark, path,
-          "device " + quote(k) + " is neither a non-negative integer ordinal nor GPU-<uuid>");
+    const std::string_view k = trim(key.text);
+    const auto notADevice = [&] {
+      return fail(key.mark, path,
+                  "device " + quote(key.text) +
+                      " is neither a non-negative integer ordinal, <gpu>:<mig> (a MIG device), GPU-<uuid> nor "
+                      "MIG-<uuid>");
+    };
+    if (k.empty() || k.find_first_of(",=") != std::string_view::npos) return notADevice();
+    const auto prefixed = [&](const char* p) {
+      return k.size() >= 4 && std::equal(k.begin(), k.begin() + 4, p, [](char a, char b) {
+               return std::tolower(static_cast<unsigned char>(a)) == b;
+             });
+    };
+    if (k.find(':') == std::string_view::npos && !prefixed("gpu-") && !prefixed("mig-") &&
+        !std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return notADevice();
+    if (const size_t colon = k.find(':'); colon != std::string_view::npos) {
+      int64_t gpu = 0, mig = 0;
+      const std::string_view g = k.substr(0, colon), m = k.substr(colon + 1);
+      const auto digits = [](std::string_view v) {
+        return !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+      };
+      if (!digits(g) || !digits(m)) return notADevice();
+      if (!parseInt(g, 0, 1023, &gpu, nullptr) || !parseInt(m, 0, 1023, &mig, nullptr))
+        return fail(key.mark, path, "device " + quote(key.text) + ": GPU or MIG index too large");
+      e->ordinal = static_cast<int>(gpu);
+      e->migIndex = static_cast<int>(mig);
+      return true;
+    }
     MemoryLimitSpec one;
     std::string reason;
     if (!parseMemoryLimit(std::string(k) + "=1", &one, &reason) || one.entries.size() != 1)
@@ -756,8 +784,22 @@ class Parser {
 };
 
 std::string deviceName(const DeviceInfo& d) {
-  return std::to_string(d.ordinal) + (d.uuid.empty() ? "" : " (" + d.uuid + ")");
+  return d.name() + (d.uuid.empty() ? "" : " (" + d.uuid + (d.mig() ? ", MIG " + d.profile : "") + ")");
 }
+
+}  // namespace
+
+std::string memoryName(const std::vector<DeviceInfo>& devices, size_t d) {
+  std::string members;
+  int n = 0;
+  for (size_t x = 0; x < devices.size(); ++x)
+    if (devices[x].group(x) == devices[d].group(d)) members += (n++ ? ", " : "") + devices[x].name();
+  if (n <= 1) return "device " + deviceName(devices[d]);
+  return "GPU instance " + std::to_string(devices[d].gpuInstance) + " of GPU " + std::to_string(devices[d].ordinal) +
+         " (MIG devices " + members + ", sharing its memory)";
+}
+
+namespace {
 
 std::string sizeText(uint64_t bytes) {
   return std::to_string(bytes) + " bytes (" + formatSize(bytes) + ")";
@@ -844,18 +886,27 @@ bool resolveImpl(const Config& config, const MemorySpec& spec,
       const std::string path = spec.path + "." + yaml::printable(e.key);
       size_t found = devices.size();
       for (size_t d = 0; d < devices.size(); ++d) {
-        const bool match =
-            e.uuid.empty() ? devices[d].ordinal == e.ordinal : devices[d].uuid == e.uuid;
+        const bool match = e.uuid.empty()
+                               ? devices[d].ordinal == e.ordinal && devices[d].migIndex == e.migIndex
+                               : devices[d].uuid == e.uuid;
         if (match) found = d;
       }
       if (found == devices.size()) {
         std::string have;
         for (const DeviceInfo& d : devices) have += (have.empty() ? "" : ", ") + deviceName(d);
+        // A GPU in MIG mode is named, by ordinal or UUID: its MIG devices are what can be limited.
+        std::string migOf;
+        for (const DeviceInfo& d : devices)
+          if (d.mig() && (e.uuid.empty() ? e.migIndex < 0 && d.ordinal == e.ordinal : d.parentUuid == e.uuid))
+            migOf += (migOf.empty() ? "" : ", ") + d.name();
         if (error)
-          *error =
-              yaml::errorLine(config.file, yamlMark(e.mark), path,
-                              "no device " + quote(e.key) + " on this host (" +
-                                  (have.empty() ? "it has no devices" : "devices: " + have) + ")");
+          *error = yaml::errorLine(
+              config.file, yamlMark(e.mark), path,
+              !migOf.empty()
+                  ? "GPU " + quote(e.key) + " is in MIG mode: CUDA runs only in its MIG devices (" + migOf +
+                        "); name one of them as <gpu>:<mig> or MIG-<uuid>"
+                  : "no device " + quote(e.key) + " on this host (" +
+                        (have.empty() ? "it has no devices" : "devices: " + have) + ")");
         return false;
       }
       if (namedBy[found]) {
@@ -885,6 +936,7 @@ bool resolveMemory(const Config& config, const MemorySpec& spec,
 
 bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& devices,
                          std::string* error) {
+  // Per memory group (a GPU, or a GPU instance whose compute instances share its memory).
   std::vector<unsigned __int128> sum(devices.size(), 0);
   std::vector<uint64_t> limits;
   std::vector<const MemorySpec::Entry*> entryOf;
@@ -892,8 +944,9 @@ bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& de
     if (!resolveImpl(config, t.memory, devices, &limits, &entryOf, error)) return false;
     for (size_t d = 0; d < devices.size(); ++d) {
       if (limits[d] == kUnlimited) continue;
-      sum[d] += limits[d];
-      if (sum[d] <= devices[d].totalBytes) continue;
+      const size_t g = std::min(devices[d].group(d), devices.size() - 1);
+      sum[g] += limits[d];
+      if (sum[g] <= devices[d].totalBytes) continue;
       // Name the tenant: at its own memory value (the device's entry of a per-device map), or at
       // the tenant itself when its memory comes from a profile.
       const bool own = t.memory.path.rfind(t.path + ".", 0) == 0;
@@ -903,14 +956,13 @@ bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& de
         at = entryOf[d]->mark;
         path += "." + yaml::printable(entryOf[d]->key);
       }
-      const uint64_t total = sum[d] > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(sum[d]);
+      const uint64_t total = sum[g] > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(sum[g]);
       if (error)
         *error = yaml::errorLine(
             config.file, yamlMark(at), path,
             "tenant " + quote(t.name) + (own ? "" : " (memory from " + t.memory.path + ")") +
-                " brings the memory limits on device " + deviceName(devices[d]) + " to " +
-                sizeText(total) + ", over the device's total of " +
-                sizeText(devices[d].totalBytes) + "; this tenant's limit there is " +
+                " brings the memory limits on " + memoryName(devices, d) + " to " + sizeText(total) +
+                ", over the device's total of " + sizeText(devices[d].totalBytes) + "; this tenant's limit there is " +
                 sizeText(limits[d]));
       return false;
     }
@@ -924,6 +976,7 @@ bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& de
   const bool own = unknown->memory.kind != MemorySpec::kNone;
   const SourceMark at = own ? unknown->memory.mark : unknown->mark;
   const std::string path = own ? unknown->memory.path : "profiles." + unknown->name;
+  std::vector<unsigned __int128> pools(devices.size(), 0);
   for (size_t d = 0; d < devices.size(); ++d) {
     const std::string who = "the unknown_tenants profile " + quote(unknown->name);
     if (limits[d] == kUnlimited) {
@@ -933,15 +986,16 @@ bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& de
                                      ": unknown tenants could take the configured tenants' memory; give it one");
       return false;
     }
-    const unsigned __int128 pool = static_cast<unsigned __int128>(limits[d]) * config.maxUnknownTenants;
-    if (sum[d] + pool <= devices[d].totalBytes) continue;
-    const unsigned __int128 all = sum[d] + pool;
+    const size_t g = std::min(devices[d].group(d), devices.size() - 1);
+    pools[g] += static_cast<unsigned __int128>(limits[d]) * config.maxUnknownTenants;
+    if (sum[g] + pools[g] <= devices[d].totalBytes) continue;
+    const unsigned __int128 all = sum[g] + pools[g];
     if (error)
       *error = yaml::errorLine(
           config.file, yamlMark(at), path,
           who + ": its pool of max_unknown_tenants (" + std::to_string(config.maxUnknownTenants) + ") x " +
-              sizeText(limits[d]) + " brings the memory limits on device " + deviceName(devices[d]) +
-              " to " + sizeText(all > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(all)) +
+              sizeText(limits[d]) + " brings the memory limits on " + memoryName(devices, d) + " to " +
+              sizeText(all > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(all)) +
               ", over the device's total of " + sizeText(devices[d].totalBytes) +
               "; lower max_unknown_tenants or the profile's memory");
     return false;

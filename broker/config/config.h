@@ -42,8 +42,9 @@ struct MemorySpec {
     kPerDevice,  // amounts for the named devices only; other devices: no limit
   };
   struct Entry {
-    int ordinal = -1;  // device ordinal, or -1 when uuid names the device
-    std::string uuid;  // "GPU-" + lower-case hex, or empty when ordinal is used
+    int ordinal = -1;   // device ordinal (a GPU's NVML index), or -1 when uuid names the device
+    int migIndex = -1;  // with ordinal: the MIG device's index under that GPU ("0:1"), or -1
+    std::string uuid;   // "GPU-" or "MIG-" + lower-case hex, or empty when ordinal is used
     MemoryAmount amount;
     std::string key;  // the device key as written, for messages
     SourceMark mark;  // of the key
@@ -223,10 +224,28 @@ bool parseConfig(std::string_view text, const std::string& nameForErrors, Config
 bool loadConfig(const std::string& path, Config* out, std::string* error);
 
 // A device of this host, as the broker sees it.
+// A device the broker shares: a whole GPU, or a MIG device (one compute instance of a GPU
+// instance on a GPU in MIG mode; docs/mig.md). A GPU in MIG mode is not a device itself: CUDA runs
+// only in its MIG devices.
 struct DeviceInfo {
-  int ordinal = 0;
-  std::string uuid;         // "GPU-<lower-case hex>"
-  uint64_t totalBytes = 0;  // device memory
+  int ordinal = 0;          // the GPU's NVML index (a MIG device's: its parent's)
+  int migIndex = -1;        // the MIG device's NVML index under its GPU; -1 for a whole GPU
+  std::string uuid;         // "GPU-<lower-case hex>", or "MIG-<lower-case hex>" for a MIG device
+  uint64_t totalBytes = 0;  // device memory (a MIG device: its GPU instance's)
+  // MIG devices only:
+  std::string parentUuid;   // the GPU's "GPU-..." UUID
+  std::string profile;      // e.g. "3g.40gb", "1c.3g.40gb" (from NVML's name of the MIG device)
+  unsigned gpuInstance = 0, computeInstance = 0;  // GI and CI IDs
+  // Index in the device list of the first device sharing this one's memory: itself for a GPU or
+  // the first MIG device of its GPU instance (compute instances of one GPU instance share its
+  // memory, so memory limits are admitted against it together). SIZE_MAX: its own (group(self)).
+  size_t memoryGroup = SIZE_MAX;
+  size_t group(size_t self) const { return memoryGroup == SIZE_MAX ? self : memoryGroup; }
+  bool mig() const { return migIndex >= 0; }
+  // "0" for a GPU, "0:1" for MIG device 1 of GPU 0 (NVIDIA's <gpu>:<mig> naming).
+  std::string name() const {
+    return std::to_string(ordinal) + (mig() ? ":" + std::to_string(migIndex) : std::string());
+  }
 };
 
 // One tenant's memory limit on each device: (*limits)[i] for devices[i], kUnlimited where the
@@ -245,6 +264,11 @@ bool resolveMemory(const Config& config, const MemorySpec& spec,
 // resolveMemory does.
 bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& devices,
                          std::string* error);
+
+// The memory device d's limits are admitted against, for messages: "device 0 (GPU-...)", or "GPU
+// instance 1 of GPU 0 (MIG devices 0:0, 0:1, sharing its memory)" when several compute instances
+// (MIG devices) share their GPU instance's memory.
+std::string memoryName(const std::vector<DeviceInfo>& devices, size_t d);
 
 // An amount's bytes on a device of total bytes: a percentage is rounded down to whole bytes.
 uint64_t bytesOn(const MemoryAmount& a, uint64_t total);

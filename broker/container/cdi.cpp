@@ -39,7 +39,7 @@ bool validCdiDeviceName(std::string_view name, std::string* reason) {
   return true;
 }
 
-bool gpuCdiDevice(std::string_view tmpl, const std::string& uuid, uint32_t index, std::string* out,
+bool gpuCdiDevice(std::string_view tmpl, const std::string& uuid, std::string_view index, std::string* out,
                   std::string* err) {
   std::string name;
   for (size_t i = 0; i < tmpl.size();) {
@@ -50,7 +50,7 @@ bool gpuCdiDevice(std::string_view tmpl, const std::string& uuid, uint32_t index
     const size_t close = tmpl.find('}', i);
     const std::string_view word = tmpl.substr(i, close == std::string_view::npos ? std::string_view::npos : close - i + 1);
     if (word == "{uuid}") name += uuid;
-    else if (word == "{index}") name += std::to_string(index);
+    else if (word == "{index}") name += index;
     else return fail(err, "'" + std::string(word.substr(0, 40)) + "' is not {uuid} or {index}");
     i += word.size();
   }

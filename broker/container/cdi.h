@@ -34,9 +34,10 @@ bool validCdiDeviceName(std::string_view name, std::string* reason);
 
 // The qualified CDI device that gives a container GPU `index` (UUID `uuid`), from a template in
 // which {uuid} and {index} stand for them: "nvidia.com/gpu={uuid}" names the devices NVIDIA's
-// `nvidia-ctk cdi generate` writes. False with *err when the template holds another {...} or the
+// `nvidia-ctk cdi generate` writes. A MIG device's index is "<gpu>:<mig>" and its UUID "MIG-...",
+// as nvidia-ctk names MIG devices. False with *err when the template holds another {...} or the
 // result is not vendor/class=name by CDI's rules.
-bool gpuCdiDevice(std::string_view tmpl, const std::string& uuid, uint32_t index, std::string* out,
+bool gpuCdiDevice(std::string_view tmpl, const std::string& uuid, std::string_view index, std::string* out,
                   std::string* err);
 
 struct CdiSpec {

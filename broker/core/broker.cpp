@@ -156,8 +156,11 @@ std::map<std::string, std::vector<uint64_t>> Broker::effectiveLimitsLocked(
 // The configuration checks the configured limits; live overrides must fit beside them too.
 bool Broker::checkEffective(const Config& c, const std::map<std::string, std::vector<uint64_t>>& limits,
                             const std::vector<uint64_t>& unknown, std::string* err) const {
+  // Per memory group: a GPU, or a GPU instance whose compute instances (MIG devices) share it.
+  std::vector<unsigned __int128> sums(devices_.size(), 0);
   for (size_t d = 0; d < devices_.size(); ++d) {
-    unsigned __int128 sum = 0;
+    const size_t g = std::min(devices_[d].group(d), devices_.size() - 1);
+    unsigned __int128& sum = sums[g];
     for (const Tenant& t : c.tenants) {
       const uint64_t v = limits.at(t.name)[d];
       if (v != kNoLimit) sum += v;
@@ -166,9 +169,9 @@ bool Broker::checkEffective(const Config& c, const std::map<std::string, std::ve
     if (!c.unknownTenantsProfile.empty() && unknown[d] != kNoLimit)
       sum += static_cast<unsigned __int128>(unknown[d]) * c.maxUnknownTenants;
     if (sum > devices_[d].totalBytes) {
-      *err = "the limits on device " + std::to_string(d) + " (" + devices_[d].uuid + ") would add up to " +
-             formatSize(static_cast<uint64_t>(std::min<unsigned __int128>(sum, UINT64_MAX))) +
-             ", more than its " + formatSize(devices_[d].totalBytes) +
+      *err = "the limits on " + memoryName(devices_, d) + " would add up to " +
+             formatSize(static_cast<uint64_t>(std::min<unsigned __int128>(sum, UINT64_MAX))) + ", more than its " +
+             formatSize(devices_[d].totalBytes) +
              " (live limits set with cushare set-limit count too, and the unknown tenants' pool; see cushare tenants)";
       return false;
     }
@@ -363,7 +366,7 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       // A second entry naming the device is never a shim's (it adds one under flock only when none
       // is found): a tenant that wrote one would have a second budget there. Its limit is 0.
       const bool duplicate = t->entry[dev] != e;
-      enforce(e, "device " + std::to_string(d) + (duplicate ? " (a second entry for it)" : ""),
+      enforce(e, "device " + devices_[d].name() + (duplicate ? " (a second entry for it)" : ""),
               duplicate ? 0 : ledgerLimitLocked(*t, dev), first && !duplicate);
     }
     for (size_t d = 0; d < devices_.size() && !failed; ++d) {
@@ -383,7 +386,7 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
         continue;
       }
       t->entryDevice[t->entry[d]] = d;
-      enforce(t->entry[d], "device " + std::to_string(d), ledgerLimitLocked(*t, d), false);
+      enforce(t->entry[d], "device " + devices_[d].name(), ledgerLimitLocked(*t, d), false);
     }
   });
   if (!ok) {
@@ -914,7 +917,7 @@ bool Broker::setLimit(const std::string& tenant, const LimitChange& change, std:
       return false;
     }
     if (bytes > dev.totalBytes) {
-      *err = "a limit of " + formatSize(bytes) + " is more than device " + std::to_string(d) + "'s " +
+      *err = "a limit of " + formatSize(bytes) + " is more than device " + devices_[d].name() + "'s " +
              formatSize(dev.totalBytes);
       return false;
     }
@@ -1126,7 +1129,13 @@ BrokerSnapshot Broker::snapshot() {
   for (size_t i = 0; i < devices_.size(); ++i) {
     DeviceSnapshot d;
     d.index = devices_[i].ordinal;
+    d.name = devices_[i].name();
     d.uuid = devices_[i].uuid;
+    d.migIndex = devices_[i].migIndex;
+    d.parentUuid = devices_[i].parentUuid;
+    d.migProfile = devices_[i].profile;
+    d.gpuInstance = devices_[i].gpuInstance;
+    d.computeInstance = devices_[i].computeInstance;
     d.capacity = devices_[i].totalBytes;
     d.busyNs = i < deviceBusyNs_.size() ? deviceBusyNs_[i] : 0;
     if (i < outside_.size() && outside_[i].read) {
@@ -1176,10 +1185,10 @@ int Broker::tick(bool scanDirectory) {
   std::vector<std::map<int, uint64_t>> onDevice;
   std::vector<uint64_t> deviceUsed, deviceUsedHigh;
   std::string err;
-  const bool device = processMemory(devices_.size(), &onDevice, &err, &deviceUsed, &deviceUsedHigh);
+  const bool device = processMemory(devices_, &onDevice, &err, &deviceUsed, &deviceUsedHigh);
   std::vector<std::map<int, uint64_t>> deviceBusy;
   std::string busyErr;
-  const bool busyRead = device && busyReader_.read(devices_.size(), &deviceBusy, &busyErr);
+  const bool busyRead = device && busyReader_.read(devices_, &deviceBusy, &busyErr);
   std::vector<std::string> busy;
   int reaped = 0;
   {

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "cushare/nvml_api.h"
 
@@ -29,6 +30,42 @@ struct Nvml {
   nvmlReturn_t (*mps)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;
   nvmlReturn_t (*utilization)(nvmlDevice_t, nvmlProcessUtilizationSample_t*, unsigned*, unsigned long long) = nullptr;
   const char* (*errorString)(nvmlReturn_t) = nullptr;
+  // MIG (optional: an NVML without them has no MIG devices).
+  nvmlReturn_t (*migMode)(nvmlDevice_t, unsigned*, unsigned*) = nullptr;
+  nvmlReturn_t (*maxMig)(nvmlDevice_t, unsigned*) = nullptr;
+  nvmlReturn_t (*migHandle)(nvmlDevice_t, unsigned, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*giId)(nvmlDevice_t, unsigned*) = nullptr;
+  nvmlReturn_t (*ciId)(nvmlDevice_t, unsigned*) = nullptr;
+  nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned) = nullptr;
+
+  void bindMig() {
+    migMode = reinterpret_cast<decltype(migMode)>(::dlsym(lib, "nvmlDeviceGetMigMode"));
+    maxMig = reinterpret_cast<decltype(maxMig)>(::dlsym(lib, "nvmlDeviceGetMaxMigDeviceCount"));
+    migHandle = reinterpret_cast<decltype(migHandle)>(::dlsym(lib, "nvmlDeviceGetMigDeviceHandleByIndex"));
+    giId = reinterpret_cast<decltype(giId)>(::dlsym(lib, "nvmlDeviceGetGpuInstanceId"));
+    ciId = reinterpret_cast<decltype(ciId)>(::dlsym(lib, "nvmlDeviceGetComputeInstanceId"));
+    name = reinterpret_cast<decltype(name)>(::dlsym(lib, "nvmlDeviceGetName"));
+  }
+  bool hasMig() const { return migMode && maxMig && migHandle && giId && ciId && name; }
+
+  // The NVML handle of one of listDevices' devices: the GPU's, or its MIG device's.
+  nvmlReturn_t handleOf(const DeviceInfo& d, nvmlDevice_t* out) const {
+    nvmlDevice_t gpu;
+    nvmlReturn_t r = handle(static_cast<unsigned>(d.ordinal), &gpu);
+    if (r != NVML_SUCCESS || !d.mig()) {
+      *out = gpu;
+      return r;
+    }
+    if (!migHandle || !uuid) return NVML_ERROR_NOT_SUPPORTED;
+    if ((r = migHandle(gpu, static_cast<unsigned>(d.migIndex), out)) != NVML_SUCCESS) return r;
+    // A MIG index names another compute instance after the layout changed: never read it as this
+    // one (the broker lists devices at start; docs/mig.md says to restart it after a change).
+    char now[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+    uint8_t a[16], b[16];
+    if ((r = uuid(*out, now, sizeof now)) != NVML_SUCCESS) return r;
+    if (!parseGpuUuid(now, a) || !parseGpuUuid(d.uuid, b) || std::memcmp(a, b, 16) != 0) return NVML_ERROR_NOT_FOUND;
+    return NVML_SUCCESS;
+  }
 
   std::string describe(nvmlReturn_t r) const {
     return errorString ? errorString(r) : "NVML error " + std::to_string(static_cast<int>(r));
@@ -75,8 +112,10 @@ const Nvml* tickNvml(std::string* err) {
         !bind(n.lib, "nvmlDeviceGetMemoryInfo", &n.memory, &e))
       return e;
     bind(n.lib, "nvmlDeviceGetMPSComputeRunningProcesses_v3", &n.mps, &e);  // optional: MPS clients
+    bind(n.lib, "nvmlDeviceGetUUID", &n.uuid, &e);  // MIG devices: checked to be the listed ones
     bind(n.lib, "nvmlDeviceGetProcessUtilization", &n.utilization, &e);   // optional: busy cross-check
     bind(n.lib, "nvmlErrorString", &n.errorString, &e);
+    n.bindMig();
     if (nvmlReturn_t r = n.init(); r != NVML_SUCCESS) return "NVML failed to start: " + n.describe(r);
     return std::string();
   }();
@@ -87,25 +126,35 @@ const Nvml* tickNvml(std::string* err) {
   return &n;
 }
 
+// Why a device's processes cannot be read; a MIG device that is gone (or whose index another
+// compute instance now has) says the layout changed.
+std::string cannotList(const Nvml& n, const DeviceInfo& d, nvmlReturn_t r) {
+  if (d.mig() && (r == NVML_ERROR_NOT_FOUND || r == NVML_ERROR_INVALID_ARGUMENT))
+    return "MIG device " + d.name() + " (" + d.uuid + ") is gone or another compute instance has its index: the "
+           "MIG layout changed since the broker started, restart it (docs/mig.md)";
+  return "NVML cannot list the processes of device " + d.name() + ": " + n.describe(r);
+}
+
 }  // namespace
 
-bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
+bool processMemory(const std::vector<DeviceInfo>& list, std::vector<std::map<int, uint64_t>>* out, std::string* err,
                    std::vector<uint64_t>* deviceUsed, std::vector<uint64_t>* deviceUsedHigh) {
   const Nvml* nv = tickNvml(err);
   if (nv == nullptr) return false;
   const Nvml& n = *nv;
+  const size_t devices = list.size();
   std::vector<std::map<int, uint64_t>> result(devices);
   std::vector<uint64_t> used(devices, 0), usedHigh(devices, 0);
   const auto readUsed = [&](nvmlDevice_t h, size_t i, uint64_t* out) {
     nvmlMemory_t m{};
     const nvmlReturn_t r = n.memory(h, &m);
-    if (r != NVML_SUCCESS) *err = "NVML cannot read the memory of device " + std::to_string(i) + ": " + n.describe(r);
+    if (r != NVML_SUCCESS) *err = "NVML cannot read the memory of device " + list[i].name() + ": " + n.describe(r);
     *out = m.used;
     return r == NVML_SUCCESS;
   };
   for (size_t i = 0; i < devices; ++i) {
     nvmlDevice_t h;
-    nvmlReturn_t r = n.handle(static_cast<unsigned>(i), &h);
+    nvmlReturn_t r = n.handleOf(list[i], &h);
     // The device's total is read before and after its process lists: the lists and the total
     // cannot be read at one instant, and a process allocating between the list and a later total
     // would show as memory no process holds. The smaller of the two under-states "the total minus
@@ -118,8 +167,22 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
     // of the larger total of all the readings, so allocations racing the reads neither charge
     // an exiting tenant nor clear a real charge.
     if (r != NVML_SUCCESS) {
-      *err = "NVML cannot list the processes of device " + std::to_string(i) + ": " + n.describe(r);
+      *err = cannotList(n, list[i], r);
       return false;
+    }
+    // Compute instances of one GPU instance share its memory: NVML's used memory of a MIG device
+    // is its GPU instance's, its process list the compute instance's own. Memory the processes of
+    // the sibling compute instances (devices of the same memory group) hold is taken off.
+    std::vector<nvmlDevice_t> siblings;
+    for (size_t j = 0; j < devices; ++j) {
+      nvmlDevice_t s;
+      if (j != i && list[i].mig() && list[j].group(j) == list[i].group(i)) {
+        if ((r = n.handleOf(list[j], &s)) != NVML_SUCCESS) {
+          *err = cannotList(n, list[j], r);
+          return false;
+        }
+        siblings.push_back(s);
+      }
     }
     uint64_t bestUnheld = UINT64_MAX;
     for (int attempt = 0; attempt < 3 && bestUnheld != 0; ++attempt) {
@@ -128,8 +191,11 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
       if (deviceUsed != nullptr && !readUsed(h, i, &before)) return false;
       r = addProcesses(n.compute, h, &listed);
       if (r == NVML_SUCCESS && n.mps != nullptr) r = addProcesses(n.mps, h, &listed);
+      std::map<int, uint64_t> inSiblings;
+      for (nvmlDevice_t s : siblings)
+        if (r == NVML_SUCCESS) r = addProcesses(n.compute, s, &inSiblings);
       if (r != NVML_SUCCESS) {
-        *err = "NVML cannot list the processes of device " + std::to_string(i) + ": " + n.describe(r);
+        *err = "NVML cannot list the processes of device " + list[i].name() + ": " + n.describe(r);
         return false;
       }
       if (deviceUsed == nullptr) {
@@ -137,8 +203,11 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
         break;
       }
       if (!readUsed(h, i, &after)) return false;
-      uint64_t held = 0;
+      uint64_t held = 0, siblingsHeld = 0;
       for (const auto& [pid, bytes] : listed) held += bytes;
+      for (const auto& [pid, bytes] : inSiblings) siblingsHeld += bytes;
+      before = before > siblingsHeld ? before - siblingsHeld : 0;
+      after = after > siblingsHeld ? after - siblingsHeld : 0;
       const uint64_t low = std::min(before, after);
       const uint64_t unheld = low > held ? low - held : 0;
       usedHigh[i] = std::max({usedHigh[i], before, after});
@@ -155,7 +224,9 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
   return true;
 }
 
-bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err) {
+bool ProcessBusyReader::read(const std::vector<DeviceInfo>& list, std::vector<std::map<int, uint64_t>>* out,
+                             std::string* err) {
+  const size_t devices = list.size();
   const Nvml* nv = tickNvml(err);
   if (nv == nullptr) return false;
   if (nv->utilization == nullptr) {
@@ -167,8 +238,11 @@ bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>
   std::vector<std::map<int, uint64_t>> result(devices);
   std::vector<nvmlProcessUtilizationSample_t> samples(64);
   for (size_t i = 0; i < devices; ++i) {
+    // NVML has no per-process utilization on MIG (NOT_SUPPORTED, as its notes say): a MIG device's
+    // busy time is the tenants' metering alone (docs/mig.md), not an error to report every tick.
+    if (list[i].mig()) continue;
     nvmlDevice_t h;
-    nvmlReturn_t r = nv->handle(static_cast<unsigned>(i), &h);
+    nvmlReturn_t r = nv->handleOf(list[i], &h);
     unsigned n = 0;
     while (r == NVML_SUCCESS) {
       n = static_cast<unsigned>(samples.size());
@@ -181,7 +255,7 @@ bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>
       n = 0;  // no sample newer than the last one seen
     } else if (r != NVML_SUCCESS) {
       // This device only (one that cannot answer, e.g. with MIG on): the others are still read.
-      *err = "NVML cannot read the per-process utilization of device " + std::to_string(i) + ": " + nv->describe(r);
+      *err = "NVML cannot read the per-process utilization of device " + list[i].name() + ": " + nv->describe(r);
       continue;
     }
     n = std::min<unsigned>(n, static_cast<unsigned>(samples.size()));
@@ -217,7 +291,7 @@ bool ProcessBusyReader::read(size_t devices, std::vector<std::map<int, uint64_t>
 }
 
 bool parseGpuUuid(const std::string& text, uint8_t out[16]) {
-  if (text.rfind("GPU-", 0) != 0) return false;
+  if (text.rfind("GPU-", 0) != 0 && text.rfind("MIG-", 0) != 0) return false;
   int n = 0;
   for (size_t i = 4; i < text.size(); ++i) {
     if (text[i] == '-') continue;
@@ -230,7 +304,7 @@ bool parseGpuUuid(const std::string& text, uint8_t out[16]) {
   return n == 16;
 }
 
-bool listDevices(std::vector<DeviceInfo>* out, std::string* err) {
+bool listDevices(std::vector<DeviceInfo>* out, std::string* err, std::vector<std::string>* migWithoutDevices) {
   Nvml n;
   n.lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (n.lib == nullptr) {
@@ -244,42 +318,90 @@ bool listDevices(std::vector<DeviceInfo>* out, std::string* err) {
             bind(n.lib, "nvmlDeviceGetMemoryInfo", &n.memory, err);
   bind(n.lib, "nvmlErrorString", &n.errorString, err);  // optional: messages only
   if (!ok) return false;  // the library stays loaded: NVML does not like being unloaded
+  n.bindMig();
   if (nvmlReturn_t r = n.init(); r != NVML_SUCCESS) {
     *err = "NVML failed to start: " + n.describe(r);
     return false;
   }
-  unsigned count = 0;
-  std::vector<DeviceInfo> devices;
-  nvmlReturn_t r = n.count(&count);
-  for (unsigned i = 0; r == NVML_SUCCESS && i < count; ++i) {
-    nvmlDevice_t h;
-    char uuid[96] = {};
-    nvmlMemory_t mem{};
-    if ((r = n.handle(i, &h)) != NVML_SUCCESS || (r = n.uuid(h, uuid, sizeof uuid)) != NVML_SUCCESS ||
-        (r = n.memory(h, &mem)) != NVML_SUCCESS) {
-      *err = "NVML cannot describe device " + std::to_string(i) + ": " + n.describe(r);
-      n.shutdown();
-      return false;
-    }
-    DeviceInfo d;
-    d.ordinal = static_cast<int>(i);
-    uint8_t bytes[16];
-    if (!parseGpuUuid(uuid, bytes)) {
-      *err = "NVML reports device " + std::to_string(i) + " with an unreadable UUID '" + uuid + "'";
-      n.shutdown();
-      return false;
-    }
-    d.uuid = formatGpuUuid(bytes);  // the one spelling the configuration and the shim use
-    d.totalBytes = mem.total;
-    devices.push_back(std::move(d));
-  }
-  if (r != NVML_SUCCESS) {
-    *err = "NVML cannot count devices: " + n.describe(r);
+  const auto failWith = [&](const std::string& why) {
+    *err = why;
     n.shutdown();
     return false;
+  };
+  // UUID and total memory of a handle, into d (its spelling checked: "GPU-" for a GPU, "MIG-" for
+  // a MIG device).
+  const auto describe = [&](nvmlDevice_t h, const std::string& what, bool mig, DeviceInfo* d, std::string* why) {
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+    nvmlMemory_t mem{};
+    nvmlReturn_t r;
+    if ((r = n.uuid(h, uuid, sizeof uuid)) != NVML_SUCCESS || (r = n.memory(h, &mem)) != NVML_SUCCESS) {
+      *why = "NVML cannot describe " + what + ": " + n.describe(r);
+      return false;
+    }
+    uint8_t bytes[16];
+    if (std::string(uuid).rfind(mig ? "MIG-" : "GPU-", 0) != 0 || !parseGpuUuid(uuid, bytes)) {
+      *why = "NVML reports " + what + " with an unreadable UUID '" + uuid + "'";
+      return false;
+    }
+    d->uuid = formatDeviceUuid(bytes, mig);  // the one spelling the configuration and the shim use
+    d->totalBytes = mem.total;
+    return true;
+  };
+  unsigned count = 0;
+  std::vector<DeviceInfo> devices;
+  std::vector<std::string> idle;
+  nvmlReturn_t r = n.count(&count);
+  if (r != NVML_SUCCESS) return failWith("NVML cannot count devices: " + n.describe(r));
+  for (unsigned i = 0; i < count; ++i) {
+    nvmlDevice_t h;
+    DeviceInfo gpu;
+    gpu.ordinal = static_cast<int>(i);
+    std::string why;
+    if ((r = n.handle(i, &h)) != NVML_SUCCESS)
+      return failWith("NVML cannot describe device " + std::to_string(i) + ": " + n.describe(r));
+    if (!describe(h, "device " + std::to_string(i), false, &gpu, &why)) return failWith(why);
+    unsigned current = NVML_DEVICE_MIG_DISABLE, pending = NVML_DEVICE_MIG_DISABLE;
+    // A GPU without MIG answers NOT_SUPPORTED: a whole GPU.
+    if (!n.hasMig() || n.migMode(h, &current, &pending) != NVML_SUCCESS || current != NVML_DEVICE_MIG_ENABLE) {
+      gpu.memoryGroup = devices.size();
+      devices.push_back(std::move(gpu));
+      continue;
+    }
+    unsigned max = 0;
+    if ((r = n.maxMig(h, &max)) != NVML_SUCCESS)
+      return failWith("NVML cannot count the MIG devices of GPU " + std::to_string(i) + ": " + n.describe(r));
+    const size_t first = devices.size();
+    for (unsigned j = 0; j < max; ++j) {
+      nvmlDevice_t m;
+      r = n.migHandle(h, j, &m);
+      if (r == NVML_ERROR_NOT_FOUND || r == NVML_ERROR_INVALID_ARGUMENT) continue;  // no MIG device there
+      const std::string what = "MIG device " + std::to_string(i) + ":" + std::to_string(j);
+      DeviceInfo d;
+      d.ordinal = static_cast<int>(i);
+      d.migIndex = static_cast<int>(j);
+      d.parentUuid = gpu.uuid;
+      char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE] = {};
+      if (r != NVML_SUCCESS || (r = n.giId(m, &d.gpuInstance)) != NVML_SUCCESS ||
+          (r = n.ciId(m, &d.computeInstance)) != NVML_SUCCESS || (r = n.name(m, name, sizeof name)) != NVML_SUCCESS)
+        return failWith("NVML cannot describe " + what + ": " + n.describe(r));
+      if (!describe(m, what, true, &d, &why)) return failWith(why);
+      // "<board> MIG <profile>", as NVML and CUDA name a MIG device.
+      const std::string full = name;
+      const size_t at = full.rfind(" MIG ");
+      d.profile = at == std::string::npos ? full : full.substr(at + 5);
+      d.memoryGroup = devices.size();
+      for (size_t k = first; k < devices.size(); ++k)
+        if (devices[k].gpuInstance == d.gpuInstance) {
+          d.memoryGroup = devices[k].memoryGroup;
+          break;
+        }
+      devices.push_back(std::move(d));
+    }
+    if (devices.size() == first) idle.push_back(std::to_string(i) + " (" + gpu.uuid + ")");
   }
   n.shutdown();
   *out = std::move(devices);
+  if (migWithoutDevices != nullptr) *migWithoutDevices = std::move(idle);
   return true;
 }
 

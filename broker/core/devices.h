@@ -11,9 +11,13 @@
 
 namespace cushare::broker {
 
-// Every device NVML lists, in NVML's order: ordinal, "GPU-<hex>" UUID, total memory. False with
-// one line in *err when NVML cannot be loaded or answers an error.
-bool listDevices(std::vector<DeviceInfo>* out, std::string* err);
+// Every device NVML lists, in NVML's order: ordinal, "GPU-<hex>" UUID, total memory. A GPU in MIG
+// mode (its current mode) is listed as its MIG devices instead, in NVML's MIG device order: "MIG-"
+// UUID, its GPU instance's memory, profile, GI and CI IDs, and the memory group shared by the
+// compute instances of one GPU instance; a GPU in MIG mode without MIG devices adds nothing and is
+// named in *migWithoutDevices. False with one line in *err when NVML cannot be loaded or answers an
+// error.
+bool listDevices(std::vector<DeviceInfo>* out, std::string* err, std::vector<std::string>* migWithoutDevices = nullptr);
 
 // What each process holds on each device, as the driver counts it: NVML's per-process used memory
 // (compute processes, and MPS clients), indexed like listDevices' devices, host pid -> bytes. NVML
@@ -24,7 +28,9 @@ bool listDevices(std::vector<DeviceInfo>* out, std::string* err);
 // before and after its process lists: the smaller of the two (a change between the reads never
 // makes memory appear that no process holds), and in deviceUsedHigh the larger (never makes it
 // disappear).
-bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
+// A MIG device's used memory is its GPU instance's less what the processes of the other compute
+// instances of that GPU instance hold (listed beside it with the same memory group).
+bool processMemory(const std::vector<DeviceInfo>& devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
                    std::vector<uint64_t>* deviceUsed = nullptr, std::vector<uint64_t>* deviceUsedHigh = nullptr);
 
 // The device's own count of each process's busy time, for checking what tenants meter
@@ -34,19 +40,21 @@ bool processMemory(size_t devices, std::vector<std::map<int, uint64_t>>* out, st
 // (listDevices' order), host pid -> ns (a device that cannot answer adds nothing and leaves the
 // others read; *err says why). A process's first sample only starts its count (its period's
 // start is unknown), and a period is taken as at most kMaxSamplePeriodUs (a guess: the driver's
-// sampling period, [unverified]). False with one line in *err when NVML cannot answer at all.
+// sampling period, [unverified]). MIG devices add nothing (NVML has no utilization there). False
+// with one line in *err when NVML cannot answer at all.
 class ProcessBusyReader {
  public:
   static constexpr uint64_t kMaxSamplePeriodUs = 200'000;
   static constexpr uint64_t kForgetAfterUs = 30'000'000;
-  bool read(size_t devices, std::vector<std::map<int, uint64_t>>* out, std::string* err);
+  bool read(const std::vector<DeviceInfo>& devices, std::vector<std::map<int, uint64_t>>* out, std::string* err);
 
  private:
   std::vector<unsigned long long> lastSeenUs_;          // per device: the newest sample's timestamp
   std::vector<std::map<int, uint64_t>> lastSampleUs_;   // per device: each pid's newest sample
 };
 
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (dashes optional, any case) to its 16 bytes.
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" or "MIG-..." (dashes optional, any case) to its 16
+// bytes.
 bool parseGpuUuid(const std::string& text, uint8_t out[16]);
 
 }  // namespace cushare::broker

@@ -288,6 +288,16 @@ MpsSupervisor::MpsSupervisor(Broker& broker, std::string configPath)
 
 MpsSupervisor::~MpsSupervisor() { stop(); }
 
+std::string migRefusal(const std::vector<DeviceSnapshot>& devices) {
+  std::string mig;
+  for (const DeviceSnapshot& d : devices)
+    if (d.migIndex >= 0) mig += (mig.empty() ? "" : ", ") + d.name;
+  if (mig.empty()) return "";
+  return "this host's devices are MIG devices (" + mig +
+         "), and cushare does not run MPS inside MIG devices (one server per MIG device) yet; compute caps "
+         "there are kept by pacing (docs/mig.md)";
+}
+
 bool MpsSupervisor::start(std::string* err) {
   if (!loadConfig(configPath_, &full_, err)) return false;
   err->clear();
@@ -322,7 +332,16 @@ bool MpsSupervisor::start(std::string* err) {
 
 bool MpsSupervisor::startMps(std::string* err) {
   err->clear();
-  std::string why;
+  std::string why = migRefusal(broker_.snapshot().devices);
+  if (!why.empty()) {
+    if (config_.mode == MpsConfig::Mode::kOn) {
+      *err = "mps.mode on: " + why;
+      return false;
+    }
+    snap_.why = why;
+    CUSHARE_BLOG(info, "mps: mode auto, and MPS is off: {}", why);
+    return false;
+  }
   control_.binary = resolveMpsControl(config_, &why);
   control_.pipeDir = config_.pipeDir;
   control_.logDir = config_.logDir;
@@ -392,7 +411,13 @@ int MpsSupervisor::pidFromFile() const {
 void MpsSupervisor::publish(bool force) {
   const BrokerSnapshot b = broker_.snapshot();
   std::vector<DeviceInfo> devices;
-  for (const DeviceSnapshot& d : b.devices) devices.push_back({d.index, d.uuid, d.capacity});
+  for (const DeviceSnapshot& d : b.devices) {
+    DeviceInfo i;
+    i.ordinal = d.index;
+    i.uuid = d.uuid;
+    i.totalBytes = d.capacity;
+    devices.push_back(std::move(i));
+  }
   std::map<std::string, std::string> files;
   std::map<std::string, std::optional<int>> published;
   bool anyUncapped = false;

@@ -59,6 +59,8 @@ std::string resolveMpsControl(const MpsConfig& c, std::string* why);
 // What the start's making of mps.pipe_dir and mps.log_dir would say, without making them
 // (--check): each is a directory of this user that others cannot write, or can be created.
 bool checkMpsDirs(const MpsConfig& c, std::string* why);
+// Why MPS cannot run on these devices (some are MIG devices), or "" when it can.
+std::string migRefusal(const std::vector<DeviceSnapshot>& devices);
 
 class MpsSupervisor {
  public:

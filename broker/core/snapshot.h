@@ -16,8 +16,8 @@ namespace cushare::broker {
 inline constexpr uint64_t kNoLimit = UINT64_MAX;
 
 struct DeviceSnapshot {
-  int index = 0;             // the broker's NVML index
-  std::string uuid;          // "GPU-..."
+  int index = 0;             // the GPU's NVML index (a MIG device's: its parent's)
+  std::string uuid;          // "GPU-...", or "MIG-..." for a MIG device
   uint64_t capacity = 0;     // bytes
   uint64_t used = 0;         // bytes, summed over every tenant the broker manages
   // The device's own accounting (NVML), as of the broker's last tick (outside_memory.cpp):
@@ -26,6 +26,11 @@ struct DeviceSnapshot {
   std::vector<int> outsidePids;  // those processes (host pids), largest first
   bool read = false;         // the device's accounting could be read
   uint64_t busyNs = 0;       // every process's busy time on it as NVML counted it, ns (counter)
+  std::string name;          // "0", or "0:1" for MIG device 1 of GPU 0 (set by the broker)
+  int migIndex = -1;         // MIG devices only (-1 otherwise): index under the GPU, and below
+  std::string parentUuid;    // the GPU's UUID
+  std::string migProfile;    // e.g. "3g.40gb"
+  unsigned gpuInstance = 0, computeInstance = 0;
 };
 
 struct TenantDeviceSnapshot {

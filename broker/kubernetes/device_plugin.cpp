@@ -54,7 +54,8 @@ std::map<std::string, std::string> gpuDevicesOf(const PluginSettings& s) {
   if (s.gpuCdiDevice.empty()) return out;
   for (size_t i = 0; i < s.gpus.size(); ++i) {
     std::string name, why;
-    if (container::gpuCdiDevice(s.gpuCdiDevice, s.gpus[i], static_cast<uint32_t>(i), &name, &why)) out[s.gpus[i]] = name;
+    const std::string index = i < s.gpuNames.size() ? s.gpuNames[i] : std::to_string(i);
+    if (container::gpuCdiDevice(s.gpuCdiDevice, s.gpus[i], index, &name, &why)) out[s.gpus[i]] = name;
     else CUSHARE_BLOG(error, "kubernetes: gpu_cdi_device for {}: {}", s.gpus[i], why);
   }
   return out;

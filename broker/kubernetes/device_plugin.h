@@ -41,6 +41,7 @@ struct PluginSettings {
   std::string dir;                  // the kubelet's device plugin directory
   uint32_t devicesPerGpu = 1;
   std::vector<std::string> gpus;    // the broker's devices, by UUID, in index order
+  std::vector<std::string> gpuNames;  // beside gpus: "0", or "0:1" for a MIG device (gpu_cdi_device's {index})
   std::vector<PluginTenant> tenants;
   // When set, Allocate also names the CDI device of each GPU of the IDs it is given
   // (container::gpuCdiDevice: {uuid}, {index}), so pods get the GPU through the resource.

@@ -78,9 +78,12 @@ class Writer {
 // The device label of a tenant's entry: the broker's NVML index, as on the cushare_device_*
 // families. TenantDeviceSnapshot::device indexes BrokerSnapshot::devices; an index out of range
 // (a bug in the snapshot's producer) is printed as it is rather than taking the endpoint down.
+// "0" for GPU 0, "0:1" for its MIG device 1.
+std::string deviceLabel(const DeviceSnapshot& d) { return d.name.empty() ? std::to_string(d.index) : d.name; }
+
 std::string deviceLabel(const BrokerSnapshot& s, int i) {
   const bool known = i >= 0 && static_cast<size_t>(i) < s.devices.size();
-  return std::to_string(known ? s.devices[static_cast<size_t>(i)].index : i);
+  return known ? deviceLabel(s.devices[static_cast<size_t>(i)]) : std::to_string(i);
 }
 
 void renderBroker(const BrokerSnapshot& s, Writer& w) {
@@ -166,14 +169,30 @@ void renderDevices(const BrokerSnapshot& s, Writer& w) {
     w.family(f.name, kGauge, f.help);
     for (const DeviceSnapshot& d : s.devices)
       if (const std::optional<uint64_t> v = f.value(d))
-        w.sample({{"device", std::to_string(d.index)}, {"uuid", d.uuid}}, *v);
+        w.sample({{"device", deviceLabel(d)}, {"uuid", d.uuid}}, *v);
   }
   // The device's utilisation, for a dashboard and for the tenants' share of it: rate() of this.
   w.family("cushare_device_busy_seconds_total", kCounter,
            "Time any process's kernels ran on the device, as NVML's per-process utilization counts it (every "
            "process, cushare's or not; MPS clients running side by side each count), seconds.");
   for (const DeviceSnapshot& d : s.devices)
-    w.sampleFloat({{"device", std::to_string(d.index)}, {"uuid", d.uuid}}, static_cast<double>(d.busyNs) / 1e9);
+    w.sampleFloat({{"device", deviceLabel(d)}, {"uuid", d.uuid}}, static_cast<double>(d.busyNs) / 1e9);
+  // What each device is, to join on (device, uuid): a GPU, or a MIG device with its GPU, profile
+  // and instance IDs, so that usage can be billed per MIG instance.
+  w.family("cushare_device_info", kGauge,
+           "1 per device the broker shares: kind \"gpu\" or \"mig\"; a MIG device's GPU (gpu_uuid), profile "
+           "(e.g. 3g.40gb), GPU instance and compute instance IDs (empty for a GPU).");
+  for (const DeviceSnapshot& d : s.devices) {
+    const bool mig = d.migIndex >= 0;
+    w.sample({{"device", deviceLabel(d)},
+              {"uuid", d.uuid},
+              {"kind", mig ? "mig" : "gpu"},
+              {"gpu_uuid", mig ? d.parentUuid : d.uuid},
+              {"mig_profile", mig ? d.migProfile : ""},
+              {"gpu_instance_id", mig ? std::to_string(d.gpuInstance) : ""},
+              {"compute_instance_id", mig ? std::to_string(d.computeInstance) : ""}},
+             1);
+  }
 }
 
 void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {

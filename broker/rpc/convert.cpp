@@ -7,15 +7,21 @@ namespace {
 using broker::BrokerSnapshot;
 using broker::TenantSnapshot;
 
-// The broker's index of the device at position i of snap.devices. The snapshot is built to keep
-// every per-device vector aligned with snap.devices; if one ever is not, the raw position is
-// reported rather than reading out of bounds.
-int deviceIndex(const BrokerSnapshot& snap, size_t i) {
-  return i < snap.devices.size() ? snap.devices[i].index : static_cast<int>(i);
+// The broker's device number of the device at position i of snap.devices: its position (the
+// GPU's NVML index on a host without MIG devices, control.proto). The snapshot is built to keep
+// every per-device vector aligned with snap.devices.
+int deviceIndex(const BrokerSnapshot&, size_t i) { return static_cast<int>(i); }
+
+// "0", or "0:1" for a MIG device.
+std::string deviceName(const BrokerSnapshot& snap, size_t i) {
+  if (i >= snap.devices.size()) return std::to_string(i);
+  const broker::DeviceSnapshot& d = snap.devices[i];
+  return d.name.empty() ? std::to_string(d.index) : d.name;
 }
 
 void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, TenantDevice* out) {
   out->set_device(deviceIndex(snap, static_cast<size_t>(d.device)));
+  out->set_device_name(deviceName(snap, static_cast<size_t>(d.device)));
   out->set_uuid(d.uuid);
   out->set_used_bytes(d.used);
   if (d.limit != broker::kNoLimit) out->set_limit_bytes(d.limit);
@@ -72,6 +78,7 @@ void toProto(const TenantSnapshot& t, const broker::ProcessSnapshot& p, const Br
     if (p.used[i] == 0) continue;  // a process touches few of the devices; zeros are noise
     ProcessUsage* u = out->add_usage();
     u->set_device(deviceIndex(snap, i));
+    u->set_device_name(deviceName(snap, i));
     u->set_used_bytes(p.used[i]);
   }
 }
@@ -84,8 +91,16 @@ bool selected(const TenantSnapshot& t, const std::string& tenantOrEmpty) {
 
 namespace {
 
-void toProto(const broker::DeviceSnapshot& d, Device* dev) {
-  dev->set_index(d.index);
+void toProto(const broker::DeviceSnapshot& d, int number, Device* dev) {
+  dev->set_index(number);
+  dev->set_name(d.name.empty() ? std::to_string(d.index) : d.name);
+  if (d.migIndex >= 0) {
+    dev->set_mig(true);
+    dev->set_gpu_uuid(d.parentUuid);
+    dev->set_mig_profile(d.migProfile);
+    dev->set_gpu_instance_id(d.gpuInstance);
+    dev->set_compute_instance_id(d.computeInstance);
+  }
   dev->set_uuid(d.uuid);
   dev->set_capacity_bytes(d.capacity);
   dev->set_used_bytes(d.used);
@@ -105,7 +120,8 @@ void toProto(const BrokerSnapshot& snap, StatusReply* out) {
   out->set_ledger_dir(snap.ledgerDir);
   out->set_unknown_tenants(snap.unknownTenants);
   out->set_metrics_address(snap.metricsAddress);
-  for (const broker::DeviceSnapshot& d : snap.devices) toProto(d, out->add_devices());
+  for (size_t i = 0; i < snap.devices.size(); ++i)
+    toProto(snap.devices[i], static_cast<int>(i), out->add_devices());
   size_t processes = 0;
   for (const TenantSnapshot& t : snap.tenants) processes += t.processes.size();
   out->set_tenants(static_cast<uint32_t>(snap.tenants.size()));
@@ -167,7 +183,8 @@ bool tenantsToProto(const BrokerSnapshot& snap, const std::string& tenantOrEmpty
     toProto(t, snap, out->add_tenants());
     found = true;
   }
-  for (const broker::DeviceSnapshot& d : snap.devices) toProto(d, out->add_devices());
+  for (size_t i = 0; i < snap.devices.size(); ++i)
+    toProto(snap.devices[i], static_cast<int>(i), out->add_devices());
   return found || tenantOrEmpty.empty();
 }
 

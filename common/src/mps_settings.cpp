@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -99,7 +100,8 @@ bool tenantField(const Line& l, const std::string& key, const std::string& name,
     const size_t sp = l.value.find(' ');
     unsigned char bytes[16];
     int64_t n = 0;
-    if (sp == std::string::npos || !parseGpuUuidBytes(l.value.substr(0, sp), bytes)) {
+    // MPS under the broker runs on whole GPUs only: a MIG device's UUID is not one.
+    if (sp == std::string::npos || l.value.compare(0, 4, "GPU-") != 0 || !parseGpuUuidBytes(l.value.substr(0, sp), bytes)) {
       *err = where(name, l) + ": expected 'GPU-<uuid> <bytes>', found '" + printable(l.value, 64) + "'";
       return false;
     }
@@ -351,6 +353,12 @@ bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, 
       uint64_t n = 0;
       const std::string bad = std::string("cushare: invalid CUDA_MPS_PINNED_DEVICE_MEM_LIMIT='") + printable(all, 64) + "': ";
       if (eq == std::string::npos) return *err = bad + "'" + printable(item, 32) + "' is not <device>=<size>", false;
+      if (item.size() >= 4 && std::tolower(static_cast<unsigned char>(item[0])) == 'm' &&
+          std::tolower(static_cast<unsigned char>(item[1])) == 'i' &&
+          std::tolower(static_cast<unsigned char>(item[2])) == 'g' && item[3] == '-')
+        return *err = bad + "the broker's MPS runs on whole GPUs, not on the MIG device '" +
+                      printable(item.substr(0, eq), 48) + "'",
+               false;
       if (!parseGpuUuidBytes(item.substr(0, eq), bytes))
         return *err = bad + "under the broker's MPS, name each device by its full UUID (GPU-...), not '" +
                       printable(item.substr(0, eq), 32) + "': ordinals cannot be matched before the driver starts",

@@ -5,6 +5,7 @@
 
 #include <climits>
 #include <cstdio>
+#include <cstring>
 
 #include "cushare/parse.h"
 
@@ -53,11 +54,13 @@ bool parseLimitBytes(std::string_view text, const std::string& where, uint64_t* 
   return true;
 }
 
-// "GPU-" + 8-4-4-4-12 hex digits, any case; *out gets "GPU-" + lower-case hex.
+// "GPU-" or "MIG-" + 8-4-4-4-12 hex digits, any case; *out gets the prefix in upper case and the
+// digits in lower case. The legacy "MIG-GPU-<uuid>/<gi>/<ci>" form is not a UUID.
 bool parseGpuUuid(std::string_view key, std::string* out) {
   static constexpr size_t kLen = 4 + 36;
-  if (key.size() != kLen || !startsWithNoCase(key, "GPU-")) return false;
-  std::string u = "GPU-";
+  const bool mig = startsWithNoCase(key, "MIG-");
+  if (key.size() != kLen || !(startsWithNoCase(key, "GPU-") || mig)) return false;
+  std::string u = mig ? "MIG-" : "GPU-";
   for (size_t i = 4; i < kLen; ++i) {
     const size_t j = i - 4;
     const bool dash = j == 8 || j == 13 || j == 18 || j == 23;
@@ -70,20 +73,19 @@ bool parseGpuUuid(std::string_view key, std::string* out) {
 
 bool parseDeviceKey(std::string_view key, MemoryLimitSpec::Entry* e, std::string* reason) {
   if (key.empty()) return fail(reason, "an item has no device before '='");
-  if (startsWithNoCase(key, "GPU-")) {
-    if (!parseGpuUuid(key, &e->uuid))
-      return fail(reason, "malformed UUID " + quote(key) +
-                              ": expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex digits), "
-                              "as nvidia-smi -L prints it");
+  if (startsWithNoCase(key, "GPU-") || startsWithNoCase(key, "MIG-")) {
+    if (!parseGpuUuid(key, &e->uuid)) {
+      const bool mig = startsWithNoCase(key, "MIG-");
+      return fail(reason, "malformed UUID " + quote(key) + ": expected " + (mig ? "MIG" : "GPU") +
+                              "-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex digits), as nvidia-smi -L prints it" +
+                              (mig ? " (not the legacy MIG-GPU-<uuid>/<gi>/<ci> form)" : ""));
+    }
     return true;
   }
-  if (startsWithNoCase(key, "MIG-"))
-    return fail(reason, "MIG device " + quote(key) +
-                            " is not supported; name the GPU by ordinal or GPU-<uuid>");
   for (char c : key)
     if (!isDigit(c))
       return fail(reason, "device " + quote(key) +
-                              " is neither a non-negative integer ordinal nor GPU-<uuid>");
+                              " is neither a non-negative integer ordinal nor GPU-<uuid> or MIG-<uuid>");
   int64_t v = 0;
   if (!parseInt(key, 0, INT_MAX, &v, nullptr))
     return fail(reason, "device ordinal " + quote(key) + " is too large");
@@ -114,7 +116,7 @@ bool parsePerDevice(std::string_view s, MemoryLimitSpec* out, std::string* reaso
     if (!parseLimitBytes(item.substr(eq + 1), "device " + quote(key) + ": ", &e.bytes, reason))
       return false;
     for (const MemoryLimitSpec::Entry& prev : entries) {
-      const bool same = e.uuid.empty() ? prev.ordinal == e.ordinal : prev.uuid == e.uuid;
+      const bool same = e.uuid.empty() ? prev.ordinal == e.ordinal : sameDeviceUuid(prev.uuid, e.uuid);
       if (same)
         return fail(reason, "duplicate device " + quote(key) + ": " +
                                 (e.uuid.empty() ? "ordinal " + std::to_string(e.ordinal)
@@ -332,7 +334,7 @@ bool resolveMemoryLimits(const MemoryLimitSpec& spec, int deviceCount,
             }
         }
         for (size_t d = 0; d < uuids.size(); ++d)
-          if (uuids[d] == e.uuid) dev = static_cast<int>(d);
+          if (sameDeviceUuid(uuids[d], e.uuid)) dev = static_cast<int>(d);
         if (dev < 0 && !unreadable.empty())
           return failLine("unknown device " + e.uuid + ": no visible device has this UUID (the UUID of device " +
                           std::to_string(unreadable.front()) + " could not be read)");
@@ -370,7 +372,7 @@ bool memoryLimitOfUuid(const MemoryLimitSpec& spec, const std::string& uuid, uin
   if (spec.kind != MemoryLimitSpec::kPerDevice) return true;
   bool ordinals = false;
   for (const MemoryLimitSpec::Entry& e : spec.entries) {
-    if (e.uuid == uuid) {
+    if (sameDeviceUuid(e.uuid, uuid)) {
       *limit = e.bytes;
       return true;
     }
@@ -395,9 +397,16 @@ bool parseGpuUuidBytes(std::string_view text, unsigned char bytes[16]) {
   return true;
 }
 
-std::string formatGpuUuid(const unsigned char bytes[16]) {
+std::string formatGpuUuid(const unsigned char bytes[16]) { return formatDeviceUuid(bytes, false); }
+
+bool sameDeviceUuid(std::string_view a, std::string_view b) {
+  unsigned char x[16], y[16];
+  return parseGpuUuidBytes(a, x) && parseGpuUuidBytes(b, y) && std::memcmp(x, y, 16) == 0;
+}
+
+std::string formatDeviceUuid(const unsigned char bytes[16], bool mig) {
   static constexpr char kHex[] = "0123456789abcdef";
-  std::string s = "GPU-";
+  std::string s = mig ? "MIG-" : "GPU-";
   for (int i = 0; i < 16; ++i) {
     if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
     s += kHex[bytes[i] >> 4];

@@ -181,6 +181,7 @@ bool loadRealDriver(std::string* error) noexcept {
   gDriver.p_cuDeviceGet = reinterpret_cast<decltype(gDriver.p_cuDeviceGet)>(realDlsym(h, "cuDeviceGet"));
   gDriver.p_cuDeviceGetUuid_v2 =
       reinterpret_cast<decltype(gDriver.p_cuDeviceGetUuid_v2)>(realDlsym(h, "cuDeviceGetUuid_v2"));
+  gDriver.p_cuDeviceGetUuid = reinterpret_cast<decltype(gDriver.p_cuDeviceGetUuid)>(realDlsym(h, "cuDeviceGetUuid"));
 #define CUSHARE_RESOLVE(name) gDriver.p_##name = reinterpret_cast<decltype(gDriver.p_##name)>(realDlsym(h, #name))
   CUSHARE_RESOLVE(cuStreamIsCapturing);
   CUSHARE_RESOLVE(cuStreamIsCapturing_ptsz);

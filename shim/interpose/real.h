@@ -22,6 +22,7 @@ struct RealDriver {
   CUresult (*p_cuDeviceGetCount)(int*) = nullptr;
   CUresult (*p_cuDeviceGet)(CUdevice*, int) = nullptr;
   CUresult (*p_cuDeviceGetUuid_v2)(CUuuid*, CUdevice) = nullptr;
+  CUresult (*p_cuDeviceGetUuid)(CUuuid*, CUdevice) = nullptr;  // the first ABI: a MIG device's GPU (optional)
   CUresult (*p_cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
   CUresult (*p_cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus*) = nullptr;
   CUresult (*p_cuDeviceGetMemPool)(CUmemoryPool*, CUdevice) = nullptr;

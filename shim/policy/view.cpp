@@ -48,22 +48,21 @@ const DeviceView* nvmlView(nvmlDevice_t device, nvmlReturn_t* r) noexcept {
     *r = NVML_ERROR_UNKNOWN;  // a device the shim cannot tell the tenant's limit of
     return nullptr;
   }
-  for (char* p = uuid; *p; ++p) *p = static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
   // A GPU ("GPU-<hex>") or a MIG device ("MIG-<hex>"): the shim knows a device by its UUID's 16
-  // bytes (cuDeviceGetUuid_v2, a MIG device's own inside one), spelled "GPU-<hex>" either way. A
-  // legacy "MIG-GPU-.../gi/ci" name is not a device of this process's CUDA: passed through.
-  const bool mig = std::strncmp(uuid, "mig-", 4) == 0;
-  if ((std::strncmp(uuid, "gpu-", 4) != 0 && !mig) || std::strchr(uuid, '/')) return nullptr;
-  std::memcpy(uuid, "GPU-", 4);
+  // bytes (cuDeviceGetUuid_v2, a MIG device's own inside one). A legacy "MIG-GPU-.../gi/ci" name
+  // is not a device of this process's CUDA: passed through.
+  unsigned char bytes[16];
+  if (!parseGpuUuidBytes(uuid, bytes)) return nullptr;
+  const bool mig = (uuid[0] | 0x20) == 'm';
   if (devicesReady() == CUDA_SUCCESS) {
     for (int i = 0; i < state().deviceCount; ++i)
-      if (std::strcmp(state().devices[i].uuid, uuid) == 0) return &state().devices[i];
+      if (sameDeviceUuid(state().devices[i].uuid, uuid)) return &state().devices[i];
     return nullptr;
   }
   // Before CUDA: a GPU's view is made from NVML alone; a MIG device's only by the process's CUDA
   // (a host lists up to 7 per GPU, more than a ledger's devices).
   if (mig) return nullptr;
-  const DeviceView* v = nvmlDeviceView(uuid);
+  const DeviceView* v = nvmlDeviceView(formatGpuUuid(bytes).c_str());
   if (!v) *r = NVML_ERROR_UNKNOWN;
   return v;
 }

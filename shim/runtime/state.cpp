@@ -210,7 +210,7 @@ bool resolveDevice(ShimState& s, const uint8_t uuid[16], uint64_t envLimit, cons
     const HostDevice* hd = s.host.device(uuid);
     if (hd == nullptr)
       logLine(LogLevel::kWarn, "cushare: %s (%s) is not known to this host's broker: nothing can be allocated on it",
-              label.c_str(), formatGpuUuid(uuid).c_str());
+              label.c_str(), v->uuid[0] ? v->uuid : formatGpuUuid(uuid).c_str());
     int published = -1;
     if (hd != nullptr) word = publishedLimit(s, uuid, /*wait=*/false, &published);
     idx = word != nullptr ? published : s.ledger->deviceIndex(uuid, 0, err);
@@ -238,7 +238,7 @@ bool resolveDevice(ShimState& s, const uint8_t uuid[16], uint64_t envLimit, cons
   v->limitWord.store(word, std::memory_order_release);
   v->envLimit = envLimit;
   v->compute = s.ledger->compute(idx);
-  std::snprintf(v->uuid, sizeof v->uuid, "%s", formatGpuUuid(uuid).c_str());
+  if (v->uuid[0] == '\0') std::snprintf(v->uuid, sizeof v->uuid, "%s", formatGpuUuid(uuid).c_str());  // else as spelled
   const uint64_t inForce = s.ledger->limit(idx);
   if (!s.brokerManaged && envLimit > inForce) {
     const std::string asked = envLimit == kUnlimited ? std::string("no limit") : std::to_string(envLimit) + " bytes";
@@ -336,14 +336,19 @@ CUresult initDevices() noexcept {
   if (d.p_cuDeviceGetCount(&count) != CUDA_SUCCESS || count < 0) return fail("cushare: cannot count devices");
   if (count > kMaxDevices) return fail("cushare: more than 64 devices are not supported");
   unsigned char uuids[kMaxDevices][16];
+  std::string spelled[kMaxDevices];
   for (int i = 0; i < count; ++i) {
     CUdevice dev;
-    CUuuid u;
+    CUuuid u, first;
     if (d.p_cuDeviceGet(&dev, i) != CUDA_SUCCESS || d.p_cuDeviceGetUuid_v2(&u, dev) != CUDA_SUCCESS)
       return fail("cushare: cannot read the UUID of device " + std::to_string(i));
     std::memcpy(uuids[i], u.bytes, 16);
-    const std::string str = formatGpuUuid(uuids[i]);
-    std::snprintf(s.devices[i].uuid, sizeof s.devices[i].uuid, "%s", str.c_str());
+    // A MIG device: _v2 gives its own UUID, the first ABI its GPU's. Only the spelling ("MIG-") in
+    // messages and NVML's matching follows from it; devices are matched by their 16 bytes.
+    const bool mig = d.p_cuDeviceGetUuid && d.p_cuDeviceGetUuid(&first, dev) == CUDA_SUCCESS &&
+                     std::memcmp(first.bytes, u.bytes, 16) != 0;
+    spelled[i] = formatDeviceUuid(uuids[i], mig);
+    std::snprintf(s.devices[i].uuid, sizeof s.devices[i].uuid, "%s", spelled[i].c_str());
   }
   std::vector<uint64_t> limits;
   std::string err;

@@ -32,7 +32,7 @@ struct DeviceView {
   // the view is published; detail::gUnpublished while the broker has not published the entry
   // (effectiveLimit then looks again and binds it once it is there).
   std::atomic<const std::atomic<uint64_t>*> limitWord{nullptr};
-  char uuid[48] = {};              // "GPU-..." as NVML reports it
+  char uuid[48] = {};              // "GPU-..." as NVML reports it, "MIG-..." for a MIG device
   // The broker's compute words for this device in the ledger (launch.cpp reads mode and gate).
   LedgerComputeDevice* compute = nullptr;
 };

@@ -61,10 +61,12 @@ nvmlReturn_t computeProcesses(nvmlDevice_t handle, unsigned int* infoCount, Info
   return NVML_SUCCESS;
 }
 
-// simgpu runs no graphics or MPS clients: always an empty list.
+// simgpu runs no graphics or MPS clients: always an empty list (a MIG device's too).
 nvmlReturn_t noProcesses(nvmlDevice_t handle, unsigned int* infoCount) {
   nvmlDevice_st* d;
-  if (nvmlReturn_t r = checkDevice(handle, &d); r != NVML_SUCCESS) return r;
+  simgpu::mig::MigDevice m;
+  bool isMig;
+  if (nvmlReturn_t r = checkDeviceOrMig(handle, &d, &m, &isMig); r != NVML_SUCCESS) return r;
   if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
   *infoCount = 0;
   return NVML_SUCCESS;

@@ -49,7 +49,15 @@ std::string parseError(const std::string& text) {
   return error;
 }
 
-std::vector<DeviceInfo> twoDevices() { return {{0, kUuidA, 16 * kGiB}, {1, kUuidB, 8 * kGiB}}; }
+DeviceInfo gpu(int ordinal, const std::string& uuid, uint64_t bytes) {
+  DeviceInfo d;
+  d.ordinal = ordinal;
+  d.uuid = uuid;
+  d.totalBytes = bytes;
+  return d;
+}
+
+std::vector<DeviceInfo> twoDevices() { return {gpu(0, kUuidA, 16 * kGiB), gpu(1, kUuidB, 8 * kGiB)}; }
 
 std::string capacityError(const std::string& text, const std::vector<DeviceInfo>& devices) {
   const Config c = parseOk(text);
@@ -295,11 +303,18 @@ TEST(BrokerConfig, RefusesWithFileLineColumnAndFieldPath) {
       {"tenants:\n  - {name: a, memory: 0%}\n",
        "b.yaml:2:23: tenants[0].memory: ", "invalid percentage '0%': a percentage must be more than 0%"},
       {"profiles:\n  p: {memory: {x: 1GiB}}\n", "b.yaml:2:16: profiles.p.memory.x: ",
-       "device 'x' is neither a non-negative integer ordinal nor GPU-<uuid>"},
+       "device 'x' is neither a non-negative integer ordinal, <gpu>:<mig> (a MIG device), GPU-<uuid> nor MIG-<uuid>"},
       {"tenants:\n  - {name: a, memory: {GPU-xyz: 1GiB}}\n",
        "b.yaml:2:24: tenants[0].memory.GPU-xyz: ", "malformed UUID 'GPU-xyz'"},
       {"tenants:\n  - {name: a, memory: {MIG-1: 1GiB}}\n",
-       "b.yaml:2:24: tenants[0].memory.MIG-1: ", "MIG device 'MIG-1' is not supported"},
+       "b.yaml:2:24: tenants[0].memory.MIG-1: ", "malformed UUID 'MIG-1': expected MIG-xxxxxxxx"},
+      {"tenants:\n  - {name: a, memory: {MIG-GPU-5e1a90c0-513d-4b1e-8a7f-2c6100000000/1/0: 1GiB}}\n",
+       "b.yaml:2:24: tenants[0].memory.MIG-GPU-5e1a90c0-513d-4b1e-8a7f-2c6100000000/1/0: ",
+       "(not the legacy MIG-GPU-<uuid>/<gi>/<ci> form)"},
+      {"tenants:\n  - {name: a, memory: {'0:x': 1GiB}}\n", "b.yaml:2:24: tenants[0].memory.0:x: ",
+       "device '0:x' is neither a non-negative integer ordinal, <gpu>:<mig>"},
+      {"tenants:\n  - {name: a, memory: {'0:1': 1GiB, '0:01': 2GiB}}\n", "b.yaml:2:37: tenants[0].memory.0:01: ",
+       "duplicate device '0:01'"},
       {"tenants:\n  - {name: a, memory: {0: lots}}\n",
        "b.yaml:2:27: tenants[0].memory.0: ", "invalid size 'lots'"},
       {"tenants:\n  - {name: a, priority: urgent}\n",
@@ -403,7 +418,7 @@ TEST(BrokerConfig, PercentagesResolveAgainstEachDevice) {
       "  - {name: c, memory: 0.001%}\n"
       "  - {name: d, memory: {1: 100%}}\n"
       "  - {name: e}\n");
-  const std::vector<DeviceInfo> devices = {{0, kUuidA, 8 * kGiB}, {1, kUuidB, 1000}};
+  const std::vector<DeviceInfo> devices = {gpu(0, kUuidA, 8 * kGiB), gpu(1, kUuidB, 1000)};
   std::vector<uint64_t> l;
   std::string error;
   ASSERT_TRUE(resolveMemory(c, c.tenants[0].memory, devices, &l, &error)) << error;
@@ -521,6 +536,95 @@ TEST(BrokerConfig, CapacityRefusesDevicesThatDoNotExist) {
                         0),
             0u)
       << twice;
+}
+
+// A host whose GPU 0 is in MIG mode: a 3g.40gb GPU instance split into two compute instances
+// (0:0, 0:1, sharing its 40448 MiB) and a 1g.10gb (0:2); GPU 1 whole.
+constexpr const char* kMig0 = "MIG-aaaaaaaa-0000-5000-8000-000000000000";
+constexpr const char* kMig1 = "MIG-aaaaaaaa-0001-5000-8000-000000000000";
+constexpr const char* kMig2 = "MIG-aaaaaaaa-0002-5000-8000-000000000000";
+std::vector<DeviceInfo> migHost() {
+  std::vector<DeviceInfo> v;
+  const auto mig = [&](int index, const char* uuid, const char* profile, unsigned gi, unsigned ci, uint64_t mib,
+                       size_t group) {
+    DeviceInfo d = gpu(0, uuid, mib << 20);
+    d.migIndex = index;
+    d.parentUuid = kUuidA;
+    d.profile = profile;
+    d.gpuInstance = gi;
+    d.computeInstance = ci;
+    d.memoryGroup = group;
+    v.push_back(d);
+  };
+  mig(0, kMig0, "1c.3g.40gb", 1, 0, 40448, 0);
+  mig(1, kMig1, "2c.3g.40gb", 1, 1, 40448, 0);
+  mig(2, kMig2, "1g.10gb", 7, 0, 9984, 2);
+  v.push_back(gpu(1, kUuidB, 8 * kGiB));
+  return v;
+}
+
+// MIG devices are named as <gpu>:<mig> or by their MIG- UUID (any case), a percentage is of the
+// GPU instance's memory, and a GPU in MIG mode is refused with its MIG devices named.
+TEST(BrokerConfig, MigDevicesAreNamedByIndexOrUuid) {
+  const Config c = parseOk(
+      "tenants:\n"
+      "  - {name: a, memory: {'0:0': 1GiB, 'MIG-AAAAAAAA-0002-5000-8000-000000000000': 50%, 1: 2GiB}}\n"
+      "  - {name: b, memory: 10%}\n");
+  std::vector<uint64_t> l;
+  std::string error;
+  ASSERT_TRUE(resolveMemory(c, c.tenants[0].memory, migHost(), &l, &error)) << error;
+  EXPECT_EQ(l, (std::vector<uint64_t>{kGiB, kUnlimited, 4992ull << 20, 2 * kGiB}));
+  ASSERT_TRUE(resolveMemory(c, c.tenants[1].memory, migHost(), &l, &error)) << error;
+  EXPECT_EQ(l, (std::vector<uint64_t>{(40448ull << 20) / 10, (40448ull << 20) / 10, (9984ull << 20) / 10,
+                                      8 * kGiB / 10}));
+  EXPECT_EQ(capacityError("tenants:\n  - {name: a, memory: {0: 1GiB}}\n", migHost()),
+            "b.yaml:2:24: tenants[0].memory.0: GPU '0' is in MIG mode: CUDA runs only in its MIG devices (0:0, "
+            "0:1, 0:2); name one of them as <gpu>:<mig> or MIG-<uuid>");
+  EXPECT_EQ(capacityError(std::string("tenants:\n  - {name: a, memory: {") + kUuidA + ": 1GiB}}\n", migHost()),
+            "b.yaml:2:24: tenants[0].memory." + std::string(kUuidA) +
+                ": GPU '" + kUuidA + "' is in MIG mode: CUDA runs only in its MIG devices (0:0, 0:1, 0:2); name "
+                "one of them as <gpu>:<mig> or MIG-<uuid>");
+  const std::string missing = capacityError("tenants:\n  - {name: a, memory: {'0:3': 1GiB}}\n", migHost());
+  EXPECT_EQ(missing.rfind("b.yaml:2:24: tenants[0].memory.0:3: no device '0:3' on this host (devices: 0:0 (" +
+                              std::string(kMig0) + ", MIG 1c.3g.40gb), 0:1 (",
+                          0),
+            0u)
+      << missing;
+  const std::string twice =
+      capacityError(std::string("tenants:\n  - {name: a, memory: {'0:1': 1GiB, ") + kMig1 + ": 1GiB}}\n", migHost());
+  EXPECT_NE(twice.find("device 0:1 (" + std::string(kMig1) + ", MIG 2c.3g.40gb) is named twice"), std::string::npos)
+      << twice;
+}
+
+// Compute instances of one GPU instance share its memory: their tenants' limits are admitted
+// against it together; another GPU instance is apart.
+TEST(BrokerConfig, MigCapacityIsPerGpuInstance) {
+  EXPECT_EQ(capacityError("tenants:\n"
+                          "  - {name: a, memory: {'0:0': 20224MiB, '0:2': 9984MiB}}\n"
+                          "  - {name: b, memory: {'0:1': 20224MiB}}\n",
+                          migHost()),
+            "")
+      << "exactly full";
+  const std::string over = capacityError(
+      "tenants:\n  - {name: a, memory: {'0:0': 20224MiB}}\n  - {name: b, memory: {'0:1': 20225MiB}}\n", migHost());
+  EXPECT_EQ(over.rfind("b.yaml:3:24: tenants[1].memory.0:1: tenant 'b' brings the memory limits on GPU instance 1 of "
+                       "GPU 0 (MIG devices 0:0, 0:1, sharing its memory) to 42413850624 bytes",
+                       0),
+            0u)
+      << over;
+  // The unknown tenants' pool counts per GPU instance too: 2 x 25% of each compute instance's
+  // view is the whole 3g.
+  EXPECT_EQ(capacityError("profiles:\n  guest: {memory: 25%}\nunknown_tenants: guest\nmax_unknown_tenants: 2\n",
+                          migHost()),
+            "");
+  const std::string pool = capacityError(
+      "profiles:\n  guest: {memory: 25%}\nunknown_tenants: guest\nmax_unknown_tenants: 2\n"
+      "tenants:\n  - {name: a, memory: {'0:1': 1MiB}}\n",
+      migHost());
+  EXPECT_NE(pool.find("brings the memory limits on GPU instance 1 of GPU 0 (MIG devices 0:0, 0:1, sharing its "
+                      "memory)"),
+            std::string::npos)
+      << pool;
 }
 
 // Truncations and random byte flips of a valid file: parseConfig must return either a config or

@@ -209,6 +209,9 @@ cushare_device_memory_outside_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000
 # HELP cushare_device_busy_seconds_total Time any process's kernels ran on the device, as NVML's per-process utilization counts it (every process, cushare's or not; MPS clients running side by side each count), seconds.
 # TYPE cushare_device_busy_seconds_total counter
 cushare_device_busy_seconds_total{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 2.5
+# HELP cushare_device_info 1 per device the broker shares: kind "gpu" or "mig"; a MIG device's GPU (gpu_uuid), profile (e.g. 3g.40gb), GPU instance and compute instance IDs (empty for a GPU).
+# TYPE cushare_device_info gauge
+cushare_device_info{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000",kind="gpu",gpu_uuid="GPU-5e1a90c0-0000-4000-8000-000000000000",mig_profile="",gpu_instance_id="",compute_instance_id=""} 1
 # HELP cushare_tenant_memory_used_bytes Device memory the tenant holds, bytes.
 # TYPE cushare_tenant_memory_used_bytes gauge
 cushare_tenant_memory_used_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 536870912
@@ -337,7 +340,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 48u);
+    EXPECT_EQ(helps.size(), 49u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }
@@ -738,8 +741,12 @@ TEST(ExampleConfig, BrokerYamlParsesAndFitsOneSimulatedGpu) {
   EXPECT_EQ(c.tenants[1].threadPercentage, 25);
   EXPECT_EQ(c.tenants[2].memory.kind, MemorySpec::kPerDevice);
   // The limits fit simgpu's default device (16 GiB) as well as an 80 GB H100.
-  for (uint64_t total : {16 * kGiB, 80 * kGiB})
-    EXPECT_TRUE(checkAgainstDevices(c, {{0, kUuid, total}}, &error)) << error;
+  for (uint64_t total : {16 * kGiB, 80 * kGiB}) {
+    DeviceInfo d;
+    d.uuid = kUuid;
+    d.totalBytes = total;
+    EXPECT_TRUE(checkAgainstDevices(c, {d}, &error)) << error;
+  }
 }
 
 }  // namespace

@@ -344,8 +344,20 @@ broker::BrokerSnapshot sampleSnapshot() {
   s.unknownTenants = "refuse";
   s.metricsAddress = "127.0.0.1:9400";
   s.devices.resize(2);
-  s.devices[0] = {4, "GPU-a", 80ull << 30, 3ull << 30, 9ull << 30, 5ull << 30, {77, 78}, true};
-  s.devices[1].index = 7;  // its accounting not read
+  s.devices[0].index = 4;
+  s.devices[0].uuid = "GPU-a";
+  s.devices[0].capacity = 80ull << 30;
+  s.devices[0].used = 3ull << 30;
+  s.devices[0].deviceUsed = 9ull << 30;
+  s.devices[0].outside = 5ull << 30;
+  s.devices[0].outsidePids = {77, 78};
+  s.devices[0].read = true;
+  s.devices[1].index = 7;  // its accounting not read; a MIG device of GPU 7
+  s.devices[1].name = "7:2";
+  s.devices[1].migIndex = 2;
+  s.devices[1].parentUuid = "GPU-p";
+  s.devices[1].migProfile = "1g.10gb";
+  s.devices[1].gpuInstance = 9;
   s.devices[1].uuid = "GPU-b";
   s.devices[1].capacity = 40ull << 30;
   s.reapedProcesses = 5;
@@ -382,8 +394,18 @@ TEST(RpcConvert, Status) {
   EXPECT_EQ(r.unknown_tenants(), "refuse");
   EXPECT_EQ(r.metrics_address(), "127.0.0.1:9400");
   ASSERT_EQ(r.devices_size(), 2);
-  EXPECT_EQ(r.devices(1).index(), 7);
+  // The broker's device number is the position in its list (the NVML index on a host without MIG,
+  // whose devices are listed in NVML's order); the name is NVML's index, or <gpu>:<mig>.
+  EXPECT_EQ(r.devices(1).index(), 1);
+  EXPECT_EQ(r.devices(0).name(), "4");
+  EXPECT_EQ(r.devices(1).name(), "7:2");
   EXPECT_EQ(r.devices(1).uuid(), "GPU-b");
+  EXPECT_FALSE(r.devices(0).mig());
+  EXPECT_TRUE(r.devices(1).mig());
+  EXPECT_EQ(r.devices(1).gpu_uuid(), "GPU-p");
+  EXPECT_EQ(r.devices(1).mig_profile(), "1g.10gb");
+  EXPECT_EQ(r.devices(1).gpu_instance_id(), 9u);
+  EXPECT_EQ(r.devices(1).compute_instance_id(), 0u);
   EXPECT_EQ(r.devices(0).capacity_bytes(), 80ull << 30);
   EXPECT_EQ(r.devices(0).used_bytes(), 3ull << 30);
   ASSERT_TRUE(r.devices(0).has_device_used_bytes());
@@ -411,14 +433,16 @@ TEST(RpcConvert, TenantLimitsAndDeviceIndexes) {
   EXPECT_EQ(t.ledger(), "/dev/shm/cushare/team-a.ledger");
   EXPECT_EQ(t.processes(), 3u);
   ASSERT_EQ(t.devices_size(), 2);
-  EXPECT_EQ(t.devices(0).device(), 4);  // the broker's index, not the position
+  EXPECT_EQ(t.devices(0).device(), 0);  // the broker's device number, and its name
+  EXPECT_EQ(t.devices(0).device_name(), "4");
   ASSERT_TRUE(t.devices(0).has_limit_bytes());
   EXPECT_EQ(t.devices(0).limit_bytes(), 8ull << 30);
   EXPECT_EQ(t.devices(0).used_bytes(), 3ull << 30);
   EXPECT_EQ(t.devices(0).peak_bytes(), 4ull << 30);
   EXPECT_EQ(t.devices(0).denied(), 2u);
   EXPECT_TRUE(t.devices(0).overridden());
-  EXPECT_EQ(t.devices(1).device(), 7);
+  EXPECT_EQ(t.devices(1).device(), 1);
+  EXPECT_EQ(t.devices(1).device_name(), "7:2");
   EXPECT_FALSE(t.devices(1).has_limit_bytes());  // kNoLimit: absent, not UINT64_MAX
 
   Tenant b;
@@ -454,7 +478,8 @@ TEST(RpcConvert, ProcessesListOnlyDevicesInUse) {
   EXPECT_EQ(r.processes(0).tenant(), "team-a");
   EXPECT_EQ(r.processes(0).pid(), 100);
   ASSERT_EQ(r.processes(0).usage_size(), 1);
-  EXPECT_EQ(r.processes(0).usage(0).device(), 4);
+  EXPECT_EQ(r.processes(0).usage(0).device(), 0);
+  EXPECT_EQ(r.processes(0).usage(0).device_name(), "4");
   EXPECT_EQ(r.processes(0).usage(0).used_bytes(), 1ull << 30);
   EXPECT_EQ(r.processes(2).usage_size(), 0);
 

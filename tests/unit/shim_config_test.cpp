@@ -197,7 +197,31 @@ TEST(MemoryLimit, MalformedUuidIsRefused) {
   memoryError("GPU-5e1a90c00-001-4000-8000-0000000000ab=8GiB", {"malformed UUID"});   // dash moved
   memoryError("GPU-5e1a90c0-0001-4000-8000-0000000000ab0=8GiB", {"malformed UUID"});  // too long
   memoryError("GPU-=8GiB", {"malformed UUID 'GPU-'"});
-  memoryError("MIG-5e1a90c0-0001-4000-8000-0000000000ab=8GiB", {"MIG device", "not supported"});
+  memoryError("MIG-5e1a90c0-0001-4000-8000-0000000000zz=8GiB",
+              {"malformed UUID 'MIG-5e1a90c0-0001-4000-8000-0000000000zz': expected MIG-xxxxxxxx"});
+  memoryError("MIG-GPU-5e1a90c0-0001-4000-8000-0000000000ab/1/0=8GiB",
+              {"malformed UUID", "not the legacy MIG-GPU-<uuid>/<gi>/<ci> form"});
+}
+
+// A MIG device by its own UUID, as nvidia-smi -L prints it; it names the same device as its bytes
+// spelled with GPU- (a driver's first cuDeviceGetUuid ABI may spell it so), and twice is refused.
+TEST(MemoryLimit, MigDeviceUuid) {
+  const MemoryLimitSpec s = parseOk("MIG-5E1A90C0-0001-5000-8000-0000000000AB=2GiB");
+  ASSERT_EQ(s.entries.size(), 1u);
+  EXPECT_EQ(s.entries[0].uuid, "MIG-5e1a90c0-0001-5000-8000-0000000000ab");
+  uint64_t limit = 0;
+  std::string error;
+  ASSERT_TRUE(memoryLimitOfUuid(s, "MIG-5e1a90c0-0001-5000-8000-0000000000ab", &limit, &error)) << error;
+  EXPECT_EQ(limit, 2 * kGiB);
+  ASSERT_TRUE(memoryLimitOfUuid(s, "GPU-5e1a90c0-0001-5000-8000-0000000000ab", &limit, &error)) << error;
+  EXPECT_EQ(limit, 2 * kGiB);
+  ASSERT_TRUE(memoryLimitOfUuid(s, kUuidB, &limit, &error)) << error;
+  EXPECT_EQ(limit, kUnlimited) << "another device";
+  EXPECT_TRUE(sameDeviceUuid("MIG-5e1a90c0-0001-5000-8000-0000000000ab", "gpu-5E1A90C0-0001-5000-8000-0000000000AB"));
+  EXPECT_FALSE(sameDeviceUuid("MIG-5e1a90c0-0001-5000-8000-0000000000ab", "MIG-5e1a90c0-0001-5000-8000-0000000000ac"));
+  EXPECT_FALSE(sameDeviceUuid("MIG-x", "MIG-x")) << "not UUIDs";
+  memoryError("MIG-5e1a90c0-0001-5000-8000-0000000000ab=1G,GPU-5e1a90c0-0001-5000-8000-0000000000ab=2G",
+              {"duplicate device"});
 }
 
 TEST(MemoryLimit, OrdinalMustBeANonNegativeInteger) {
@@ -413,7 +437,11 @@ TEST(MemoryLimitOfUuid, ParseGpuUuidBytesIsTheReverseOfFormat) {
   ASSERT_TRUE(parseGpuUuidBytes("GPU-5E1A90C0-0001-4000-8000-0000000000AB", bytes));
   EXPECT_EQ(formatGpuUuid(bytes), kUuidB);
   EXPECT_FALSE(parseGpuUuidBytes("GPU-5e1a90c0-0001-4000-8000-0000000000a", bytes));
-  EXPECT_FALSE(parseGpuUuidBytes("MIG-5e1a90c0-0001-4000-8000-0000000000ab", bytes));
+  ASSERT_TRUE(parseGpuUuidBytes("MIG-5e1a90c0-0001-4000-8000-0000000000ab", bytes)) << "a MIG device's UUID";
+  EXPECT_EQ(formatGpuUuid(bytes), kUuidB);
+  EXPECT_EQ(formatDeviceUuid(bytes, true), "MIG-5e1a90c0-0001-4000-8000-0000000000ab");
+  EXPECT_FALSE(parseGpuUuidBytes("MIG-GPU-5e1a90c0-0001-4000-8000-0000000000ab/1/0", bytes));
+  EXPECT_FALSE(parseGpuUuidBytes("XYZ-5e1a90c0-0001-4000-8000-0000000000ab", bytes));
   EXPECT_FALSE(parseGpuUuidBytes("GPU-5e1a90c000014000-8000-0000000000ab--", bytes));
 }
 

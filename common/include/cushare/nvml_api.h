@@ -24,6 +24,9 @@ typedef enum nvmlReturn_enum {
 } nvmlReturn_t;
 
 #define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
+#define NVML_DEVICE_MIG_DISABLE 0x0
+#define NVML_DEVICE_MIG_ENABLE 0x1
 
 typedef struct nvmlDevice_st* nvmlDevice_t;
 

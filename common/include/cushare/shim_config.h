@@ -30,7 +30,7 @@ struct MemoryLimitSpec {
   };
   struct Entry {
     int ordinal = -1;  // device ordinal as the process sees it, or -1 when uuid names the device
-    std::string uuid;  // "GPU-" + 8-4-4-4-12 lower-case hex digits, or empty when ordinal is used
+    std::string uuid;  // "GPU-" or "MIG-" + 8-4-4-4-12 lower-case hex digits, or empty when ordinal is used
     uint64_t bytes = 0;
   };
   Kind kind = kNone;
@@ -117,8 +117,13 @@ bool isShimVariable(std::string_view name);
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" in lower case, from the 16 bytes of a CUuuid or an
 // NVML UUID, as nvidia-smi prints it.
 std::string formatGpuUuid(const unsigned char bytes[16]);
-// The reverse: "GPU-" and 32 hex digits grouped 8-4-4-4-12, any case, to 16 bytes.
+// The same with "MIG-" for a MIG device (its own UUID, as cuDeviceGetUuid_v2 gives it inside one).
+std::string formatDeviceUuid(const unsigned char bytes[16], bool mig);
+// The reverse: "GPU-" or "MIG-" and 32 hex digits grouped 8-4-4-4-12, any case, to 16 bytes.
 bool parseGpuUuidBytes(std::string_view text, unsigned char bytes[16]);
+// Two UUIDs name the same device: the same 16 bytes, whatever their prefix ("GPU-" or "MIG-": a
+// MIG device's UUID may be spelled either way, e.g. by a driver's first cuDeviceGetUuid) or case.
+bool sameDeviceUuid(std::string_view a, std::string_view b);
 
 const char* priorityName(Priority p);  // "high", "normal", "low"
 const char* logLevelName(LogLevel l);  // "error", "warn", "info", "debug", "trace"

@@ -1,0 +1,267 @@
+// cushare-broker on a GPU in MIG mode (docs/mig.md), on simgpu's H100 (SIMGPU_GPU_MODEL=h100-80gb):
+// GPU 0 holds a 3g.40gb GPU instance split into a 2c and a 1c compute instance (MIG devices 0:0
+// and 0:1, sharing the instance's 40448 MiB) and a 1g.10gb (0:2). The broker lists the MIG devices
+// instead of the GPU, tenants are placed in them by <gpu>:<mig> or MIG-<uuid>, admission sums the
+// limits per GPU instance, each tenant is held to its limit by the device's own count (simgpu's NVML
+// per MIG device), memory outside cushare is attributed to the compute instance that holds it, and
+// metrics and the CLI name each MIG device with its profile.
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "harness.h"
+#include "simgpu/nvml.h"
+
+namespace cushare::test {
+namespace {
+
+std::string readAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class Mig : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+    ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &gpu), NVML_SUCCESS);
+    nvmlReturn_t act;
+    ASSERT_EQ(nvmlDeviceSetMigMode(gpu, NVML_DEVICE_MIG_ENABLE, &act), NVML_SUCCESS);
+    ASSERT_EQ(nvmlDeviceCreateGpuInstance(gpu, 9, &g3), NVML_SUCCESS);   // 3g.40gb
+    ASSERT_EQ(nvmlDeviceCreateGpuInstance(gpu, 19, &g1), NVML_SUCCESS);  // 1g.10gb
+    // The 2c first: its only placement is the instance's first two slices, which a 1c made first
+    // could take (as on the real driver).
+    ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(g3, NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE, &c3a), NVML_SUCCESS);
+    ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(g3, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, &c3b), NVML_SUCCESS);
+    ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(g1, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, &c1), NVML_SUCCESS);
+    for (unsigned i = 0; i < 3; ++i) {
+      ASSERT_EQ(nvmlDeviceGetMigDeviceHandleByIndex(gpu, i, &mig[i]), NVML_SUCCESS) << i;
+      char u[96];
+      ASSERT_EQ(nvmlDeviceGetUUID(mig[i], u, sizeof u), NVML_SUCCESS);
+      uuid[i] = u;
+    }
+    char u[96];
+    ASSERT_EQ(nvmlDeviceGetUUID(gpu, u, sizeof u), NVML_SUCCESS);
+    gpuUuid = u;
+  }
+  void TearDown() override {  // the next test starts from MIG off (the state is the host's)
+    for (nvmlComputeInstance_t c : {c3a, c3b, c1})
+      if (c) nvmlComputeInstanceDestroy(c);
+    for (nvmlGpuInstance_t g : {g3, g1})
+      if (g) nvmlGpuInstanceDestroy(g);
+    nvmlReturn_t act;
+    EXPECT_EQ(nvmlDeviceSetMigMode(gpu, NVML_DEVICE_MIG_DISABLE, &act), NVML_SUCCESS);
+    nvmlShutdown();
+  }
+
+  // Bytes pid holds in MIG device i, as the device counts them (0: not listed).
+  uint64_t heldIn(unsigned i, pid_t pid) {
+    nvmlProcessInfo_t p[16];
+    unsigned n = 16;
+    if (nvmlDeviceGetComputeRunningProcesses_v3(mig[i], &n, p) != NVML_SUCCESS) return UINT64_MAX;
+    for (unsigned k = 0; k < n; ++k)
+      if (p[k].pid == static_cast<unsigned>(pid)) return p[k].usedGpuMemory;
+    return 0;
+  }
+  uint64_t instanceUsed(unsigned i) {
+    nvmlMemory_t m{};
+    return nvmlDeviceGetMemoryInfo(mig[i], &m) == NVML_SUCCESS ? m.used : UINT64_MAX;
+  }
+
+  nvmlDevice_t gpu = nullptr, mig[3] = {};
+  nvmlGpuInstance_t g3 = nullptr, g1 = nullptr;
+  nvmlComputeInstance_t c3a = nullptr, c3b = nullptr, c1 = nullptr;
+  std::string uuid[3], gpuUuid;
+};
+
+// The limits of the two compute instances of the 3g are admitted against its 40448 MiB together;
+// the GPU itself cannot be given a limit while it is in MIG mode.
+// A directory of its own for each of a test's brokers, in the test's (testDir() empties it).
+std::string brokerDir(const std::string& base, const std::string& name) {
+  const std::string d = base + "/" + name;
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+TEST_F(Mig, AdmissionSumsEachGpuInstanceAndRefusesTheGpu) {
+  const std::string dir = testDir();
+  Broker over(brokerDir(dir, "over"));
+  EXPECT_FALSE(over.start("tenants:\n  - {name: a, memory: {'0:0': 20GiB}}\n  - {name: b, memory: {'0:1': 20GiB}}\n"));
+  EXPECT_NE(over.log().find("tenant 'b' brings the memory limits on GPU instance 1 of GPU 0 (MIG devices 0:0, 0:1, "
+                            "sharing its memory) to 42949672960 bytes (40 GiB), over the device's total of "
+                            "42412802048 bytes (39.50 GiB)"),
+            std::string::npos)
+      << over.log();
+  Broker whole(brokerDir(dir, "whole"));
+  EXPECT_FALSE(whole.start("tenants:\n  - {name: a, memory: {0: 1GiB}}\n"));
+  EXPECT_NE(whole.log().find("GPU '0' is in MIG mode: CUDA runs only in its MIG devices (0:0, 0:1, 0:2); name one of "
+                             "them as <gpu>:<mig> or MIG-<uuid>"),
+            std::string::npos)
+      << whole.log();
+  // Exactly full, and the 1g apart.
+  Broker fits(brokerDir(dir, "fits"));
+  EXPECT_TRUE(fits.start("tenants:\n  - {name: a, memory: {'0:0': 20224MiB, '0:2': 9984MiB}}\n"
+                         "  - {name: b, memory: {'0:1': 20224MiB}}\n"))
+      << fits.log();
+}
+
+TEST_F(Mig, TenantsInAndAcrossInstancesAreHeldToTheirLimits) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n"
+                      "  - {name: alpha, memory: {'0:0': 1GiB}}\n"
+                      "  - {name: beta, memory: {'0:1': 2GiB}}\n"
+                      "  - {name: gamma, memory: {" + uuid[2] + ": 512MiB}}\n"))
+      << b.log();
+  // The broker lists the MIG devices, not the GPU.
+  const rpc::StatusReply st = b.status();
+  ASSERT_EQ(st.devices_size(), 3) << b.log();
+  const char* profiles[3] = {"2c.3g.40gb", "1c.3g.40gb", "1g.10gb"};
+  for (int i = 0; i < 3; ++i) {
+    const rpc::Device& d = st.devices(i);
+    EXPECT_EQ(d.name(), "0:" + std::to_string(i));
+    EXPECT_EQ(d.index(), i);
+    EXPECT_EQ(d.uuid(), uuid[i]);
+    EXPECT_TRUE(d.mig());
+    EXPECT_EQ(d.gpu_uuid(), gpuUuid);
+    EXPECT_EQ(d.mig_profile(), profiles[i]);
+  }
+  EXPECT_EQ(st.devices(0).capacity_bytes(), 40448 * MiB) << "a compute instance has its GPU instance's memory";
+  EXPECT_EQ(st.devices(1).gpu_instance_id(), st.devices(0).gpu_instance_id());
+  EXPECT_EQ(st.devices(1).compute_instance_id(), 1u);
+  EXPECT_EQ(st.devices(2).capacity_bytes(), 9984 * MiB);
+
+  // Each tenant's process in its MIG device: its view is its limit, and it gets exactly that.
+  Child a = b.tenantProcess("alpha", {{"CUDA_VISIBLE_DEVICES", uuid[0]}});
+  Child be = b.tenantProcess("beta", {{"CUDA_VISIBLE_DEVICES", "MIG-" + gpuUuid + "/" +
+                                                                   std::to_string(st.devices(1).gpu_instance_id()) +
+                                                                   "/1"}});  // the legacy form
+  Child g = b.tenantProcess("gamma", {{"CUDA_VISIBLE_DEVICES", uuid[2]}});
+  EXPECT_EQ(a.ask("info"), "free " + std::to_string(1024 * MiB) + " total " + std::to_string(1024 * MiB));
+  EXPECT_EQ(a.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(1024 * MiB));
+  EXPECT_EQ(be.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(2048 * MiB));
+  EXPECT_EQ(g.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(512 * MiB));
+  // Judged by the device's own count, per MIG device.
+  EXPECT_EQ(heldIn(0, a.pid()), 1024 * MiB);
+  EXPECT_EQ(heldIn(1, be.pid()), 2048 * MiB);
+  EXPECT_EQ(heldIn(2, g.pid()), 512 * MiB);
+  EXPECT_EQ(instanceUsed(0), 3072 * MiB) << "the 3g's two compute instances";
+  EXPECT_EQ(instanceUsed(2), 512 * MiB);
+
+  // A process outside cushare in 0:1 (no shim): its memory is outside on 0:1, not on 0:0 whose
+  // GPU instance holds it too (the sibling's processes are taken off).
+  Child outsider = Child::spawn({WORKER_BIN}, {{"CUDA_VISIBLE_DEVICES", uuid[1]}}, b.dir() + "/outsider.log");
+  ASSERT_EQ(outsider.readLine(), "ready");
+  ASSERT_EQ(outsider.ask("alloc " + std::to_string(100 * MiB)), "ok");
+  EXPECT_TRUE(eventually([&] {
+    const rpc::StatusReply s = b.status();
+    return s.devices(1).outside_bytes() == 100 * MiB && s.devices(0).outside_bytes() == 0 &&
+           s.devices(0).device_used_bytes() == 1024 * MiB && s.devices(1).device_used_bytes() == 2148 * MiB;
+  })) << b.status().DebugString();
+  ASSERT_EQ(b.status().devices(1).outside_pids_size(), 1);
+  EXPECT_EQ(b.status().devices(1).outside_pids(0), outsider.pid());
+  EXPECT_EQ(b.tenant("alpha").devices(0).device_name(), "0:0");
+
+  // Metrics: per MIG device, with what each is.
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("cushare_tenant_memory_used_bytes{tenant=\"alpha\",device=\"0:0\",uuid=\"" + uuid[0] + "\"} " +
+                   std::to_string(1024 * MiB)),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("cushare_device_info{device=\"0:2\",uuid=\"" + uuid[2] + "\",kind=\"mig\",gpu_uuid=\"" + gpuUuid +
+                   "\",mig_profile=\"1g.10gb\",gpu_instance_id=\"" + std::to_string(st.devices(2).gpu_instance_id()) +
+                   "\",compute_instance_id=\"0\"} 1"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("cushare_device_memory_outside_bytes{device=\"0:1\",uuid=\"" + uuid[1] + "\"} " +
+                   std::to_string(100 * MiB)),
+            std::string::npos)
+      << m;
+
+  // The CLI: devices by name or UUID; GPU 0 is refused with its MIG devices named.
+  const auto cli = [&](const std::string& args) {
+    const std::string cmd =
+        std::string(CLI_BIN) + " --socket " + b.socket() + " " + args + " > " + b.dir() + "/out.txt 2>&1";
+    const int rc = std::system(cmd.c_str());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  };
+  EXPECT_EQ(cli("set-limit gamma --memory 256MiB --device 0:2"), 0) << readAll(b.dir() + "/out.txt");
+  EXPECT_NE(readAll(b.dir() + "/out.txt").find("note: gamma holds 512 MiB on device 0:2, above its new limit"),
+            std::string::npos)
+      << readAll(b.dir() + "/out.txt");
+  EXPECT_EQ(g.ask("alloc 1"), "oom") << "over its lowered limit";
+  EXPECT_EQ(cli("set-limit gamma --reset --device " + uuid[2]), 0) << readAll(b.dir() + "/out.txt");
+  EXPECT_EQ(b.tenant("gamma").devices(2).limit_bytes(), 512 * MiB);
+  EXPECT_EQ(cli("set-limit gamma --memory 1GiB --device 0"), 1);
+  EXPECT_EQ(readAll(b.dir() + "/out.txt"),
+            "cushare: set-limit: GPU 0 is in MIG mode; name one of its MIG devices (0:0, 0:1, 0:2) or its MIG-<uuid>\n");
+  // A live limit that would overfill the 3g beside beta's 2 GiB is refused.
+  EXPECT_EQ(cli("set-limit alpha --memory 39GiB --device 0:0"), 1);
+  EXPECT_NE(readAll(b.dir() + "/out.txt").find("the limits on GPU instance 1 of GPU 0 (MIG devices 0:0, 0:1, sharing "
+                                               "its memory) would add up to 41 GiB, more than its 39.50 GiB"),
+            std::string::npos)
+      << readAll(b.dir() + "/out.txt");
+  EXPECT_EQ(cli("status"), 0);
+  EXPECT_NE(readAll(b.dir() + "/out.txt").find("device 0:2: MIG 1g.10gb, GPU instance " +
+                                               std::to_string(st.devices(2).gpu_instance_id()) +
+                                               ", compute instance 0, of GPU " + gpuUuid),
+            std::string::npos)
+      << readAll(b.dir() + "/out.txt");
+
+  // kill -9: the instance's memory comes back, and the tenant's budget with it.
+  a.kill(SIGKILL);
+  a.wait();
+  EXPECT_TRUE(eventually([&] { return b.tenant("alpha").devices(0).used_bytes() == 0; })) << b.log();
+  Child a2 = b.tenantProcess("alpha", {{"CUDA_VISIBLE_DEVICES", uuid[0]}});
+  EXPECT_EQ(a2.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(1024 * MiB));
+}
+
+// The layout changes under a running broker (the 1c of the 3g destroyed: the 1g's MIG index moves
+// from 2 to 1): the broker never reads another compute instance as one it listed, and says to
+// restart it; a tenant process in the moved MIG device is still limited (its UUID is the same).
+TEST_F(Mig, ALayoutChangedUnderTheBrokerIsNotReadAsTheOld) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: gamma, memory: {'0:2': 512MiB}}\n")) << b.log();
+  ASSERT_TRUE(eventually([&] { return b.status().devices(2).has_device_used_bytes(); })) << b.log();
+  ASSERT_EQ(nvmlComputeInstanceDestroy(c3b), NVML_SUCCESS);
+  c3b = nullptr;
+  nvmlDevice_t now;
+  char u[96];
+  ASSERT_EQ(nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1, &now), NVML_SUCCESS);
+  ASSERT_EQ(nvmlDeviceGetUUID(now, u, sizeof u), NVML_SUCCESS);
+  ASSERT_EQ(std::string(u), uuid[2]) << "the 1g is MIG device 1 now";
+  EXPECT_TRUE(b.logHas("MIG device 0:1 (" + uuid[1] + ") is gone or another compute instance has its index: the MIG "
+                       "layout changed since the broker started, restart it",
+                       5000))
+      << b.log();
+  EXPECT_TRUE(eventually([&] { return !b.status().devices(2).has_device_used_bytes(); })) << b.status().DebugString();
+  Child g = b.tenantProcess("gamma", {{"CUDA_VISIBLE_DEVICES", uuid[2]}});
+  EXPECT_EQ(g.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(512 * MiB));
+}
+
+// MPS under the broker does not run inside MIG devices (yet): mode on refuses to start with the
+// reason, auto runs without it.
+TEST_F(Mig, MpsModeOnIsRefusedOnMigDevices) {
+  const std::string dir = testDir();
+  Broker on(brokerDir(dir, "on"));
+  EXPECT_FALSE(on.start("mps: {mode: on}\ntenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n"));
+  EXPECT_NE(on.log().find("mps.mode on: this host's devices are MIG devices (0:0, 0:1, 0:2), and cushare does not run "
+                          "MPS inside MIG devices"),
+            std::string::npos)
+      << on.log();
+  Broker autoMode(brokerDir(dir, "auto"));
+  ASSERT_TRUE(autoMode.start("mps: {mode: auto}\ntenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n")) << autoMode.log();
+  EXPECT_FALSE(autoMode.status().mps().active());
+  EXPECT_NE(autoMode.status().mps().why().find("does not run MPS inside MIG devices"), std::string::npos)
+      << autoMode.status().mps().DebugString();
+}
+
+}  // namespace
+}  // namespace cushare::test

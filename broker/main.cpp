@@ -38,6 +38,7 @@
 #endif
 #include "metrics/http_server.h"
 #include "metrics/prometheus.h"
+#include "mig/mig_layout.h"
 
 namespace {
 
@@ -116,11 +117,65 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  std::vector<cushare::broker::DeviceInfo> devices;
   std::string err;
+  // The mig: layout (docs/mig.md), before the devices are listed: mig.apply_at_start brings the
+  // GPUs to it; then it is checked for the metrics. A layout that cannot be applied (processes on
+  // the GPU, a failed NVML call) is logged as an error and the broker starts on the GPUs as they
+  // are: tenants running there stay limited, and cushare_mig_layout_matches says 0. --check fails
+  // on it instead. A configuration that does not load is reported by the start below.
+  BrokerSnapshot::MigLayout migState;
+  if (Config early; loadConfig(configPath, &early, &err) && early.mig.set) {
+    std::vector<MigLayoutEntry> layout;
+    if (!migLayoutOf(early.mig, &layout, &err)) {
+      spdlog::error("{}", err);
+      return 1;
+    }
+    mig::Host host;
+    if (early.mig.applyAtStart) {
+      mig::Report r;
+      const bool ran = mig::applyLayout(host, early, layout, checkOnly, &r, &err);
+      for (const std::string& s : r.steps) {
+        if (checkOnly) std::printf("%s: mig: %s\n", configPath.c_str(), s.c_str());
+        else spdlog::info("mig: {}", s);
+        if (s.find(": already ") == std::string::npos && !checkOnly) ++migState.changes;
+      }
+      if (!ran) r.problems.push_back(err);
+      for (const std::string& p : r.problems) spdlog::error("mig: {}", p);
+      if (!r.problems.empty() && checkOnly) return 1;
+      if (!r.problems.empty())
+        spdlog::error("mig.apply_at_start: the MIG layout was not (fully) applied; the broker starts on the GPUs as they are");
+    }
+    std::vector<std::string> diffs;
+    if (checkOnly && !early.mig.applyAtStart) {
+      if (mig::assertLayout(host, layout, &diffs, &err)) {
+        std::printf("%s: mig: %s\n", configPath.c_str(), diffs.empty() ? "the layout is applied" : "the layout differs:");
+        for (const std::string& d : diffs) std::printf("%s: mig:   %s\n", configPath.c_str(), d.c_str());
+      }
+    } else if (!checkOnly && mig::assertLayout(host, layout, &diffs, &err)) {
+      migState.checked = true;
+      migState.matches = diffs.empty();
+      for (const std::string& d : diffs) spdlog::warn("mig: the GPUs differ from the configured layout: {}", d);
+      migState.differences = std::move(diffs);
+    } else if (!checkOnly) {
+      spdlog::warn("mig: cannot check the configured layout: {}", err);
+    }
+  }
+  err.clear();
+  std::vector<cushare::broker::DeviceInfo> devices;
   std::vector<std::string> migIdle;
   if (!listDevices(&devices, &err, &migIdle)) {
     spdlog::error("{}", err);
+    return 1;
+  }
+  // One broker shares at most kLedgerMaxDevices devices (the ledger's and the host segment's
+  // tables); MIG devices count one each (docs/mig.md).
+  if (devices.size() > cushare::kLedgerMaxDevices) {
+    size_t mig = 0;
+    for (const cushare::broker::DeviceInfo& d : devices) mig += d.mig();
+    spdlog::error("this host has {} devices{}, more than the {} one broker can share; use fewer, larger MIG instances "
+                  "(docs/mig.md)",
+                  devices.size(), mig ? " (" + std::to_string(mig) + " of them MIG devices, each counts)" : std::string(),
+                  cushare::kLedgerMaxDevices);
     return 1;
   }
   for (const std::string& gpu : migIdle)
@@ -132,6 +187,7 @@ int main(int argc, char** argv) {
                    d.gpuInstance, d.computeInstance, d.parentUuid, d.uuid, d.totalBytes);
   installBusGuard();  // before any ledger is mapped and before the threads start
   Broker broker(configPath, devices);
+  broker.setMigLayout(migState);
   if (checkOnly) {
     if (!broker.check(&err)) {
       spdlog::error("{}", err);

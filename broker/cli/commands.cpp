@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <functional>
 
+#include "config/config.h"
 #include "cushare/parse.h"
+#include "mig/mig_layout.h"
 #include "cushare/shim_config.h"
 #include <poll.h>
 #include <signal.h>
@@ -194,35 +196,51 @@ int tenantsVerb(const Globals& g, const Verb&, const Args& a) {
   });
 }
 
+// "0, 1, ..., n-1".
+std::string contiguous(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(i);
+  return s;
+}
+
 // --device TEXT: the broker's device number of the device TEXT names: its name as the broker
 // lists it ("0", or "0:1" for a MIG device) or its UUID (GPU-... or MIG-..., any case). 0 with
 // *number set, or the exit status after reporting why not (a device the host does not have is an
 // error, not an empty answer).
 int deviceNumber(const Globals& g, const std::string& verb, const std::string& text, int64_t* number) {
+  // A number in any form parseInt takes ("00", "+1") names the whole GPU of that index.
+  int64_t n = -1;
+  const bool numeric = parseInt(text, 0, INT32_MAX, &n, nullptr);
+  const std::string name = numeric ? std::to_string(n) : text;
   rpc::Request st = newRequest();
   st.mutable_status();
   rpc::Response sr;
   if (const int rc = exchange(g, st, rpc::Response::kStatus, &sr)) return rc;
   std::string lower = text, names, migOf;
-  int n = 0;
+  int count = 0;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (const rpc::Device& d : sr.status().devices()) {
-    const std::string name = d.name().empty() ? std::to_string(d.index()) : d.name();
+    const std::string dn = d.name().empty() ? std::to_string(d.index()) : d.name();
     std::string uuid = d.uuid();
     for (char& c : uuid) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (name == text || uuid == lower) {
+    if (dn == name || uuid == lower) {
       *number = d.index();
       return 0;
     }
-    names += (n++ ? ", " : "") + name;
-    if (d.mig() && name.rfind(text + ":", 0) == 0) migOf += (migOf.empty() ? "" : ", ") + name;
+    names += (count++ ? ", " : "") + dn;
+    if (d.mig() && (dn.rfind(name + ":", 0) == 0 || sameDeviceUuid(d.gpu_uuid(), text)))
+      migOf += (migOf.empty() ? "" : ", ") + dn;
   }
   if (!migOf.empty())
-    return report(g, kExitFailed, verb + ": GPU " + text + " is in MIG mode; name one of its MIG devices (" + migOf +
-                                      ") or its MIG-<uuid>");
+    return report(g, kExitFailed, verb + ": GPU " + printable(text, 64) + " is in MIG mode; name one of its MIG devices (" +
+                                      migOf + ") or its MIG-<uuid>");
   return report(g, kExitFailed, verb + ": device " + printable(text, 64) + " does not exist (this host has " +
-                                    (n == 0 ? std::string("no devices)")
-                                            : std::to_string(n) + (n == 1 ? " device: " : " devices: ") + names + ")"));
+                                    (count == 0 ? std::string("no devices)")
+                                                : std::to_string(count) + (count == 1 ? " device: " : " devices: ") +
+                                                      (count > 1 && names == contiguous(count)
+                                                           ? "0.." + std::to_string(count - 1)
+                                                           : names) +
+                                                      ")"));
 }
 
 // cushare probe [--device N]: each tenant's share of each device as its probes measured it.
@@ -360,16 +378,17 @@ int setLimitVerb(const Globals& g, const Verb& v, const Args& a) {
     return usageError(g, v, "give --memory, --threads or --priority, or --reset alone");
   int64_t device = -1;  // every device; the protocol's default of 0 would mean the first one
   std::string err;
-  if (a.find("--device") && a.get("--device") != "-1" && !a.find("--memory") && !a.find("--reset"))
+  const bool allDevices = !a.find("--device") || parseInt(a.get("--device"), -1, -1, &device, nullptr);
+  if (!allDevices && !a.find("--memory") && !a.find("--reset"))
     return usageError(g, v, "--device goes with --memory or --reset: threads and priority are per tenant");
-  if (a.find("--device") && a.get("--device") != "-1")
-    if (const int rc = deviceNumber(g, "set-limit", a.get("--device"), &device)) return rc;
   int64_t threads = 0;
   if (a.find("--threads") && !parseInt(a.get("--threads"), 1, 100, &threads, &err))
     return usageError(g, v, "--threads: " + printable(err, 120) + " (a percentage of the device's SMs, 1..100)");
   Priority priority;
   if (a.find("--priority") && !parsePriority(a.get("--priority"), &priority, &err))
     return usageError(g, v, "--priority: " + printable(err, 120));
+  if (!allDevices)
+    if (const int rc = deviceNumber(g, "set-limit", a.get("--device"), &device)) return rc;
   rpc::Request req = newRequest();
   rpc::SetLimitRequest* s = req.mutable_set_limit();
   s->set_tenant(a.positional[0]);
@@ -393,6 +412,69 @@ int setLimitVerb(const Globals& g, const Verb& v, const Args& a) {
                     (d.device_name().empty() ? std::to_string(d.device()) : d.device_name()).c_str(),
                     formatSize(d.limit_bytes()).c_str());
   });
+}
+
+// Where operations.md installs the broker's configuration.
+constexpr const char* kDefaultBrokerConfig = "/etc/cushare/broker.yaml";
+
+// A JSON string.
+std::string jsonString(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += std::string("\\") + c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      out += b;
+    } else out += c;
+  }
+  return out + "\"";
+}
+
+std::string jsonList(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + jsonString(v[i]);
+  return out + "]";
+}
+
+// cushare mig assert|apply [--config FILE] [--dry-run]: the broker configuration's mig: layout
+// (docs/mig.md, "Declarative layout"), through NVML on this host, not through the broker. assert:
+// 0 when every GPU the layout names has it, 1 with the differences. apply: 0 when the GPUs have
+// it, 1 when it was refused (processes on an affected GPU, tenants' keys it would break, a layout
+// that does not fit) or waits for a GPU reset; nothing is changed unless every affected GPU can be.
+int migVerb(const Globals& g, const Verb& v, const Args& a) {
+  const std::string action = a.positional[0];
+  if (action != "assert" && action != "apply") return usageError(g, v, "expected assert or apply, found '" + printable(action, 20) + "'");
+  if (a.find("--dry-run") && action != "apply") return usageError(g, v, "--dry-run goes with apply");
+  const std::string path = a.find("--config") ? a.get("--config") : std::string(kDefaultBrokerConfig);
+  broker::Config c;
+  std::string err;
+  if (!broker::loadConfig(path, &c, &err)) return report(g, kExitFailed, err);
+  if (!c.mig.set) return report(g, kExitFailed, path + ": no mig: block (docs/mig.md, \"Declarative layout\")");
+  std::vector<broker::MigLayoutEntry> layout;
+  if (!broker::migLayoutOf(c.mig, &layout, &err)) return report(g, kExitFailed, err);
+  broker::mig::Host host;
+  if (action == "assert") {
+    std::vector<std::string> diffs;
+    if (!broker::mig::assertLayout(host, layout, &diffs, &err)) return report(g, kExitFailed, err);
+    if (g.json) std::printf("{\"matches\":%s,\"differences\":%s}\n", diffs.empty() ? "true" : "false", jsonList(diffs).c_str());
+    else if (diffs.empty()) std::printf("the MIG layout is applied\n");
+    else for (const std::string& d : diffs) std::printf("%s\n", d.c_str());
+    return diffs.empty() ? 0 : kExitFailed;
+  }
+  broker::mig::Report r;
+  const bool dry = a.find("--dry-run") != nullptr;
+  if (!broker::mig::applyLayout(host, c, layout, dry, &r, &err)) return report(g, kExitFailed, err);
+  if (g.json) {
+    std::printf("{\"dry_run\":%s,\"steps\":%s,\"problems\":%s,\"pending_reset\":%s}\n", dry ? "true" : "false",
+                jsonList(r.steps).c_str(), jsonList(r.problems).c_str(), r.pendingReset ? "true" : "false");
+  } else {
+    for (const std::string& s : r.steps) std::printf("%s\n", s.c_str());
+    for (const std::string& p : r.problems) std::fprintf(stderr, "cushare: mig apply: %s\n", p.c_str());
+    if (r.problems.empty() && !dry)
+      std::printf("applied; restart cushare-broker so that it lists the new MIG devices (docs/mig.md)\n");
+  }
+  return r.problems.empty() ? 0 : kExitFailed;
 }
 
 int reloadVerb(const Globals& g, const Verb&, const Args&) {
@@ -539,6 +621,16 @@ const std::vector<Verb>& verbs() {
        0,
        false,
        envVerb},
+      {"mig",
+       "mig assert|apply [--config FILE] [--dry-run]",
+       "check or bring this host's GPUs to the MIG layout of the broker's configuration (root; through NVML)",
+       {"--config"},
+       {"--dry-run"},
+       {},
+       1,
+       1,
+       false,
+       migVerb},
       {"run",
        "run --tenant NAME [--memory SIZE] [--shim PATH] -- COMMAND [ARGS...]",
        "run a command as a tenant, with the shim preloaded",

@@ -17,6 +17,7 @@
 #include "cushare/host_segment.h"
 #include "cushare/mps_settings.h"
 #include "cushare/parse.h"
+#include "mig_layout.h"
 #include "yaml_tree.h"
 
 namespace cushare::broker {
@@ -54,7 +55,7 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
                                            "hidden_memory_response",
                                            "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
-                                           "mps", "compute", "probes", "cdi", "kubernetes"};
+                                           "mps", "compute", "probes", "cdi", "kubernetes", "mig"};
 const std::vector<std::string> kProbeKeys = {"interval_ms", "window_s", "budget_us", "kinds"};
 const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "priority_guard_ms", "metering", "fair_share",
                                                "mps_weights", "metering_source", "cupti_library"};
@@ -216,7 +217,45 @@ class Parser {
     if (k == "probes") return probes(v, &c->probes);
     if (k == "cdi") return cdi(v, &c->cdi);
     if (k == "kubernetes") return kubernetes(v, &c->kubernetes);
+    if (k == "mig") return mig(v, &c->mig);
     return unknownKey(key, path, kTopKeys);
+  }
+
+  // mig: {layout: [mig-parted entries]} or {config_file: PATH, config: NAME}, and apply_at_start.
+  bool mig(const Node& n, MigConfig* out) {
+    static const std::vector<std::string> kKeys = {"layout", "config_file", "config", "apply_at_start"};
+    MigConfig m;
+    m.set = true;
+    m.mark = sourceMark(n.mark);
+    if (!map(n, "mig", "a map (layout, or config_file and config; apply_at_start)")) return false;
+    for (size_t i = 0; i < n.keys.size(); ++i) {
+      const Node& key = n.keys[i];
+      const Node& v = n.items[i];
+      const std::string path = join("mig", key.text);
+      std::string text;
+      if (key.text == "layout") {
+        if (!parseMigLayoutEntries(v, file_, path, &m.layout, &error_)) return false;
+      } else if (key.text == "config_file") {
+        if (!scalar(v, path, "the absolute path of mig-parted's configuration file", &text)) return false;
+        if (text.front() != '/') return fail(v.mark, path, "expected an absolute path, found " + quote(text));
+        m.configFile = text;
+      } else if (key.text == "config") {
+        if (!scalar(v, path, "the name of a config in config_file (e.g. all-1g.10gb)", &text)) return false;
+        m.configName = text;
+      } else if (key.text == "apply_at_start") {
+        if (!scalar(v, path, "true or false", &text)) return false;
+        if (text != "true" && text != "false") return fail(v.mark, path, "expected true or false, found " + quote(text));
+        m.applyAtStart = text == "true";
+      } else {
+        return unknownKey(key, path, kKeys);
+      }
+    }
+    if (m.layout.empty() == m.configFile.empty())
+      return fail(n.mark, "mig", "give either layout or config_file (with config), not both or neither");
+    if (m.configFile.empty() != m.configName.empty())
+      return fail(n.mark, "mig", "config_file and config go together");
+    *out = std::move(m);
+    return true;
   }
 
   // probes: off | on | {interval_ms: 20..600000, window_s: 1..3600, budget_us: 20..10000,

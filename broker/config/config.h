@@ -165,6 +165,34 @@ struct KubernetesConfig {
 inline constexpr size_t kMaxDevicePluginDir = 70;  // <dir>/cushare-<name>.sock must fit 107 bytes
 inline constexpr size_t kMaxAllocationDir = 200;  // + /<tenant>/<uuid>_<n> stays far below PATH_MAX
 
+// One entry of a MIG layout, in mig-parted's vocabulary (docs/mig.md, "Declarative layout"): the
+// GPUs it applies to, whether MIG is on, and how many GPU instances of each profile (each with one
+// compute instance spanning it).
+struct MigLayoutEntry {
+  bool allDevices = true;
+  std::vector<int> devices;  // NVML indexes when !allDevices
+  bool enabled = false;
+  std::vector<std::pair<std::string, uint32_t>> profiles;  // "1g.10gb" -> count, in the order written
+  SourceMark mark;
+  std::string path;  // "mig.layout[0]" or "<file>: mig-configs.<name>[0]", for messages
+};
+
+// The mig: block: the layout the GPUs should have, inline or mig-parted's file and config name.
+struct MigConfig {
+  bool set = false;
+  std::string configFile, configName;  // mig-parted's file and the config in it (loaded when used)
+  std::vector<MigLayoutEntry> layout;  // inline; empty with configFile
+  bool applyAtStart = false;           // the broker brings the GPUs to it before listing devices
+  SourceMark mark;
+};
+
+// mig-parted's file (version: v1, mig-configs: NAME: [entries]): the entries of config `name`.
+// False with one line naming the file, line and field.
+bool loadMigPartedConfig(const std::string& path, const std::string& name, std::vector<MigLayoutEntry>* out,
+                         std::string* error);
+// The layout the mig: block names (inline, or loaded from mig-parted's file).
+bool migLayoutOf(const MigConfig& m, std::vector<MigLayoutEntry>* out, std::string* error);
+
 struct Config {
   std::string file;
   ComputeConfig compute;  // the name used in messages (the path given to loadConfig)
@@ -209,6 +237,7 @@ struct Config {
   MpsConfig mps;
   CdiConfig cdi;
   KubernetesConfig kubernetes;
+  MigConfig mig;
   std::vector<Profile> profiles;      // in the order written
   std::vector<Tenant> tenants;        // in the order written; names unique
 };

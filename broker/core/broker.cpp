@@ -1109,6 +1109,11 @@ void Broker::setMpsSnapshot(MpsSnapshot m) {
   mps_ = std::move(m);
 }
 
+void Broker::setMigLayout(BrokerSnapshot::MigLayout m) {
+  std::lock_guard<std::mutex> g(mu_);
+  migLayout_ = std::move(m);
+}
+
 BrokerSnapshot Broker::snapshot() {
   std::lock_guard<std::mutex> g(mu_);
   BrokerSnapshot s;
@@ -1126,6 +1131,7 @@ BrokerSnapshot Broker::snapshot() {
   s.ledgersRefused = unknownRefused_;
   s.logLinesDropped = gLogLinesDropped.load(std::memory_order_relaxed);
   s.mps = mps_;
+  s.migLayout = migLayout_;
   for (size_t i = 0; i < devices_.size(); ++i) {
     DeviceSnapshot d;
     d.index = devices_[i].ordinal;
@@ -1184,8 +1190,9 @@ int Broker::tick(bool scanDirectory) {
   }
   std::vector<std::map<int, uint64_t>> onDevice;
   std::vector<uint64_t> deviceUsed, deviceUsedHigh;
+  std::vector<std::string> unread;
   std::string err;
-  const bool device = processMemory(devices_, &onDevice, &err, &deviceUsed, &deviceUsedHigh);
+  const bool device = processMemory(devices_, &onDevice, &err, &deviceUsed, &deviceUsedHigh, &unread);
   std::vector<std::map<int, uint64_t>> deviceBusy;
   std::string busyErr;
   const bool busyRead = device && busyReader_.read(devices_, &deviceBusy, &busyErr);
@@ -1199,6 +1206,16 @@ int Broker::tick(bool scanDirectory) {
     deviceError_ = device ? "" : err;
     if (!device)
       for (OutsideDevice& o : outside_) o.read = false;
+    // MIG devices that cannot be read (a layout changed under the broker): each said once, and
+    // judged by nothing this tick (outside_memory.cpp, hidden_memory.cpp, left_behind.cpp).
+    deviceUnread_.assign(devices_.size(), false);
+    for (size_t d = 0; device && d < unread.size() && d < devices_.size(); ++d) {
+      deviceUnread_[d] = !unread[d].empty();
+      if (d < unreadError_.size() && unread[d] != unreadError_[d] && !unread[d].empty())
+        CUSHARE_BLOG(error, "the device's per-process memory of {} cannot be read, hidden memory there goes unnoticed: {}",
+                     devices_[d].name(), unread[d]);
+    }
+    if (device) unreadError_ = unread;
     ++ticks_;
     if (device) {
       attributeLocked(onDevice);

@@ -117,6 +117,8 @@ class Broker {
 
   // Not const: a ledger found unreadable while reading it is dropped (see faultLocked).
   BrokerSnapshot snapshot();
+  // What the start found of the mig: layout (main.cpp), shown in metrics.
+  void setMigLayout(BrokerSnapshot::MigLayout m);
   // The same with each process's Kubernetes container (pod_labels.h) when pod labels are on:
   // reads each process's mount table, so only for the metrics and `cushare processes`.
   BrokerSnapshot snapshotWithPods();
@@ -411,6 +413,17 @@ class Broker {
   bool unknownFull_ = false;      // the host segment offers new unknown tenants nothing (caps reached)
   std::string cuptiRefused_;      // why compute.cupti_library was last not offered (said once per reason)
   std::string metricsAddress_;
+  BrokerSnapshot::MigLayout migLayout_;  // guarded by mu_
+  // Per device: its accounting could not be read this tick (a MIG device gone), and why (last said).
+  std::vector<bool> deviceUnread_;
+  bool unreadLocked(size_t d) const { return d < deviceUnread_.size() && deviceUnread_[d]; }
+  // Device d shares its memory with other MIG devices (compute instances of one GPU instance).
+  bool sharedMemoryLocked(size_t d) const {
+    for (size_t x = 0; x < devices_.size(); ++x)
+      if (x != d && devices_[x].group(x) == devices_[d].group(d)) return true;
+    return false;
+  }
+  std::vector<std::string> unreadError_ = std::vector<std::string>(kLedgerMaxDevices);
   MpsSnapshot mps_;
   uint64_t reaped_ = 0;
   uint64_t reloadsRefused_ = 0;

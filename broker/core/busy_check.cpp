@@ -81,10 +81,11 @@ void Broker::checkBusyLocked(const std::vector<std::map<int, uint64_t>>& busy) {
                      "tenant {} device {}: its processes metered {:.3f} s of GPU time in the last {:.1f} s "
                      "where the device counted {:.3f} s for them; the device's count is charged and billed "
                      "(a metering source that does not see the work: a stand-in CUPTI library, written slots)",
-                     name, d, seconds(metered), windowS, seconds(device));
+                     name, devices_[d].name(), seconds(metered), windowS, seconds(device));
       } else if (!low && w.flagged) {
         w.flagged = false;
-        CUSHARE_BLOG(info, "tenant {} device {}: its metering agrees with the device's count again", name, d);
+        CUSHARE_BLOG(info, "tenant {} device {}: its metering agrees with the device's count again", name,
+                     devices_[d].name());
       }
       w = TenantState::BusyWindow{nowNs, now.meteredBusyNs, now.deviceBusyNs, w.short_, w.flagged};
     }

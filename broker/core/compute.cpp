@@ -815,7 +815,7 @@ std::chrono::microseconds Broker::computeTick() {
           if (!holder->td->suspect)
             CUSHARE_BLOG(warn, "tenant {} device {}: in-flight work did not drain within {} ms (a stopped process, "
                          "or its ledger written): next turn; the counts are not taken for work until they move",
-                         holder->t->name, d, kDrainLimit / kMs);
+                         holder->t->name, devices_[d].name(), kDrainLimit / kMs);
           // No busy time in the whole turn: its counts are not believed (short turns and drains)
           // until its busy time moves.
           if (holder->td->busyTotal == dev.turnBusyStart) {

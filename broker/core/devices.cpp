@@ -80,9 +80,10 @@ bool bind(void* lib, const char* name, F* out, std::string* err) {
 }
 
 // One NVML process list (the buffer protocol: grow and ask again while it is too small), added
-// to out.
+// to out. With mig: only the entries of that MIG device's GPU and compute instance (a list NVML
+// gave per GPU instance would otherwise count a sibling's processes twice).
 nvmlReturn_t addProcesses(nvmlReturn_t (*list)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*), nvmlDevice_t h,
-                          std::map<int, uint64_t>* out) {
+                          std::map<int, uint64_t>* out, const DeviceInfo* mig = nullptr) {
   std::vector<nvmlProcessInfo_t> infos(64);
   for (;;) {
     unsigned n = static_cast<unsigned>(infos.size());
@@ -93,7 +94,8 @@ nvmlReturn_t addProcesses(nvmlReturn_t (*list)(nvmlDevice_t, unsigned*, nvmlProc
     }
     if (r != NVML_SUCCESS) return r;
     for (unsigned i = 0; i < n && i < infos.size(); ++i)
-      if (infos[i].usedGpuMemory != static_cast<unsigned long long>(NVML_VALUE_NOT_AVAILABLE))
+      if (infos[i].usedGpuMemory != static_cast<unsigned long long>(NVML_VALUE_NOT_AVAILABLE) &&
+          (mig == nullptr || (infos[i].gpuInstanceId == mig->gpuInstance && infos[i].computeInstanceId == mig->computeInstance)))
         (*out)[static_cast<int>(infos[i].pid)] += infos[i].usedGpuMemory;
     return NVML_SUCCESS;
   }
@@ -138,76 +140,83 @@ std::string cannotList(const Nvml& n, const DeviceInfo& d, nvmlReturn_t r) {
 }  // namespace
 
 bool processMemory(const std::vector<DeviceInfo>& list, std::vector<std::map<int, uint64_t>>* out, std::string* err,
-                   std::vector<uint64_t>* deviceUsed, std::vector<uint64_t>* deviceUsedHigh) {
+                   std::vector<uint64_t>* deviceUsed, std::vector<uint64_t>* deviceUsedHigh,
+                   std::vector<std::string>* unread) {
   const Nvml* nv = tickNvml(err);
   if (nv == nullptr) return false;
   const Nvml& n = *nv;
   const size_t devices = list.size();
   std::vector<std::map<int, uint64_t>> result(devices);
   std::vector<uint64_t> used(devices, 0), usedHigh(devices, 0);
-  const auto readUsed = [&](nvmlDevice_t h, size_t i, uint64_t* out) {
+  std::vector<std::string> failed(devices);
+  const auto readUsed = [&](nvmlDevice_t h, size_t i, uint64_t* out, std::string* why) {
     nvmlMemory_t m{};
     const nvmlReturn_t r = n.memory(h, &m);
-    if (r != NVML_SUCCESS) *err = "NVML cannot read the memory of device " + list[i].name() + ": " + n.describe(r);
+    if (r != NVML_SUCCESS) *why = "NVML cannot read the memory of device " + list[i].name() + ": " + n.describe(r);
     *out = m.used;
     return r == NVML_SUCCESS;
   };
-  for (size_t i = 0; i < devices; ++i) {
+  // The device's total is read before and after its process lists: the lists and the total
+  // cannot be read at one instant, and a process allocating between the list and a later total
+  // would show as memory no process holds. The smaller of the two under-states "the total minus
+  // the processes" against a process that allocates (or frees) between the reads, but not
+  // against one that frees before the list and allocates again before the second total (a
+  // churner: the list misses its block, both totals count one): then it over-states it. So
+  // where a reading leaves memory no process holds, it is taken up to twice more and the
+  // reading that leaves the least is kept, with its list (a churner would have to race all
+  // three). left_behind.cpp charges rises of that smaller figure and returns charges on falls
+  // of the larger total of all the readings, so allocations racing the reads neither charge
+  // an exiting tenant nor clear a real charge.
+  const auto readOne = [&](size_t i, std::string* why) {
     nvmlDevice_t h;
     nvmlReturn_t r = n.handleOf(list[i], &h);
-    // The device's total is read before and after its process lists: the lists and the total
-    // cannot be read at one instant, and a process allocating between the list and a later total
-    // would show as memory no process holds. The smaller of the two under-states "the total minus
-    // the processes" against a process that allocates (or frees) between the reads, but not
-    // against one that frees before the list and allocates again before the second total (a
-    // churner: the list misses its block, both totals count one): then it over-states it. So
-    // where a reading leaves memory no process holds, it is taken up to twice more and the
-    // reading that leaves the least is kept, with its list (a churner would have to race all
-    // three). left_behind.cpp charges rises of that smaller figure and returns charges on falls
-    // of the larger total of all the readings, so allocations racing the reads neither charge
-    // an exiting tenant nor clear a real charge.
     if (r != NVML_SUCCESS) {
-      *err = cannotList(n, list[i], r);
+      *why = cannotList(n, list[i], r);
       return false;
     }
     // Compute instances of one GPU instance share its memory: NVML's used memory of a MIG device
     // is its GPU instance's, its process list the compute instance's own. Memory the processes of
-    // the sibling compute instances (devices of the same memory group) hold is taken off.
-    std::vector<nvmlDevice_t> siblings;
+    // the sibling compute instances (devices of the same memory group) hold is taken off, and
+    // what no process holds is shown on the group's first device only (left_behind.cpp judges
+    // no device of a shared group: one figure cannot say which compute instance left it).
+    std::vector<std::pair<nvmlDevice_t, const DeviceInfo*>> siblings;
     for (size_t j = 0; j < devices; ++j) {
       nvmlDevice_t s;
       if (j != i && list[i].mig() && list[j].group(j) == list[i].group(i)) {
         if ((r = n.handleOf(list[j], &s)) != NVML_SUCCESS) {
-          *err = cannotList(n, list[j], r);
+          *why = cannotList(n, list[j], r);
           return false;
         }
-        siblings.push_back(s);
+        siblings.emplace_back(s, &list[j]);
       }
     }
+    const bool firstOfGroup = list[i].group(i) == i;
+    const DeviceInfo* own = list[i].mig() ? &list[i] : nullptr;
     uint64_t bestUnheld = UINT64_MAX;
     for (int attempt = 0; attempt < 3 && bestUnheld != 0; ++attempt) {
       std::map<int, uint64_t> listed;
       uint64_t before = 0, after = 0;
-      if (deviceUsed != nullptr && !readUsed(h, i, &before)) return false;
-      r = addProcesses(n.compute, h, &listed);
-      if (r == NVML_SUCCESS && n.mps != nullptr) r = addProcesses(n.mps, h, &listed);
+      if (deviceUsed != nullptr && !readUsed(h, i, &before, why)) return false;
+      r = addProcesses(n.compute, h, &listed, own);
+      if (r == NVML_SUCCESS && n.mps != nullptr) r = addProcesses(n.mps, h, &listed, own);
       std::map<int, uint64_t> inSiblings;
-      for (nvmlDevice_t s : siblings)
-        if (r == NVML_SUCCESS) r = addProcesses(n.compute, s, &inSiblings);
+      for (const auto& [s, info] : siblings)
+        if (r == NVML_SUCCESS) r = addProcesses(n.compute, s, &inSiblings, info);
       if (r != NVML_SUCCESS) {
-        *err = "NVML cannot list the processes of device " + list[i].name() + ": " + n.describe(r);
+        *why = "NVML cannot list the processes of device " + list[i].name() + ": " + n.describe(r);
         return false;
       }
       if (deviceUsed == nullptr) {
         result[i] = std::move(listed);
         break;
       }
-      if (!readUsed(h, i, &after)) return false;
+      if (!readUsed(h, i, &after, why)) return false;
       uint64_t held = 0, siblingsHeld = 0;
       for (const auto& [pid, bytes] : listed) held += bytes;
       for (const auto& [pid, bytes] : inSiblings) siblingsHeld += bytes;
       before = before > siblingsHeld ? before - siblingsHeld : 0;
       after = after > siblingsHeld ? after - siblingsHeld : 0;
+      if (!firstOfGroup) before = after = held;  // the group's unheld memory is shown on its first device
       const uint64_t low = std::min(before, after);
       const uint64_t unheld = low > held ? low - held : 0;
       usedHigh[i] = std::max({usedHigh[i], before, after});
@@ -217,10 +226,24 @@ bool processMemory(const std::vector<DeviceInfo>& list, std::vector<std::map<int
         result[i] = std::move(listed);
       }
     }
+    return true;
+  };
+  for (size_t i = 0; i < devices; ++i) {
+    std::string why;
+    if (readOne(i, &why)) continue;
+    // A MIG device that cannot be read (gone after a layout change) leaves the others read.
+    if (unread == nullptr || !list[i].mig()) {
+      *err = why;
+      return false;
+    }
+    failed[i] = why;
+    result[i].clear();
+    used[i] = usedHigh[i] = 0;
   }
   *out = std::move(result);
   if (deviceUsed != nullptr) *deviceUsed = std::move(used);
   if (deviceUsedHigh != nullptr) *deviceUsedHigh = std::move(usedHigh);
+  if (unread != nullptr) *unread = std::move(failed);
   return true;
 }
 
@@ -361,8 +384,12 @@ bool listDevices(std::vector<DeviceInfo>* out, std::string* err, std::vector<std
       return failWith("NVML cannot describe device " + std::to_string(i) + ": " + n.describe(r));
     if (!describe(h, "device " + std::to_string(i), false, &gpu, &why)) return failWith(why);
     unsigned current = NVML_DEVICE_MIG_DISABLE, pending = NVML_DEVICE_MIG_DISABLE;
-    // A GPU without MIG answers NOT_SUPPORTED: a whole GPU.
-    if (!n.hasMig() || n.migMode(h, &current, &pending) != NVML_SUCCESS || current != NVML_DEVICE_MIG_ENABLE) {
+    // A GPU without MIG answers NOT_SUPPORTED: a whole GPU. Any other error is not taken for "no
+    // MIG" (a MIG-enabled GPU listed whole would name a device CUDA cannot run on).
+    r = n.hasMig() ? n.migMode(h, &current, &pending) : NVML_ERROR_NOT_SUPPORTED;
+    if (r != NVML_SUCCESS && r != NVML_ERROR_NOT_SUPPORTED)
+      return failWith("NVML cannot read the MIG mode of GPU " + std::to_string(i) + ": " + n.describe(r));
+    if (r == NVML_ERROR_NOT_SUPPORTED || current != NVML_DEVICE_MIG_ENABLE) {
       gpu.memoryGroup = devices.size();
       devices.push_back(std::move(gpu));
       continue;

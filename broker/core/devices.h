@@ -29,9 +29,13 @@ bool listDevices(std::vector<DeviceInfo>* out, std::string* err, std::vector<std
 // makes memory appear that no process holds), and in deviceUsedHigh the larger (never makes it
 // disappear).
 // A MIG device's used memory is its GPU instance's less what the processes of the other compute
-// instances of that GPU instance hold (listed beside it with the same memory group).
+// instances of that GPU instance hold (listed beside it with the same memory group); memory no
+// process holds is counted on the group's first device only.
+// With unread: a MIG device that cannot be read (gone, or another compute instance at its index
+// after a layout change) gets its reason there and empty figures; the others are read.
 bool processMemory(const std::vector<DeviceInfo>& devices, std::vector<std::map<int, uint64_t>>* out, std::string* err,
-                   std::vector<uint64_t>* deviceUsed = nullptr, std::vector<uint64_t>* deviceUsedHigh = nullptr);
+                   std::vector<uint64_t>* deviceUsed = nullptr, std::vector<uint64_t>* deviceUsedHigh = nullptr,
+                   std::vector<std::string>* unread = nullptr);
 
 // The device's own count of each process's busy time, for checking what tenants meter
 // (compute.cpp): NVML's per-process utilization samples (nvmlDeviceGetProcessUtilization), each

@@ -281,7 +281,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         // and then, to make ticks find nothing hidden, is there on purpose (found by an attack
         // review: 600 MiB for 256 MiB, never charged). rows.cpp judges a row that stays above.
         const auto ra = rowAllowed.find(e);
-        if (measured) {
+        if (measured && !unreadLocked(d)) {
           uint64_t shown = std::max(b->second.bytes[i], a->second.bytes[i]);
           if (ra != rowAllowed.end()) shown = std::min(shown, ra->second);
           const uint64_t explained = shown + allowed[d];
@@ -326,14 +326,14 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         CUSHARE_BLOG(info,
                      "tenant {} device {}: {} on the device beyond its ledger, within what {} "
                      "process context(s) hold ({} each, context_memory); charged to the tenant",
-                     name, d, formatSize(t.hidden[d]), processes[d],
+                     name, devices_[d].name(), formatSize(t.hidden[d]), processes[d],
                      formatSize(config_.contextMemory));
       const bool report = t.hidden[d] != 0 && !contextOnly;
       const bool changed = report != static_cast<bool>(t.hiddenReported[d]);
       t.hiddenReported[d] = report ? 1 : 0;
       if (changed && !report)
         CUSHARE_BLOG(info, "tenant {} device {}: no memory hidden from its ledger any more", name,
-                     d);
+                     devices_[d].name());
       // The response, judged every tick while memory is charged as hidden (a tenant that passes
       // its limit only later, by allocating more, is taken back then). kill_past_limit: while
       // the device holds more for the tenant (less the allowance) than its ledger may hold,
@@ -420,7 +420,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
                      "tenant {} device {}: its processes hold {} on the device, {} more than its "
                      "ledger shows{}; "
                      "charged to the tenant (counted in its usage) while the device holds it",
-                     name, d, formatSize(held[d]), formatSize(t.hidden[d]), who);
+                     name, devices_[d].name(), formatSize(held[d]), formatSize(t.hidden[d]), who);
       }
       t.culpritRun.resize(n, 0);
       if (!judge) continue;
@@ -437,7 +437,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         if (killed) tamperLocked(&t, "killed");
         // What it allocated in the window goes with it.
         CUSHARE_BLOG(warn, "tenant {} device {}: pid {} {} (hidden_memory_response: {}): the device frees what it hid",
-                     name, d, pid, killed ? "killed" : "could not be killed (gone already?)", response);
+                     name, devices_[d].name(), pid, killed ? "killed" : "could not be killed (gone already?)", response);
       }
       if (!any && !t.hiddenPastLimitSaid[d]) {
         // Honest too: a limit lowered below what the tenant holds, contexts and all.
@@ -445,7 +445,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         CUSHARE_BLOG(info,
                      "tenant {} device {}: nothing to take down ({}): no process of the tenant's user holds more "
                      "than context_memory ({}) beyond its ledger slot{}; what they hold is charged",
-                     name, d, response, formatSize(config_.contextMemory), who);
+                     name, devices_[d].name(), response, formatSize(config_.contextMemory), who);
       }
     }
   }

@@ -66,6 +66,14 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
   leftBehind_.resize(n);
   for (size_t d = 0; d < n; ++d) {
     LeftBehindDevice& L = leftBehind_[d];
+    // A MIG device not read this tick, or one whose GPU instance other compute instances share
+    // (what no process holds there is one figure for all of them, and cannot say whose exit left
+    // it: charging it on each would charge it twice, docs/mig.md): nothing is judged.
+    if (unreadLocked(d)) continue;  // charges made before are kept
+    if (sharedMemoryLocked(d)) {
+      L = LeftBehindDevice{};
+      continue;
+    }
     uint64_t attributed = 0;
     for (const auto& [pid, bytes] : onDevice[d]) attributed += bytes;
     const uint64_t u = deviceUsed[d] > attributed ? deviceUsed[d] - attributed : 0;
@@ -159,7 +167,7 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
                      "tenant {} device {}: its exited processes left {} on the device (memory kept "
                      "alive by an exported descriptor or handle); charged to the tenant until the "
                      "device frees it",
-                     tenant, d, formatSize(x));
+                     tenant, devices_[d].name(), formatSize(x));
       }
       L.base += rise - given;  // rounding, and what no exited process can explain
     }
@@ -172,7 +180,8 @@ void Broker::checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& o
         it->second -= take;
         gone -= take;
         if (it->second == 0) {
-          CUSHARE_BLOG(info, "tenant {} device {}: memory its exited processes left is freed", it->first, d);
+          CUSHARE_BLOG(info, "tenant {} device {}: memory its exited processes left is freed", it->first,
+                       devices_[d].name());
           it = L.charged.erase(it);
         } else {
           ++it;

@@ -414,6 +414,7 @@ void MpsSupervisor::publish(bool force) {
   for (const DeviceSnapshot& d : b.devices) {
     DeviceInfo i;
     i.ordinal = d.index;
+    i.migIndex = d.migIndex;
     i.uuid = d.uuid;
     i.totalBytes = d.capacity;
     devices.push_back(std::move(i));

@@ -34,7 +34,7 @@ void Broker::checkOutsideLocked(const std::vector<std::map<int, uint64_t>>& onDe
         if (bytes != 0 && (it == deviceProcesses_.end() || it->second.tenant.empty())) held.emplace_back(bytes, pid);
       }
     std::sort(held.begin(), held.end(), std::greater<>());
-    o.read = d < deviceUsed.size();
+    o.read = d < deviceUsed.size() && !unreadLocked(d);
     o.deviceUsed = o.read ? deviceUsed[d] : 0;
     o.bytes = 0;
     o.pids.clear();
@@ -54,12 +54,12 @@ void Broker::checkOutsideLocked(const std::vector<std::map<int, uint64_t>>& onDe
         CUSHARE_BLOG(warn,
                      "device {}: {} held by {} process(es) outside cushare ({}): no tenant's limit counts it, "
                      "and the device can run out of memory before the tenants reach their limits{}",
-                     d, formatSize(o.bytes), held.size(), who, more);
+                     devices_[d].name(), formatSize(o.bytes), held.size(), who, more);
     } else if (o.ticks == 0 && o.warned) {
       o.warned = false;
       std::string more;
       if (strangersLog_.allow(&more))
-        CUSHARE_BLOG(info, "device {}: no memory held outside cushare any more{}", d, more);
+        CUSHARE_BLOG(info, "device {}: no memory held outside cushare any more{}", devices_[d].name(), more);
     }
   }
 }

@@ -83,8 +83,10 @@ bool loadState(const std::string& path, BrokerState* out, std::string* err) {
   };
   auto uuidField = [&](std::string* uuid) {
     uint8_t raw[16];
-    if (!parseGpuUuid(*uuid, raw)) return bad("'" + printable(*uuid, 64) + "' is not a GPU UUID");
-    *uuid = formatGpuUuid(raw);  // the one spelling the broker compares (a hand edit may differ)
+    if (!parseGpuUuid(*uuid, raw)) return bad("'" + printable(*uuid, 64) + "' is not a GPU or MIG device UUID");
+    // The one spelling the broker compares (a hand edit may differ): GPU- or, for a MIG device, MIG-.
+    const bool mig = uuid->size() > 3 && (((*uuid)[0] | 0x20) == 'm');
+    *uuid = formatDeviceUuid(raw, mig);
     return true;
   };
   auto number = [&](const std::string& text, const char* what, uint64_t* v) {

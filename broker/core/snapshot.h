@@ -162,6 +162,13 @@ struct BrokerSnapshot {
     bool up = false;    // the kubelet's pod resources API answered its last List
     std::string error;  // why not
   } podLabels;
+  // The mig: layout (docs/mig.md), checked at start after mig.apply_at_start applied it.
+  struct MigLayout {
+    bool checked = false;                  // a mig: block, and the check could read the GPUs
+    bool matches = false;                  // every GPU it names has it
+    uint64_t changes = 0;                  // changes the broker made at start (instances, modes)
+    std::vector<std::string> differences;  // one line per GPU that differs
+  } migLayout;
 };
 
 }  // namespace cushare::broker

@@ -75,8 +75,8 @@ class Writer {
   std::string_view name_;
 };
 
-// The device label of a tenant's entry: the broker's NVML index, as on the cushare_device_*
-// families. TenantDeviceSnapshot::device indexes BrokerSnapshot::devices; an index out of range
+// The device label of a tenant's entry: the device's name ("0", "0:1" for a MIG device), as on
+// the cushare_device_* families. TenantDeviceSnapshot::device indexes BrokerSnapshot::devices; an index out of range
 // (a bug in the snapshot's producer) is printed as it is rather than taking the endpoint down.
 // "0" for GPU 0, "0:1" for its MIG device 1.
 std::string deviceLabel(const DeviceSnapshot& d) { return d.name.empty() ? std::to_string(d.index) : d.name; }
@@ -114,6 +114,14 @@ void renderBroker(const BrokerSnapshot& s, Writer& w) {
            "tenant's, malformed control requests) held back beyond their budget of 20 at once and one "
            "every 6 s per kind.");
   w.sample({}, s.logLinesDropped);
+  w.family("cushare_mig_layout_matches", kGauge,
+           "With a mig: layout in the configuration: 1 when every GPU it names had it at the broker's start (after "
+           "mig.apply_at_start), 0 when some did not (the log says how); no sample without one.");
+  if (s.migLayout.checked) w.sample({}, s.migLayout.matches ? 1 : 0);
+  w.family("cushare_mig_layout_changes", kGauge,
+           "Changes the broker made at start to bring the GPUs to the mig: layout (instances destroyed and "
+           "created, mode changes); no sample without a layout.");
+  if (s.migLayout.checked) w.sample({}, s.migLayout.changes);
 }
 
 // The broker's MPS control daemon (docs/mps.md): samples only while the broker runs MPS.
@@ -180,8 +188,9 @@ void renderDevices(const BrokerSnapshot& s, Writer& w) {
   // What each device is, to join on (device, uuid): a GPU, or a MIG device with its GPU, profile
   // and instance IDs, so that usage can be billed per MIG instance.
   w.family("cushare_device_info", kGauge,
-           "1 per device the broker shares: kind \"gpu\" or \"mig\"; a MIG device's GPU (gpu_uuid), profile "
-           "(e.g. 3g.40gb), GPU instance and compute instance IDs (empty for a GPU).");
+           "1 per device the broker shares: kind \"gpu\" or \"mig\"; the GPU's UUID (gpu_uuid: a MIG device's "
+           "GPU, a GPU's own), a MIG device's profile (e.g. 3g.40gb), GPU instance and compute instance IDs (empty "
+           "for a GPU).");
   for (const DeviceSnapshot& d : s.devices) {
     const bool mig = d.migIndex >= 0;
     w.sample({{"device", deviceLabel(d)},

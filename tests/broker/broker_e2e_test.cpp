@@ -469,7 +469,7 @@ TEST(Config, DamagedStateFileIsRefusedAtStart) {
   Broker b(testDir());
   std::ofstream(b.dir() + "/broker.state") << "cushare-broker-state 1\nlimit alpha GPU-nope 5\n";
   EXPECT_FALSE(b.start(kTwoTenants));
-  EXPECT_NE(b.log().find("broker.state:2: 'GPU-nope' is not a GPU UUID (written by the broker; remove the file"),
+  EXPECT_NE(b.log().find("broker.state:2: 'GPU-nope' is not a GPU or MIG device UUID (written by the broker; remove the file"),
             std::string::npos)
       << b.log();
 }

@@ -9,11 +9,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <vector>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "harness.h"
 #include "simgpu/nvml.h"
@@ -223,27 +227,71 @@ TEST_F(Mig, TenantsInAndAcrossInstancesAreHeldToTheirLimits) {
   EXPECT_EQ(a2.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(1024 * MiB));
 }
 
-// The layout changes under a running broker (the 1c of the 3g destroyed: the 1g's MIG index moves
-// from 2 to 1): the broker never reads another compute instance as one it listed, and says to
-// restart it; a tenant process in the moved MIG device is still limited (its UUID is the same).
+// The layout changes under a running broker: the 1g destroyed (its MIG device gone), then a 2g.20gb
+// made (another compute instance at index 2). The broker never reads another compute instance as
+// the one it listed, says to restart it, and goes on reading the MIG devices that did not change.
 TEST_F(Mig, ALayoutChangedUnderTheBrokerIsNotReadAsTheOld) {
   Broker b(testDir());
   ASSERT_TRUE(b.start("tenants:\n  - {name: gamma, memory: {'0:2': 512MiB}}\n")) << b.log();
   ASSERT_TRUE(eventually([&] { return b.status().devices(2).has_device_used_bytes(); })) << b.log();
-  ASSERT_EQ(nvmlComputeInstanceDestroy(c3b), NVML_SUCCESS);
-  c3b = nullptr;
-  nvmlDevice_t now;
-  char u[96];
-  ASSERT_EQ(nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1, &now), NVML_SUCCESS);
-  ASSERT_EQ(nvmlDeviceGetUUID(now, u, sizeof u), NVML_SUCCESS);
-  ASSERT_EQ(std::string(u), uuid[2]) << "the 1g is MIG device 1 now";
-  EXPECT_TRUE(b.logHas("MIG device 0:1 (" + uuid[1] + ") is gone or another compute instance has its index: the MIG "
-                       "layout changed since the broker started, restart it",
+  ASSERT_EQ(nvmlComputeInstanceDestroy(c1), NVML_SUCCESS);
+  ASSERT_EQ(nvmlGpuInstanceDestroy(g1), NVML_SUCCESS);
+  c1 = nullptr;
+  g1 = nullptr;
+  const std::string changed = "(" + uuid[2] + ") is gone or another compute instance has its index: the MIG layout "
+                              "changed since the broker started, restart it";
+  EXPECT_TRUE(b.logHas("the device's per-process memory of 0:2 cannot be read, hidden memory there goes unnoticed: MIG "
+                       "device 0:2 " + changed,
                        5000))
       << b.log();
-  EXPECT_TRUE(eventually([&] { return !b.status().devices(2).has_device_used_bytes(); })) << b.status().DebugString();
+  // The others are still read: a process outside cushare in 0:1 is seen there.
+  Child outsider = Child::spawn({WORKER_BIN}, {{"CUDA_VISIBLE_DEVICES", uuid[1]}}, b.dir() + "/outsider.log");
+  ASSERT_EQ(outsider.readLine(), "ready");
+  ASSERT_EQ(outsider.ask("alloc " + std::to_string(10 * MiB)), "ok");
+  EXPECT_TRUE(eventually([&] {
+    const rpc::StatusReply s = b.status();
+    return !s.devices(2).has_device_used_bytes() && s.devices(0).has_device_used_bytes() &&
+           s.devices(1).outside_bytes() == 10 * MiB;
+  })) << b.status().DebugString();
+
+  // Another compute instance at index 2: not read as the old one.
+  ASSERT_EQ(nvmlDeviceCreateGpuInstance(gpu, 14, &g1), NVML_SUCCESS);  // 2g.20gb
+  ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(g1, NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE, &c1), NVML_SUCCESS);
+  nvmlDevice_t now;
+  char u[96];
+  ASSERT_EQ(nvmlDeviceGetMigDeviceHandleByIndex(gpu, 2, &now), NVML_SUCCESS);
+  ASSERT_EQ(nvmlDeviceGetUUID(now, u, sizeof u), NVML_SUCCESS);
+  ASSERT_NE(std::string(u), uuid[2]);
+  Child stranger = Child::spawn({WORKER_BIN}, {{"CUDA_VISIBLE_DEVICES", u}}, b.dir() + "/stranger.log");
+  ASSERT_EQ(stranger.readLine(), "ready");
+  ASSERT_EQ(stranger.ask("alloc " + std::to_string(20 * MiB)), "ok");
+  for (int i = 0; i < 10; ++i) {
+    const rpc::StatusReply s = b.status();
+    EXPECT_FALSE(s.devices(2).has_device_used_bytes()) << "the new instance read as 0:2";
+    EXPECT_EQ(s.devices(2).outside_bytes(), 0u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  }
+  // A tenant process in the new MIG device: not a device the broker knows, so nothing is granted.
+  std::string first;
+  Child g = b.tenantProcess("gamma", {{"CUDA_VISIBLE_DEVICES", u}}, &first);
+  ASSERT_EQ(first, "ready");
+  EXPECT_EQ(g.ask("alloc " + std::to_string(MiB)), "oom");
+}
+
+// A live limit on a MIG device is kept across a restart of the broker (its state file names the
+// device by its MIG- UUID; an attack review found it read back as GPU- and lost).
+TEST_F(Mig, LiveLimitsOfMigDevicesSurviveARestart) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: gamma, memory: {'0:2': 512MiB}}\n")) << b.log();
+  ASSERT_TRUE(b.setLimit("gamma", "256MiB", 2).ok());
+  ASSERT_EQ(b.stop(), 0);
+  ASSERT_TRUE(b.startWithFile()) << b.log();
+  const rpc::Tenant t = b.tenant("gamma");
+  ASSERT_EQ(t.devices_size(), 3);
+  EXPECT_EQ(t.devices(2).limit_bytes(), 256 * MiB) << b.log();
+  EXPECT_TRUE(t.devices(2).overridden());
   Child g = b.tenantProcess("gamma", {{"CUDA_VISIBLE_DEVICES", uuid[2]}});
-  EXPECT_EQ(g.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(512 * MiB));
+  EXPECT_EQ(g.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(256 * MiB));
 }
 
 // MPS under the broker does not run inside MIG devices (yet): mode on refuses to start with the
@@ -261,6 +309,208 @@ TEST_F(Mig, MpsModeOnIsRefusedOnMigDevices) {
   EXPECT_FALSE(autoMode.status().mps().active());
   EXPECT_NE(autoMode.status().mps().why().find("does not run MPS inside MIG devices"), std::string::npos)
       << autoMode.status().mps().DebugString();
+}
+
+}  // namespace
+}  // namespace cushare::test
+
+namespace cushare::test {
+namespace {
+
+// ---- The declarative layout (docs/mig.md, "Declarative layout"): cushare mig assert|apply and
+// the broker's mig.apply_at_start, judged by NVML's own view of the GPU. GPU 0 starts with MIG off.
+
+struct MigState {
+  unsigned current = 0, pending = 0;
+  std::map<std::string, int> profiles;  // GPU instance profile name -> count
+  std::vector<unsigned> gis;
+};
+
+MigState migState() {
+  MigState s;
+  nvmlDevice_t gpu;
+  if (nvmlInit_v2() != NVML_SUCCESS || nvmlDeviceGetHandleByIndex_v2(0, &gpu) != NVML_SUCCESS) return s;
+  nvmlDeviceGetMigMode(gpu, &s.current, &s.pending);
+  for (unsigned p = 0; p < NVML_GPU_INSTANCE_PROFILE_COUNT; ++p) {
+    nvmlGpuInstanceProfileInfo_v2_t info{};
+    info.version = nvmlGpuInstanceProfileInfo_v2;
+    if (nvmlDeviceGetGpuInstanceProfileInfoV(gpu, p, &info) != NVML_SUCCESS) continue;
+    nvmlGpuInstance_t gis[8];
+    unsigned n = 8;
+    if (nvmlDeviceGetGpuInstances(gpu, info.id, gis, &n) != NVML_SUCCESS) continue;
+    for (unsigned i = 0; i < n; ++i) {
+      nvmlGpuInstanceInfo_t gi{};
+      nvmlGpuInstanceGetInfo(gis[i], &gi);
+      s.gis.push_back(gi.id);
+      ++s.profiles[std::string(info.name).substr(4)];
+    }
+  }
+  std::sort(s.gis.begin(), s.gis.end());
+  nvmlShutdown();
+  return s;
+}
+
+// `cushare mig ARGS` with the configuration file: exit status, and stdout+stderr in *out.
+int migCli(const std::string& dir, const std::string& args, std::string* out) {
+  const std::string cmd = std::string(CLI_BIN) + " mig " + args + " --config " + dir + "/mig.yaml > " + dir +
+                          "/mig.out 2>&1";
+  const int rc = std::system(cmd.c_str());
+  *out = readAll(dir + "/mig.out");
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+void writeFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+TEST(MigLayout, AssertApplyDryRunAndRefusals) {
+  const std::string dir = testDir();
+  const std::string balanced =
+      "mig:\n  layout:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"3g.40gb\": 1, \"1g.10gb\": 2}\n";
+  writeFile(dir + "/mig.yaml", balanced + "tenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n");
+  std::string out;
+  EXPECT_EQ(migCli(dir, "assert", &out), 1);
+  EXPECT_EQ(out, "GPU 0: has MIG off, wanted MIG on, 2 x 1g.10gb, 1 x 3g.40gb\n");
+  EXPECT_EQ(migCli(dir, "apply --dry-run", &out), 0) << out;
+  EXPECT_EQ(out, "would change GPU 0: has MIG off, wanted MIG on, 2 x 1g.10gb, 1 x 3g.40gb\n");
+  EXPECT_EQ(migState().current, 0u) << "a dry run changes nothing";
+
+  ASSERT_EQ(migCli(dir, "apply", &out), 0) << out;
+  EXPECT_NE(out.find("GPU 0: MIG mode enabled\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("GPU 0: created 3g.40gb at 0:4 with one compute instance\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("restart cushare-broker"), std::string::npos) << out;
+  MigState s = migState();
+  EXPECT_EQ(s.current, 1u);
+  EXPECT_EQ(s.profiles, (std::map<std::string, int>{{"1g.10gb", 2}, {"3g.40gb", 1}}));
+  EXPECT_EQ(migCli(dir, "assert", &out), 0) << out;
+  EXPECT_EQ(out, "the MIG layout is applied\n");
+  // Applied again: nothing changes (the same instances, the same IDs).
+  EXPECT_EQ(migCli(dir, "apply", &out), 0) << out;
+  EXPECT_NE(out.find("GPU 0: already MIG on, 2 x 1g.10gb, 1 x 3g.40gb\n"), std::string::npos) << out;
+  EXPECT_EQ(migState().gis, s.gis);
+
+  // A layout the tenants' keys would not survive, one that cannot fit, one in use: refused,
+  // nothing changed.
+  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: [0], mig-enabled: true, mig-devices: {\"7g.80gb\": 1}}\n"
+                               "tenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n");
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("cushare: mig apply: tenant a (tenants[0].memory.0:2) names MIG device 0:2, but the layout makes 1 "
+                     "MIG device on GPU 0"),
+            std::string::npos)
+      << out;
+  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"4g.40gb\": 2}}\n");
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("GPU 0 cannot hold 2 x 4g.40gb at once (no placements fit)"), std::string::npos) << out;
+  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"2g.20gb\": 9}}\n");
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("mig.layout[0].mig-devices.2g.20gb: expected a count of instances, 0..7"), std::string::npos) << out;
+
+  // In use: a process in one of the MIG devices.
+  nvmlDevice_t gpu, m;
+  char u[96];
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &gpu), NVML_SUCCESS);
+  ASSERT_EQ(nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0, &m), NVML_SUCCESS);
+  ASSERT_EQ(nvmlDeviceGetUUID(m, u, sizeof u), NVML_SUCCESS);
+  nvmlShutdown();
+  Child p = Child::spawn({WORKER_BIN}, {{"CUDA_VISIBLE_DEVICES", u}}, dir + "/worker.log");
+  ASSERT_EQ(p.readLine(), "ready");
+  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.10gb\": 7}}\n");
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("cushare: mig apply: GPU 0 is in use by process " + std::to_string(p.pid()) +
+                     ": its layout changes only when no process runs on it"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("(GPU 0: has MIG on, 2 x 1g.10gb, 1 x 3g.40gb, wanted MIG on, 7 x 1g.10gb)"), std::string::npos)
+      << out;
+  EXPECT_EQ(migState().gis, s.gis);
+  p.send("quit");
+  p.wait();
+  EXPECT_EQ(migCli(dir, "apply", &out), 0) << out;
+  EXPECT_EQ(migState().profiles, (std::map<std::string, int>{{"1g.10gb", 7}}));
+
+  // mig-parted's own file, by config name; MIG off again.
+  writeFile(dir + "/parted.yaml", "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n"
+                                  "  all-1g.10gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n"
+                                  "        \"1g.10gb\": 7\n");
+  writeFile(dir + "/mig.yaml", "mig: {config_file: " + dir + "/parted.yaml, config: all-balanced}\n");
+  EXPECT_EQ(migCli(dir, "assert", &out), 1);
+  EXPECT_NE(out.find("parted.yaml:3:3: mig-configs: no config 'all-balanced' (it has all-disabled, all-1g.10gb)"),
+            std::string::npos)
+      << out;
+  writeFile(dir + "/mig.yaml", "mig: {config_file: " + dir + "/parted.yaml, config: all-1g.10gb}\n");
+  EXPECT_EQ(migCli(dir, "assert", &out), 0) << out;
+  writeFile(dir + "/mig.yaml", "mig: {config_file: " + dir + "/parted.yaml, config: all-disabled}\n");
+  EXPECT_EQ(migCli(dir, "apply", &out), 0) << out;
+  EXPECT_NE(out.find("GPU 0: destroyed its 7 GPU instance(s)\nGPU 0: MIG mode disabled\n"), std::string::npos) << out;
+  EXPECT_EQ(migState().current, 0u);
+}
+
+// One broker shares at most 16 devices: 21 MIG devices (three GPUs of seven 1g.10gb) are refused at
+// start with the reason, rather than by the first tenant's ledger.
+TEST(MigMany, MoreDevicesThanABrokerSharesAreRefusedWithTheReason) {
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  for (unsigned i = 0; i < 3; ++i) {
+    nvmlDevice_t gpu;
+    nvmlReturn_t act;
+    ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(i, &gpu), NVML_SUCCESS);
+    ASSERT_EQ(nvmlDeviceSetMigMode(gpu, NVML_DEVICE_MIG_ENABLE, &act), NVML_SUCCESS);
+    for (int k = 0; k < 7; ++k) {
+      nvmlGpuInstance_t gi;
+      nvmlComputeInstance_t ci;
+      ASSERT_EQ(nvmlDeviceCreateGpuInstance(gpu, 19, &gi), NVML_SUCCESS);
+      ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(gi, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, &ci), NVML_SUCCESS);
+    }
+  }
+  nvmlShutdown();
+  Broker b(testDir());
+  EXPECT_FALSE(b.start("tenants:\n  - {name: a, memory: 1GiB}\n"));
+  EXPECT_NE(b.log().find("this host has 21 devices (21 of them MIG devices, each counts), more than the 16 one broker "
+                         "can share"),
+            std::string::npos)
+      << b.log();
+}
+
+// The broker applies the layout at start when asked, then lists the MIG devices it made.
+TEST(MigLayout, TheBrokerAppliesTheLayoutAtStart) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("mig:\n  apply_at_start: true\n  layout:\n    - devices: all\n      mig-enabled: true\n"
+                      "      mig-devices: {\"3g.40gb\": 2}\n"
+                      "tenants:\n  - {name: a, memory: {'0:1': 1GiB}}\n"))
+      << b.log();
+  EXPECT_TRUE(b.logHas("mig: GPU 0: created 3g.40gb at 0:4 with one compute instance")) << b.log();
+  const rpc::StatusReply st = b.status();
+  ASSERT_EQ(st.devices_size(), 2) << b.log();
+  EXPECT_EQ(st.devices(1).name(), "0:1");
+  EXPECT_EQ(st.devices(1).mig_profile(), "3g.40gb");
+  const std::string m = b.metrics();
+  EXPECT_NE(m.find("\ncushare_mig_layout_matches 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("\ncushare_mig_layout_changes 3\n"), std::string::npos) << m;
+  EXPECT_EQ(b.stop(), 0);
+  // Started again on the same layout: nothing to change.
+  Broker again(testDir());
+  ASSERT_TRUE(again.start("mig:\n  apply_at_start: true\n  layout:\n    - devices: all\n      mig-enabled: true\n"
+                          "      mig-devices: {\"3g.40gb\": 2}\n"))
+      << again.log();
+  EXPECT_NE(again.metrics().find("\ncushare_mig_layout_changes 0\n"), std::string::npos);
+}
+
+// An A100-40GB applies a mode change only at a GPU reset: apply stops there and says so, and goes
+// on after the reset.
+TEST(MigLayoutA100, APendingModeChangeWaitsForTheReset) {
+  const std::string dir = testDir();
+  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"2g.10gb\": 3}}\n");
+  std::string out;
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("GPU 0: MIG mode enabled (pending: the driver applies it at the next GPU reset)"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("cushare: mig apply: GPU 0: the MIG mode change waits for a GPU reset (nvidia-smi -r -i 0 with no "
+                     "process on it, or a reboot); run apply again after it"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(migCli(dir, "assert", &out), 1);
+  EXPECT_EQ(out, "GPU 0: has MIG off (on pending a reset), wanted MIG on, 3 x 2g.10gb\n");
+  ASSERT_EQ(std::system((std::string(SIMGPU_SMI) + " -i 0 --gpu-reset > /dev/null").c_str()), 0);
+  EXPECT_EQ(migCli(dir, "apply", &out), 0) << out;
+  EXPECT_EQ(migState().profiles, (std::map<std::string, int>{{"2g.10gb", 3}}));
 }
 
 }  // namespace

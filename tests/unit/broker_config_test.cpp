@@ -627,6 +627,59 @@ TEST(BrokerConfig, MigCapacityIsPerGpuInstance) {
       << pool;
 }
 
+// The mig: block (docs/mig.md, "Declarative layout"): mig-parted's entries inline, or its file and a
+// config name; every refusal names the field.
+TEST(BrokerConfig, MigBlock) {
+  const Config c = parseOk(
+      "mig:\n  apply_at_start: true\n  layout:\n"
+      "    - {devices: [0, 2], mig-enabled: true, mig-devices: {\"3g.40gb\": 1, \"1g.10gb+me\": 1, \"2g.20gb\": 0}}\n"
+      "    - {devices: [1], mig-enabled: false}\n");
+  ASSERT_TRUE(c.mig.set);
+  EXPECT_TRUE(c.mig.applyAtStart);
+  ASSERT_EQ(c.mig.layout.size(), 2u);
+  EXPECT_FALSE(c.mig.layout[0].allDevices);
+  EXPECT_EQ(c.mig.layout[0].devices, (std::vector<int>{0, 2}));
+  EXPECT_EQ(c.mig.layout[0].profiles,
+            (std::vector<std::pair<std::string, uint32_t>>{{"3g.40gb", 1}, {"1g.10gb+me", 1}}))
+      << "a count of 0 is left out";
+  EXPECT_FALSE(c.mig.layout[1].enabled);
+  const Config f = parseOk("mig: {config_file: /etc/mig.yaml, config: all-1g.10gb}\n");
+  EXPECT_EQ(f.mig.configFile, "/etc/mig.yaml");
+  EXPECT_EQ(f.mig.configName, "all-1g.10gb");
+  EXPECT_FALSE(f.mig.applyAtStart);
+  const struct {
+    const char* text;
+    const char* error;
+  } bad[] = {
+      {"mig: {layout: [{devices: all, mig-enabled: true, device-filter: '0x233010DE'}]}\n",
+       "b.yaml:1:50: mig.layout[0].device-filter: device-filter is not supported"},
+      {"mig: {layout: [{devices: all, mig-enabled: true, mig-devices: {1c.3g.40gb: 1}}]}\n",
+       "b.yaml:1:64: mig.layout[0].mig-devices.1c.3g.40gb: compute instance profile '1c.3g.40gb' is not supported"},
+      {"mig: {layout: [{devices: all, mig-enabled: true, mig-devices: {big: 1}}]}\n",
+       "b.yaml:1:64: mig.layout[0].mig-devices.big: 'big' is not a MIG profile name"},
+      {"mig: {layout: [{devices: all, mig-enabled: true, mig-devices: {1g.10gb: 8}}]}\n",
+       "mig.layout[0].mig-devices.1g.10gb: expected a count of instances, 0..7"},
+      {"mig: {layout: [{devices: all, mig-enabled: false, mig-devices: {1g.10gb: 1}}]}\n",
+       "mig.layout[0]: mig-devices with mig-enabled: false"},
+      {"mig: {layout: [{devices: [0], mig-enabled: true}, {devices: [1, 0], mig-enabled: false}]}\n",
+       "mig.layout[1]: its devices overlap those of mig.layout[0]"},
+      {"mig: {layout: [{devices: [0, 0], mig-enabled: true}]}\n", "GPU 0 is listed twice"},
+      {"mig: {layout: [{mig-enabled: true}]}\n", "mig.layout[0]: devices is missing"},
+      {"mig: {layout: [{devices: all}]}\n", "mig.layout[0]: mig-enabled is missing"},
+      {"mig: {layout: [{devices: all, mig-enabled: yes}]}\n", "mig.layout[0].mig-enabled: expected true or false"},
+      {"mig: {config_file: /etc/mig.yaml}\n", "mig: config_file and config go together"},
+      {"mig: {config_file: mig.yaml, config: x}\n", "mig.config_file: expected an absolute path"},
+      {"mig: {apply_at_start: true}\n", "mig: give either layout or config_file (with config), not both or neither"},
+      {"mig: {layout: [{devices: all, mig-enabled: true}], config_file: /m.yaml, config: x}\n",
+       "not both or neither"},
+      {"mig: {layouts: []}\n", "mig.layouts: unknown key 'layouts'"},
+  };
+  for (const auto& b : bad) {
+    const std::string e = parseError(b.text);
+    EXPECT_NE(e.find(b.error), std::string::npos) << b.text << "\n" << e;
+  }
+}
+
 // Truncations and random byte flips of a valid file: parseConfig must return either a config or
 // one error line of the documented shape (and never crash; run under ASan to see memory errors).
 TEST(BrokerConfig, TruncatedAndCorruptedInputNeverCrashes) {

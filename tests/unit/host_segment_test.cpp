@@ -143,7 +143,7 @@ TEST(BrokerState, RoundTripAndDamage) {
   EXPECT_EQ(got.ledgerDir, "") << "a file of an earlier version";
   const std::pair<std::string, std::string> bad[] = {
       {"garbage\n", ":1: expected the header"},
-      {"cushare-broker-state 1\nlimit alpha GPU-zz 5\n", ":2: 'GPU-zz' is not a GPU UUID"},
+      {"cushare-broker-state 1\nlimit alpha GPU-zz 5\n", ":2: 'GPU-zz' is not a GPU or MIG device UUID"},
       {"cushare-broker-state 1\nlimit a/b GPU-00010203-0405-0607-0809-0a0b0c0d0e0f 5\n", ":2: tenant name"},
       {"cushare-broker-state 1\nlimit alpha GPU-00010203-0405-0607-0809-0a0b0c0d0e0f -5\n", ":2: bytes"},
       {"cushare-broker-state 1\nlimit alpha GPU-00010203-0405-0607-0809-0a0b0c0d0e0f 5 6\n", ":2: expected 'limit"},

@@ -34,6 +34,7 @@ std::string slurp(const std::filesystem::path& p) {
 BrokerSnapshot everything() {
   BrokerSnapshot s;
   s.version = "test";
+  s.migLayout.checked = true;
   DeviceSnapshot d;
   d.index = 0;
   d.uuid = "GPU-1";

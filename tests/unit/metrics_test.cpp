@@ -194,6 +194,10 @@ cushare_broker_ledgers_refused_total 298
 # HELP cushare_broker_log_lines_dropped_total Log lines that other users can cause at will (refused ledger files, GPU processes that are no tenant's, malformed control requests) held back beyond their budget of 20 at once and one every 6 s per kind.
 # TYPE cushare_broker_log_lines_dropped_total counter
 cushare_broker_log_lines_dropped_total 2980
+# HELP cushare_mig_layout_matches With a mig: layout in the configuration: 1 when every GPU it names had it at the broker's start (after mig.apply_at_start), 0 when some did not (the log says how); no sample without one.
+# TYPE cushare_mig_layout_matches gauge
+# HELP cushare_mig_layout_changes Changes the broker made at start to bring the GPUs to the mig: layout (instances destroyed and created, mode changes); no sample without a layout.
+# TYPE cushare_mig_layout_changes gauge
 # HELP cushare_device_memory_capacity_bytes Device memory of the GPU, bytes.
 # TYPE cushare_device_memory_capacity_bytes gauge
 cushare_device_memory_capacity_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 17179869184
@@ -209,7 +213,7 @@ cushare_device_memory_outside_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000
 # HELP cushare_device_busy_seconds_total Time any process's kernels ran on the device, as NVML's per-process utilization counts it (every process, cushare's or not; MPS clients running side by side each count), seconds.
 # TYPE cushare_device_busy_seconds_total counter
 cushare_device_busy_seconds_total{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 2.5
-# HELP cushare_device_info 1 per device the broker shares: kind "gpu" or "mig"; a MIG device's GPU (gpu_uuid), profile (e.g. 3g.40gb), GPU instance and compute instance IDs (empty for a GPU).
+# HELP cushare_device_info 1 per device the broker shares: kind "gpu" or "mig"; the GPU's UUID (gpu_uuid: a MIG device's GPU, a GPU's own), a MIG device's profile (e.g. 3g.40gb), GPU instance and compute instance IDs (empty for a GPU).
 # TYPE cushare_device_info gauge
 cushare_device_info{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000",kind="gpu",gpu_uuid="GPU-5e1a90c0-0000-4000-8000-000000000000",mig_profile="",gpu_instance_id="",compute_instance_id=""} 1
 # HELP cushare_tenant_memory_used_bytes Device memory the tenant holds, bytes.
@@ -340,7 +344,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 49u);
+    EXPECT_EQ(helps.size(), 51u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

@@ -20,6 +20,8 @@ typedef enum nvmlReturn_enum {
   NVML_ERROR_NOT_FOUND = 6,
   NVML_ERROR_INSUFFICIENT_SIZE = 7,
   NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+  NVML_ERROR_IN_USE = 19,
+  NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
   NVML_ERROR_UNKNOWN = 999
 } nvmlReturn_t;
 
@@ -89,6 +91,50 @@ typedef struct {
 #define nvmlProcessDetailList_v1 ((unsigned int)(sizeof(nvmlProcessDetailList_v1_t) | (1u << 24)))
 
 #define NVML_VALUE_NOT_AVAILABLE (-1)
+
+// MIG layout (cushare mig apply/assert).
+#define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12
+#define NVML_COMPUTE_INSTANCE_PROFILE_COUNT 0x9
+#define NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED 0x0
+typedef struct nvmlGpuInstance_st* nvmlGpuInstance_t;
+typedef struct nvmlComputeInstance_st* nvmlComputeInstance_t;
+typedef struct {
+  unsigned int start;
+  unsigned int size;
+} nvmlGpuInstancePlacement_t;
+typedef struct {
+  unsigned int version;
+  unsigned int id;
+  unsigned int isP2pSupported;
+  unsigned int sliceCount;
+  unsigned int instanceCount;
+  unsigned int multiprocessorCount;
+  unsigned int copyEngineCount;
+  unsigned int decoderCount;
+  unsigned int encoderCount;
+  unsigned int jpegCount;
+  unsigned int ofaCount;
+  unsigned long long memorySizeMB;
+  char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+} nvmlGpuInstanceProfileInfo_v2_t;
+#define nvmlGpuInstanceProfileInfo_v2 ((unsigned int)(sizeof(nvmlGpuInstanceProfileInfo_v2_t) | (2u << 24)))
+typedef struct {
+  nvmlDevice_t device;
+  unsigned int id;
+  unsigned int profileId;
+  nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+typedef struct {
+  unsigned int id;
+  unsigned int sliceCount;
+  unsigned int instanceCount;
+  unsigned int multiprocessorCount;
+  unsigned int sharedCopyEngineCount;
+  unsigned int sharedDecoderCount;
+  unsigned int sharedEncoderCount;
+  unsigned int sharedJpegCount;
+  unsigned int sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
 
 }  // extern "C"
 

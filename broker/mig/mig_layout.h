@@ -1,0 +1,99 @@
+// Bringing the host's GPUs to a declared MIG layout (docs/mig.md, "Declarative layout"):
+// `cushare mig assert|apply` and the broker's mig.apply_at_start. The layout is mig-parted's
+// (config.h, MigLayoutEntry); NVML (libnvidia-ml.so.1, loaded at run time) reads and changes the
+// GPUs. Semantics follow mig-parted's: a GPU matches when its MIG mode is the wanted one and its GPU
+// instances are the wanted profiles in the wanted counts, each with one compute instance spanning
+// it (placements and IDs do not matter); a GPU that does not match has every instance destroyed and
+// the wanted ones created, at placements chosen so that all of them fit. Unlike mig-parted, nothing
+// is touched while any process runs on an affected GPU (the refusal names them), and a mode change
+// the driver leaves pending (it needs a GPU reset) stops that GPU's part with what to do.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace cushare::broker::mig {
+
+struct GiProfile {
+  unsigned id = 0;           // the profile ID (nvmlGpuInstanceProfileInfo_v2_t.id)
+  std::string name;          // "1g.10gb" (NVML's name without "MIG ")
+  unsigned slices = 0;       // compute slices
+  std::vector<std::pair<unsigned, unsigned>> placements;  // (start, size) on the memory-slice axis
+};
+
+struct Instance {
+  unsigned gi = 0;
+  unsigned profileId = 0;
+  std::string profile;       // its profile's name
+  unsigned start = 0, size = 0;
+  unsigned computeInstances = 0;
+  bool fullCompute = false;  // exactly one compute instance, spanning the GPU instance
+};
+
+struct Gpu {
+  int index = 0;
+  std::string uuid;
+  bool capable = false;      // MIG mode can be read (NOT_SUPPORTED: a GPU without MIG)
+  bool enabled = false;      // current mode
+  bool pendingEnabled = false;
+  std::vector<GiProfile> profiles;   // readable with MIG on
+  std::vector<Instance> instances;
+  std::vector<std::string> migUuids; // its MIG devices, by index
+  std::vector<int> pids;             // processes on the GPU or its MIG devices
+};
+
+// What the layout wants of one GPU.
+struct Wanted {
+  bool enabled = false;
+  std::map<std::string, unsigned> counts;  // profile name -> instances
+};
+
+// The host through NVML. Every call returns false with one line in *err on an NVML error.
+class Host {
+ public:
+  bool read(std::vector<Gpu>* out, std::string* err);
+  // Sets GPU `gpu`'s mode; *pending when the driver needs a reset before it applies.
+  bool setMode(int gpu, bool enabled, bool* pending, std::string* err);
+  bool destroyAll(int gpu, std::string* err);
+  // A GPU instance of the profile at the placement, and one compute instance spanning it.
+  bool create(int gpu, const GiProfile& p, std::pair<unsigned, unsigned> placement, std::string* err);
+};
+
+// Per GPU of the host (gpus' order), what the layout wants (nullopt: no entry names it). False
+// with one line when an entry names a GPU the host does not have.
+bool wantedOf(const std::vector<MigLayoutEntry>& layout, const std::vector<Gpu>& gpus,
+              std::vector<std::optional<Wanted>>* out, std::string* err);
+
+// Why the GPU does not have what is wanted: "" when it matches.
+std::string difference(const Gpu& gpu, const Wanted& w);
+
+// Placements for the wanted instances on an empty GPU of these profiles: (profile, placement) in
+// the order to create them. False with *why when a profile is unknown or they cannot all fit.
+bool place(const Gpu& gpu, const Wanted& w, std::vector<std::pair<GiProfile, std::pair<unsigned, unsigned>>>* out,
+           std::string* why);
+
+// What the tenants' (and profiles') memory keys would name after the layout: one line per key
+// that would name no device, a GPU in MIG mode, or a MIG device the layout re-creates (its UUID
+// goes with it). Only GPUs whose layout changes are judged.
+std::vector<std::string> keyProblems(const Config& c, const std::vector<Gpu>& gpus,
+                                     const std::vector<std::optional<Wanted>>& wanted);
+
+struct Report {
+  std::vector<std::string> steps;     // done (or, dry run, to do), one line each
+  std::vector<std::string> problems;  // why the layout is not (fully) applied
+  bool pendingReset = false;          // some GPU waits for a reset
+};
+
+// assert: the differences (empty: the host has the layout). apply: brings the GPUs to it, or with
+// dryRun says what it would do. Both read the host first; *err for NVML errors.
+bool assertLayout(Host& host, const std::vector<MigLayoutEntry>& layout, std::vector<std::string>* differences,
+                  std::string* err);
+bool applyLayout(Host& host, const Config& c, const std::vector<MigLayoutEntry>& layout, bool dryRun, Report* r,
+                 std::string* err);
+
+}  // namespace cushare::broker::mig

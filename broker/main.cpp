@@ -124,12 +124,11 @@ int main(int argc, char** argv) {
   // are: tenants running there stay limited, and cushare_mig_layout_matches says 0. --check fails
   // on it instead. A configuration that does not load is reported by the start below.
   BrokerSnapshot::MigLayout migState;
-  if (Config early; loadConfig(configPath, &early, &err) && early.mig.set) {
-    std::vector<MigLayoutEntry> layout;
-    if (!migLayoutOf(early.mig, &layout, &err)) {
-      spdlog::error("{}", err);
-      return 1;
-    }
+  std::vector<MigLayoutEntry> layout;
+  if (Config early; loadConfig(configPath, &early, &err) && early.mig.set && !migLayoutOf(early.mig, &layout, &err)) {
+    spdlog::error("mig: {}; the MIG layout is neither applied nor checked", err);  // mig-parted's file
+    if (checkOnly) return 1;
+  } else if (early.mig.set) {
     mig::Host host;
     if (early.mig.applyAtStart) {
       mig::Report r;
@@ -137,8 +136,8 @@ int main(int argc, char** argv) {
       for (const std::string& s : r.steps) {
         if (checkOnly) std::printf("%s: mig: %s\n", configPath.c_str(), s.c_str());
         else spdlog::info("mig: {}", s);
-        if (s.find(": already ") == std::string::npos && !checkOnly) ++migState.changes;
       }
+      migState.changes = r.changes;
       if (!ran) r.problems.push_back(err);
       for (const std::string& p : r.problems) spdlog::error("mig: {}", p);
       if (!r.problems.empty() && checkOnly) return 1;
@@ -147,10 +146,12 @@ int main(int argc, char** argv) {
     }
     std::vector<std::string> diffs;
     if (checkOnly && !early.mig.applyAtStart) {
-      if (mig::assertLayout(host, layout, &diffs, &err)) {
-        std::printf("%s: mig: %s\n", configPath.c_str(), diffs.empty() ? "the layout is applied" : "the layout differs:");
-        for (const std::string& d : diffs) std::printf("%s: mig:   %s\n", configPath.c_str(), d.c_str());
+      if (!mig::assertLayout(host, layout, &diffs, &err)) {
+        spdlog::error("mig: cannot check the configured layout: {}", err);
+        return 1;
       }
+      std::printf("%s: mig: %s\n", configPath.c_str(), diffs.empty() ? "the layout is applied" : "the layout differs:");
+      for (const std::string& d : diffs) std::printf("%s: mig:   %s\n", configPath.c_str(), d.c_str());
     } else if (!checkOnly && mig::assertLayout(host, layout, &diffs, &err)) {
       migState.checked = true;
       migState.matches = diffs.empty();

@@ -464,7 +464,8 @@ int migVerb(const Globals& g, const Verb& v, const Args& a) {
   }
   broker::mig::Report r;
   const bool dry = a.find("--dry-run") != nullptr;
-  if (!broker::mig::applyLayout(host, c, layout, dry, &r, &err)) return report(g, kExitFailed, err);
+  // What was done before a failure is said too (a GPU may be half-way).
+  if (!broker::mig::applyLayout(host, c, layout, dry, &r, &err)) r.problems.push_back("stopped: " + err);
   if (g.json) {
     std::printf("{\"dry_run\":%s,\"steps\":%s,\"problems\":%s,\"pending_reset\":%s}\n", dry ? "true" : "false",
                 jsonList(r.steps).c_str(), jsonList(r.problems).c_str(), r.pendingReset ? "true" : "false");

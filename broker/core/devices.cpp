@@ -79,6 +79,8 @@ bool bind(void* lib, const char* name, F* out, std::string* err) {
   return *out != nullptr;
 }
 
+constexpr unsigned kNoInstanceId = 0xFFFFFFFFu;  // nvmlProcessInfo_t's IDs outside MIG, or not filled in
+
 // One NVML process list (the buffer protocol: grow and ask again while it is too small), added
 // to out. With mig: only the entries of that MIG device's GPU and compute instance (a list NVML
 // gave per GPU instance would otherwise count a sibling's processes twice).
@@ -95,7 +97,8 @@ nvmlReturn_t addProcesses(nvmlReturn_t (*list)(nvmlDevice_t, unsigned*, nvmlProc
     if (r != NVML_SUCCESS) return r;
     for (unsigned i = 0; i < n && i < infos.size(); ++i)
       if (infos[i].usedGpuMemory != static_cast<unsigned long long>(NVML_VALUE_NOT_AVAILABLE) &&
-          (mig == nullptr || (infos[i].gpuInstanceId == mig->gpuInstance && infos[i].computeInstanceId == mig->computeInstance)))
+          (mig == nullptr || infos[i].gpuInstanceId == kNoInstanceId ||  // IDs not given: the handle's own
+           (infos[i].gpuInstanceId == mig->gpuInstance && infos[i].computeInstanceId == mig->computeInstance)))
         (*out)[static_cast<int>(infos[i].pid)] += infos[i].usedGpuMemory;
     return NVML_SUCCESS;
   }

@@ -154,8 +154,16 @@ void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevic
       reported.insert(pid);
       if (d < 64) devicesOf[pid] |= uint64_t{1} << d;
     }
-  for (auto it = deviceProcesses_.begin(); it != deviceProcesses_.end();)
-    it = reported.count(it->first) ? std::next(it) : deviceProcesses_.erase(it);
+  // A process last seen on a device that could not be read this tick (a MIG device gone after a
+  // layout change) is kept while it lives: its device is not known to have let it go.
+  uint64_t unreadMask = 0;
+  for (size_t d = 0; d < 64 && d < devices_.size(); ++d)
+    if (unreadLocked(d)) unreadMask |= uint64_t{1} << d;
+  for (auto it = deviceProcesses_.begin(); it != deviceProcesses_.end();) {
+    const bool keep = reported.count(it->first) ||
+                      ((it->second.devices & unreadMask) != 0 && startTimeOf(it->first) == it->second.startTime);
+    it = keep ? std::next(it) : deviceProcesses_.erase(it);
+  }
   // The tenants' ledgers first; a process that maps none of them is looked for among their former
   // ledgers (a process mapping its own tenant's ledger never passes for another tenant's by also
   // mapping one of that tenant's former ledgers, which their creator can map at will).
@@ -177,7 +185,7 @@ void Broker::attributeLocked(const std::vector<std::map<int, uint64_t>>& onDevic
       p = DeviceProcess();
       p.startTime = start;
     }
-    p.devices = devicesOf[pid];
+    p.devices = devicesOf[pid] | (p.devices & unreadMask);
     if (start == 0 || !p.tenant.empty()) continue;
     const bool first = p.lastLook == 0;
     if (!first && ticks_ - p.lastLook < kLookEveryTicks) continue;

@@ -8,6 +8,7 @@
 #include <set>
 #include <type_traits>
 
+#include "cushare/ledger_abi.h"
 #include "cushare/nvml_api.h"
 
 namespace cushare::broker::mig {
@@ -111,14 +112,17 @@ nvmlReturn_t addPids(const Api& a, nvmlDevice_t h, std::set<int>* pids) {
 nvmlReturn_t gpuInstances(const Api& a, nvmlDevice_t h, const std::vector<GiProfile>& profiles,
                           std::vector<nvmlGpuInstance_t>* out) {
   for (const GiProfile& p : profiles) {
-    nvmlGpuInstance_t gis[8];
-    unsigned n = 8;
-    const nvmlReturn_t r = a.instances(h, p.id, gis, &n);
+    std::vector<nvmlGpuInstance_t> gis(std::max(p.maxInstances, 1u) + 8);  // the caller sizes it (instanceCount)
+    unsigned n = static_cast<unsigned>(gis.size());
+    const nvmlReturn_t r = a.instances(h, p.id, gis.data(), &n);
     if (r != NVML_SUCCESS) return r;
-    out->insert(out->end(), gis, gis + std::min(n, 8u));
+    out->insert(out->end(), gis.begin(), gis.begin() + std::min<size_t>(n, gis.size()));
   }
   return NVML_SUCCESS;
 }
+
+// Compute instances of one profile in a GPU instance: at most its compute slices (8 on any board).
+constexpr unsigned kMaxComputeInstances = 16;
 
 std::string stripMig(const std::string& name) { return name.rfind("MIG ", 0) == 0 ? name.substr(4) : name; }
 
@@ -176,24 +180,29 @@ bool Host::read(std::vector<Gpu>* out, std::string* err) {
     g.capable = true;
     g.enabled = current == NVML_DEVICE_MIG_ENABLE;
     g.pendingEnabled = pending == NVML_DEVICE_MIG_ENABLE;
+    // Profiles and placements answer with MIG off too, so a layout is judged before any change.
+    for (unsigned p = 0; p < NVML_GPU_INSTANCE_PROFILE_COUNT; ++p) {
+      nvmlGpuInstanceProfileInfo_v2_t info{};
+      info.version = nvmlGpuInstanceProfileInfo_v2;
+      r = a.giProfile(h, p, &info);
+      if (r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_INVALID_ARGUMENT) continue;  // not on this board
+      if (r != NVML_SUCCESS) return nvmlFail(a, r, "read the MIG profiles of GPU " + std::to_string(i), err);
+      GiProfile gp;
+      gp.id = info.id;
+      gp.name = stripMig(info.name);
+      gp.slices = info.sliceCount;
+      gp.maxInstances = info.instanceCount;
+      gp.memoryBytes = info.memorySizeMB << 20;
+      unsigned n = 0;
+      if ((r = a.placements(h, info.id, nullptr, &n)) != NVML_SUCCESS)
+        return nvmlFail(a, r, "count the placements of profile " + gp.name + " on GPU " + std::to_string(i), err);
+      std::vector<nvmlGpuInstancePlacement_t> pl(n);
+      if (n > 0 && (r = a.placements(h, info.id, pl.data(), &n)) != NVML_SUCCESS)
+        return nvmlFail(a, r, "read the placements of profile " + gp.name + " on GPU " + std::to_string(i), err);
+      for (unsigned k = 0; k < n && k < pl.size(); ++k) gp.placements.emplace_back(pl[k].start, pl[k].size);
+      g.profiles.push_back(std::move(gp));
+    }
     if (g.enabled) {
-      for (unsigned p = 0; p < NVML_GPU_INSTANCE_PROFILE_COUNT; ++p) {
-        nvmlGpuInstanceProfileInfo_v2_t info{};
-        info.version = nvmlGpuInstanceProfileInfo_v2;
-        r = a.giProfile(h, p, &info);
-        if (r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_INVALID_ARGUMENT) continue;  // not on this board
-        if (r != NVML_SUCCESS) return nvmlFail(a, r, "read the MIG profiles of GPU " + std::to_string(i), err);
-        GiProfile gp;
-        gp.id = info.id;
-        gp.name = stripMig(info.name);
-        gp.slices = info.sliceCount;
-        nvmlGpuInstancePlacement_t pl[8];
-        unsigned n = 8;
-        if ((r = a.placements(h, info.id, pl, &n)) != NVML_SUCCESS)
-          return nvmlFail(a, r, "read the placements of profile " + gp.name + " on GPU " + std::to_string(i), err);
-        for (unsigned k = 0; k < n && k < 8; ++k) gp.placements.emplace_back(pl[k].start, pl[k].size);
-        g.profiles.push_back(std::move(gp));
-      }
       std::vector<nvmlGpuInstance_t> gis;
       if ((r = gpuInstances(a, h, g.profiles, &gis)) != NVML_SUCCESS)
         return nvmlFail(a, r, "list the GPU instances of GPU " + std::to_string(i), err);
@@ -211,10 +220,11 @@ bool Host::read(std::vector<Gpu>* out, std::string* err) {
         for (unsigned c = 0; c < NVML_COMPUTE_INSTANCE_PROFILE_COUNT; ++c) {
           nvmlComputeInstanceProfileInfo_t ci{};
           if (a.ciProfile(gi, c, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &ci) != NVML_SUCCESS) continue;
-          nvmlComputeInstance_t cis[8];
-          unsigned n = 8;
+          nvmlComputeInstance_t cis[kMaxComputeInstances];
+          unsigned n = kMaxComputeInstances;
           if ((r = a.computeInstances(gi, ci.id, cis, &n)) != NVML_SUCCESS)
             return nvmlFail(a, r, "list the compute instances of GPU " + std::to_string(i), err);
+          n = std::min(n, kMaxComputeInstances);
           in.computeInstances += n;
           if (n == 1 && ci.sliceCount == slices) in.fullCompute = true;
         }
@@ -248,6 +258,8 @@ bool Host::setMode(int gpu, bool enabled, bool* pending, std::string* err) {
   nvmlReturn_t r = a->handle(static_cast<unsigned>(gpu), &h), activation = NVML_SUCCESS;
   if (r == NVML_SUCCESS) r = a->setMigMode(h, enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE, &activation);
   if (r != NVML_SUCCESS) return nvmlFail(*a, r, "set the MIG mode of GPU " + std::to_string(gpu), err);
+  if (activation == NVML_ERROR_IN_USE)
+    return nvmlFail(*a, activation, "apply the MIG mode of GPU " + std::to_string(gpu) + " (a process or service holds it)", err);
   unsigned current = 0, pend = 0;
   if ((r = a->migMode(h, &current, &pend)) != NVML_SUCCESS)
     return nvmlFail(*a, r, "read the MIG mode of GPU " + std::to_string(gpu), err);
@@ -260,7 +272,17 @@ bool Host::destroyAll(int gpu, std::string* err) {
   if (a == nullptr) return false;
   std::vector<Gpu> gpus;
   if (!read(&gpus, err)) return false;
-  if (gpu < 0 || static_cast<size_t>(gpu) >= gpus.size()) return false;
+  if (gpu < 0 || static_cast<size_t>(gpu) >= gpus.size()) {
+    *err = "GPU " + std::to_string(gpu) + " is not on this host";
+    return false;
+  }
+  // Processes are looked for again just before: one started since the first look stops it here,
+  // with nothing destroyed (the driver would refuse an instance in use, after others were gone).
+  if (const std::vector<int>& pids = gpus[static_cast<size_t>(gpu)].pids; !pids.empty()) {
+    *err = "GPU " + std::to_string(gpu) + " is in use by process " + std::to_string(pids.front()) +
+           (pids.size() > 1 ? " and " + std::to_string(pids.size() - 1) + " more" : "") + ": nothing destroyed";
+    return false;
+  }
   nvmlDevice_t h;
   nvmlReturn_t r = a->handle(static_cast<unsigned>(gpu), &h);
   if (r != NVML_SUCCESS) return nvmlFail(*a, r, "reach GPU " + std::to_string(gpu), err);
@@ -270,12 +292,14 @@ bool Host::destroyAll(int gpu, std::string* err) {
   for (nvmlGpuInstance_t gi : gis) {  // compute instances first, then their GPU instance
     for (unsigned c = 0; c < NVML_COMPUTE_INSTANCE_PROFILE_COUNT; ++c) {
       nvmlComputeInstanceProfileInfo_t ci{};
-      if (a->ciProfile(gi, c, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &ci) != NVML_SUCCESS) continue;
-      nvmlComputeInstance_t cis[8];
-      unsigned n = 8;
+      r = a->ciProfile(gi, c, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &ci);
+      if (r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_INVALID_ARGUMENT) continue;  // no such profile here
+      if (r != NVML_SUCCESS) return nvmlFail(*a, r, "read compute instance profiles on GPU " + std::to_string(gpu), err);
+      nvmlComputeInstance_t cis[kMaxComputeInstances];
+      unsigned n = kMaxComputeInstances;
       if ((r = a->computeInstances(gi, ci.id, cis, &n)) != NVML_SUCCESS)
         return nvmlFail(*a, r, "list compute instances on GPU " + std::to_string(gpu), err);
-      for (unsigned k = 0; k < n && k < 8; ++k)
+      for (unsigned k = 0; k < n && k < kMaxComputeInstances; ++k)
         if ((r = a->destroyCi(cis[k])) != NVML_SUCCESS)
           return nvmlFail(*a, r, "destroy a compute instance on GPU " + std::to_string(gpu), err);
     }
@@ -363,6 +387,11 @@ bool place(const Gpu& g, const Wanted& w, std::vector<std::pair<GiProfile, std::
       *why = "GPU " + std::to_string(g.index) + " has no MIG profile " + name + " (it has " + names + ")";
       return false;
     }
+    if (n > p->maxInstances) {
+      *why = "GPU " + std::to_string(g.index) + " holds at most " + std::to_string(p->maxInstances) + " x " + name +
+             ", not " + std::to_string(n);
+      return false;
+    }
     for (unsigned k = 0; k < n; ++k) todo.push_back(p);
   }
   // The largest first, then a search over each one's placements (at most 7 instances of a few
@@ -437,6 +466,61 @@ std::vector<std::string> keyProblems(const Config& c, const std::vector<Gpu>& gp
   for (const Profile& p : c.profiles) check("profile " + p.name, p.memory);
   for (const Tenant& t : c.tenants)
     if (t.memory.path.rfind(t.path + ".", 0) == 0) check("tenant " + t.name, t.memory);  // a profile's: above
+
+  // The devices the host will have, and the smallest GPU instance the layout makes.
+  size_t devices = 0;
+  uint64_t smallest = UINT64_MAX;
+  std::string smallestName;
+  bool newMig = false;
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    if (!changes(g)) {
+      devices += gpus[g].enabled ? gpus[g].migUuids.size() : 1;
+      continue;
+    }
+    const Wanted& w = *wanted[g];
+    if (!w.enabled) {
+      ++devices;
+      continue;
+    }
+    newMig = true;
+    for (const auto& [name, n] : w.counts) {
+      devices += n;
+      for (const GiProfile& p : gpus[g].profiles)
+        if (p.name == name && p.memoryBytes < smallest) {
+          smallest = p.memoryBytes;
+          smallestName = name + " on GPU " + std::to_string(g);
+        }
+    }
+  }
+  if (devices > kLedgerMaxDevices)
+    out.push_back("the layout gives the host " + std::to_string(devices) + " devices (MIG devices count one each), more "
+                  "than the " + std::to_string(kLedgerMaxDevices) + " one broker shares");
+  if (!newMig) return out;
+  // Single sizes apply on every device, so they must fit the smallest new GPU instance together
+  // (a percentage scales with it).
+  const Profile* unknown = nullptr;
+  for (const Profile& p : c.profiles)
+    if (p.name == c.unknownTenantsProfile) unknown = &p;
+  unsigned __int128 sum = 0;
+  std::string who;
+  for (const Tenant& t : c.tenants)
+    if (t.memory.kind == MemorySpec::kAll && !t.memory.all.isPercent()) {
+      sum += t.memory.all.bytes;
+      who += (who.empty() ? "" : ", ") + t.name;
+    }
+  if (unknown != nullptr && unknown->memory.kind == MemorySpec::kAll && !unknown->memory.all.isPercent()) {
+    sum += static_cast<unsigned __int128>(unknown->memory.all.bytes) * c.maxUnknownTenants;
+    who += (who.empty() ? "" : ", ") + std::string("the unknown tenants' pool");
+  }
+  if (smallest != UINT64_MAX && sum > smallest)
+    out.push_back("the single memory sizes of " + who + " add up to " +
+                  std::to_string(static_cast<uint64_t>(std::min<unsigned __int128>(sum, UINT64_MAX))) +
+                  " bytes on every device, more than the smallest GPU instance the layout makes (" + smallestName + ", " +
+                  std::to_string(smallest) + " bytes)");
+  if (unknown != nullptr && unknown->memory.kind == MemorySpec::kPerDevice && c.maxUnknownTenants > 0)
+    out.push_back("the unknown_tenants profile " + unknown->name +
+                  " names its devices one by one, and the layout makes MIG devices it has no limit on (it needs one on "
+                  "every device): give it a single size or a percentage");
   return out;
 }
 
@@ -470,10 +554,10 @@ bool applyLayout(Host& host, const Config& c, const std::vector<MigLayoutEntry>&
       r->problems.push_back(d);
       continue;
     }
-    // Placements are judged before anything is touched where MIG is on already.
+    // Profiles, counts and placements are judged before anything is touched.
     std::vector<std::pair<GiProfile, std::pair<unsigned, unsigned>>> plan;
     std::string why;
-    if (gpus[g].enabled && wanted[g]->enabled && !place(gpus[g], *wanted[g], &plan, &why)) {
+    if (wanted[g]->enabled && !place(gpus[g], *wanted[g], &plan, &why)) {
       r->problems.push_back(why);
       continue;
     }
@@ -502,10 +586,12 @@ bool applyLayout(Host& host, const Config& c, const std::vector<MigLayoutEntry>&
     if (gpus[g].enabled && !gpus[g].instances.empty()) {
       if (!host.destroyAll(gpu, err)) return false;
       r->steps.push_back(name + ": destroyed its " + std::to_string(gpus[g].instances.size()) + " GPU instance(s)");
+      r->changes += gpus[g].instances.size();
     }
     if (gpus[g].enabled != w.enabled || gpus[g].pendingEnabled != w.enabled) {
       bool pending = false;
       if (!host.setMode(gpu, w.enabled, &pending, err)) return false;
+      ++r->changes;
       r->steps.push_back(name + ": MIG mode " + (w.enabled ? "enabled" : "disabled") +
                          (pending ? " (pending: the driver applies it at the next GPU reset)" : ""));
       if (pending) {
@@ -526,6 +612,7 @@ bool applyLayout(Host& host, const Config& c, const std::vector<MigLayoutEntry>&
     }
     for (const auto& [p, pl] : plan) {
       if (!host.create(gpu, p, pl, err)) return false;
+      ++r->changes;
       r->steps.push_back(name + ": created " + p.name + " at " + std::to_string(pl.first) + ":" + std::to_string(pl.second) +
                          " with one compute instance");
     }

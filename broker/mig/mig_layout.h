@@ -23,6 +23,8 @@ struct GiProfile {
   unsigned id = 0;           // the profile ID (nvmlGpuInstanceProfileInfo_v2_t.id)
   std::string name;          // "1g.10gb" (NVML's name without "MIG ")
   unsigned slices = 0;       // compute slices
+  unsigned maxInstances = 0; // instanceCount: at most this many on the GPU
+  uint64_t memoryBytes = 0;  // memorySizeMB
   std::vector<std::pair<unsigned, unsigned>> placements;  // (start, size) on the memory-slice axis
 };
 
@@ -41,7 +43,7 @@ struct Gpu {
   bool capable = false;      // MIG mode can be read (NOT_SUPPORTED: a GPU without MIG)
   bool enabled = false;      // current mode
   bool pendingEnabled = false;
-  std::vector<GiProfile> profiles;   // readable with MIG on
+  std::vector<GiProfile> profiles;   // of a GPU with MIG (readable with MIG off too)
   std::vector<Instance> instances;
   std::vector<std::string> migUuids; // its MIG devices, by index
   std::vector<int> pids;             // processes on the GPU or its MIG devices
@@ -58,6 +60,7 @@ class Host {
  public:
   bool read(std::vector<Gpu>* out, std::string* err);
   // Sets GPU `gpu`'s mode; *pending when the driver needs a reset before it applies.
+  // destroyAll refuses (before destroying anything) when a process runs on the GPU by then.
   bool setMode(int gpu, bool enabled, bool* pending, std::string* err);
   bool destroyAll(int gpu, std::string* err);
   // A GPU instance of the profile at the placement, and one compute instance spanning it.
@@ -77,9 +80,13 @@ std::string difference(const Gpu& gpu, const Wanted& w);
 bool place(const Gpu& gpu, const Wanted& w, std::vector<std::pair<GiProfile, std::pair<unsigned, unsigned>>>* out,
            std::string* why);
 
-// What the tenants' (and profiles') memory keys would name after the layout: one line per key
-// that would name no device, a GPU in MIG mode, or a MIG device the layout re-creates (its UUID
-// goes with it). Only GPUs whose layout changes are judged.
+// What the configuration would meet after the layout: one line per memory key that would name no
+// device, a GPU in MIG mode, or a MIG device the layout re-creates (its UUID goes with it); more
+// devices than a broker shares; a single size that no longer fits the smallest new GPU instance
+// (or their sum); an unknown_tenants profile whose per-device map misses the new MIG devices. Only
+// GPUs whose layout changes are judged. A <gpu>:<mig> index that still exists may name another
+// profile than before (the driver numbers MIG devices by GPU instance ID): cushare-broker --check
+// judges the limits against the devices once they exist.
 std::vector<std::string> keyProblems(const Config& c, const std::vector<Gpu>& gpus,
                                      const std::vector<std::optional<Wanted>>& wanted);
 
@@ -87,6 +94,7 @@ struct Report {
   std::vector<std::string> steps;     // done (or, dry run, to do), one line each
   std::vector<std::string> problems;  // why the layout is not (fully) applied
   bool pendingReset = false;          // some GPU waits for a reset
+  uint64_t changes = 0;               // instances destroyed and created, mode changes made
 };
 
 // assert: the differences (empty: the host has the layout). apply: brings the GPUs to it, or with

@@ -6,6 +6,7 @@
 // per MIG device), memory outside cushare is attributed to the compute instance that holds it, and
 // metrics and the CLI name each MIG device with its profile.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -278,6 +279,26 @@ TEST_F(Mig, ALayoutChangedUnderTheBrokerIsNotReadAsTheOld) {
   EXPECT_EQ(g.ask("alloc " + std::to_string(MiB)), "oom");
 }
 
+// As docs/security.md deploys them: tenants on uids of their own, each in a MIG device, held to its
+// limit by the device's own count (the shim, simgpu's MIG state and the ledgers reached as that uid).
+TEST_F(Mig, TenantsOnTheirOwnUidsAreHeldInTheirMigDevices) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, uid: 1000, memory: {'0:0': 1GiB}}\n"
+                      "  - {name: gamma, uid: 1001, memory: {'0:2': 512MiB}}\n"))
+      << b.log();
+  UidTenants users;
+  Child a = users.spawn(1000, WORKER_BIN, b, "alpha", {{"CUDA_VISIBLE_DEVICES", uuid[0]}});
+  Child g = users.spawn(1001, WORKER_BIN, b, "gamma", {{"CUDA_VISIBLE_DEVICES", uuid[2]}});
+  ASSERT_EQ(a.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+  ASSERT_EQ(g.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+  EXPECT_EQ(a.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(1024 * MiB));
+  EXPECT_EQ(g.ask("fill " + std::to_string(64 * MiB)), "held " + std::to_string(512 * MiB));
+  EXPECT_EQ(heldIn(0, a.pid()), 1024 * MiB);
+  EXPECT_EQ(heldIn(2, g.pid()), 512 * MiB);
+  EXPECT_TRUE(eventually([&] { return b.tenant("gamma").devices(2).used_bytes() == 512 * MiB; }));
+}
+
 // A live limit on a MIG device is kept across a restart of the broker (its state file names the
 // device by its MIG- UUID; an attack review found it read back as GPU- and lost).
 TEST_F(Mig, LiveLimitsOfMigDevicesSurviveARestart) {
@@ -372,6 +393,13 @@ TEST(MigLayout, AssertApplyDryRunAndRefusals) {
   EXPECT_EQ(migCli(dir, "apply --dry-run", &out), 0) << out;
   EXPECT_EQ(out, "would change GPU 0: has MIG off, wanted MIG on, 2 x 1g.10gb, 1 x 3g.40gb\n");
   EXPECT_EQ(migState().current, 0u) << "a dry run changes nothing";
+  // A profile this board does not have, or more instances than one holds, is refused before MIG
+  // is turned on (found by a review: the GPU was left in MIG mode with nothing on it).
+  writeFile(dir + "/bad.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.5gb\": 2}}\n");
+  EXPECT_EQ(std::system((std::string(CLI_BIN) + " mig apply --config " + dir + "/bad.yaml > " + dir + "/bad.out 2>&1").c_str()),
+            1 << 8);
+  EXPECT_NE(readAll(dir + "/bad.out").find("GPU 0 has no MIG profile 1g.5gb"), std::string::npos) << readAll(dir + "/bad.out");
+  EXPECT_EQ(migState().current, 0u) << "MIG left off";
 
   ASSERT_EQ(migCli(dir, "apply", &out), 0) << out;
   EXPECT_NE(out.find("GPU 0: MIG mode enabled\n"), std::string::npos) << out;
@@ -398,7 +426,24 @@ TEST(MigLayout, AssertApplyDryRunAndRefusals) {
       << out;
   writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"4g.40gb\": 2}}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
-  EXPECT_NE(out.find("GPU 0 cannot hold 2 x 4g.40gb at once (no placements fit)"), std::string::npos) << out;
+  EXPECT_NE(out.find("GPU 0 holds at most 1 x 4g.40gb, not 2"), std::string::npos) << out;
+  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"4g.40gb\": 1, "
+                               "\"3g.40gb\": 1, \"1g.10gb\": 1}}\n");
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("GPU 0 cannot hold 1 x 1g.10gb, 1 x 3g.40gb, 1 x 4g.40gb at once (no placements fit)"),
+            std::string::npos)
+      << out;
+  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.5gb\": 1}}\n");
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("GPU 0 has no MIG profile 1g.5gb (it has "), std::string::npos) << out;
+  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.10gb\": 7}}\n"
+                               "tenants:\n  - {name: big, memory: 10GiB}\n");
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("the single memory sizes of big add up to 10737418240 bytes on every device, more than the "
+                     "smallest GPU instance the layout makes (1g.10gb on GPU 0, 10468982784 bytes)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(migState().gis, s.gis) << "nothing changed by the refusals";
   writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"2g.20gb\": 9}}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("mig.layout[0].mig-devices.2g.20gb: expected a count of instances, 0..7"), std::string::npos) << out;

@@ -181,6 +181,12 @@ class Service final : public v1beta1::DevicePlugin::Service {
       for (const std::string& gpu : gpus)
         if (const auto d = s_->gpuDevices.find(gpu); d != s_->gpuDevices.end()) r->add_cdi_devices()->set_name(d->second);
       for (const auto& [k, v] : s_->tenant.edits.env) (*r->mutable_envs())[k] = v;
+      // MIG devices (docs/mig.md): the container's CUDA sees the MIG devices of its IDs, by UUID
+      // (what CUDA_VISIBLE_DEVICES accepts however the runtime numbers the devices it gives).
+      std::string mig;
+      for (const std::string& gpu : gpus)
+        if (gpu.rfind("MIG-", 0) == 0) mig += (mig.empty() ? "" : ",") + gpu;
+      if (!mig.empty() && !r->envs().contains("CUDA_VISIBLE_DEVICES")) (*r->mutable_envs())["CUDA_VISIBLE_DEVICES"] = mig;
       for (const container::Mount& m : s_->tenant.edits.mounts) {
         v1beta1::Mount* pm = r->add_mounts();
         pm->set_container_path(m.containerPath);

@@ -429,6 +429,34 @@ TEST(DevicePlugin, AllocateNamesTheGpusOfTheIdsAsCdiDevices) {
   EXPECT_EQ(c.container_responses(0).cdi_devices(0).name(), "cushare.io/tenant=beta");
 }
 
+// MIG devices as the broker lists them (docs/mig.md): each MIG device is a "GPU" of the plugin;
+// Allocate sets CUDA_VISIBLE_DEVICES to the MIG devices of the container's IDs, and gpu_cdi_device
+// names them as nvidia-ctk does (MIG-<uuid>, or <gpu>:<mig> for {index}). Whole GPUs get no
+// CUDA_VISIBLE_DEVICES (the runtime's devices are the container's).
+TEST(DevicePlugin, MigDevicesAreAllocatedByTheirUuids) {
+  const std::string mig0 = "MIG-aaaaaaaa-0000-5000-8000-000000000000", mig1 = "MIG-aaaaaaaa-0001-5000-8000-000000000000";
+  const std::string dir = dirFor("mig");
+  PluginSettings s = settings(dir, 2);
+  s.gpus = {mig0, mig1, kGpu1};
+  s.gpuNames = {"0:0", "0:1", "1"};
+  s.gpuCdiDevice = "nvidia.com/gpu={index}";
+  Running running(dir);
+  running.h.set(mig0, true);
+  running.h.set(mig1, true);
+  ASSERT_TRUE(running.start(s));
+  auto& [kubelet, h, plugin] = running;
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
+  v1beta1::AllocateResponse a;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", {{mig1 + "::0"}, {mig0 + "::1", mig1 + "::1"}, {kGpu1 + "::0"}}, &a).ok());
+  ASSERT_EQ(a.container_responses_size(), 3);
+  EXPECT_EQ(a.container_responses(0).envs().at("CUDA_VISIBLE_DEVICES"), mig1);
+  EXPECT_EQ(a.container_responses(1).envs().at("CUDA_VISIBLE_DEVICES"), mig0 + "," + mig1);
+  EXPECT_FALSE(a.container_responses(2).envs().contains("CUDA_VISIBLE_DEVICES"));
+  EXPECT_EQ(a.container_responses(0).cdi_devices(0).name(), "nvidia.com/gpu=0:1");
+  EXPECT_EQ(a.container_responses(2).cdi_devices(0).name(), "nvidia.com/gpu=1");
+  EXPECT_EQ(a.container_responses(0).envs().at("CUSHARE_TENANT"), "alpha");
+}
+
 // Pod labels (core/pod_labels.h): a directory per device ID under allocation_dir, and Allocate
 // mounts the one of each container's first ID (whatever the kubelet's order) read-only; a
 // directory others can write is refused at start, and a reload that adds IDs makes theirs.

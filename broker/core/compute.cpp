@@ -549,14 +549,6 @@ std::chrono::microseconds Broker::computeTick() {
       return static_cast<int64_t>(static_cast<double>(period) * m.weight * m.td->correction / std::max(weights, 1e-9));
     };
     const bool schedule = capped || differ || fairOn;
-    // Who is paced: a capped member always (its cap holds from its first launch); the others only
-    // while a capped member has work here, priorities differ or fair turns are on. An uncapped
-    // tenant beside capped ones with no work here (tenants of other GPUs or MIG devices, which
-    // have an entry on every device, or idle ones) keeps the unpaced launch path.
-    bool cappedWork = false;
-    for (const Member& m : members)
-      cappedWork = cappedWork || (m.cap < 100 && !m.mps && (m.td->work || recentWork(m)));
-    const bool paceAll = cappedWork || differ || fairOn;
     // Probe rounds (probes.cpp): every tenant with its device entry here, the regime it runs in.
     {
       std::vector<ProbeTenant> pt;
@@ -900,7 +892,7 @@ std::chrono::microseconds Broker::computeTick() {
     if (beat) dev.lastBeat = now;
     for (Member& m : members) {
       if (beat && !guarded([&] { m.words->gate_epoch.fetch_add(1); })) faultLocked(m.t);
-      const bool paced = schedule && &m != pinned && !m.mps && (paceAll || m.cap < 100);
+      const bool paced = schedule && &m != pinned && !m.mps;
       const uint32_t mode = (cc.metering || schedule ? kComputeMetered : 0) | (paced ? kComputePaced : 0) |
                             (paced && m.lower ? kComputeTight : 0);
       const bool open = !paced || (holder == &m && !dev.draining);

@@ -199,7 +199,16 @@ bool Broker::startWithFile() {
     r.mutable_status();
     rpc::Response resp;
     std::string err;
-    if (rpc::call(socket(), r, &resp, &err, 2000) && resp.ok()) return true;
+    if (rpc::call(socket(), r, &resp, &err, 2000) && resp.ok()) {
+      // The metrics endpoint binds just after the control socket answers (main.cpp): a test that
+      // reads metrics at once must find it. Configurations here always listen (127.0.0.1:0).
+      const auto answered = Clock::now();  // at most 3 s more (a hand-written file may turn metrics off)
+      while (resp.status().metrics_address().empty() && msSince(answered) < 3000 && proc_.wait(0) == -1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (!rpc::call(socket(), r, &resp, &err, 2000) || !resp.ok()) break;
+      }
+      return true;
+    }
     if (proc_.wait(0) != -1) return false;  // it exited
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -526,7 +526,11 @@ TEST(MigLayout, TheBrokerAppliesTheLayoutAtStart) {
   ASSERT_EQ(st.devices_size(), 2) << b.log();
   EXPECT_EQ(st.devices(1).name(), "0:1");
   EXPECT_EQ(st.devices(1).mig_profile(), "3g.40gb");
-  const std::string m = b.metrics();
+  // The metrics endpoint may bind a little after the control socket answers (ThreadSanitizer's
+  // clean clone caught a read before it): read until it answers.
+  std::string m;
+  EXPECT_TRUE(eventually([&] { return (m = b.metrics()).find("cushare_mig_layout_matches") != std::string::npos; }, 10000))
+      << m;
   EXPECT_NE(m.find("\ncushare_mig_layout_matches 1\n"), std::string::npos) << m;
   EXPECT_NE(m.find("\ncushare_mig_layout_changes 3\n"), std::string::npos) << m;
   EXPECT_EQ(b.stop(), 0);
@@ -535,7 +539,10 @@ TEST(MigLayout, TheBrokerAppliesTheLayoutAtStart) {
   ASSERT_TRUE(again.start("mig:\n  apply_at_start: true\n  layout:\n    - devices: all\n      mig-enabled: true\n"
                           "      mig-devices: {\"3g.40gb\": 2}\n"))
       << again.log();
-  EXPECT_NE(again.metrics().find("\ncushare_mig_layout_changes 0\n"), std::string::npos);
+  EXPECT_TRUE(
+      eventually([&] { return (m = again.metrics()).find("cushare_mig_layout_changes") != std::string::npos; }, 10000))
+      << m;
+  EXPECT_NE(m.find("\ncushare_mig_layout_changes 0\n"), std::string::npos) << m << again.log();
 }
 
 // An A100-40GB applies a mode change only at a GPU reset: apply stops there and says so, and goes

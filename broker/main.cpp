@@ -275,11 +275,16 @@ int main(int argc, char** argv) {
   // The kubelet device plugin (docs/kubernetes.md): healthy while the GPU is listed by NVML and
   // MPS (when the broker runs it) answers and has no faulted server.
   std::vector<std::string> gpuUuids, gpuNames;
+  std::map<std::string, std::string> nameAtStart;  // UUID -> <gpu>[:<mig>]
   for (const DeviceInfo& d : devices) {
     gpuUuids.push_back(d.uuid);
     gpuNames.push_back(d.name());
+    nameAtStart[d.uuid] = d.name();
   }
-  auto health = [&broker, &mps] {
+  // Healthy also needs the device where the broker listed it: a MIG device another compute
+  // instance's index now names (a layout changed under the broker) is one whose accounting the
+  // broker stopped reading (docs/mig.md), and {index} CDI names would give pods the wrong one.
+  auto health = [&broker, &mps, nameAtStart] {
     std::map<std::string, bool> h;
     std::vector<DeviceInfo> now;
     std::string why;
@@ -290,7 +295,10 @@ int main(int argc, char** argv) {
       mpsOk = m.up;
       for (const MpsServerSnapshot& s : m.servers) mpsOk = mpsOk && s.state != "FAULT";
     }
-    for (const DeviceInfo& d : now) h[d.uuid] = mpsOk;
+    for (const DeviceInfo& d : now) {
+      const auto at = nameAtStart.find(d.uuid);
+      h[d.uuid] = mpsOk && at != nameAtStart.end() && at->second == d.name();
+    }
     return h;
   };
   cushare::kubernetes::DevicePlugin plugin(health);
@@ -309,7 +317,20 @@ int main(int argc, char** argv) {
     s->gpuNames = gpuNames;
     s->gpuCdiDevice = c.kubernetes.gpuCdiDevice;
     s->allocationDir = allocationDir;
-    for (TenantEditsOf& t : edits) s->tenants.push_back({t.tenant, std::move(t.edits), t.cdiDevice});
+    for (TenantEditsOf& t : edits) {
+      cushare::kubernetes::PluginTenant pt{t.tenant, std::move(t.edits), t.cdiDevice, std::nullopt};
+      // Placed where its memory limit applies: a per-device map names its devices (on the others
+      // it would be unlimited); one size, a percentage or no memory limit applies everywhere.
+      for (const Tenant& ct : c.tenants) {
+        if (ct.name != t.tenant || ct.memory.kind != MemorySpec::kPerDevice) continue;
+        std::vector<uint64_t> limits;
+        if (!resolveMemory(c, ct.memory, devices, &limits, e)) return false;
+        pt.gpus.emplace();
+        for (size_t d = 0; d < devices.size(); ++d)
+          if (limits[d] != cushare::kUnlimited) pt.gpus->push_back(devices[d].uuid);
+      }
+      s->tenants.push_back(std::move(pt));
+    }
     return true;
   };
   bool pluginOn = startConfig.kubernetes.enabled;

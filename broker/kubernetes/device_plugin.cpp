@@ -61,10 +61,12 @@ std::map<std::string, std::string> gpuDevicesOf(const PluginSettings& s) {
   return out;
 }
 
-std::vector<std::pair<std::string, std::string>> deviceIds(const PluginSettings& s) {
+// A tenant's device IDs: devicesPerGpu per device it is placed on, in the broker's device order.
+std::vector<std::pair<std::string, std::string>> deviceIds(const PluginSettings& s, const PluginTenant& t) {
   std::vector<std::pair<std::string, std::string>> ids;
   for (const std::string& gpu : s.gpus)
-    for (uint32_t n = 0; n < s.devicesPerGpu; ++n) ids.emplace_back(gpu + "::" + std::to_string(n), gpu);
+    if (!t.gpus || std::find(t.gpus->begin(), t.gpus->end(), gpu) != t.gpus->end())
+      for (uint32_t n = 0; n < s.devicesPerGpu; ++n) ids.emplace_back(gpu + "::" + std::to_string(n), gpu);
   return ids;
 }
 
@@ -539,7 +541,7 @@ struct DevicePlugin::Impl {
     t.shared = std::make_shared<Shared>();
     t.shared->tenant = pt;
     t.shared->resource = kResourcePrefix + pt.name;
-    t.shared->ids = deviceIds(settings);
+    t.shared->ids = deviceIds(settings, pt);
     t.shared->gpuDevices = gpuDevicesOf(settings);
     t.shared->health = health;
     if (!settings.allocationDir.empty()) {
@@ -620,12 +622,17 @@ void DevicePlugin::update(const PluginSettings& s) {
     std::lock_guard<std::mutex> sg(it->second.shared->mu);
     it->second.shared->tenant = t;
     it->second.shared->gpuDevices = gpuDevices;
-    if (devicesChanged) {
+    // A reload that moves the tenant to other devices moves its resource with it (the kubelet
+    // then places no new pod on the devices it left; running pods keep theirs).
+    auto ids = deviceIds(m.settings, t);
+    if (devicesChanged || ids != it->second.shared->ids) {
       std::string err;
-      if (!makeAllocationDirs(m.settings, t.name, deviceIds(m.settings), &err))
+      if (!makeAllocationDirs(m.settings, t.name, ids, &err))
         CUSHARE_BLOG(error, "kubernetes: allocation_dir: {}; {}'s new devices get no allocation mount", err,
                      it->second.shared->resource);
-      it->second.shared->ids = deviceIds(m.settings);
+      if (ids != it->second.shared->ids)
+        CUSHARE_BLOG(info, "kubernetes: {} now has {} devices", it->second.shared->resource, ids.size());
+      it->second.shared->ids = std::move(ids);
       ++it->second.shared->generation;
       it->second.shared->cv.notify_all();
     }

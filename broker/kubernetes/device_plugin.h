@@ -1,7 +1,8 @@
 // The kubelet device plugin (API v1beta1, gRPC on Unix sockets; docs/kubernetes.md): one resource
-// cushare.io/<tenant> per configured tenant, devicesPerGpu devices (container slots) per GPU, so a
-// pod that asks for cushare.io/alpha: 1 gets tenant alpha's edits (the CDI device
-// cushare.io/tenant=alpha, and the same environment and mounts for runtimes without CDI).
+// cushare.io/<tenant> per configured tenant, devicesPerGpu devices (container slots) per device
+// the tenant is placed on (a GPU or a MIG device), so a pod that asks for cushare.io/alpha: 1 gets
+// tenant alpha's edits (the CDI device cushare.io/tenant=alpha, and the same environment and
+// mounts for runtimes without CDI) on a device where alpha's limit holds.
 //
 // Invariants:
 // - Each tenant's resource has its own socket and gRPC server in the plugin directory
@@ -22,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,9 @@ struct PluginTenant {
   std::string name;
   container::TenantEdits edits;  // the container view
   std::string cdiDevice;         // "cushare.io/tenant=<name>"; empty: CDI off
+  // The devices (UUIDs, of PluginSettings::gpus) its resource is backed by: where the tenant is
+  // placed (its memory limit applies there; docs/kubernetes.md). nullopt: every device.
+  std::optional<std::vector<std::string>> gpus;
 };
 
 struct PluginSettings {

@@ -16,6 +16,7 @@
 #include "core/pod_labels.h"
 #include "fake_kubelet.h"
 #include "harness.h"
+#include "simgpu/nvml.h"
 
 namespace cushare::test {
 namespace {
@@ -352,6 +353,164 @@ TEST(BrokerPlugin, AFaultedMpsServerMakesTheDevicesUnhealthyUntilItRecovers) {
   EXPECT_EQ(b.stop(), 0);
   std::filesystem::remove_all(dp);
   std::filesystem::remove_all(pipe);
+}
+
+// cushare on MIG under Kubernetes (docs/mig.md, docs/kubernetes.md), on simgpu's H100 with two
+// GPUs (ctest broker_plugin_mig): GPU 0 split into two 1g.10gb MIG devices (0:0, 0:1), GPU 1 whole.
+// Each tenant's resource is backed by the devices it is placed on, Allocate gives the MIG device by
+// UUID (and NVIDIA's CDI device by its index), the pod's process is held to its limit by the MIG
+// device's own count; a layout changed under the broker turns the devices of the MIG device that
+// went Unhealthy (the others stay), and the broker's next start advertises the new layout.
+class BrokerPluginMig : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+    ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &gpu), NVML_SUCCESS);
+    nvmlReturn_t act;
+    ASSERT_EQ(nvmlDeviceSetMigMode(gpu, NVML_DEVICE_MIG_ENABLE, &act), NVML_SUCCESS);
+    for (int i = 0; i < 2; ++i) make(i);
+  }
+  void TearDown() override {  // the next test starts from MIG off (the state is the host's)
+    for (int i = 0; i < 2; ++i) drop(i);
+    nvmlReturn_t act;
+    EXPECT_EQ(nvmlDeviceSetMigMode(gpu, NVML_DEVICE_MIG_DISABLE, &act), NVML_SUCCESS);
+    nvmlShutdown();
+  }
+  void make(int i) {
+    ASSERT_EQ(nvmlDeviceCreateGpuInstance(gpu, 19, &gi[i]), NVML_SUCCESS);  // 1g.10gb
+    ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(gi[i], NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, &ci[i]), NVML_SUCCESS);
+  }
+  void drop(int i) {
+    if (ci[i]) EXPECT_EQ(nvmlComputeInstanceDestroy(ci[i]), NVML_SUCCESS);
+    if (gi[i]) EXPECT_EQ(nvmlGpuInstanceDestroy(gi[i]), NVML_SUCCESS);
+    ci[i] = nullptr;
+    gi[i] = nullptr;
+  }
+  std::string migUuid(unsigned index) {
+    nvmlDevice_t m;
+    char u[96] = "";
+    if (nvmlDeviceGetMigDeviceHandleByIndex(gpu, index, &m) != NVML_SUCCESS ||
+        nvmlDeviceGetUUID(m, u, sizeof u) != NVML_SUCCESS)
+      return "";
+    return u;
+  }
+  uint64_t heldIn(const std::string& uuid, pid_t pid) {  // the MIG device's own count
+    nvmlDevice_t m;
+    nvmlProcessInfo_t p[16];
+    unsigned n = 16;
+    if (nvmlDeviceGetHandleByUUID(uuid.c_str(), &m) != NVML_SUCCESS ||
+        nvmlDeviceGetComputeRunningProcesses_v3(m, &n, p) != NVML_SUCCESS)
+      return UINT64_MAX;
+    for (unsigned k = 0; k < n; ++k)
+      if (p[k].pid == static_cast<unsigned>(pid)) return p[k].usedGpuMemory;
+    return 0;
+  }
+  nvmlDevice_t gpu = nullptr;
+  nvmlGpuInstance_t gi[2] = {};
+  nvmlComputeInstance_t ci[2] = {};
+};
+
+std::vector<std::string> idsOf(const FakeKubelet::Plugin& p) {
+  std::vector<std::string> out;
+  for (const auto& d : p.devices) out.push_back(d.id());
+  return out;
+}
+
+TEST_F(BrokerPluginMig, ATenantGetsTheMigDevicesItIsPlacedOnAndALayoutChangeIsSeen) {
+  const std::string mig0 = migUuid(0), mig1 = migUuid(1);
+  ASSERT_TRUE(mig0.starts_with("MIG-") && mig1.starts_with("MIG-")) << mig0 << " " << mig1;
+  nvmlDevice_t whole;
+  char u[96];
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(1, &whole), NVML_SUCCESS);
+  ASSERT_EQ(nvmlDeviceGetUUID(whole, u, sizeof u), NVML_SUCCESS);
+  const std::string gpu1 = u;
+  const std::string dp = "/tmp/cushare-dp-" + std::to_string(::getpid()) + "-mig";
+  std::filesystem::remove_all(dp);
+  FakeKubelet kubelet(dp);
+  ASSERT_TRUE(kubelet.start());
+  const std::string dir = testDir();
+  const std::string body = "kubernetes: {device_plugin_dir: " + dp +
+                           ", devices_per_gpu: 2, pod_resources_socket: off, gpu_cdi_device: 'nvidia.com/gpu={index}'}\n"
+                           "tenants:\n  - {name: alpha, memory: {'0:0': 256MiB}}\n"
+                           "  - {name: beta, memory: {'0:1': 512MiB, 1: 512MiB}}\n  - {name: gamma, memory: 128MiB}\n";
+  auto b = std::make_unique<Broker>(dir);
+  ASSERT_TRUE(b->start(body)) << b->log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 2); })) << b->log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return healthy(p, 4); })) << b->log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/gamma", [](const auto& p) { return healthy(p, 6); })) << b->log();
+  EXPECT_EQ(idsOf(kubelet.plugin("cushare.io/alpha")), (std::vector<std::string>{mig0 + "::0", mig0 + "::1"}));
+  EXPECT_EQ(idsOf(kubelet.plugin("cushare.io/beta")),
+            (std::vector<std::string>{mig1 + "::0", mig1 + "::1", gpu1 + "::0", gpu1 + "::1"}));
+
+  // A pod of alpha: its MIG device by UUID, NVIDIA's CDI device by index, held to 256 MiB there.
+  v1beta1::AllocateResponse a;
+  EXPECT_EQ(allocate(kubelet, "cushare.io/alpha", mig1 + "::0", &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", mig0 + "::1", &a).ok());
+  const auto& c = a.container_responses(0);
+  EXPECT_EQ(c.envs().at("CUDA_VISIBLE_DEVICES"), mig0);
+  ASSERT_EQ(c.cdi_devices_size(), 2);
+  EXPECT_EQ(c.cdi_devices(0).name(), "nvidia.com/gpu=0:0");
+  EXPECT_EQ(c.cdi_devices(1).name(), "cushare.io/tenant=alpha");
+  Child pod = Child::spawn({PYTHON3, CDI_SPEC_PY, "run", asSpec(c, dir + "/pod.json"), "pod", "--", WORKER_BIN},
+                           {{"LD_PRELOAD", ""}}, dir + "/tenants.log");
+  const std::string first = pod.readLine();
+  if (first.empty() && std::ifstream(dir + "/tenants.log").peek() != EOF) {
+    std::ifstream in(dir + "/tenants.log");
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (log.find("no mount namespace") != std::string::npos) GTEST_SKIP() << log;
+  }
+  ASSERT_EQ(first, "ready");
+  ASSERT_EQ(pod.ask("alloc " + std::to_string(128 * MiB)), "ok");
+  EXPECT_GE(heldIn(mig0, pod.pid()), 128 * MiB) << "the MIG device's own count";
+  EXPECT_EQ(heldIn(mig1, pod.pid()), 0u);
+  EXPECT_EQ(pod.ask("alloc " + std::to_string(192 * MiB)), "oom") << "alpha's limit holds in its MIG device";
+  EXPECT_EQ(pod.ask("quit"), "");
+  EXPECT_EQ(pod.wait(), 0);
+
+  // MIG device 0:0 is destroyed under the broker and 0:1 takes its index: alpha's devices (gone)
+  // and beta's on that MIG device (now 0:0, an index the broker's accounting no longer trusts)
+  // turn Unhealthy; beta's on GPU 1 and gamma's there stay Healthy. (MIG devices are in GPU
+  // instance ID order, not in the order of creation: find the instance that is 0:0.)
+  int which = -1;
+  nvmlDevice_t m0;
+  unsigned gi0 = 0;
+  ASSERT_EQ(nvmlDeviceGetHandleByUUID(mig0.c_str(), &m0), NVML_SUCCESS);
+  ASSERT_EQ(nvmlDeviceGetGpuInstanceId(m0, &gi0), NVML_SUCCESS);
+  for (int i = 0; i < 2; ++i) {
+    nvmlGpuInstanceInfo_t info{};
+    ASSERT_EQ(nvmlGpuInstanceGetInfo(gi[i], &info), NVML_SUCCESS);
+    if (info.id == gi0) which = i;
+  }
+  ASSERT_GE(which, 0);
+  drop(which);
+  ASSERT_EQ(migUuid(0), mig1) << "the remaining MIG device moved to index 0";
+  auto onlyGpu1 = [&](size_t n) {
+    return [&gpu1, n](const FakeKubelet::Plugin& p) {
+      if (p.devices.size() != n) return false;
+      for (const auto& d : p.devices)
+        if ((d.health() == "Healthy") != d.id().starts_with(gpu1)) return false;
+      return true;
+    };
+  };
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/beta", onlyGpu1(4), 20000)) << b->log();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", onlyGpu1(2), 20000)) << b->log();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/gamma", onlyGpu1(6), 20000)) << b->log();
+  // Another 1g: the broker's next start (the way a layout change reaches the plugin, as
+  // mig.apply_at_start does it) advertises the layout as it is now.
+  make(which);
+  const std::string now0 = migUuid(0), now1 = migUuid(1);
+  ASSERT_FALSE(now0.empty() || now1.empty());
+  EXPECT_EQ(b->stop(), 0);
+  b = std::make_unique<Broker>(dir);
+  ASSERT_TRUE(b->start(body)) << b->log();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", [&](const auto& p) {
+    return healthy(p, 2) && p.devices[0].id() == now0 + "::0";
+  }, 20000)) << b->log();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/beta", [&](const auto& p) {
+    return healthy(p, 4) && p.devices[0].id() == now1 + "::0";
+  }, 20000)) << b->log();
+  EXPECT_EQ(b->stop(), 0);
+  std::filesystem::remove_all(dp);
 }
 
 }  // namespace

@@ -31,6 +31,8 @@ using kubernetes::PluginSettings;
 
 const std::string kGpu0 = "GPU-00000000-0000-0000-0000-000000000000";
 const std::string kGpu1 = "GPU-11111111-1111-1111-1111-111111111111";
+const std::string kMig0 = "MIG-aaaaaaaa-0000-5000-8000-000000000000";
+const std::string kMig1 = "MIG-aaaaaaaa-0001-5000-8000-000000000000";
 
 // The tests' plugin directories, removed when the program ends.
 struct Dirs {
@@ -434,7 +436,8 @@ TEST(DevicePlugin, AllocateNamesTheGpusOfTheIdsAsCdiDevices) {
 // names them as nvidia-ctk does (MIG-<uuid>, or <gpu>:<mig> for {index}). Whole GPUs get no
 // CUDA_VISIBLE_DEVICES (the runtime's devices are the container's).
 TEST(DevicePlugin, MigDevicesAreAllocatedByTheirUuids) {
-  const std::string mig0 = "MIG-aaaaaaaa-0000-5000-8000-000000000000", mig1 = "MIG-aaaaaaaa-0001-5000-8000-000000000000";
+  const std::string& mig0 = kMig0;
+  const std::string& mig1 = kMig1;
   const std::string dir = dirFor("mig");
   PluginSettings s = settings(dir, 2);
   s.gpus = {mig0, mig1, kGpu1};
@@ -455,6 +458,52 @@ TEST(DevicePlugin, MigDevicesAreAllocatedByTheirUuids) {
   EXPECT_EQ(a.container_responses(0).cdi_devices(0).name(), "nvidia.com/gpu=0:1");
   EXPECT_EQ(a.container_responses(2).cdi_devices(0).name(), "nvidia.com/gpu=1");
   EXPECT_EQ(a.container_responses(0).envs().at("CUSHARE_TENANT"), "alpha");
+}
+
+// A tenant's resource is backed only by the devices it is placed on (PluginTenant::gpus: where its
+// memory limit applies); the kubelet cannot hand its pod another device, Allocate refuses one, and
+// a reload that moves the tenant moves its devices (an unhealthy list is never sent for it).
+TEST(DevicePlugin, ATenantsDevicesAreThoseItIsPlacedOnAndFollowAReload) {
+  const std::string& mig0 = kMig0;
+  const std::string& mig1 = kMig1;
+  const std::string dir = dirFor("placed");
+  PluginSettings s = settings(dir, 2);
+  s.gpus = {mig0, mig1, kGpu1};
+  s.gpuNames = {"0:0", "0:1", "1"};
+  s.tenants[0].gpus = std::vector<std::string>{mig1};        // alpha: {'0:1': ...}
+  s.tenants[1].gpus = std::vector<std::string>{kGpu1, mig0};  // beta: {1: ..., '0:0': ...}
+  Running running(dir);
+  running.h.set(mig0, true);
+  running.h.set(mig1, true);
+  ASSERT_TRUE(running.start(s));
+  auto& [kubelet, h, plugin] = running;
+  auto ids = [](const FakeKubelet::Plugin& p) {
+    std::vector<std::string> out;
+    for (const auto& d : p.devices) out.push_back(d.id());
+    return out;
+  };
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 2); }));
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return allHealthy(p, 4); }));
+  EXPECT_EQ(ids(kubelet.plugin("cushare.io/alpha")), (std::vector<std::string>{mig1 + "::0", mig1 + "::1"}));
+  EXPECT_EQ(ids(kubelet.plugin("cushare.io/beta")),
+            (std::vector<std::string>{mig0 + "::0", mig0 + "::1", kGpu1 + "::0", kGpu1 + "::1"}))
+      << "in the broker's device order";
+  v1beta1::AllocateResponse a;
+  EXPECT_EQ(allocate(kubelet, "cushare.io/alpha", {{mig0 + "::0"}}, &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << "a device alpha is not placed on";
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", {{mig1 + "::1"}}, &a).ok());
+  EXPECT_EQ(a.container_responses(0).envs().at("CUDA_VISIBLE_DEVICES"), mig1);
+
+  // A reload moves alpha to every device (one size) and beta to the GPU only.
+  s.tenants[0].gpus.reset();
+  s.tenants[1].gpus = std::vector<std::string>{kGpu1};
+  plugin.update(s);
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return allHealthy(p, 2); }));
+  EXPECT_EQ(ids(kubelet.plugin("cushare.io/beta")), (std::vector<std::string>{kGpu1 + "::0", kGpu1 + "::1"}));
+  a.Clear();
+  EXPECT_EQ(allocate(kubelet, "cushare.io/beta", {{mig0 + "::0"}}, &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << "a device beta left";
 }
 
 // Pod labels (core/pod_labels.h): a directory per device ID under allocation_dir, and Allocate

@@ -535,6 +535,10 @@ std::chrono::microseconds Broker::computeTick() {
     if (fairOn != dev.fair) {
       dev.fair = fairOn;
       dev.fairStep = now;
+      // A turn under way is charged fair time only from now: its wall time before (an uncapped
+      // holder alone for seconds next to an idle capped tenant) was not fair share's, and charged
+      // it would starve the holder until repaid a quantum per round.
+      dev.turnFairCharged = now - dev.turnStart;
       for (Member& m : members) {
         m.td->fair = 0;
         m.td->fairBusyMark = m.td->charged;

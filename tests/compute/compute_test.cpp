@@ -454,6 +454,25 @@ TEST(Fair, WeightsStayWithinCaps) {
   finish({&a, &c});
 }
 
+// Fair share switched on in the middle of an uncapped tenant's long turn (a capped tenant with no
+// work keeps turns running; the uncapped one holds the device alone for seconds): the turn's wall
+// time before fair share was on is not charged as fair time. It was: b then owed seconds of fair
+// credit and got nothing next to c until it had paid them back, a quantum per round.
+TEST(Fair, ATurnLongBeforeFairShareIsNotChargedToIt) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: a, thread_percentage: 50}\n  - {name: b}\n  - {name: c, weight: 3}\n"));
+  Child a = worker(b, "a"), w = worker(b, "b"), c = worker(b, "c");
+  w.send("run 7000 2000");
+  sleepMs(3000);  // b's turn, alone: a has no work
+  c.send("run 3000 2000");
+  const auto p = split(shares({{&w}, {&c}}, 500, 2000));
+  std::printf("fair share from the middle of b's turn, weights 1:3: b %.3f c %.3f (targets 0.25 0.75)\n", p[0], p[1]);
+  EXPECT_NEAR(p[0], 0.25, 0.08) << "b is charged only for its fair-share time";
+  finish({&w, &c});
+  a.send("quit");
+  a.wait();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Probe rounds (docs/probes.md): the shares the tenants' probes measured, against the shares
 // simgpu's own accounting says they got.

@@ -275,16 +275,21 @@ int main(int argc, char** argv) {
   // The kubelet device plugin (docs/kubernetes.md): healthy while the GPU is listed by NVML and
   // MPS (when the broker runs it) answers and has no faulted server.
   std::vector<std::string> gpuUuids, gpuNames;
-  std::map<std::string, std::string> nameAtStart;  // UUID -> <gpu>[:<mig>]
-  for (const DeviceInfo& d : devices) {
-    gpuUuids.push_back(d.uuid);
-    gpuNames.push_back(d.name());
-    nameAtStart[d.uuid] = d.name();
+  // Per device: the UUIDs and names (<gpu>[:<mig>]) of its memory group at start (itself, or the
+  // compute instances of its GPU instance).
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> groupAtStart;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    gpuUuids.push_back(devices[i].uuid);
+    gpuNames.push_back(devices[i].name());
+    for (size_t k = 0; k < devices.size(); ++k)
+      if (devices[k].group(k) == devices[i].group(i))
+        groupAtStart[devices[i].uuid].emplace_back(devices[k].uuid, devices[k].name());
   }
-  // Healthy also needs the device where the broker listed it: a MIG device another compute
-  // instance's index now names (a layout changed under the broker) is one whose accounting the
-  // broker stopped reading (docs/mig.md), and {index} CDI names would give pods the wrong one.
-  auto health = [&broker, &mps, nameAtStart] {
+  // Healthy also needs the device, and the devices sharing its memory, where the broker listed
+  // them: a MIG device renumbered or removed by a layout changed under the broker stops the
+  // reading of its GPU instance's accounting (docs/mig.md), and {index} CDI names would give pods
+  // another instance.
+  auto health = [&broker, &mps, groupAtStart] {
     std::map<std::string, bool> h;
     std::vector<DeviceInfo> now;
     std::string why;
@@ -295,9 +300,17 @@ int main(int argc, char** argv) {
       mpsOk = m.up;
       for (const MpsServerSnapshot& s : m.servers) mpsOk = mpsOk && s.state != "FAULT";
     }
+    std::map<std::string, std::string> nameNow;
+    for (const DeviceInfo& d : now) nameNow[d.uuid] = d.name();
     for (const DeviceInfo& d : now) {
-      const auto at = nameAtStart.find(d.uuid);
-      h[d.uuid] = mpsOk && at != nameAtStart.end() && at->second == d.name();
+      const auto group = groupAtStart.find(d.uuid);
+      bool same = group != groupAtStart.end();
+      if (same)
+        for (const auto& [uuid, name] : group->second) {
+          const auto n = nameNow.find(uuid);
+          same = same && n != nameNow.end() && n->second == name;
+        }
+      h[d.uuid] = mpsOk && same;
     }
     return h;
   };
@@ -323,6 +336,14 @@ int main(int argc, char** argv) {
       // it would be unlimited); one size, a percentage or no memory limit applies everywhere.
       for (const Tenant& ct : c.tenants) {
         if (ct.name != t.tenant || ct.memory.kind != MemorySpec::kPerDevice) continue;
+        // Placement keeps a pod off the other devices only when the pod gets its GPU from the
+        // plugin (NVIDIA's CDI device of the allocated device); otherwise NVIDIA's runtime
+        // decides which GPUs the container sees.
+        if (c.kubernetes.gpuCdiDevice.empty() && devices.size() > 1)
+          spdlog::warn("kubernetes: tenant {} is limited on some devices only ({}), but without "
+                       "kubernetes.gpu_cdi_device its pods get their GPUs from NVIDIA's runtime, not from the "
+                       "devices the plugin allocated: a pod can reach a device where {} has no limit",
+                       ct.name, ct.memory.path, ct.name);
         std::vector<uint64_t> limits;
         if (!resolveMemory(c, ct.memory, devices, &limits, e)) return false;
         pt.gpus.emplace();

@@ -712,6 +712,11 @@ class Parser {
                   "a limit of " + quote(s) +
                       " would deny every allocation; remove the key for "
                       "no limit");
+    // 2^64 - 1 bytes is how the broker and the shim spell "no limit": written as a limit it
+    // would make the tenant unlimited (and escape admission) without saying so.
+    if (bytes == kUnlimited)
+      return fail(n.mark, path,
+                  "a limit of " + quote(s) + " is the value that means no limit; remove the key for no limit");
     out->bytes = bytes;
     out->milliPercent = 0;
     return true;

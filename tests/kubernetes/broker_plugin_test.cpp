@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 
 #include "core/pod_labels.h"
@@ -356,11 +357,11 @@ TEST(BrokerPlugin, AFaultedMpsServerMakesTheDevicesUnhealthyUntilItRecovers) {
 }
 
 // cushare on MIG under Kubernetes (docs/mig.md, docs/kubernetes.md), on simgpu's H100 with two
-// GPUs (ctest broker_plugin_mig): GPU 0 split into two 1g.10gb MIG devices (0:0, 0:1), GPU 1 whole.
-// Each tenant's resource is backed by the devices it is placed on, Allocate gives the MIG device by
-// UUID (and NVIDIA's CDI device by its index), the pod's process is held to its limit by the MIG
-// device's own count; a layout changed under the broker turns the devices of the MIG device that
-// went Unhealthy (the others stay), and the broker's next start advertises the new layout.
+// GPUs (ctest broker_plugin_mig): GPU 0 in MIG mode, GPU 1 whole. Each tenant's resource is backed
+// by the devices it is placed on, Allocate gives the MIG device by UUID (and NVIDIA's CDI device by
+// its index), the pod's process is held to its limit by the MIG device's own count; a layout
+// changed under the broker turns the devices of the MIG devices it touched Unhealthy (the others
+// stay), and the broker's next start advertises the new layout.
 class BrokerPluginMig : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -368,23 +369,34 @@ class BrokerPluginMig : public ::testing::Test {
     ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &gpu), NVML_SUCCESS);
     nvmlReturn_t act;
     ASSERT_EQ(nvmlDeviceSetMigMode(gpu, NVML_DEVICE_MIG_ENABLE, &act), NVML_SUCCESS);
-    for (int i = 0; i < 2; ++i) make(i);
+    nvmlDevice_t whole;
+    char u[96];
+    ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(1, &whole), NVML_SUCCESS);
+    ASSERT_EQ(nvmlDeviceGetUUID(whole, u, sizeof u), NVML_SUCCESS);
+    gpu1 = u;
+    dp = "/tmp/cushare-dp-" + std::to_string(::getpid()) + "-mig";
+    std::filesystem::remove_all(dp);
   }
   void TearDown() override {  // the next test starts from MIG off (the state is the host's)
-    for (int i = 0; i < 2; ++i) drop(i);
+    for (auto& [g, cis] : made) {
+      for (nvmlComputeInstance_t c : cis)
+        if (c) EXPECT_EQ(nvmlComputeInstanceDestroy(c), NVML_SUCCESS);
+      if (g) EXPECT_EQ(nvmlGpuInstanceDestroy(g), NVML_SUCCESS);
+    }
     nvmlReturn_t act;
     EXPECT_EQ(nvmlDeviceSetMigMode(gpu, NVML_DEVICE_MIG_DISABLE, &act), NVML_SUCCESS);
     nvmlShutdown();
+    std::filesystem::remove_all(dp);
   }
-  void make(int i) {
-    ASSERT_EQ(nvmlDeviceCreateGpuInstance(gpu, 19, &gi[i]), NVML_SUCCESS);  // 1g.10gb
-    ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(gi[i], NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, &ci[i]), NVML_SUCCESS);
-  }
-  void drop(int i) {
-    if (ci[i]) EXPECT_EQ(nvmlComputeInstanceDestroy(ci[i]), NVML_SUCCESS);
-    if (gi[i]) EXPECT_EQ(nvmlGpuInstanceDestroy(gi[i]), NVML_SUCCESS);
-    ci[i] = nullptr;
-    gi[i] = nullptr;
+  // A GPU instance of `profile` with compute instances of `ciProfiles`; its index in `made`.
+  size_t make(unsigned profile, const std::vector<unsigned>& ciProfiles) {
+    made.emplace_back();
+    EXPECT_EQ(nvmlDeviceCreateGpuInstance(gpu, profile, &made.back().first), NVML_SUCCESS);
+    for (unsigned c : ciProfiles) {
+      made.back().second.emplace_back();
+      EXPECT_EQ(nvmlGpuInstanceCreateComputeInstance(made.back().first, c, &made.back().second.back()), NVML_SUCCESS);
+    }
+    return made.size() - 1;
   }
   std::string migUuid(unsigned index) {
     nvmlDevice_t m;
@@ -393,6 +405,29 @@ class BrokerPluginMig : public ::testing::Test {
         nvmlDeviceGetUUID(m, u, sizeof u) != NVML_SUCCESS)
       return "";
     return u;
+  }
+  // The MIG device of compute instance `ci` of made[g] (MIG devices are in GPU instance ID order,
+  // not in the order of creation).
+  std::string uuidOf(size_t g, size_t ci) {
+    nvmlGpuInstanceInfo_t gi{};
+    nvmlComputeInstanceInfo_t c{};
+    if (nvmlGpuInstanceGetInfo(made[g].first, &gi) != NVML_SUCCESS ||
+        nvmlComputeInstanceGetInfo_v2(made[g].second[ci], &c) != NVML_SUCCESS)
+      return "";
+    for (unsigned i = 0; i < 8; ++i) {
+      nvmlDevice_t m;
+      unsigned g2 = 0, c2 = 0;
+      if (nvmlDeviceGetMigDeviceHandleByIndex(gpu, i, &m) == NVML_SUCCESS &&
+          nvmlDeviceGetGpuInstanceId(m, &g2) == NVML_SUCCESS && nvmlDeviceGetComputeInstanceId(m, &c2) == NVML_SUCCESS &&
+          g2 == gi.id && c2 == c.id)
+        return migUuid(i);
+    }
+    return "";
+  }
+  int indexOf(const std::string& uuid) {
+    for (unsigned i = 0; i < 8; ++i)
+      if (migUuid(i) == uuid) return static_cast<int>(i);
+    return -1;
   }
   uint64_t heldIn(const std::string& uuid, pid_t pid) {  // the MIG device's own count
     nvmlDevice_t m;
@@ -406,8 +441,8 @@ class BrokerPluginMig : public ::testing::Test {
     return 0;
   }
   nvmlDevice_t gpu = nullptr;
-  nvmlGpuInstance_t gi[2] = {};
-  nvmlComputeInstance_t ci[2] = {};
+  std::vector<std::pair<nvmlGpuInstance_t, std::vector<nvmlComputeInstance_t>>> made;
+  std::string gpu1, dp;
 };
 
 std::vector<std::string> idsOf(const FakeKubelet::Plugin& p) {
@@ -416,33 +451,41 @@ std::vector<std::string> idsOf(const FakeKubelet::Plugin& p) {
   return out;
 }
 
-TEST_F(BrokerPluginMig, ATenantGetsTheMigDevicesItIsPlacedOnAndALayoutChangeIsSeen) {
+// Devices of `healthyOn` Healthy, the others Unhealthy (n in all).
+std::function<bool(const FakeKubelet::Plugin&)> healthyOnly(std::vector<std::string> healthyOn, size_t n) {
+  return [healthyOn, n](const FakeKubelet::Plugin& p) {
+    if (p.devices.size() != n) return false;
+    for (const auto& d : p.devices) {
+      bool on = false;
+      for (const std::string& u : healthyOn) on = on || d.id().starts_with(u + "::");
+      if ((d.health() == "Healthy") != on) return false;
+    }
+    return true;
+  };
+}
+
+// Two 1g.10gb MIG devices (0:0, 0:1). A pod of alpha gets its MIG device and is held there.
+TEST_F(BrokerPluginMig, APodGetsTheMigDeviceItsTenantIsPlacedOnAndIsHeldThere) {
+  make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});  // 1g.10gb
+  make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});
   const std::string mig0 = migUuid(0), mig1 = migUuid(1);
   ASSERT_TRUE(mig0.starts_with("MIG-") && mig1.starts_with("MIG-")) << mig0 << " " << mig1;
-  nvmlDevice_t whole;
-  char u[96];
-  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(1, &whole), NVML_SUCCESS);
-  ASSERT_EQ(nvmlDeviceGetUUID(whole, u, sizeof u), NVML_SUCCESS);
-  const std::string gpu1 = u;
-  const std::string dp = "/tmp/cushare-dp-" + std::to_string(::getpid()) + "-mig";
-  std::filesystem::remove_all(dp);
   FakeKubelet kubelet(dp);
   ASSERT_TRUE(kubelet.start());
   const std::string dir = testDir();
-  const std::string body = "kubernetes: {device_plugin_dir: " + dp +
-                           ", devices_per_gpu: 2, pod_resources_socket: off, gpu_cdi_device: 'nvidia.com/gpu={index}'}\n"
-                           "tenants:\n  - {name: alpha, memory: {'0:0': 256MiB}}\n"
-                           "  - {name: beta, memory: {'0:1': 512MiB, 1: 512MiB}}\n  - {name: gamma, memory: 128MiB}\n";
-  auto b = std::make_unique<Broker>(dir);
-  ASSERT_TRUE(b->start(body)) << b->log();
-  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 2); })) << b->log();
-  ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return healthy(p, 4); })) << b->log();
-  ASSERT_TRUE(kubelet.waitFor("cushare.io/gamma", [](const auto& p) { return healthy(p, 6); })) << b->log();
+  Broker b(dir);
+  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp +
+                      ", devices_per_gpu: 2, pod_resources_socket: off, gpu_cdi_device: 'nvidia.com/gpu={index}'}\n"
+                      "tenants:\n  - {name: alpha, memory: {'0:0': 256MiB}}\n"
+                      "  - {name: beta, memory: {'0:1': 512MiB, 1: 512MiB}}\n  - {name: gamma, memory: 128MiB}\n"))
+      << b.log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 2); })) << b.log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return healthy(p, 4); })) << b.log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/gamma", [](const auto& p) { return healthy(p, 6); })) << b.log();
   EXPECT_EQ(idsOf(kubelet.plugin("cushare.io/alpha")), (std::vector<std::string>{mig0 + "::0", mig0 + "::1"}));
   EXPECT_EQ(idsOf(kubelet.plugin("cushare.io/beta")),
             (std::vector<std::string>{mig1 + "::0", mig1 + "::1", gpu1 + "::0", gpu1 + "::1"}));
 
-  // A pod of alpha: its MIG device by UUID, NVIDIA's CDI device by index, held to 256 MiB there.
   v1beta1::AllocateResponse a;
   EXPECT_EQ(allocate(kubelet, "cushare.io/alpha", mig1 + "::0", &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", mig0 + "::1", &a).ok());
@@ -466,51 +509,54 @@ TEST_F(BrokerPluginMig, ATenantGetsTheMigDevicesItIsPlacedOnAndALayoutChangeIsSe
   EXPECT_EQ(pod.ask("alloc " + std::to_string(192 * MiB)), "oom") << "alpha's limit holds in its MIG device";
   EXPECT_EQ(pod.ask("quit"), "");
   EXPECT_EQ(pod.wait(), 0);
+  EXPECT_EQ(b.stop(), 0);
+}
 
-  // MIG device 0:0 is destroyed under the broker and 0:1 takes its index: alpha's devices (gone)
-  // and beta's on that MIG device (now 0:0, an index the broker's accounting no longer trusts)
-  // turn Unhealthy; beta's on GPU 1 and gamma's there stay Healthy. (MIG devices are in GPU
-  // instance ID order, not in the order of creation: find the instance that is 0:0.)
-  int which = -1;
-  nvmlDevice_t m0;
-  unsigned gi0 = 0;
-  ASSERT_EQ(nvmlDeviceGetHandleByUUID(mig0.c_str(), &m0), NVML_SUCCESS);
-  ASSERT_EQ(nvmlDeviceGetGpuInstanceId(m0, &gi0), NVML_SUCCESS);
-  for (int i = 0; i < 2; ++i) {
-    nvmlGpuInstanceInfo_t info{};
-    ASSERT_EQ(nvmlGpuInstanceGetInfo(gi[i], &info), NVML_SUCCESS);
-    if (info.id == gi0) which = i;
-  }
-  ASSERT_GE(which, 0);
-  drop(which);
-  ASSERT_EQ(migUuid(0), mig1) << "the remaining MIG device moved to index 0";
-  auto onlyGpu1 = [&](size_t n) {
-    return [&gpu1, n](const FakeKubelet::Plugin& p) {
-      if (p.devices.size() != n) return false;
-      for (const auto& d : p.devices)
-        if ((d.health() == "Healthy") != d.id().starts_with(gpu1)) return false;
-      return true;
-    };
-  };
-  EXPECT_TRUE(kubelet.waitFor("cushare.io/beta", onlyGpu1(4), 20000)) << b->log();
-  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", onlyGpu1(2), 20000)) << b->log();
-  EXPECT_TRUE(kubelet.waitFor("cushare.io/gamma", onlyGpu1(6), 20000)) << b->log();
-  // Another 1g: the broker's next start (the way a layout change reaches the plugin, as
-  // mig.apply_at_start does it) advertises the layout as it is now.
-  make(which);
-  const std::string now0 = migUuid(0), now1 = migUuid(1);
-  ASSERT_FALSE(now0.empty() || now1.empty());
+// A 3g.40gb split into two compute instances (sharing its memory) and a 1g.10gb. One compute
+// instance of the 3g is destroyed under the broker: the devices of its sibling turn Unhealthy
+// (the broker stops reading their GPU instance's accounting) though the sibling kept its index, and
+// so do those of any MIG device renumbered; GPU 1's stay Healthy. The next start advertises the
+// layout as it is then.
+TEST_F(BrokerPluginMig, ALayoutChangedUnderTheBrokerTurnsWhatItTouchedUnhealthy) {
+  const size_t g3 = make(9, {NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});
+  const size_t g1 = make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});
+  const std::string a = uuidOf(g3, 0), gone = uuidOf(g3, 1), small = uuidOf(g1, 0);
+  ASSERT_FALSE(a.empty() || gone.empty() || small.empty());
+  ASSERT_LT(indexOf(a), indexOf(gone)) << "the 2c comes first in its GPU instance: it keeps its index";
+  FakeKubelet kubelet(dp);
+  ASSERT_TRUE(kubelet.start());
+  const std::string dir = testDir();
+  const std::string body = "kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 1, pod_resources_socket: off}\n"
+                           "tenants:\n  - {name: alpha, memory: {" + a + ": 1GiB}}\n"
+                           "  - {name: beta, memory: {" + small + ": 1GiB}}\n  - {name: gamma, memory: {1: 1GiB}}\n"
+                           "  - {name: delta, memory: 128MiB}\n";
+  auto b = std::make_unique<Broker>(dir);
+  ASSERT_TRUE(b->start(body)) << b->log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/delta", [](const auto& p) { return healthy(p, 4); })) << b->log();
+  const int smallBefore = indexOf(small), aBefore = indexOf(a);
+  EXPECT_TRUE(b->logHas("is limited on some devices only")) << "placement without gpu_cdi_device is warned about";
+
+  ASSERT_EQ(nvmlComputeInstanceDestroy(made[g3].second[1]), NVML_SUCCESS);
+  made[g3].second[1] = nullptr;
+  ASSERT_EQ(indexOf(a), aBefore) << "alpha's MIG device kept its index: only its GPU instance changed";
+  const bool smallMoved = indexOf(small) != smallBefore;
+  std::printf("the 1g.10gb was MIG device 0:%d and is 0:%d\n", smallBefore, indexOf(small));
+  std::vector<std::string> ok = {gpu1};
+  if (!smallMoved) ok.push_back(small);
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", healthyOnly(ok, 1), 20000)) << b->log();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/delta", healthyOnly(ok, 4), 20000)) << b->log();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/gamma", healthyOnly(ok, 1), 20000)) << b->log();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/beta", healthyOnly(ok, 1), 20000)) << b->log();
+
+  // The next start: the 3g has one MIG device now.
   EXPECT_EQ(b->stop(), 0);
   b = std::make_unique<Broker>(dir);
   ASSERT_TRUE(b->start(body)) << b->log();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/delta", [](const auto& p) { return healthy(p, 3); }, 20000)) << b->log();
   EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", [&](const auto& p) {
-    return healthy(p, 2) && p.devices[0].id() == now0 + "::0";
-  }, 20000)) << b->log();
-  EXPECT_TRUE(kubelet.waitFor("cushare.io/beta", [&](const auto& p) {
-    return healthy(p, 4) && p.devices[0].id() == now1 + "::0";
+    return healthy(p, 1) && p.devices[0].id() == a + "::0";
   }, 20000)) << b->log();
   EXPECT_EQ(b->stop(), 0);
-  std::filesystem::remove_all(dp);
 }
 
 }  // namespace

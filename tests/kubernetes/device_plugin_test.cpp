@@ -462,7 +462,7 @@ TEST(DevicePlugin, MigDevicesAreAllocatedByTheirUuids) {
 
 // A tenant's resource is backed only by the devices it is placed on (PluginTenant::gpus: where its
 // memory limit applies); the kubelet cannot hand its pod another device, Allocate refuses one, and
-// a reload that moves the tenant moves its devices (an unhealthy list is never sent for it).
+// a reload that moves the tenant moves its devices.
 TEST(DevicePlugin, ATenantsDevicesAreThoseItIsPlacedOnAndFollowAReload) {
   const std::string& mig0 = kMig0;
   const std::string& mig1 = kMig1;

@@ -852,6 +852,10 @@ bool Broker::reload(std::string* err) {
   for (const Tenant& ct : c.tenants) {
     auto& slot = tenants_[ct.name];
     if (!slot) slot = std::make_unique<TenantState>();
+    // What the tenant had before the reload, to say where the reload lifts its limit.
+    std::vector<uint64_t> had;
+    if (slot->source == "config" && slot->configured.size() == devices_.size())
+      for (size_t d = 0; d < devices_.size(); ++d) had.push_back(expectedLocked(*slot, d));
     slot->name = ct.name;
     slot->config = ct;
     slot->configured = configured.at(ct.name);
@@ -872,6 +876,13 @@ bool Broker::reload(std::string* err) {
     ownLocked(slot.get());
     if (slot->ledger) slot->error.clear();
     applyLimitsLocked(slot.get());
+    // A device dropped from a per-device map leaves the tenant unlimited there, its running
+    // processes included (docs/broker-configuration.md): said, so that it is never silent.
+    for (size_t d = 0; d < had.size(); ++d)
+      if (had[d] != kNoLimit && expectedLocked(*slot, d) == kNoLimit)
+        CUSHARE_BLOG(warn, "tenant {}: the reload lifts its memory limit on device {} (it was {} bytes): its "
+                     "processes there are no longer limited (a per-device map limits only the devices it names)",
+                     ct.name, devices_[d].name(), had[d]);
   }
   if (!saveStateLocked(&why)) CUSHARE_BLOG(error, "{}", why);
   CUSHARE_BLOG(info, "configuration reloaded: generation {}, {} tenants", generation_, c.tenants.size());

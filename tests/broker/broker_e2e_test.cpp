@@ -2321,6 +2321,24 @@ TEST(Devices, PerDeviceLimitsAndLiveChangesOfOneDevice) {
 }
 
 
+// A reload that drops a device from a tenant's per-device map lifts its limit there (the map
+// limits only the devices it names), the running process's too: the broker says so, never
+// silently; a device whose limit only changes is not named.
+TEST(Devices, AReloadThatLiftsALimitSaysSo) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("tenants:\n  - {name: alpha, memory: {0: 256MiB, 1: 512MiB}}\n")) << b.log();
+  Child p = b.tenantProcess("alpha");
+  ASSERT_EQ(p.ask("alloc " + std::to_string(128 * MiB)), "ok");
+  writeConfig(b, "tenants:\n  - {name: alpha, memory: {1: 256MiB}}\n");
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  EXPECT_FALSE(b.tenant("alpha").devices(0).has_limit_bytes());
+  EXPECT_TRUE(b.logHas("tenant alpha: the reload lifts its memory limit on device 0 (it was 268435456 bytes): its "
+                       "processes there are no longer limited"))
+      << b.log();
+  EXPECT_EQ(b.log().find("memory limit on device 1"), std::string::npos) << "device 1 keeps a limit";
+  EXPECT_EQ(p.ask("alloc " + std::to_string(256 * MiB)), "ok") << "what the log says: no limit on device 0 now";
+}
+
 // Bytes in use on host device `index`, as the device itself counts them: simgpu's NVML in this
 // process, which sees the whole host (no container, and NVML ignores CUDA_VISIBLE_DEVICES).
 uint64_t hostUsed(unsigned index) {

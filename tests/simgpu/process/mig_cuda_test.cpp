@@ -348,9 +348,13 @@ TEST_F(MigCuda, InstancesRunSideBySideAndProcessesInOneTakeTurns) {
     b = probe(uuid1);
     t.join();
   }
+  // Never sliced out: no gaps, or (the host descheduled simgpu's engine for a few hundred us, as
+  // a 2-core machine under load does) gaps far shorter than the 4 ms slice a second process in
+  // the same MIG device would take (below: 20 runs and more, gaps of 3.5 ms and more).
   for (const std::string& l : {a, b}) {
     EXPECT_EQ(l.rfind("timeslice ", 0), 0u) << l;
-    EXPECT_EQ(field(l, "runs"), 0) << "never sliced out: " << l;
+    EXPECT_TRUE(field(l, "runs") == 0 || (field(l, "runs") < 5 && field(l, "gap_us") < 2000))
+        << "never sliced out: " << l;
   }
   {
     std::thread t([&] { a = probe(uuid3); });

@@ -132,7 +132,10 @@ int main(int argc, char** argv) {
     mig::Host host;
     if (early.mig.applyAtStart) {
       mig::Report r;
-      const bool ran = mig::applyLayout(host, early, layout, checkOnly, &r, &err);
+      // One change of layout at a time (a `cushare mig apply` running now): waited for, 60 s at most.
+      mig::ApplyLock lock;
+      const bool ran = (checkOnly || lock.acquire(mig::applyLockPath(early), 60000, &err)) &&
+                       mig::applyLayout(host, early, layout, checkOnly, &r, &err);
       for (const std::string& s : r.steps) {
         if (checkOnly) std::printf("%s: mig: %s\n", configPath.c_str(), s.c_str());
         else spdlog::info("mig: {}", s);

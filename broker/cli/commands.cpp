@@ -464,6 +464,8 @@ int migVerb(const Globals& g, const Verb& v, const Args& a) {
   }
   broker::mig::Report r;
   const bool dry = a.find("--dry-run") != nullptr;
+  broker::mig::ApplyLock lock;  // a dry run changes nothing: it takes no lock
+  if (!dry && !lock.acquire(broker::mig::applyLockPath(c), 0, &err)) return report(g, kExitFailed, "mig apply: " + err);
   // What was done before a failure is said too (a GPU may be half-way).
   if (!broker::mig::applyLayout(host, c, layout, dry, &r, &err)) r.problems.push_back("stopped: " + err);
   if (g.json) {

@@ -2,9 +2,17 @@
 #include "mig/mig_layout.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <functional>
+#include <thread>
 #include <set>
 #include <type_traits>
 
@@ -617,6 +625,56 @@ bool applyLayout(Host& host, const Config& c, const std::vector<MigLayoutEntry>&
                          " with one compute instance");
     }
   }
+  return true;
+}
+
+std::string applyLockPath(const Config& c) { return c.stateFile + ".mig-lock"; }
+
+ApplyLock::~ApplyLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+bool ApplyLock::acquire(const std::string& path, int waitMs, std::string* err) {
+  for (size_t i = 1; i < path.size(); ++i)  // as the broker makes the state file's directories
+    if (path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *err = "cannot open the MIG layout lock " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    ::close(fd);
+    *err = "the MIG layout lock " + path + " is not a regular file of this user (another user made it): remove it";
+    return false;
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(waitMs);
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      *err = "cannot lock " + path + ": " + std::strerror(errno);
+      ::close(fd);
+      return false;
+    }
+    if (std::chrono::steady_clock::now() >= until) {
+      char pid[24] = {};
+      const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+      std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
+      holder.erase(std::remove_if(holder.begin(), holder.end(), [](char ch) { return ch < '0' || ch > '9'; }),
+                   holder.end());
+      *err = "another cushare mig apply or starting broker" + (holder.empty() ? std::string() : " (pid " + holder + ")") +
+             " is changing the MIG layout (it holds " + path + "); try again when it is done";
+      ::close(fd);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::fchmod(fd, 0600);
+  const std::string me = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    // Only the refusal's message uses it.
+  }
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
   return true;
 }
 

@@ -104,4 +104,25 @@ bool assertLayout(Host& host, const std::vector<MigLayoutEntry>& layout, std::ve
 bool applyLayout(Host& host, const Config& c, const std::vector<MigLayoutEntry>& layout, bool dryRun, Report* r,
                  std::string* err);
 
+// One change of MIG layout at a time on this host: `cushare mig apply` and a broker's
+// apply_at_start each hold it while they read, judge and change the GPUs (two of them interleaved
+// could each destroy what the other created). The lock is an flock on a file beside the
+// configuration's state_file (applyLockPath), made when missing (with its directory, 0755): a
+// regular file of this user, mode 0600, never followed through a link; the holder's pid is
+// written in it for the refusal of the next one.
+class ApplyLock {
+ public:
+  ApplyLock() = default;
+  ~ApplyLock();
+  ApplyLock(const ApplyLock&) = delete;
+  ApplyLock& operator=(const ApplyLock&) = delete;
+  // Takes the lock, trying for up to waitMs (0: once). False with *err (one line): held by
+  // another (its pid named) past the wait, or the file cannot be used.
+  bool acquire(const std::string& path, int waitMs, std::string* err);
+
+ private:
+  int fd_ = -1;
+};
+std::string applyLockPath(const Config& c);
+
 }  // namespace cushare::broker::mig

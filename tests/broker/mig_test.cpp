@@ -5,6 +5,8 @@
 // limits per GPU instance, each tenant is held to its limit by the device's own count (simgpu's NVML
 // per MIG device), memory outside cushare is attributed to the compute instance that holds it, and
 // metrics and the CLI name each MIG device with its profile.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -381,12 +383,17 @@ int migCli(const std::string& dir, const std::string& args, std::string* out) {
 }
 
 void writeFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+// The CLI's configuration: the layout and tenants given, and a state_file of the test's (its
+// directory holds the MIG layout lock: tests running side by side do not share one).
+void writeMig(const std::string& dir, const std::string& text) {
+  writeFile(dir + "/mig.yaml", text + "state_file: " + dir + "/broker.state\n");
+}
 
 TEST(MigLayout, AssertApplyDryRunAndRefusals) {
   const std::string dir = testDir();
   const std::string balanced =
       "mig:\n  layout:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"3g.40gb\": 1, \"1g.10gb\": 2}\n";
-  writeFile(dir + "/mig.yaml", balanced + "tenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n");
+  writeMig(dir, balanced + "tenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n");
   std::string out;
   EXPECT_EQ(migCli(dir, "assert", &out), 1);
   EXPECT_EQ(out, "GPU 0: has MIG off, wanted MIG on, 2 x 1g.10gb, 1 x 3g.40gb\n");
@@ -417,26 +424,26 @@ TEST(MigLayout, AssertApplyDryRunAndRefusals) {
 
   // A layout the tenants' keys would not survive, one that cannot fit, one in use: refused,
   // nothing changed.
-  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: [0], mig-enabled: true, mig-devices: {\"7g.80gb\": 1}}\n"
+  writeMig(dir, "mig:\n  layout:\n    - {devices: [0], mig-enabled: true, mig-devices: {\"7g.80gb\": 1}}\n"
                                "tenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("cushare: mig apply: tenant a (tenants[0].memory.0:2) names MIG device 0:2, but the layout makes 1 "
                      "MIG device on GPU 0"),
             std::string::npos)
       << out;
-  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"4g.40gb\": 2}}\n");
+  writeMig(dir, "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"4g.40gb\": 2}}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("GPU 0 holds at most 1 x 4g.40gb, not 2"), std::string::npos) << out;
-  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"4g.40gb\": 1, "
+  writeMig(dir, "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"4g.40gb\": 1, "
                                "\"3g.40gb\": 1, \"1g.10gb\": 1}}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("GPU 0 cannot hold 1 x 1g.10gb, 1 x 3g.40gb, 1 x 4g.40gb at once (no placements fit)"),
             std::string::npos)
       << out;
-  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.5gb\": 1}}\n");
+  writeMig(dir, "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.5gb\": 1}}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("GPU 0 has no MIG profile 1g.5gb (it has "), std::string::npos) << out;
-  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.10gb\": 7}}\n"
+  writeMig(dir, "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.10gb\": 7}}\n"
                                "tenants:\n  - {name: big, memory: 10GiB}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("the single memory sizes of big add up to 10737418240 bytes on every device, more than the "
@@ -444,7 +451,7 @@ TEST(MigLayout, AssertApplyDryRunAndRefusals) {
             std::string::npos)
       << out;
   EXPECT_EQ(migState().gis, s.gis) << "nothing changed by the refusals";
-  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"2g.20gb\": 9}}\n");
+  writeMig(dir, "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"2g.20gb\": 9}}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("mig.layout[0].mig-devices.2g.20gb: expected a count of instances, 0..7"), std::string::npos) << out;
 
@@ -458,7 +465,7 @@ TEST(MigLayout, AssertApplyDryRunAndRefusals) {
   nvmlShutdown();
   Child p = Child::spawn({WORKER_BIN}, {{"CUDA_VISIBLE_DEVICES", u}}, dir + "/worker.log");
   ASSERT_EQ(p.readLine(), "ready");
-  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.10gb\": 7}}\n");
+  writeMig(dir, "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"1g.10gb\": 7}}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("cushare: mig apply: GPU 0 is in use by process " + std::to_string(p.pid()) +
                      ": its layout changes only when no process runs on it"),
@@ -476,14 +483,14 @@ TEST(MigLayout, AssertApplyDryRunAndRefusals) {
   writeFile(dir + "/parted.yaml", "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n"
                                   "  all-1g.10gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n"
                                   "        \"1g.10gb\": 7\n");
-  writeFile(dir + "/mig.yaml", "mig: {config_file: " + dir + "/parted.yaml, config: all-balanced}\n");
+  writeMig(dir, "mig: {config_file: " + dir + "/parted.yaml, config: all-balanced}\n");
   EXPECT_EQ(migCli(dir, "assert", &out), 1);
   EXPECT_NE(out.find("parted.yaml:3:3: mig-configs: no config 'all-balanced' (it has all-disabled, all-1g.10gb)"),
             std::string::npos)
       << out;
-  writeFile(dir + "/mig.yaml", "mig: {config_file: " + dir + "/parted.yaml, config: all-1g.10gb}\n");
+  writeMig(dir, "mig: {config_file: " + dir + "/parted.yaml, config: all-1g.10gb}\n");
   EXPECT_EQ(migCli(dir, "assert", &out), 0) << out;
-  writeFile(dir + "/mig.yaml", "mig: {config_file: " + dir + "/parted.yaml, config: all-disabled}\n");
+  writeMig(dir, "mig: {config_file: " + dir + "/parted.yaml, config: all-disabled}\n");
   EXPECT_EQ(migCli(dir, "apply", &out), 0) << out;
   EXPECT_NE(out.find("GPU 0: destroyed its 7 GPU instance(s)\nGPU 0: MIG mode disabled\n"), std::string::npos) << out;
   EXPECT_EQ(migState().current, 0u);
@@ -545,11 +552,72 @@ TEST(MigLayout, TheBrokerAppliesTheLayoutAtStart) {
   EXPECT_NE(m.find("\ncushare_mig_layout_changes 0\n"), std::string::npos) << m << again.log();
 }
 
+// One change of layout at a time (docs/mig.md): while another holds the lock beside the state
+// file, `cushare mig apply` refuses at once naming its pid and changes nothing (a dry run goes on);
+// a broker's apply_at_start waits for it, then applies.
+TEST(MigLayout, OneApplyAtATime) {
+  const std::string dir = testDir();
+  // Whatever the tests before left, a layout that differs from it.
+  const std::string layout = "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"2g.20gb\": 3}}\n";
+  writeMig(dir, layout);
+  const MigState before = migState();
+  ASSERT_NE(before.profiles, (std::map<std::string, int>{{"2g.20gb", 3}}));
+  const std::string lockPath = dir + "/broker.state.mig-lock";
+  int fd = ::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  const std::string me = std::to_string(::getpid());
+  ASSERT_EQ(::pwrite(fd, me.data(), me.size(), 0), static_cast<ssize_t>(me.size()));
+  std::string out;
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("cushare: mig apply: another cushare mig apply or starting broker (pid " + me +
+                     ") is changing the MIG layout (it holds " + lockPath + "); try again when it is done"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(migState().profiles, before.profiles) << "nothing changed";
+  EXPECT_EQ(migState().current, before.current);
+  EXPECT_EQ(migCli(dir, "apply --dry-run", &out), 0) << out;
+
+  // A broker applying at start waits for the lock.
+  Broker b(brokerDir(dir, "b"));
+  const std::string body = "mig:\n  apply_at_start: true\n  layout:\n    - {devices: all, mig-enabled: true, "
+                           "mig-devices: {\"2g.20gb\": 3}}\n";
+  ::close(fd);  // the test's lock was on dir's state file; the broker's state file is its own
+  fd = ::open((b.dir() + "/broker.state.mig-lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  std::thread release([fd] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    ::close(fd);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool started = b.start(body);
+  release.join();
+  ASSERT_TRUE(started) << b.log();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1400)) << "it waited for the lock";
+  EXPECT_TRUE(b.logHas("mig: GPU 0: created 2g.20gb")) << b.log();
+  EXPECT_EQ(b.status().devices_size(), 3) << b.log();
+  EXPECT_EQ(b.stop(), 0);
+  // The lock is free again: the CLI applies (nothing left to change).
+  EXPECT_EQ(migCli(dir, "apply", &out), 0) << out;
+  // A lock file another user made is refused, not used.
+  ASSERT_EQ(::unlink(lockPath.c_str()), 0);
+  fd = ::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fchown(fd, 1000, 1000), 0);
+  ::close(fd);
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("is not a regular file of this user (another user made it): remove it"), std::string::npos) << out;
+  ASSERT_EQ(::unlink(lockPath.c_str()), 0);
+  writeMig(dir, "mig:\n  layout:\n    - {devices: all, mig-enabled: false}\n");  // MIG off again
+  EXPECT_EQ(migCli(dir, "apply", &out), 0) << out;
+}
+
 // An A100-40GB applies a mode change only at a GPU reset: apply stops there and says so, and goes
 // on after the reset.
 TEST(MigLayoutA100, APendingModeChangeWaitsForTheReset) {
   const std::string dir = testDir();
-  writeFile(dir + "/mig.yaml", "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"2g.10gb\": 3}}\n");
+  writeMig(dir, "mig:\n  layout:\n    - {devices: all, mig-enabled: true, mig-devices: {\"2g.10gb\": 3}}\n");
   std::string out;
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("GPU 0: MIG mode enabled (pending: the driver applies it at the next GPU reset)"), std::string::npos)

@@ -8,6 +8,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -134,7 +135,10 @@ int main(int argc, char** argv) {
       mig::Report r;
       // One change of layout at a time (a `cushare mig apply` running now): waited for, 60 s at most.
       mig::ApplyLock lock;
-      const bool ran = (checkOnly || lock.acquire(mig::applyLockPath(early), 60000, &err)) &&
+      const bool ran = (checkOnly || lock.acquire(mig::applyLockPath(early), 60000, &err,
+                                                  [](const std::string& who) {
+                                                    spdlog::warn("mig: {}: waiting for it, 60 s at most", who);
+                                                  })) &&
                        mig::applyLayout(host, early, layout, checkOnly, &r, &err);
       for (const std::string& s : r.steps) {
         if (checkOnly) std::printf("%s: mig: %s\n", configPath.c_str(), s.c_str());
@@ -333,27 +337,18 @@ int main(int argc, char** argv) {
     s->gpuNames = gpuNames;
     s->gpuCdiDevice = c.kubernetes.gpuCdiDevice;
     s->allocationDir = allocationDir;
+    Placement placed;
+    if (!placementOf(c, devices, &placed, e)) return false;
     for (TenantEditsOf& t : edits) {
-      cushare::kubernetes::PluginTenant pt{t.tenant, std::move(t.edits), t.cdiDevice, std::nullopt};
-      // Placed where its memory limit applies: a per-device map names its devices (on the others
-      // it would be unlimited); one size, a percentage or no memory limit applies everywhere.
-      for (const Tenant& ct : c.tenants) {
-        if (ct.name != t.tenant || ct.memory.kind != MemorySpec::kPerDevice) continue;
-        // Placement keeps a pod off the other devices only when the pod gets its GPU from the
-        // plugin (NVIDIA's CDI device of the allocated device); otherwise NVIDIA's runtime
-        // decides which GPUs the container sees.
-        if (c.kubernetes.gpuCdiDevice.empty() && devices.size() > 1)
-          spdlog::warn("kubernetes: tenant {} is limited on some devices only ({}), but without "
-                       "kubernetes.gpu_cdi_device its pods get their GPUs from NVIDIA's runtime, not from the "
-                       "devices the plugin allocated: a pod can reach a device where {} has no limit",
-                       ct.name, ct.memory.path, ct.name);
-        std::vector<uint64_t> limits;
-        if (!resolveMemory(c, ct.memory, devices, &limits, e)) return false;
-        pt.gpus.emplace();
-        for (size_t d = 0; d < devices.size(); ++d)
-          if (limits[d] != cushare::kUnlimited) pt.gpus->push_back(devices[d].uuid);
-      }
-      s->tenants.push_back(std::move(pt));
+      const auto& on = placed[t.tenant];
+      // Placement keeps a pod off the other devices only when the pod gets its GPU from the
+      // plugin (NVIDIA's CDI device of the allocated device); otherwise NVIDIA's runtime decides
+      // which GPUs the container sees.
+      if (on && c.kubernetes.gpuCdiDevice.empty() && devices.size() > 1)
+        spdlog::warn("kubernetes: tenant {} is limited on some devices only, but without kubernetes.gpu_cdi_device its "
+                     "pods get their GPUs from NVIDIA's runtime, not from the devices the plugin allocated: a pod can "
+                     "reach a device where {} has no limit", t.tenant, t.tenant);
+      s->tenants.push_back({t.tenant, std::move(t.edits), t.cdiDevice, on});
     }
     return true;
   };
@@ -364,13 +359,31 @@ int main(int argc, char** argv) {
     spdlog::error("{}", err);
     return 1;
   }
-  if (pluginOn) {
-    cushare::kubernetes::PluginSettings s;
-    if (!pluginSettings(startConfig, &s, &err) || !plugin.start(s, &err)) {
-      spdlog::error("{}", err);
-      return 1;
-    }
+  cushare::kubernetes::PluginSettings pluginNow;  // what the plugin serves
+  if (pluginOn && (!pluginSettings(startConfig, &pluginNow, &err) || !plugin.start(pluginNow, &err))) {
+    spdlog::error("{}", err);
+    return 1;
   }
+  // The plugin with each tenant's devices given by `placed` (the rest as it is); narrow: only
+  // devices it has now and `placed` keeps (before a reload commits: the limits a reload lifts are
+  // lifted only after the kubelet can no longer give a pod those devices).
+  auto placePlugin = [&](const Placement& placed, bool narrow) {
+    cushare::kubernetes::PluginSettings s = pluginNow;
+    for (cushare::kubernetes::PluginTenant& t : s.tenants) {
+      const auto it = placed.find(t.name);
+      if (it == placed.end() || (narrow && !it->second)) continue;
+      if (!narrow || !t.gpus) {
+        t.gpus = it->second;
+        continue;
+      }
+      std::vector<std::string> keep;
+      for (const std::string& g : *t.gpus)
+        if (std::find(it->second->begin(), it->second->end(), g) != it->second->end()) keep.push_back(g);
+      t.gpus = std::move(keep);
+    }
+    plugin.update(s);
+    pluginNow = std::move(s);
+  };
   std::shared_ptr<cushare::kubernetes::PodResourcesClient> podResources;
   if (!podSocket.empty()) {
     podResources = std::make_shared<cushare::kubernetes::PodResourcesClient>(podSocket);
@@ -390,8 +403,27 @@ int main(int argc, char** argv) {
     if (!pluginOn) return;
     cushare::kubernetes::PluginSettings s;
     std::string why;
-    if (pluginSettings(c, &s, &why)) plugin.update(s);
-    else spdlog::error("{}; the device plugin keeps its tenants", why);
+    if (pluginSettings(c, &s, &why)) {
+      plugin.update(s);
+      pluginNow = std::move(s);
+      return;
+    }
+    spdlog::error("{}; the device plugin keeps its tenants' edits", why);
+    Placement placed;  // but never a device where a tenant is now unlimited
+    if (placementOf(c, devices, &placed, &why)) placePlugin(placed, false);
+  };
+  // Before a reload: the devices a tenant leaves go from its resource first.
+  auto narrowPlugin = [&] {
+    if (!pluginOn) return;
+    Config next;
+    Placement placed;
+    std::string why;
+    if (loadConfig(configPath, &next, &why) && placementOf(next, devices, &placed, &why)) placePlugin(placed, true);
+  };
+  auto restorePlugin = [&] {  // a refused reload: as the configuration in force says
+    Placement placed;
+    std::string why;
+    if (pluginOn && placementOf(broker.config(), devices, &placed, &why)) placePlugin(placed, false);
   };
 #else
   if (broker.config().kubernetes.enabled) {
@@ -400,13 +432,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto refreshPlugin = [] {};
+  auto narrowPlugin = [] {};
+  auto restorePlugin = [] {};
 #endif
-  auto reload = [&broker, &mps, &publishCdi, &refreshPlugin](std::string* e) {
+  auto reload = [&broker, &mps, &publishCdi, &refreshPlugin, &narrowPlugin, &restorePlugin](std::string* e) {
+    narrowPlugin();
     const bool ok = broker.reload(e);
     if (ok) {
       mps.refresh();
       publishCdi(false);
       refreshPlugin();
+    } else {
+      restorePlugin();
     }
     return ok;
   };

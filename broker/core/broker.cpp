@@ -854,7 +854,7 @@ bool Broker::reload(std::string* err) {
     if (!slot) slot = std::make_unique<TenantState>();
     // What the tenant had before the reload, to say where the reload lifts its limit.
     std::vector<uint64_t> had;
-    if (slot->source == "config" && slot->configured.size() == devices_.size())
+    if (!slot->source.empty() && slot->source != "removed" && slot->configured.size() == devices_.size())
       for (size_t d = 0; d < devices_.size(); ++d) had.push_back(expectedLocked(*slot, d));
     slot->name = ct.name;
     slot->config = ct;
@@ -881,7 +881,7 @@ bool Broker::reload(std::string* err) {
     for (size_t d = 0; d < had.size(); ++d)
       if (had[d] != kNoLimit && expectedLocked(*slot, d) == kNoLimit)
         CUSHARE_BLOG(warn, "tenant {}: the reload lifts its memory limit on device {} (it was {} bytes): its "
-                     "processes there are no longer limited (a per-device map limits only the devices it names)",
+                     "processes there are no longer limited (the configuration sets none there now)",
                      ct.name, devices_[d].name(), had[d]);
   }
   if (!saveStateLocked(&why)) CUSHARE_BLOG(error, "{}", why);

@@ -96,6 +96,21 @@ bool containerEdits(const Config& c, const std::string& mpsPipeDir, std::vector<
   return true;
 }
 
+bool placementOf(const Config& c, const std::vector<DeviceInfo>& devices, Placement* out, std::string* err) {
+  Placement p;
+  for (const Tenant& t : c.tenants) {
+    std::optional<std::vector<std::string>>& on = p[t.name];
+    if (t.memory.kind != MemorySpec::kPerDevice) continue;  // everywhere
+    std::vector<uint64_t> limits;
+    if (!resolveMemory(c, t.memory, devices, &limits, err)) return false;
+    on.emplace();
+    for (size_t d = 0; d < devices.size(); ++d)
+      if (limits[d] != kUnlimited) on->push_back(devices[d].uuid);
+  }
+  *out = std::move(p);
+  return true;
+}
+
 void unpublishCdiSpec(const Config& c) {
   if (!c.cdi.enabled || !c.cdi.removeOnStop) return;
   std::string err;

@@ -2,6 +2,8 @@
 // configuration in force, at start and after every reload. Reference: docs/containers.md.
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,13 @@ struct TenantEditsOf {
 };
 bool containerEdits(const Config& c, const std::string& mpsPipeDir, std::vector<TenantEditsOf>* out,
                     std::vector<std::string>* leftOut, std::string* err);
+
+// Where each of c's tenants is placed (docs/kubernetes.md, "Tenants, resources and quotas"): the
+// UUIDs of the devices its memory limit applies to, when a per-device map names them; nullopt
+// (every device) for one size, a percentage or no limit. False with *err when a tenant's memory
+// does not resolve on these devices.
+using Placement = std::map<std::string, std::optional<std::vector<std::string>>>;
+bool placementOf(const Config& c, const std::vector<DeviceInfo>& devices, Placement* out, std::string* err);
 
 // At stop: removes the spec when cdi.remove_on_stop says so.
 void unpublishCdiSpec(const Config& c);

@@ -634,48 +634,95 @@ ApplyLock::~ApplyLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
-bool ApplyLock::acquire(const std::string& path, int waitMs, std::string* err) {
-  for (size_t i = 1; i < path.size(); ++i)  // as the broker makes the state file's directories
-    if (path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    *err = "cannot open the MIG layout lock " + path + ": " + std::strerror(errno);
-    return false;
+namespace {
+
+// Every directory above path exists (made 0755 when missing) and is a directory, not a link, of
+// root or this user; others may write one only with the sticky bit (/tmp), and not the one that
+// holds the lock: nobody else can swap the lock file (the broker's rule for state_file).
+bool lockDirsSafe(const std::string& path, std::string* err) {
+  const size_t last = path.rfind('/');
+  for (size_t i = 1; i <= last; ++i) {
+    if (path[i] != '/') continue;
+    const std::string dir = path.substr(0, i);
+    ::mkdir(dir.c_str(), 0755);
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0) {
+      *err = "cannot use " + dir + " for the MIG layout lock: " + std::strerror(errno);
+      return false;
+    }
+    const bool othersWrite = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+    if (!S_ISDIR(st.st_mode) || (st.st_uid != 0 && st.st_uid != ::geteuid()) ||
+        (othersWrite && (i == last || (st.st_mode & S_ISVTX) == 0))) {
+      *err = "the MIG layout lock " + path + " would lie in " + dir +
+             ", which is a link, or another user's, or writable by others: put state_file in a directory only root "
+             "may change (docs/broker-configuration.md)";
+      return false;
+    }
   }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
-    ::close(fd);
-    *err = "the MIG layout lock " + path + " is not a regular file of this user (another user made it): remove it";
-    return false;
-  }
+  return true;
+}
+
+}  // namespace
+
+bool ApplyLock::acquire(const std::string& path, int waitMs, std::string* err,
+                        const std::function<void(const std::string&)>& waiting) {
+  if (!lockDirsSafe(path, err)) return false;
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(waitMs);
-  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK && errno != EINTR) {
-      *err = "cannot lock " + path + ": " + std::strerror(errno);
-      ::close(fd);
+  bool said = false;
+  for (;;) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      *err = "cannot open the MIG layout lock " + path + ": " + std::strerror(errno);
       return false;
     }
+    // Checked before locking: a file others can open could be held by them for ever (flock needs
+    // only a read-only descriptor), and a second name (hard link) could be someone else's file.
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1 ||
+        (st.st_mode & 077) != 0) {
+      ::close(fd);
+      *err = "the MIG layout lock " + path +
+             " is not a file of this user that only it may open (another user made it, it has other names, or "
+             "its mode lets others open it): remove it";
+      return false;
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      // Still the file at path (not one removed meanwhile, whose lock would exclude nobody)?
+      struct stat now {};
+      if (::stat(path.c_str(), &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
+        ::close(fd);
+        continue;
+      }
+      const std::string me = std::to_string(::getpid()) + "\n";
+      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+        // Only the next one's message uses it.
+      }
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = fd;
+      return true;
+    }
+    const int e = errno;
+    char pid[24] = {};
+    const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+    ::close(fd);
+    if (e != EWOULDBLOCK && e != EINTR) {
+      *err = "cannot lock " + path + ": " + std::strerror(e);
+      return false;
+    }
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
+    holder.erase(std::remove_if(holder.begin(), holder.end(), [](char ch) { return ch < '0' || ch > '9'; }),
+                 holder.end());
+    const std::string who = "another cushare mig apply or starting broker" +
+                            (holder.empty() ? std::string() : " (pid " + holder + ", as it recorded)") +
+                            " is changing the MIG layout (it holds " + path + ")";
     if (std::chrono::steady_clock::now() >= until) {
-      char pid[24] = {};
-      const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
-      std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
-      holder.erase(std::remove_if(holder.begin(), holder.end(), [](char ch) { return ch < '0' || ch > '9'; }),
-                   holder.end());
-      *err = "another cushare mig apply or starting broker" + (holder.empty() ? std::string() : " (pid " + holder + ")") +
-             " is changing the MIG layout (it holds " + path + "); try again when it is done";
-      ::close(fd);
+      *err = who + "; try again when it is done";
       return false;
     }
+    if (!said && waiting) waiting(who);
+    said = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ::fchmod(fd, 0600);
-  const std::string me = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
-    // Only the refusal's message uses it.
-  }
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-  return true;
 }
 
 }  // namespace cushare::broker::mig

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -107,18 +108,21 @@ bool applyLayout(Host& host, const Config& c, const std::vector<MigLayoutEntry>&
 // One change of MIG layout at a time on this host: `cushare mig apply` and a broker's
 // apply_at_start each hold it while they read, judge and change the GPUs (two of them interleaved
 // could each destroy what the other created). The lock is an flock on a file beside the
-// configuration's state_file (applyLockPath), made when missing (with its directory, 0755): a
-// regular file of this user, mode 0600, never followed through a link; the holder's pid is
-// written in it for the refusal of the next one.
+// configuration's state_file (applyLockPath), made when missing (with its directories, 0755): a
+// regular file of this user with one name, mode 0600, never followed through a link, in
+// directories of root or this user that nobody else may write (else refused, as the broker
+// refuses such a state_file); the holder's pid is written in it for the next one's message.
 class ApplyLock {
  public:
   ApplyLock() = default;
   ~ApplyLock();
   ApplyLock(const ApplyLock&) = delete;
   ApplyLock& operator=(const ApplyLock&) = delete;
-  // Takes the lock, trying for up to waitMs (0: once). False with *err (one line): held by
-  // another (its pid named) past the wait, or the file cannot be used.
-  bool acquire(const std::string& path, int waitMs, std::string* err);
+  // Takes the lock, trying for up to waitMs (0: once); `waiting` is told once, with who holds it,
+  // when it has to wait. False with *err (one line): held by another (its pid named) past the
+  // wait, or the file or a directory above it is one others could change or hold.
+  bool acquire(const std::string& path, int waitMs, std::string* err,
+               const std::function<void(const std::string&)>& waiting = {});
 
  private:
   int fd_ = -1;

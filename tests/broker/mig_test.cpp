@@ -571,7 +571,7 @@ TEST(MigLayout, OneApplyAtATime) {
   std::string out;
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
   EXPECT_NE(out.find("cushare: mig apply: another cushare mig apply or starting broker (pid " + me +
-                     ") is changing the MIG layout (it holds " + lockPath + "); try again when it is done"),
+                     ", as it recorded) is changing the MIG layout (it holds " + lockPath + "); try again when it is done"),
             std::string::npos)
       << out;
   EXPECT_EQ(migState().profiles, before.profiles) << "nothing changed";
@@ -595,20 +595,37 @@ TEST(MigLayout, OneApplyAtATime) {
   release.join();
   ASSERT_TRUE(started) << b.log();
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1400)) << "it waited for the lock";
+  EXPECT_TRUE(b.logHas("is changing the MIG layout (it holds " + b.dir() + "/broker.state.mig-lock): waiting for it, "
+                       "60 s at most"))
+      << b.log();
   EXPECT_TRUE(b.logHas("mig: GPU 0: created 2g.20gb")) << b.log();
   EXPECT_EQ(b.status().devices_size(), 3) << b.log();
   EXPECT_EQ(b.stop(), 0);
   // The lock is free again: the CLI applies (nothing left to change).
   EXPECT_EQ(migCli(dir, "apply", &out), 0) << out;
-  // A lock file another user made is refused, not used.
-  ASSERT_EQ(::unlink(lockPath.c_str()), 0);
-  fd = ::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::fchown(fd, 1000, 1000), 0);
-  ::close(fd);
+  // A lock file others could open (and hold for ever), or another user's, is refused, not used.
+  const std::string refusedText = " is not a file of this user that only it may open (another user made it, it has "
+                                  "other names, or its mode lets others open it): remove it";
+  ASSERT_EQ(::chmod(lockPath.c_str(), 0644), 0);
   EXPECT_EQ(migCli(dir, "apply", &out), 1);
-  EXPECT_NE(out.find("is not a regular file of this user (another user made it): remove it"), std::string::npos) << out;
+  EXPECT_NE(out.find(lockPath + refusedText), std::string::npos) << out;
+  ASSERT_EQ(::chmod(lockPath.c_str(), 0600), 0);
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(lockPath.c_str(), 1000, 1000), 0);
+    EXPECT_EQ(migCli(dir, "apply", &out), 1);
+    EXPECT_NE(out.find(lockPath + refusedText), std::string::npos) << out;
+  }
   ASSERT_EQ(::unlink(lockPath.c_str()), 0);
+  // Nor is a state_file in a directory others may write.
+  const std::string open = dir + "/open";
+  ASSERT_EQ(::mkdir(open.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+  writeFile(dir + "/mig.yaml", layout + "state_file: " + open + "/broker.state\n");
+  EXPECT_EQ(migCli(dir, "apply", &out), 1);
+  EXPECT_NE(out.find("the MIG layout lock " + open + "/broker.state.mig-lock would lie in " + open +
+                     ", which is a link, or another user's, or writable by others"),
+            std::string::npos)
+      << out;
   writeMig(dir, "mig:\n  layout:\n    - {devices: all, mig-enabled: false}\n");  // MIG off again
   EXPECT_EQ(migCli(dir, "apply", &out), 0) << out;
 }

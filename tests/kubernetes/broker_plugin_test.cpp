@@ -512,6 +512,42 @@ TEST_F(BrokerPluginMig, APodGetsTheMigDeviceItsTenantIsPlacedOnAndIsHeldThere) {
   EXPECT_EQ(b.stop(), 0);
 }
 
+// A reload that moves a tenant off a device: its resource loses the device (the limit there is
+// lifted after the resource no longer offers it); a reload the broker refuses leaves the resource
+// as the configuration in force places it (the plugin narrows it before the broker decides).
+TEST_F(BrokerPluginMig, AReloadMovesTheResourceAndARefusedOneLeavesIt) {
+  make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});
+  make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});
+  const std::string mig0 = migUuid(0);
+  FakeKubelet kubelet(dp);
+  ASSERT_TRUE(kubelet.start());
+  const std::string dir = testDir();
+  const std::string head = "kubernetes: {device_plugin_dir: " + dp +
+                           ", devices_per_gpu: 1, pod_resources_socket: off, gpu_cdi_device: 'nvidia.com/gpu={uuid}'}\n";
+  Broker b(dir);
+  ASSERT_TRUE(b.start(head + "tenants:\n  - {name: alpha, memory: {'0:0': 256MiB, 1: 256MiB}}\n")) << b.log();
+  const std::vector<std::string> both = {mig0 + "::0", gpu1 + "::0"}, gpuOnly = {gpu1 + "::0"};
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [&](const auto& p) { return healthy(p, 2) && idsOf(p) == both; }))
+      << b.log();
+  // Refused (ledger_dir cannot change on reload), though the file loads: alpha keeps both.
+  std::string moved = brokerConfig(dir, head + "tenants:\n  - {name: alpha, memory: {1: 256MiB}}\n");
+  std::string refused = moved;
+  refused.replace(refused.find("/ledgers\n"), 9, "/elsewhere\n");
+  std::ofstream(dir + "/config.yaml") << refused;
+  EXPECT_FALSE(b.reload().ok());
+  EXPECT_TRUE(b.logHas("reload refused")) << b.log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // several list periods
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", [&](const auto& p) { return idsOf(p) == both; })) << b.log();
+  // Accepted: alpha leaves 0:0.
+  std::ofstream(dir + "/config.yaml") << moved;
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/alpha", [&](const auto& p) { return idsOf(p) == gpuOnly; })) << b.log();
+  EXPECT_TRUE(b.logHas("tenant alpha: the reload lifts its memory limit on device 0:0")) << b.log();
+  v1beta1::AllocateResponse a;
+  EXPECT_EQ(allocate(kubelet, "cushare.io/alpha", mig0 + "::0", &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(b.stop(), 0);
+}
+
 // A 3g.40gb split into two compute instances (sharing its memory) and a 1g.10gb. One compute
 // instance of the 3g is destroyed under the broker: the devices of its sibling turn Unhealthy
 // (the broker stops reading their GPU instance's accounting) though the sibling kept its index, and

@@ -40,6 +40,7 @@
 
 #include "config.h"
 #include "device_runner.h"
+#include "mig.h"
 #include "mps_protocol.h"
 #include "probe_twin.h"
 
@@ -93,10 +94,19 @@ struct Device {
   std::unordered_map<uint64_t, std::vector<BlockEvent>> traces;  // traced kernels' block events
 };
 
+// The MIG device a server runs in (its daemon's CUDA_VISIBLE_DEVICES names one): all its
+// clients' work runs there, on that compute instance's SMs and time-slice board.
+struct MigPlace {
+  uint32_t tag = 0;  // mig::migTag; 0: a whole GPU
+  int host = 0;
+  unsigned gi = 0, ci = 0;
+  std::string name;  // "MIG-..." for messages
+};
+
 class Server {
  public:
-  Server(const Config& cfg, int daemonFd, std::string pipeDir)
-      : cfg_(cfg), daemon_(daemonFd), pipeDir_(std::move(pipeDir)) {}
+  Server(const Config& cfg, int daemonFd, std::string pipeDir, MigPlace mig)
+      : cfg_(cfg), daemon_(daemonFd), pipeDir_(std::move(pipeDir)), mig_(std::move(mig)) {}
   int run();
 
  private:
@@ -124,6 +134,7 @@ class Server {
   Config cfg_;
   int daemon_;
   std::string pipeDir_;
+  MigPlace mig_;
   std::string socketPath_;
   int listen_ = -1, epoll_ = -1, timer_ = -1;
   std::map<int32_t, Admitted> admitted_;
@@ -264,6 +275,17 @@ void Server::onClient(int fd) {
 }
 
 void Server::onHello(Client& c, const MpsHello& h) {
+  // One server per MIG device (the MIG guide's "MIG with CUDA MPS"): a client of another MIG
+  // device, or of a whole GPU, has no context here.
+  if (h.version == kMpsWireVersion && h.mig != mig_.tag) {
+    log("Client {PID: " + std::to_string(c.pid) + "} refused: it runs " +
+        (h.mig ? "in another MIG device" : std::string("outside MIG devices")) + ", this server " +
+        (mig_.tag ? "in MIG device " + mig_.name : std::string("on whole GPUs")) +
+        " (one MPS control daemon per MIG device, each with its own pipe directory)");
+    answer(c.fd, 0, kMpsConnectionFailed, 0);
+    closeClient(c.fd);
+    return;
+  }
   if (h.version != kMpsWireVersion || h.sms != cfg_.smCount || h.timeScale != cfg_.timeScale) {
     log("Client {PID: " + std::to_string(c.pid) + "} refused: it runs with SIMGPU_SMS=" + std::to_string(h.sms) +
         " and SIMGPU_TIME_SCALE=" + std::to_string(h.timeScale) + ", this server with " +
@@ -287,7 +309,7 @@ Device& Server::device(uint32_t dev) {
         p, [&d](uint64_t id, uint64_t end) { d.completed.emplace_back(id, end); }, &d.queued);
     d.runner->engine().setBlockObserver([&d](const BlockEvent& e) { d.traces[e.kernel].push_back(e); });
     std::string err;
-    Board* b = openBoard(cfg_.stateDir, static_cast<int>(dev), &err);
+    Board* b = openBoard(cfg_.stateDir, mig_.tag ? mig::migBoard(mig_.host, mig_.gi, mig_.ci) : static_cast<int>(dev), &err);
     if (!b || !d.runner->joinBoard(b, getpid(), true, &err))
       log("Device " + std::to_string(dev) + ": " + err + "; this server does not take turns with other processes");
   }
@@ -315,7 +337,8 @@ BoardClient* Server::claimStats(Device& d, int32_t pid) {
 
 void Server::onKernel(Client& c, const MpsKernel& k) {
   if (c.terminated) return answer(c.fd, k.id, kMpsClientTerminated, k.startNs);
-  if (k.device >= static_cast<uint32_t>(cfg_.deviceCount) || k.blocks == 0 || k.threadsPerBlock == 0 ||
+  if (k.device >= static_cast<uint32_t>(cfg_.deviceCount) || (mig_.tag && k.device != static_cast<uint32_t>(mig_.host)) ||
+      k.blocks == 0 || k.threadsPerBlock == 0 ||
       k.threadsPerBlock > 1024 || k.blockNs > kMaxBlockNs || k.timeBoxNs > kMaxBlockNs ||
       (k.flags & ~kMpsTraceBlocks) || ((k.flags & kMpsTraceBlocks) && k.blocks > kProbeMaxTracedBlocks))
     return answer(c.fd, k.id, kCudaInvalidValue, k.startNs);
@@ -515,10 +538,30 @@ int main() {
     say("log " + err);
     return 1;
   }
-  for (int d = 0; d < cfg.deviceCount; ++d)
-    say("log Creating server context on device " + std::to_string(d) + " (" + cfg.name + ")");
+  // Started by a daemon whose CUDA_VISIBLE_DEVICES names a MIG device: the server runs there (its
+  // SMs are the compute instance's). One that names no MIG device has no device to run on.
+  simgpu::mps::MigPlace place;
+  if (const std::string entry = simgpu::mig::firstMigEntry(std::getenv("CUDA_VISIBLE_DEVICES"));
+      !entry.empty() && cfg.model) {
+    simgpu::mig::State st;
+    simgpu::mig::MigDevice m;
+    int host = 0;
+    if (!simgpu::mig::load(cfg.stateDir, &st, &err) ||
+        !simgpu::mig::findMigDevice(*cfg.model, st, cfg.container, cfg.containerCount, entry, &host, &m)) {
+      say("log Server could not start: CUDA_VISIBLE_DEVICES=" + entry + " names no MIG device" +
+          (err.empty() ? "" : " (" + err + ")"));
+      return 1;
+    }
+    place = {simgpu::mig::migTag(host, m.gi, m.ci), host, m.gi, m.ci, simgpu::mig::migUuid(host, m.gi, m.ci)};
+    cfg.smCount = m.ciProfile.sms;
+    cfg.name = simgpu::mig::migDeviceName(*cfg.model, m);
+    say("log Creating server context on MIG device " + place.name + " (" + cfg.name + ")");
+  } else {
+    for (int d = 0; d < cfg.deviceCount; ++d)
+      say("log Creating server context on device " + std::to_string(d) + " (" + cfg.name + ")");
+  }
   say("log CUDA MPS Server for Linux/Unix. Binary version: " + std::to_string(simgpu::kMpsBinaryVersion));
   // The server's socket listens before the daemon hears "ready" (so before any client is admitted).
-  simgpu::mps::Server server(cfg, fd, pipeDir);
+  simgpu::mps::Server server(cfg, fd, pipeDir, place);
   return server.run();
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 #include <strings.h>
 
 #include "config.h"
@@ -384,6 +385,19 @@ unsigned ciRemaining(const Gi& gi, const GiProfile& gp, const CiProfile& cp) {
     if (s < 0 || addCi(t, cp, static_cast<unsigned>(s)) < 0) return n;  // no place or no CI ID left
     ++n;
   }
+}
+
+std::string firstMigEntry(const char* visible) {
+  std::string_view rest(visible ? visible : "");
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (item.size() >= 4 && strncasecmp(item.data(), "MIG-", 4) == 0) return std::string(item);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return "";
 }
 
 }  // namespace simgpu::mig

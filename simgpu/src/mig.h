@@ -104,6 +104,17 @@ struct MigDevice {
   CiProfile ciProfile;
 };
 std::vector<MigDevice> migDevices(const Model& m, const DeviceMig& d);
+// One number per MIG device of the host: (host + 1) | (GI + 1) << 8 | (CI + 1) << 16 (never 0).
+inline uint32_t migTag(int hostDevice, unsigned gi, unsigned ci) {
+  return static_cast<uint32_t>(hostDevice + 1) | (gi + 1) << 8 | (ci + 1) << 16;
+}
+// The time-slice board of a MIG device (timeslice_board.h): each compute instance slices its own
+// SMs' time; a whole GPU's board is its host index.
+inline int migBoard(int hostDevice, unsigned gi, unsigned ci) {
+  return 1000 + hostDevice * 128 + static_cast<int>(gi * 8 + ci);
+}
+// The first "MIG-..." entry of a CUDA_VISIBLE_DEVICES value (trimmed), "" when none.
+std::string firstMigEntry(const char* visible);
 
 // "MIG-xxxxxxxx-xxxx-5xxx-xxxx-xxxxxxxxxxxx", stable for (host device, GI, CI); its 16 bytes
 // (what cuDeviceGetUuid_v2 gives inside the MIG device).

@@ -32,6 +32,7 @@
 #include "config.h"
 #include "cushare/probe_abi.h"
 #include "shared_state.h"
+#include "mig.h"
 
 #define SIMGPU_EXPORT __attribute__((visibility("default")))
 #define CU_EXPORT extern "C" SIMGPU_EXPORT
@@ -168,7 +169,7 @@ inline int hostDevice(CUdevice d) { return drv().visible[d]; }
 // instances run side by side, each on its SMs).
 inline int boardDevice(CUdevice d) {
   const Driver::Mig& m = drv().mig;
-  return m.on ? 1000 + m.host * 128 + static_cast<int>(m.gi * 8 + m.ci) : hostDevice(d);
+  return m.on ? mig::migBoard(m.host, m.gi, m.ci) : hostDevice(d);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -99,18 +99,7 @@ bool chooseMigDevice(Driver& d) {
     std::fprintf(stderr, "%s\n", err.c_str());
     return false;
   }
-  std::string first;  // the first MIG-... entry
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    std::string_view rest(v);
-    while (first.empty() && !rest.empty()) {
-      const size_t comma = rest.find(',');
-      std::string_view item = rest.substr(0, comma);
-      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-      if (item.size() >= 4 && strncasecmp(item.data(), "MIG-", 4) == 0) first = std::string(item);
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    }
-  }
+  const std::string first = mig::firstMigEntry(std::getenv("CUDA_VISIBLE_DEVICES"));
   if (!first.empty()) {
     int host = 0;
     mig::MigDevice m;
@@ -171,7 +160,9 @@ void doInit() {
     return;
   }
   loadKernelLibraries();
-  mpsAttach(d.cfg);  // a client of the simulated MPS if a control daemon answers
+  // A client of the simulated MPS if a control daemon answers (inside a MIG device: that MIG
+  // device's server only).
+  mpsAttach(d.cfg, d.mig.on ? mig::migTag(d.mig.host, d.mig.gi, d.mig.ci) : 0);
   // Not over a sticky MPS error (terminated or faulted) the client may already have received.
   int notYet = 0;
   d.initState.compare_exchange_strong(notYet, 1, std::memory_order_release);

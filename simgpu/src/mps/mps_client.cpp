@@ -32,6 +32,7 @@ namespace simgpu {
 namespace {
 
 MpsClientInfo gInfo;
+uint32_t gMigTag = 0;  // this process's MIG device, said in the hello
 std::atomic<const MpsClientInfo*> gClient{nullptr};
 std::atomic<CUresult> gContextStatus{CUDA_SUCCESS};
 std::atomic<CUresult> gSticky{CUDA_SUCCESS};
@@ -205,6 +206,7 @@ CUresult connectServer(const Config& cfg, const std::string& pipeDir, int server
   if (fd < 0) return CUDA_ERROR_MPS_CONNECTION_FAILED;
   MpsHello h;
   h.sms = cfg.smCount;
+  h.mig = gMigTag;
   h.timeScale = cfg.timeScale;
   MpsDone answer;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
@@ -217,7 +219,7 @@ CUresult connectServer(const Config& cfg, const std::string& pipeDir, int server
   if (answer.status != CUDA_SUCCESS) {
     std::fprintf(stderr,
                  "simgpu: the MPS server refused this client (%d): SIMGPU_SMS and SIMGPU_TIME_SCALE must be the "
-                 "control daemon's\n",
+                 "control daemon's, and the MIG device it runs in this process's (its server.log says which)\n",
                  answer.status);
     ::close(fd);
     return static_cast<CUresult>(answer.status);
@@ -234,7 +236,8 @@ void refuseContexts(const std::string& line) {
 
 }  // namespace
 
-void mpsAttach(const Config& cfg) {
+void mpsAttach(const Config& cfg, uint32_t migTag) {
+  gMigTag = migTag;
   const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
   const std::string path = std::string(dir && *dir ? dir : kMpsDefaultPipeDir) + "/" + kMpsControlSocket;
   sockaddr_un addr{};

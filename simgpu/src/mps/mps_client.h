@@ -38,8 +38,10 @@ struct MpsClientInfo {
   uint64_t pinnedLimit[kMaxDevices] = {};  // bytes, 0: none
 };
 
-// Becomes a client if a daemon answers (called once by cuInit, after the configuration is read).
-void mpsAttach(const Config& cfg);
+// Becomes a client if a daemon answers (called once by cuInit, after the configuration is read
+// and the MIG device chosen). migTag: the process's MIG device (mig::migTag), 0: none; a server
+// admits only clients of its own MIG device (one server per MIG device, as on the real driver).
+void mpsAttach(const Config& cfg, uint32_t migTag);
 // nullptr unless this process is an MPS client; never changes after cuInit returned.
 const MpsClientInfo* mpsClient();
 // Context creation: CUDA_SUCCESS, or the MPS error the daemon refused this process with

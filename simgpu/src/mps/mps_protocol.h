@@ -65,7 +65,7 @@ inline uint32_t mpsSmCap(uint32_t pctX10, uint32_t sms) {
   return cap < 1 ? 1 : static_cast<uint32_t>(cap);
 }
 
-inline constexpr uint32_t kMpsWireVersion = 2;
+inline constexpr uint32_t kMpsWireVersion = 3;
 enum MpsWireType : uint32_t {
   kMpsHelloType = 0x4f4c4548,
   kMpsKernelType = 0x4e52454b,
@@ -77,8 +77,8 @@ inline constexpr uint32_t kMpsTraceBlocks = 1u << 0;  // MpsKernel::flags: answe
 struct MpsHello {  // client -> server, first packet
   uint32_t type = kMpsHelloType;
   uint32_t version = kMpsWireVersion;
-  uint32_t sms = 0;           // SIMGPU_SMS: must be the server's
-  uint32_t reserved = 0;
+  uint32_t sms = 0;           // SIMGPU_SMS (a MIG device's SMs inside one): must be the server's
+  uint32_t mig = 0;           // the client's MIG device (mig::migTag), 0: none; must be the server's
   double timeScale = 1;       // SIMGPU_TIME_SCALE: device time must mean the same on both sides
 };
 struct MpsKernel {  // client -> server

@@ -43,6 +43,7 @@
 #include "user_stage.h"
 #include "simgpu/nvml.h"
 #include "timeslice_board.h"
+#include "mig.h"
 
 extern "C" void simgpu_debug_fault(int error);
 
@@ -808,6 +809,126 @@ class MpsTime : public Mps {
     return r.out;
   }
 };
+
+// ---------------------------------------------------------------------------------------------
+// MPS inside MIG devices (docs/simgpu.md, "MIG"; the MIG guide's "MIG with CUDA MPS"): one control
+// daemon per MIG device, started with CUDA_VISIBLE_DEVICES naming it; its server runs its clients
+// side by side on that compute instance's SMs (thread percentages of its SM count), on the
+// instance's own time-slice board, while another MIG device runs apart; a client of another MIG
+// device is refused. On simgpu's H100 (ctest simgpu_mps_mig_test_time): a 3g.40gb (60 SMs) and a
+// 1g.10gb (16 SMs) on GPU 0.
+class MpsMigTime : public MpsTime {
+ protected:
+  struct Place {
+    std::string uuid;
+    int board = 0;
+  };
+  void SetUp() override {
+    MpsTime::SetUp();
+    if (IsSkipped()) return;
+    if (!std::getenv("SIMGPU_GPU_MODEL")) GTEST_SKIP() << "registered with SIMGPU_GPU_MODEL=h100-80gb";
+    ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+    ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &gpu_), NVML_SUCCESS);
+    nvmlReturn_t act;
+    ASSERT_EQ(nvmlDeviceSetMigMode(gpu_, NVML_DEVICE_MIG_ENABLE, &act), NVML_SUCCESS);
+    migOn_ = true;
+    ASSERT_EQ(nvmlDeviceCreateGpuInstance(gpu_, 9, &g3_), NVML_SUCCESS);  // 3g.40gb
+    ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(g3_, NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, &c3_), NVML_SUCCESS);
+    ASSERT_EQ(nvmlDeviceCreateGpuInstance(gpu_, 19, &g1_), NVML_SUCCESS);  // 1g.10gb
+    ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(g1_, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, &c1_), NVML_SUCCESS);
+    big_ = place(g3_, c3_);
+    small_ = place(g1_, c1_);
+  }
+  void TearDown() override {
+    MpsTime::TearDown();  // clients and the daemon first: instances in use cannot be destroyed
+    for (nvmlComputeInstance_t c : {c3_, c1_})
+      if (c) EXPECT_EQ(nvmlComputeInstanceDestroy(c), NVML_SUCCESS);
+    for (nvmlGpuInstance_t g : {g3_, g1_})
+      if (g) EXPECT_EQ(nvmlGpuInstanceDestroy(g), NVML_SUCCESS);
+    nvmlReturn_t act;
+    if (migOn_) EXPECT_EQ(nvmlDeviceSetMigMode(gpu_, NVML_DEVICE_MIG_DISABLE, &act), NVML_SUCCESS);
+    if (gpu_) nvmlShutdown();
+  }
+  static Place place(nvmlGpuInstance_t g, nvmlComputeInstance_t c) {
+    nvmlGpuInstanceInfo_t gi{};
+    nvmlComputeInstanceInfo_t ci{};
+    EXPECT_EQ(nvmlGpuInstanceGetInfo(g, &gi), NVML_SUCCESS);
+    EXPECT_EQ(nvmlComputeInstanceGetInfo_v2(c, &ci), NVML_SUCCESS);
+    return {simgpu::mig::migUuid(0, gi.id, ci.id), simgpu::mig::migBoard(0, gi.id, ci.id)};
+  }
+  // Two snapshots of a MIG device's board `ms` apart, in which every one of pids was busy (up to
+  // five tries, as busyWindow).
+  static std::pair<Snapshot, Snapshot> busyWindowOn(int boardId, const std::vector<pid_t>& pids, int ms = 300) {
+    std::string err;
+    simgpu::Board* b = simgpu::openBoard(std::getenv("SIMGPU_STATE_DIR"), boardId, &err);
+    EXPECT_NE(b, nullptr) << err;
+    auto snap = [b] {
+      Snapshot s;
+      s.t = deviceNow();
+      if (b) simgpu::forEachProcess(*b, [&](const simgpu::ProcessDeviceStats& p) { s.procs[p.pid] = p; });
+      return s;
+    };
+    std::pair<Snapshot, Snapshot> w;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      w.first = snap();
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      w.second = snap();
+      bool busy = true;
+      for (pid_t p : pids) busy = busy && delta(w.first, w.second, p).busy >= 0.9;
+      if (busy) break;
+      std::printf("a hog was starved of CPU in this window: measuring again\n");
+    }
+    return w;
+  }
+  nvmlDevice_t gpu_ = nullptr;
+  bool migOn_ = false;
+  nvmlGpuInstance_t g3_ = nullptr, g1_ = nullptr;
+  nvmlComputeInstance_t c3_ = nullptr, c1_ = nullptr;
+  Place big_, small_;
+};
+
+TEST_F(MpsMigTime, AServerPerMigDeviceRunsItsClientsSideBySideOnItsSms) {
+  startDaemon({"CUDA_VISIBLE_DEVICES=" + big_.uuid});
+  Child& a = hog({"CUDA_VISIBLE_DEVICES=" + big_.uuid, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"});
+  Child& b = hog({"CUDA_VISIBLE_DEVICES=" + big_.uuid, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=70"});
+  EXPECT_EQ(running(a), 18);  // 30 % of the 3g's 60 SMs
+  EXPECT_EQ(running(b), 42);
+  // The 1g beside it, without MPS (no daemon answers at its pipe directory): apart, all its own.
+  Child& c = hog({"CUDA_VISIBLE_DEVICES=" + small_.uuid, "CUDA_MPS_PIPE_DIRECTORY=" + root_ + "/no-daemon"});
+  EXPECT_EQ(running(c), 16);
+  const int32_t srv = server();
+  const auto [s0, s1] = busyWindowOn(big_.board, {a.pid, b.pid});
+  const Delta da = delta(s0, s1, a.pid), db = delta(s0, s1, b.pid), ds = delta(s0, s1, srv);
+  std::printf("3g.40gb under MPS: 30%%: busy %.2f, %.1f SMs; 70%%: busy %.2f, %.1f SMs; server %.1f SMs\n", da.busy,
+              da.smShare, db.busy, db.smShare, ds.smShare);
+  EXPECT_GT(da.busy, 0.9);
+  EXPECT_GT(db.busy, 0.9);
+  EXPECT_LT(da.slicedOut + db.slicedOut, 0.01) << "side by side, not sliced";
+  EXPECT_NEAR(da.smShare / (da.smShare + db.smShare), 0.30, 0.03);
+  EXPECT_LE(da.smShare, 18.5);
+  EXPECT_LE(ds.smShare, 60.5) << "the instance's SMs, not the GPU's 132";
+  const auto [t0, t1] = busyWindowOn(small_.board, {c.pid});
+  const Delta dc = delta(t0, t1, c.pid);
+  EXPECT_GT(dc.busy, 0.9) << "the 1g runs apart";
+  EXPECT_LE(dc.smShare, 16.5);
+  // A process of the 1g sent to the 3g's daemon: that server refuses it (one per MIG device).
+  Child& d = hog({"CUDA_VISIBLE_DEVICES=" + small_.uuid});
+  // cudart's first call fails (it reports the driver's CUDA_ERROR_MPS_CONNECTION_FAILED at its
+  // initialisation as cudaErrorInitializationError); admitted, it would say "ready 16".
+  const std::string ready = line(d);
+  EXPECT_TRUE(ready.starts_with("ready -")) << ready;
+  ASSERT_TRUE(waitFor([&] { return logHas("server.log", "refused: it runs in another MIG device"); }))
+      << logText("server.log");
+  const std::string log = logText("server.log");
+  EXPECT_NE(log.find("this server in MIG device " + big_.uuid), std::string::npos) << log;
+  EXPECT_NE(log.find("Creating server context on MIG device " + big_.uuid + " (NVIDIA H100 80GB HBM3 MIG 3g.40gb)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(finish(a), 0);
+  EXPECT_EQ(finish(b), 0);
+  EXPECT_EQ(finish(c), 0);
+}
 
 TEST_F(MpsTime, ClientsAt30And70PercentRunSideBySideAndShareTheSmsBySMCap) {
   startDaemon();

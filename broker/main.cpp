@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
     std::string why;
     if (loadConfig(configPath, &c, &err) && c.mps.mode != MpsConfig::Mode::kOff) {
       // As the start: the control daemon, then its directories (made there, only looked at here).
-      why = migRefusal(broker.snapshot().devices);
+      why = migPipeProblem(c.mps, broker.snapshot().devices);
       std::string control = why.empty() ? resolveMpsControl(c.mps, &why) : "";
       if (!control.empty() && !checkMpsDirs(c.mps, &why)) control.clear();
       if (control.empty() && c.mps.mode == MpsConfig::Mode::kOn) {

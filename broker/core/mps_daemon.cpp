@@ -186,9 +186,11 @@ int MpsControl::run(const std::vector<std::string>& args, const std::string& inp
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     const std::string kv = *e;
-    if (kv.rfind("CUDA_MPS_", 0) != 0 && kv.rfind("CUDA_DEVICE_ORDER=", 0) != 0 && kv.rfind("LD_PRELOAD=", 0) != 0)
+    if (kv.rfind("CUDA_MPS_", 0) != 0 && kv.rfind("CUDA_DEVICE_ORDER=", 0) != 0 && kv.rfind("LD_PRELOAD=", 0) != 0 &&
+        (visible.empty() || kv.rfind("CUDA_VISIBLE_DEVICES=", 0) != 0))
       env.push_back(kv);
   }
+  if (!visible.empty()) env.push_back("CUDA_VISIBLE_DEVICES=" + visible);
   env.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipeDir);
   env.push_back("CUDA_MPS_LOG_DIRECTORY=" + logDir);
   env.push_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
@@ -288,14 +290,12 @@ MpsSupervisor::MpsSupervisor(Broker& broker, std::string configPath)
 
 MpsSupervisor::~MpsSupervisor() { stop(); }
 
-std::string migRefusal(const std::vector<DeviceSnapshot>& devices) {
-  std::string mig;
-  for (const DeviceSnapshot& d : devices)
-    if (d.migIndex >= 0) mig += (mig.empty() ? "" : ", ") + d.name;
-  if (mig.empty()) return "";
-  return "this host's devices are MIG devices (" + mig +
-         "), and cushare does not run MPS inside MIG devices (one server per MIG device) yet; compute caps "
-         "there are kept by pacing (docs/mig.md)";
+std::string migPipeProblem(const MpsConfig& c, const std::vector<DeviceSnapshot>& devices) {
+  bool mig = false;
+  for (const DeviceSnapshot& d : devices) mig = mig || d.migIndex >= 0;
+  if (!mig || c.pipeDir.size() <= kMaxMpsPipeDirWithMig) return "";
+  return "mps.pipe_dir " + c.pipeDir + " is " + std::to_string(c.pipeDir.size()) + " bytes: with MIG devices (a " +
+         "control daemon each, at <pipe_dir>/MIG-<uuid>) it may be at most " + std::to_string(kMaxMpsPipeDirWithMig);
 }
 
 bool MpsSupervisor::start(std::string* err) {
@@ -332,23 +332,52 @@ bool MpsSupervisor::start(std::string* err) {
 
 bool MpsSupervisor::startMps(std::string* err) {
   err->clear();
-  std::string why = migRefusal(broker_.snapshot().devices);
-  if (!why.empty()) {
-    if (config_.mode == MpsConfig::Mode::kOn) {
-      *err = "mps.mode on: " + why;
-      return false;
+  const std::vector<DeviceSnapshot> devices = broker_.snapshot().devices;
+  std::string why = migPipeProblem(config_, devices);
+  binary_ = why.empty() ? resolveMpsControl(config_, &why) : "";
+  snap_.control = binary_;
+  // The daemons: one for the whole GPUs (at pipe_dir), one per MIG device (at pipe_dir/<uuid>,
+  // started with CUDA_VISIBLE_DEVICES naming it: the MIG guide's "MIG with CUDA MPS").
+  daemons_.clear();
+  Daemon whole;
+  std::string wholeVisible;
+  bool mig = false;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const DeviceSnapshot& d = devices[i];
+    if (d.migIndex < 0) {
+      whole.devices.push_back(i);
+      wholeVisible += (wholeVisible.empty() ? "" : ",") + d.uuid;
+      continue;
     }
-    snap_.why = why;
-    CUSHARE_BLOG(info, "mps: mode auto, and MPS is off: {}", why);
-    return false;
+    mig = true;
+    Daemon m;
+    m.name = d.name;
+    m.uuid = d.uuid;
+    m.gpuUuid = d.parentUuid;
+    m.gi = d.gpuInstance;
+    m.ci = d.computeInstance;
+    m.control = {binary_, config_.pipeDir + "/" + d.uuid, config_.logDir + "/" + d.uuid, d.uuid};
+    m.devices.push_back(i);
+    daemons_.push_back(std::move(m));
   }
-  control_.binary = resolveMpsControl(config_, &why);
-  control_.pipeDir = config_.pipeDir;
-  control_.logDir = config_.logDir;
-  snap_.control = control_.binary;
-  bool ok = !control_.binary.empty() && makeDir(config_.pipeDir, "pipe_dir", &why) &&
-            makeDir(config_.logDir, "log_dir", &why) && startDaemon(true, &why);
+  if (!whole.devices.empty()) {
+    // Beside MIG devices the whole GPUs' daemon sees only the whole GPUs (else it leaves them as
+    // the environment has them, as before MIG).
+    whole.control = {binary_, config_.pipeDir, config_.logDir, mig ? wholeVisible : std::string()};
+    daemons_.insert(daemons_.begin(), std::move(whole));
+  }
+  bool ok = why.empty() && makeDir(config_.pipeDir, "pipe_dir", &why) && makeDir(config_.logDir, "log_dir", &why);
+  size_t started = 0;
+  for (Daemon& d : daemons_) {
+    if (!ok) break;
+    ok = (d.name.empty() || (makeDir(d.control.pipeDir, "pipe_dir", &why) && makeDir(d.control.logDir, "log_dir", &why))) &&
+         startDaemon(d, true, &why);
+    if (!ok && !d.name.empty()) why = "MIG device " + d.name + " (" + d.uuid + "): " + why;
+    started += ok;
+  }
   if (!ok) {
+    for (size_t k = 0; k < started; ++k) quitDaemon(daemons_[k]);
+    daemons_.clear();
     if (config_.mode == MpsConfig::Mode::kOn) {
       *err = "mps.mode on: " + why;
       return false;
@@ -359,6 +388,7 @@ bool MpsSupervisor::startMps(std::string* err) {
   }
   active_ = true;
   snap_.active = true;
+  gather();
   {
     std::lock_guard<std::mutex> g(mu_);
     publish(true);
@@ -369,40 +399,41 @@ bool MpsSupervisor::startMps(std::string* err) {
     return false;
   }
   push();
-  CUSHARE_BLOG(info, "mps: control daemon pid {} ({}), pipe directory {}, log directory {}, {}", snap_.daemonPid,
-               control_.binary, config_.pipeDir, config_.logDir,
-               config_.multiuser ? "one server for every uid (multiuser)"
-                                 : "one server per uid at a time (multiuser off: another uid waits for its clients)");
+  const std::string users = config_.multiuser ? "one server for every uid (multiuser)"
+                                              : "one server per uid at a time (multiuser off: another uid waits for its clients)";
+  for (const Daemon& d : daemons_)
+    CUSHARE_BLOG(info, "mps: {} pid {} ({}), pipe directory {}, log directory {}, {}", d.label(), d.pid, binary_,
+                 d.control.pipeDir, d.control.logDir, users);
   thread_ = std::thread([this] { run(); });
   return true;
 }
 
-bool MpsSupervisor::startDaemon(bool adoptRunning, std::string* err) {
+bool MpsSupervisor::startDaemon(Daemon& d, bool adoptRunning, std::string* err) {
   std::string out;
   std::vector<std::string> args{"-d"};
   if (config_.multiuser) args.push_back("-multiuser-server");
-  const int rc = control_.run(args, "", kStartTimeoutMs, &out);
+  const int rc = d.control.run(args, "", kStartTimeoutMs, &out);
   if (rc != 0) {
     std::string probe;
     if (adoptRunning && out.find("already running") != std::string::npos &&
-        control_.ask("get_server_list\n", kCheckTimeoutMs, &probe)) {
-      CUSHARE_BLOG(info, "mps: adopted the control daemon already running on {} (pid {})", config_.pipeDir, pidFromFile());
+        d.control.ask("get_server_list\n", kCheckTimeoutMs, &probe)) {
+      CUSHARE_BLOG(info, "mps: adopted {} already running on {} (pid {})", d.label(), d.control.pipeDir, pidFromFile(d));
     } else {
-      *err = control_.binary + (config_.multiuser ? " -d -multiuser-server " : " -d ") +
+      *err = binary_ + (config_.multiuser ? " -d -multiuser-server " : " -d ") +
              (rc == -2 ? "did not return within " + std::to_string(kStartTimeoutMs / 1000) + " s"
                        : rc == -1 ? "could not be started" : "exited with status " + std::to_string(rc)) +
              (out.empty() ? "" : ": " + oneLine(out));
       return false;
     }
   }
-  snap_.daemonPid = pidFromFile();
-  snap_.up = true;
-  defaultsKey_.clear();  // a new daemon has none of them
+  d.pid = pidFromFile(d);
+  d.up = true;
+  d.defaultsKey.clear();  // a new daemon has none of them
   return true;
 }
 
-int MpsSupervisor::pidFromFile() const {
-  std::ifstream in(config_.pipeDir + "/nvidia-cuda-mps-control.pid");
+int MpsSupervisor::pidFromFile(const Daemon& d) const {
+  std::ifstream in(d.control.pipeDir + "/nvidia-cuda-mps-control.pid");
   std::string s;
   in >> s;
   return allDigits(s) && s.size() < 10 ? std::stoi(s) : 0;
@@ -452,6 +483,11 @@ void MpsSupervisor::publish(bool force) {
   MpsHostSettings host;
   host.pipeDir = config_.pipeDir;
   host.contextReserve = config_.contextReserve;
+  host.wholeGpus = false;
+  for (const Daemon& d : daemons_) {
+    if (d.name.empty()) host.wholeGpus = true;
+    else host.mig.push_back({d.uuid, d.gpuUuid, d.gi, d.ci});
+  }
   // The directory's identity: a process told (CUSHARE_MPS_PIPE_DIR) that the pipe directory is
   // mounted elsewhere must find this same directory there (a bind mount keeps both numbers).
   if (struct stat st{}; ::stat(config_.pipeDir.c_str(), &st) == 0) {
@@ -516,31 +552,39 @@ void MpsSupervisor::publish(bool force) {
   // Server defaults: the most any tenant gets, so that a process that leaves out the shim (but
   // finds the pipe directory) gets no more than the largest cap and memory limit.
   const int threads = anyUncapped || maxThreads == 0 ? 100 : maxThreads;
-  std::string cmds = "set_default_active_thread_percentage " + std::to_string(threads) + "\n";
-  std::string perServer;
-  for (size_t i = 0; i < devices.size(); ++i) {
-    if (!maxMemory[i] || *maxMemory[i] == 0) continue;
-    maxMemory[i] = std::max<uint64_t>(*maxMemory[i], uint64_t{1} << 20);
-    cmds += "set_default_device_pinned_mem_limit " + std::to_string(devices[i].ordinal) + " " + mib(*maxMemory[i]) + "\n";
-    perServer += " " + std::to_string(devices[i].ordinal) + " " + mib(*maxMemory[i]);
-  }
-  if (cmds == defaultsKey_ && !force) return;
-  // The running servers' next clients get the new values too (running clients keep theirs).
-  std::string all = cmds;
-  for (const MpsServerSnapshot& s : snap_.servers) {
-    all += "set_active_thread_percentage " + std::to_string(s.pid) + " " + std::to_string(threads) + "\n";
-    std::stringstream in(perServer);
-    for (std::string dev, size; in >> dev >> size;)
-      all += "set_device_pinned_mem_limit " + std::to_string(s.pid) + " " + dev + " " + size + "\n";
-  }
-  std::string out;
-  if (control_.ask(all, kCheckTimeoutMs, &out)) {
-    defaultsKey_ = cmds;
-    snap_.defaultThreads = threads;
-    CUSHARE_BLOG(info, "mps: server defaults: active thread percentage {}{}", threads,
-                 perServer.empty() ? "" : ", pinned memory (device size)" + perServer);
-  } else {
-    CUSHARE_BLOG(warn, "mps: cannot set the server defaults: {}", oneLine(out));
+  snap_.defaultThreads = threads;
+  for (Daemon& d : daemons_) {
+    std::string cmds = "set_default_active_thread_percentage " + std::to_string(threads) + "\n";
+    std::string perServer;
+    for (size_t k = 0; k < d.devices.size(); ++k) {
+      const size_t i = d.devices[k];
+      if (i >= devices.size() || !maxMemory[i] || *maxMemory[i] == 0) continue;
+      // The daemon's own ordinal: NVML's index (PCI order) when it sees every GPU, else its
+      // position in CUDA_VISIBLE_DEVICES (a MIG device's daemon sees one device: 0).
+      const std::string ordinal = std::to_string(d.control.visible.empty() ? devices[i].ordinal : static_cast<int>(k));
+      const std::string size = mib(std::max<uint64_t>(*maxMemory[i], uint64_t{1} << 20));
+      cmds += "set_default_device_pinned_mem_limit " + ordinal + " " + size + "\n";
+      perServer += " " + ordinal + " " + size;
+    }
+    if (cmds == d.defaultsKey && !force) continue;
+    // The running servers' next clients get the new values too (running clients keep theirs).
+    std::string all = cmds;
+    for (const MpsServerSnapshot& srv : d.servers) {
+      all += "set_active_thread_percentage " + std::to_string(srv.pid) + " " + std::to_string(threads) + "\n";
+      std::stringstream in(perServer);
+      for (std::string dev, size; in >> dev >> size;)
+        all += "set_device_pinned_mem_limit " + std::to_string(srv.pid) + " " + dev + " " + size + "\n";
+    }
+    std::string out;
+    if (d.control.ask(all, kCheckTimeoutMs, &out)) {
+      d.defaultsKey = cmds;
+      CUSHARE_BLOG(info, "mps: server defaults{}: active thread percentage {}{}",
+                   d.name.empty() ? "" : " of MIG device " + d.name, threads,
+                   perServer.empty() ? "" : ", pinned memory (device size)" + perServer);
+    } else {
+      CUSHARE_BLOG(warn, "mps: cannot set the server defaults{}: {}", d.name.empty() ? "" : " of MIG device " + d.name,
+                   oneLine(out));
+    }
   }
 }
 
@@ -574,83 +618,105 @@ void MpsSupervisor::run() {
 }
 
 void MpsSupervisor::check() {
+  for (Daemon& d : daemons_) checkOne(d);
+  gather();
+}
+
+void MpsSupervisor::gather() {
+  snap_.up = !daemons_.empty();
+  snap_.servers.clear();
+  std::string errors;
+  for (const Daemon& d : daemons_) {
+    snap_.up = snap_.up && d.up;
+    snap_.servers.insert(snap_.servers.end(), d.servers.begin(), d.servers.end());
+    if (!d.lastError.empty()) errors += (errors.empty() ? "" : "; ") + (d.name.empty() ? "" : "MIG device " + d.name + ": ") + d.lastError;
+  }
+  if (!daemons_.empty()) {
+    snap_.daemonPid = daemons_.front().pid;
+    snap_.pipeDir = daemons_.front().control.pipeDir;
+  }
+  snap_.lastError = errors;
+}
+
+void MpsSupervisor::checkOne(Daemon& d) {
   std::string out;
-  const int rc = control_.run({}, "get_server_list\n", kCheckTimeoutMs, &out);
+  const int rc = d.control.run({}, "get_server_list\n", kCheckTimeoutMs, &out);
   if (rc == 0) {
-    if (!snap_.up) CUSHARE_BLOG(info, "mps: the control daemon answers again");
-    snap_.up = true;
-    snap_.lastError.clear();
-    silentChecks_ = 0;
-    snap_.daemonPid = pidFromFile();
+    if (!d.up) CUSHARE_BLOG(info, "mps: {} answers again", d.label());
+    d.up = true;
+    d.lastError.clear();
+    d.silentChecks = 0;
+    d.pid = pidFromFile(d);
     std::vector<MpsServerSnapshot> servers;
     for (const std::string& l : lines(out)) {
       if (!allDigits(l) || l.size() > 9) continue;
-      MpsServerSnapshot s;
-      s.pid = std::stoi(l);
+      MpsServerSnapshot srv;
+      srv.pid = std::stoi(l);
       std::string answer;
-      if (control_.ask("get_server_status " + l + "\nget_client_list " + l + "\n", kCheckTimeoutMs, &answer)) {
+      if (d.control.ask("get_server_status " + l + "\nget_client_list " + l + "\n", kCheckTimeoutMs, &answer)) {
         const std::vector<std::string> ls = lines(answer);
-        if (!ls.empty()) s.state = ls[0];
+        if (!ls.empty()) srv.state = ls[0];
         for (size_t i = 1; i < ls.size(); ++i)
-          if (allDigits(ls[i]) && ls[i].size() < 10) s.clients.push_back(std::stoi(ls[i]));
+          if (allDigits(ls[i]) && ls[i].size() < 10) srv.clients.push_back(std::stoi(ls[i]));
       } else {
         // No answer this time: the clients it had (a client stays one until it exits; a new
         // process missing from the list has its tenant paced, never the other way round).
-        for (const MpsServerSnapshot& before : snap_.servers)
-          if (before.pid == s.pid) s.clients = before.clients;
+        for (const MpsServerSnapshot& before : d.servers)
+          if (before.pid == srv.pid) srv.clients = before.clients;
       }
-      servers.push_back(std::move(s));
+      servers.push_back(std::move(srv));
     }
     std::set<int> live;
-    for (const MpsServerSnapshot& s : servers) {
-      live.insert(s.pid);
-      if (s.state == "FAULT" && !faulted_[s.pid]) {
-        faulted_[s.pid] = true;
+    for (const MpsServerSnapshot& srv : servers) {
+      live.insert(srv.pid);
+      if (srv.state == "FAULT" && !d.faulted[srv.pid]) {
+        d.faulted[srv.pid] = true;
         ++snap_.faults;
         // Name the tenants whose processes are the server's clients.
         std::map<int, std::string> owner;
         for (const TenantSnapshot& t : broker_.snapshot().tenants)
           for (const ProcessSnapshot& p : t.processes) owner[p.hostPid ? p.hostPid : p.pid] = t.name;
         std::string who;
-        for (int c : s.clients) who += " " + std::to_string(c) + (owner.count(c) ? "(" + owner[c] + ")" : "");
-        CUSHARE_BLOG(error, "mps: server {} is in FAULT: its clients{} get errors and must exit; until they have, "
-                     "new clients are refused (CUDA_ERROR_MPS_SERVER_NOT_READY)", s.pid, who.empty() ? " (none)" : who);
-      } else if (s.state != "FAULT" && faulted_.count(s.pid)) {
-        faulted_.erase(s.pid);
-        CUSHARE_BLOG(info, "mps: server {} is {} again after its FAULT", s.pid, s.state);
+        for (int c : srv.clients) who += " " + std::to_string(c) + (owner.count(c) ? "(" + owner[c] + ")" : "");
+        CUSHARE_BLOG(error, "mps: server {}{} is in FAULT: its clients{} get errors and must exit; until they have, "
+                     "new clients are refused (CUDA_ERROR_MPS_SERVER_NOT_READY)", srv.pid,
+                     d.name.empty() ? "" : " of MIG device " + d.name, who.empty() ? " (none)" : who);
+      } else if (srv.state != "FAULT" && d.faulted.count(srv.pid)) {
+        d.faulted.erase(srv.pid);
+        CUSHARE_BLOG(info, "mps: server {} is {} again after its FAULT", srv.pid, srv.state);
       }
     }
-    for (auto it = faulted_.begin(); it != faulted_.end();) it = live.count(it->first) ? std::next(it) : faulted_.erase(it);
-    snap_.servers = std::move(servers);
+    for (auto it = d.faulted.begin(); it != d.faulted.end();) it = live.count(it->first) ? std::next(it) : d.faulted.erase(it);
+    d.servers = std::move(servers);
     return;
   }
   ++snap_.checkFailures;
-  const int pid = pidFromFile();
-  const bool alive = isControlDaemon(pid, control_.binary) && ::kill(pid, 0) == 0;
-  snap_.up = false;
-  snap_.servers.clear();
-  snap_.lastError = rc == -2 ? "the control daemon did not answer within " + std::to_string(kCheckTimeoutMs / 1000) + " s"
-                             : "the control daemon does not answer: " + (out.empty() ? "exit status " + std::to_string(rc) : oneLine(out));
-  if (alive && ++silentChecks_ < 2) {
-    CUSHARE_BLOG(warn, "mps: {} (pid {}); checking again", snap_.lastError, pid);
+  const int pid = pidFromFile(d);
+  const bool alive = isControlDaemon(pid, binary_) && ::kill(pid, 0) == 0;
+  d.up = false;
+  d.servers.clear();
+  d.lastError = rc == -2 ? d.label() + " did not answer within " + std::to_string(kCheckTimeoutMs / 1000) + " s"
+                         : d.label() + " does not answer: " + (out.empty() ? "exit status " + std::to_string(rc) : oneLine(out));
+  if (alive && ++d.silentChecks < 2) {
+    CUSHARE_BLOG(warn, "mps: {} (pid {}); checking again", d.lastError, pid);
     return;
   }
   if (alive) {
-    CUSHARE_BLOG(error, "mps: the control daemon (pid {}) hangs: killing it", pid);
+    CUSHARE_BLOG(error, "mps: {} (pid {}) hangs: killing it", d.label(), pid);
     ::kill(pid, SIGKILL);
     // Gone once its /proc entry no longer names the binary (a zombie has no command line).
-    for (const auto t = Clock::now(); isControlDaemon(pid, control_.binary) && msSince(t) < 2000;) ::usleep(10000);
+    for (const auto t = Clock::now(); isControlDaemon(pid, binary_) && msSince(t) < 2000;) ::usleep(10000);
   }
-  silentChecks_ = 0;
+  d.silentChecks = 0;
   std::string why;
-  if (startDaemon(false, &why)) {
+  if (startDaemon(d, false, &why)) {
     ++snap_.restarts;
-    snap_.lastError.clear();
-    CUSHARE_BLOG(warn, "mps: the control daemon was gone ({}); restarted it, pid {} (restart {})",
-                 alive ? "hung" : "exited", snap_.daemonPid, snap_.restarts);
+    d.lastError.clear();
+    CUSHARE_BLOG(warn, "mps: {} was gone ({}); restarted it, pid {} (restart {})", d.label(), alive ? "hung" : "exited",
+                 d.pid, snap_.restarts);
   } else {
-    snap_.lastError += "; restart failed: " + why;
-    CUSHARE_BLOG(error, "mps: cannot restart the control daemon: {}", why);
+    d.lastError += "; restart failed: " + why;
+    CUSHARE_BLOG(error, "mps: cannot restart {}: {}", d.label(), why);
   }
 }
 
@@ -667,17 +733,21 @@ void MpsSupervisor::stop() {
   if (!active_) return;
   // New processes must not look for a daemon that is going.
   ::unlink((ledgerDir_ + "/" + kMpsHostFile).c_str());
-  const int pid = pidFromFile();
-  std::string out;
-  if (!control_.ask("quit\n", kCheckTimeoutMs, &out))
-    CUSHARE_BLOG(warn, "mps: quit was not answered: {}", oneLine(out));
-  const auto t = Clock::now();
-  while (isControlDaemon(pid, control_.binary) && ::kill(pid, 0) == 0 && msSince(t) < kQuitWaitMs) ::usleep(10000);
-  if (isControlDaemon(pid, control_.binary) && ::kill(pid, 0) == 0)
-    CUSHARE_BLOG(warn, "mps: the control daemon (pid {}) is still running {} s after quit", pid, kQuitWaitMs / 1000);
-  else
-    CUSHARE_BLOG(info, "mps: control daemon stopped");
+  for (Daemon& d : daemons_) quitDaemon(d);
   active_ = false;
+}
+
+void MpsSupervisor::quitDaemon(Daemon& d) {
+  const int pid = pidFromFile(d);
+  std::string out;
+  if (!d.control.ask("quit\n", kCheckTimeoutMs, &out))
+    CUSHARE_BLOG(warn, "mps: quit was not answered by {}: {}", d.label(), oneLine(out));
+  const auto t = Clock::now();
+  while (isControlDaemon(pid, binary_) && ::kill(pid, 0) == 0 && msSince(t) < kQuitWaitMs) ::usleep(10000);
+  if (isControlDaemon(pid, binary_) && ::kill(pid, 0) == 0)
+    CUSHARE_BLOG(warn, "mps: {} (pid {}) is still running {} s after quit", d.label(), pid, kQuitWaitMs / 1000);
+  else
+    CUSHARE_BLOG(info, "mps: {} stopped", d.label());
 }
 
 bool checkMpsDirs(const MpsConfig& c, std::string* why) {

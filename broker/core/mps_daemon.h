@@ -1,5 +1,6 @@
-// The broker's NVIDIA MPS control daemon (docs/mps.md): started with the broker, kept running,
-// quit with it. The supervisor runs on a thread of its own and never holds the broker's lock while
+// The broker's NVIDIA MPS control daemons (docs/mps.md): one for the whole GPUs at pipe_dir, and
+// one per MIG device at pipe_dir/MIG-<uuid> started with CUDA_VISIBLE_DEVICES naming it (each as
+// below); started with the broker, kept running, quit with it. The supervisor runs on a thread of its own and never holds the broker's lock while
 // it talks to the daemon: it reads the broker through snapshot() and pushes what it saw back with
 // setMpsSnapshot().
 //
@@ -48,6 +49,7 @@ class Broker;
 // ran past timeoutMs (then killed). *out: stdout and stderr, in order of arrival.
 struct MpsControl {
   std::string binary, pipeDir, logDir;
+  std::string visible;  // CUDA_VISIBLE_DEVICES for the daemon (a MIG device's UUID); empty: not set
   int run(const std::vector<std::string>& args, const std::string& input, int timeoutMs, std::string* out) const;
   // Commands one per line; true when the client exited 0 (and *out holds its answers).
   bool ask(const std::string& commands, int timeoutMs, std::string* out) const;
@@ -59,8 +61,9 @@ std::string resolveMpsControl(const MpsConfig& c, std::string* why);
 // What the start's making of mps.pipe_dir and mps.log_dir would say, without making them
 // (--check): each is a directory of this user that others cannot write, or can be created.
 bool checkMpsDirs(const MpsConfig& c, std::string* why);
-// Why MPS cannot run on these devices (some are MIG devices), or "" when it can.
-std::string migRefusal(const std::vector<DeviceSnapshot>& devices);
+// With MIG devices (a control daemon each, at <pipe_dir>/MIG-<uuid>): why pipe_dir is too long
+// for their sockets, or "".
+std::string migPipeProblem(const MpsConfig& c, const std::vector<DeviceSnapshot>& devices);
 
 class MpsSupervisor {
  public:
@@ -78,20 +81,40 @@ class MpsSupervisor {
   std::string pipeDir() const { return active_ ? config_.pipeDir : std::string(); }
 
  private:
+  // One control daemon: the whole GPUs' (at pipe_dir), or a MIG device's (at pipe_dir/<uuid>,
+  // started with CUDA_VISIBLE_DEVICES naming it: one per MIG device, as NVIDIA runs MPS on MIG).
+  struct Daemon {
+    std::string name;             // "" for the whole GPUs' daemon, else the MIG device's ("0:1")
+    std::string uuid, gpuUuid;    // a MIG device's UUID and its GPU's; empty for the whole GPUs
+    unsigned gi = 0, ci = 0;
+    MpsControl control;
+    std::vector<size_t> devices;  // the broker's devices it serves, in its own ordinal order
+    int pid = 0;
+    bool up = false;
+    int silentChecks = 0;
+    std::string defaultsKey;                // the server defaults last applied
+    std::vector<MpsServerSnapshot> servers;
+    std::map<int, bool> faulted;            // server pid -> logged as FAULT
+    std::string lastError;
+    std::string label() const { return name.empty() ? std::string("the control daemon") : "the control daemon of MIG device " + name; }
+  };
   bool startMps(std::string* err);  // mode on or auto: false when MPS stays off (*err: fatal)
   void run();
   void check();
-  bool startDaemon(bool adoptRunning, std::string* err);
-  bool applyDefaults(std::string* err);
+  void checkOne(Daemon& d);
+  bool startDaemon(Daemon& d, bool adoptRunning, std::string* err);
+  void quitDaemon(Daemon& d);
   void publish(bool force);
-  int pidFromFile() const;
+  int pidFromFile(const Daemon& d) const;
+  void gather();  // the daemons' state into snap_
   void push();
 
   Broker& broker_;
   const std::string configPath_;
   MpsConfig config_;
   Config full_;  // the configuration at start or last reload (unknown-tenant profile)
-  MpsControl control_;
+  std::string binary_;  // the control binary
+  std::vector<Daemon> daemons_;
   std::string ledgerDir_;
   bool active_ = false;
 
@@ -102,11 +125,8 @@ class MpsSupervisor {
   MpsSnapshot snap_;
   std::map<std::string, std::string> written_;  // file name -> contents last written
   std::string hostText_;                        // mps.conf as last written
-  std::string defaultsKey_;                     // the server defaults last applied
-  int silentChecks_ = 0;
   // Per tenant, when (boot clock ticks) each percentage was published, oldest first.
   std::map<std::string, std::vector<std::pair<uint64_t, std::optional<int>>>> history_;
-  std::map<int, bool> faulted_;  // server pid -> logged as FAULT
   std::thread thread_;
 };
 

@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <sstream>
+#include <string_view>
 
 #include "cushare/parse.h"
 
@@ -100,15 +102,18 @@ bool tenantField(const Line& l, const std::string& key, const std::string& name,
     const size_t sp = l.value.find(' ');
     unsigned char bytes[16];
     int64_t n = 0;
-    // MPS under the broker runs on whole GPUs only: a MIG device's UUID is not one.
-    if (sp == std::string::npos || l.value.compare(0, 4, "GPU-") != 0 || !parseGpuUuidBytes(l.value.substr(0, sp), bytes)) {
-      *err = where(name, l) + ": expected 'GPU-<uuid> <bytes>', found '" + printable(l.value, 64) + "'";
+    // A GPU's UUID, or a MIG device's (its own daemon's clients: MpsHostSettings::mig).
+    const bool mig = l.value.compare(0, 4, "MIG-") == 0;
+    if (sp == std::string::npos || (!mig && l.value.compare(0, 4, "GPU-") != 0) ||
+        !parseGpuUuidBytes(l.value.substr(0, sp), bytes)) {
+      *err = where(name, l) + ": expected 'GPU-<uuid> <bytes>' or 'MIG-<uuid> <bytes>', found '" +
+             printable(l.value, 64) + "'";
       return false;
     }
     if (!parseInt(l.value.substr(sp + 1), 0, INT64_MAX, &n, &reason)) return *err = where(name, l) + ": " + reason, false;
-    const std::string uuid = formatGpuUuid(bytes);
+    const std::string uuid = formatDeviceUuid(bytes, mig);
     for (const auto& e : s->memory)
-      if (e.first == uuid) return *err = where(name, l) + ": device " + uuid + " is listed twice", false;
+      if (sameDeviceUuid(e.first, uuid)) return *err = where(name, l) + ": device " + uuid + " is listed twice", false;
     s->memory.emplace_back(uuid, static_cast<uint64_t>(n));
     return true;
   }
@@ -189,6 +194,9 @@ std::string formatMpsHost(const MpsHostSettings& s) {
   out += "context_reserve " + std::to_string(s.contextReserve) + "\n";
   out += std::string("unknown_tenants ") + (s.unknown ? "admit" : "refuse") + "\n";
   if (s.unknown) out += fmtTenant(*s.unknown, "unknown_");
+  if (!s.wholeGpus) out += "whole_gpus no\n";
+  for (const MpsHostSettings::MigDaemon& m : s.mig)
+    out += "mig_daemon " + m.uuid + " " + m.gpuUuid + " " + std::to_string(m.gi) + " " + std::to_string(m.ci) + "\n";
   return out;
 }
 
@@ -207,7 +215,8 @@ bool parseMpsHost(std::string_view text, const std::string& name, MpsHostSetting
   std::map<std::string, int> seen;
   for (size_t i = 1; i < lines.size(); ++i) {
     const Line& l = lines[i];
-    if (l.key != "unknown_memory" && seen[l.key]++) return *err = where(name, l) + ": set twice", false;
+    if (l.key != "unknown_memory" && l.key != "mig_daemon" && seen[l.key]++)
+      return *err = where(name, l) + ": set twice", false;
     std::string reason;
     if (l.key == "pipe_dir") {
       if (l.value[0] != '/' || l.value.size() > kMaxMpsPipeDir)
@@ -229,6 +238,26 @@ bool parseMpsHost(std::string_view text, const std::string& name, MpsHostSetting
       if (!parseInt(l.value, 0, INT64_MAX, &n, &reason)) return *err = where(name, l) + ": " + reason, false;
       s.contextReserve = static_cast<uint64_t>(n);
       reserve = true;
+    } else if (l.key == "whole_gpus") {
+      if (l.value != "yes" && l.value != "no")
+        return *err = where(name, l) + ": expected 'yes' or 'no', found '" + printable(l.value, 32) + "'", false;
+      s.wholeGpus = l.value == "yes";
+    } else if (l.key == "mig_daemon") {
+      // MIG-<uuid> GPU-<uuid> <gi> <ci>
+      std::istringstream in(l.value);
+      std::string uuid, gpu, extra;
+      int64_t gi = -1, ci = -1;
+      std::string giText, ciText;
+      unsigned char b[16];
+      in >> uuid >> gpu >> giText >> ciText;
+      if (uuid.rfind("MIG-", 0) != 0 || !parseGpuUuidBytes(uuid, b) || gpu.rfind("GPU-", 0) != 0 ||
+          !parseGpuUuidBytes(gpu, b) || !parseInt(giText, 0, 14, &gi, &reason) || !parseInt(ciText, 0, 7, &ci, &reason) ||
+          (in >> extra))
+        return *err = where(name, l) + ": expected MIG-<uuid> GPU-<uuid> <gpu instance> <compute instance>, found '" +
+                      printable(l.value, 120) + "'", false;
+      for (const MpsHostSettings::MigDaemon& m : s.mig)
+        if (sameDeviceUuid(m.uuid, uuid)) return *err = where(name, l) + ": " + uuid + " listed twice", false;
+      s.mig.push_back({uuid, gpu, static_cast<unsigned>(gi), static_cast<unsigned>(ci)});
     } else if (l.key == "unknown_tenants") {
       if (l.value != "admit" && l.value != "refuse")
         return *err = where(name, l) + ": expected 'admit' or 'refuse', found '" + printable(l.value, 32) + "'", false;
@@ -248,6 +277,9 @@ bool parseMpsHost(std::string_view text, const std::string& name, MpsHostSetting
     return false;
   }
   if (unknownFields && !s.unknown) return *err = name + ": unknown_* settings while unknown_tenants is refuse", false;
+  if (!s.mig.empty() && s.pipeDir.size() > kMaxMpsPipeDirWithMig)
+    return *err = name + ": pipe_dir is longer than the " + std::to_string(kMaxMpsPipeDirWithMig) +
+                  " bytes that leave room for a MIG device's daemon", false;
   if (s.unknown) *s.unknown = unknown;
   *out = std::move(s);
   return true;
@@ -311,6 +343,40 @@ bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, 
       return false;
     }
   }
+  // A MIG device's daemon (one per MIG device): the one of the MIG device the driver will run the
+  // process in, its first MIG- entry of CUDA_VISIBLE_DEVICES.
+  const MpsHostSettings::MigDaemon* mine = nullptr;
+  std::string migEntry;
+  if (const char* v = getenv("CUDA_VISIBLE_DEVICES")) {
+    std::string_view rest(v);
+    while (migEntry.empty() && !rest.empty()) {
+      const size_t comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+      if (item.size() >= 4 && std::tolower(static_cast<unsigned char>(item[0])) == 'm' &&
+          std::tolower(static_cast<unsigned char>(item[1])) == 'i' &&
+          std::tolower(static_cast<unsigned char>(item[2])) == 'g' && item[3] == '-')
+        migEntry = std::string(item);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+  }
+  if (!migEntry.empty()) {
+    for (const MpsHostSettings::MigDaemon& m : host.mig) {
+      // MIG-<uuid>, or the legacy MIG-<GPU-UUID>/<gi>/<ci>.
+      if (sameDeviceUuid(migEntry, m.uuid) ||
+          (migEntry.size() > 44 && sameDeviceUuid(migEntry.substr(4, 40), m.gpuUuid) &&
+           migEntry.substr(44) == "/" + std::to_string(m.gi) + "/" + std::to_string(m.ci)))
+        mine = &m;
+    }
+    if (mine == nullptr) {
+      *err = "cushare: CUDA_VISIBLE_DEVICES names the MIG device '" + printable(migEntry, 64) +
+             "', for which the broker runs no MPS control daemon (a MIG device made after the broker started, or not "
+             "one of this host's): refusing to run outside MPS";
+      return false;
+    }
+    e.pipeDir += "/" + mine->uuid;
+  }
   // Active thread percentage: the lowest of the tenant's cap, CUSHARE_THREAD_PERCENTAGE and the
   // process's own value.
   std::optional<int> cap = tenant.threads;
@@ -337,9 +403,13 @@ bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, 
   }
   e.priority = low ? "1" : "0";
   // Pinned memory: per device the lower of the tenant's limit plus the reserve and the process's own.
+  // The devices the process can reach: its MIG device, or the whole GPUs.
+  const auto reachable = [&](const std::string& uuid) {
+    return mine ? sameDeviceUuid(uuid, mine->uuid) && uuid.rfind("MIG-", 0) == 0 : uuid.rfind("MIG-", 0) != 0;
+  };
   std::vector<std::pair<std::string, uint64_t>> limits;
   for (const auto& [uuid, bytes] : tenant.memory)
-    if (bytes != kUnlimited)
+    if (bytes != kUnlimited && reachable(uuid))
       limits.emplace_back(uuid, bytes > UINT64_MAX - host.contextReserve ? UINT64_MAX : bytes + host.contextReserve);
   if (const char* v = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")) {
     const std::string all = v;
@@ -353,10 +423,15 @@ bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, 
       uint64_t n = 0;
       const std::string bad = std::string("cushare: invalid CUDA_MPS_PINNED_DEVICE_MEM_LIMIT='") + printable(all, 64) + "': ";
       if (eq == std::string::npos) return *err = bad + "'" + printable(item, 32) + "' is not <device>=<size>", false;
-      if (item.size() >= 4 && std::tolower(static_cast<unsigned char>(item[0])) == 'm' &&
-          std::tolower(static_cast<unsigned char>(item[1])) == 'i' &&
-          std::tolower(static_cast<unsigned char>(item[2])) == 'g' && item[3] == '-')
-        return *err = bad + "the broker's MPS runs on whole GPUs, not on the MIG device '" +
+      const bool migItem = item.size() >= 4 && std::tolower(static_cast<unsigned char>(item[0])) == 'm' &&
+                           std::tolower(static_cast<unsigned char>(item[1])) == 'i' &&
+                           std::tolower(static_cast<unsigned char>(item[2])) == 'g' && item[3] == '-';
+      if (migItem && (mine == nullptr || !sameDeviceUuid(item.substr(0, eq), mine->uuid)))
+        return *err = bad + "'" + printable(item.substr(0, eq), 48) + "' is not the MIG device this process runs in" +
+                      (mine ? " (" + mine->uuid + ")" : std::string(" (it names none in CUDA_VISIBLE_DEVICES)")),
+               false;
+      if (!migItem && mine != nullptr)
+        return *err = bad + "this process runs in the MIG device " + mine->uuid + ": name it, not '" +
                       printable(item.substr(0, eq), 48) + "'",
                false;
       if (!parseGpuUuidBytes(item.substr(0, eq), bytes))
@@ -365,10 +440,10 @@ bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, 
                false;
       if (!parseMpsSize(item.substr(eq + 1), &n))
         return *err = bad + "'" + printable(item.substr(eq + 1), 32) + "' is not a size such as 1G or 512M", false;
-      const std::string uuid = formatGpuUuid(bytes);
+      const std::string uuid = formatDeviceUuid(bytes, migItem);
       bool merged = false;
       for (auto& l : limits)
-        if (l.first == uuid) l.second = std::min(l.second, n), merged = true;
+        if (sameDeviceUuid(l.first, uuid)) l.second = std::min(l.second, n), merged = true;
       if (!merged) limits.emplace_back(uuid, n);
     }
   }

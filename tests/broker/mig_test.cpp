@@ -319,18 +319,23 @@ TEST_F(Mig, LiveLimitsOfMigDevicesSurviveARestart) {
 
 // MPS under the broker does not run inside MIG devices (yet): mode on refuses to start with the
 // reason, auto runs without it.
-TEST_F(Mig, MpsModeOnIsRefusedOnMigDevices) {
+// MPS on MIG devices runs a control daemon per MIG device at <pipe_dir>/MIG-<uuid> (docs/mig.md;
+// BrokerMpsMig.* runs them): a pipe_dir too long for those sockets is refused with mode on, and
+// leaves MPS off with mode auto, saying why.
+TEST_F(Mig, APipeDirTooLongForMigDaemonsIsRefused) {
   const std::string dir = testDir();
+  const std::string pipe = "/tmp/" + std::string(60, 'p');
   Broker on(brokerDir(dir, "on"));
-  EXPECT_FALSE(on.start("mps: {mode: on}\ntenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n"));
-  EXPECT_NE(on.log().find("mps.mode on: this host's devices are MIG devices (0:0, 0:1, 0:2), and cushare does not run "
-                          "MPS inside MIG devices"),
+  EXPECT_FALSE(on.start("mps: {mode: on, pipe_dir: " + pipe + "}\ntenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n"));
+  EXPECT_NE(on.log().find("mps.mode on: mps.pipe_dir " + pipe + " is 65 bytes: with MIG devices (a control daemon "
+                          "each, at <pipe_dir>/MIG-<uuid>) it may be at most 58"),
             std::string::npos)
       << on.log();
   Broker autoMode(brokerDir(dir, "auto"));
-  ASSERT_TRUE(autoMode.start("mps: {mode: auto}\ntenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n")) << autoMode.log();
+  ASSERT_TRUE(autoMode.start("mps: {mode: auto, pipe_dir: " + pipe + "}\ntenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n"))
+      << autoMode.log();
   EXPECT_FALSE(autoMode.status().mps().active());
-  EXPECT_NE(autoMode.status().mps().why().find("does not run MPS inside MIG devices"), std::string::npos)
+  EXPECT_NE(autoMode.status().mps().why().find("it may be at most 58"), std::string::npos)
       << autoMode.status().mps().DebugString();
 }
 

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -26,6 +27,8 @@
 
 #include "cushare/ledger_abi.h"
 #include "harness.h"
+#include "simgpu/nvml.h"
+#include "timeslice_board.h"
 
 namespace cushare::test {
 namespace {
@@ -77,8 +80,13 @@ struct MpsCase {
   }
   ~MpsCase() {
     if (broker.pid() > 0) broker.stop();
-    // Whatever a failed test left running on this pipe directory.
+    // Whatever a failed test left running on this pipe directory (and a MIG device's beneath it).
     control("quit");
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(pipe, ec))
+      if (e.is_directory() && e.path().filename().string().rfind("MIG-", 0) == 0)
+        std::system(("printf 'quit\\n' | CUDA_MPS_PIPE_DIRECTORY=" + e.path().string() + " " + kControl +
+                     " > /dev/null 2>&1").c_str());
   }
   // A short pipe directory (the daemon's socket path must fit 107 bytes).
   static std::string pipeFor(const std::string& dir) {
@@ -1124,6 +1132,131 @@ TEST(BrokerMps, ATenantHoldingItsLedgerLockKeepsItsMpsSettings) {
   EXPECT_EQ(small.readLine(), "ready 30") << "see " << m.dir << "/tenants.log";
   const std::string server = m.serverPid();
   EXPECT_NE(m.control("get_client_list " + server).find(std::to_string(small.pid())), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// MPS inside MIG devices (docs/mig.md, docs/mps.md), on simgpu's H100 (ctest broker_mps_mig): GPU 0
+// holds a 3g.40gb (60 SMs) and a 1g.10gb (16 SMs). The broker runs one control daemon per MIG
+// device (at <pipe_dir>/<MIG uuid>, started with CUDA_VISIBLE_DEVICES naming it); a tenant's
+// process in a MIG device is a client of that device's daemon, its cap a percentage of the
+// instance's SMs, held by the server (the device's own count: simgpu's board of the instance).
+struct MigLayout {
+  nvmlDevice_t gpu = nullptr;
+  nvmlGpuInstance_t g3 = nullptr, g1 = nullptr;
+  nvmlComputeInstance_t c3 = nullptr, c1 = nullptr;
+  std::string uuid3g, uuid1g;
+  int board3g = 0, board1g = 0;
+  bool make() {
+    nvmlReturn_t act;
+    if (nvmlInit_v2() != NVML_SUCCESS || nvmlDeviceGetHandleByIndex_v2(0, &gpu) != NVML_SUCCESS ||
+        nvmlDeviceSetMigMode(gpu, NVML_DEVICE_MIG_ENABLE, &act) != NVML_SUCCESS ||
+        nvmlDeviceCreateGpuInstance(gpu, 9, &g3) != NVML_SUCCESS ||
+        nvmlGpuInstanceCreateComputeInstance(g3, NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, &c3) != NVML_SUCCESS ||
+        nvmlDeviceCreateGpuInstance(gpu, 19, &g1) != NVML_SUCCESS ||
+        nvmlGpuInstanceCreateComputeInstance(g1, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, &c1) != NVML_SUCCESS)
+      return false;
+    for (auto [g, c, uuid, board] : {std::tuple{g3, c3, &uuid3g, &board3g}, std::tuple{g1, c1, &uuid1g, &board1g}}) {
+      nvmlGpuInstanceInfo_t gi{};
+      nvmlComputeInstanceInfo_t ci{};
+      if (nvmlGpuInstanceGetInfo(g, &gi) != NVML_SUCCESS || nvmlComputeInstanceGetInfo_v2(c, &ci) != NVML_SUCCESS) return false;
+      for (unsigned i = 0; i < 7; ++i) {
+        nvmlDevice_t m;
+        unsigned a = 0, b = 0;
+        char u[96];
+        if (nvmlDeviceGetMigDeviceHandleByIndex(gpu, i, &m) == NVML_SUCCESS && nvmlDeviceGetGpuInstanceId(m, &a) == NVML_SUCCESS &&
+            nvmlDeviceGetComputeInstanceId(m, &b) == NVML_SUCCESS && a == gi.id && b == ci.id &&
+            nvmlDeviceGetUUID(m, u, sizeof u) == NVML_SUCCESS)
+          *uuid = u;
+      }
+      *board = 1000 + static_cast<int>(gi.id * 8 + ci.id);
+    }
+    return !uuid3g.empty() && !uuid1g.empty();
+  }
+  ~MigLayout() {
+    for (nvmlComputeInstance_t c : {c3, c1})
+      if (c) nvmlComputeInstanceDestroy(c);
+    for (nvmlGpuInstance_t g : {g3, g1})
+      if (g) nvmlGpuInstanceDestroy(g);
+    nvmlReturn_t act;
+    if (gpu) nvmlDeviceSetMigMode(gpu, NVML_DEVICE_MIG_DISABLE, &act);
+    nvmlShutdown();
+  }
+};
+
+// Per pid on a MIG device's board: SM-time over busy time (the SMs it held while it ran).
+std::map<int, double> smsOn(int board) {
+  std::map<int, double> out;
+  std::string err;
+  simgpu::Board* b = simgpu::openBoard(std::getenv("SIMGPU_STATE_DIR"), board, &err);
+  EXPECT_NE(b, nullptr) << err;
+  if (b)
+    simgpu::forEachProcess(*b, [&](const simgpu::ProcessDeviceStats& p) {
+      if (p.busyNs > 0) out[p.pid] = static_cast<double>(p.busySmNs) / static_cast<double>(p.busyNs);
+    });
+  return out;
+}
+
+TEST(BrokerMpsMig, ADaemonPerMigDeviceAndEachTenantIsAClientOfItsOwn) {
+  MigLayout l;
+  ASSERT_TRUE(l.make());
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "tenants:\n"
+                             "  - {name: small, thread_percentage: 30, memory: {" + l.uuid3g + ": 1GiB}}\n"
+                             "  - {name: large, thread_percentage: 70, memory: {" + l.uuid3g + ": 1GiB}}\n"
+                             "  - {name: solo, thread_percentage: 50, memory: {" + l.uuid1g + ": 1GiB}}\n"))
+      << m.broker.log();
+  // Two daemons, each on its own pipe directory under pipe_dir; none for whole GPUs (there are none).
+  for (const std::string& u : {l.uuid3g, l.uuid1g}) {
+    std::ifstream pid(m.pipe + "/" + u + "/nvidia-cuda-mps-control.pid");
+    int p = 0;
+    pid >> p;
+    EXPECT_GT(p, 0) << u;
+    EXPECT_EQ(::kill(p, 0), 0) << u;
+  }
+  EXPECT_FALSE(std::filesystem::exists(m.pipe + "/nvidia-cuda-mps-control.pid")) << "no whole GPU: no daemon there";
+  EXPECT_TRUE(m.broker.logHas("mps: the control daemon of MIG device 0:")) << m.broker.log();
+  const std::map<std::string, std::string> in3g = {{"CUDA_VISIBLE_DEVICES", l.uuid3g}},
+                                           in1g = {{"CUDA_VISIBLE_DEVICES", l.uuid1g}};
+  std::string first;
+  Child small = m.worker("small", &first, in3g);
+  EXPECT_EQ(first, "ready 18") << "30 % of the 3g's 60 SMs; see " << m.dir << "/tenants.log";
+  Child large = m.worker("large", &first, in3g);
+  EXPECT_EQ(first, "ready 42");
+  Child solo = m.worker("solo", &first, in1g);
+  EXPECT_EQ(first, "ready 8") << "50 % of the 1g's 16 SMs";
+  // A MIG device no daemon of the broker serves: the shim refuses to run outside MPS.
+  Child stray = m.worker("solo", &first, {{"CUDA_VISIBLE_DEVICES", "MIG-00000000-0000-5000-8000-000000000000"}});
+  EXPECT_EQ(first.rfind("init-failed", 0), 0u) << first;
+  EXPECT_NE(readFile(m.dir + "/tenants.log").find("for which the broker runs no MPS control daemon"), std::string::npos);
+  // The broker sees every client: two servers, one per MIG device.
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Mps mps = m.broker.status().mps();
+    std::set<int> listed;
+    for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
+    return mps.up() && mps.servers_size() == 2 && listed.count(small.pid()) && listed.count(large.pid()) &&
+           listed.count(solo.pid());
+  })) << m.broker.status().mps().DebugString();
+  EXPECT_NE(m.broker.metrics().find("cushare_mps_up 1"), std::string::npos);
+  // Held by the server to their SMs, side by side (the device's own count).
+  for (Child* c : {&small, &large, &solo}) c->send("spin 2500");
+  for (Child* c : {&small, &large, &solo}) EXPECT_EQ(c->readLine(60000).rfind("spun ", 0), 0u);
+  const std::map<int, double> big = smsOn(l.board3g), one = smsOn(l.board1g);
+  ASSERT_TRUE(big.count(small.pid()) && big.count(large.pid()) && one.count(solo.pid()));
+  std::printf("SMs held while running: small %.1f (cap 18), large %.1f (cap 42) in the 3g; solo %.1f (cap 8) in the 1g\n",
+              big.at(small.pid()), big.at(large.pid()), one.at(solo.pid()));
+  EXPECT_LE(big.at(small.pid()), 18.5);
+  EXPECT_GE(big.at(small.pid()), 15);
+  EXPECT_LE(big.at(large.pid()), 42.5);
+  EXPECT_GE(big.at(large.pid()), 36);
+  EXPECT_LE(one.at(solo.pid()), 8.5);
+  // Metered by the broker as MPS clients (not paced).
+  EXPECT_FALSE(m.broker.tenant("small").devices(0).paced()) << m.broker.tenant("small").DebugString();
+  // Stopping the broker quits both daemons.
+  const int strayStatus = stray.wait();
+  EXPECT_TRUE(WIFEXITED(strayStatus) && WEXITSTATUS(strayStatus) == 3) << strayStatus << ": it stops at its refused start";
+  for (Child* c : {&small, &large, &solo}) c->send("quit");
+  EXPECT_EQ(m.broker.stop(), 0);
+  EXPECT_TRUE(m.broker.logHas("mps: the control daemon of MIG device")) << m.broker.log();
 }
 
 }  // namespace

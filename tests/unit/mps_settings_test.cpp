@@ -179,6 +179,78 @@ TEST(MpsSettings, MalformedClientValuesFailClosed) {
   }
 }
 
+// MIG devices, each with a daemon of its own at <pipe_dir>/<uuid> (docs/mig.md): the process's
+// first MIG- entry of CUDA_VISIBLE_DEVICES picks it (by UUID or the legacy GPU/GI/CI form), with
+// that MIG device's pinned limit only; a MIG device without a daemon fails closed; a process on
+// whole GPUs keeps pipe_dir and the whole GPUs' limits.
+TEST(MpsSettings, AMigDevicesProcessIsItsOwnDaemonsClient) {
+  const std::string migA = "MIG-0a0a0a0a-0000-5000-8000-000000000001", migB = "MIG-0b0b0b0b-0000-5000-8000-000000000002";
+  MpsHostSettings h = host();
+  h.mig = {{migA, kUuid, 1, 0}, {migB, kUuid, 13, 0}};
+  MpsHostSettings back;
+  std::string err;
+  ASSERT_TRUE(parseMpsHost(formatMpsHost(h), "mps.conf", &back, &err)) << err;
+  ASSERT_EQ(back.mig.size(), 2u);
+  EXPECT_EQ(back.mig[1].uuid, migB);
+  EXPECT_EQ(back.mig[1].gi, 13u);
+  EXPECT_TRUE(back.wholeGpus);
+  h.wholeGpus = false;
+  ASSERT_TRUE(parseMpsHost(formatMpsHost(h), "mps.conf", &back, &err)) << err;
+  EXPECT_FALSE(back.wholeGpus);
+  MpsTenantSettings t = tenant(30);
+  t.memory.emplace_back(migA, 512 * kMiB);
+  t.memory.emplace_back(migB, 2048 * kMiB);
+  MpsTenantSettings tb;
+  ASSERT_TRUE(parseMpsTenant(formatMpsTenant(t), "a.mps", &tb, &err)) << err;
+  ASSERT_EQ(tb.memory.size(), 3u) << "MIG devices' limits are kept";
+  EXPECT_EQ(tb.memory[1].first, migA);
+
+  MpsClientEnv e;
+  ASSERT_TRUE(clientEnv(h, t, {{"CUDA_VISIBLE_DEVICES", migB}}, &e, &err)) << err;
+  EXPECT_EQ(e.pipeDir, "/run/cushare/mps/" + migB);
+  EXPECT_EQ(e.pinnedMem, migB + "=2304M") << "its MIG device's limit plus the reserve, nothing else";
+  ASSERT_TRUE(clientEnv(h, t, {{"CUDA_VISIBLE_DEVICES", " mig-0A0A0A0A-0000-5000-8000-000000000001 ,0"}}, &e, &err)) << err;
+  EXPECT_EQ(e.pipeDir, "/run/cushare/mps/" + migA) << "any case, trimmed, the first MIG entry";
+  ASSERT_TRUE(clientEnv(h, t, {{"CUDA_VISIBLE_DEVICES", "MIG-" + kUuid + "/13/0"}}, &e, &err)) << err;
+  EXPECT_EQ(e.pipeDir, "/run/cushare/mps/" + migB) << "the legacy MIG-<GPU-UUID>/<gi>/<ci>";
+  ASSERT_TRUE(clientEnv(h, t, {{"CUDA_VISIBLE_DEVICES", kUuid}}, &e, &err)) << err;
+  EXPECT_EQ(e.pipeDir, "/run/cushare/mps");
+  EXPECT_EQ(e.pinnedMem, kUuid + "=1280M") << "the whole GPUs' limits only";
+  ASSERT_TRUE(clientEnv(h, t, {{"CUDA_VISIBLE_DEVICES", migA}, {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", migA + "=256M"}},
+                        &e, &err))
+      << err;
+  EXPECT_EQ(e.pinnedMem, migA + "=256M") << "its own lower value wins";
+  const std::pair<std::map<std::string, std::string>, std::string> refused[] = {
+      {{{"CUDA_VISIBLE_DEVICES", "MIG-0c0c0c0c-0000-5000-8000-000000000003"}}, "for which the broker runs no MPS control daemon"},
+      {{{"CUDA_VISIBLE_DEVICES", "MIG-" + kUuid + "/14/0"}}, "for which the broker runs no MPS control daemon"},
+      {{{"CUDA_VISIBLE_DEVICES", migA}, {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", migB + "=1G"}},
+       "is not the MIG device this process runs in"},
+      {{{"CUDA_VISIBLE_DEVICES", migA}, {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", kUuid + "=1G"}},
+       "this process runs in the MIG device " + migA},
+      {{{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", migA + "=1G"}}, "it names none in CUDA_VISIBLE_DEVICES"},
+  };
+  for (const auto& [env, message] : refused) {
+    EXPECT_FALSE(clientEnv(h, t, env, &e, &err)) << message;
+    EXPECT_NE(err.find(message), std::string::npos) << err;
+  }
+  // Damage: a bad mig_daemon line, one listed twice, a pipe_dir too long for MIG sockets.
+  const std::string base = formatMpsHost(host());
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {base + "mig_daemon " + migA + " " + kUuid + " 1\n", "expected MIG-<uuid> GPU-<uuid>"},
+           {base + "mig_daemon " + kUuid + " " + kUuid + " 1 0\n", "expected MIG-<uuid> GPU-<uuid>"},
+           {base + "mig_daemon " + migA + " " + kUuid + " 15 0\n", "expected MIG-<uuid> GPU-<uuid>"},
+           {base + "mig_daemon " + migA + " " + kUuid + " 1 0\nmig_daemon " + migA + " " + kUuid + " 2 0\n", "listed twice"},
+           {base + "whole_gpus maybe\n", "expected 'yes' or 'no'"},
+       }) {
+    EXPECT_FALSE(parseMpsHost(text, "mps.conf", &back, &err)) << message;
+    EXPECT_NE(err.find(message), std::string::npos) << err;
+  }
+  MpsHostSettings longPipe = h;
+  longPipe.pipeDir = "/" + std::string(70, 'p');
+  EXPECT_FALSE(parseMpsHost(formatMpsHost(longPipe), "mps.conf", &back, &err));
+  EXPECT_NE(err.find("leave room for a MIG device's daemon"), std::string::npos) << err;
+}
+
 TEST(MpsConfig, DefaultsAndValues) {
   broker::Config c;
   std::string err;

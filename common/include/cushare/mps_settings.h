@@ -55,7 +55,21 @@ struct MpsHostSettings {
   uint64_t contextReserve = 0;
   // The unknown-tenant profile's settings when the broker admits unknown tenants.
   std::optional<MpsTenantSettings> unknown;
+  // MIG devices, each with a control daemon of its own (as NVIDIA runs MPS on MIG) whose pipe
+  // directory is <pipe_dir>/<uuid>: a process whose CUDA_VISIBLE_DEVICES names one (by its
+  // MIG-<uuid>, or the legacy MIG-<GPU-UUID>/<gi>/<ci>) is that daemon's client.
+  struct MigDaemon {
+    std::string uuid;     // "MIG-..." (formatDeviceUuid)
+    std::string gpuUuid;  // its GPU's "GPU-..."
+    unsigned gi = 0, ci = 0;
+  };
+  std::vector<MigDaemon> mig;
+  // A daemon at pipe_dir itself serves the whole GPUs (false on a host whose devices are all MIG
+  // devices).
+  bool wholeGpus = true;
 };
+// The longest pipe_dir that leaves room for a MIG device's "/MIG-<uuid>" and its "/control".
+inline constexpr size_t kMaxMpsPipeDirWithMig = kMaxMpsPipeDir - 41;
 
 std::string formatMpsHost(const MpsHostSettings& s);
 std::string formatMpsTenant(const MpsTenantSettings& s);
@@ -74,7 +88,7 @@ bool writeMpsFile(const std::string& dir, const std::string& name, const std::st
 
 // The MPS client environment of a tenant process.
 struct MpsClientEnv {
-  std::string pipeDir;     // CUDA_MPS_PIPE_DIRECTORY
+  std::string pipeDir;     // CUDA_MPS_PIPE_DIRECTORY (<pipe_dir>/<uuid> for a MIG device's daemon)
   std::string threads;     // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; empty: leave unset
   std::string priority;    // CUDA_MPS_CLIENT_PRIORITY: "0" or "1"
   std::string pinnedMem;   // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; empty: leave unset
@@ -86,7 +100,11 @@ struct MpsClientEnv {
 // tenant's limit plus the context reserve, rounded down to whole MiB ("GPU-...=1536M"), merged
 // per device with the process's own (the lower wins). Fails (one line) for a malformed CUDA_MPS_*
 // value or a CUDA_MPS_PINNED_DEVICE_MEM_LIMIT that names a device by ordinal, which cannot be
-// matched to a UUID before the driver starts.
+// matched to a UUID before the driver starts. A process whose CUDA_VISIBLE_DEVICES names a MIG
+// device (its first MIG- entry, as the driver reads it) is the client of that MIG device's daemon,
+// with the pinned limit of that MIG device only; one naming a MIG device without a daemon of the
+// broker fails (it would run outside MPS). Other processes are clients of the whole GPUs' daemon,
+// with the limits of the whole GPUs.
 bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, const ShimConfig& config,
                   const std::function<const char*(const char*)>& getenv, MpsClientEnv* out, std::string* err);
 

@@ -2,9 +2,12 @@
 // initialisation status turned into that error: every later API call returns it, as a real
 // context's sticky error, at no cost to the calls themselves.
 #include "mps_client.h"
+
+#include "mig.h"
 #include "probe_twin.h"
 
 #include <pthread.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -91,6 +94,12 @@ bool parseEnvLimits(const char* v, uint64_t out[kMaxDevices], std::string* why) 
     int ordinal = -1;
     for (int d = 0; d < kMaxDevices; ++d)
       if (dev == std::to_string(d) || dev == deviceUuidString(d)) ordinal = d;
+    // Inside a MIG device its own UUID names it (the process's device 0).
+    if (ordinal < 0 && gMigTag != 0) {
+      const int host = static_cast<int>(gMigTag & 0xff) - 1;
+      const unsigned gi = ((gMigTag >> 8) & 0xff) - 1, ci = ((gMigTag >> 16) & 0xff) - 1;
+      if (strcasecmp(dev.c_str(), mig::migUuid(host, gi, ci).c_str()) == 0) ordinal = 0;
+    }
     uint64_t bytes = 0;
     if (ordinal < 0) return *why = "\"" + dev + "\" is not a device", false;
     if (!parseLimit(item.substr(eq + 1), &bytes) || bytes == 0)

@@ -296,17 +296,28 @@ int main(int argc, char** argv) {
   // them: a MIG device renumbered or removed by a layout changed under the broker stops the
   // reading of its GPU instance's accounting (docs/mig.md), and {index} CDI names would give pods
   // another instance.
-  auto health = [&broker, &mps, groupAtStart] {
+  auto health = [&broker, &mps, groupAtStart, gpuUuids] {
     std::map<std::string, bool> h;
     std::vector<DeviceInfo> now;
     std::string why;
     if (!listDevices(&now, &why)) return h;  // NVML gone: every GPU unhealthy
-    bool mpsOk = true;
+    // MPS, per device: its daemon (a MIG device's own, or the whole GPUs') answers and none of that
+    // daemon's servers is in FAULT.
+    std::map<std::string, bool> mpsOkOf;
     if (mps.active()) {
       const MpsSnapshot m = broker.snapshot().mps;
-      mpsOk = m.up;
-      for (const MpsServerSnapshot& s : m.servers) mpsOk = mpsOk && s.state != "FAULT";
+      for (size_t i = 0; i < gpuUuids.size(); ++i) {
+        const bool mig = gpuUuids[i].rfind("MIG-", 0) == 0;
+        bool ok = m.deviceUp.empty() ? m.up : i < m.deviceUp.size() && m.deviceUp[i] != 0;
+        for (const MpsServerSnapshot& s : m.servers)
+          if (s.daemon == (mig ? gpuUuids[i] : std::string())) ok = ok && s.state != "FAULT";
+        mpsOkOf[gpuUuids[i]] = ok;
+      }
     }
+    const auto mpsOkOn = [&](const std::string& uuid) {
+      const auto it = mpsOkOf.find(uuid);
+      return !mps.active() || (it != mpsOkOf.end() && it->second);
+    };
     std::map<std::string, std::string> nameNow;
     for (const DeviceInfo& d : now) nameNow[d.uuid] = d.name();
     for (const DeviceInfo& d : now) {
@@ -317,7 +328,7 @@ int main(int argc, char** argv) {
           const auto n = nameNow.find(uuid);
           same = same && n != nameNow.end() && n->second == name;
         }
-      h[d.uuid] = mpsOk && same;
+      h[d.uuid] = mpsOkOn(d.uuid) && same;
     }
     return h;
   };

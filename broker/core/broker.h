@@ -373,6 +373,7 @@ class Broker {
   // is a client of the broker's MPS server, whose caps MPS enforces; the scheduler then neither
   // gates nor paces the tenant there (metering goes on). A tenant with any other process there is
   // paced as without MPS.
+  bool mpsUpOnLocked(size_t device) const;  // the MPS daemon of the device answers
   bool computeUnderMpsLocked(const TenantState& t, size_t device) const;
   // Every tick, after reaping: which tenants have only MPS clients on each device (the server's
   // client lists from the last health check against the tenants' live processes: their ledger

@@ -168,11 +168,22 @@ bool Broker::computeUnderMpsLocked(const TenantState& t, size_t device) const {
   // device are all MPS clients has its cap enforced by the server: metered, never gated. While
   // the daemon is down, or while any process of the tenant there is not a client (it escaped MPS,
   // or it started after the last health check), pacing holds the tenant to its cap.
-  return mps_.active && mps_.up && device < t.mpsClientsOnly.size() && t.mpsClientsOnly[device] != 0;
+  return mps_.active && mpsUpOnLocked(device) && device < t.mpsClientsOnly.size() && t.mpsClientsOnly[device] != 0;
+}
+
+bool Broker::mpsUpOnLocked(size_t device) const {
+  // Per device where the daemons are one per MIG device: one daemon down leaves the others' up.
+  return mps_.deviceUp.empty() ? mps_.up : device < mps_.deviceUp.size() && mps_.deviceUp[device] != 0;
 }
 
 void Broker::mpsClientsLocked() {
-  const bool mps = mps_.active && mps_.up;
+  // Devices whose daemon answers (one per MIG device, or the whole GPUs' one): a process there that
+  // is not in a server's client list escaped MPS; one on a device whose daemon is down cannot be a
+  // client and is only paced.
+  uint64_t upMask = 0;
+  for (size_t d = 0; d < devices_.size() && d < 64; ++d)
+    if (mpsUpOnLocked(d)) upMask |= uint64_t{1} << d;
+  const bool mps = mps_.active && upMask != 0;
   std::set<int> clients;  // host pids: the daemon runs in the broker's pid namespace
   if (mps)
     for (const MpsServerSnapshot& s : mps_.servers) clients.insert(s.clients.begin(), s.clients.end());
@@ -202,6 +213,7 @@ void Broker::mpsClientsLocked() {
     for (const auto& [pid, devices] : procs) {
       if (clients.count(pid)) continue;
       outside |= devices;
+      if ((devices & upMask) == 0) continue;  // only where no daemon answers: nothing escaped
       auto seen = t.notMpsClients.find(pid);
       std::pair<uint64_t, bool> s = seen == t.notMpsClients.end() ? std::make_pair(now, false) : seen->second;
       // A new client shows in the server's list at the next health check (about a second): one

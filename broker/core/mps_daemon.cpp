@@ -367,6 +367,7 @@ bool MpsSupervisor::startMps(std::string* err) {
     daemons_.insert(daemons_.begin(), std::move(whole));
   }
   bool ok = why.empty() && makeDir(config_.pipeDir, "pipe_dir", &why) && makeDir(config_.logDir, "log_dir", &why);
+  if (ok) quitStaleDaemons();
   size_t started = 0;
   for (Daemon& d : daemons_) {
     if (!ok) break;
@@ -408,11 +409,63 @@ bool MpsSupervisor::startMps(std::string* err) {
   return true;
 }
 
+// The CUDA_VISIBLE_DEVICES a running process was started with ("" when unset or unreadable).
+static std::string visibleOf(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  for (std::string kv; std::getline(in, kv, '\0');)
+    if (kv.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0) return kv.substr(21);
+  return "";
+}
+
+void MpsSupervisor::quitStaleDaemons() {
+  // A MIG device's daemon from an earlier layout (its directory under pipe_dir, no longer a MIG
+  // device of this host), or a whole-GPU daemon where there are no whole GPUs now: quit, so that
+  // no process finds a daemon the broker does not watch.
+  std::vector<std::string> stale;
+  bool whole = false;
+  for (const Daemon& d : daemons_) whole = whole || d.name.empty();
+  if (!whole) stale.push_back(config_.pipeDir);
+  if (DIR* dir = ::opendir(config_.pipeDir.c_str())) {
+    while (const dirent* e = ::readdir(dir)) {
+      const std::string name = e->d_name;
+      if (name.rfind("MIG-", 0) != 0) continue;
+      bool current = false;
+      for (const Daemon& d : daemons_) current = current || d.uuid == name;
+      if (!current) stale.push_back(config_.pipeDir + "/" + name);
+    }
+    ::closedir(dir);
+  }
+  for (const std::string& pipe : stale) {
+    MpsControl c{binary_, pipe, config_.logDir, ""};
+    std::string out;
+    if (!c.ask("get_server_list\n", kCheckTimeoutMs, &out)) continue;  // nobody there
+    std::ifstream in(pipe + "/nvidia-cuda-mps-control.pid");
+    int pid = 0;
+    in >> pid;
+    c.ask("quit\n", kCheckTimeoutMs, &out);
+    const auto t = Clock::now();
+    while (isControlDaemon(pid, binary_) && ::kill(pid, 0) == 0 && msSince(t) < kQuitWaitMs) ::usleep(10000);
+    CUSHARE_BLOG(warn, "mps: quit the control daemon on {} (pid {}): no device of this host is served there now (the "
+                 "MIG layout changed)", pipe, pid);
+  }
+}
+
 bool MpsSupervisor::startDaemon(Daemon& d, bool adoptRunning, std::string* err) {
   std::string out;
   std::vector<std::string> args{"-d"};
   if (config_.multiuser) args.push_back("-multiuser-server");
-  const int rc = d.control.run(args, "", kStartTimeoutMs, &out);
+  int rc = d.control.run(args, "", kStartTimeoutMs, &out);
+  // A daemon already there that was started for other devices (an earlier layout): quit it and
+  // start one for these.
+  if (rc != 0 && adoptRunning && out.find("already running") != std::string::npos && !d.control.visible.empty()) {
+    const int pid = pidFromFile(d);
+    if (isControlDaemon(pid, binary_) && visibleOf(pid) != d.control.visible) {
+      CUSHARE_BLOG(warn, "mps: {} already running on {} (pid {}) serves CUDA_VISIBLE_DEVICES={}, not {}: restarting it",
+                   d.label(), d.control.pipeDir, pid, visibleOf(pid), d.control.visible);
+      quitDaemon(d);
+      rc = d.control.run(args, "", kStartTimeoutMs, &out);
+    }
+  }
   if (rc != 0) {
     std::string probe;
     if (adoptRunning && out.find("already running") != std::string::npos &&
@@ -559,9 +612,11 @@ void MpsSupervisor::publish(bool force) {
     for (size_t k = 0; k < d.devices.size(); ++k) {
       const size_t i = d.devices[k];
       if (i >= devices.size() || !maxMemory[i] || *maxMemory[i] == 0) continue;
-      // The daemon's own ordinal: NVML's index (PCI order) when it sees every GPU, else its
-      // position in CUDA_VISIBLE_DEVICES (a MIG device's daemon sees one device: 0).
-      const std::string ordinal = std::to_string(d.control.visible.empty() ? devices[i].ordinal : static_cast<int>(k));
+      // How the daemon names the device: NVML's index (PCI order) when it sees every GPU; by UUID
+      // when it sees some GPUs only (beside MIG devices); a MIG device's daemon sees one: 0.
+      const std::string ordinal = d.control.visible.empty() ? std::to_string(devices[i].ordinal)
+                                  : d.name.empty()          ? devices[i].uuid
+                                                            : std::to_string(k);
       const std::string size = mib(std::max<uint64_t>(*maxMemory[i], uint64_t{1} << 20));
       cmds += "set_default_device_pinned_mem_limit " + ordinal + " " + size + "\n";
       perServer += " " + ordinal + " " + size;
@@ -625,6 +680,10 @@ void MpsSupervisor::check() {
 void MpsSupervisor::gather() {
   snap_.up = !daemons_.empty();
   snap_.servers.clear();
+  snap_.deviceUp.assign(broker_.snapshot().devices.size(), 0);
+  for (const Daemon& d : daemons_)
+    for (size_t i : d.devices)
+      if (i < snap_.deviceUp.size()) snap_.deviceUp[i] = d.up ? 1 : 0;
   std::string errors;
   for (const Daemon& d : daemons_) {
     snap_.up = snap_.up && d.up;
@@ -652,6 +711,7 @@ void MpsSupervisor::checkOne(Daemon& d) {
       if (!allDigits(l) || l.size() > 9) continue;
       MpsServerSnapshot srv;
       srv.pid = std::stoi(l);
+      srv.daemon = d.uuid;
       std::string answer;
       if (d.control.ask("get_server_status " + l + "\nget_client_list " + l + "\n", kCheckTimeoutMs, &answer)) {
         const std::vector<std::string> ls = lines(answer);

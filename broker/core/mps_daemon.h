@@ -104,6 +104,7 @@ class MpsSupervisor {
   void checkOne(Daemon& d);
   bool startDaemon(Daemon& d, bool adoptRunning, std::string* err);
   void quitDaemon(Daemon& d);
+  void quitStaleDaemons();
   void publish(bool force);
   int pidFromFile(const Daemon& d) const;
   void gather();  // the daemons' state into snap_

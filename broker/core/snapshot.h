@@ -114,6 +114,7 @@ struct MpsServerSnapshot {
   int pid = 0;
   std::string state;         // INITIALIZING, ACTIVE, FAULT (as get_server_status answers)
   std::vector<int> clients;  // client pids (get_client_list)
+  std::string daemon;        // its control daemon's MIG device ("MIG-..."), "" for the whole GPUs'
 };
 
 struct MpsSnapshot {
@@ -122,7 +123,9 @@ struct MpsSnapshot {
   std::string why;           // mode auto and not active: why not
   std::string control;       // the control binary in use
   std::string pipeDir, logDir;
-  bool up = false;           // the last health check got an answer
+  bool up = false;           // the last health check got an answer (from every daemon)
+  // Per broker device: its daemon answered the last health check (empty: `up` for every device).
+  std::vector<uint8_t> deviceUp;
   int daemonPid = 0;         // from the pipe directory's pid file; 0: unknown
   uint64_t restarts = 0;     // daemon restarts after it died or hung (a counter)
   uint64_t faults = 0;       // servers seen entering FAULT (a counter)

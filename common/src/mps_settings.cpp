@@ -376,6 +376,13 @@ bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, 
       return false;
     }
     e.pipeDir += "/" + mine->uuid;
+  } else if (!host.mig.empty() && !host.wholeGpus) {
+    // Every device of the host is a MIG device and the process names none: the driver would pick
+    // one for it (or run it where no daemon of the broker listens), outside MPS.
+    *err = "cushare: this host's devices are MIG devices, each with its own MPS control daemon, and "
+           "CUDA_VISIBLE_DEVICES names none: set it to the MIG device's UUID (MIG-...; the device plugin does), "
+           "refusing to run outside MPS";
+    return false;
   }
   // Active thread percentage: the lowest of the tenant's cap, CUSHARE_THREAD_PERCENTAGE and the
   // process's own value.

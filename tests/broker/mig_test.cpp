@@ -324,18 +324,18 @@ TEST_F(Mig, LiveLimitsOfMigDevicesSurviveARestart) {
 // leaves MPS off with mode auto, saying why.
 TEST_F(Mig, APipeDirTooLongForMigDaemonsIsRefused) {
   const std::string dir = testDir();
-  const std::string pipe = "/tmp/" + std::string(60, 'p');
+  const std::string pipe = "/tmp/" + std::string(60, 'p');  // 65 bytes
   Broker on(brokerDir(dir, "on"));
   EXPECT_FALSE(on.start("mps: {mode: on, pipe_dir: " + pipe + "}\ntenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n"));
   EXPECT_NE(on.log().find("mps.mode on: mps.pipe_dir " + pipe + " is 65 bytes: with MIG devices (a control daemon "
-                          "each, at <pipe_dir>/MIG-<uuid>) it may be at most 58"),
+                          "each, at <pipe_dir>/MIG-<uuid>) it may be at most 47"),
             std::string::npos)
       << on.log();
   Broker autoMode(brokerDir(dir, "auto"));
   ASSERT_TRUE(autoMode.start("mps: {mode: auto, pipe_dir: " + pipe + "}\ntenants:\n  - {name: a, memory: {'0:2': 1GiB}}\n"))
       << autoMode.log();
   EXPECT_FALSE(autoMode.status().mps().active());
-  EXPECT_NE(autoMode.status().mps().why().find("it may be at most 58"), std::string::npos)
+  EXPECT_NE(autoMode.status().mps().why().find("it may be at most 47"), std::string::npos)
       << autoMode.status().mps().DebugString();
 }
 

@@ -1183,6 +1183,14 @@ struct MigLayout {
   }
 };
 
+// A live process, not a zombie (an exited daemon nobody reaped keeps its pid, without a command line).
+bool running(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string argv0;
+  std::getline(in, argv0, '\0');
+  return pid > 0 && !argv0.empty();
+}
+
 // Per pid on a MIG device's board: SM-time over busy time (the SMs it held while it ran).
 std::map<int, double> smsOn(int board) {
   std::map<int, double> out;
@@ -1224,10 +1232,17 @@ TEST(BrokerMpsMig, ADaemonPerMigDeviceAndEachTenantIsAClientOfItsOwn) {
   EXPECT_EQ(first, "ready 42");
   Child solo = m.worker("solo", &first, in1g);
   EXPECT_EQ(first, "ready 8") << "50 % of the 1g's 16 SMs";
-  // A MIG device no daemon of the broker serves: the shim refuses to run outside MPS.
+  // A MIG device no daemon of the broker serves, or none named on a host of MIG devices only: the
+  // shim refuses to run outside MPS.
   Child stray = m.worker("solo", &first, {{"CUDA_VISIBLE_DEVICES", "MIG-00000000-0000-5000-8000-000000000000"}});
   EXPECT_EQ(first.rfind("init-failed", 0), 0u) << first;
   EXPECT_NE(readFile(m.dir + "/tenants.log").find("for which the broker runs no MPS control daemon"), std::string::npos);
+  Child unnamed = m.worker("solo", &first, {{"CUDA_VISIBLE_DEVICES", ""}});
+  EXPECT_EQ(first.rfind("init-failed", 0), 0u) << first;
+  EXPECT_NE(readFile(m.dir + "/tenants.log").find("this host's devices are MIG devices, each with its own MPS control daemon, "
+                                                  "and CUDA_VISIBLE_DEVICES names none"),
+            std::string::npos);
+  unnamed.wait();
   // The broker sees every client: two servers, one per MIG device.
   ASSERT_TRUE(eventually([&] {
     const rpc::Mps mps = m.broker.status().mps();
@@ -1255,8 +1270,100 @@ TEST(BrokerMpsMig, ADaemonPerMigDeviceAndEachTenantIsAClientOfItsOwn) {
   const int strayStatus = stray.wait();
   EXPECT_TRUE(WIFEXITED(strayStatus) && WEXITSTATUS(strayStatus) == 3) << strayStatus << ": it stops at its refused start";
   for (Child* c : {&small, &large, &solo}) c->send("quit");
+  std::vector<int> daemons;
+  for (const std::string& u : {l.uuid3g, l.uuid1g}) {
+    std::ifstream pid(m.pipe + "/" + u + "/nvidia-cuda-mps-control.pid");
+    int p = 0;
+    pid >> p;
+    daemons.push_back(p);
+  }
   EXPECT_EQ(m.broker.stop(), 0);
-  EXPECT_TRUE(m.broker.logHas("mps: the control daemon of MIG device")) << m.broker.log();
+  EXPECT_TRUE(m.broker.logHas("mps: the control daemon of MIG device 0:0 stopped")) << m.broker.log();
+  EXPECT_TRUE(m.broker.logHas("mps: the control daemon of MIG device 0:1 stopped")) << m.broker.log();
+  for (int p : daemons) EXPECT_TRUE(p > 0 && !running(p)) << "daemon " << p << " is gone";
+}
+
+// A broker killed with SIGKILL leaves its daemons running; after a layout change the next broker
+// quits the daemon of the MIG device that went (nobody watches it) and adopts the other.
+TEST(BrokerMpsMig, ADaemonOfAMigDeviceThatWentIsQuit) {
+  MigLayout l;
+  ASSERT_TRUE(l.make());
+  MpsCase m(testDir());
+  const std::string body = m.mpsBlock() + "tenants:\n  - {name: solo, memory: {" + l.uuid3g + ": 1GiB}}\n";
+  ASSERT_TRUE(m.broker.start(body)) << m.broker.log();
+  std::ifstream pf(m.pipe + "/" + l.uuid1g + "/nvidia-cuda-mps-control.pid");
+  int gone = 0;
+  pf >> gone;
+  ASSERT_GT(gone, 0);
+  m.broker.kill9();
+  EXPECT_TRUE(running(gone)) << "a killed broker leaves its daemons";
+  // The 1g goes (its daemon has no clients; the instance is not in use).
+  ASSERT_EQ(nvmlComputeInstanceDestroy(l.c1), NVML_SUCCESS);
+  l.c1 = nullptr;
+  ASSERT_EQ(nvmlGpuInstanceDestroy(l.g1), NVML_SUCCESS);
+  l.g1 = nullptr;
+  Broker again(m.dir);
+  ASSERT_TRUE(again.start(body)) << again.log();
+  EXPECT_TRUE(again.logHas("mps: quit the control daemon on " + m.pipe + "/" + l.uuid1g)) << again.log();
+  EXPECT_TRUE(again.logHas("mps: adopted the control daemon of MIG device 0:0")) << again.log();
+  EXPECT_TRUE(eventually([&] { return !running(gone); })) << "the stale daemon is gone";
+  EXPECT_EQ(again.stop(), 0);
+}
+
+// A host of whole GPUs beside MIG devices (ctest broker_mps_mig_mixed: two H100s, GPU 0 in MIG
+// mode): the whole GPUs' daemon at pipe_dir, started with CUDA_VISIBLE_DEVICES naming GPU 1 (its
+// defaults name the device by UUID), and a daemon per MIG device; a process naming no MIG device
+// is a client of the whole GPUs' daemon, one naming a MIG device of that device's.
+TEST(BrokerMpsMigMixed, WholeGpusKeepTheirDaemonBesideTheMigDevicesOnes) {
+  MigLayout l;
+  ASSERT_TRUE(l.make());
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "tenants:\n  - {name: whole, thread_percentage: 30, memory: 1GiB}\n"
+                             "  - {name: solo, thread_percentage: 50, memory: 1GiB}\n"))
+      << m.broker.log();
+  for (const std::string& dir : {m.pipe, m.pipe + "/" + l.uuid3g, m.pipe + "/" + l.uuid1g}) {
+    std::ifstream pid(dir + "/nvidia-cuda-mps-control.pid");
+    int p = 0;
+    pid >> p;
+    EXPECT_TRUE(running(p)) << dir;
+  }
+  EXPECT_FALSE(m.broker.logHas("cannot set the server defaults", 500)) << m.broker.log();
+  std::string first;
+  Child w = m.worker("whole", &first);  // CUDA_VISIBLE_DEVICES unset: GPU 1 (GPU 0 runs only its MIG devices)
+  EXPECT_EQ(first, "ready 40") << "30 % of the whole H100's 132 SMs, rounded to a TPC";
+  Child s = m.worker("solo", &first, {{"CUDA_VISIBLE_DEVICES", l.uuid1g}});
+  EXPECT_EQ(first, "ready 8");
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Mps mps = m.broker.status().mps();
+    std::set<int> listed;
+    for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
+    return mps.up() && listed.count(w.pid()) && listed.count(s.pid());
+  })) << m.broker.status().mps().DebugString();
+  // Each is a client of its own daemon's server, as the daemons themselves report.
+  const auto clientsOf = [&](const std::string& pipe) {
+    const std::string cmd = "printf 'get_server_list\\n' | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + kControl + " 2>&1";
+    std::string out;
+    if (FILE* p = ::popen(cmd.c_str(), "r")) {
+      char buf[256];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+      ::pclose(p);
+    }
+    std::istringstream in(out);
+    std::string server, clients;
+    in >> server;
+    const std::string cmd2 = "printf 'get_client_list " + server + "\\n' | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + kControl;
+    if (FILE* p = ::popen(cmd2.c_str(), "r")) {
+      char buf[256];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) clients.append(buf, n);
+      ::pclose(p);
+    }
+    return clients;
+  };
+  EXPECT_NE(clientsOf(m.pipe).find(std::to_string(w.pid())), std::string::npos);
+  EXPECT_NE(clientsOf(m.pipe + "/" + l.uuid1g).find(std::to_string(s.pid())), std::string::npos);
+  EXPECT_EQ(clientsOf(m.pipe).find(std::to_string(s.pid())), std::string::npos);
+  for (Child* c : {&w, &s}) c->send("quit");
+  EXPECT_EQ(m.broker.stop(), 0);
 }
 
 }  // namespace

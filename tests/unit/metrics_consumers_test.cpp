@@ -70,7 +70,7 @@ BrokerSnapshot everything() {
   s.tenants.push_back(g);
   s.mps.active = true;
   s.mps.up = true;
-  s.mps.servers = {{4242, "FAULT", {10}}};
+  s.mps.servers = {{4242, "FAULT", {10}, ""}};
   s.mps.published = {{"alpha", 30}};
   return s;
 }
@@ -164,10 +164,12 @@ void checkExpression(const std::string& where, const std::string& expr, const st
     for (std::sregex_iterator w(list.begin(), list.end(), word), e; w != e; ++w) {
       const std::string label = (*w)[0];
       EXPECT_TRUE(available.count(label)) << where << ": no metric of `" << expr << "` has label " << label;
-      if (join && !kPrometheusLabels.count(label))
-        for (const std::set<std::string>& labels : each)
+      if (join && !kPrometheusLabels.count(label)) {
+        for (const std::set<std::string>& labels : each) {
           EXPECT_TRUE(labels.count(label)) << where << ": `" << expr << "` joins on " << label
                                            << ", which one of its metrics lacks: the join never matches";
+        }
+      }
     }
   }
   const std::regex templ(R"(\{\{\s*(?:\$labels\.)?(\w+)\s*\}\})");

@@ -388,7 +388,7 @@ TEST(Prometheus, RendersTheMpsDaemonWhileTheBrokerRunsIt) {
   s.mps.up = true;
   s.mps.restarts = 2;
   s.mps.faults = 1;
-  s.mps.servers = {{4242, "FAULT", {10, 11}}};
+  s.mps.servers = {{4242, "FAULT", {10, 11}, ""}};
   s.mps.published = {{"alpha", 30}, {"beta", std::nullopt}, {"", 50}};
   const std::string text = renderMetrics(s);
   EXPECT_EQ(validateExposition(text), "") << text;

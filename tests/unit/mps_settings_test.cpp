@@ -206,6 +206,14 @@ TEST(MpsSettings, AMigDevicesProcessIsItsOwnDaemonsClient) {
   EXPECT_EQ(tb.memory[1].first, migA);
 
   MpsClientEnv e;
+  // A host of MIG devices only: a process that names none would run outside MPS.
+  EXPECT_FALSE(clientEnv(h, t, {{"CUDA_VISIBLE_DEVICES", kUuid}}, &e, &err));
+  EXPECT_NE(err.find("this host's devices are MIG devices, each with its own MPS control daemon, and "
+                     "CUDA_VISIBLE_DEVICES names none"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(clientEnv(h, t, {}, &e, &err)) << "unset: the driver would pick a MIG device";
+  h.wholeGpus = true;  // whole GPUs beside the MIG devices
   ASSERT_TRUE(clientEnv(h, t, {{"CUDA_VISIBLE_DEVICES", migB}}, &e, &err)) << err;
   EXPECT_EQ(e.pipeDir, "/run/cushare/mps/" + migB);
   EXPECT_EQ(e.pinnedMem, migB + "=2304M") << "its MIG device's limit plus the reserve, nothing else";

@@ -68,8 +68,10 @@ struct MpsHostSettings {
   // devices).
   bool wholeGpus = true;
 };
-// The longest pipe_dir that leaves room for a MIG device's "/MIG-<uuid>" and its "/control".
-inline constexpr size_t kMaxMpsPipeDirWithMig = kMaxMpsPipeDir - 41;
+// The longest pipe_dir that leaves room, within a socket's 107 bytes, for a MIG device's
+// "/MIG-<uuid>" (41) and the sockets in it: "/control", and a server's (simgpu's
+// "/mps-server-<pid>": 19 with a 7-digit pid).
+inline constexpr size_t kMaxMpsPipeDirWithMig = 107 - 41 - 19;
 
 std::string formatMpsHost(const MpsHostSettings& s);
 std::string formatMpsTenant(const MpsTenantSettings& s);

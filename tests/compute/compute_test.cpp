@@ -1792,7 +1792,9 @@ struct Layout {
 };
 
 Layout makeLayout() {
-  Layout l;
+  static Layout made;  // the host's state: made once for the tests of this process
+  if (!made.uuid1g.empty()) return made;
+  Layout& l = made;
   nvmlDevice_t gpu;
   nvmlReturn_t act;
   nvmlGpuInstance_t g3, g1;
@@ -1882,6 +1884,40 @@ TEST(Mig, CapsHoldInsideAMigDeviceAndInstancesRunSideBySide) {
   // e is paced (capped tenants have an entry on every device), its gate open: never held for the
   // 1g's turns.
   EXPECT_LT(b.tenant("e").devices(0).throttled_ns(), 100'000'000u);
+}
+
+// Probes inside a MIG device (docs/probes.md): each tenant's probe share in the 1g.10gb (MIG
+// device 0:1) is within 7 points of the share simgpu's own count of that compute instance gives it.
+TEST(Mig, ProbesMeasureEachTenantsShareInItsMigDevice) {
+  const mig::Layout l = mig::makeLayout();
+  ASSERT_FALSE(l.uuid1g.empty());
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("probes: {interval_ms: 20, window_s: 600, kinds: [tick]}\n"
+                      "tenants:\n  - {name: a, thread_percentage: 30}\n  - {name: c, thread_percentage: 70}\n"))
+      << b.log();
+  Child a = worker(b, "a", {{"CUDA_VISIBLE_DEVICES", l.uuid1g}});
+  Child c = worker(b, "c", {{"CUDA_VISIBLE_DEVICES", l.uuid1g}});
+  for (Child* w : {&a, &c}) w->send("run 13000 2000");
+  sleepMs(500);
+  const uint64_t a0 = mig::busyIn(l.board1g, a.pid()), c0 = mig::busyIn(l.board1g, c.pid()), t0 = monoNs();
+  sleepMs(12000);
+  const double wall = static_cast<double>(monoNs() - t0);
+  const double sa = static_cast<double>(mig::busyIn(l.board1g, a.pid()) - a0) / wall,
+               sc = static_cast<double>(mig::busyIn(l.board1g, c.pid()) - c0) / wall;
+  const auto probe = [&](const std::string& t) {
+    const rpc::Tenant r = b.tenant(t);
+    EXPECT_EQ(r.devices_size(), 2);
+    if (r.devices_size() < 2 || !r.devices(1).has_probe()) return -1.0;
+    EXPECT_EQ(r.devices(1).device_name(), "0:1");
+    const rpc::ProbeShare& p = r.devices(1).probe();
+    std::printf("probe %s in the 1g: share %.3f over %u rounds (%u with work), regime %s\n", t.c_str(),
+                p.compute_share(), p.rounds(), p.rounds_with_work(), p.regime().c_str());
+    return p.compute_share();
+  };
+  std::printf("simgpu's count of the 1g: a %.3f c %.3f\n", sa, sc);
+  EXPECT_NEAR(probe("a"), sa, 0.07);
+  EXPECT_NEAR(probe("c"), sc, 0.07);
+  finish({&a, &c});
 }
 
 }  // namespace

@@ -1283,6 +1283,50 @@ TEST(BrokerMpsMig, ADaemonPerMigDeviceAndEachTenantIsAClientOfItsOwn) {
   for (int p : daemons) EXPECT_TRUE(p > 0 && !running(p)) << "daemon " << p << " is gone";
 }
 
+// One MIG device's daemon hung: only its devices' tenants lose MPS (paced by the broker meanwhile,
+// their plugin devices Unhealthy), the other MIG device's tenants stay MPS clients; the hung
+// daemon is killed and restarted as on a whole GPU.
+TEST(BrokerMpsMig, AHungDaemonOfOneMigDeviceLeavesTheOthersAlone) {
+  MigLayout l;
+  ASSERT_TRUE(l.make());
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "tenants:\n"
+                             "  - {name: small, thread_percentage: 30, memory: {" + l.uuid3g + ": 1GiB}}\n"
+                             "  - {name: solo, thread_percentage: 50, memory: {" + l.uuid1g + ": 1GiB}}\n"))
+      << m.broker.log();
+  std::string first;
+  Child small = m.worker("small", &first, {{"CUDA_VISIBLE_DEVICES", l.uuid3g}});
+  ASSERT_EQ(first, "ready 18");
+  Child solo = m.worker("solo", &first, {{"CUDA_VISIBLE_DEVICES", l.uuid1g}});
+  ASSERT_EQ(first, "ready 8");
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Mps mps = m.broker.status().mps();
+    std::set<int> listed;
+    for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
+    return mps.up() && listed.count(small.pid()) && listed.count(solo.pid());
+  })) << m.broker.status().mps().DebugString();
+  std::ifstream pf(m.pipe + "/" + l.uuid1g + "/nvidia-cuda-mps-control.pid");
+  int hung = 0;
+  pf >> hung;
+  ASSERT_TRUE(running(hung));
+  ASSERT_EQ(::kill(hung, SIGSTOP), 0);
+  ASSERT_TRUE(m.broker.logHas("mps: the control daemon of MIG device 0:1 did not answer within 3 s", 10000))
+      << m.broker.log();
+  EXPECT_FALSE(m.broker.status().mps().up()) << "not every daemon answers";
+  EXPECT_TRUE(eventually([&] { return m.broker.tenant("solo").devices(1).paced(); }, 3000))
+      << "its daemon is down: the broker paces it";
+  EXPECT_FALSE(m.broker.tenant("small").devices(0).paced()) << "the 3g's daemon answers: still its server's";
+  ASSERT_TRUE(eventually([&] { return m.broker.status().mps().restarts() == 1 && m.broker.status().mps().up(); }, 30000))
+      << m.broker.log();
+  EXPECT_TRUE(m.broker.logHas("mps: the control daemon of MIG device 0:1 (pid " + std::to_string(hung) +
+                              ") hangs: killing it"))
+      << m.broker.log();
+  EXPECT_FALSE(m.broker.log().find("tenant small: process") != std::string::npos &&
+               m.broker.log().find("is not a client of the broker's MPS server") != std::string::npos)
+      << "small was never taken for a process outside MPS";
+  for (Child* c : {&small, &solo}) c->send("quit");
+}
+
 // A broker killed with SIGKILL leaves its daemons running; after a layout change the next broker
 // quits the daemon of the MIG device that went (nobody watches it) and adopts the other.
 TEST(BrokerMpsMig, ADaemonOfAMigDeviceThatWentIsQuit) {

@@ -1410,5 +1410,33 @@ TEST(BrokerMpsMigMixed, WholeGpusKeepTheirDaemonBesideTheMigDevicesOnes) {
   EXPECT_EQ(m.broker.stop(), 0);
 }
 
+// Tenants on their own uids (docs/security.md) in MIG devices under MPS: each MIG device's daemon
+// runs one server for every uid (multiuser), and each tenant's process is its own device's client.
+TEST(BrokerMpsMigUids, TenantsOnTheirOwnUidsAreClientsOfTheirMigDevicesDaemons) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
+  MigLayout l;
+  ASSERT_TRUE(l.make());
+  MpsCase m(testDir());
+  m.uids = {{"small", 1000}, {"solo", 1001}};
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "tenants:\n"
+                             "  - {name: small, uid: 1000, thread_percentage: 30, memory: {" + l.uuid3g + ": 1GiB}}\n"
+                             "  - {name: solo, uid: 1001, thread_percentage: 50, memory: {" + l.uuid1g + ": 1GiB}}\n"))
+      << m.broker.log();
+  std::string first;
+  Child small = m.worker("small", &first, {{"CUDA_VISIBLE_DEVICES", l.uuid3g}});
+  EXPECT_EQ(first, "ready 18") << "see " << m.dir << "/tenants.log";
+  Child solo = m.worker("solo", &first, {{"CUDA_VISIBLE_DEVICES", l.uuid1g}});
+  EXPECT_EQ(first, "ready 8");
+  ASSERT_TRUE(eventually([&] {
+    const rpc::Mps mps = m.broker.status().mps();
+    std::set<int> listed;
+    for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
+    return mps.up() && listed.count(small.pid()) && listed.count(solo.pid());
+  })) << m.broker.status().mps().DebugString();
+  EXPECT_EQ(small.ask("alloc " + std::to_string(512 * MiB)), "ok");
+  EXPECT_EQ(small.ask("alloc " + std::to_string(600 * MiB)), "oom") << "its limit in its MIG device holds";
+  for (Child* c : {&small, &solo}) c->send("quit");
+}
+
 }  // namespace
 }  // namespace cushare::test

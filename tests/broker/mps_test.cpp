@@ -1140,6 +1140,19 @@ TEST(BrokerMps, ATenantHoldingItsLedgerLockKeepsItsMpsSettings) {
 // device (at <pipe_dir>/<MIG uuid>, started with CUDA_VISIBLE_DEVICES naming it); a tenant's
 // process in a MIG device is a client of that device's daemon, its cap a percentage of the
 // instance's SMs, held by the server (the device's own count: simgpu's board of the instance).
+// Whether every one of pids shows as a client of one of the broker's MPS servers (and every
+// daemon answers), within the usual wait.
+bool listedAsClients(MpsCase& m, const std::vector<int>& pids) {
+  return eventually([&] {
+    const rpc::Mps mps = m.broker.status().mps();
+    std::set<int> listed;
+    for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
+    for (int p : pids)
+      if (!listed.count(p)) return false;
+    return mps.up();
+  });
+}
+
 struct MigLayout {
   nvmlDevice_t gpu = nullptr;
   nvmlGpuInstance_t g3 = nullptr, g1 = nullptr;
@@ -1244,13 +1257,8 @@ TEST(BrokerMpsMig, ADaemonPerMigDeviceAndEachTenantIsAClientOfItsOwn) {
             std::string::npos);
   unnamed.wait();
   // The broker sees every client: two servers, one per MIG device.
-  ASSERT_TRUE(eventually([&] {
-    const rpc::Mps mps = m.broker.status().mps();
-    std::set<int> listed;
-    for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
-    return mps.up() && mps.servers_size() == 2 && listed.count(small.pid()) && listed.count(large.pid()) &&
-           listed.count(solo.pid());
-  })) << m.broker.status().mps().DebugString();
+  ASSERT_TRUE(listedAsClients(m, {small.pid(), large.pid(), solo.pid()})) << m.broker.status().mps().DebugString();
+  EXPECT_EQ(m.broker.status().mps().servers_size(), 2) << m.broker.status().mps().DebugString();
   EXPECT_NE(m.broker.metrics().find("cushare_mps_up 1"), std::string::npos);
   // Held by the server to their SMs, side by side (the device's own count).
   for (Child* c : {&small, &large, &solo}) c->send("spin 2500");
@@ -1299,12 +1307,7 @@ TEST(BrokerMpsMig, AHungDaemonOfOneMigDeviceLeavesTheOthersAlone) {
   ASSERT_EQ(first, "ready 18");
   Child solo = m.worker("solo", &first, {{"CUDA_VISIBLE_DEVICES", l.uuid1g}});
   ASSERT_EQ(first, "ready 8");
-  ASSERT_TRUE(eventually([&] {
-    const rpc::Mps mps = m.broker.status().mps();
-    std::set<int> listed;
-    for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
-    return mps.up() && listed.count(small.pid()) && listed.count(solo.pid());
-  })) << m.broker.status().mps().DebugString();
+  ASSERT_TRUE(listedAsClients(m, {small.pid(), solo.pid()})) << m.broker.status().mps().DebugString();
   std::ifstream pf(m.pipe + "/" + l.uuid1g + "/nvidia-cuda-mps-control.pid");
   int hung = 0;
   pf >> hung;
@@ -1377,12 +1380,7 @@ TEST(BrokerMpsMigMixed, WholeGpusKeepTheirDaemonBesideTheMigDevicesOnes) {
   EXPECT_EQ(first, "ready 40") << "30 % of the whole H100's 132 SMs, rounded to a TPC";
   Child s = m.worker("solo", &first, {{"CUDA_VISIBLE_DEVICES", l.uuid1g}});
   EXPECT_EQ(first, "ready 8");
-  ASSERT_TRUE(eventually([&] {
-    const rpc::Mps mps = m.broker.status().mps();
-    std::set<int> listed;
-    for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
-    return mps.up() && listed.count(w.pid()) && listed.count(s.pid());
-  })) << m.broker.status().mps().DebugString();
+  ASSERT_TRUE(listedAsClients(m, {w.pid(), s.pid()})) << m.broker.status().mps().DebugString();
   // Each is a client of its own daemon's server, as the daemons themselves report.
   const auto clientsOf = [&](const std::string& pipe) {
     const std::string cmd = "printf 'get_server_list\\n' | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + kControl + " 2>&1";
@@ -1427,12 +1425,7 @@ TEST(BrokerMpsMigUids, TenantsOnTheirOwnUidsAreClientsOfTheirMigDevicesDaemons) 
   EXPECT_EQ(first, "ready 18") << "see " << m.dir << "/tenants.log";
   Child solo = m.worker("solo", &first, {{"CUDA_VISIBLE_DEVICES", l.uuid1g}});
   EXPECT_EQ(first, "ready 8");
-  ASSERT_TRUE(eventually([&] {
-    const rpc::Mps mps = m.broker.status().mps();
-    std::set<int> listed;
-    for (const rpc::MpsServer& v : mps.servers()) listed.insert(v.clients().begin(), v.clients().end());
-    return mps.up() && listed.count(small.pid()) && listed.count(solo.pid());
-  })) << m.broker.status().mps().DebugString();
+  ASSERT_TRUE(listedAsClients(m, {small.pid(), solo.pid()})) << m.broker.status().mps().DebugString();
   EXPECT_EQ(small.ask("alloc " + std::to_string(512 * MiB)), "ok");
   EXPECT_EQ(small.ask("alloc " + std::to_string(600 * MiB)), "oom") << "its limit in its MIG device holds";
   for (Child* c : {&small, &solo}) c->send("quit");

@@ -333,6 +333,7 @@ bool MpsSupervisor::start(std::string* err) {
 bool MpsSupervisor::startMps(std::string* err) {
   err->clear();
   const std::vector<DeviceSnapshot> devices = broker_.snapshot().devices;
+  deviceCount_ = devices.size();
   std::string why = migPipeProblem(config_, devices);
   binary_ = why.empty() ? resolveMpsControl(config_, &why) : "";
   snap_.control = binary_;
@@ -436,17 +437,14 @@ void MpsSupervisor::quitStaleDaemons() {
     ::closedir(dir);
   }
   for (const std::string& pipe : stale) {
-    MpsControl c{binary_, pipe, config_.logDir, ""};
+    Daemon old;
+    old.name = pipe == config_.pipeDir ? "" : pipe.substr(config_.pipeDir.size() + 1);  // its MIG UUID
+    old.control = {binary_, pipe, config_.logDir, ""};
     std::string out;
-    if (!c.ask("get_server_list\n", kCheckTimeoutMs, &out)) continue;  // nobody there
-    std::ifstream in(pipe + "/nvidia-cuda-mps-control.pid");
-    int pid = 0;
-    in >> pid;
-    c.ask("quit\n", kCheckTimeoutMs, &out);
-    const auto t = Clock::now();
-    while (isControlDaemon(pid, binary_) && ::kill(pid, 0) == 0 && msSince(t) < kQuitWaitMs) ::usleep(10000);
+    if (!old.control.ask("get_server_list\n", kCheckTimeoutMs, &out)) continue;  // nobody there
     CUSHARE_BLOG(warn, "mps: quit the control daemon on {} (pid {}): no device of this host is served there now (the "
-                 "MIG layout changed)", pipe, pid);
+                 "MIG layout changed)", pipe, pidFromFile(old));
+    quitDaemon(old);
   }
 }
 
@@ -680,7 +678,7 @@ void MpsSupervisor::check() {
 void MpsSupervisor::gather() {
   snap_.up = !daemons_.empty();
   snap_.servers.clear();
-  snap_.deviceUp.assign(broker_.snapshot().devices.size(), 0);
+  snap_.deviceUp.assign(deviceCount_, 0);
   for (const Daemon& d : daemons_)
     for (size_t i : d.devices)
       if (i < snap_.deviceUp.size()) snap_.deviceUp[i] = d.up ? 1 : 0;

@@ -116,6 +116,7 @@ class MpsSupervisor {
   Config full_;  // the configuration at start or last reload (unknown-tenant profile)
   std::string binary_;  // the control binary
   std::vector<Daemon> daemons_;
+  size_t deviceCount_ = 0;  // the broker's devices (fixed from start)
   std::string ledgerDir_;
   bool active_ = false;
 

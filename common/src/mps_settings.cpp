@@ -346,21 +346,8 @@ bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, 
   // A MIG device's daemon (one per MIG device): the one of the MIG device the driver will run the
   // process in, its first MIG- entry of CUDA_VISIBLE_DEVICES.
   const MpsHostSettings::MigDaemon* mine = nullptr;
-  std::string migEntry;
-  if (const char* v = getenv("CUDA_VISIBLE_DEVICES")) {
-    std::string_view rest(v);
-    while (migEntry.empty() && !rest.empty()) {
-      const size_t comma = rest.find(',');
-      std::string_view item = rest.substr(0, comma);
-      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-      if (item.size() >= 4 && std::tolower(static_cast<unsigned char>(item[0])) == 'm' &&
-          std::tolower(static_cast<unsigned char>(item[1])) == 'i' &&
-          std::tolower(static_cast<unsigned char>(item[2])) == 'g' && item[3] == '-')
-        migEntry = std::string(item);
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    }
-  }
+  const char* visible = getenv("CUDA_VISIBLE_DEVICES");
+  const std::string migEntry = firstMigEntry(visible ? visible : "");
   if (!migEntry.empty()) {
     for (const MpsHostSettings::MigDaemon& m : host.mig) {
       // MIG-<uuid>, or the legacy MIG-<GPU-UUID>/<gi>/<ci>.
@@ -430,9 +417,7 @@ bool mpsClientEnv(const MpsHostSettings& host, const MpsTenantSettings& tenant, 
       uint64_t n = 0;
       const std::string bad = std::string("cushare: invalid CUDA_MPS_PINNED_DEVICE_MEM_LIMIT='") + printable(all, 64) + "': ";
       if (eq == std::string::npos) return *err = bad + "'" + printable(item, 32) + "' is not <device>=<size>", false;
-      const bool migItem = item.size() >= 4 && std::tolower(static_cast<unsigned char>(item[0])) == 'm' &&
-                           std::tolower(static_cast<unsigned char>(item[1])) == 'i' &&
-                           std::tolower(static_cast<unsigned char>(item[2])) == 'g' && item[3] == '-';
+      const bool migItem = startsWithNoCase(item, "MIG-");
       if (migItem && (mine == nullptr || !sameDeviceUuid(item.substr(0, eq), mine->uuid)))
         return *err = bad + "'" + printable(item.substr(0, eq), 48) + "' is not the MIG device this process runs in" +
                       (mine ? " (" + mine->uuid + ")" : std::string(" (it names none in CUDA_VISIBLE_DEVICES)")),

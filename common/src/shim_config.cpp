@@ -21,12 +21,6 @@ char lowerAscii(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 
 bool isDigit(char c) { return c >= '0' && c <= '9'; }
 bool isHex(char c) { return isDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
-bool startsWithNoCase(std::string_view s, std::string_view prefix) {
-  if (s.size() < prefix.size()) return false;
-  for (size_t i = 0; i < prefix.size(); ++i)
-    if (lowerAscii(s[i]) != lowerAscii(prefix[i])) return false;
-  return true;
-}
 
 
 std::string quote(std::string_view piece) { return "'" + printable(piece, kMaxQuotedPiece) + "'"; }
@@ -160,6 +154,23 @@ constexpr const char* kLogLevelNames[] = {"error", "warn", "info", "debug", "tra
 constexpr const char* kMeteringNames[] = {"events", "cupti", "auto"};
 
 }  // namespace
+
+bool startsWithNoCase(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (lowerAscii(s[i]) != lowerAscii(prefix[i])) return false;
+  return true;
+}
+
+std::string firstMigEntry(std::string_view visible) {
+  while (!visible.empty()) {
+    const size_t comma = visible.find(',');
+    const std::string_view item = trim(visible.substr(0, comma));
+    if (startsWithNoCase(item, "MIG-")) return std::string(item);
+    visible = comma == std::string_view::npos ? std::string_view() : visible.substr(comma + 1);
+  }
+  return "";
+}
 
 bool parseMemoryLimit(std::string_view text, MemoryLimitSpec* out, std::string* reason) {
   const std::string_view s = trim(text);

@@ -14,6 +14,7 @@
 #include <strings.h>
 
 #include "config.h"
+#include "cushare/shim_config.h"
 
 namespace simgpu::mig {
 namespace {
@@ -387,17 +388,6 @@ unsigned ciRemaining(const Gi& gi, const GiProfile& gp, const CiProfile& cp) {
   }
 }
 
-std::string firstMigEntry(const char* visible) {
-  std::string_view rest(visible ? visible : "");
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    if (item.size() >= 4 && strncasecmp(item.data(), "MIG-", 4) == 0) return std::string(item);
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-  }
-  return "";
-}
+std::string firstMigEntry(const char* visible) { return cushare::firstMigEntry(visible ? visible : ""); }
 
 }  // namespace simgpu::mig

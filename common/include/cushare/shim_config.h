@@ -125,6 +125,13 @@ bool parseGpuUuidBytes(std::string_view text, unsigned char bytes[16]);
 // MIG device's UUID may be spelled either way, e.g. by a driver's first cuDeviceGetUuid) or case.
 bool sameDeviceUuid(std::string_view a, std::string_view b);
 
+// Whether s starts with prefix, ASCII case ignored.
+bool startsWithNoCase(std::string_view s, std::string_view prefix);
+// The first "MIG-..." entry of a CUDA_VISIBLE_DEVICES value, trimmed ("" when none): the MIG device
+// the driver runs the process in (one MIG device per process). simgpu's driver and the shim's MPS
+// set-up both read it here, so that they never disagree.
+std::string firstMigEntry(std::string_view visible);
+
 const char* priorityName(Priority p);  // "high", "normal", "low"
 const char* logLevelName(LogLevel l);  // "error", "warn", "info", "debug", "trace"
 const char* meteringName(MeteringSource m);  // "events", "cupti", "auto"

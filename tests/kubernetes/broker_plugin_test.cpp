@@ -476,7 +476,7 @@ TEST_F(BrokerPluginMig, APodGetsTheMigDeviceItsTenantIsPlacedOnAndIsHeldThere) {
   Broker b(dir);
   ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp +
                       ", devices_per_gpu: 2, pod_resources_socket: off, gpu_cdi_device: 'nvidia.com/gpu={index}'}\n"
-                      "tenants:\n  - {name: alpha, memory: {'0:0': 256MiB}}\n"
+                      "tenants:\n  - {name: alpha, uid: 2000, memory: {'0:0': 256MiB}}\n"
                       "  - {name: beta, memory: {'0:1': 512MiB, 1: 512MiB}}\n  - {name: gamma, memory: 128MiB}\n"))
       << b.log();
   ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 2); })) << b.log();
@@ -494,8 +494,14 @@ TEST_F(BrokerPluginMig, APodGetsTheMigDeviceItsTenantIsPlacedOnAndIsHeldThere) {
   ASSERT_EQ(c.cdi_devices_size(), 2);
   EXPECT_EQ(c.cdi_devices(0).name(), "nvidia.com/gpu=0:0");
   EXPECT_EQ(c.cdi_devices(1).name(), "cushare.io/tenant=alpha");
-  Child pod = Child::spawn({PYTHON3, CDI_SPEC_PY, "run", asSpec(c, dir + "/pod.json"), "pod", "--", WORKER_BIN},
-                           {{"LD_PRELOAD", ""}}, dir + "/tenants.log");
+  // The pod's process on its tenant's own uid (docs/security.md): the container's mounts applied
+  // as a runtime would, then alpha's environment from staged copies any user can read (the
+  // checkout may be private), with the MIG device Allocate named.
+  v1beta1::ContainerAllocateResponse mounts;
+  for (const auto& m : c.mounts()) *mounts.add_mounts() = m;
+  UidTenants users;
+  Child pod = users.spawn(2000, WORKER_BIN, b, "alpha", {{"CUDA_VISIBLE_DEVICES", c.envs().at("CUDA_VISIBLE_DEVICES")}},
+                          {}, {PYTHON3, CDI_SPEC_PY, "run", asSpec(mounts, dir + "/pod.json"), "pod", "--"});
   const std::string first = pod.readLine();
   if (first.empty() && std::ifstream(dir + "/tenants.log").peek() != EOF) {
     std::ifstream in(dir + "/tenants.log");

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <mutex>
 
 namespace simgpu {
@@ -204,8 +205,14 @@ bool SharedState::reapSlot(int i) {
     const uint64_t u = sl.used[d].load(std::memory_order_acquire);
     hdr_->used[d].fetch_sub(u, std::memory_order_acq_rel);
     sl.used[d].store(0, std::memory_order_release);
+    sl.managed[d].store(0, std::memory_order_release);
     unlockDevice(d);
     returned |= u != 0;
+  }
+  for (int d = 0; d < kMaxDevices; ++d) {
+    sl.managed[d].store(0, std::memory_order_release);
+    sl.evicted[d].store(0, std::memory_order_release);
+    sl.oldestIn[d].store(UINT64_MAX, std::memory_order_release);
   }
   sl.contexts.store(0, std::memory_order_release);
   sl.mig.store(0, std::memory_order_release);
@@ -264,6 +271,7 @@ bool SharedState::claimSlot() {
   for (int i = 0; i < kMaxSlots; ++i) {
     if (!tryLockSlot(i, fd_)) continue;
     reapSlot(i);  // a dead owner's leftovers, if any
+    for (uint64_t& e : settled_) e = 0;
     slots_[i].mig.store(migTag_, std::memory_order_release);
     slots_[i].pid.store(pid, std::memory_order_release);
     slot_ = i;
@@ -283,29 +291,145 @@ bool SharedState::setContext(int dev, bool on) {
   return true;
 }
 
+uint64_t SharedState::shortfallLocked(int dev, uint64_t bytes) const {
+  const uint64_t cap = hdr_->capacity[dev];
+  const uint64_t cur = hdr_->used[dev].load(std::memory_order_relaxed);
+  uint64_t need = bytes > cap ? UINT64_MAX : (cur > cap - bytes ? cur - (cap - bytes) : 0);
+  if (migTag_ != 0 && static_cast<int>(migTag_ & 0xff) == dev + 1) {
+    // And within the GPU instance (the slots are the truth; under dev's lock).
+    const uint64_t inst = instanceUsedLocked(dev, ((migTag_ >> 8) & 0xff) - 1);
+    const uint64_t inInstance =
+        bytes > giCapacity_ ? UINT64_MAX : (inst > giCapacity_ - bytes ? inst - (giCapacity_ - bytes) : 0);
+    need = std::max(need, inInstance);
+  }
+  return need;
+}
+
+// Whether a process of MIG tag `tag` shares this process's memory on dev: the same GPU instance
+// inside a MIG device, else the whole GPU (not a MIG device of it).
+bool SharedState::sameMemory(uint32_t tag, int dev) const {
+  const bool mineInMig = migTag_ != 0 && static_cast<int>(migTag_ & 0xff) == dev + 1;
+  const bool itsInMig = tag != 0 && static_cast<int>(tag & 0xff) == dev + 1;
+  if (mineInMig) return itsInMig && (tag & 0xffff) == (migTag_ & 0xffff);
+  return !itsInMig;
+}
+
+bool SharedState::evictLocked(int dev, uint64_t need) {
+  if (need == 0) return true;
+  if (need == UINT64_MAX) return false;
+  struct Victim {
+    uint64_t oldest;
+    int slot;
+  };
+  Victim victims[kMaxSlots];
+  int n = 0;
+  uint64_t evictable = 0;
+  for (int i = 0; i < kMaxSlots; ++i) {
+    if (slots_[i].pid.load(std::memory_order_acquire) == 0) continue;
+    const uint64_t m = slots_[i].managed[dev].load(std::memory_order_acquire);
+    if (m == 0 || !sameMemory(slots_[i].mig.load(std::memory_order_acquire), dev)) continue;
+    victims[n++] = {slots_[i].oldestIn[dev].load(std::memory_order_acquire), i};
+    evictable += m;
+  }
+  if (evictable < need) return false;  // never half: a failed allocation moves nothing
+  std::sort(victims, victims + n, [](const Victim& a, const Victim& b) { return a.oldest < b.oldest; });
+  for (int k = 0; k < n && need > 0; ++k) {
+    ProcSlot& sl = slots_[victims[k].slot];
+    const uint64_t m = sl.managed[dev].load(std::memory_order_acquire);
+    const uint64_t t = std::min(m, need);
+    sl.managed[dev].store(m - t, std::memory_order_release);
+    sl.used[dev].fetch_sub(t, std::memory_order_acq_rel);
+    sl.evicted[dev].fetch_add(t, std::memory_order_acq_rel);
+    hdr_->used[dev].fetch_sub(t, std::memory_order_acq_rel);
+    need -= t;
+  }
+  return true;
+}
+
 bool SharedState::reserve(int dev, uint64_t bytes) {
   {
     std::lock_guard<std::mutex> g(claimMutex());
     if (!claimSlot()) return false;
   }
-  const bool inMig = migTag_ != 0 && static_cast<int>(migTag_ & 0xff) == dev + 1;
   for (int attempt = 0; attempt < 2; ++attempt) {
     lockDevice(dev);
-    const uint64_t cur = hdr_->used[dev].load(std::memory_order_relaxed);
-    bool fits = bytes <= hdr_->capacity[dev] && cur <= hdr_->capacity[dev] - bytes;
-    if (fits && inMig) {  // and within the GPU instance (the slots are the truth; under dev's lock)
-      const uint64_t inst = instanceUsedLocked(dev, ((migTag_ >> 8) & 0xff) - 1);
-      fits = bytes <= giCapacity_ && inst <= giCapacity_ - bytes;
-    }
+    const bool fits = evictLocked(dev, shortfallLocked(dev, bytes));
     if (fits) {
       slots_[slot_].used[dev].fetch_add(bytes, std::memory_order_acq_rel);
-      hdr_->used[dev].store(cur + bytes, std::memory_order_release);
+      hdr_->used[dev].fetch_add(bytes, std::memory_order_acq_rel);
     }
     unlockDevice(dev);
     if (fits) return true;
     if (!reap()) return false;  // nothing came back: the device really is full
   }
   return false;
+}
+
+void SharedState::settleLocked(int dev, const ManagedOwner& owner) {
+  ProcSlot& sl = slots_[slot_];
+  const uint64_t ev = sl.evicted[dev].load(std::memory_order_acquire);
+  const uint64_t delta = ev - settled_[dev];
+  settled_[dev] = ev;
+  if (delta != 0) {
+    const uint64_t dropped = owner.dropOldest(delta);
+    if (dropped > delta) {  // whole chunks went: the part the evictor did not take is returned now
+      const uint64_t extra = std::min(dropped - delta, sl.managed[dev].load(std::memory_order_acquire));
+      sl.managed[dev].fetch_sub(extra, std::memory_order_acq_rel);
+      sl.used[dev].fetch_sub(extra, std::memory_order_acq_rel);
+      hdr_->used[dev].fetch_sub(extra, std::memory_order_acq_rel);
+    }
+  }
+  sl.oldestIn[dev].store(owner.oldest(), std::memory_order_release);
+}
+
+bool SharedState::makeResident(int dev, uint64_t bytes, const ManagedOwner& owner, uint64_t* seq) {
+  {
+    std::lock_guard<std::mutex> g(claimMutex());
+    if (!claimSlot()) return false;
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    lockDevice(dev);
+    settleLocked(dev, owner);
+    const bool fits = evictLocked(dev, shortfallLocked(dev, bytes));
+    if (fits) {
+      settleLocked(dev, owner);  // this process's own chunks may have gone to make room
+      ProcSlot& sl = slots_[slot_];
+      sl.managed[dev].fetch_add(bytes, std::memory_order_acq_rel);
+      sl.used[dev].fetch_add(bytes, std::memory_order_acq_rel);
+      hdr_->used[dev].fetch_add(bytes, std::memory_order_acq_rel);
+      *seq = hdr_->migrate_seq.fetch_add(1, std::memory_order_acq_rel) + 1;
+      sl.oldestIn[dev].store(std::min(owner.oldest(), *seq), std::memory_order_release);
+    }
+    unlockDevice(dev);
+    if (fits) return true;
+    if (!reap()) return false;
+  }
+  return false;
+}
+
+void SharedState::dropResident(int dev, const ManagedOwner& owner, const std::function<uint64_t()>& change) {
+  if (slot_ < 0 || fdPid_ != getpid()) return;
+  lockDevice(dev);
+  settleLocked(dev, owner);
+  ProcSlot& sl = slots_[slot_];
+  const uint64_t gone = std::min(change(), sl.managed[dev].load(std::memory_order_acquire));
+  sl.managed[dev].fetch_sub(gone, std::memory_order_acq_rel);
+  sl.used[dev].fetch_sub(gone, std::memory_order_acq_rel);
+  hdr_->used[dev].fetch_sub(gone, std::memory_order_acq_rel);
+  sl.oldestIn[dev].store(owner.oldest(), std::memory_order_release);
+  unlockDevice(dev);
+}
+
+void SharedState::settleManaged(int dev, const ManagedOwner& owner) {
+  if (slot_ < 0 || fdPid_ != getpid()) return;
+  lockDevice(dev);
+  settleLocked(dev, owner);
+  unlockDevice(dev);
+}
+
+uint64_t SharedState::residentManaged(int dev) const {
+  if (slot_ < 0) return 0;
+  return slots_[slot_].managed[dev].load(std::memory_order_acquire);
 }
 
 void SharedState::release(int dev, uint64_t bytes) {
@@ -506,7 +630,10 @@ int SharedState::processes(int dev, ProcUsage* out, int max, int* total) {
   for (int i = 0; i < kMaxSlots; ++i) {
     const int32_t pid = slots_[i].pid.load(std::memory_order_acquire);
     if (pid == 0) continue;
-    uint64_t u = slots_[i].used[dev].load(std::memory_order_acquire);
+    // NVML's per-process figure leaves managed memory out (resident or not), as the real one.
+    const uint64_t all = slots_[i].used[dev].load(std::memory_order_acquire);
+    const uint64_t managed = slots_[i].managed[dev].load(std::memory_order_acquire);
+    uint64_t u = all - std::min(all, managed);
     // Shareable memory is the process's that made it, while that process lives.
     for (int k = 0; k < kMaxShared && hdr_->next_shared_id.load(std::memory_order_acquire); ++k) {
       const uint64_t id = shared_[k].id.load(std::memory_order_acquire);

@@ -21,6 +21,15 @@
 //   all its duplicates, across fork and SCM_RIGHTS) holds an OFD read lock on it, so the memory is
 //   unreferenced exactly when a write lock can be taken. Whoever takes it (reapShared) returns the
 //   bytes and removes the file, exactly once.
+// - Managed memory takes device memory only while resident (populated on the device by a touch or
+//   a prefetch): a slot's managed[d] is the resident part of its used[d]. Ordinary allocations and
+//   populations that find the device full evict resident managed memory (never anything else) to
+//   host memory, under the device's lock: from the processes whose oldest resident chunk migrated
+//   in first (the driver's "least recently migrated in"), taken from their managed[d] and used[d]
+//   and added to their evicted[d]. The owner applies evicted[d] to its own chunk table (its oldest
+//   chunks go to the host) under the same lock the next time it handles managed memory
+//   (SharedState::settleManaged), so what its table shows resident always matches managed[d]
+//   after settling.
 // - The layout is versioned (kStateVersion); a file with another magic/version/size or another
 //   device configuration is refused with a clear error, never reinterpreted.
 #pragma once
@@ -29,12 +38,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace simgpu {
 
 inline constexpr uint64_t kStateMagic = 0x5354415447504953ull;  // "SIMGPSTAT" (little endian)
-inline constexpr uint32_t kStateVersion = 4;
+inline constexpr uint32_t kStateVersion = 5;  // 5: resident managed memory (ProcSlot::managed...)
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kMaxSlots = 1024;
 inline constexpr int kMaxShared = 4096;
@@ -47,6 +57,12 @@ struct ProcSlot {
   // (CI + 1) << 16; 0 for none. Its memory on that device counts to the GPU instance's too.
   std::atomic<uint32_t> mig;
   uint32_t reserved;
+  // Managed memory on host device d (see the invariants): bytes resident (part of used[d]); bytes
+  // evicted from this process by the driver, cumulative (the owner settles them); the migration
+  // sequence of its oldest resident chunk (UINT64_MAX: none), which the owner publishes.
+  std::atomic<uint64_t> managed[kMaxDevices];
+  std::atomic<uint64_t> evicted[kMaxDevices];
+  std::atomic<uint64_t> oldestIn[kMaxDevices];
 };
 
 struct StateHeader {
@@ -63,6 +79,7 @@ struct StateHeader {
   std::atomic<uint64_t> generation;  // bumped on every reap that returned memory
   pthread_mutex_t lock[kMaxDevices];  // robust, process-shared; guards used[d] and slots' used[d]
   std::atomic<uint64_t> next_shared_id;
+  std::atomic<uint64_t> migrate_seq;  // +1 for every managed chunk made resident (LRU order)
 };
 
 // A shareable allocation's entry: id 0 is free; `ready` once its backing file exists and its
@@ -77,7 +94,7 @@ struct SharedAlloc {
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
-static_assert(sizeof(ProcSlot) == 8 + 8 * kMaxDevices + 8);
+static_assert(sizeof(ProcSlot) == 8 + 8 * kMaxDevices + 8 + 3 * 8 * kMaxDevices);
 
 struct DeviceConfig;  // config.h
 
@@ -92,8 +109,32 @@ class SharedState {
   uint64_t capacity(int dev) const { return hdr_->capacity[dev]; }
   uint64_t used(int dev) const { return hdr_->used[dev].load(std::memory_order_acquire); }
 
-  // Reserves bytes on dev for this process; false if the device is full (after reaping the dead).
+  // Reserves bytes on dev for this process; false if the device is full after reaping the dead
+  // and evicting resident managed memory (of any process sharing the memory) to the host.
   bool reserve(int dev, uint64_t bytes);
+
+  // Managed memory residency of this process on host device dev (the owner's side; see the
+  // invariants). The owner keeps its chunks in a table of its own and passes two callbacks, both
+  // called under dev's lock: dropOldest(bytes) sends its oldest resident chunks on dev to the host
+  // until at least bytes went (or none is left) and returns how many bytes went; oldest() returns
+  // the migration sequence of its oldest resident chunk on dev (UINT64_MAX: none).
+  struct ManagedOwner {
+    std::function<uint64_t(uint64_t)> dropOldest;
+    std::function<uint64_t()> oldest;
+  };
+  // Makes bytes resident for this process (a chunk being populated): evicts other resident managed
+  // memory (this process's own oldest chunks included) if the device is full; false if even that
+  // leaves no room. *seq receives the chunk's migration sequence.
+  bool makeResident(int dev, uint64_t bytes, const ManagedOwner& owner, uint64_t* seq);
+  // Chunks of this process leave dev (sent to the host or freed): settles first, then runs change,
+  // which marks them on the host in the owner's table and returns their bytes (only those still
+  // resident after the settle), which are returned to the device. Both under dev's lock.
+  void dropResident(int dev, const ManagedOwner& owner, const std::function<uint64_t()>& change);
+  // Applies what the driver evicted from this process since the last call to its table.
+  void settleManaged(int dev, const ManagedOwner& owner);
+  // Bytes of managed memory resident for this process on dev (after its last settle, as others see
+  // it now).
+  uint64_t residentManaged(int dev) const;
   // Returns bytes previously reserved by this process.
   void release(int dev, uint64_t bytes);
   // Returns the usage of dead processes and of unreferenced shareable memory; true if anything
@@ -152,6 +193,14 @@ class SharedState {
   std::string sharedPath(uint64_t id) const;
   void lockDevice(int dev);
   void unlockDevice(int dev);
+  // Under dev's lock: frees need bytes of resident managed memory (processes sharing this one's
+  // memory, oldest migration first) or none; true if it did.
+  bool evictLocked(int dev, uint64_t need);
+  void settleLocked(int dev, const ManagedOwner& owner);
+  // How many bytes must go for bytes more to fit on dev (and in this process's GPU instance).
+  uint64_t shortfallLocked(int dev, uint64_t bytes) const;
+  bool sameMemory(uint32_t tag, int dev) const;
+  uint64_t settled_[kMaxDevices] = {};  // evicted[d] already applied to the owner's table
 
   std::string dir_;
   std::string path_;

@@ -205,6 +205,12 @@ void deviceRelease(int dev, uint64_t bytes);
 CUresult allocDevice(size_t bytes, MemKind kind, unsigned flags, CUdeviceptr* out, bool low32 = false);
 CUresult freeDevice(CUdeviceptr p);
 unsigned long long nextId();
+// Managed memory's residency (managed.cpp): a new allocation (on the host until populated), one
+// freed (its resident chunks leave the device), and a launch on device ordinal whose arguments
+// may point into managed allocations (the touch that populates them).
+void managedCreate(uintptr_t base, uint64_t size);
+void managedDestroy(uintptr_t base);
+void managedTouch(int ordinal, const std::vector<std::vector<char>>& args);
 
 // ---------------------------------------------------------------------------------------------
 // Streams, events and the engine

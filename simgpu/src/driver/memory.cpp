@@ -77,12 +77,12 @@ void hostUnmap(void* p, size_t mapped) {
 CUresult allocDevice(size_t bytes, MemKind kind, unsigned flags, CUdeviceptr* out, bool low32) {
   Context* c;
   CU_TRY(requireContext(&c));
-  const uint64_t charged = roundUp(bytes, kAllocAlign);
-  if (!deviceReserve(c->device, charged)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const uint64_t charged = kind == MemKind::kManaged ? 0 : roundUp(bytes, kAllocAlign);
+  if (charged && !deviceReserve(c->device, charged)) return CUDA_ERROR_OUT_OF_MEMORY;
   size_t mapped = 0;
   void* p = hostMap(bytes, &mapped, low32);
   if (!p) {
-    deviceRelease(c->device, charged);
+    if (charged) deviceRelease(c->device, charged);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   Allocation a;
@@ -96,6 +96,7 @@ CUresult allocDevice(size_t bytes, MemKind kind, unsigned flags, CUdeviceptr* ou
   a.mapping = p;
   a.mappingSize = mapped;
   a.id = nextId();
+  if (kind == MemKind::kManaged) managedCreate(a.base, bytes);
   registryAdd(a);
   *out = a.base;
   return CUDA_SUCCESS;
@@ -106,8 +107,9 @@ CUresult freeDevice(CUdeviceptr p) {
   if (!registryFind(p, &a) || a.base != p || (a.kind != MemKind::kDevice && a.kind != MemKind::kManaged))
     return CUDA_ERROR_INVALID_VALUE;
   if (!registryRemove(p, &a)) return CUDA_ERROR_INVALID_VALUE;
+  if (a.kind == MemKind::kManaged) managedDestroy(a.base);
   hostUnmap(a.mapping, a.mappingSize);
-  deviceRelease(a.device, a.accounted);
+  if (a.accounted) deviceRelease(a.device, a.accounted);
   return CUDA_SUCCESS;
 }
 
@@ -178,7 +180,9 @@ CU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigne
   API_ENTER(dptr, bytesize, flags);
   if (!dptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
     return CUDA_ERROR_INVALID_VALUE;
-  // Managed memory is charged to the device it is created for: the simulation keeps it resident.
+  // Not permitted while a stream captures in global mode (the allocation is not stream ordered).
+  if (anyGlobalCaptureActive()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  // Takes device memory only once populated there (managed.cpp): nothing is charged now.
   return allocDevice(bytesize, MemKind::kManaged, flags, dptr);
 }
 
@@ -431,41 +435,3 @@ CU_EXPORT CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute 
   return attribute == CU_POINTER_ATTRIBUTE_SYNC_MEMOPS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-CU_EXPORT CUresult cuMemAdvise_v2(CUdeviceptr p, size_t count, CUmem_advise advice, CUmemLocation loc) {
-  API_ENTER(p, count, advice);
-  Allocation a;
-  if (!registryFind(p, &a) || a.kind != MemKind::kManaged) return CUDA_ERROR_INVALID_VALUE;
-  (void)loc;
-  return CUDA_SUCCESS;
-}
-extern "C" SIMGPU_EXPORT CUresult simgpu_cuMemAdvise(CUdeviceptr p, size_t count, CUmem_advise advice, CUdevice dev) __asm__("cuMemAdvise");
-CUresult simgpu_cuMemAdvise(CUdeviceptr p, size_t count, CUmem_advise advice, CUdevice dev) {
-  CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, dev};
-  return cuMemAdvise_v2(p, count, advice, loc);
-}
-
-CU_EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t count, CUmemLocation loc, unsigned int flags, CUstream s) {
-  API_ENTER(p, count, flags, s);
-  Allocation a;
-  if (!registryFind(p, &a) || a.kind != MemKind::kManaged) return CUDA_ERROR_INVALID_VALUE;
-  Stream* st;
-  CU_TRY(resolveStream(s, &st));
-  (void)loc;
-  return CUDA_SUCCESS;  // resident in host memory already
-}
-extern "C" SIMGPU_EXPORT CUresult simgpu_cuMemPrefetchAsync(CUdeviceptr p, size_t count, CUdevice dev, CUstream s) __asm__("cuMemPrefetchAsync");
-CUresult simgpu_cuMemPrefetchAsync(CUdeviceptr p, size_t count, CUdevice dev, CUstream s) {
-  CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, dev};
-  return cuMemPrefetchAsync_v2(p, count, loc, 0, s);
-}
-
-CU_EXPORT CUresult cuMemRangeGetAttribute(void* data, size_t dataSize, CUmem_range_attribute attr, CUdeviceptr p, size_t count) {
-  API_ENTER(data, dataSize, attr, p, count);
-  Allocation a;
-  if (!data || !registryFind(p, &a) || a.kind != MemKind::kManaged) return CUDA_ERROR_INVALID_VALUE;
-  std::memset(data, 0, dataSize);
-  if (attr == CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION || attr == CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION) {
-    if (dataSize >= 4) *static_cast<int*>(data) = -2;  // CU_DEVICE_INVALID: no preference recorded
-  }
-  return CUDA_SUCCESS;
-}

@@ -283,6 +283,7 @@ CUresult launchKernel(Stream* s, Function* f, const unsigned grid[3], const unsi
     return submitAndWait(s, std::move(now));
   }
   if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return submit(s, std::move(op));
+  managedTouch(s->ctx->device, k->args);  // managed memory the arguments reach is populated now
   k->queued = true;  // counted below once queued (the worker may take it first: the count dips)
   const int device = k->device;
   op.run = [k] {

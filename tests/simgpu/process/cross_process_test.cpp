@@ -10,6 +10,7 @@
 // Two registrations: CrossProcess.* on the default 16 GiB device, DeviceFull.* with
 // SIMGPU_MEMORY=1GiB.
 #include <cuda.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -141,6 +142,48 @@ int childContext() {
   return 0;
 }
 
+
+// The CUDA 13 header maps cuMemPrefetchAsync and cuMemAdvise to their _v2 forms (a location);
+// these take the legacy device ordinal (CU_DEVICE_CPU: the host).
+CUmemLocation locationOf(int dev) {
+  return dev == CU_DEVICE_CPU ? CUmemLocation{CU_MEM_LOCATION_TYPE_HOST, 0} : CUmemLocation{CU_MEM_LOCATION_TYPE_DEVICE, dev};
+}
+CUresult prefetch(CUdeviceptr p, size_t n, int dev) { return cuMemPrefetchAsync_v2(p, n, locationOf(dev), 0, nullptr); }
+CUresult advise(CUdeviceptr p, size_t n, CUmem_advise a, int dev) { return cuMemAdvise_v2(p, n, a, locationOf(dev)); }
+
+// managed <bytes>: allocate managed memory, write a pattern from the host, prefetch it to the
+// device; report "ok". Then per control byte: 'c' reads it back through the device (a copy) and
+// reports "intact" or "corrupt"; 'p' prefetches it to the device again ("ok"); 'h' to the host
+// ("ok"); anything else (or EOF) exits.
+uint32_t managedPattern(size_t i) { return static_cast<uint32_t>(i * 2654435761u) ^ 0x5a5a5a5au; }
+int childManaged(size_t bytes) {
+  CUresult r = childInit();
+  CUdeviceptr m = 0;
+  if (r == CUDA_SUCCESS) r = cuMemAllocManaged(&m, bytes, CU_MEM_ATTACH_GLOBAL);
+  if (r == CUDA_SUCCESS) {
+    auto* w = reinterpret_cast<uint32_t*>(m);
+    for (size_t i = 0; i < bytes / 4; ++i) w[i] = managedPattern(i);
+    r = prefetch(m, bytes, 0);
+  }
+  report(r == CUDA_SUCCESS ? "ok" : "err " + std::to_string(static_cast<int>(r)));
+  if (r != CUDA_SUCCESS) return 1;
+  while (true) {
+    const char c = awaitControl();
+    if (c == 'c') {
+      std::vector<uint32_t> back(bytes / 4);
+      r = cuMemcpyDtoH(back.data(), m, bytes);
+      bool same = r == CUDA_SUCCESS;
+      for (size_t i = 0; i < back.size() && same; ++i) same = back[i] == managedPattern(i);
+      report(same ? "intact" : "corrupt");
+    } else if (c == 'p' || c == 'h') {
+      r = prefetch(m, bytes, c == 'p' ? 0 : CU_DEVICE_CPU);
+      report(r == CUDA_SUCCESS ? "ok" : "err " + std::to_string(static_cast<int>(r)));
+    } else {
+      return 0;
+    }
+  }
+}
+
 int childMain(int argc, char** argv) {
   alarm(60);  // never outlive a broken test for long
   const std::string mode = argc > 2 ? argv[2] : "";
@@ -149,6 +192,7 @@ int childMain(int argc, char** argv) {
   if (mode == "race") return childRace(bytes);
   if (mode == "hog") return childHog(bytes);
   if (mode == "context") return childContext();
+  if (mode == "managed") return childManaged(bytes);
   std::fprintf(stderr, "unknown child mode '%s'\n", mode.c_str());
   return 2;
 }
@@ -274,6 +318,7 @@ class Shared : public ::testing::Test {
 
 using CrossProcess = Shared;
 using DeviceFull = Shared;
+using Managed = Shared;
 
 // ---------------------------------------------------------------------------------------------
 TEST_F(CrossProcess, ChildAllocationIsVisibleAndKill9GivesItBack) {
@@ -572,6 +617,246 @@ TEST(TimeSlicing, AHolderKilledMidSliceLeavesTheDeviceToTheOthers) {
   EXPECT_LT(s->slicedOutNs.load(), 1'000'000u) << "it did not wait for the dead holder's slice (elapsed " << elapsed
                                                << " us)";
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Managed memory (SIMGPU_MEMORY=1GiB): device memory only while resident; evicted to the host,
+// data intact, when an ordinary allocation or another population needs the room.
+
+// Bytes NVML's process list shows for pid on device 0 (-1: not listed), and the device's used.
+long long nvmlProcessBytes(pid_t pid) {
+  nvmlDevice_t dev;
+  if (nvmlDeviceGetHandleByIndex_v2(0, &dev) != NVML_SUCCESS) return -2;
+  nvmlProcessInfo_t infos[64];
+  unsigned n = 64;
+  if (nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, infos) != NVML_SUCCESS) return -2;
+  for (unsigned i = 0; i < n; ++i)
+    if (static_cast<pid_t>(infos[i].pid) == pid) return static_cast<long long>(infos[i].usedGpuMemory);
+  return -1;
+}
+unsigned long long nvmlDeviceUsed() {
+  nvmlDevice_t dev;
+  nvmlMemory_t mem{};
+  if (nvmlDeviceGetHandleByIndex_v2(0, &dev) != NVML_SUCCESS || nvmlDeviceGetMemoryInfo(dev, &mem) != NVML_SUCCESS)
+    return ~0ull;
+  return mem.used;
+}
+
+TEST_F(Managed, TakesDeviceMemoryOnlyWhileResident) {
+  if (totalMem() != kGiB) GTEST_SKIP() << "needs SIMGPU_MEMORY=1GiB";
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  ASSERT_EQ(freeMem(), kGiB);
+  CUdeviceptr m = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAllocManaged(&m, 2 * kGiB, CU_MEM_ATTACH_GLOBAL)) << "more than the device: not resident";
+  EXPECT_EQ(freeMem(), kGiB) << "nothing is populated at allocation";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(m));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAllocManaged(&m, 256 * kMiB, CU_MEM_ATTACH_GLOBAL));
+  EXPECT_EQ(freeMem(), kGiB);
+  ASSERT_EQ(CUDA_SUCCESS, prefetch(m, 256 * kMiB, 0));
+  EXPECT_EQ(freeMem(), kGiB - 256 * kMiB) << "a prefetch to the device populates it there";
+  EXPECT_EQ(nvmlDeviceUsed(), 256 * kMiB) << "the device's used memory counts resident managed memory";
+  EXPECT_EQ(nvmlProcessBytes(getpid()), 0) << "NVML's per-process figure leaves managed memory out";
+  ASSERT_EQ(CUDA_SUCCESS, prefetch(m + 64 * kMiB, 64 * kMiB, CU_DEVICE_CPU));
+  EXPECT_EQ(freeMem(), kGiB - 192 * kMiB) << "a prefetch of part of it to the host frees that part";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(m));
+  EXPECT_EQ(freeMem(), kGiB) << "freeing returns what was resident";
+}
+
+// A kernel whose arguments point into managed memory touches it: its chunks are populated on the
+// launch's device, unless advice prefers the host.
+TEST_F(Managed, ALaunchPopulatesWhatItsArgumentsReach) {
+  if (totalMem() != kGiB) GTEST_SKIP() << "needs SIMGPU_MEMORY=1GiB";
+  static const char kPtx[] = ".version 8.0\n.target sm_90\n.address_size 64\n";
+  CUmodule mod = nullptr;
+  CUfunction f = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, cuModuleLoadData(&mod, kPtx));
+  ASSERT_EQ(CUDA_SUCCESS, cuModuleGetFunction(&f, mod, "touch"));
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAllocManaged(&a, 64 * kMiB, CU_MEM_ATTACH_GLOBAL));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAllocManaged(&b, 32 * kMiB, CU_MEM_ATTACH_GLOBAL));
+  ASSERT_EQ(CUDA_SUCCESS, advise(b, 32 * kMiB, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_DEVICE_CPU));
+  auto launchWith = [&](CUdeviceptr p) {
+    CUdeviceptr arg = p + 100;  // any address inside the allocation
+    size_t size = sizeof arg;
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &arg, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    ASSERT_EQ(CUDA_SUCCESS, cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, extra));
+    ASSERT_EQ(CUDA_SUCCESS, cuCtxSynchronize());
+  };
+  ASSERT_NO_FATAL_FAILURE(launchWith(b));
+  EXPECT_EQ(freeMem(), kGiB) << "preferred on the host: the kernel reaches it remotely";
+  ASSERT_NO_FATAL_FAILURE(launchWith(a));
+  EXPECT_EQ(freeMem(), kGiB - 64 * kMiB) << "the touch populated the allocation";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(a));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(b));
+  ASSERT_EQ(CUDA_SUCCESS, cuModuleUnload(mod));
+  EXPECT_EQ(freeMem(), kGiB);
+}
+
+// An ordinary allocation that finds the device full evicts another process's resident managed
+// memory to the host (exactly what it needs); the data survives; device memory from cuMemAlloc is
+// never evicted.
+TEST_F(Managed, AnAllocationEvictsAnotherProcesssManagedMemoryAndItsDataSurvives) {
+  if (totalMem() != kGiB) GTEST_SKIP() << "needs SIMGPU_MEMORY=1GiB";
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  ASSERT_EQ(freeMem(), kGiB);
+  Child burst;
+  ASSERT_NO_FATAL_FAILURE(spawn(&burst, {"managed", std::to_string(768 * kMiB)}));
+  ASSERT_EQ(burst.readLine(), "ok");
+  EXPECT_EQ(freeMem(), 256 * kMiB) << "the child's managed memory is resident";
+  EXPECT_EQ(nvmlProcessBytes(burst.pid), 0);
+
+  CUdeviceptr p = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&p, 512 * kMiB)) << "the device evicts managed pages to make room";
+  EXPECT_EQ(freeMem(), 0u) << "exactly what was needed went to the host: 256 MiB of the child's stay";
+  EXPECT_EQ(nvmlDeviceUsed(), kGiB);
+  burst.send('c');
+  EXPECT_EQ(burst.readLine(), "intact") << "evicted managed memory keeps its data";
+
+  CUdeviceptr q = 0;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&q, 768 * kMiB)) << "only 512 MiB can be evicted: nothing moves";
+  EXPECT_EQ(freeMem(), 0u);
+  EXPECT_EQ(nvmlDeviceUsed(), kGiB);
+
+  burst.send('p');  // the child prefetches its 768 MiB again: only what is free, the rest stays on the host
+  ASSERT_EQ(burst.readLine(), "ok");
+  EXPECT_EQ(freeMem(), 0u) << "cuMemAlloc memory is never evicted by managed memory";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(p));
+  EXPECT_EQ(freeMem(), 512 * kMiB);
+  burst.send('p');
+  ASSERT_EQ(burst.readLine(), "ok");
+  EXPECT_EQ(freeMem(), 256 * kMiB) << "with room again, all of it is resident";
+  burst.send('c');
+  EXPECT_EQ(burst.readLine(), "intact");
+
+  burst.kill9();
+  burst.wait();
+  EXPECT_EQ(waitFree(kGiB, 1000), kGiB) << "a killed process's resident managed memory comes back";
+}
+
+// Populating managed memory evicts the managed memory that migrated in least recently, across
+// processes; the device never holds more than its size.
+TEST_F(Managed, PopulationEvictsTheLeastRecentlyMigratedIn) {
+  if (totalMem() != kGiB) GTEST_SKIP() << "needs SIMGPU_MEMORY=1GiB";
+  ASSERT_EQ(freeMem(), kGiB);
+  Child first, second;
+  ASSERT_NO_FATAL_FAILURE(spawn(&first, {"managed", std::to_string(600 * kMiB)}));
+  ASSERT_EQ(first.readLine(), "ok");
+  ASSERT_NO_FATAL_FAILURE(spawn(&second, {"managed", std::to_string(600 * kMiB)}));
+  ASSERT_EQ(second.readLine(), "ok");
+  EXPECT_EQ(freeMem(), 0u) << "the second population evicted 176 MiB of the first's";
+  EXPECT_EQ(nvmlDeviceUsed(), kGiB);
+  CUdeviceptr m = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAllocManaged(&m, 100 * kMiB, CU_MEM_ATTACH_GLOBAL));
+  ASSERT_EQ(CUDA_SUCCESS, prefetch(m, 100 * kMiB, 0));
+  EXPECT_EQ(freeMem(), 0u);
+  // The first child's chunks are the oldest: its resident part went first. Sent to the host, they
+  // free what it still had (1024 - 600 - 100 = 324 MiB).
+  first.send('h');
+  ASSERT_EQ(first.readLine(), "ok");
+  EXPECT_EQ(freeMem(), 324 * kMiB);
+  second.send('c');
+  EXPECT_EQ(second.readLine(), "intact");
+  first.send('c');
+  EXPECT_EQ(first.readLine(), "intact");
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(m));
+  first.closeControl();
+  second.closeControl();
+  first.wait();
+  second.wait();
+  EXPECT_EQ(waitFree(kGiB, 1000), kGiB);
+}
+
+TEST_F(Managed, AdviceAndPrefetchAreReportedPerRange) {
+  CUdeviceptr m = 0;
+  const size_t n = 8 * kMiB;  // four chunks of 2 MiB
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAllocManaged(&m, n, CU_MEM_ATTACH_GLOBAL));
+  int v = 7;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, m, n));
+  EXPECT_EQ(v, CU_DEVICE_INVALID) << "no preference set";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, n));
+  EXPECT_EQ(v, CU_DEVICE_INVALID) << "never prefetched";
+  ASSERT_EQ(CUDA_SUCCESS, advise(m, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, 0));
+  ASSERT_EQ(CUDA_SUCCESS, advise(m, 2 * kMiB, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_DEVICE_CPU));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, m, 2 * kMiB));
+  EXPECT_EQ(v, CU_DEVICE_CPU);
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, m + 4 * kMiB, 4 * kMiB));
+  EXPECT_EQ(v, 0);
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, m, n));
+  EXPECT_EQ(v, CU_DEVICE_INVALID) << "mixed preferences";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE, m + 4 * kMiB, kMiB));
+  EXPECT_EQ(v, CU_MEM_LOCATION_TYPE_DEVICE);
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID, m + 4 * kMiB, kMiB));
+  EXPECT_EQ(v, 0);
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE, m, n));
+  EXPECT_EQ(v, CU_MEM_LOCATION_TYPE_INVALID);
+
+  // The _v2 entry points take a location; prefetch flags must be 0.
+  CUmemLocation host{CU_MEM_LOCATION_TYPE_HOST, 0}, dev0{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuMemPrefetchAsync_v2(m, n, host, 1, nullptr));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemPrefetchAsync_v2(m, n, dev0, 0, nullptr));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemPrefetchAsync_v2(m, 2 * kMiB, host, 0, nullptr));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, kMiB));
+  EXPECT_EQ(v, CU_DEVICE_CPU);
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE, m, kMiB));
+  EXPECT_EQ(v, CU_MEM_LOCATION_TYPE_HOST);
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m + 2 * kMiB, 6 * kMiB));
+  EXPECT_EQ(v, 0);
+  // The legacy entry points (old binaries call them by name): a device ordinal, CU_DEVICE_CPU.
+  using LegacyPrefetch = CUresult (*)(CUdeviceptr, size_t, CUdevice, CUstream);
+  using LegacyAdvise = CUresult (*)(CUdeviceptr, size_t, CUmem_advise, CUdevice);
+  auto legacyPrefetch = reinterpret_cast<LegacyPrefetch>(dlsym(RTLD_DEFAULT, "cuMemPrefetchAsync"));
+  auto legacyAdvise = reinterpret_cast<LegacyAdvise>(dlsym(RTLD_DEFAULT, "cuMemAdvise"));
+  ASSERT_TRUE(legacyPrefetch && legacyAdvise);
+  ASSERT_EQ(CUDA_SUCCESS, legacyPrefetch(m, n, CU_DEVICE_CPU, nullptr));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, n));
+  EXPECT_EQ(v, CU_DEVICE_CPU);
+  ASSERT_EQ(CUDA_SUCCESS, legacyAdvise(m, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_DEVICE_CPU));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, m, n));
+  EXPECT_EQ(v, CU_DEVICE_CPU);
+  ASSERT_EQ(CUDA_SUCCESS, legacyPrefetch(m, n, 0, nullptr));
+
+  EXPECT_EQ(CUDA_SUCCESS, cuMemAdvise_v2(m, n, CU_MEM_ADVISE_SET_READ_MOSTLY, CUmemLocation{}));
+  EXPECT_EQ(CUDA_SUCCESS, cuMemAdvise_v2(m, n, CU_MEM_ADVISE_SET_ACCESSED_BY, dev0));
+  EXPECT_EQ(CUDA_SUCCESS, cuMemAdvise_v2(m, n, CU_MEM_ADVISE_SET_ACCESSED_BY, host));
+  CUmemLocation numa{CU_MEM_LOCATION_TYPE_HOST_NUMA, 0};
+  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, cuMemAdvise_v2(m, n, CU_MEM_ADVISE_SET_ACCESSED_BY, numa)) << "device or host only";
+  CUmemLocation bad{CU_MEM_LOCATION_TYPE_DEVICE, 99};
+  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, cuMemAdvise_v2(m, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, bad));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuMemAdvise_v2(m, n, static_cast<CUmem_advise>(9), dev0));
+  int accessed[3] = {7, 7, 7};
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttribute(accessed, sizeof accessed, CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY, m, n));
+  EXPECT_EQ(accessed[0], 0);
+  EXPECT_EQ(accessed[1], CU_DEVICE_CPU);
+  EXPECT_EQ(accessed[2], CU_DEVICE_INVALID);
+  // Several at once.
+  int rm = 0, pref = 0;
+  void* data[] = {&rm, &pref};
+  size_t sizes[] = {4, 4};
+  CUmem_range_attribute attrs[] = {CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION};
+  ASSERT_EQ(CUDA_SUCCESS, cuMemRangeGetAttributes(data, sizes, attrs, 2, m + 4 * kMiB, kMiB));
+  EXPECT_EQ(rm, 1);
+  EXPECT_EQ(pref, CU_DEVICE_CPU);
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuMemRangeGetAttribute(&v, 8, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, m, n));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, m, n + 1))
+      << "past the allocation";
+  CUdeviceptr plain = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAlloc(&plain, kMiB));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, prefetch(plain, kMiB, 0)) << "not managed memory";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(plain));
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(m));
+}
+
+TEST_F(Managed, NotAllocatedDuringAGlobalCapture) {
+  CUstream s = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ASSERT_EQ(CUDA_SUCCESS, cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUdeviceptr m = 0;
+  EXPECT_EQ(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cuMemAllocManaged(&m, kMiB, CU_MEM_ATTACH_GLOBAL));
+  CUgraph g = nullptr;
+  cuStreamEndCapture(s, &g);
+  if (g) cuGraphDestroy(g);
+  ASSERT_EQ(CUDA_SUCCESS, cuStreamDestroy(s));
 }
 
 int main(int argc, char** argv) {

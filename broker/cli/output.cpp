@@ -313,6 +313,16 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
     }
   }
   t.print();
+  bool bursting = false;
+  for (const rpc::Tenant& tn : tenants)
+    for (const rpc::TenantDevice& d : tn.devices()) {
+      if (!d.has_guarantee_bytes()) continue;
+      if (!bursting) std::printf("\nBursting (above the guarantee, up to the limit: managed memory the device may evict to host memory):\n");
+      bursting = true;
+      std::printf("  %s on %s: guarantee %s, %s above it\n", tn.name().c_str(),
+                  deviceCell(d.device_name(), d.device()).c_str(), formatSize(d.guarantee_bytes()).c_str(),
+                  formatSize(d.burst_bytes()).c_str());
+    }
   if (overridden) std::printf("\n* set live (cushare set-limit); undo with --reset\n");
   if (above)
     std::printf("%s! holds more than its limit (a limit lowered below what it held): its allocations there are "

@@ -59,13 +59,16 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
 const std::vector<std::string> kProbeKeys = {"interval_ms", "window_s", "budget_us", "kinds"};
 const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "priority_guard_ms", "metering", "fair_share",
                                                "mps_weights", "metering_source", "cupti_library"};
-const std::vector<std::string> kProfileKeys = {"memory", "thread_percentage", "priority", "weight"};
-const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "thread_percentage",
+const std::vector<std::string> kProfileKeys = {"memory", "guarantee", "burst", "thread_percentage", "priority", "weight"};
+const std::vector<std::string> kTenantKeys = {"name",     "profile", "memory", "guarantee", "burst", "thread_percentage",
                                               "priority", "weight",  "uid",    "gid"};
 
 // The limit fields a profile or a tenant may set; unset ones are taken from elsewhere.
 struct Fields {
   MemorySpec memory;
+  MemorySpec guarantee;
+  std::optional<BurstMode> burst;
+  SourceMark burstMark;
   std::optional<int> threadPercentage;
   std::optional<Priority> priority;
   std::optional<uint32_t> weight;
@@ -521,7 +524,10 @@ class Parser {
         if (!field(v.keys[j], v.items[j], path, &f, &known)) return false;
         if (!known) return unknownKey(v.keys[j], join(path, v.keys[j].text), kProfileKeys);
       }
+      if (!burstFits(f, path, p.mark)) return false;
       p.memory = std::move(f.memory);
+      p.guarantee = std::move(f.guarantee);
+      p.burst = f.burst;
       p.threadPercentage = f.threadPercentage;
       p.priority = f.priority;
       p.weight = f.weight;
@@ -577,12 +583,46 @@ class Parser {
     return true;
   }
 
+  // A guarantee means bursting above it (managed unless burst says otherwise) and needs a memory
+  // limit to burst to; burst: managed needs a guarantee. Checked on the effective fields.
+  bool burstFits(const Fields& f, const std::string& path, SourceMark at) {
+    const bool guaranteed = f.guarantee.kind != MemorySpec::kNone;
+    const BurstMode b = f.burst.value_or(guaranteed ? BurstMode::kManaged : BurstMode::kOff);
+    if (guaranteed && b == BurstMode::kOff)
+      return fail(yamlMark(f.guarantee.mark), f.guarantee.path,
+                  "a guarantee with burst: off means nothing: the memory limit is already reserved; remove one of them");
+    if (!guaranteed && b != BurstMode::kOff)
+      return fail(yamlMark(f.burstMark.line ? f.burstMark : at), path + ".burst",
+                  "burst: managed needs a guarantee (the memory reserved for it; above it, up to memory, it bursts)");
+    if (guaranteed && f.memory.kind == MemorySpec::kNone)
+      return fail(yamlMark(f.guarantee.mark), f.guarantee.path,
+                  "a guarantee needs a memory limit (the most it may burst to)");
+    return true;
+  }
+
   // memory, thread_percentage, priority or weight, into *f; *known false for any other key.
   bool field(const Node& key, const Node& v, const std::string& parent, Fields* f, bool* known) {
     const std::string path = join(parent, key.text);
     std::string text, reason;
     *known = true;
     if (key.text == "memory") return memory(v, path, &f->memory);
+    if (key.text == "guarantee") return memory(v, path, &f->guarantee);
+    if (key.text == "burst") {
+      if (!scalar(v, path, "off or managed", &text)) return false;
+      f->burstMark = sourceMark(v.mark);
+      if (text == "off") {
+        f->burst = BurstMode::kOff;
+      } else if (text == "managed") {
+        f->burst = BurstMode::kManaged;
+      } else if (text == "plain") {
+        return fail(v.mark, path,
+                    "'plain' (ordinary memory reclaimed cooperatively) is not available yet: use managed, whose "
+                    "memory above the guarantee the device itself evicts to host memory when a guarantee needs it");
+      } else {
+        return fail(v.mark, path, "expected off or managed, found " + quote(text));
+      }
+      return true;
+    }
     if (key.text == "thread_percentage") {
       int p = 0;
       if (!scalar(v, path, "a whole percentage 1..100", &text)) return false;
@@ -802,15 +842,32 @@ class Parser {
         const Profile* p = findProfile(*c, t.profile);
         if (!p) return fail(yamlMark(d.profileMark), t.path + ".profile", noProfile(*c, t.profile));
         eff.memory = p->memory;
+        eff.guarantee = p->guarantee;
+        eff.burst = p->burst;
         eff.threadPercentage = p->threadPercentage;
         eff.priority = p->priority;
         eff.weight = p->weight;
       }
       if (d.own.memory.kind != MemorySpec::kNone) eff.memory = std::move(d.own.memory);
+      if (d.own.guarantee.kind != MemorySpec::kNone && d.own.burst == BurstMode::kOff)
+        return fail(yamlMark(d.own.guarantee.mark), d.own.guarantee.path,
+                    "a guarantee with burst: off means nothing: the memory limit is already reserved; remove one of them");
+      if (d.own.guarantee.kind != MemorySpec::kNone) {
+        eff.guarantee = std::move(d.own.guarantee);
+        if (!d.own.burst) eff.burst.reset();  // the tenant's own guarantee bursts as managed by default
+      }
+      if (d.own.burst) {
+        eff.burst = d.own.burst;
+        eff.burstMark = d.own.burstMark;
+        if (*d.own.burst == BurstMode::kOff) eff.guarantee = MemorySpec{};  // off: no guarantee below the limit
+      }
+      if (!burstFits(eff, t.path, t.mark)) return false;
       if (d.own.threadPercentage) eff.threadPercentage = d.own.threadPercentage;
       if (d.own.priority) eff.priority = d.own.priority;
       if (d.own.weight) eff.weight = d.own.weight;
       t.memory = std::move(eff.memory);
+      t.burst = eff.guarantee.kind == MemorySpec::kNone ? BurstMode::kOff : eff.burst.value_or(BurstMode::kManaged);
+      t.guarantee = std::move(eff.guarantee);
       t.threadPercentage = eff.threadPercentage;
       t.priority = eff.priority.value_or(Priority::kNormal);
       t.weight = eff.weight.value_or(1);
@@ -818,6 +875,11 @@ class Parser {
     }
     if (!c->unknownTenantsProfile.empty() && !findProfile(*c, c->unknownTenantsProfile))
       return fail(unknownTenantsMark_, "unknown_tenants", noProfile(*c, c->unknownTenantsProfile));
+    if (const Profile* u = c->unknownTenantsProfile.empty() ? nullptr : findProfile(*c, c->unknownTenantsProfile);
+        u && u->guarantee.kind != MemorySpec::kNone)
+      return fail(unknownTenantsMark_, "unknown_tenants",
+                  "the profile " + quote(u->name) + " has a guarantee: unknown tenants cannot burst (their pool is "
+                  "admitted at the profile's memory limit); name a profile without one");
     return true;
   }
 
@@ -978,6 +1040,38 @@ bool resolveMemory(const Config& config, const MemorySpec& spec,
   return resolveImpl(config, spec, devices, limits, &entryOf, error);
 }
 
+const char* burstModeName(BurstMode m) { return m == BurstMode::kManaged ? "managed" : "off"; }
+
+bool resolveGuarantee(const Config& config, const Tenant& t, const std::vector<DeviceInfo>& devices,
+                      std::vector<uint64_t>* guarantees, std::string* error) {
+  std::vector<const MemorySpec::Entry*> entryOf;
+  std::vector<uint64_t> limits, g;
+  if (!resolveImpl(config, t.memory, devices, &limits, &entryOf, error)) return false;
+  if (t.burst == BurstMode::kOff || t.guarantee.kind == MemorySpec::kNone) {
+    *guarantees = std::move(limits);
+    return true;
+  }
+  if (!resolveImpl(config, t.guarantee, devices, &g, &entryOf, error)) return false;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    if (g[d] == kUnlimited) {
+      g[d] = limits[d];  // a per-device guarantee map leaves this device out: its limit is reserved
+      continue;
+    }
+    if (limits[d] == kUnlimited || g[d] > limits[d]) {
+      SourceMark at = entryOf[d] ? entryOf[d]->mark : t.guarantee.mark;
+      if (error)
+        *error = yaml::errorLine(config.file, yamlMark(at), t.guarantee.path,
+                                 "tenant " + quote(t.name) + ": the guarantee on device " + deviceName(devices[d]) + ", " +
+                                     sizeText(g[d]) + ", is above its memory limit there, " +
+                                     (limits[d] == kUnlimited ? std::string("none") : sizeText(limits[d])) +
+                                     ": a guarantee is the part of the limit reserved for it");
+      return false;
+    }
+  }
+  *guarantees = std::move(g);
+  return true;
+}
+
 bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& devices,
                          std::string* error) {
   // Per memory group (a GPU, or a GPU instance whose compute instances share its memory).
@@ -985,7 +1079,11 @@ bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& de
   std::vector<uint64_t> limits;
   std::vector<const MemorySpec::Entry*> entryOf;
   for (const Tenant& t : config.tenants) {
-    if (!resolveImpl(config, t.memory, devices, &limits, &entryOf, error)) return false;
+    // What is admitted is what the tenant is guaranteed: its limit, or its guarantee if it bursts.
+    const bool bursts = t.burst != BurstMode::kOff;
+    if (!resolveGuarantee(config, t, devices, &limits, error)) return false;
+    std::vector<uint64_t> written;  // for entryOf: which map entry names each device
+    if (!resolveImpl(config, bursts ? t.guarantee : t.memory, devices, &written, &entryOf, error)) return false;
     for (size_t d = 0; d < devices.size(); ++d) {
       if (limits[d] == kUnlimited) continue;
       const size_t g = std::min(devices[d].group(d), devices.size() - 1);
@@ -993,9 +1091,10 @@ bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& de
       if (sum[g] <= devices[d].totalBytes) continue;
       // Name the tenant: at its own memory value (the device's entry of a per-device map), or at
       // the tenant itself when its memory comes from a profile.
-      const bool own = t.memory.path.rfind(t.path + ".", 0) == 0;
-      SourceMark at = own ? t.memory.mark : t.mark;
-      std::string path = own ? t.memory.path : t.path;
+      const MemorySpec& spec = bursts ? t.guarantee : t.memory;
+      const bool own = spec.path.rfind(t.path + ".", 0) == 0;
+      SourceMark at = own ? spec.mark : t.mark;
+      std::string path = own ? spec.path : t.path;
       if (own && entryOf[d]) {
         at = entryOf[d]->mark;
         path += "." + yaml::printable(entryOf[d]->key);
@@ -1004,10 +1103,11 @@ bool checkAgainstDevices(const Config& config, const std::vector<DeviceInfo>& de
       if (error)
         *error = yaml::errorLine(
             config.file, yamlMark(at), path,
-            "tenant " + quote(t.name) + (own ? "" : " (memory from " + t.memory.path + ")") +
-                " brings the memory limits on " + memoryName(devices, d) + " to " + sizeText(total) +
-                ", over the device's total of " + sizeText(devices[d].totalBytes) + "; this tenant's limit there is " +
-                sizeText(limits[d]));
+            "tenant " + quote(t.name) + (own ? "" : std::string(bursts ? " (guarantee" : " (memory") + " from " + spec.path + ")") +
+                (bursts ? " brings the memory reserved (limits, and guarantees of bursting tenants) on "
+                        : " brings the memory limits on ") +
+                memoryName(devices, d) + " to " + sizeText(total) + ", over the device's total of " + sizeText(devices[d].totalBytes) + "; this tenant's " +
+                (bursts ? "guarantee" : "limit") + " there is " + sizeText(limits[d]));
       return false;
     }
   }

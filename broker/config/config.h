@@ -56,9 +56,18 @@ struct MemorySpec {
   std::string path;            // field path of the memory value, e.g. "tenants[0].memory"
 };
 
+// How memory above a tenant's guarantee is backed (docs/memory-elasticity.md).
+enum class BurstMode {
+  kOff,      // no guarantee below the limit: every byte up to the limit is ordinary device memory
+  kManaged,  // above the guarantee, allocations become managed memory, evictable to host memory
+};
+const char* burstModeName(BurstMode m);  // "off", "managed"
+
 struct Profile {
   std::string name;
   MemorySpec memory;
+  MemorySpec guarantee;  // kNone: not set
+  std::optional<BurstMode> burst;
   std::optional<int> threadPercentage;
   std::optional<Priority> priority;
   std::optional<uint32_t> weight;
@@ -69,6 +78,10 @@ struct Tenant {
   std::string name;
   std::string profile;                    // the profile it names; empty when none
   MemorySpec memory;                      // effective: the tenant's own, else the profile's
+  // Effective, like memory: what is reserved for it on each device (admission counts this, not
+  // memory). kNone: its memory limit (no bursting). Set only together with burst != kOff.
+  MemorySpec guarantee;
+  BurstMode burst = BurstMode::kOff;
   std::optional<int> threadPercentage;    // effective; unset: no compute cap
   Priority priority = Priority::kNormal;  // effective; normal when neither sets it
   uint32_t weight = 1;                    // effective: its share among contending tenants (1..1000)
@@ -285,8 +298,15 @@ bool resolveMemory(const Config& config, const MemorySpec& spec,
                    const std::vector<DeviceInfo>& devices, std::vector<uint64_t>* limits,
                    std::string* error);
 
-// Resolves every tenant's memory on every device and refuses a configuration in which the sum of
-// the tenants' limits on a device exceeds its total (exactly full is accepted), naming the tenant
+// A tenant's guarantee on each device: its guarantee where it bursts, else its memory limit
+// (kUnlimited where neither sets one). Fails as resolveMemory does, and for a guarantee above the
+// memory limit on a device.
+bool resolveGuarantee(const Config& config, const Tenant& t, const std::vector<DeviceInfo>& devices,
+                      std::vector<uint64_t>* guarantees, std::string* error);
+
+// Resolves every tenant's guarantee (its memory limit unless it bursts) on every device and
+// refuses a configuration in which their sum on a device exceeds its total (exactly full is
+// accepted), naming the tenant
 // whose limit makes the sum overflow and the device. Tenants without a limit on a device do not
 // count. With an unknown-tenant profile, its pool (max_unknown_tenants times the profile's memory)
 // counts beside them, and a profile without a limit on a device is refused. Also fails as

@@ -162,7 +162,11 @@ bool Broker::checkEffective(const Config& c, const std::map<std::string, std::ve
     const size_t g = std::min(devices_[d].group(d), devices_.size() - 1);
     unsigned __int128& sum = sums[g];
     for (const Tenant& t : c.tenants) {
-      const uint64_t v = limits.at(t.name)[d];
+      uint64_t v = limits.at(t.name)[d];
+      // A bursting tenant is admitted at its guarantee (below its limit, live or configured).
+      if (std::vector<uint64_t> g; t.burst != BurstMode::kOff && resolveGuarantee(c, t, devices_, &g, nullptr) &&
+                                   g[d] != kNoLimit)
+        v = std::min(v, g[d]);
       if (v != kNoLimit) sum += v;
     }
     // The unknown tenants' pool (checkAgainstDevices refuses a profile without a limit).
@@ -272,6 +276,16 @@ void Broker::noteError(TenantState* t, const std::string& err) {
 // (only this function reports errors while the ledger is open).
 void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   if (!t->ledger) return;
+  // Its guarantee on each device where it bursts (the configuration was checked: it resolves).
+  t->burstAbove.assign(devices_.size(), kNoLimit);
+  if (t->config.burst != BurstMode::kOff) {
+    std::vector<uint64_t> g;
+    std::string err;
+    if (resolveGuarantee(config_, t->config, devices_, &g, &err))
+      t->burstAbove = std::move(g);
+    else  // cannot happen for a checked configuration; fail safe: no bursting, its limit holds
+      CUSHARE_BLOG(error, "tenant {}: {}", t->name, err);
+  }
   t->entry.assign(devices_.size(), -1);
   std::vector<std::array<uint8_t, 16>> uuids(devices_.size());
   for (size_t d = 0; d < devices_.size(); ++d) parseGpuUuid(devices_[d].uuid, uuids[d].data());
@@ -400,6 +414,10 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       if (d == t->entryDevice.end() || t->entry[d->second] != e) continue;
       uint8_t uuid[16];
       parseGpuUuid(devices_[d->second].uuid, uuid);
+      // Bursting: above its guarantee (never above the limit written now), allocations become
+      // managed memory. Written before the entry is published, so a shim never sees it unset.
+      const uint64_t g = d->second < t->burstAbove.size() ? t->burstAbove[d->second] : kNoLimit;
+      limits->setBurstAbove(e, g == kNoLimit ? kNoLimit : std::min(g, want));
       limits->publish(e, uuid, want);
     }
   takeBackLocked(t, rewritten);
@@ -1064,6 +1082,11 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
       td.peak = t.ledger->peak(e);
       td.denied = t.ledger->denied(e);
       td.overridden = ov != overrides_.end() && ov->second.count(devices_[d].uuid) != 0;
+      // Bursting: its guarantee (never above the limit now) and what it holds above it.
+      if (d < t.burstAbove.size() && t.burstAbove[d] != kNoLimit) {
+        td.guarantee = std::min(t.burstAbove[d], td.limit);
+        td.burst = td.used > td.guarantee ? td.used - td.guarantee : 0;
+      }
       td.hidden = d < t.hidden.size() ? t.hidden[d] : 0;
       td.leftBehind = d < t.leftBehind.size() ? t.leftBehind[d] : 0;
       computeSnapshotLocked(t.name, d, &td);

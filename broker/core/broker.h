@@ -156,6 +156,7 @@ class Broker {
     std::string source;  // "config", "unknown-tenant", "removed"
     Tenant config;       // the configured tenant, or the profile's fields for an unknown one
     std::vector<uint64_t> configured;  // per device: the configured limit (kNoLimit: none)
+    std::vector<uint64_t> burstAbove;  // per device: its guarantee where it bursts (kNoLimit: it does not)
     std::unique_ptr<Ledger> ledger;
     std::string fileName;    // in ledger_dir: "<name>.ledger", or "<name>.ledger.removed"
     std::vector<int> entry;  // per device: the ledger's device entry (refreshed every tick)

@@ -41,6 +41,10 @@ struct TenantDeviceSnapshot {
   uint64_t peak = 0;
   uint64_t denied = 0;        // allocations refused (a counter)
   bool overridden = false;    // limit set live by set-limit
+  // Bursting (docs/memory-elasticity.md): its guarantee (kNoLimit: it does not burst) and what it
+  // holds above it (managed memory the device may evict to host memory).
+  uint64_t guarantee = kNoLimit;
+  uint64_t burst = 0;
   uint64_t hidden = 0;        // bytes the device holds for the tenant beyond its ledger, charged
                               // by the broker (included in used)
   uint64_t leftBehind = 0;    // bytes its exited processes left on the device (exported memory),

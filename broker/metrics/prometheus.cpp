@@ -218,6 +218,20 @@ void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {
          if (d.limit == kNoLimit) return std::nullopt;
          return d.limit;
        }},
+      {"cushare_tenant_memory_guarantee_bytes", kGauge,
+       "The tenant's guarantee on the device, bytes: what is reserved for it; above it, up to its limit, it "
+       "bursts into managed memory (no sample: it does not burst).",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> {
+         if (d.guarantee == kNoLimit) return std::nullopt;
+         return d.guarantee;
+       }},
+      {"cushare_tenant_memory_burst_bytes", kGauge,
+       "Device memory the tenant holds above its guarantee (managed memory the device may evict to host "
+       "memory), bytes; included in cushare_tenant_memory_used_bytes.",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> {
+         if (d.guarantee == kNoLimit) return std::nullopt;
+         return d.burst;
+       }},
       {"cushare_tenant_memory_peak_bytes", kGauge,
        "Highest device memory the tenant has held, bytes.",
        [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> { return d.peak; }},

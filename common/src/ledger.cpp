@@ -734,6 +734,19 @@ bool Ledger::reserve(int dev, uint64_t bytes, uint64_t limit) noexcept {
   return reserveSlow(dev, slot, bytes, limit);
 }
 
+bool Ledger::tryReserve(int dev, uint64_t bytes, uint64_t limit) noexcept {
+  if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices || observer_) return false;
+  if (bytes == 0) return true;
+  int slot = slot_.load(std::memory_order_acquire);
+  if (slot < 0) {
+    lockLocal();
+    slot = ensureSlotLocked(nullptr);
+    unlockLocal();
+    if (slot < 0) return false;
+  }
+  return bytes <= limit && announceAndValidate(dev, slot, bytes, limit);
+}
+
 bool Ledger::reserveSlow(int dev, int slot, uint64_t bytes, uint64_t limit) noexcept {
   if (bytes <= limit) {
     // (a) Dead processes: return what they hold, then try again. The only system calls on the

@@ -107,6 +107,7 @@ std::unique_ptr<LimitsFile> LimitsFile::openForBroker(const std::string& ledgerD
     return nullptr;
   }
   auto* h = static_cast<LimitsHeader*>(m);  // zero-filled: every entry free
+  for (LimitsEntry& e : h->entries) e.burst_above.store(kLedgerNoLimit, std::memory_order_relaxed);  // no bursting
   h->version = kLimitsVersion;
   h->header_size = sizeof(LimitsHeader);
   h->file_size = sizeof(LimitsHeader);
@@ -222,6 +223,12 @@ void LimitsFile::publish(int e, const uint8_t uuid[16], uint64_t limit) noexcept
   x.limit.store(limit, std::memory_order_release);
   std::memcpy(x.uuid, uuid, 16);
   x.state.store(kLimitsEntryReady, std::memory_order_release);
+}
+
+void LimitsFile::setBurstAbove(int e, uint64_t bytes) noexcept {
+  if (writable_ && static_cast<uint32_t>(e) < kLedgerMaxDevices &&
+      hdr_->entries[e].burst_above.load(std::memory_order_relaxed) != bytes)
+    hdr_->entries[e].burst_above.store(bytes, std::memory_order_release);
 }
 
 void LimitsFile::setLimit(int e, uint64_t limit) noexcept {

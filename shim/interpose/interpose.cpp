@@ -199,6 +199,7 @@ bool loadRealDriver(std::string* error) noexcept {
   CUSHARE_RESOLVE(cuPointerGetAttribute);
   CUSHARE_RESOLVE(cuDevicePrimaryCtxGetState);
   CUSHARE_RESOLVE(cuStreamGetDevice);
+  CUSHARE_RESOLVE(cuMemPrefetchAsync_v2);
   CUSHARE_RESOLVE(cuDeviceGetDefaultMemPool);
   CUSHARE_RESOLVE(cuMemGetAllocationPropertiesFromHandle);
   CUSHARE_RESOLVE(cuCtxGetCurrent);

@@ -65,6 +65,7 @@ struct RealDriver {
   CUresult (*p_cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*p_cuModuleLoadData)(CUmodule*, const void*) = nullptr;
   CUresult (*p_cuModuleUnload)(CUmodule) = nullptr;
+  CUresult (*p_cuMemPrefetchAsync_v2)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream) = nullptr;
 };
 
 struct RealNvml {

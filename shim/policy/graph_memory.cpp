@@ -113,7 +113,7 @@ CUresult chargeOnFirstUse(CUgraphExec exec) noexcept {
   for (size_t i = 0; i < per.size(); ++i) {
     const int ordinal = per[i].first;
     if (ordinal < 0 || ordinal >= s.deviceCount) continue;
-    const uint64_t limit = effectiveLimit(ordinal);
+    const uint64_t limit = plainLimit(ordinal);  // graph memory is never evictable
     if (!s.ledger->reserve(s.devices[ordinal].ledgerIndex, per[i].second, limit)) {
       for (size_t k = 0; k < i; ++k)
         if (per[k].first >= 0 && per[k].first < s.deviceCount)

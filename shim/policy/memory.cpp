@@ -50,9 +50,11 @@ void logDenied(int ordinal, uint64_t bytes, uint64_t limit) noexcept {
   logStackRateLimited(LogLevel::kError);
 }
 
-// Reserves bytes on the device; CUDA_ERROR_OUT_OF_MEMORY (and one log line) if over the limit.
-CUresult reserve(int ordinal, uint64_t bytes) noexcept {
-  const uint64_t limit = effectiveLimit(ordinal);
+// Reserves bytes on the device; CUDA_ERROR_OUT_OF_MEMORY (and one log line) if over the limit:
+// for memory the device can evict (managed), the limit in force; for any other, plainLimit (a
+// bursting tenant's guarantee).
+CUresult reserve(int ordinal, uint64_t bytes, bool evictable = false) noexcept {
+  const uint64_t limit = evictable ? effectiveLimit(ordinal) : plainLimit(ordinal);
   if (state().ledger->reserve(state().devices[ordinal].ledgerIndex, bytes, limit)) return CUDA_SUCCESS;
   logDenied(ordinal, bytes, limit);
   return CUDA_ERROR_OUT_OF_MEMORY;
@@ -62,11 +64,9 @@ void release(const Charge& c) noexcept { state().ledger->release(c.device, c.byt
 
 // The common shape of a counted allocation of the current device.
 template <typename Alloc>
-CUresult chargedAlloc(uint64_t bytes, uintptr_t* key, Alloc&& alloc, ChargeKind kind = ChargeKind::kPointer) noexcept {
-  if (CUresult r = devicesReady(); r != CUDA_SUCCESS) return r;
-  int ordinal;
-  if (CUresult r = currentOrdinal(&ordinal); r != CUDA_SUCCESS) return r;
-  if (CUresult r = reserve(ordinal, bytes); r != CUDA_SUCCESS) return r;
+CUresult chargedAllocOn(int ordinal, uint64_t bytes, uintptr_t* key, Alloc&& alloc, ChargeKind kind = ChargeKind::kPointer,
+                        bool evictable = false) noexcept {
+  if (CUresult r = reserve(ordinal, bytes, evictable); r != CUDA_SUCCESS) return r;
   const CUresult r = alloc();
   const Charge c{state().devices[ordinal].ledgerIndex, kind, bytes};
   if (r != CUDA_SUCCESS) {
@@ -75,6 +75,14 @@ CUresult chargedAlloc(uint64_t bytes, uintptr_t* key, Alloc&& alloc, ChargeKind 
   }
   allocations().put(*key, c);
   return CUDA_SUCCESS;
+}
+template <typename Alloc>
+CUresult chargedAlloc(uint64_t bytes, uintptr_t* key, Alloc&& alloc, ChargeKind kind = ChargeKind::kPointer,
+                      bool evictable = false) noexcept {
+  if (CUresult r = devicesReady(); r != CUDA_SUCCESS) return r;
+  int ordinal;
+  if (CUresult r = currentOrdinal(&ordinal); r != CUDA_SUCCESS) return r;
+  return chargedAllocOn(ordinal, bytes, key, alloc, kind, evictable);
 }
 
 // Frees through the driver, then returns the charge (only if the driver freed it). *uncharged
@@ -215,12 +223,64 @@ void vmmMaybeRelease(CUmemGenericAllocationHandle h) noexcept {
   vmm().handles.erase(it);
 }
 
+// ---- bursting (docs/memory-elasticity.md) ----
+// cuMemAlloc of a bursting tenant: ordinary device memory while what it holds stays within its
+// guarantee; above it, up to its limit, managed memory (the device evicts it to host memory when a
+// guaranteed allocation needs the room), prefetched to the device. Memory that cannot be managed
+// (the driver refuses: a stream capture in progress, no managed memory support) is refused above
+// the guarantee, never given as ordinary memory: that would take memory another tenant's
+// guarantee counts on.
+std::atomic<uint32_t> gBurstRefusals{0};
+CUresult burstingAlloc(int ordinal, uint64_t guarantee, CUdeviceptr* dptr, size_t bytes, uint64_t charge) noexcept {
+  ShimState& s = state();
+  const int idx = s.devices[ordinal].ledgerIndex;
+  const uint64_t limit = effectiveLimit(ordinal);
+  const Charge c{idx, ChargeKind::kPointer, charge};
+  if (s.ledger->tryReserve(idx, charge, guarantee < limit ? guarantee : limit)) {  // within its guarantee
+    const CUresult r = realDriver().p_cuMemAlloc_v2(dptr, bytes);
+    if (r != CUDA_SUCCESS) {
+      release(c);
+      return r;
+    }
+    allocations().put(*dptr, c);
+    return CUDA_SUCCESS;
+  }
+  if (CUresult r = reserve(ordinal, charge, /*evictable=*/true); r != CUDA_SUCCESS) return r;
+  CUresult r = realDriver().p_cuMemAllocManaged(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
+  if (r != CUDA_SUCCESS) {
+    release(c);
+    if (r != CUDA_ERROR_OUT_OF_MEMORY && gBurstRefusals.fetch_add(1, std::memory_order_relaxed) < 8) {
+      const char* name = nullptr;
+      if (realDriver().p_cuGetErrorName) realDriver().p_cuGetErrorName(r, &name);
+      logLine(LogLevel::kWarn,
+              "tenant %s device %d (%s): allocation of %llu bytes above its guarantee refused: the driver would "
+              "not make it managed memory (%s); above its guarantee a tenant gets only memory the device can "
+              "evict (docs/memory-elasticity.md)",
+              s.config.tenant.c_str(), ordinal, s.devices[ordinal].uuid, static_cast<unsigned long long>(bytes),
+              name ? name : "error");
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  // Resident at once where there is room, as ordinary memory would be (no fault on first touch).
+  if (realDriver().p_cuMemPrefetchAsync_v2) {
+    const CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, ordinal};
+    realDriver().p_cuMemPrefetchAsync_v2(*dptr, bytes, loc, 0, nullptr);
+  }
+  allocations().put(*dptr, c);
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) noexcept {
   if (!dptr || bytes == 0) return realDriver().p_cuMemAlloc_v2(dptr, bytes);
+  if (CUresult r = devicesReady(); r != CUDA_SUCCESS) return r;
+  int ordinal;
+  if (CUresult r = currentOrdinal(&ordinal); r != CUDA_SUCCESS) return r;
+  if (const uint64_t g = burstAbove(ordinal); g != kUnlimited)
+    return burstingAlloc(ordinal, g, dptr, bytes, roundUp(bytes, kMinAllocation));
   uintptr_t key = 0;
-  return chargedAlloc(roundUp(bytes, kMinAllocation), &key, [&] {
+  return chargedAllocOn(ordinal, roundUp(bytes, kMinAllocation), &key, [&] {
     CUresult r = realDriver().p_cuMemAlloc_v2(dptr, bytes);
     key = *dptr;
     return r;
@@ -230,11 +290,12 @@ CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) noexcept {
 CUresult hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned flags) noexcept {
   if (!dptr || bytes == 0) return realDriver().p_cuMemAllocManaged(dptr, bytes, flags);
   uintptr_t key = 0;
+  // Managed memory the device can evict: up to the limit, above a bursting tenant's guarantee too.
   return chargedAlloc(roundUp(bytes, kMinAllocation), &key, [&] {
     CUresult r = realDriver().p_cuMemAllocManaged(dptr, bytes, flags);
     key = *dptr;
     return r;
-  });
+  }, ChargeKind::kPointer, /*evictable=*/true);
 }
 
 CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,

@@ -104,14 +104,14 @@ CUresult poolAllocate(CUmemoryPool pool, int known, uint64_t bytes, Alloc&& allo
   const int idx = state().devices[c.ordinal].ledgerIndex;
   // Room for the pool to grow by the request. Without it, the allocation may still fit in what
   // the pool already caches: let the driver try, and judge by how much the pool grew.
-  const bool covered = state().ledger->reserve(idx, bytes, effectiveLimit(c.ordinal));
+  const bool covered = state().ledger->reserve(idx, bytes, plainLimit(c.ordinal));
   const CUresult r = alloc(pool);
   if (covered) state().ledger->release(idx, bytes);
   if (r != CUDA_SUCCESS) return r;
   const uint64_t before = c.charged;
   settleLocked(pool, c);
   const uint64_t grew = c.charged > before ? c.charged - before : 0;
-  if ((!covered && grew > 0) || state().ledger->used(idx) > effectiveLimit(c.ordinal)) {
+  if ((!covered && grew > 0) || state().ledger->used(idx) > plainLimit(c.ordinal)) {
     return CUDA_ERROR_OUT_OF_MEMORY;  // caller frees the allocation and trims (see undo)
   }
   return CUDA_SUCCESS;

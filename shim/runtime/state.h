@@ -102,4 +102,23 @@ inline uint64_t effectiveLimit(const DeviceView& v) noexcept {
 }
 inline uint64_t effectiveLimit(int ordinal) noexcept { return effectiveLimit(state().devices[ordinal]); }
 
+// Bursting (docs/memory-elasticity.md): the most the tenant may hold on the device as memory the
+// device cannot evict (its guarantee, read from the broker's limits file for the entry this
+// process counts in); kUnlimited where it does not burst. Cold: only allocation paths read it.
+inline uint64_t burstAbove(int ordinal) noexcept {
+  const ShimState& s = state();
+  if (!s.brokerManaged) return kUnlimited;
+  const LimitsFile* f = s.limits.load(std::memory_order_acquire);
+  const DeviceView& v = s.devices[ordinal];
+  if (f == nullptr || v.limitWord.load(std::memory_order_acquire) != f->limitWord(v.ledgerIndex)) return kUnlimited;
+  return f->burstAbove(v.ledgerIndex);
+}
+// The limit for memory the device cannot evict (everything but managed memory): the lower of the
+// limit in force and, where the tenant bursts, its guarantee.
+inline uint64_t plainLimit(int ordinal) noexcept {
+  const uint64_t limit = effectiveLimit(ordinal);
+  const uint64_t g = burstAbove(ordinal);
+  return g < limit ? g : limit;
+}
+
 }  // namespace cushare::shim

@@ -9,6 +9,12 @@
 //   freeall              -> "ok"
 //   held                 -> "held TOTAL"
 //   info                 -> "free FREE total TOTAL" (cuMemGetInfo: the tenant's view)
+//   pattern BYTES        -> allocates BYTES (cuMemAlloc) and writes a pattern of its own into it
+//                           (a copy from the host): "ok" | "oom" | "err CODE"
+//   check                -> reads back every pattern allocation (a copy to the host): "intact N"
+//                           (N allocations) | "corrupt I" (the first that differs) | "err CODE"
+//   kinds                -> what the driver made of everything it holds (cuPointerGetAttribute
+//                           IS_MANAGED): "managed BYTES plain BYTES"
 //   quit                 -> frees everything and exits 0
 // Attacks on its own ledger ($CUSHARE_LEDGER_DIR/$CUSHARE_TENANT.ledger), as a hostile tenant
 // would make them, behind the shim's back:
@@ -125,6 +131,45 @@ std::string exportTo(uint64_t n, const std::string& path) {
 
 }  // namespace
 
+// The pattern of allocation i's word w.
+uint64_t patternWord(size_t i, size_t w) { return (i + 1) * 0x9E3779B97F4A7C15ull ^ (w * 0xC2B2AE3D27D4EB4Full); }
+std::vector<size_t> gPatterns;  // indexes into gHeld
+
+std::string pattern(uint64_t n) {
+  const CUresult a = alloc(n);
+  if (a != CUDA_SUCCESS) return a == CUDA_ERROR_OUT_OF_MEMORY ? "oom" : "err " + std::to_string(a);
+  const size_t i = gHeld.size() - 1;
+  std::vector<uint64_t> words(n / 8);
+  for (size_t w = 0; w < words.size(); ++w) words[w] = patternWord(i, w);
+  const CUresult c = cuMemcpyHtoD(gHeld[i].first, words.data(), words.size() * 8);
+  if (c != CUDA_SUCCESS) return "err " + std::to_string(c);
+  gPatterns.push_back(i);
+  return "ok";
+}
+
+std::string check() {
+  for (size_t k = 0; k < gPatterns.size(); ++k) {
+    const size_t i = gPatterns[k];
+    if (i >= gHeld.size()) return "corrupt " + std::to_string(i);  // freed since
+    std::vector<uint64_t> words(gHeld[i].second / 8);
+    const CUresult c = cuMemcpyDtoH(words.data(), gHeld[i].first, words.size() * 8);
+    if (c != CUDA_SUCCESS) return "err " + std::to_string(c);
+    for (size_t w = 0; w < words.size(); ++w)
+      if (words[w] != patternWord(i, w)) return "corrupt " + std::to_string(i);
+  }
+  return "intact " + std::to_string(gPatterns.size());
+}
+
+std::string kinds() {
+  uint64_t managed = 0, plain = 0;
+  for (const auto& [p, n] : gHeld) {
+    unsigned isManaged = 0;
+    cuPointerGetAttribute(&isManaged, CU_POINTER_ATTRIBUTE_IS_MANAGED, p);
+    (isManaged ? managed : plain) += n;
+  }
+  return "managed " + std::to_string(managed) + " plain " + std::to_string(plain);
+}
+
 int main() {
   CUcontext ctx;
   CUdevice dev;
@@ -168,6 +213,7 @@ int main() {
       say("churned " + std::to_string(ok) + " " + std::to_string(oom) + " held " + std::to_string(heldBytes()));
     } else if (cmd == "freeall") {
       while (!gHeld.empty()) freeLast();
+      gPatterns.clear();
       say("ok");
     } else if (cmd == "held") {
       say("held " + std::to_string(heldBytes()));
@@ -194,6 +240,14 @@ int main() {
       std::string path;
       in >> n >> path;
       say(exportTo(n, path));
+    } else if (cmd == "pattern") {
+      uint64_t n = 0;
+      in >> n;
+      say(pattern(n));
+    } else if (cmd == "check") {
+      say(check());
+    } else if (cmd == "kinds") {
+      say(kinds());
     } else if (cmd == "pid") {
       say("pid " + std::to_string(::getpid()));
     } else if (cmd == "quit") {

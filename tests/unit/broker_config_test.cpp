@@ -902,3 +902,78 @@ TEST(BrokerConfig, KubernetesBlock) {
 
 }  // namespace
 }  // namespace cushare::broker
+
+// ---- guarantees and bursting (docs/memory-elasticity.md) ----
+namespace elastic {
+using namespace cushare::broker;
+
+TEST(BrokerConfigBurst, AGuaranteeMeansManagedBurstingUpToTheLimit) {
+  const Config c = parseOk(
+      "profiles:\n"
+      "  elastic: {memory: 8GiB, guarantee: 2GiB}\n"
+      "tenants:\n"
+      "  - {name: a, memory: 4GiB, guarantee: 1GiB}\n"
+      "  - {name: b, profile: elastic}\n"
+      "  - {name: c, profile: elastic, burst: off}\n"
+      "  - {name: d, memory: 4GiB}\n"
+      "  - {name: e, memory: 4GiB, guarantee: 1GiB, burst: managed}\n");
+  ASSERT_EQ(c.tenants.size(), 5u);
+  EXPECT_EQ(c.tenants[0].burst, BurstMode::kManaged);
+  EXPECT_EQ(c.tenants[0].guarantee.all.bytes, kGiB);
+  EXPECT_EQ(c.tenants[1].burst, BurstMode::kManaged) << "from its profile";
+  EXPECT_EQ(c.tenants[1].guarantee.all.bytes, 2 * kGiB);
+  EXPECT_EQ(c.tenants[2].burst, BurstMode::kOff) << "burst: off drops the profile's guarantee";
+  EXPECT_EQ(c.tenants[2].guarantee.kind, MemorySpec::kNone);
+  EXPECT_EQ(c.tenants[3].burst, BurstMode::kOff) << "the default keeps today's hard limits";
+  EXPECT_EQ(c.tenants[4].burst, BurstMode::kManaged);
+}
+
+TEST(BrokerConfigBurst, InconsistentSettingsAreRefusedWithTheReason) {
+  EXPECT_EQ(parseError("tenants:\n  - {name: a, memory: 4GiB, burst: managed}\n"),
+            "b.yaml:2:36: tenants[0].burst: burst: managed needs a guarantee (the memory reserved for it; above it, up to "
+            "memory, it bursts)");
+  EXPECT_EQ(parseError("tenants:\n  - {name: a, guarantee: 1GiB}\n"),
+            "b.yaml:2:26: tenants[0].guarantee: a guarantee needs a memory limit (the most it may burst to)");
+  EXPECT_EQ(parseError("tenants:\n  - {name: a, memory: 4GiB, guarantee: 1GiB, burst: off}\n"),
+            "b.yaml:2:40: tenants[0].guarantee: a guarantee with burst: off means nothing: the memory limit is already "
+            "reserved; remove one of them");
+  EXPECT_NE(parseError("tenants:\n  - {name: a, memory: 4GiB, burst: plain, guarantee: 1GiB}\n")
+                .find("'plain' (ordinary memory reclaimed cooperatively) is not available yet"),
+            std::string::npos);
+  EXPECT_NE(parseError("tenants:\n  - {name: a, memory: 4GiB, burst: sometimes, guarantee: 1GiB}\n")
+                .find("expected off or managed, found 'sometimes'"),
+            std::string::npos);
+  EXPECT_NE(parseError("profiles:\n  p: {memory: 1GiB, guarantee: 512MiB}\nunknown_tenants: p\n")
+                .find("unknown tenants cannot burst"),
+            std::string::npos);
+}
+
+TEST(BrokerConfigBurst, AdmissionSumsGuaranteesNotBurstLimits) {
+  // 16 GiB device 0: 12 GiB guaranteed to b plus a's 4 GiB guarantee fit; a's 16 GiB ceiling does not count.
+  EXPECT_EQ(capacityError("tenants:\n"
+                          "  - {name: a, memory: 16GiB, guarantee: 4GiB}\n"
+                          "  - {name: b, memory: {0: 12GiB}}\n",
+                          {gpu(0, kUuidA, 16 * kGiB)}),
+            "");
+  const std::string e = capacityError("tenants:\n"
+                                      "  - {name: a, memory: 16GiB, guarantee: 5GiB}\n"
+                                      "  - {name: b, memory: {0: 12GiB}}\n",
+                                      {gpu(0, kUuidA, 16 * kGiB)});
+  EXPECT_NE(e.find("tenant 'b' brings the memory limits on device 0"), std::string::npos) << e;
+  const std::string g = capacityError("tenants:\n"
+                                      "  - {name: b, memory: {0: 12GiB}}\n"
+                                      "  - {name: a, memory: 16GiB, guarantee: 5GiB}\n",
+                                      {gpu(0, kUuidA, 16 * kGiB)});
+  EXPECT_NE(g.find("b.yaml:3:41: tenants[1].guarantee: tenant 'a' brings the memory reserved (limits, and guarantees "
+                   "of bursting tenants) on device 0"),
+            std::string::npos)
+      << "[" << g << "]";
+  EXPECT_NE(g.find("this tenant's guarantee there is 5368709120 bytes"), std::string::npos) << g;
+  // A guarantee above the limit on a device is refused, naming both.
+  const std::string over = capacityError("tenants:\n  - {name: a, memory: {0: 2GiB}, guarantee: 3GiB}\n",
+                                         {gpu(0, kUuidA, 16 * kGiB)});
+  EXPECT_NE(over.find("b.yaml:2:45: tenants[0].guarantee: tenant 'a': the guarantee on device 0 ("), std::string::npos) << "[" << over << "]";
+  EXPECT_NE(over.find("is above its memory limit there"), std::string::npos) << over;
+}
+
+}  // namespace elastic

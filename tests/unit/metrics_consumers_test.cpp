@@ -47,6 +47,9 @@ BrokerSnapshot everything() {
   td.device = 0;
   td.uuid = "GPU-1";
   td.limit = 1 << 30;
+  td.guarantee = 1 << 28;  // bursting: 256 MiB guaranteed, 64 MiB above it
+  td.used = (1 << 28) + (1 << 26);
+  td.burst = 1 << 26;
   td.contending = true;
   td.probe.known = td.probe.complete = td.probe.enough = true;
   td.probe.rounds = td.probe.roundsWithWork = 4;

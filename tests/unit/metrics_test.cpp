@@ -223,6 +223,10 @@ cushare_tenant_memory_used_bytes{tenant="beta",device="0",uuid="GPU-5e1a90c0-000
 # HELP cushare_tenant_memory_limit_bytes The tenant's memory limit on the device, bytes (no sample: no limit).
 # TYPE cushare_tenant_memory_limit_bytes gauge
 cushare_tenant_memory_limit_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 1073741824
+# HELP cushare_tenant_memory_guarantee_bytes The tenant's guarantee on the device, bytes: what is reserved for it; above it, up to its limit, it bursts into managed memory (no sample: it does not burst).
+# TYPE cushare_tenant_memory_guarantee_bytes gauge
+# HELP cushare_tenant_memory_burst_bytes Device memory the tenant holds above its guarantee (managed memory the device may evict to host memory), bytes; included in cushare_tenant_memory_used_bytes.
+# TYPE cushare_tenant_memory_burst_bytes gauge
 # HELP cushare_tenant_memory_peak_bytes Highest device memory the tenant has held, bytes.
 # TYPE cushare_tenant_memory_peak_bytes gauge
 cushare_tenant_memory_peak_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 9007199254740993
@@ -344,7 +348,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 51u);
+    EXPECT_EQ(helps.size(), 53u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

@@ -114,6 +114,9 @@ class Ledger {
   // Exact across processes; false (and denied(dev) counts it) when it does not fit after dead
   // processes' usage was returned.
   bool reserve(int dev, uint64_t bytes, uint64_t limit) noexcept;
+  // As reserve, but a quick question rather than a demand: no reaping, no waiting for intents in
+  // flight, and a refusal is not counted in denied(dev). For a caller with a fallback.
+  bool tryReserve(int dev, uint64_t bytes, uint64_t limit) noexcept;
   // Returns bytes this process reserved on dev (clamped at what it holds).
   void release(int dev, uint64_t bytes) noexcept;
 

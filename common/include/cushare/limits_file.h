@@ -28,7 +28,7 @@ namespace cushare {
 
 // "CUSHLIM\0" as a little-endian u64.
 inline constexpr uint64_t kLimitsMagic = 0x004D494C48535543ull;
-inline constexpr uint32_t kLimitsVersion = 1;
+inline constexpr uint32_t kLimitsVersion = 2;  // 2: LimitsEntry::burst_above
 inline constexpr char kLimitsDirName[] = "limits";  // under the ledger directory
 inline constexpr uint32_t kLimitsEntryFree = 0;
 inline constexpr uint32_t kLimitsEntryReady = 1;
@@ -39,7 +39,11 @@ struct LimitsEntry {
   std::atomic<uint64_t> limit;  // bytes; kLedgerNoLimit = none
   std::atomic<uint32_t> state;  // kLimitsEntryFree or kLimitsEntryReady
   uint32_t reserved0;
-  uint64_t reserved1[4];
+  // Bursting (docs/memory-elasticity.md): an allocation that would take what the tenant holds on
+  // the device above this many bytes is made managed memory (evictable to host memory) instead of
+  // ordinary device memory; kLedgerNoLimit: the tenant does not burst. Written before state.
+  std::atomic<uint64_t> burst_above;
+  uint64_t reserved1[3];
 };
 
 struct LimitsHeader {
@@ -56,6 +60,7 @@ struct LimitsHeader {
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 static_assert(offsetof(LimitsEntry, limit) == 16);
 static_assert(offsetof(LimitsEntry, state) == 24);
+static_assert(offsetof(LimitsEntry, burst_above) == 32);
 static_assert(sizeof(LimitsEntry) == 64);
 static_assert(offsetof(LimitsHeader, ledger_ino) == 24);
 static_assert(offsetof(LimitsHeader, tenant) == 32);
@@ -89,11 +94,17 @@ class LimitsFile {
   uint64_t limit(int e) const noexcept {
     return static_cast<uint32_t>(e) < kLedgerMaxDevices ? hdr_->entries[e].limit.load(std::memory_order_acquire) : 0;
   }
+  // Entry e's burst_above (kLedgerNoLimit: no bursting; also for an entry out of range).
+  uint64_t burstAbove(int e) const noexcept {
+    return static_cast<uint32_t>(e) < kLedgerMaxDevices ? hdr_->entries[e].burst_above.load(std::memory_order_acquire)
+                                                        : kLedgerNoLimit;
+  }
 
   // The broker only. Publishes entry e with this limit; a ready entry keeps its UUID, and its
   // limit too when uuid names another device.
   void publish(int e, const uint8_t uuid[16], uint64_t limit) noexcept;
   void setLimit(int e, uint64_t limit) noexcept;
+  void setBurstAbove(int e, uint64_t bytes) noexcept;
   // The file's path and identity.
   const std::string& path() const { return path_; }
   uint64_t ino() const noexcept { return ino_; }

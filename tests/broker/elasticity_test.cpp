@@ -1,0 +1,111 @@
+// Memory elasticity (docs/memory-elasticity.md) end to end, on a 1 GiB simgpu device
+// (SIMGPU_MEMORY=1GiB): a tenant with a guarantee below its limit bursts above it into managed
+// memory; another tenant's guarantee holds at the moment it needs it, because the device evicts
+// the burst to host memory; the burster's data is intact. Judged by the device's own count
+// (simgpu's NVML) and by the data, with the tenants on uids of their own (docs/security.md).
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "harness.h"
+
+namespace cushare::test {
+namespace {
+
+constexpr uint64_t MiB = uint64_t{1} << 20;
+
+std::string readAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The value of family's sample for tenant in the metrics text ("" if none).
+std::string sample(const std::string& metrics, const std::string& family, const std::string& tenant) {
+  std::istringstream in(metrics);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(family + "{", 0) == 0 && line.find("tenant=\"" + tenant + "\"") != std::string::npos)
+      return line.substr(line.rfind(' ') + 1);
+  return "";
+}
+
+std::string mib(uint64_t n) { return std::to_string(n * MiB); }
+
+// burster: 256 MiB guaranteed, bursts to 768 MiB; steady: 768 MiB, no bursting. Admission sums
+// 256 + 768 = 1024 MiB: the device exactly.
+const char kTenants[] =
+    "tenants:\n"
+    "  - {name: burster, uid: 1000, memory: 768MiB, guarantee: 256MiB}\n"
+    "  - {name: steady, uid: 1001, memory: 768MiB}\n";
+
+TEST(Elastic, AGuaranteeHoldsWhileAnotherTenantBurstsAndTheBurstKeepsItsData) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTenants)) << b.log();
+  ASSERT_EQ(deviceUsed(), 0u) << "the device is not empty at the start";
+  UidTenants users;
+  Child burster = users.spawn(1000, WORKER_BIN, b, "burster");
+  ASSERT_EQ(burster.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+  Child steady = users.spawn(1001, WORKER_BIN, b, "steady");
+  ASSERT_EQ(steady.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+
+  // Within its guarantee: ordinary device memory. Above it: managed memory, resident while the
+  // device has room.
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(burster.ask("pattern " + mib(256)), "ok") << i;
+  EXPECT_EQ(burster.ask("kinds"), "managed " + mib(512) + " plain " + mib(256));
+  EXPECT_EQ(deviceUsed(), 768 * MiB) << "the burst is resident: the device had room";
+  EXPECT_EQ(burster.ask("alloc " + mib(64)), "oom") << "its limit (768 MiB) holds, bursts included";
+  EXPECT_EQ(usedOn0(b.tenant("burster")), 768 * MiB);
+  // The operator sees the guarantee and the burst: control API, metrics, cushare tenants.
+  const rpc::Tenant bt = b.tenant("burster");
+  ASSERT_EQ(bt.devices_size(), 1);
+  EXPECT_EQ(bt.devices(0).guarantee_bytes(), 256 * MiB);
+  EXPECT_EQ(bt.devices(0).burst_bytes(), 512 * MiB);
+  EXPECT_FALSE(b.tenant("steady").devices(0).has_guarantee_bytes()) << "it does not burst";
+  const std::string m = b.metrics();
+  EXPECT_EQ(sample(m, "cushare_tenant_memory_guarantee_bytes", "burster"), mib(256)) << m;
+  EXPECT_EQ(sample(m, "cushare_tenant_memory_burst_bytes", "burster"), mib(512));
+  EXPECT_EQ(sample(m, "cushare_tenant_memory_guarantee_bytes", "steady"), "") << "no sample: it does not burst";
+
+  // The steady tenant's 768 MiB, which admission reserved for it, is there when it asks: the
+  // device evicts the burst to host memory at once.
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(steady.ask("alloc " + mib(256)), "ok") << "allocation " << i;
+  EXPECT_EQ(steady.ask("kinds"), "managed 0 plain " + mib(768)) << "a tenant that does not burst gets ordinary memory";
+  EXPECT_LE(deviceUsed(), 1024 * MiB);
+  EXPECT_EQ(deviceUsed(), 1024 * MiB) << "768 MiB of the steady tenant's, 256 MiB of the burster's guarantee";
+  EXPECT_EQ(steady.ask("alloc " + mib(64)), "oom") << "its own limit holds";
+
+  // Nothing the burster wrote was lost, the evicted part included; it keeps running.
+  EXPECT_EQ(burster.ask("check"), "intact 3");
+  EXPECT_EQ(burster.ask("alloc " + mib(64)), "oom");
+
+  // Room again: the burster's memory is all there, and it can burst again.
+  EXPECT_EQ(steady.ask("freeall"), "ok");
+  EXPECT_EQ(burster.ask("check"), "intact 3");
+  EXPECT_EQ(burster.ask("freeall"), "ok");
+  EXPECT_EQ(deviceUsed(), 0u);
+  for (Child* c : {&burster, &steady}) c->send("quit");
+}
+
+// A tenant that bursts gets ordinary memory up to its guarantee and never more: what it holds
+// above it is memory the device can take back.
+TEST(Elastic, OrdinaryMemoryOnlyUpToTheGuarantee) {
+  Broker b(testDir());
+  ASSERT_TRUE(b.start(kTenants)) << b.log();
+  Child burster = b.tenantProcess("burster");
+  EXPECT_EQ(burster.ask("alloc " + mib(200)), "ok");
+  EXPECT_EQ(burster.ask("alloc " + mib(56)), "ok");
+  EXPECT_EQ(burster.ask("kinds"), "managed 0 plain " + mib(256)) << "within its guarantee";
+  EXPECT_EQ(burster.ask("alloc " + mib(1)), "ok");
+  EXPECT_EQ(burster.ask("kinds"), "managed " + mib(1) + " plain " + mib(256)) << "one byte above it is a burst";
+  EXPECT_EQ(burster.ask("freeall"), "ok");
+  burster.send("quit");
+}
+
+}  // namespace
+}  // namespace cushare::test

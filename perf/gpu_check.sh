@@ -12,7 +12,7 @@
 # reported ("FAILED"), counted, and the next one runs; MPS daemons started here are quit on exit,
 # also after a failure, or after INT or TERM once the program then running has ended (a daemon a
 # killed run left behind is quit by the next run, whose pipe directories are the same).
-# GPU_CHECK_STEPS (default "1 2 3 4 5 6 7 8 9") picks the steps below, for a rerun of one of them.
+# GPU_CHECK_STEPS (default "1 2 3 4 5 6 7 8 9 10") picks the steps below, for a rerun of one of them.
 # GPU_CHECK_DRY_RUN=1 runs every step with simgpu standing in for the driver too (ctest
 # gpu_check_dry_run), so the script itself is tested without a GPU.
 #
@@ -54,6 +54,12 @@
 #    beside simgpu's table for the same board (SIMGPU_GPU_MODEL picked from the name); DIFFERENT
 #    where a line differs (docs/simgpu.md, "MIG", lists the guesses). A board simgpu has no model
 #    for is only listed.
+# 10. Managed memory when another process needs the room (perf/managed_evict_probe; what bursting
+#    tenants rely on, docs/memory-elasticity.md): whether a managed allocation takes device memory
+#    before it is touched, whether a prefetch to the device does, whether NVML's per-process figure
+#    leaves it out, whether another process's cuMemAlloc evicts it (and how long that takes), whether
+#    the data survives, and the time of a prefetch back to the host. The `facts` line of each side is
+#    compared: DIFFERENT where they disagree (docs/simgpu.md, "Managed memory", lists the guesses).
 # Exits 1 if a comparison differs, the shim did not enforce its limit, a program failed or an MPS
 # daemon did not quit; 2 if it could not run.
 # Changes nothing on the host: the shim's ledger, simgpu's state and the MPS daemons' pipe
@@ -66,7 +72,7 @@ out=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$out" || exit 2
 dry=${GPU_CHECK_DRY_RUN:-0}
 T=${GPU_CHECK_STEP_TIMEOUT:-60}
-steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5 6 7 8 9} "
+steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5 6 7 8 9 10} "
 
 main() {
   exec 3>&1  # the log, also from within $(...) whose output is captured (guarded's FAILED lines)
@@ -82,7 +88,7 @@ main() {
     if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null ||
        ! cmake --build "$build" --target visibility_probe cushare_shim simgpu_cuda simgpu_nvml timeslice_probe \
            event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe probe_check \
-           context_memory_probe driver_answers_probe cushare_probes_fatbin busy_for simgpu-smi >/dev/null; then
+           context_memory_probe driver_answers_probe managed_evict_probe cushare_probes_fatbin busy_for simgpu-smi >/dev/null; then
       echo "gpu_check: the build failed; going on with what $build holds"
     fi
   fi
@@ -98,7 +104,7 @@ main() {
   for f in "$probe" "$perfdir/process_util_probe" "$shim" "$fatbin" "$simlib/libcuda.so.1" "$simlib/libnvidia-ml.so.1" \
            "$simlib/bin/nvidia-cuda-mps-control" "$simlib/bin/nvidia-cuda-mps-server" "$perfdir/timeslice_probe" \
            "$perfdir/event_resolution" "$perfdir/mps_sm_probe" "$perfdir/vmm_export_probe" "$perfdir/probe_check" "$busy" \
-           "$perfdir/context_memory_probe" "$perfdir/driver_answers_probe" "$build/tools/simgpu-smi"; do
+           "$perfdir/context_memory_probe" "$perfdir/driver_answers_probe" "$perfdir/managed_evict_probe" "$build/tools/simgpu-smi"; do
     [ -e "$f" ] || { echo "gpu_check: missing $f"; missing=1; }
   done
   [ "$missing" = 0 ] || { echo "gpu_check: build or stage first (perf/gpu_check_stage.sh)" >&2; return 2; }
@@ -169,6 +175,7 @@ main() {
   [[ "$steps" == *" 7 "* ]] && step_context_memory
   [[ "$steps" == *" 8 "* ]] && step_driver_answers
   [[ "$steps" == *" 9 "* ]] && step_mig
+  [[ "$steps" == *" 10 "* ]] && step_managed
 
   local failed
   failed=$(wc -l <"$tmp/failures")
@@ -474,6 +481,19 @@ step_driver_answers() {
   done <"$tmp/answers-driver" 4<"$tmp/answers-simgpu"
   [ "$(wc -l <"$tmp/answers-driver")" = "$(wc -l <"$tmp/answers-simgpu")" ] ||
     { echo "DIFFERENT: the two sides printed different numbers of lines"; differ=$((differ + 1)); }
+}
+
+step_managed() {
+  echo "== 10. managed memory when another process needs the room (what bursting tenants rely on)"
+  echo "   (a burster prefetches half the device as managed memory; another process allocates what is free plus"
+  echo "   half of it: it fits only if the device evicts; then the burster reads its data back)"
+  nomps "$perfdir/managed_evict_probe" >"$tmp/managed-driver" 2>&1
+  sim "$perfdir/managed_evict_probe" >"$tmp/managed-simgpu" 2>&1
+  sed 's/^/driver: /' "$tmp/managed-driver"
+  sed 's/^/simgpu: /' "$tmp/managed-simgpu"
+  local d s
+  d=$(grep '^facts ' "$tmp/managed-driver") s=$(grep '^facts ' "$tmp/managed-simgpu")
+  if [ -n "$d" ] && [ "$d" = "$s" ]; then echo "same:    $d"; else echo "DIFFERENT: driver ${d:-none} | simgpu ${s:-none}"; differ=$((differ + 1)); fi
 }
 
 step_mig() {

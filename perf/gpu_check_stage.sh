@@ -12,10 +12,10 @@ build=${1:-build}
 stage=${2:-build-gpu}
 cmake --build "$build" --target visibility_probe process_util_probe cushare_shim simgpu_cuda simgpu_nvml timeslice_probe \
   event_resolution mps_sm_probe simgpu_mps_control simgpu_mps_server vmm_export_probe probe_check \
-  context_memory_probe driver_answers_probe cushare_probes_fatbin busy_for simgpu-smi >/dev/null
+  context_memory_probe driver_answers_probe managed_evict_probe cushare_probes_fatbin busy_for simgpu-smi >/dev/null
 rm -rf "$stage"
 for f in perf/visibility_probe perf/process_util_probe perf/timeslice_probe perf/event_resolution perf/mps_sm_probe perf/vmm_export_probe \
-         perf/probe_check perf/context_memory_probe perf/driver_answers_probe lib/libcushare.so lib/simgpu/libcuda.so.1 lib/simgpu/libnvidia-ml.so.1 \
+         perf/probe_check perf/context_memory_probe perf/driver_answers_probe perf/managed_evict_probe lib/libcushare.so lib/simgpu/libcuda.so.1 lib/simgpu/libnvidia-ml.so.1 \
          lib/simgpu/bin/nvidia-cuda-mps-control lib/simgpu/bin/nvidia-cuda-mps-server \
          lib/cushare/probes.fatbin examples/tenant/busy_for tools/simgpu-smi; do
   mkdir -p "$stage/$(dirname "$f")"

@@ -14,7 +14,8 @@ fail() { echo "gpu_check_dry_run: $*" >&2; exit 1; }
 
 # Run from the staged folder a GPU machine gets (perf/gpu_check_stage.sh), as it will be there.
 perf/gpu_check_stage.sh "$build" "$work/stage" >"$work/stage.txt" 2>&1 || { cat "$work/stage.txt" >&2; fail "staging failed"; }
-GPU_CHECK_DRY_RUN=1 OUT="$work/out" perf/gpu_check.sh --no-build "$work/stage" >"$work/stdout.txt" 2>&1
+# The managed-memory probe writes and reads what it allocates on the host: keep it small here.
+MANAGED_PROBE_MAX_MIB=256 GPU_CHECK_DRY_RUN=1 OUT="$work/out" perf/gpu_check.sh --no-build "$work/stage" >"$work/stdout.txt" 2>&1
 rc=$?
 log="$work/out/gpu_check.log"
 [ "$rc" = 0 ] || { cat "$work/stdout.txt" >&2; fail "exited $rc"; }
@@ -22,7 +23,7 @@ cmp -s "$work/stdout.txt" "$log" || fail "the log in \$OUT is not what it printe
 for h in "== 1. device visibility" "== 2. event timer" "== 2. time slice" "== 2. MPS: the multiprocessor count" \
          "== 2. MPS: the probe kernels" "== 3. probe kernels" "== 4. memory an exited exporter" "== 5. the demo's busy_for" \
          "== 6. NVML per-process utilization" "== 7. what one process holds beyond its allocations" \
-         "== 8. what the driver answers" "== 9. MIG profiles and placements"; do
+         "== 8. what the driver answers" "== 9. MIG profiles and placements" "== 10. managed memory"; do
   grep -q "^$h" "$log" || fail "no step '$h' in the log"
 done
 grep -q "^gpu_check: 0 case(s) where simgpu differs from the driver; 0 case(s) where the shim did not enforce; 0 program(s) failed$" "$log" ||
@@ -37,6 +38,8 @@ for lib in libunwind.so.8 liblzma.so.5; do
 done
 [ "$(grep -c "^shim .*count=[1-9].* alloc=0/2" "$log")" -ge 10 ] || fail "the shim's cases do not show 1 GiB granted and a byte denied"
 [ "$(grep -c "^same: " "$log")" -ge 20 ] || fail "step 8 compared fewer than 20 answers"
+grep -q "^same:    facts alloc_charges_nothing=1 prefetch_charges=1 nvml_process_omits_managed=1 alloc_evicts_managed=1 data_intact=1 host_prefetch_frees=1$" "$log" ||
+  fail "step 10 did not compare the managed-memory facts"
 [ "$(grep -c "^same: .*MIG [0-9]g\." "$log")" -ge 14 ] || fail "step 9 compared fewer than 14 MIG profile lines"
 [ "$(grep -c "^MPS client at .*sms attribute=" "$log")" = 11 ] || fail "not every MPS percentage was measured"
 for side in driver simgpu; do

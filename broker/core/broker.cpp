@@ -277,14 +277,32 @@ void Broker::noteError(TenantState* t, const std::string& err) {
 void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   if (!t->ledger) return;
   // Its guarantee on each device where it bursts (the configuration was checked: it resolves).
-  t->burstAbove.assign(devices_.size(), kNoLimit);
+  std::vector<uint64_t> burst(devices_.size(), kNoLimit);
   if (t->config.burst != BurstMode::kOff) {
     std::vector<uint64_t> g;
     std::string err;
     if (resolveGuarantee(config_, t->config, devices_, &g, &err))
-      t->burstAbove = std::move(g);
+      burst = std::move(g);
     else  // cannot happen for a checked configuration; fail safe: no bursting, its limit holds
       CUSHARE_BLOG(error, "tenant {}: {}", t->name, err);
+  }
+  if (burst != t->burstAbove) {
+    // A guarantee set or changed (start, reload): what the device cannot evict is judged afresh
+    // (hidden_memory.cpp), and an operator lowering it below what the processes hold is told.
+    t->ordinarySet.assign(devices_.size(), 0);
+    timespec boot{};
+    ::clock_gettime(CLOCK_BOOTTIME, &boot);
+    const long hz = ::sysconf(_SC_CLK_TCK);
+    t->burstSinceTicks = static_cast<uint64_t>(boot.tv_sec) * static_cast<uint64_t>(hz > 0 ? hz : 100) +
+                         static_cast<uint64_t>(boot.tv_nsec) / (1000000000ull / static_cast<uint64_t>(hz > 0 ? hz : 100));
+    for (size_t d = 0; d < devices_.size() && !t->burstAbove.empty(); ++d)
+      if (burst[d] != kNoLimit && d < t->deviceHeld.size() && t->deviceHeld[d] > burst[d])
+        CUSHARE_BLOG(warn,
+                     "tenant {} device {}: its processes hold {} the device cannot evict, above its new guarantee of "
+                     "{}: the memory admission now counts as free is not free until they release it (restart "
+                     "them); their new allocations above the guarantee are managed memory",
+                     t->name, devices_[d].name(), formatSize(t->deviceHeld[d]), formatSize(burst[d]));
+    t->burstAbove = std::move(burst);
   }
   t->entry.assign(devices_.size(), -1);
   std::vector<std::array<uint8_t, 16>> uuids(devices_.size());
@@ -416,7 +434,10 @@ void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
       parseGpuUuid(devices_[d->second].uuid, uuid);
       // Bursting: above its guarantee (never above the limit written now), allocations become
       // managed memory. Written before the entry is published, so a shim never sees it unset.
-      const uint64_t g = d->second < t->burstAbove.size() ? t->burstAbove[d->second] : kNoLimit;
+      // Its former ledgers' processes hold memory charged to it (their charge lowers `want` too).
+      uint64_t g = d->second < t->burstAbove.size() ? t->burstAbove[d->second] : kNoLimit;
+      if (g != kNoLimit)
+        for (const TenantState::Shadow& sh : t->shadows) g -= std::min(g, sh.charge[d->second]);
       limits->setBurstAbove(e, g == kNoLimit ? kNoLimit : std::min(g, want));
       limits->publish(e, uuid, want);
     }
@@ -1254,6 +1275,7 @@ int Broker::tick(bool scanDirectory) {
     if (device) {
       attributeLocked(onDevice);
       checkOutsideLocked(onDevice, deviceUsed);
+      publishEvictableLocked(onDevice, deviceUsed);
       checkLeftBehindLocked(onDevice, deviceUsed, deviceUsedHigh);
       if (!busyErr.empty() && busyError_ != busyErr)
         CUSHARE_BLOG(error, "the device's per-process busy time cannot be read, metering is not checked against it: {}",

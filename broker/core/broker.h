@@ -157,6 +157,15 @@ class Broker {
     Tenant config;       // the configured tenant, or the profile's fields for an unknown one
     std::vector<uint64_t> configured;  // per device: the configured limit (kNoLimit: none)
     std::vector<uint64_t> burstAbove;  // per device: its guarantee where it bursts (kNoLimit: it does not)
+    // Per device, where it bursts: the most memory the device cannot evict (NVML's per-process
+    // figures, which leave managed memory out) its processes may hold: its guarantee, or what they
+    // held beyond it when the broker first looked or the guarantee was lowered, going down as they
+    // free (hidden_memory.cpp); kNoLimit where it does not burst. ordinarySet: measured once.
+    std::vector<uint64_t> ordinaryCeiling;
+    std::vector<uint8_t> ordinarySet;
+    // When burstAbove last changed, in /proc's clock ticks since boot (process start times): a
+    // process started after it cannot have honestly taken more than the guarantee.
+    uint64_t burstSinceTicks = 0;
     std::unique_ptr<Ledger> ledger;
     std::string fileName;    // in ledger_dir: "<name>.ledger", or "<name>.ledger.removed"
     std::vector<int> entry;  // per device: the ledger's device entry (refreshed every tick)
@@ -342,6 +351,9 @@ class Broker {
   // outside_memory.cpp: what processes outside cushare (mapping no tenant's ledger) hold on each
   // device, for status, metrics and a warning; after attributeLocked.
   void checkOutsideLocked(const std::vector<std::map<int, uint64_t>>& onDevice, const std::vector<uint64_t>& deviceUsed);
+  // elasticity.cpp: what bursts hold that the device would evict, into every tenant's limits file.
+  void publishEvictableLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
+                              const std::vector<uint64_t>& deviceUsed);
   // left_behind.cpp: memory exited processes left on the device (exported VMM descriptors).
   void checkLeftBehindLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
                              const std::vector<uint64_t>& deviceUsed, const std::vector<uint64_t>& deviceUsedHigh);

@@ -272,6 +272,32 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         ++processes[d];
       }
     }
+    // A bursting tenant (docs/memory-elasticity.md): NVML's per-process figures leave managed
+    // memory out, its ledger counts it. What its processes hold that the device cannot evict may
+    // reach its guarantee, not its limit: its ledger's rows are believed only up to that
+    // (ordinaryCeiling: the guarantee, or what they held beyond it at the first look or when it
+    // was lowered, going down as they free), and what the device shows beyond is hidden memory.
+    t.ordinaryCeiling.resize(n, kNoLimit);
+    t.ordinarySet.resize(n, 0);
+    for (size_t d = 0; d < n; ++d) {
+      const uint64_t g = d < t.burstAbove.size() ? t.burstAbove[d] : kNoLimit;
+      if (g == kNoLimit) {
+        t.ordinaryCeiling[d] = kNoLimit;
+        t.ordinarySet[d] = 0;
+        continue;
+      }
+      if (!measured || unreadLocked(d)) continue;  // kept as it was
+      const uint64_t counted = held[d] - std::min(held[d], allowed[d]);
+      // The first look after the guarantee took effect believes what processes started before it
+      // hold (they may have allocated under the limit alone); one started since is held to it.
+      bool older = false;
+      for (const auto& [pid, p] : deviceProcesses_)
+        if (p.tenant == name && onDevice[d].count(pid) && p.startTime != 0 && p.startTime <= t.burstSinceTicks)
+          older = true;
+      const uint64_t from = t.ordinarySet[d] ? std::min(t.ordinaryCeiling[d], counted) : older ? counted : g;
+      t.ordinaryCeiling[d] = std::max(g, from);
+      t.ordinarySet[d] = 1;
+    }
     const std::vector<uint64_t> was = t.hidden;
     t.deviceHeld = held;
     t.deviceHeldTick = ticks_;
@@ -292,6 +318,7 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
         if (measured && !unreadLocked(d)) {
           uint64_t shown = std::max(b->second.bytes[i], a->second.bytes[i]);
           if (ra != rowAllowed.end()) shown = std::min(shown, ra->second);
+          shown = std::min(shown, t.ordinaryCeiling[d]);  // a bursting tenant's managed memory is not shown
           const uint64_t explained = shown + allowed[d];
           // What former ledgers' processes hold is charged to the tenant already (their charge
           // lowers its ledger's limit): explained, not hidden. Beyond it they hide like any, up
@@ -354,7 +381,8 @@ void Broker::checkHiddenLocked(const std::vector<std::map<int, uint64_t>>& onDev
       } else if (config_.hiddenMemoryResponse == Config::TamperResponse::kKillPastLimit && t.hidden[d] != 0) {
         uint64_t may = 0;
         const uint64_t counted = held[d] - std::min(held[d], allowed[d]);
-        judge = entryAllowanceLocked(t, t.entry[d], &may) && counted > may;
+        judge = entryAllowanceLocked(t, t.entry[d], &may) && counted > std::min(may, t.ordinaryCeiling[d]);
+        may = std::min(may, t.ordinaryCeiling[d]);
         if (judge)
           response = "kill_past_limit: " + formatSize(counted) + " on the device, past the " + formatSize(may) +
                      " its ledger may hold";

@@ -231,6 +231,12 @@ void LimitsFile::setBurstAbove(int e, uint64_t bytes) noexcept {
     hdr_->entries[e].burst_above.store(bytes, std::memory_order_release);
 }
 
+void LimitsFile::setEvictable(int e, uint64_t bytes) noexcept {
+  if (writable_ && static_cast<uint32_t>(e) < kLedgerMaxDevices &&
+      hdr_->entries[e].evictable.load(std::memory_order_relaxed) != bytes)
+    hdr_->entries[e].evictable.store(bytes, std::memory_order_release);
+}
+
 void LimitsFile::setLimit(int e, uint64_t limit) noexcept {
   if (writable_ && static_cast<uint32_t>(e) < kLedgerMaxDevices)
     hdr_->entries[e].limit.store(limit, std::memory_order_release);

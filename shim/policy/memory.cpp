@@ -54,7 +54,7 @@ void logDenied(int ordinal, uint64_t bytes, uint64_t limit) noexcept {
 // for memory the device can evict (managed), the limit in force; for any other, plainLimit (a
 // bursting tenant's guarantee).
 CUresult reserve(int ordinal, uint64_t bytes, bool evictable = false) noexcept {
-  const uint64_t limit = evictable ? effectiveLimit(ordinal) : plainLimit(ordinal);
+  const uint64_t limit = evictable ? managedLimit(ordinal) : plainLimit(ordinal);
   if (state().ledger->reserve(state().devices[ordinal].ledgerIndex, bytes, limit)) return CUDA_SUCCESS;
   logDenied(ordinal, bytes, limit);
   return CUDA_ERROR_OUT_OF_MEMORY;
@@ -245,6 +245,16 @@ CUresult burstingAlloc(int ordinal, uint64_t guarantee, CUdeviceptr* dptr, size_
     allocations().put(*dptr, c);
     return CUDA_SUCCESS;
   }
+  if (!s.devices[ordinal].managedEvictable) {
+    if (gBurstRefusals.fetch_add(1, std::memory_order_relaxed) < 8)
+      logLine(LogLevel::kWarn,
+              "tenant %s device %d (%s): allocation of %llu bytes above its guarantee refused: the driver cannot "
+              "evict managed memory on this device (no concurrent managed access: Windows, WSL or a GPU older than "
+              "Pascal), so the tenant cannot burst here (docs/memory-elasticity.md)",
+              s.config.tenant.c_str(), ordinal, s.devices[ordinal].uuid, static_cast<unsigned long long>(bytes));
+    logDenied(ordinal, charge, guarantee < limit ? guarantee : limit);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   if (CUresult r = reserve(ordinal, charge, /*evictable=*/true); r != CUDA_SUCCESS) return r;
   CUresult r = realDriver().p_cuMemAllocManaged(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
   if (r != CUDA_SUCCESS) {
@@ -262,9 +272,15 @@ CUresult burstingAlloc(int ordinal, uint64_t guarantee, CUdeviceptr* dptr, size_
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   // Resident at once where there is room, as ordinary memory would be (no fault on first touch).
-  if (realDriver().p_cuMemPrefetchAsync_v2) {
+  // On a stream of its own, non-blocking: the legacy stream would join (and break) a capture in
+  // progress on a blocking stream of another thread. Destroyed at once: the prefetch still runs.
+  RealDriver& drv = realDriver();
+  CUstream side = nullptr;
+  if (drv.p_cuMemPrefetchAsync_v2 && drv.p_cuStreamCreate && drv.p_cuStreamDestroy_v2 &&
+      drv.p_cuStreamCreate(&side, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
     const CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, ordinal};
-    realDriver().p_cuMemPrefetchAsync_v2(*dptr, bytes, loc, 0, nullptr);
+    drv.p_cuMemPrefetchAsync_v2(*dptr, bytes, loc, 0, side);
+    drv.p_cuStreamDestroy_v2(side);
   }
   allocations().put(*dptr, c);
   return CUDA_SUCCESS;

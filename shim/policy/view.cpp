@@ -37,7 +37,12 @@ View tenantView(const DeviceView& d, uint64_t realTotal, uint64_t realFree) noex
   if (used > ledger.usedHere(d.ledgerIndex) && ledger.reapDead() > 0) used = ledger.used(d.ledgerIndex);
   const uint64_t total = limit < realTotal ? limit : realTotal;
   const uint64_t left = used >= total ? 0 : total - used;
-  return {total, left < realFree ? left : realFree};
+  // Other tenants' bursts the device would evict for this tenant's allocations count as free
+  // (docs/memory-elasticity.md): a guaranteed tenant sees the room it was promised.
+  const uint64_t evictable = othersEvictable(d);
+  const uint64_t obtainable =
+      evictable >= realTotal || realFree > realTotal - evictable ? realTotal : realFree + evictable;
+  return {total, left < obtainable ? left : obtainable};
 }
 
 // The view of an NVML device: nullptr with *r unchanged to pass through, nullptr with *r set to

@@ -349,6 +349,13 @@ CUresult initDevices() noexcept {
                      std::memcmp(first.bytes, u.bytes, 16) != 0;
     spelled[i] = formatDeviceUuid(uuids[i], mig);
     std::snprintf(s.devices[i].uuid, sizeof s.devices[i].uuid, "%s", spelled[i].c_str());
+    // Whether the driver can evict managed memory here (Linux, Pascal or newer): else it is as
+    // fixed as any, and a bursting tenant may not have more of it than its guarantee.
+    int concurrent = 0;
+    s.devices[i].managedEvictable =
+        d.p_cuDeviceGetAttribute &&
+        d.p_cuDeviceGetAttribute(&concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev) == CUDA_SUCCESS &&
+        concurrent != 0;
   }
   std::vector<uint64_t> limits;
   std::string err;

@@ -35,6 +35,9 @@ struct DeviceView {
   char uuid[48] = {};              // "GPU-..." as NVML reports it, "MIG-..." for a MIG device
   // The broker's compute words for this device in the ledger (launch.cpp reads mode and gate).
   LedgerComputeDevice* compute = nullptr;
+  // The driver can evict managed memory on this device (CONCURRENT_MANAGED_ACCESS): only then is
+  // a bursting tenant's managed memory above its guarantee (docs/memory-elasticity.md).
+  bool managedEvictable = false;
 };
 
 // The devices an NVML-only process has looked at, by UUID (NVML's numbering is not CUDA's).
@@ -113,12 +116,25 @@ inline uint64_t burstAbove(int ordinal) noexcept {
   if (f == nullptr || v.limitWord.load(std::memory_order_acquire) != f->limitWord(v.ledgerIndex)) return kUnlimited;
   return f->burstAbove(v.ledgerIndex);
 }
+// Memory other tenants' bursts hold on the device that it would evict for an ordinary allocation
+// (the broker's estimate, from the limits file; 0 standalone or before the entry is bound).
+inline uint64_t othersEvictable(const DeviceView& v) noexcept {
+  const ShimState& s = state();
+  if (!s.brokerManaged) return 0;
+  const LimitsFile* f = s.limits.load(std::memory_order_acquire);
+  if (f == nullptr || v.limitWord.load(std::memory_order_acquire) != f->limitWord(v.ledgerIndex)) return 0;
+  return f->evictable(v.ledgerIndex);
+}
 // The limit for memory the device cannot evict (everything but managed memory): the lower of the
 // limit in force and, where the tenant bursts, its guarantee.
 inline uint64_t plainLimit(int ordinal) noexcept {
   const uint64_t limit = effectiveLimit(ordinal);
   const uint64_t g = burstAbove(ordinal);
   return g < limit ? g : limit;
+}
+// The limit for managed memory: the limit in force where the driver can evict it, else plainLimit.
+inline uint64_t managedLimit(int ordinal) noexcept {
+  return state().devices[ordinal].managedEvictable ? effectiveLimit(ordinal) : plainLimit(ordinal);
 }
 
 }  // namespace cushare::shim

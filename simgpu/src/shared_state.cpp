@@ -337,8 +337,10 @@ bool SharedState::evictLocked(int dev, uint64_t need) {
     ProcSlot& sl = slots_[victims[k].slot];
     const uint64_t m = sl.managed[dev].load(std::memory_order_acquire);
     const uint64_t t = std::min(m, need);
-    sl.managed[dev].store(m - t, std::memory_order_release);
+    // used before managed: NVML's per-process figure (used - managed, read without the lock)
+    // never shows resident managed memory as ordinary, not even for an instant.
     sl.used[dev].fetch_sub(t, std::memory_order_acq_rel);
+    sl.managed[dev].store(m - t, std::memory_order_release);
     sl.evicted[dev].fetch_add(t, std::memory_order_acq_rel);
     hdr_->used[dev].fetch_sub(t, std::memory_order_acq_rel);
     need -= t;
@@ -374,8 +376,8 @@ void SharedState::settleLocked(int dev, const ManagedOwner& owner) {
     const uint64_t dropped = owner.dropOldest(delta);
     if (dropped > delta) {  // whole chunks went: the part the evictor did not take is returned now
       const uint64_t extra = std::min(dropped - delta, sl.managed[dev].load(std::memory_order_acquire));
+      sl.used[dev].fetch_sub(extra, std::memory_order_acq_rel);  // used first (see evictLocked)
       sl.managed[dev].fetch_sub(extra, std::memory_order_acq_rel);
-      sl.used[dev].fetch_sub(extra, std::memory_order_acq_rel);
       hdr_->used[dev].fetch_sub(extra, std::memory_order_acq_rel);
     }
   }
@@ -413,8 +415,8 @@ void SharedState::dropResident(int dev, const ManagedOwner& owner, const std::fu
   settleLocked(dev, owner);
   ProcSlot& sl = slots_[slot_];
   const uint64_t gone = std::min(change(), sl.managed[dev].load(std::memory_order_acquire));
+  sl.used[dev].fetch_sub(gone, std::memory_order_acq_rel);  // used first (see evictLocked)
   sl.managed[dev].fetch_sub(gone, std::memory_order_acq_rel);
-  sl.used[dev].fetch_sub(gone, std::memory_order_acq_rel);
   hdr_->used[dev].fetch_sub(gone, std::memory_order_acq_rel);
   sl.oldestIn[dev].store(owner.oldest(), std::memory_order_release);
   unlockDevice(dev);

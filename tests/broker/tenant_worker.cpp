@@ -13,6 +13,9 @@
 //                           (a copy from the host): "ok" | "oom" | "err CODE"
 //   check                -> reads back every pattern allocation (a copy to the host): "intact N"
 //                           (N allocations) | "corrupt I" (the first that differs) | "err CODE"
+//   pool BYTES           -> cuMemAllocAsync of BYTES on a stream of its own, synchronised, kept:
+//                           "ok" | "oom" | "err CODE"
+//   vmm BYTES            -> cuMemCreate of BYTES (rounded up to the granularity), kept: "ok" | "oom" | "err CODE"
 //   kinds                -> what the driver made of everything it holds (cuPointerGetAttribute
 //                           IS_MANAGED): "managed BYTES plain BYTES"
 //   quit                 -> frees everything and exits 0
@@ -160,6 +163,33 @@ std::string check() {
   return "intact " + std::to_string(gPatterns.size());
 }
 
+std::vector<CUdeviceptr> gPool;
+std::vector<CUmemGenericAllocationHandle> gVmm;
+std::string answer(CUresult r) {
+  return r == CUDA_SUCCESS ? "ok" : r == CUDA_ERROR_OUT_OF_MEMORY ? "oom" : "err " + std::to_string(r);
+}
+std::string poolAlloc(uint64_t n) {
+  static CUstream s = nullptr;
+  if (!s && cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return "err stream";
+  CUdeviceptr p = 0;
+  CUresult r = cuMemAllocAsync(&p, n, s);
+  if (r == CUDA_SUCCESS) r = cuStreamSynchronize(s);
+  if (r == CUDA_SUCCESS) gPool.push_back(p);
+  return answer(r);
+}
+std::string vmmCreate(uint64_t n) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran = 0;
+  if (cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return "err gran";
+  CUmemGenericAllocationHandle h;
+  const CUresult r = cuMemCreate(&h, (n + gran - 1) / gran * gran, &prop, 0);
+  if (r == CUDA_SUCCESS) gVmm.push_back(h);
+  return answer(r);
+}
+
 std::string kinds() {
   uint64_t managed = 0, plain = 0;
   for (const auto& [p, n] : gHeld) {
@@ -214,6 +244,10 @@ int main() {
     } else if (cmd == "freeall") {
       while (!gHeld.empty()) freeLast();
       gPatterns.clear();
+      for (CUdeviceptr p : gPool) cuMemFree(p);
+      gPool.clear();
+      for (CUmemGenericAllocationHandle h : gVmm) cuMemRelease(h);
+      gVmm.clear();
       say("ok");
     } else if (cmd == "held") {
       say("held " + std::to_string(heldBytes()));
@@ -246,6 +280,14 @@ int main() {
       say(pattern(n));
     } else if (cmd == "check") {
       say(check());
+    } else if (cmd == "pool") {
+      uint64_t n = 0;
+      in >> n;
+      say(poolAlloc(n));
+    } else if (cmd == "vmm") {
+      uint64_t n = 0;
+      in >> n;
+      say(vmmCreate(n));
     } else if (cmd == "kinds") {
       say(kinds());
     } else if (cmd == "pid") {

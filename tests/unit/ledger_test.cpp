@@ -229,7 +229,8 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
 #undef LIMITS_FIELD
 #define LIMITS_ENTRY_FIELD(f) {"limits.entries[e]." #f, {offsetof(LimitsEntry, f), sizeof(LimitsEntry::f)}}
       LIMITS_ENTRY_FIELD(uuid), LIMITS_ENTRY_FIELD(limit), LIMITS_ENTRY_FIELD(state), LIMITS_ENTRY_FIELD(reserved0),
-      LIMITS_ENTRY_FIELD(burst_above), LIMITS_ENTRY_FIELD(reserved1),
+      LIMITS_ENTRY_FIELD(burst_above), LIMITS_ENTRY_FIELD(evictable),
+      LIMITS_ENTRY_FIELD(reserved1),
 #undef LIMITS_ENTRY_FIELD
   };
   EXPECT_EQ(layout, code) << "docs/ledger-abi.md and ledger_abi.h disagree";

@@ -43,7 +43,11 @@ struct LimitsEntry {
   // the device above this many bytes is made managed memory (evictable to host memory) instead of
   // ordinary device memory; kLedgerNoLimit: the tenant does not burst. Written before state.
   std::atomic<uint64_t> burst_above;
-  uint64_t reserved1[3];
+  // Memory on the device (its memory group) that other tenants' bursts hold and the device would
+  // evict for an ordinary allocation, as the broker last estimated it: a shim adds it to the
+  // device's free memory in the tenant's view (cuMemGetInfo, NVML). 0: none known.
+  std::atomic<uint64_t> evictable;
+  uint64_t reserved1[2];
 };
 
 struct LimitsHeader {
@@ -61,6 +65,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 static_assert(offsetof(LimitsEntry, limit) == 16);
 static_assert(offsetof(LimitsEntry, state) == 24);
 static_assert(offsetof(LimitsEntry, burst_above) == 32);
+static_assert(offsetof(LimitsEntry, evictable) == 40);
 static_assert(sizeof(LimitsEntry) == 64);
 static_assert(offsetof(LimitsHeader, ledger_ino) == 24);
 static_assert(offsetof(LimitsHeader, tenant) == 32);
@@ -105,6 +110,10 @@ class LimitsFile {
   void publish(int e, const uint8_t uuid[16], uint64_t limit) noexcept;
   void setLimit(int e, uint64_t limit) noexcept;
   void setBurstAbove(int e, uint64_t bytes) noexcept;
+  void setEvictable(int e, uint64_t bytes) noexcept;
+  uint64_t evictable(int e) const noexcept {
+    return static_cast<uint32_t>(e) < kLedgerMaxDevices ? hdr_->entries[e].evictable.load(std::memory_order_acquire) : 0;
+  }
   // The file's path and identity.
   const std::string& path() const { return path_; }
   uint64_t ino() const noexcept { return ino_; }

@@ -319,9 +319,10 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
       if (!d.has_guarantee_bytes()) continue;
       if (!bursting) std::printf("\nBursting (above the guarantee, up to the limit: managed memory the device may evict to host memory):\n");
       bursting = true;
-      std::printf("  %s on %s: guarantee %s, %s above it\n", tn.name().c_str(),
+      std::printf("  %s on %s: guarantee %s, %s above it%s\n", tn.name().c_str(),
                   deviceCell(d.device_name(), d.device()).c_str(), formatSize(d.guarantee_bytes()).c_str(),
-                  formatSize(d.burst_bytes()).c_str());
+                  formatSize(d.burst_bytes()).c_str(),
+                  d.burst_host_bytes() ? (" (about " + formatSize(d.burst_host_bytes()) + " of it on host memory)").c_str() : "");
     }
   if (overridden) std::printf("\n* set live (cushare set-limit); undo with --reset\n");
   if (above)

@@ -1107,6 +1107,8 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
       if (d < t.burstAbove.size() && t.burstAbove[d] != kNoLimit) {
         td.guarantee = std::min(t.burstAbove[d], td.limit);
         td.burst = td.used > td.guarantee ? td.used - td.guarantee : 0;
+        td.burstHost = d < t.burstHost.size() ? std::min(t.burstHost[d], td.burst) : 0;
+        td.reclaimed = d < t.reclaimed.size() ? t.reclaimed[d] : 0;
       }
       td.hidden = d < t.hidden.size() ? t.hidden[d] : 0;
       td.leftBehind = d < t.leftBehind.size() ? t.leftBehind[d] : 0;

@@ -163,6 +163,10 @@ class Broker {
     // free (hidden_memory.cpp); kNoLimit where it does not burst. ordinarySet: measured once.
     std::vector<uint64_t> ordinaryCeiling;
     std::vector<uint8_t> ordinarySet;
+    // Per device (elasticity.cpp): its bursts on host memory now (an estimate) and the bytes of
+    // them found gone there since the broker started (a counter); burstHostSaid: said in the log.
+    std::vector<uint64_t> burstHost, reclaimed;
+    std::vector<uint8_t> burstHostSaid;
     // When burstAbove last changed, in /proc's clock ticks since boot (process start times): a
     // process started after it cannot have honestly taken more than the guarantee.
     uint64_t burstSinceTicks = 0;

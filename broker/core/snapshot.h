@@ -45,6 +45,8 @@ struct TenantDeviceSnapshot {
   // holds above it (managed memory the device may evict to host memory).
   uint64_t guarantee = kNoLimit;
   uint64_t burst = 0;
+  uint64_t burstHost = 0;  // of burst, on host memory now (an estimate, elasticity.cpp)
+  uint64_t reclaimed = 0;  // bytes of its bursts found moved to host memory (a counter)
   uint64_t hidden = 0;        // bytes the device holds for the tenant beyond its ledger, charged
                               // by the broker (included in used)
   uint64_t leftBehind = 0;    // bytes its exited processes left on the device (exported memory),

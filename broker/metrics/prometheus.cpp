@@ -232,6 +232,20 @@ void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {
          if (d.guarantee == kNoLimit) return std::nullopt;
          return d.burst;
        }},
+      {"cushare_tenant_memory_burst_host_bytes", kGauge,
+       "Of cushare_tenant_memory_burst_bytes, what is on host memory now (the device evicted it for allocations "
+       "that needed the room, or it found none), bytes; an estimate (no sample: it does not burst).",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> {
+         if (d.guarantee == kNoLimit) return std::nullopt;
+         return d.burstHost;
+       }},
+      {"cushare_tenant_reclaimed_bytes_total", kCounter,
+       "Bytes of the tenant's bursts found moved to host memory since the broker started (rises of "
+       "cushare_tenant_memory_burst_host_bytes); an estimate (no sample: it does not burst).",
+       [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> {
+         if (d.guarantee == kNoLimit) return std::nullopt;
+         return d.reclaimed;
+       }},
       {"cushare_tenant_memory_peak_bytes", kGauge,
        "Highest device memory the tenant has held, bytes.",
        [](const TenantDeviceSnapshot& d) -> std::optional<uint64_t> { return d.peak; }},

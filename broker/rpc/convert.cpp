@@ -27,6 +27,8 @@ void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, 
   if (d.limit != broker::kNoLimit) out->set_limit_bytes(d.limit);
   if (d.guarantee != broker::kNoLimit) out->set_guarantee_bytes(d.guarantee);
   out->set_burst_bytes(d.burst);
+  out->set_burst_host_bytes(d.burstHost);
+  out->set_reclaimed_bytes(d.reclaimed);
   out->set_peak_bytes(d.peak);
   out->set_denied(d.denied);
   out->set_overridden(d.overridden);

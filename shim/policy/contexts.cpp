@@ -13,11 +13,15 @@ namespace cushare::shim {
 void settleFreedAllocations() noexcept;
 void settleAllPools() noexcept;
 void pacerForgetContexts() noexcept;  // pacer.cpp
+void burstForgetContexts() noexcept;  // memory.cpp
 
 namespace {
 
-CUresult afterTeardown(CUresult r) noexcept {
+// gone: the context was destroyed (its streams with it), so the burst prefetch streams are
+// forgotten (memory.cpp); after the driver's call, so that none is made again in the dying context.
+CUresult afterTeardown(CUresult r, bool gone = false) noexcept {
   if (r != CUDA_SUCCESS) return r;
+  if (gone) burstForgetContexts();
   settleFreedAllocations();
   settleAllPools();
   return r;
@@ -31,7 +35,7 @@ CUresult afterRelease(CUresult r, CUdevice dev) noexcept {
   RealDriver& d = realDriver();
   if (d.p_cuDevicePrimaryCtxGetState &&
       d.p_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
-    pacerForgetContexts();
+    pacerForgetContexts(), burstForgetContexts();  // the context is gone: its streams too
   return afterTeardown(r);
 }
 
@@ -39,11 +43,11 @@ CUresult afterRelease(CUresult r, CUdevice dev) noexcept {
 
 CUresult hook_cuCtxDestroy(CUcontext ctx) noexcept {
   pacerForgetContexts();
-  return afterTeardown(realDriver().p_cuCtxDestroy(ctx));
+  return afterTeardown(realDriver().p_cuCtxDestroy(ctx), /*gone=*/true);
 }
 CUresult hook_cuCtxDestroy_v2(CUcontext ctx) noexcept {
   pacerForgetContexts();
-  return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx));
+  return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx), /*gone=*/true);
 }
 // The probe thread is kept off the context across the program's call, and lets go of its own
 // reference (ProbeContextGuard, probe_thread.h): a reset finds no probe using the context, and the
@@ -52,13 +56,13 @@ CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept {
   ProbeContextGuard probes(dev);
   probes.letGoBeforeReset();
   pacerForgetContexts();
-  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset(dev));
+  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset(dev), /*gone=*/true);
 }
 CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
   ProbeContextGuard probes(dev);
   probes.letGoBeforeReset();
   pacerForgetContexts();
-  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset_v2(dev));
+  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset_v2(dev), /*gone=*/true);
 }
 CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept {
   ProbeContextGuard probes(dev);

@@ -231,6 +231,38 @@ void vmmMaybeRelease(CUmemGenericAllocationHandle h) noexcept {
 // the guarantee, never given as ordinary memory: that would take memory another tenant's
 // guarantee counts on.
 std::atomic<uint32_t> gBurstRefusals{0};
+
+// The current context's stream for burst prefetches: made once per context (a stream costs the
+// driver a few microseconds, and simgpu a thread) and forgotten when contexts are torn down
+// (burstForgetContexts: the driver destroys a context's streams with it).
+struct BurstStreams {
+  std::mutex mu;
+  CUcontext ctx[8] = {};
+  CUstream stream[8] = {};
+};
+BurstStreams& burstStreams() {
+  static BurstStreams* b = new BurstStreams;  // leaked: used until exit
+  return *b;
+}
+CUstream burstStream() noexcept {
+  RealDriver& drv = realDriver();
+  CUcontext ctx = nullptr;
+  if (!drv.p_cuCtxGetCurrent || drv.p_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr || !drv.p_cuStreamCreate)
+    return nullptr;
+  BurstStreams& b = burstStreams();
+  std::lock_guard<std::mutex> g(b.mu);
+  int free = -1;
+  for (int i = 0; i < 8; ++i) {
+    if (b.ctx[i] == ctx) return b.stream[i];
+    if (b.ctx[i] == nullptr && free < 0) free = i;
+  }
+  if (free < 0) return nullptr;  // more than 8 contexts: no prefetch (populated on first touch)
+  CUstream s = nullptr;
+  if (drv.p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
+  b.ctx[free] = ctx;
+  b.stream[free] = s;
+  return s;
+}
 CUresult burstingAlloc(int ordinal, uint64_t guarantee, CUdeviceptr* dptr, size_t bytes, uint64_t charge) noexcept {
   ShimState& s = state();
   const int idx = s.devices[ordinal].ledgerIndex;
@@ -272,21 +304,24 @@ CUresult burstingAlloc(int ordinal, uint64_t guarantee, CUdeviceptr* dptr, size_
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   // Resident at once where there is room, as ordinary memory would be (no fault on first touch).
-  // On a stream of its own, non-blocking: the legacy stream would join (and break) a capture in
-  // progress on a blocking stream of another thread. Destroyed at once: the prefetch still runs.
-  RealDriver& drv = realDriver();
-  CUstream side = nullptr;
-  if (drv.p_cuMemPrefetchAsync_v2 && drv.p_cuStreamCreate && drv.p_cuStreamDestroy_v2 &&
-      drv.p_cuStreamCreate(&side, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
-    const CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, ordinal};
-    drv.p_cuMemPrefetchAsync_v2(*dptr, bytes, loc, 0, side);
-    drv.p_cuStreamDestroy_v2(side);
-  }
+  // On a stream of the shim's own, non-blocking: the legacy stream would join (and break) a
+  // capture in progress on a blocking stream of another thread.
+  if (realDriver().p_cuMemPrefetchAsync_v2)
+    if (CUstream side = burstStream(); side != nullptr) {
+      const CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, ordinal};
+      realDriver().p_cuMemPrefetchAsync_v2(*dptr, bytes, loc, 0, side);
+    }
   allocations().put(*dptr, c);
   return CUDA_SUCCESS;
 }
 
 }  // namespace
+
+void burstForgetContexts() noexcept {
+  BurstStreams& b = burstStreams();
+  std::lock_guard<std::mutex> g(b.mu);
+  for (int i = 0; i < 8; ++i) b.ctx[i] = nullptr, b.stream[i] = nullptr;
+}
 
 CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) noexcept {
   if (!dptr || bytes == 0) return realDriver().p_cuMemAlloc_v2(dptr, bytes);

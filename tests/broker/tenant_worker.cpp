@@ -16,6 +16,8 @@
 //   pool BYTES           -> cuMemAllocAsync of BYTES on a stream of its own, synchronised, kept:
 //                           "ok" | "oom" | "err CODE"
 //   vmm BYTES            -> cuMemCreate of BYTES (rounded up to the granularity), kept: "ok" | "oom" | "err CODE"
+//   time BYTES N         -> N pairs of cuMemAlloc(BYTES) + cuMemFree: "ns PER_PAIR" (median of
+//                           five rounds of N/5) | "err CODE"
 //   kinds                -> what the driver made of everything it holds (cuPointerGetAttribute
 //                           IS_MANAGED): "managed BYTES plain BYTES"
 //   quit                 -> frees everything and exits 0
@@ -44,6 +46,7 @@
 #include "cushare/ledger_abi.h"
 #include "fd_passing.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -190,6 +193,25 @@ std::string vmmCreate(uint64_t n) {
   return answer(r);
 }
 
+std::string timePairs(uint64_t n, uint64_t pairs) {
+  std::vector<double> rounds;
+  const uint64_t per = pairs / 5 ? pairs / 5 : 1;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint64_t i = 0; i < per; ++i) {
+      CUdeviceptr p = 0;
+      if (const CUresult a = cuMemAlloc(&p, n); a != CUDA_SUCCESS) return "err " + std::to_string(a);
+      cuMemFree(p);
+    }
+    rounds.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+                     static_cast<double>(per));
+  }
+  std::sort(rounds.begin(), rounds.end());
+  char b[64];
+  std::snprintf(b, sizeof b, "ns %.1f", rounds[2]);
+  return b;
+}
+
 std::string kinds() {
   uint64_t managed = 0, plain = 0;
   for (const auto& [p, n] : gHeld) {
@@ -288,6 +310,10 @@ int main() {
       uint64_t n = 0;
       in >> n;
       say(vmmCreate(n));
+    } else if (cmd == "time") {
+      uint64_t n = 0, pairs = 0;
+      in >> n >> pairs;
+      say(timePairs(n, pairs));
     } else if (cmd == "kinds") {
       say(kinds());
     } else if (cmd == "pid") {

@@ -227,6 +227,10 @@ cushare_tenant_memory_limit_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0
 # TYPE cushare_tenant_memory_guarantee_bytes gauge
 # HELP cushare_tenant_memory_burst_bytes Device memory the tenant holds above its guarantee (managed memory the device may evict to host memory), bytes; included in cushare_tenant_memory_used_bytes.
 # TYPE cushare_tenant_memory_burst_bytes gauge
+# HELP cushare_tenant_memory_burst_host_bytes Of cushare_tenant_memory_burst_bytes, what is on host memory now (the device evicted it for allocations that needed the room, or it found none), bytes; an estimate (no sample: it does not burst).
+# TYPE cushare_tenant_memory_burst_host_bytes gauge
+# HELP cushare_tenant_reclaimed_bytes_total Bytes of the tenant's bursts found moved to host memory since the broker started (rises of cushare_tenant_memory_burst_host_bytes); an estimate (no sample: it does not burst).
+# TYPE cushare_tenant_reclaimed_bytes_total counter
 # HELP cushare_tenant_memory_peak_bytes Highest device memory the tenant has held, bytes.
 # TYPE cushare_tenant_memory_peak_bytes gauge
 cushare_tenant_memory_peak_bytes{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 9007199254740993
@@ -348,7 +352,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 53u);
+    EXPECT_EQ(helps.size(), 55u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

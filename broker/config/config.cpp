@@ -55,7 +55,8 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
                                            "hidden_memory_response",
                                            "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
-                                           "mps", "compute", "probes", "cdi", "kubernetes", "mig"};
+                                           "mps", "compute", "probes", "cdi", "kubernetes", "mig", "elasticity"};
+const std::vector<std::string> kElasticityKeys = {"reclaim_wait_ms", "reclaim_deadline_ms"};
 const std::vector<std::string> kProbeKeys = {"interval_ms", "window_s", "budget_us", "kinds"};
 const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "priority_guard_ms", "metering", "fair_share",
                                                "mps_weights", "metering_source", "cupti_library"};
@@ -218,6 +219,7 @@ class Parser {
     if (k == "tenants") return tenants(v);
     if (k == "compute") return compute(v, &c->compute);
     if (k == "probes") return probes(v, &c->probes);
+    if (k == "elasticity") return elasticity(v, &c->elasticity);
     if (k == "cdi") return cdi(v, &c->cdi);
     if (k == "kubernetes") return kubernetes(v, &c->kubernetes);
     if (k == "mig") return mig(v, &c->mig);
@@ -263,6 +265,26 @@ class Parser {
 
   // probes: off | on | {interval_ms: 20..600000, window_s: 1..3600, budget_us: 20..10000,
   //                     kinds: [sm, mem, tick]}
+  bool elasticity(const Node& n, ElasticityConfig* out) {
+    ElasticityConfig e;
+    if (!map(n, "elasticity", "a map of settings (reclaim_wait_ms, reclaim_deadline_ms)")) return false;
+    for (size_t i = 0; i < n.keys.size(); ++i) {
+      const Node& key = n.keys[i];
+      const Node& v = n.items[i];
+      const std::string path = join("elasticity", key.text);
+      std::string text, reason;
+      if (key.text != "reclaim_wait_ms" && key.text != "reclaim_deadline_ms") return unknownKey(key, path, kElasticityKeys);
+      const bool wait = key.text == "reclaim_wait_ms";
+      const int64_t lo = wait ? 0 : 10, hi = wait ? 60000 : 600000;
+      if (!scalar(v, path, "a whole number " + std::to_string(lo) + ".." + std::to_string(hi), &text)) return false;
+      int64_t x = 0;
+      if (!parseInt(text, lo, hi, &x, &reason)) return fail(v.mark, path, reason);
+      (wait ? e.reclaimWaitMs : e.reclaimDeadlineMs) = static_cast<uint32_t>(x);
+    }
+    *out = e;
+    return true;
+  }
+
   bool probes(const Node& n, ProbeConfig* out) {
     ProbeConfig p;
     p.on = true;  // a probes: block turns them on unless it says off
@@ -593,7 +615,8 @@ class Parser {
                   "a guarantee with burst: off means nothing: the memory limit is already reserved; remove one of them");
     if (!guaranteed && b != BurstMode::kOff)
       return fail(yamlMark(f.burstMark.line ? f.burstMark : at), path + ".burst",
-                  "burst: managed needs a guarantee (the memory reserved for it; above it, up to memory, it bursts)");
+                  std::string("burst: ") + burstModeName(b) +
+                      " needs a guarantee (the memory reserved for it; above it, up to memory, it bursts)");
     if (guaranteed && f.memory.kind == MemorySpec::kNone)
       return fail(yamlMark(f.guarantee.mark), f.guarantee.path,
                   "a guarantee needs a memory limit (the most it may burst to)");
@@ -608,18 +631,16 @@ class Parser {
     if (key.text == "memory") return memory(v, path, &f->memory);
     if (key.text == "guarantee") return memory(v, path, &f->guarantee);
     if (key.text == "burst") {
-      if (!scalar(v, path, "off or managed", &text)) return false;
+      if (!scalar(v, path, "off, managed or plain", &text)) return false;
       f->burstMark = sourceMark(v.mark);
       if (text == "off") {
         f->burst = BurstMode::kOff;
       } else if (text == "managed") {
         f->burst = BurstMode::kManaged;
       } else if (text == "plain") {
-        return fail(v.mark, path,
-                    "'plain' (ordinary memory reclaimed cooperatively) is not available yet: use managed, whose "
-                    "memory above the guarantee the device itself evicts to host memory when a guarantee needs it");
+        f->burst = BurstMode::kPlain;
       } else {
-        return fail(v.mark, path, "expected off or managed, found " + quote(text));
+        return fail(v.mark, path, "expected off, managed or plain, found " + quote(text));
       }
       return true;
     }
@@ -1040,7 +1061,9 @@ bool resolveMemory(const Config& config, const MemorySpec& spec,
   return resolveImpl(config, spec, devices, limits, &entryOf, error);
 }
 
-const char* burstModeName(BurstMode m) { return m == BurstMode::kManaged ? "managed" : "off"; }
+const char* burstModeName(BurstMode m) {
+  return m == BurstMode::kManaged ? "managed" : m == BurstMode::kPlain ? "plain" : "off";
+}
 
 bool resolveGuarantee(const Config& config, const Tenant& t, const std::vector<DeviceInfo>& devices,
                       std::vector<uint64_t>* guarantees, std::string* error) {

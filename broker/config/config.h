@@ -60,8 +60,19 @@ struct MemorySpec {
 enum class BurstMode {
   kOff,      // no guarantee below the limit: every byte up to the limit is ordinary device memory
   kManaged,  // above the guarantee, allocations become managed memory, evictable to host memory
+  kPlain,    // above the guarantee, ordinary memory, reclaimed cooperatively when a guarantee needs it
 };
-const char* burstModeName(BurstMode m);  // "off", "managed"
+const char* burstModeName(BurstMode m);  // "off", "managed", "plain"
+
+// The elasticity: block (docs/memory-elasticity.md): reclaim of plain bursts.
+struct ElasticityConfig {
+  // How long an ordinary allocation of a tenant within its guarantee, refused by the driver while
+  // other tenants hold plain bursts, waits for them to be reclaimed before it fails.
+  uint32_t reclaimWaitMs = 1000;
+  // How long a tenant asked to give back plain bursts has before its allocations above its
+  // guarantee are refused (until the reclaim is over).
+  uint32_t reclaimDeadlineMs = 1000;
+};
 
 struct Profile {
   std::string name;
@@ -210,6 +221,7 @@ struct Config {
   std::string file;
   ComputeConfig compute;  // the name used in messages (the path given to loadConfig)
   ProbeConfig probes;
+  ElasticityConfig elasticity;
   std::string ledgerDir = "/dev/shm/cushare";
   std::string socket = "/run/cushare/broker.sock";
   std::string metricsHost = "127.0.0.1";  // as written; an IPv6 address without brackets; empty:

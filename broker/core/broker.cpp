@@ -129,6 +129,8 @@ uint64_t Broker::expectedLocked(const TenantState& t, size_t device) const {
   uint64_t v = t.configured[device];
   if (auto it = overrides_.find(t.name); it != overrides_.end())
     if (auto d = it->second.find(devices_[device].uuid); d != it->second.end()) v = d->second;
+  // A plain burster past its reclaim deadline: held to its guarantee until the reclaim is over.
+  if (device < t.reclaimClamp.size()) v = std::min(v, t.reclaimClamp[device]);
   return device < t.ceiling.size() ? std::min(v, t.ceiling[device]) : v;
 }
 
@@ -277,15 +279,20 @@ void Broker::noteError(TenantState* t, const std::string& err) {
 void Broker::applyLimitsLocked(TenantState* t, bool watchdog) {
   if (!t->ledger) return;
   // Its guarantee on each device where it bursts (the configuration was checked: it resolves).
-  std::vector<uint64_t> burst(devices_.size(), kNoLimit);
+  std::vector<uint64_t> guarantee(devices_.size(), kNoLimit);
   if (t->config.burst != BurstMode::kOff) {
     std::vector<uint64_t> g;
     std::string err;
     if (resolveGuarantee(config_, t->config, devices_, &g, &err))
-      burst = std::move(g);
+      guarantee = std::move(g);
     else  // cannot happen for a checked configuration; fail safe: no bursting, its limit holds
       CUSHARE_BLOG(error, "tenant {}: {}", t->name, err);
   }
+  t->guaranteeOf = guarantee;
+  // Managed bursting: its shims make memory above the guarantee managed. Plain: ordinary memory
+  // up to its limit, reclaimed cooperatively (elasticity.cpp): no word for its shims.
+  std::vector<uint64_t> burst =
+      t->config.burst == BurstMode::kManaged ? guarantee : std::vector<uint64_t>(devices_.size(), kNoLimit);
   if (burst != t->burstAbove) {
     // A guarantee set or changed (start, reload): what the device cannot evict is judged afresh
     // (hidden_memory.cpp), and an operator lowering it below what the processes hold is told.
@@ -1104,8 +1111,10 @@ TenantSnapshot Broker::tenantSnapshotLocked(TenantState* tp) {
       td.denied = t.ledger->denied(e);
       td.overridden = ov != overrides_.end() && ov->second.count(devices_[d].uuid) != 0;
       // Bursting: its guarantee (never above the limit now) and what it holds above it.
-      if (d < t.burstAbove.size() && t.burstAbove[d] != kNoLimit) {
-        td.guarantee = std::min(t.burstAbove[d], td.limit);
+      if (d < t.guaranteeOf.size() && t.guaranteeOf[d] != kNoLimit) {
+        td.guarantee = std::min(t.guaranteeOf[d], td.limit);
+        td.plain = t.config.burst == BurstMode::kPlain;
+        td.reclaimSeconds = d < t.reclaimSeconds.size() ? t.reclaimSeconds[d] : 0;
         td.burst = td.used > td.guarantee ? td.used - td.guarantee : 0;
         td.burstHost = d < t.burstHost.size() ? std::min(t.burstHost[d], td.burst) : 0;
         td.reclaimed = d < t.reclaimed.size() ? t.reclaimed[d] : 0;
@@ -1278,6 +1287,7 @@ int Broker::tick(bool scanDirectory) {
       attributeLocked(onDevice);
       checkOutsideLocked(onDevice, deviceUsed);
       publishEvictableLocked(onDevice, deviceUsed);
+      reclaimLocked();
       checkLeftBehindLocked(onDevice, deviceUsed, deviceUsedHigh);
       if (!busyErr.empty() && busyError_ != busyErr)
         CUSHARE_BLOG(error, "the device's per-process busy time cannot be read, metering is not checked against it: {}",

@@ -156,7 +156,13 @@ class Broker {
     std::string source;  // "config", "unknown-tenant", "removed"
     Tenant config;       // the configured tenant, or the profile's fields for an unknown one
     std::vector<uint64_t> configured;  // per device: the configured limit (kNoLimit: none)
-    std::vector<uint64_t> burstAbove;  // per device: its guarantee where it bursts (kNoLimit: it does not)
+    std::vector<uint64_t> burstAbove;  // per device: its guarantee where it bursts into managed memory (kNoLimit: it does not)
+    std::vector<uint64_t> guaranteeOf;  // per device: its guarantee where it bursts, either way (kNoLimit: it does not)
+    // Reclaim of its plain bursts (elasticity.cpp), per device: what it held when the episode
+    // began, the target it was given (kNoLimit: none), when it reached it (0: not yet), the limit
+    // clamp past the deadline (kNoLimit: none) and the last episode's time to reach the target.
+    std::vector<uint64_t> reclaimFrom, reclaimTarget, reclaimReachedNs, reclaimClamp;
+    std::vector<double> reclaimSeconds;
     // Per device, where it bursts: the most memory the device cannot evict (NVML's per-process
     // figures, which leave managed memory out) its processes may hold: its guarantee, or what they
     // held beyond it when the broker first looked or the guarantee was lowered, going down as they
@@ -355,6 +361,18 @@ class Broker {
   // outside_memory.cpp: what processes outside cushare (mapping no tenant's ledger) hold on each
   // device, for status, metrics and a warning; after attributeLocked.
   void checkOutsideLocked(const std::vector<std::map<int, uint64_t>>& onDevice, const std::vector<uint64_t>& deviceUsed);
+  // elasticity.cpp: plain bursts reclaimed for guaranteed allocations that wait (one episode per
+  // memory group at a time).
+  void reclaimLocked();
+  struct ReclaimEpisode {
+    bool active = false;
+    uint64_t startNs = 0;
+    uint64_t need = 0;
+    int quiet = 0;  // ticks in a row without a waiting allocation
+    uint64_t needGoneNs = 0;  // the first such tick (the waiting allocations were granted, or gave up)
+    bool clamped = false;
+  };
+  std::vector<ReclaimEpisode> reclaim_;
   // elasticity.cpp: what bursts hold that the device would evict, into every tenant's limits file.
   void publishEvictableLocked(const std::vector<std::map<int, uint64_t>>& onDevice,
                               const std::vector<uint64_t>& deviceUsed);

@@ -46,7 +46,9 @@ struct TenantDeviceSnapshot {
   uint64_t guarantee = kNoLimit;
   uint64_t burst = 0;
   uint64_t burstHost = 0;  // of burst, on host memory now (an estimate, elasticity.cpp)
-  uint64_t reclaimed = 0;  // bytes of its bursts found moved to host memory (a counter)
+  uint64_t reclaimed = 0;  // bytes of its bursts moved to host memory or given back (a counter)
+  bool plain = false;          // it bursts into plain memory (reclaimed cooperatively)
+  double reclaimSeconds = 0;   // plain: the last reclaim's time to reach its target (0: none yet)
   uint64_t hidden = 0;        // bytes the device holds for the tenant beyond its ledger, charged
                               // by the broker (included in used)
   uint64_t leftBehind = 0;    // bytes its exited processes left on the device (exported memory),

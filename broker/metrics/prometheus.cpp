@@ -277,6 +277,16 @@ void renderTenantDevices(const BrokerSnapshot& s, Writer& w) {
           w.sample({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, *v);
     }
   }
+  w.family("cushare_tenant_reclaim_seconds", kGauge,
+           "A plain burster's last reclaim: the time from the broker's request to the tenant holding no more than it "
+           "was asked, seconds (up to a tick, 50 ms, late); 0 before the first, or when it never got there (no "
+           "sample: it does not burst into plain memory).");
+  for (const TenantSnapshot& t : s.tenants) {
+    if (!t.error.empty()) continue;
+    for (const TenantDeviceSnapshot& d : t.devices)
+      if (d.guarantee != kNoLimit && d.plain)
+        w.sampleFloat({{"tenant", t.name}, {"device", deviceLabel(s, d.device)}, {"uuid", d.uuid}}, d.reclaimSeconds);
+  }
 }
 
 // Compute time per tenant and device (docs/compute.md): seconds, counters since the broker started.

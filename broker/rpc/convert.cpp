@@ -29,6 +29,8 @@ void toProto(const broker::TenantDeviceSnapshot& d, const BrokerSnapshot& snap, 
   out->set_burst_bytes(d.burst);
   out->set_burst_host_bytes(d.burstHost);
   out->set_reclaimed_bytes(d.reclaimed);
+  out->set_plain(d.plain);
+  out->set_reclaim_seconds(d.reclaimSeconds);
   out->set_peak_bytes(d.peak);
   out->set_denied(d.denied);
   out->set_overridden(d.overridden);

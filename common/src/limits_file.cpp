@@ -107,7 +107,10 @@ std::unique_ptr<LimitsFile> LimitsFile::openForBroker(const std::string& ledgerD
     return nullptr;
   }
   auto* h = static_cast<LimitsHeader*>(m);  // zero-filled: every entry free
-  for (LimitsEntry& e : h->entries) e.burst_above.store(kLedgerNoLimit, std::memory_order_relaxed);  // no bursting
+  for (LimitsEntry& e : h->entries) {
+    e.burst_above.store(kLedgerNoLimit, std::memory_order_relaxed);  // no bursting
+    e.reclaim_target.store(kLedgerNoLimit, std::memory_order_relaxed);  // nothing asked
+  }
   h->version = kLimitsVersion;
   h->header_size = sizeof(LimitsHeader);
   h->file_size = sizeof(LimitsHeader);
@@ -229,6 +232,20 @@ void LimitsFile::setBurstAbove(int e, uint64_t bytes) noexcept {
   if (writable_ && static_cast<uint32_t>(e) < kLedgerMaxDevices &&
       hdr_->entries[e].burst_above.load(std::memory_order_relaxed) != bytes)
     hdr_->entries[e].burst_above.store(bytes, std::memory_order_release);
+}
+
+void LimitsFile::setReclaimTarget(int e, uint64_t bytes) noexcept {
+  if (!writable_ || static_cast<uint32_t>(e) >= kLedgerMaxDevices) return;
+  LimitsEntry& x = hdr_->entries[e];
+  if (x.reclaim_target.load(std::memory_order_relaxed) == bytes) return;
+  x.reclaim_target.store(bytes, std::memory_order_release);
+  x.reclaim_seq.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void LimitsFile::setPlainMask(uint64_t mask, uint64_t waitMs) noexcept {
+  if (!writable_) return;
+  if (hdr_->reclaim_wait_ms.load(std::memory_order_relaxed) != waitMs) hdr_->reclaim_wait_ms.store(waitMs, std::memory_order_release);
+  if (hdr_->plain_mask.load(std::memory_order_relaxed) != mask) hdr_->plain_mask.store(mask, std::memory_order_release);
 }
 
 void LimitsFile::setEvictable(int e, uint64_t bytes) noexcept {

@@ -6,6 +6,8 @@
 // arrays (what the driver reserves for them, padding and tiling included). Host memory is not
 // counted. A context destroyed or reset frees what it owned: the charges of every allocation the
 // driver no longer has are returned then. See docs/memory-accounting.md.
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -23,6 +25,12 @@ namespace cushare::shim {
 // pools.cpp
 CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s, bool perThread) noexcept;
 void settleAllPools() noexcept;
+// reclaim.cpp: a guaranteed allocation the driver refused while other tenants hold plain bursts.
+bool reclaimWaitBegin(int ordinal, uint64_t bytes, uint64_t* deadlineNs) noexcept;
+void reclaimWaitRefresh(int ordinal, uint64_t bytes) noexcept;
+void reclaimWaitEnd(int ordinal, uint64_t bytes, bool granted, uint64_t startedNs) noexcept;
+uint64_t reclaimNowNs() noexcept;
+
 
 namespace {
 
@@ -63,11 +71,32 @@ CUresult reserve(int ordinal, uint64_t bytes, bool evictable = false) noexcept {
 void release(const Charge& c) noexcept { state().ledger->release(c.device, c.bytes); }
 
 // The common shape of a counted allocation of the current device.
+// Calls alloc (whose reservation is held); if the driver is out of memory while other tenants'
+// plain bursts could be given back, waits for them (reclaim.cpp) and tries again.
+template <typename Alloc>
+CUresult allocOrWaitForReclaim(int ordinal, uint64_t bytes, Alloc&& alloc) noexcept {
+  CUresult r = alloc();
+  uint64_t deadline = 0;
+  if (r != CUDA_ERROR_OUT_OF_MEMORY || !reclaimWaitBegin(ordinal, bytes, &deadline)) return r;
+  const uint64_t start = reclaimNowNs();
+  uint64_t posted = start;
+  for (uint64_t now = start; r == CUDA_ERROR_OUT_OF_MEMORY && now < deadline; now = reclaimNowNs()) {
+    ::usleep(1000);
+    if (now - posted >= 10000000ull) {
+      reclaimWaitRefresh(ordinal, bytes);
+      posted = now;
+    }
+    r = alloc();
+  }
+  reclaimWaitEnd(ordinal, bytes, r != CUDA_ERROR_OUT_OF_MEMORY, start);
+  return r;
+}
+
 template <typename Alloc>
 CUresult chargedAllocOn(int ordinal, uint64_t bytes, uintptr_t* key, Alloc&& alloc, ChargeKind kind = ChargeKind::kPointer,
                         bool evictable = false) noexcept {
   if (CUresult r = reserve(ordinal, bytes, evictable); r != CUDA_SUCCESS) return r;
-  const CUresult r = alloc();
+  const CUresult r = allocOrWaitForReclaim(ordinal, bytes, alloc);
   const Charge c{state().devices[ordinal].ledgerIndex, kind, bytes};
   if (r != CUDA_SUCCESS) {
     release(c);
@@ -436,7 +465,7 @@ CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, con
   if (ordinal < 0 || ordinal >= state().deviceCount) return d.p_cuMemCreate(handle, size, prop, flags);
   if (CUresult r = reserve(ordinal, size); r != CUDA_SUCCESS) return r;
   const Charge c{state().devices[ordinal].ledgerIndex, ChargeKind::kPointer, size};
-  const CUresult r = d.p_cuMemCreate(handle, size, prop, flags);
+  const CUresult r = allocOrWaitForReclaim(ordinal, size, [&] { return d.p_cuMemCreate(handle, size, prop, flags); });
   if (r != CUDA_SUCCESS) {
     release(c);
     return r;

@@ -390,7 +390,7 @@ TEST(Restart, DamagedLedgerIsReportedNotFatal) {
   }
   ASSERT_TRUE(b.startWithFile()) << b.log();
   const rpc::Tenant alpha = b.tenant("alpha");
-  EXPECT_NE(alpha.error().find("field 'version' is 7, expected 2"), std::string::npos) << alpha.error();
+  EXPECT_NE(alpha.error().find("field 'version' is 7, expected 3"), std::string::npos) << alpha.error();
   EXPECT_EQ(alpha.devices_size(), 0);
   std::string first;
   Child refused = b.tenantProcess("alpha", {}, &first);

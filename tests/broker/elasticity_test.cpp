@@ -199,6 +199,96 @@ TEST(Elastic, LoweringAGuaranteeBelowWhatIsHeldIsSaidAndTakesNothing) {
   burster.send("quit");
 }
 
+// Two tenants on uids of their own (1000: burster, 1001: steady) under a broker started with
+// body; both workers ready.
+struct TwoUids {
+  explicit TwoUids(const std::string& dir) : b(dir) {}
+  void start(const std::string& body) {
+    ASSERT_TRUE(b.start(body)) << b.log();
+    burster = users.spawn(1000, WORKER_BIN, b, "burster");
+    ASSERT_EQ(burster.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+    steady = users.spawn(1001, WORKER_BIN, b, "steady");
+    ASSERT_EQ(steady.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+  }
+  Broker b;
+  UidTenants users;
+  Child burster, steady;
+};
+
+// burst: plain. A tenant guaranteed 256 MiB bursts in ordinary memory to its 768 MiB limit; the
+// other tenant's allocation within its guarantee, which the driver refuses while the device is
+// full, waits; the broker asks the burster to give back; the burster (cooperating: it polls
+// cushare_reclaim_fd) frees its newest allocation and the waiting allocation succeeds. Judged by the
+// device's own count and the burster's data.
+TEST(Elastic, APlainBurstIsGivenBackForAGuaranteedAllocation) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
+  TwoUids u(testDir());
+  ASSERT_NO_FATAL_FAILURE(u.start("elasticity: {reclaim_wait_ms: 3000, reclaim_deadline_ms: 2000}\n"
+                                  "tenants:\n"
+                                  "  - {name: burster, uid: 1000, memory: 768MiB, guarantee: 256MiB, burst: plain}\n"
+                                  "  - {name: steady, uid: 1001, memory: 768MiB}\n"));
+  Broker& b = u.b;
+  Child& burster = u.burster;
+  Child& steady = u.steady;
+  ASSERT_EQ(burster.ask("cooperate"), "cooperating");
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(burster.ask("pattern " + mib(256)), "ok") << i;
+  EXPECT_EQ(burster.ask("kinds"), "managed 0 plain " + mib(768)) << "plain bursts are ordinary memory";
+  ASSERT_EQ(steady.ask("alloc " + mib(256)), "ok");
+  EXPECT_EQ(deviceUsed(), 1024 * MiB) << "full";
+  const rpc::Tenant bt = b.tenant("burster");
+  EXPECT_EQ(bt.devices(0).guarantee_bytes(), 256 * MiB);
+  EXPECT_EQ(bt.devices(0).burst_bytes(), 512 * MiB);
+  // Within its guarantee, refused by the driver: it waits, the burster gives 256 MiB back.
+  const std::string got = steady.ask("talloc " + mib(256), 10000);
+  ASSERT_EQ(got.rfind("ok ", 0), 0u) << got << "\n" << b.log();
+  std::printf("guaranteed allocation granted after %s ms\n", got.c_str() + 3);
+  EXPECT_EQ(deviceUsed(), 1024 * MiB) << "512 MiB each: the device never held more than its size";
+  EXPECT_EQ(burster.ask("check"), "intact 2") << "what it kept is intact (it freed its newest)";
+  EXPECT_EQ(burster.ask("held"), "held " + mib(512));
+  EXPECT_TRUE(b.logHas("tenant burster device 0: asked to give back plain bursts down to 512 MiB")) << b.log();
+  EXPECT_TRUE(b.logHas("tenant burster device 0: reclaim over: gave back 256 MiB, its target reached within")) << b.log();
+  EXPECT_TRUE(eventually([&] { return b.tenant("burster").devices(0).reclaimed_bytes() == 256 * MiB; }, 3000))
+      << b.tenant("burster").DebugString();
+  EXPECT_GT(b.tenant("burster").devices(0).reclaim_seconds(), 0.0);
+  // Over: it may burst again into what is free.
+  EXPECT_EQ(steady.ask("freeall"), "ok");
+  EXPECT_EQ(burster.ask("alloc " + mib(256)), "ok");
+  for (Child* c : {&burster, &steady}) c->send("quit");
+}
+
+// A plain burster that does not give back: past the deadline its allocations above its guarantee
+// are refused (its published limit is its guarantee) until the reclaim is over; the waiting
+// allocation fails after reclaim_wait_ms; nothing is taken, nothing lost.
+TEST(Elastic, APlainBursterThatDoesNotGiveBackIsRefusedPastTheDeadlineAndLosesNothing) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
+  TwoUids u(testDir());
+  ASSERT_NO_FATAL_FAILURE(u.start("elasticity: {reclaim_wait_ms: 1500, reclaim_deadline_ms: 300}\n"
+                                  "tenants:\n"
+                                  "  - {name: burster, uid: 1000, memory: 1GiB, guarantee: 256MiB, burst: plain}\n"
+                                  "  - {name: steady, uid: 1001, memory: 768MiB}\n"));
+  Broker& b = u.b;
+  Child& burster = u.burster;
+  Child& steady = u.steady;
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(burster.ask("pattern " + mib(256)), "ok") << i;
+  ASSERT_EQ(steady.ask("alloc " + mib(256)), "ok");
+  ASSERT_TRUE(steady.send("talloc " + mib(256)));  // waits
+  // Past the deadline: held to its guarantee, by the limit it is published.
+  EXPECT_TRUE(eventually([&] { return limitOn0(b.tenant("burster")) == 256 * MiB; }, 1200)) << b.log();
+  const uint64_t deniedBefore = b.tenant("burster").devices(0).denied();
+  EXPECT_EQ(burster.ask("alloc " + mib(1)), "oom");
+  EXPECT_EQ(b.tenant("burster").devices(0).denied(), deniedBefore + 1) << "refused by its limit, not by a full device";
+  const std::string got = steady.readLine(5000);
+  EXPECT_EQ(got.rfind("oom ", 0), 0u) << got;
+  EXPECT_GE(std::atoi(got.c_str() + 4), 1400) << got << ": it waited reclaim_wait_ms";
+  EXPECT_TRUE(b.logHas("tenant burster device 0: did not give back its plain bursts within 300 ms")) << b.log();
+  // The reclaim is over: its limit is back, and nothing it holds was taken.
+  EXPECT_TRUE(eventually([&] { return limitOn0(b.tenant("burster")) == 1024 * MiB; }, 2000)) << b.log();
+  EXPECT_TRUE(b.logHas("tenant burster device 0: reclaim over: gave back 0 B, its target never reached")) << b.log();
+  EXPECT_EQ(burster.ask("check"), "intact 3");
+  EXPECT_EQ(deviceUsed(), 1024 * MiB);
+  for (Child* c : {&burster, &steady}) c->send("quit");
+}
+
 // Not a test (ctest runs Elastic.* only): perf/burst_overhead.sh runs it and docs/performance.md
 // reports it. What an allocation and free pair costs a tenant without the shim, under the shim
 // without bursting (the broker's tenant, so the burst checks run), and bursting (every allocation

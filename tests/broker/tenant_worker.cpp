@@ -18,6 +18,11 @@
 //   vmm BYTES            -> cuMemCreate of BYTES (rounded up to the granularity), kept: "ok" | "oom" | "err CODE"
 //   time BYTES N         -> N pairs of cuMemAlloc(BYTES) + cuMemFree: "ns PER_PAIR" (median of
 //                           five rounds of N/5) | "err CODE"
+//   talloc BYTES         -> as alloc, timed: "ok MS" | "oom MS" | "err CODE MS"
+//   cooperate            -> gives back plain bursts when the broker asks (docs/memory-elasticity.md):
+//                           a thread polls cushare_reclaim_fd and frees its newest allocations until
+//                           the tenant holds no more than cushare_reclaim_target says: "cooperating"
+//                           | "err WHAT"
 //   kinds                -> what the driver made of everything it holds (cuPointerGetAttribute
 //                           IS_MANAGED): "managed BYTES plain BYTES"
 //   quit                 -> frees everything and exits 0
@@ -35,6 +40,8 @@
 // At start it prints "ready", or "init-failed CODE" and exits 3 when cuInit or the context fails.
 #include <cuda.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -53,6 +60,8 @@
 #include <cstring>
 #include <iostream>
 #include <random>
+#include <thread>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -103,9 +112,13 @@ CUresult alloc(uint64_t n) {
   return r;
 }
 
+std::vector<size_t> gPatterns;  // indexes into gHeld
+std::mutex gMu;  // the command loop and the cooperating thread (cooperate)
+
 void freeLast() {
   cuMemFree(gHeld.back().first);
   gHeld.pop_back();
+  while (!gPatterns.empty() && gPatterns.back() >= gHeld.size()) gPatterns.pop_back();  // freed with it
 }
 
 void say(const std::string& s) { std::cout << s << std::endl; }
@@ -139,8 +152,6 @@ std::string exportTo(uint64_t n, const std::string& path) {
 
 // The pattern of allocation i's word w.
 uint64_t patternWord(size_t i, size_t w) { return (i + 1) * 0x9E3779B97F4A7C15ull ^ (w * 0xC2B2AE3D27D4EB4Full); }
-std::vector<size_t> gPatterns;  // indexes into gHeld
-
 std::string pattern(uint64_t n) {
   const CUresult a = alloc(n);
   if (a != CUDA_SUCCESS) return a == CUDA_ERROR_OUT_OF_MEMORY ? "oom" : "err " + std::to_string(a);
@@ -212,6 +223,28 @@ std::string timePairs(uint64_t n, uint64_t pairs) {
   return b;
 }
 
+std::string cooperate() {
+  using FdFn = int (*)();
+  using TargetFn = int (*)(int, unsigned long long*, unsigned long long*);
+  auto fdFn = reinterpret_cast<FdFn>(dlsym(RTLD_DEFAULT, "cushare_reclaim_fd"));
+  auto targetFn = reinterpret_cast<TargetFn>(dlsym(RTLD_DEFAULT, "cushare_reclaim_target"));
+  if (!fdFn || !targetFn) return "err no-api";
+  const int fd = fdFn();
+  if (fd < 0) return "err fd";
+  std::thread([fd, targetFn] {
+    for (;;) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, -1) <= 0) continue;
+      uint64_t v;
+      (void)!read(fd, &v, sizeof v);
+      std::lock_guard<std::mutex> g(gMu);
+      unsigned long long target = 0, held = 0;
+      while (targetFn(0, &target, &held) == 1 && held > target && !gHeld.empty()) freeLast();
+    }
+  }).detach();
+  return "cooperating";
+}
+
 std::string kinds() {
   uint64_t managed = 0, plain = 0;
   for (const auto& [p, n] : gHeld) {
@@ -239,7 +272,23 @@ int main() {
     std::istringstream in(line);
     std::string cmd;
     in >> cmd;
-    if (cmd == "alloc") {
+    std::unique_lock<std::mutex> lock(gMu);
+    if (cmd == "talloc") {
+      uint64_t n = 0;
+      in >> n;
+      lock.unlock();  // the allocation may wait for another tenant: the cooperating thread runs on
+      const auto t0 = std::chrono::steady_clock::now();
+      CUdeviceptr p = 0;
+      const CUresult a = cuMemAlloc(&p, n);
+      const long long ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      lock.lock();
+      if (a == CUDA_SUCCESS) gHeld.emplace_back(p, n);
+      say((a == CUDA_SUCCESS ? std::string("ok") : a == CUDA_ERROR_OUT_OF_MEMORY ? std::string("oom") : "err " + std::to_string(a)) +
+          " " + std::to_string(ms));
+    } else if (cmd == "cooperate") {
+      say(cooperate());
+    } else if (cmd == "alloc") {
       uint64_t n = 0;
       in >> n;
       const CUresult a = alloc(n);

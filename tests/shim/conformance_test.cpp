@@ -349,6 +349,8 @@ TEST_F(Table, LibraryExportsExactlyTheTableAndDlsym) {
   const World& w = world();
   std::set<std::string> expected = w.hooked;
   expected.insert({"dlsym", "dlvsym", "dlmopen"});
+  // The tenant-facing reclaim API (common/include/cushare/reclaim.h, docs/memory-elasticity.md).
+  expected.insert({"cushare_reclaim_fd", "cushare_reclaim_target"});
   std::set<std::string> exported;
   for (const auto& s : w.shim.symbols) exported.insert(s.name);
   for (const auto& n : exported)

@@ -937,12 +937,19 @@ TEST(BrokerConfigBurst, InconsistentSettingsAreRefusedWithTheReason) {
   EXPECT_EQ(parseError("tenants:\n  - {name: a, memory: 4GiB, guarantee: 1GiB, burst: off}\n"),
             "b.yaml:2:40: tenants[0].guarantee: a guarantee with burst: off means nothing: the memory limit is already "
             "reserved; remove one of them");
-  EXPECT_NE(parseError("tenants:\n  - {name: a, memory: 4GiB, burst: plain, guarantee: 1GiB}\n")
-                .find("'plain' (ordinary memory reclaimed cooperatively) is not available yet"),
+  EXPECT_EQ(parseError("tenants:\n  - {name: a, memory: 4GiB, burst: plain, guarantee: 1GiB}\n"), "");
+  EXPECT_NE(parseError("tenants:\n  - {name: a, memory: 4GiB, burst: plain}\n").find("burst: plain needs a guarantee"),
             std::string::npos);
   EXPECT_NE(parseError("tenants:\n  - {name: a, memory: 4GiB, burst: sometimes, guarantee: 1GiB}\n")
-                .find("expected off or managed, found 'sometimes'"),
+                .find("expected off, managed or plain, found 'sometimes'"),
             std::string::npos);
+  EXPECT_NE(parseError("elasticity: {reclaim_wait_ms: 70000}\ntenants: []\n").find("elasticity.reclaim_wait_ms"),
+            std::string::npos);
+  EXPECT_NE(parseError("elasticity: {reclaim_deadline: 5}\ntenants: []\n").find("reclaim_deadline_ms"),
+            std::string::npos) << "did you mean";
+  const Config c = parseOk("elasticity: {reclaim_wait_ms: 0, reclaim_deadline_ms: 250}\ntenants: []\n");
+  EXPECT_EQ(c.elasticity.reclaimWaitMs, 0u);
+  EXPECT_EQ(c.elasticity.reclaimDeadlineMs, 250u);
   EXPECT_NE(parseError("profiles:\n  p: {memory: 1GiB, guarantee: 512MiB}\nunknown_tenants: p\n")
                 .find("unknown tenants cannot burst"),
             std::string::npos);

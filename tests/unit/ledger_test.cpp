@@ -211,8 +211,8 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
       {"devices[d].state", {offsetof(LedgerDevice, state), sizeof(LedgerDevice::state)}},
       {"devices[d].reserved0",
        {offsetof(LedgerDevice, reserved0), sizeof(LedgerDevice::reserved0)}},
-      {"devices[d].reserved1",
-       {offsetof(LedgerDevice, reserved1), sizeof(LedgerDevice::reserved1)}},
+      {"devices[d].want_bytes", {offsetof(LedgerDevice, want_bytes), sizeof(LedgerDevice::want_bytes)}},
+      {"devices[d].want_ns", {offsetof(LedgerDevice, want_ns), sizeof(LedgerDevice::want_ns)}},
 #define HOST_FIELD(f) {"host." #f, {offsetof(HostSegmentLayout, f), sizeof(HostSegmentLayout::f)}}
       HOST_FIELD(magic), HOST_FIELD(version), HOST_FIELD(header_size), HOST_FIELD(file_size),
       HOST_FIELD(broker_pid), HOST_FIELD(device_count), HOST_FIELD(config_generation),
@@ -225,12 +225,13 @@ TEST(LedgerAbi, LayoutMatchesTheDocumentation) {
 #undef HOST_DEVICE_FIELD
 #define LIMITS_FIELD(f) {"limits." #f, {offsetof(LimitsHeader, f), sizeof(LimitsHeader::f)}}
       LIMITS_FIELD(magic), LIMITS_FIELD(version), LIMITS_FIELD(header_size), LIMITS_FIELD(file_size),
-      LIMITS_FIELD(ledger_ino), LIMITS_FIELD(tenant), LIMITS_FIELD(reserved), LIMITS_FIELD(entries),
+      LIMITS_FIELD(ledger_ino), LIMITS_FIELD(tenant), LIMITS_FIELD(plain_mask), LIMITS_FIELD(reclaim_wait_ms),
+      LIMITS_FIELD(reserved), LIMITS_FIELD(entries),
 #undef LIMITS_FIELD
 #define LIMITS_ENTRY_FIELD(f) {"limits.entries[e]." #f, {offsetof(LimitsEntry, f), sizeof(LimitsEntry::f)}}
       LIMITS_ENTRY_FIELD(uuid), LIMITS_ENTRY_FIELD(limit), LIMITS_ENTRY_FIELD(state), LIMITS_ENTRY_FIELD(reserved0),
       LIMITS_ENTRY_FIELD(burst_above), LIMITS_ENTRY_FIELD(evictable),
-      LIMITS_ENTRY_FIELD(reserved1),
+      LIMITS_ENTRY_FIELD(reclaim_target), LIMITS_ENTRY_FIELD(reclaim_seq),
 #undef LIMITS_ENTRY_FIELD
   };
   EXPECT_EQ(layout, code) << "docs/ledger-abi.md and ledger_abi.h disagree";
@@ -276,7 +277,7 @@ TEST(LedgerAbi, FileBytesAreWhereTheDocumentationSays) {
   const std::string f = readFile(l->path());
   ASSERT_EQ(f.size(), 84608u);
   EXPECT_EQ(f.substr(0, 8), std::string("CUSHLDG\0", 8));
-  EXPECT_EQ(readAt<uint32_t>(f, 8), 2u);
+  EXPECT_EQ(readAt<uint32_t>(f, 8), 3u);
   EXPECT_EQ(readAt<uint32_t>(f, 12), 1152u);
   EXPECT_EQ(readAt<uint64_t>(f, 16), 84608u);
   EXPECT_EQ(readAt<uint32_t>(f, 24), 16u);
@@ -422,8 +423,8 @@ TEST(Ledger, RefusesEveryCorruptedHeaderNamingTheField) {
          writeAt<uint64_t>(0, 0)(fd);
          ASSERT_EQ(::ftruncate(fd, 4096), 0);
        }},
-      {"version", writeAt<uint32_t>(8, 1)},
-      {"version", writeAt<uint32_t>(8, 3)},
+      {"version", writeAt<uint32_t>(8, 2)},
+      {"version", writeAt<uint32_t>(8, 4)},
       {"version", writeAt<uint32_t>(8, 0)},
       {"header_size", writeAt<uint32_t>(12, 1024)},
       {"file_size", writeAt<uint64_t>(16, 20000)},

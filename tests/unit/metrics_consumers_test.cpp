@@ -50,6 +50,8 @@ BrokerSnapshot everything() {
   td.guarantee = 1 << 28;  // bursting: 256 MiB guaranteed, 64 MiB above it
   td.used = (1 << 28) + (1 << 26);
   td.burst = 1 << 26;
+  td.plain = true;  // bursting into plain memory: the reclaim time is sampled too
+  td.reclaimSeconds = 0.05;
   td.contending = true;
   td.probe.known = td.probe.complete = td.probe.enough = true;
   td.probe.rounds = td.probe.roundsWithWork = 4;

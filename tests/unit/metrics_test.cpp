@@ -251,6 +251,8 @@ cushare_tenant_left_behind_bytes{tenant="beta",device="0",uuid="GPU-5e1a90c0-000
 # TYPE cushare_tenant_memory_limit_overridden gauge
 cushare_tenant_memory_limit_overridden{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 1
 cushare_tenant_memory_limit_overridden{tenant="beta",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
+# HELP cushare_tenant_reclaim_seconds A plain burster's last reclaim: the time from the broker's request to the tenant holding no more than it was asked, seconds (up to a tick, 50 ms, late); 0 before the first, or when it never got there (no sample: it does not burst into plain memory).
+# TYPE cushare_tenant_reclaim_seconds gauge
 # HELP cushare_tenant_gpu_busy_seconds_total GPU time during which the tenant's work executed on the device, as charged and billed: the larger of what its processes metered and what the device counted for them, seconds.
 # TYPE cushare_tenant_gpu_busy_seconds_total counter
 cushare_tenant_gpu_busy_seconds_total{tenant="alpha",device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 1.5
@@ -352,7 +354,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 55u);
+    EXPECT_EQ(helps.size(), 56u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

@@ -117,6 +117,20 @@ class Ledger {
   // As reserve, but a quick question rather than a demand: no reaping, no waiting for intents in
   // flight, and a refusal is not counted in denied(dev). For a caller with a fallback.
   bool tryReserve(int dev, uint64_t bytes, uint64_t limit) noexcept;
+  // A guaranteed allocation waiting for plain bursts to be reclaimed (docs/memory-elasticity.md):
+  // posts (or refreshes) its bytes and the time (CLOCK_MONOTONIC ns), or clears them (0). Any
+  // process of the tenant; the broker reads them (wantBytes, wantNs).
+  void postWant(int dev, uint64_t bytes, uint64_t nowNs) noexcept {
+    if (static_cast<uint32_t>(dev) >= kLedgerMaxDevices) return;
+    hdr_->devices[dev].want_bytes.store(bytes, std::memory_order_release);
+    hdr_->devices[dev].want_ns.store(nowNs, std::memory_order_release);
+  }
+  uint64_t wantBytes(int dev) const noexcept {
+    return static_cast<uint32_t>(dev) < kLedgerMaxDevices ? hdr_->devices[dev].want_bytes.load(std::memory_order_acquire) : 0;
+  }
+  uint64_t wantNs(int dev) const noexcept {
+    return static_cast<uint32_t>(dev) < kLedgerMaxDevices ? hdr_->devices[dev].want_ns.load(std::memory_order_acquire) : 0;
+  }
   // Returns bytes this process reserved on dev (clamped at what it holds).
   void release(int dev, uint64_t bytes) noexcept;
 

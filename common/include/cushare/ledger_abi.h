@@ -21,7 +21,7 @@ namespace cushare {
 
 // "CUSHLDG\0" as a little-endian u64: the file's first eight bytes read "CUSHLDG".
 inline constexpr uint64_t kLedgerMagic = 0x0047444C48535543ull;
-inline constexpr uint32_t kLedgerVersion = 2;  // 2: the compute region
+inline constexpr uint32_t kLedgerVersion = 3;  // 2: the compute region; 3: want_bytes, want_ns
 inline constexpr uint32_t kLedgerMaxDevices = 16;
 inline constexpr uint32_t kLedgerMaxSlots = 128;
 inline constexpr uint32_t kLedgerTenantBytes = 64;  // 63 characters + NUL, zero-padded
@@ -56,7 +56,11 @@ struct LedgerDevice {
   std::atomic<uint64_t> denied;  // reservations refused
   std::atomic<uint32_t> state;   // kLedgerDeviceFree or kLedgerDeviceReady
   uint32_t reserved0;
-  uint64_t reserved1[2];  // pads the entry to one 64-byte cache line
+  // A guaranteed allocation waiting for other tenants' plain bursts to be reclaimed
+  // (docs/memory-elasticity.md): its bytes, and when it asked (CLOCK_MONOTONIC ns; refreshed while
+  // it waits). Written by the tenant's shims, read by the broker; 0: nobody waits.
+  std::atomic<uint64_t> want_bytes;
+  std::atomic<uint64_t> want_ns;
 };
 
 // The file starts with this header; header_size == sizeof(LedgerHeader).
@@ -166,7 +170,8 @@ static_assert(offsetof(LedgerDevice, peak) == 24);
 static_assert(offsetof(LedgerDevice, denied) == 32);
 static_assert(offsetof(LedgerDevice, state) == 40);
 static_assert(offsetof(LedgerDevice, reserved0) == 44);
-static_assert(offsetof(LedgerDevice, reserved1) == 48);
+static_assert(offsetof(LedgerDevice, want_bytes) == 48);
+static_assert(offsetof(LedgerDevice, want_ns) == 56);
 static_assert(sizeof(LedgerDevice) == 64);
 
 static_assert(offsetof(LedgerHeader, magic) == 0);

@@ -47,7 +47,11 @@ struct LimitsEntry {
   // evict for an ordinary allocation, as the broker last estimated it: a shim adds it to the
   // device's free memory in the tenant's view (cuMemGetInfo, NVML). 0: none known.
   std::atomic<uint64_t> evictable;
-  uint64_t reserved1[2];
+  // Reclaim of plain bursts (docs/memory-elasticity.md): the most the tenant should hold on the
+  // device now (kLedgerNoLimit: nothing asked), and a count that moves with every new request
+  // (what a process polling cushare_reclaim_fd's watcher compares).
+  std::atomic<uint64_t> reclaim_target;
+  std::atomic<uint64_t> reclaim_seq;
 };
 
 struct LimitsHeader {
@@ -57,7 +61,12 @@ struct LimitsHeader {
   uint64_t file_size;    // sizeof(LimitsHeader): the file has exactly this size
   uint64_t ledger_ino;   // the ledger file this speaks for (also the file's name)
   char tenant[kLedgerTenantBytes];  // that ledger's tenant, NUL-padded
-  uint64_t reserved[4];
+  // Plain bursts (docs/memory-elasticity.md): bit e set while other tenants hold plain bursts in
+  // entry e's memory group (an ordinary allocation the driver refuses there may wait for them to
+  // be reclaimed), and how long such an allocation waits (ms).
+  std::atomic<uint64_t> plain_mask;
+  std::atomic<uint64_t> reclaim_wait_ms;
+  uint64_t reserved[2];
   LimitsEntry entries[kLedgerMaxDevices];
 };
 
@@ -66,6 +75,9 @@ static_assert(offsetof(LimitsEntry, limit) == 16);
 static_assert(offsetof(LimitsEntry, state) == 24);
 static_assert(offsetof(LimitsEntry, burst_above) == 32);
 static_assert(offsetof(LimitsEntry, evictable) == 40);
+static_assert(offsetof(LimitsEntry, reclaim_target) == 48);
+static_assert(offsetof(LimitsEntry, reclaim_seq) == 56);
+static_assert(offsetof(LimitsHeader, plain_mask) == 96);
 static_assert(sizeof(LimitsEntry) == 64);
 static_assert(offsetof(LimitsHeader, ledger_ino) == 24);
 static_assert(offsetof(LimitsHeader, tenant) == 32);
@@ -111,6 +123,20 @@ class LimitsFile {
   void setLimit(int e, uint64_t limit) noexcept;
   void setBurstAbove(int e, uint64_t bytes) noexcept;
   void setEvictable(int e, uint64_t bytes) noexcept;
+  uint64_t reclaimTarget(int e) const noexcept {
+    return static_cast<uint32_t>(e) < kLedgerMaxDevices ? hdr_->entries[e].reclaim_target.load(std::memory_order_acquire)
+                                                        : kLedgerNoLimit;
+  }
+  uint64_t reclaimSeq(int e) const noexcept {
+    return static_cast<uint32_t>(e) < kLedgerMaxDevices ? hdr_->entries[e].reclaim_seq.load(std::memory_order_acquire) : 0;
+  }
+  bool plainBurstsOn(int e) const noexcept {
+    return static_cast<uint32_t>(e) < kLedgerMaxDevices && ((hdr_->plain_mask.load(std::memory_order_acquire) >> e) & 1u);
+  }
+  uint64_t reclaimWaitMs() const noexcept { return hdr_->reclaim_wait_ms.load(std::memory_order_acquire); }
+  // The broker: a new target for entry e (kLedgerNoLimit: none); the sequence moves when it changes.
+  void setReclaimTarget(int e, uint64_t bytes) noexcept;
+  void setPlainMask(uint64_t mask, uint64_t waitMs) noexcept;
   uint64_t evictable(int e) const noexcept {
     return static_cast<uint32_t>(e) < kLedgerMaxDevices ? hdr_->entries[e].evictable.load(std::memory_order_acquire) : 0;
   }

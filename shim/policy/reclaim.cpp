@@ -1,0 +1,154 @@
+// Plain bursts (docs/memory-elasticity.md), the shim's two sides.
+//
+// A guaranteed allocation: when the driver refuses an ordinary allocation that the tenant's
+// ledger granted (it is within its guarantee) while other tenants hold plain bursts in the
+// device's memory group (the limits file's plain_mask), the shim posts what it waits for in the
+// ledger (want_bytes, want_ns), keeps its reservation, and retries every millisecond for at most
+// the broker's reclaim_wait_ms, refreshing the post every 10 ms; the broker asks the bursters to
+// give back (below).
+//
+// A burster: cushare_reclaim_fd() (include/cushare/reclaim.h) gives the process an eventfd that a
+// watcher thread of the shim makes readable whenever the broker changes a reclaim target of one of
+// the process's devices (it polls the limits file every 5 ms); cushare_reclaim_target() says the
+// target and what the tenant holds there. The process frees what it can (PyTorch:
+// torch.cuda.empty_cache()) and reads the eventfd to rearm it. Nothing is taken from a process:
+// one that does not give back is refused allocations above its guarantee past the deadline.
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "interpose/real.h"
+#include "runtime/log.h"
+#include "runtime/state.h"
+
+namespace cushare::shim {
+namespace {
+
+uint64_t monotonicNs() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+const LimitsFile* boundLimits(const DeviceView& v) noexcept {
+  const ShimState& s = state();
+  if (!s.brokerManaged) return nullptr;
+  const LimitsFile* f = s.limits.load(std::memory_order_acquire);
+  if (f == nullptr || v.limitWord.load(std::memory_order_acquire) != f->limitWord(v.ledgerIndex)) return nullptr;
+  return f;
+}
+
+std::atomic<uint32_t> gWaitsSaid{0};
+
+}  // namespace
+
+bool reclaimWaitBegin(int ordinal, uint64_t bytes, uint64_t* deadlineNs) noexcept {
+  const DeviceView& v = state().devices[ordinal];
+  const LimitsFile* f = boundLimits(v);
+  if (f == nullptr || !f->plainBurstsOn(v.ledgerIndex)) return false;
+  const uint64_t waitMs = f->reclaimWaitMs();
+  if (waitMs == 0) return false;
+  const uint64_t now = monotonicNs();
+  *deadlineNs = now + waitMs * 1000000ull;
+  state().ledger->postWant(v.ledgerIndex, bytes, now);
+  return true;
+}
+
+void reclaimWaitRefresh(int ordinal, uint64_t bytes) noexcept {
+  state().ledger->postWant(state().devices[ordinal].ledgerIndex, bytes, monotonicNs());
+}
+
+void reclaimWaitEnd(int ordinal, uint64_t bytes, bool granted, uint64_t startedNs) noexcept {
+  const ShimState& s = state();
+  s.ledger->postWant(s.devices[ordinal].ledgerIndex, 0, monotonicNs());
+  if (granted && gWaitsSaid.fetch_add(1, std::memory_order_relaxed) < 8)
+    logLine(LogLevel::kInfo,
+            "tenant %s device %d (%s): allocation of %llu bytes within its guarantee granted after %llu ms, once "
+            "other tenants' plain bursts were given back",
+            s.config.tenant.c_str(), ordinal, s.devices[ordinal].uuid, static_cast<unsigned long long>(bytes),
+            static_cast<unsigned long long>((monotonicNs() - startedNs) / 1000000));
+  if (!granted && gWaitsSaid.fetch_add(1, std::memory_order_relaxed) < 8)
+    logLine(LogLevel::kWarn,
+            "tenant %s device %d (%s): allocation of %llu bytes within its guarantee waited %llu ms for other "
+            "tenants' plain bursts to be given back, in vain: out of memory (docs/memory-elasticity.md)",
+            s.config.tenant.c_str(), ordinal, s.devices[ordinal].uuid, static_cast<unsigned long long>(bytes),
+            static_cast<unsigned long long>((monotonicNs() - startedNs) / 1000000));
+}
+
+uint64_t reclaimNowNs() noexcept { return monotonicNs(); }
+
+namespace {
+
+struct Watcher {
+  std::mutex mu;
+  int fd = -1;
+  uint64_t seen[kMaxDevices] = {};
+};
+Watcher& watcher() {
+  static Watcher* w = new Watcher;  // leaked: its thread runs until exit
+  return *w;
+}
+
+void watch() noexcept {
+  Watcher& w = watcher();
+  for (;;) {
+    if (devicesReady() == CUDA_SUCCESS) {
+      const ShimState& s = state();
+      bool moved = false;
+      for (int i = 0; i < s.deviceCount; ++i) {
+        const LimitsFile* f = boundLimits(s.devices[i]);
+        if (f == nullptr) continue;
+        const uint64_t seq = f->reclaimSeq(s.devices[i].ledgerIndex);
+        if (seq != w.seen[i]) {
+          w.seen[i] = seq;
+          moved = true;
+        }
+      }
+      if (moved) {
+        const uint64_t one = 1;
+        (void)!::write(w.fd, &one, sizeof one);
+      }
+    }
+    ::usleep(5000);
+  }
+}
+
+}  // namespace
+}  // namespace cushare::shim
+
+using namespace cushare;
+using namespace cushare::shim;
+
+extern "C" __attribute__((visibility("default"))) int cushare_reclaim_fd(void) {
+  Watcher& w = watcher();
+  std::lock_guard<std::mutex> g(w.mu);
+  if (w.fd >= 0) return w.fd;
+  if (processReady() != CUDA_SUCCESS || !state().brokerManaged) return -1;
+  const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0) return -1;
+  w.fd = fd;
+  // What is asked already counts as seen only once read: a target set before the call wakes it.
+  try {
+    std::thread(watch).detach();
+  } catch (...) {
+    ::close(fd);
+    w.fd = -1;
+    return -1;
+  }
+  return fd;
+}
+
+extern "C" __attribute__((visibility("default"))) int cushare_reclaim_target(int device, unsigned long long* target,
+                                                                            unsigned long long* held) {
+  if (!target || !held || devicesReady() != CUDA_SUCCESS || device < 0 || device >= state().deviceCount) return -1;
+  const DeviceView& v = state().devices[device];
+  const LimitsFile* f = boundLimits(v);
+  const uint64_t t = f ? f->reclaimTarget(v.ledgerIndex) : kLedgerNoLimit;
+  *held = state().ledger->used(v.ledgerIndex);
+  *target = t;
+  return t == kLedgerNoLimit ? 0 : 1;
+}

@@ -125,12 +125,12 @@ bool Broker::limitsFor(const Config& c, const MemorySpec& spec, std::vector<uint
   return resolveMemory(c, spec, devices_, out, err);
 }
 
-uint64_t Broker::expectedLocked(const TenantState& t, size_t device) const {
+uint64_t Broker::expectedLocked(const TenantState& t, size_t device, bool reclaim) const {
   uint64_t v = t.configured[device];
   if (auto it = overrides_.find(t.name); it != overrides_.end())
     if (auto d = it->second.find(devices_[device].uuid); d != it->second.end()) v = d->second;
   // A plain burster past its reclaim deadline: held to its guarantee until the reclaim is over.
-  if (device < t.reclaimClamp.size()) v = std::min(v, t.reclaimClamp[device]);
+  if (reclaim && device < t.reclaimClamp.size()) v = std::min(v, t.reclaimClamp[device]);
   return device < t.ceiling.size() ? std::min(v, t.ceiling[device]) : v;
 }
 
@@ -842,7 +842,7 @@ bool Broker::reload(std::string* err) {
   std::map<std::string, std::vector<uint64_t>> leaving;
   for (const auto& [name, t] : tenants_) {
     if (t->source != "config" || configured.count(name)) continue;
-    for (size_t d = 0; d < devices_.size(); ++d) leaving[name].push_back(expectedLocked(*t, d));
+    for (size_t d = 0; d < devices_.size(); ++d) leaving[name].push_back(expectedLocked(*t, d, /*reclaim=*/false));
   }
   BrokerState next = stateLocked(c, o, effective);
   dropStaleOverrides(c, configured, &next.threads);
@@ -1287,7 +1287,6 @@ int Broker::tick(bool scanDirectory) {
       attributeLocked(onDevice);
       checkOutsideLocked(onDevice, deviceUsed);
       publishEvictableLocked(onDevice, deviceUsed);
-      reclaimLocked();
       checkLeftBehindLocked(onDevice, deviceUsed, deviceUsedHigh);
       if (!busyErr.empty() && busyError_ != busyErr)
         CUSHARE_BLOG(error, "the device's per-process busy time cannot be read, metering is not checked against it: {}",
@@ -1295,6 +1294,10 @@ int Broker::tick(bool scanDirectory) {
       busyError_ = busyErr;
       if (busyRead) checkBusyLocked(deviceBusy);
     }
+    // Reclaim of plain bursts every tick: with the device's figures when they were read (a wait is
+    // believed only while the device is full), without them nobody's (so a reclaim ends and its
+    // targets and clamps are lifted even while NVML cannot be read).
+    reclaimLocked(device ? deviceUsed : std::vector<uint64_t>());
     reaped = tickLocked(scanDirectory, &busy);
     mpsClientsLocked();
     if (device && busy.empty()) checkHiddenLocked(onDevice, before, after);

@@ -161,7 +161,7 @@ class Broker {
     // Reclaim of its plain bursts (elasticity.cpp), per device: what it held when the episode
     // began, the target it was given (kNoLimit: none), when it reached it (0: not yet), the limit
     // clamp past the deadline (kNoLimit: none) and the last episode's time to reach the target.
-    std::vector<uint64_t> reclaimFrom, reclaimTarget, reclaimReachedNs, reclaimClamp;
+    std::vector<uint64_t> reclaimFrom, reclaimTarget, reclaimReachedNs, reclaimClamp, reclaimJoinNs;
     std::vector<double> reclaimSeconds;
     // Per device, where it bursts: the most memory the device cannot evict (NVML's per-process
     // figures, which leave managed memory out) its processes may hold: its guarantee, or what they
@@ -286,7 +286,7 @@ class Broker {
   std::map<std::string, std::vector<uint64_t>> effectiveLimitsLocked(
       const Config& c, const std::map<std::string, std::vector<uint64_t>>& configured,
       const Overrides& o) const;
-  uint64_t expectedLocked(const TenantState& t, size_t device) const;
+  uint64_t expectedLocked(const TenantState& t, size_t device, bool reclaim = true) const;
   // What the tenant's own ledger may hold: expected less its shadows' charge.
   uint64_t ledgerLimitLocked(const TenantState& t, size_t device) const;
   void supersedeLocked(TenantState* t, uid_t foundOwner);
@@ -363,14 +363,14 @@ class Broker {
   void checkOutsideLocked(const std::vector<std::map<int, uint64_t>>& onDevice, const std::vector<uint64_t>& deviceUsed);
   // elasticity.cpp: plain bursts reclaimed for guaranteed allocations that wait (one episode per
   // memory group at a time).
-  void reclaimLocked();
+  void reclaimLocked(const std::vector<uint64_t>& deviceUsed);
   struct ReclaimEpisode {
     bool active = false;
     uint64_t startNs = 0;
     uint64_t need = 0;
     int quiet = 0;  // ticks in a row without a waiting allocation
     uint64_t needGoneNs = 0;  // the first such tick (the waiting allocations were granted, or gave up)
-    bool clamped = false;
+    std::string askers;       // who waits, for the log
   };
   std::vector<ReclaimEpisode> reclaim_;
   // elasticity.cpp: what bursts hold that the device would evict, into every tenant's limits file.

@@ -16,6 +16,7 @@
 // whatever else the device holds for no process). Stale by up to a tick; it can over-state the
 // room for that long after bursts were evicted, never for longer.
 #include <algorithm>
+#include <map>
 
 #include "core/broker.h"
 #include "core/bus_guard.h"
@@ -102,56 +103,85 @@ void Broker::publishEvictableLocked(const std::vector<std::map<int, uint64_t>>& 
 //
 // A tenant within its guarantee whose ordinary allocation the driver refuses while other tenants
 // hold plain bursts in the memory group posts what it waits for in its ledger (want_bytes,
-// want_ns: refreshed while it waits, at most elasticity.reclaim_wait_ms) and retries. Each tick:
-// - the need of a group is what its tenants wait for, each believed only while fresh, only up to
-//   its guarantee (its limit if it does not burst), and only while it holds no more than that (a
-//   tenant cannot ask others to make room for its own bursts);
-// - while there is a need, the plain bursters of the group get a target (its limits file's
-//   reclaim_target, reclaim_seq moving): what they held when the episode began less their share of
-//   the need, in proportion to their bursts, never below their guarantees; their shims wake
-//   whoever polls cushare_reclaim_fd;
-// - past elasticity.reclaim_deadline_ms, a burster still above its target is held to its guarantee
+// want_ns: refreshed every 10 ms while it waits, at most elasticity.reclaim_wait_ms) and retries.
+// Each tick:
+// - a wait is believed only while fresh (three ticks), only from a tenant with a guarantee (its
+//   limit if it does not burst; none without a limit) that holds no more than it, up to the least
+//   of what it asks, its guarantee and what it holds (its waiting reservation is in what it holds),
+//   and only while the device's own count (NVML) shows the memory group with less free than it
+//   asks: a tenant cannot make others give back for its own bursts, nor while there is room;
+// - while there is a need, each plain burster of the group (tenant and device) gets a target in its
+//   limits file (reclaim_target, reclaim_seq moving): what it held when it joined the reclaim less
+//   its share of the need, in proportion to the bursts, never below its guarantee, and never raised
+//   within a reclaim; its shims wake whoever polls cushare_reclaim_fd;
+// - reclaim_deadline_ms after it joined, a burster still above its target is held to its guarantee
 //   (its published limit: its allocations above it are refused; nothing it holds is taken);
-// - two ticks without a need end the episode: targets and clamps are lifted, what each burster
-//   gave back is counted (cushare_tenant_reclaimed_bytes_total) and logged with the time it took to
-//   reach its target.
-void Broker::reclaimLocked() {
+// - two ticks without a need end the reclaim: targets and clamps are lifted, what each burster gave
+//   back above its guarantee is counted (cushare_tenant_reclaimed_bytes_total) and logged with the
+//   time it took to reach its target (cushare_tenant_reclaim_seconds; 0 if it never did).
+void Broker::reclaimLocked(const std::vector<uint64_t>& deviceUsed) {
   const size_t n = devices_.size();
   reclaim_.resize(n);
   timespec ts{};
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   const uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-  const uint64_t fresh = (static_cast<uint64_t>(config_.elasticity.reclaimWaitMs) + 200) * 1000000ull;
+  constexpr uint64_t kFreshNs = 150000000ull;  // three ticks; waiters refresh every 10 ms
+  const uint64_t deadlineNs = static_cast<uint64_t>(config_.elasticity.reclaimDeadlineMs) * 1000000ull;
+  auto groupOf = [&](size_t d) { return std::min(devices_[d].group(d), n - 1); };
+  // The device's own free memory per group (NVML); unknown: nobody's wait is believed.
+  std::vector<uint64_t> groupFree(n, 0);
+  std::vector<uint8_t> groupRead(n, 0);
+  for (size_t d = 0; d < n && deviceUsed.size() == n; ++d) {
+    if (unreadLocked(d)) continue;
+    const size_t grp = groupOf(d);
+    groupFree[grp] = devices_[d].totalBytes > deviceUsed[d] ? devices_[d].totalBytes - deviceUsed[d] : 0;
+    groupRead[grp] = 1;
+  }
+  struct Burster {
+    TenantState* t;
+    size_t d;
+    uint64_t used;
+  };
   std::vector<uint64_t> need(n, 0), plainBursts(n, 0);
-  std::vector<std::vector<TenantState*>> bursters(n);
+  std::vector<std::string> askers(n);
+  std::vector<std::vector<Burster>> bursters(n);
+  std::map<TenantState*, std::vector<uint64_t>> usedOf;  // per tenant, per device (0 where none)
   for (auto& [name, t] : tenants_) {
     t->reclaimFrom.resize(n, 0);
     t->reclaimTarget.resize(n, kNoLimit);
     t->reclaimReachedNs.resize(n, 0);
     t->reclaimClamp.resize(n, kNoLimit);
     t->reclaimSeconds.resize(n, 0);
+    t->reclaimJoinNs.resize(n, 0);
     if (!t->ledger || t->entry.size() != n) continue;
+    std::vector<uint64_t>& used = usedOf[t.get()];
+    used.assign(n, 0);
     for (size_t d = 0; d < n; ++d) {
       const int e = t->entry[d];
       if (e < 0) continue;
-      const size_t grp = std::min(devices_[d].group(d), n - 1);
-      uint64_t used = 0, want = 0, wantNs = 0;
+      const size_t grp = groupOf(d);
+      uint64_t want = 0, wantNs = 0;
       if (!guarded([&] {
-            used = t->ledger->used(e);
+            used[d] = t->ledger->used(e);
             want = t->ledger->wantBytes(e);
             wantNs = t->ledger->wantNs(e);
           }))
         continue;
-      const uint64_t g = d < t->guaranteeOf.size() && t->guaranteeOf[d] != kNoLimit ? t->guaranteeOf[d] : expectedLocked(*t, d);
-      if (want != 0 && wantNs <= now && now - wantNs <= fresh && used <= g) need[grp] = addSaturated(need[grp], std::min(want, g));
-      if (t->config.burst == BurstMode::kPlain && t->guaranteeOf.size() == n && t->guaranteeOf[d] != kNoLimit) {
-        const uint64_t burst = used > t->guaranteeOf[d] ? used - t->guaranteeOf[d] : 0;
-        plainBursts[grp] = addSaturated(plainBursts[grp], burst);
-        bursters[grp].push_back(t.get());
+      const bool bursts = d < t->guaranteeOf.size() && t->guaranteeOf[d] != kNoLimit;
+      const uint64_t g = bursts ? t->guaranteeOf[d] : expectedLocked(*t, d);
+      if (want != 0 && g != kNoLimit && wantNs <= now && now - wantNs <= kFreshNs && used[d] <= g &&
+          groupRead[grp] && groupFree[grp] < want) {
+        need[grp] = addSaturated(need[grp], std::min({want, g, used[d]}));
+        askers[grp] += (askers[grp].empty() ? "" : ", ") + name;
+      }
+      if (bursts && t->config.burst == BurstMode::kPlain) {
+        plainBursts[grp] = addSaturated(plainBursts[grp], used[d] > g ? used[d] - g : 0);
+        bursters[grp].push_back({t.get(), d, used[d]});
       }
     }
   }
-  // Every tenant is told where others' plain bursts may be waited for, and for how long.
+  // Every tenant within its guarantee is told where others' plain bursts may be waited for (a
+  // tenant above its guarantee is never believed: it would only wait in vain), and how long.
   for (auto& [name, t] : tenants_) {
     if (!t->ledger || t->entry.size() != n) continue;
     LimitsFile* limits = t->ledger->limitsFile();
@@ -160,68 +190,70 @@ void Broker::reclaimLocked() {
     for (size_t d = 0; d < n; ++d) {
       const int e = t->entry[d];
       if (e < 0) continue;
-      const size_t grp = std::min(devices_[d].group(d), n - 1);
-      for (TenantState* b : bursters[grp])
-        if (b != t.get()) mask |= uint64_t{1} << e;
+      const size_t grp = groupOf(d);
+      const bool bursts = d < t->guaranteeOf.size() && t->guaranteeOf[d] != kNoLimit;
+      const uint64_t g = bursts ? t->guaranteeOf[d] : expectedLocked(*t, d);
+      const uint64_t mine = usedOf.count(t.get()) ? usedOf[t.get()][d] : 0;
+      uint64_t others = plainBursts[grp];
+      if (bursts && t->config.burst == BurstMode::kPlain) others -= std::min(others, mine > g ? mine - g : 0);
+      if (others > 0 && g != kNoLimit && mine <= g) mask |= uint64_t{1} << e;
     }
     limits->setPlainMask(mask, config_.elasticity.reclaimWaitMs);
   }
   for (size_t grp = 0; grp < n; ++grp) {
     ReclaimEpisode& ep = reclaim_[grp];
-    // A burster's entries on the group's devices (one per tenant: a tenant has one device of a group).
-    auto deviceOf = [&](TenantState* b) -> size_t {
-      for (size_t d = 0; d < n; ++d)
-        if (std::min(devices_[d].group(d), n - 1) == grp && d < b->entry.size() && b->entry[d] >= 0) return d;
-      return n;
-    };
     if (need[grp] > 0 && plainBursts[grp] > 0) {
       ep.quiet = 0;
+      ep.needGoneNs = 0;
       if (!ep.active) {
         ep = ReclaimEpisode{};
         ep.active = true;
         ep.startNs = now;
-        for (TenantState* b : bursters[grp])
-          if (const size_t d = deviceOf(b); d < n) {
-            guarded([&] { b->reclaimFrom[d] = b->ledger->used(b->entry[d]); });
-            b->reclaimReachedNs[d] = 0;
-          }
       }
-      ep.need = std::max(ep.need, need[grp]);
-      uint64_t from = 0;  // the bursts when the episode began
-      for (TenantState* b : bursters[grp])
-        if (const size_t d = deviceOf(b); d < n && b->reclaimFrom[d] > b->guaranteeOf[d])
-          from = addSaturated(from, b->reclaimFrom[d] - b->guaranteeOf[d]);
-      for (TenantState* b : bursters[grp]) {
-        const size_t d = deviceOf(b);
-        if (d >= n) continue;
-        const uint64_t g = b->guaranteeOf[d];
-        const uint64_t mine = b->reclaimFrom[d] > g ? b->reclaimFrom[d] - g : 0;
-        // Its share of the need, rounded up (the shares cover it), never below its guarantee.
+      ep.need = need[grp];
+      ep.askers = askers[grp];
+      for (Burster& b : bursters[grp])
+        if (b.t->reclaimJoinNs[b.d] == 0) {  // joins now: what it holds is where it starts from
+          b.t->reclaimJoinNs[b.d] = now;
+          b.t->reclaimFrom[b.d] = b.used;
+          b.t->reclaimReachedNs[b.d] = 0;
+        }
+      uint64_t from = 0;  // the bursts when each joined
+      for (const Burster& b : bursters[grp]) {
+        const uint64_t g = b.t->guaranteeOf[b.d];
+        if (b.t->reclaimFrom[b.d] > g) from = addSaturated(from, b.t->reclaimFrom[b.d] - g);
+      }
+      for (const Burster& b : bursters[grp]) {
+        TenantState* t = b.t;
+        const size_t d = b.d;
+        const uint64_t g = t->guaranteeOf[d];
+        const uint64_t mine = t->reclaimFrom[d] > g ? t->reclaimFrom[d] - g : 0;
+        // Its share of the need, rounded up (the shares cover it), never below its guarantee, and
+        // never raised within a reclaim (a burster is not sent up and down).
         const uint64_t share =
             from == 0 ? 0 : static_cast<uint64_t>((static_cast<unsigned __int128>(ep.need) * mine + from - 1) / from);
-        const uint64_t target = std::max(g, b->reclaimFrom[d] > share ? b->reclaimFrom[d] - share : 0);
-        if (target != b->reclaimTarget[d]) {
-          b->reclaimTarget[d] = target;
-          if (LimitsFile* f = b->ledger->limitsFile()) f->setReclaimTarget(b->entry[d], target);
+        const uint64_t target =
+            std::min(t->reclaimTarget[d], std::max(g, t->reclaimFrom[d] > share ? t->reclaimFrom[d] - share : 0));
+        if (target != t->reclaimTarget[d]) {
+          t->reclaimTarget[d] = target;
+          t->reclaimReachedNs[d] = 0;
+          if (LimitsFile* f = t->ledger->limitsFile()) f->setReclaimTarget(t->entry[d], target);
           CUSHARE_BLOG(info,
-                       "tenant {} device {}: asked to give back plain bursts down to {} (it holds {}): a guaranteed "
-                       "allocation of another tenant waits for {}",
-                       b->name, devices_[d].name(), formatSize(target), formatSize(b->reclaimFrom[d]),
+                       "tenant {} device {}: asked to give back plain bursts down to {} (it holds {}): guaranteed "
+                       "allocations of {} wait for {}",
+                       t->name, devices_[d].name(), formatSize(target), formatSize(b.used), ep.askers,
                        formatSize(ep.need));
         }
-        uint64_t used = 0;
-        guarded([&] { used = b->ledger->used(b->entry[d]); });
-        if (used <= target && b->reclaimReachedNs[d] == 0) b->reclaimReachedNs[d] = now;
-        if (used > target && b->reclaimClamp[d] == kNoLimit &&
-            now - ep.startNs >= static_cast<uint64_t>(config_.elasticity.reclaimDeadlineMs) * 1000000ull) {
-          b->reclaimClamp[d] = g;
+        if (b.used <= target && t->reclaimReachedNs[d] == 0) t->reclaimReachedNs[d] = now;
+        if (b.used > target && t->reclaimClamp[d] == kNoLimit && now - t->reclaimJoinNs[d] >= deadlineNs) {
+          t->reclaimClamp[d] = g;
           CUSHARE_BLOG(warn,
                        "tenant {} device {}: did not give back its plain bursts within {} ms ({} held, asked for {}): "
                        "its allocations above its guarantee ({}) are refused until the reclaim is over; nothing it "
                        "holds is taken",
-                       b->name, devices_[d].name(), config_.elasticity.reclaimDeadlineMs, formatSize(used),
+                       t->name, devices_[d].name(), config_.elasticity.reclaimDeadlineMs, formatSize(b.used),
                        formatSize(target), formatSize(g));
-          applyLimitsLocked(b, /*watchdog=*/false);
+          applyLimitsLocked(t, /*watchdog=*/false);
         }
       }
       continue;
@@ -231,24 +263,29 @@ void Broker::reclaimLocked() {
     // Over: lift targets and clamps, count and say what was given back.
     for (auto& [name, t] : tenants_) {
       for (size_t d = 0; d < n; ++d) {
-        if (std::min(devices_[d].group(d), n - 1) != grp || d >= t->reclaimTarget.size() ||
-            t->reclaimTarget[d] == kNoLimit)
-          continue;
-        uint64_t used = 0;
-        if (t->ledger && d < t->entry.size() && t->entry[d] >= 0) guarded([&] { used = t->ledger->used(t->entry[d]); });
-        const uint64_t gave = t->reclaimFrom[d] > used ? t->reclaimFrom[d] - used : 0;
+        if (groupOf(d) != grp || d >= t->reclaimJoinNs.size() || t->reclaimJoinNs[d] == 0) continue;
+        const uint64_t used = usedOf.count(t.get()) ? usedOf[t.get()][d] : 0;
+        const uint64_t g = d < t->guaranteeOf.size() && t->guaranteeOf[d] != kNoLimit ? t->guaranteeOf[d] : 0;
+        // What it gave back of its bursts (frees below its guarantee are its own business).
+        const uint64_t floor = std::max(used, g);
+        const uint64_t gave = t->reclaimFrom[d] > floor ? t->reclaimFrom[d] - floor : 0;
         if (d < t->reclaimed.size()) t->reclaimed[d] = addSaturated(t->reclaimed[d], gave);
         // Reached at the tick that saw it, or (given back between two ticks, the waiting allocation
         // granted at once) by the tick that found nobody waiting any more.
-        if (t->reclaimReachedNs[d] == 0 && used <= t->reclaimTarget[d]) t->reclaimReachedNs[d] = ep.needGoneNs;
+        if (t->reclaimReachedNs[d] == 0 && t->reclaimTarget[d] != kNoLimit && used <= t->reclaimTarget[d])
+          t->reclaimReachedNs[d] = ep.needGoneNs;
         const bool reached = t->reclaimReachedNs[d] != 0;
-        if (reached) t->reclaimSeconds[d] = static_cast<double>(t->reclaimReachedNs[d] - ep.startNs) / 1e9;
+        t->reclaimSeconds[d] =
+            reached ? static_cast<double>(t->reclaimReachedNs[d] - std::min(t->reclaimReachedNs[d], t->reclaimJoinNs[d])) / 1e9
+                    : 0;
         CUSHARE_BLOG(info, "tenant {} device {}: reclaim over: gave back {}{}", t->name, devices_[d].name(),
                      formatSize(gave),
-                     reached ? fmt::format(", its target reached within {} ms",
-                                           (t->reclaimReachedNs[d] - ep.startNs) / 1000000)
+                     reached ? fmt::format(", its target reached within {} ms", static_cast<uint64_t>(t->reclaimSeconds[d] * 1000))
                              : std::string(", its target never reached"));
         t->reclaimTarget[d] = kNoLimit;
+        t->reclaimJoinNs[d] = 0;
+        t->reclaimFrom[d] = 0;
+        t->reclaimReachedNs[d] = 0;
         if (t->ledger && d < t->entry.size() && t->entry[d] >= 0)
           if (LimitsFile* f = t->ledger->limitsFile()) f->setReclaimTarget(t->entry[d], kNoLimit);
         if (t->reclaimClamp[d] != kNoLimit) {

@@ -68,6 +68,9 @@ std::unique_ptr<LimitsFile> LimitsFile::openForBroker(const std::string& ledgerD
       auto* h = static_cast<LimitsHeader*>(m);
       if (check(*h, sizeof(LimitsHeader), ledgerIno, tenant).empty()) {
         f->hdr_ = h;
+        // A reclaim the previous broker asked for is over with it: no target outlives the broker
+        // that set it (nor a word an earlier build left at 0).
+        for (int e = 0; e < static_cast<int>(kLedgerMaxDevices); ++e) f->setReclaimTarget(e, kLedgerNoLimit);
         return f;
       }
       ::munmap(m, sizeof(LimitsHeader));

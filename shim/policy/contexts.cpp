@@ -13,15 +13,16 @@ namespace cushare::shim {
 void settleFreedAllocations() noexcept;
 void settleAllPools() noexcept;
 void pacerForgetContexts() noexcept;  // pacer.cpp
-void burstForgetContexts() noexcept;  // memory.cpp
+void burstForgetContexts(CUcontext ctx, int ordinal) noexcept;  // memory.cpp
 
 namespace {
 
-// gone: the context was destroyed (its streams with it), so the burst prefetch streams are
-// forgotten (memory.cpp); after the driver's call, so that none is made again in the dying context.
-CUresult afterTeardown(CUresult r, bool gone = false) noexcept {
+// gone: the context was destroyed (its streams with it: ctx, or the primary context of dev), so its
+// burst prefetch stream is forgotten (memory.cpp); after the driver's call, so that none is made
+// again in the dying context.
+CUresult afterTeardown(CUresult r, bool gone = false, CUcontext ctx = nullptr, CUdevice dev = -1) noexcept {
   if (r != CUDA_SUCCESS) return r;
-  if (gone) burstForgetContexts();
+  if (gone) burstForgetContexts(ctx, dev);
   settleFreedAllocations();
   settleAllPools();
   return r;
@@ -35,7 +36,7 @@ CUresult afterRelease(CUresult r, CUdevice dev) noexcept {
   RealDriver& d = realDriver();
   if (d.p_cuDevicePrimaryCtxGetState &&
       d.p_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
-    pacerForgetContexts(), burstForgetContexts();  // the context is gone: its streams too
+    pacerForgetContexts(), burstForgetContexts(nullptr, dev);  // the context is gone: its streams too
   return afterTeardown(r);
 }
 
@@ -43,11 +44,11 @@ CUresult afterRelease(CUresult r, CUdevice dev) noexcept {
 
 CUresult hook_cuCtxDestroy(CUcontext ctx) noexcept {
   pacerForgetContexts();
-  return afterTeardown(realDriver().p_cuCtxDestroy(ctx), /*gone=*/true);
+  return afterTeardown(realDriver().p_cuCtxDestroy(ctx), /*gone=*/true, ctx);
 }
 CUresult hook_cuCtxDestroy_v2(CUcontext ctx) noexcept {
   pacerForgetContexts();
-  return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx), /*gone=*/true);
+  return afterTeardown(realDriver().p_cuCtxDestroy_v2(ctx), /*gone=*/true, ctx);
 }
 // The probe thread is kept off the context across the program's call, and lets go of its own
 // reference (ProbeContextGuard, probe_thread.h): a reset finds no probe using the context, and the
@@ -56,13 +57,13 @@ CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept {
   ProbeContextGuard probes(dev);
   probes.letGoBeforeReset();
   pacerForgetContexts();
-  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset(dev), /*gone=*/true);
+  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset(dev), /*gone=*/true, nullptr, dev);
 }
 CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
   ProbeContextGuard probes(dev);
   probes.letGoBeforeReset();
   pacerForgetContexts();
-  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset_v2(dev), /*gone=*/true);
+  return afterTeardown(realDriver().p_cuDevicePrimaryCtxReset_v2(dev), /*gone=*/true, nullptr, dev);
 }
 CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept {
   ProbeContextGuard probes(dev);

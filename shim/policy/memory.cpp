@@ -268,12 +268,13 @@ struct BurstStreams {
   std::mutex mu;
   CUcontext ctx[8] = {};
   CUstream stream[8] = {};
+  int ordinal[8] = {};
 };
 BurstStreams& burstStreams() {
   static BurstStreams* b = new BurstStreams;  // leaked: used until exit
   return *b;
 }
-CUstream burstStream() noexcept {
+CUstream burstStream(int ordinal) noexcept {
   RealDriver& drv = realDriver();
   CUcontext ctx = nullptr;
   if (!drv.p_cuCtxGetCurrent || drv.p_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr || !drv.p_cuStreamCreate)
@@ -290,6 +291,7 @@ CUstream burstStream() noexcept {
   if (drv.p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
   b.ctx[free] = ctx;
   b.stream[free] = s;
+  b.ordinal[free] = ordinal;
   return s;
 }
 CUresult burstingAlloc(int ordinal, uint64_t guarantee, CUdeviceptr* dptr, size_t bytes, uint64_t charge) noexcept {
@@ -298,7 +300,8 @@ CUresult burstingAlloc(int ordinal, uint64_t guarantee, CUdeviceptr* dptr, size_
   const uint64_t limit = effectiveLimit(ordinal);
   const Charge c{idx, ChargeKind::kPointer, charge};
   if (s.ledger->tryReserve(idx, charge, guarantee < limit ? guarantee : limit)) {  // within its guarantee
-    const CUresult r = realDriver().p_cuMemAlloc_v2(dptr, bytes);
+    // Guaranteed memory: it may wait for other tenants' plain bursts like any.
+    const CUresult r = allocOrWaitForReclaim(ordinal, charge, [&] { return realDriver().p_cuMemAlloc_v2(dptr, bytes); });
     if (r != CUDA_SUCCESS) {
       release(c);
       return r;
@@ -336,7 +339,7 @@ CUresult burstingAlloc(int ordinal, uint64_t guarantee, CUdeviceptr* dptr, size_
   // On a stream of the shim's own, non-blocking: the legacy stream would join (and break) a
   // capture in progress on a blocking stream of another thread.
   if (realDriver().p_cuMemPrefetchAsync_v2)
-    if (CUstream side = burstStream(); side != nullptr) {
+    if (CUstream side = burstStream(ordinal); side != nullptr) {
       const CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, ordinal};
       realDriver().p_cuMemPrefetchAsync_v2(*dptr, bytes, loc, 0, side);
     }
@@ -346,10 +349,16 @@ CUresult burstingAlloc(int ordinal, uint64_t guarantee, CUdeviceptr* dptr, size_
 
 }  // namespace
 
-void burstForgetContexts() noexcept {
+// A context destroyed (ctx), or a device's primary context reset or released for the last time
+// (ctx null, ordinal): its prefetch stream went with it. (A context of the device created apart
+// from the primary one loses its entry too: it makes a new stream, the old one stays until the
+// context goes.)
+void burstForgetContexts(CUcontext ctx, int ordinal) noexcept {
   BurstStreams& b = burstStreams();
   std::lock_guard<std::mutex> g(b.mu);
-  for (int i = 0; i < 8; ++i) b.ctx[i] = nullptr, b.stream[i] = nullptr;
+  for (int i = 0; i < 8; ++i)
+    if (b.ctx[i] != nullptr && (ctx != nullptr ? b.ctx[i] == ctx : b.ordinal[i] == ordinal))
+      b.ctx[i] = nullptr, b.stream[i] = nullptr;
 }
 
 CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) noexcept {

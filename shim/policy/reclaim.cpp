@@ -13,12 +13,15 @@
 // target and what the tenant holds there. The process frees what it can (PyTorch:
 // torch.cuda.empty_cache()) and reads the eventfd to rearm it. Nothing is taken from a process:
 // one that does not give back is refused allocations above its guarantee past the deadline.
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "interpose/real.h"
@@ -83,6 +86,9 @@ uint64_t reclaimNowNs() noexcept { return monotonicNs(); }
 
 namespace {
 
+// The eventfd the watcher writes is the shim's own; each cushare_reclaim_fd call hands out a
+// duplicate, so a program closing its descriptor (a garbage-collected wrapper) never makes the
+// watcher write into whatever reuses the number. A forked child has no watcher: it starts afresh.
 struct Watcher {
   std::mutex mu;
   int fd = -1;
@@ -126,20 +132,28 @@ using namespace cushare::shim;
 extern "C" __attribute__((visibility("default"))) int cushare_reclaim_fd(void) {
   Watcher& w = watcher();
   std::lock_guard<std::mutex> g(w.mu);
-  if (w.fd >= 0) return w.fd;
-  if (processReady() != CUDA_SUCCESS || !state().brokerManaged) return -1;
-  const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (fd < 0) return -1;
-  w.fd = fd;
-  // What is asked already counts as seen only once read: a target set before the call wakes it.
-  try {
-    std::thread(watch).detach();
-  } catch (...) {
-    ::close(fd);
-    w.fd = -1;
-    return -1;
+  if (w.fd < 0) {
+    if (processReady() != CUDA_SUCCESS || !state().brokerManaged) return -1;
+    const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) return -1;
+    static const int once = pthread_atfork(nullptr, nullptr, [] {
+      Watcher& c = watcher();
+      new (&c.mu) std::mutex;  // the parent's may have been held by another thread at the fork
+      if (c.fd >= 0) ::close(c.fd);
+      c.fd = -1;  // no watcher thread in the child: the next call starts one
+    });
+    (void)once;
+    w.fd = fd;
+    // A target set before the call wakes it: what is asked counts as seen only once read.
+    try {
+      std::thread(watch).detach();
+    } catch (...) {
+      ::close(fd);
+      w.fd = -1;
+      return -1;
+    }
   }
-  return fd;
+  return ::fcntl(w.fd, F_DUPFD_CLOEXEC, 0);
 }
 
 extern "C" __attribute__((visibility("default"))) int cushare_reclaim_target(int device, unsigned long long* target,

@@ -289,6 +289,27 @@ TEST(Elastic, APlainBursterThatDoesNotGiveBackIsRefusedPastTheDeadlineAndLosesNo
   for (Child* c : {&burster, &steady}) c->send("quit");
 }
 
+// A tenant that writes waits into its own ledger makes nobody give back: not for memory it does
+// not hold, not while the device has room (attack review of plain bursting, 2026-12-07: forged
+// waits were believed up to the tenant's guarantee and kept bursters clamped).
+TEST(Elastic, ForgedWaitsMakeNobodyGiveBack) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
+  TwoUids u(testDir());
+  ASSERT_NO_FATAL_FAILURE(u.start("elasticity: {reclaim_wait_ms: 1000, reclaim_deadline_ms: 100}\n"
+                                  "tenants:\n"
+                                  "  - {name: burster, uid: 1000, memory: 768MiB, guarantee: 256MiB, burst: plain}\n"
+                                  "  - {name: steady, uid: 1001, memory: 768MiB}\n"));
+  ASSERT_EQ(u.burster.ask("alloc " + mib(512)), "ok");  // 256 MiB of plain bursts
+  EXPECT_EQ(u.steady.ask("forgewant " + mib(512) + " 400"), "forged") << "holding nothing";
+  ASSERT_EQ(u.steady.ask("alloc " + mib(256)), "ok");
+  EXPECT_EQ(u.steady.ask("forgewant " + mib(256) + " 400"), "forged") << "holding 256 MiB, with 256 MiB free";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(u.b.logHas("asked to give back", 100)) << u.b.log();
+  EXPECT_EQ(limitOn0(u.b.tenant("burster")), 768 * MiB) << "never clamped";
+  EXPECT_EQ(u.burster.ask("alloc " + mib(64)), "ok") << "it may still burst";
+  for (Child* c : {&u.burster, &u.steady}) c->send("quit");
+}
+
 // Not a test (ctest runs Elastic.* only): perf/burst_overhead.sh runs it and docs/performance.md
 // reports it. What an allocation and free pair costs a tenant without the shim, under the shim
 // without bursting (the broker's tenant, so the burst checks run), and bursting (every allocation

@@ -19,6 +19,8 @@
 //   time BYTES N         -> N pairs of cuMemAlloc(BYTES) + cuMemFree: "ns PER_PAIR" (median of
 //                           five rounds of N/5) | "err CODE"
 //   talloc BYTES         -> as alloc, timed: "ok MS" | "oom MS" | "err CODE MS"
+//   forgewant BYTES MS   -> writes a wait of BYTES into its ledger's device entry 0 behind the shim's
+//                           back (want_bytes, want_ns = now), every 20 ms for MS ms: "forged" | "failed"
 //   cooperate            -> gives back plain bursts when the broker asks (docs/memory-elasticity.md):
 //                           a thread polls cushare_reclaim_fd and frees its newest allocations until
 //                           the tenant holds no more than cushare_reclaim_target says: "cooperating"
@@ -47,6 +49,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 
@@ -223,6 +226,24 @@ std::string timePairs(uint64_t n, uint64_t pairs) {
   return b;
 }
 
+std::string forgeWant(uint64_t bytes, uint64_t ms) {
+  const int fd = ::open(ledgerPath().c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return "failed";
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  bool ok = true;
+  while (ok && std::chrono::steady_clock::now() < end) {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+    const size_t entry = offsetof(cushare::LedgerHeader, devices);
+    ok = ::pwrite(fd, &bytes, 8, entry + offsetof(cushare::LedgerDevice, want_bytes)) == 8 &&
+         ::pwrite(fd, &now, 8, entry + offsetof(cushare::LedgerDevice, want_ns)) == 8;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::close(fd);
+  return ok ? "forged" : "failed";
+}
+
 std::string cooperate() {
   using FdFn = int (*)();
   using TargetFn = int (*)(int, unsigned long long*, unsigned long long*);
@@ -286,6 +307,10 @@ int main() {
       if (a == CUDA_SUCCESS) gHeld.emplace_back(p, n);
       say((a == CUDA_SUCCESS ? std::string("ok") : a == CUDA_ERROR_OUT_OF_MEMORY ? std::string("oom") : "err " + std::to_string(a)) +
           " " + std::to_string(ms));
+    } else if (cmd == "forgewant") {
+      uint64_t n = 0, ms = 0;
+      in >> n >> ms;
+      say(forgeWant(n, ms));
     } else if (cmd == "cooperate") {
       say(cooperate());
     } else if (cmd == "alloc") {

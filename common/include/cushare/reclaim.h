@@ -6,7 +6,8 @@
  *   int fd = cushare_reclaim_fd();
  *     An eventfd (close-on-exec, non-blocking) that becomes readable whenever the broker changes
  *     what it asks this tenant to hold on one of the process's devices. Read 8 bytes to rearm it.
- *     The same descriptor every call; -1 when the process runs without a broker.
+ *     Each call returns a new descriptor of the same eventfd (close it when done; call once);
+ *     -1 when the process runs without a broker.
  *
  *   int r = cushare_reclaim_target(device, &target, &held);
  *     For CUDA device ordinal `device` of this process: 1 and the most the tenant should hold

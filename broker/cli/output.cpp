@@ -319,10 +319,17 @@ void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants
       if (!d.has_guarantee_bytes()) continue;
       if (!bursting) std::printf("\nBursting (above the guarantee, up to the limit: managed memory the device may evict to host memory):\n");
       bursting = true;
-      std::printf("  %s on %s: guarantee %s, %s above it%s\n", tn.name().c_str(),
-                  deviceCell(d.device_name(), d.device()).c_str(), formatSize(d.guarantee_bytes()).c_str(),
-                  formatSize(d.burst_bytes()).c_str(),
-                  d.burst_host_bytes() ? (" (about " + formatSize(d.burst_host_bytes()) + " of it on host memory)").c_str() : "");
+      std::string more;
+      if (d.burst_host_bytes()) more += " (about " + formatSize(d.burst_host_bytes()) + " of it on host memory)";
+      if (d.reclaimed_bytes()) more += ", " + formatSize(d.reclaimed_bytes()) + " taken back so far";
+      if (d.plain() && d.reclaim_seconds() > 0) {
+        char b[64];
+        std::snprintf(b, sizeof b, ", the last reclaim reached its target in %.0f ms", d.reclaim_seconds() * 1000);
+        more += b;
+      }
+      std::printf("  %s on %s: %s, guarantee %s, %s above it%s\n", tn.name().c_str(),
+                  deviceCell(d.device_name(), d.device()).c_str(), d.plain() ? "plain" : "managed",
+                  formatSize(d.guarantee_bytes()).c_str(), formatSize(d.burst_bytes()).c_str(), more.c_str());
     }
   if (overridden) std::printf("\n* set live (cushare set-limit); undo with --reset\n");
   if (above)

@@ -238,7 +238,10 @@ TEST(Elastic, APlainBurstIsGivenBackForAGuaranteedAllocation) {
   const rpc::Tenant bt = b.tenant("burster");
   EXPECT_EQ(bt.devices(0).guarantee_bytes(), 256 * MiB);
   EXPECT_EQ(bt.devices(0).burst_bytes(), 512 * MiB);
-  // Within its guarantee, refused by the driver: it waits, the burster gives 256 MiB back.
+  // Within its guarantee, refused by the driver: it waits, the burster gives 256 MiB back (once the
+  // broker has seen the burst: a tick).
+  EXPECT_TRUE(eventually([&] { return b.tenant("burster").devices(0).burst_bytes() == 512 * MiB; }, 1000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const std::string got = steady.ask("talloc " + mib(256), 10000);
   ASSERT_EQ(got.rfind("ok ", 0), 0u) << got << "\n" << b.log();
   std::printf("guaranteed allocation granted after %s ms\n", got.c_str() + 3);
@@ -250,6 +253,14 @@ TEST(Elastic, APlainBurstIsGivenBackForAGuaranteedAllocation) {
   EXPECT_TRUE(eventually([&] { return b.tenant("burster").devices(0).reclaimed_bytes() == 256 * MiB; }, 3000))
       << b.tenant("burster").DebugString();
   EXPECT_GT(b.tenant("burster").devices(0).reclaim_seconds(), 0.0);
+  // ... and cushare tenants says it.
+  const std::string out = b.dir() + "/tenants.txt";
+  ASSERT_EQ(std::system((std::string(CLI_BIN) + " --socket " + b.socket() + " tenants > " + out + " 2>&1").c_str()), 0);
+  const std::string text = readAll(out);
+  EXPECT_NE(text.find("burster on 0: plain, guarantee 256 MiB, 256 MiB above it, 256 MiB taken back so far, the last "
+                      "reclaim reached its target in "),
+            std::string::npos)
+      << text;
   // Over: it may burst again into what is free.
   EXPECT_EQ(steady.ask("freeall"), "ok");
   EXPECT_EQ(burster.ask("alloc " + mib(256)), "ok");
@@ -271,6 +282,7 @@ TEST(Elastic, APlainBursterThatDoesNotGiveBackIsRefusedPastTheDeadlineAndLosesNo
   Child& steady = u.steady;
   for (int i = 0; i < 3; ++i) ASSERT_EQ(burster.ask("pattern " + mib(256)), "ok") << i;
   ASSERT_EQ(steady.ask("alloc " + mib(256)), "ok");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the broker has seen the burst (a tick)
   ASSERT_TRUE(steady.send("talloc " + mib(256)));  // waits
   // Past the deadline: held to its guarantee, by the limit it is published.
   EXPECT_TRUE(eventually([&] { return limitOn0(b.tenant("burster")) == 256 * MiB; }, 1200)) << b.log();
@@ -307,6 +319,33 @@ TEST(Elastic, ForgedWaitsMakeNobodyGiveBack) {
   EXPECT_FALSE(u.b.logHas("asked to give back", 100)) << u.b.log();
   EXPECT_EQ(limitOn0(u.b.tenant("burster")), 768 * MiB) << "never clamped";
   EXPECT_EQ(u.burster.ask("alloc " + mib(64)), "ok") << "it may still burst";
+  for (Child* c : {&u.burster, &u.steady}) c->send("quit");
+}
+
+// A broker killed during a reclaim ends it: the next broker, adopting the limits files, clears
+// the targets the first one set (no process is told to give back for a wait that is over), and
+// the burster's limit is its own again (the clamp lived in the broker).
+TEST(Elastic, ABrokerRestartedDuringAReclaimEndsIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
+  TwoUids u(testDir());
+  ASSERT_NO_FATAL_FAILURE(u.start("elasticity: {reclaim_wait_ms: 800, reclaim_deadline_ms: 200}\n"
+                                  "tenants:\n"
+                                  "  - {name: burster, uid: 1000, memory: 1GiB, guarantee: 256MiB, burst: plain}\n"
+                                  "  - {name: steady, uid: 1001, memory: 768MiB}\n"));
+  ASSERT_EQ(u.burster.ask("alloc " + mib(768)), "ok");
+  ASSERT_EQ(u.steady.ask("alloc " + mib(256)), "ok");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the broker has seen the burst (a tick)
+  ASSERT_TRUE(u.steady.send("talloc " + mib(256)));  // waits; the burster does not give back
+  EXPECT_TRUE(eventually([&] { return u.burster.ask("target") == "target " + mib(512) + " held " + mib(768); }, 1000))
+      << u.burster.ask("target") << "\n" << u.b.log();
+  EXPECT_TRUE(eventually([&] { return limitOn0(u.b.tenant("burster")) == 256 * MiB; }, 1000)) << "clamped";
+  u.b.kill9();
+  EXPECT_EQ(u.steady.readLine(5000).rfind("oom ", 0), 0u) << "the wait ends without a broker";
+  ASSERT_TRUE(u.b.startWithFile()) << u.b.log();
+  EXPECT_EQ(u.burster.ask("target"), "none held " + mib(768)) << "the old target is cleared";
+  EXPECT_EQ(limitOn0(u.b.tenant("burster")), 1024 * MiB) << "no clamp survives the broker";
+  EXPECT_EQ(u.burster.ask("alloc " + mib(1)), "oom") << "the device is full";
+  EXPECT_EQ(u.b.tenant("burster").devices(0).denied(), 0u) << "refused by the device, not by a clamp";
   for (Child* c : {&u.burster, &u.steady}) c->send("quit");
 }
 

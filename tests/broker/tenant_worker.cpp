@@ -21,6 +21,8 @@
 //   talloc BYTES         -> as alloc, timed: "ok MS" | "oom MS" | "err CODE MS"
 //   forgewant BYTES MS   -> writes a wait of BYTES into its ledger's device entry 0 behind the shim's
 //                           back (want_bytes, want_ns = now), every 20 ms for MS ms: "forged" | "failed"
+//   target               -> what cushare_reclaim_target says for device 0: "target T held H" | "none held H"
+//                           | "err WHAT"
 //   cooperate            -> gives back plain bursts when the broker asks (docs/memory-elasticity.md):
 //                           a thread polls cushare_reclaim_fd and frees its newest allocations until
 //                           the tenant holds no more than cushare_reclaim_target says: "cooperating"
@@ -244,6 +246,16 @@ std::string forgeWant(uint64_t bytes, uint64_t ms) {
   return ok ? "forged" : "failed";
 }
 
+std::string reclaimTarget() {
+  using TargetFn = int (*)(int, unsigned long long*, unsigned long long*);
+  auto targetFn = reinterpret_cast<TargetFn>(dlsym(RTLD_DEFAULT, "cushare_reclaim_target"));
+  if (!targetFn) return "err no-api";
+  unsigned long long target = 0, held = 0;
+  const int r = targetFn(0, &target, &held);
+  if (r < 0) return "err " + std::to_string(r);
+  return (r == 1 ? "target " + std::to_string(target) : std::string("none")) + " held " + std::to_string(held);
+}
+
 std::string cooperate() {
   using FdFn = int (*)();
   using TargetFn = int (*)(int, unsigned long long*, unsigned long long*);
@@ -311,6 +323,8 @@ int main() {
       uint64_t n = 0, ms = 0;
       in >> n >> ms;
       say(forgeWant(n, ms));
+    } else if (cmd == "target") {
+      say(reclaimTarget());
     } else if (cmd == "cooperate") {
       say(cooperate());
     } else if (cmd == "alloc") {

@@ -26,9 +26,9 @@ namespace cushare::shim {
 CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s, bool perThread) noexcept;
 void settleAllPools() noexcept;
 // reclaim.cpp: a guaranteed allocation the driver refused while other tenants hold plain bursts.
-bool reclaimWaitBegin(int ordinal, uint64_t bytes, uint64_t* deadlineNs) noexcept;
-void reclaimWaitRefresh(int ordinal, uint64_t bytes) noexcept;
-void reclaimWaitEnd(int ordinal, uint64_t bytes, bool granted, uint64_t startedNs) noexcept;
+bool reclaimWaitBegin(int ordinal, uint64_t bytes, uint64_t* deadlineNs, uint64_t* postedNs) noexcept;
+uint64_t reclaimWaitRefresh(int ordinal, uint64_t bytes) noexcept;
+void reclaimWaitEnd(int ordinal, uint64_t bytes, bool granted, uint64_t startedNs, uint64_t postedNs) noexcept;
 uint64_t reclaimNowNs() noexcept;
 
 
@@ -76,19 +76,15 @@ void release(const Charge& c) noexcept { state().ledger->release(c.device, c.byt
 template <typename Alloc>
 CUresult allocOrWaitForReclaim(int ordinal, uint64_t bytes, Alloc&& alloc) noexcept {
   CUresult r = alloc();
-  uint64_t deadline = 0;
-  if (r != CUDA_ERROR_OUT_OF_MEMORY || !reclaimWaitBegin(ordinal, bytes, &deadline)) return r;
-  const uint64_t start = reclaimNowNs();
-  uint64_t posted = start;
+  uint64_t deadline = 0, posted = 0;
+  if (r != CUDA_ERROR_OUT_OF_MEMORY || !reclaimWaitBegin(ordinal, bytes, &deadline, &posted)) return r;
+  const uint64_t start = posted;
   for (uint64_t now = start; r == CUDA_ERROR_OUT_OF_MEMORY && now < deadline; now = reclaimNowNs()) {
     ::usleep(1000);
-    if (now - posted >= 10000000ull) {
-      reclaimWaitRefresh(ordinal, bytes);
-      posted = now;
-    }
+    if (now - posted >= 10000000ull) posted = reclaimWaitRefresh(ordinal, bytes);
     r = alloc();
   }
-  reclaimWaitEnd(ordinal, bytes, r != CUDA_ERROR_OUT_OF_MEMORY, start);
+  reclaimWaitEnd(ordinal, bytes, r != CUDA_ERROR_OUT_OF_MEMORY, start, posted);
   return r;
 }
 

@@ -49,25 +49,37 @@ std::atomic<uint32_t> gWaitsSaid{0};
 
 }  // namespace
 
-bool reclaimWaitBegin(int ordinal, uint64_t bytes, uint64_t* deadlineNs) noexcept {
+// The tenant's processes share one waiting word per device: a post keeps a larger wait another
+// process refreshed within the last 20 ms (the broker sees the largest of them), and a waiter that
+// is done clears the word only if nobody posted after it. Returns the time it wrote.
+uint64_t postWant(int e, uint64_t bytes) noexcept {
+  Ledger& l = *state().ledger;
+  const uint64_t now = monotonicNs();
+  const uint64_t theirs = l.wantBytes(e), theirNs = l.wantNs(e);
+  const bool fresh = theirNs <= now && now - theirNs < 20000000ull;
+  l.postWant(e, fresh && theirs > bytes ? theirs : bytes, now);
+  return now;
+}
+
+bool reclaimWaitBegin(int ordinal, uint64_t bytes, uint64_t* deadlineNs, uint64_t* postedNs) noexcept {
   const DeviceView& v = state().devices[ordinal];
   const LimitsFile* f = boundLimits(v);
   if (f == nullptr || !f->plainBurstsOn(v.ledgerIndex)) return false;
   const uint64_t waitMs = f->reclaimWaitMs();
   if (waitMs == 0) return false;
-  const uint64_t now = monotonicNs();
-  *deadlineNs = now + waitMs * 1000000ull;
-  state().ledger->postWant(v.ledgerIndex, bytes, now);
+  *postedNs = postWant(v.ledgerIndex, bytes);
+  *deadlineNs = *postedNs + waitMs * 1000000ull;
   return true;
 }
 
-void reclaimWaitRefresh(int ordinal, uint64_t bytes) noexcept {
-  state().ledger->postWant(state().devices[ordinal].ledgerIndex, bytes, monotonicNs());
+uint64_t reclaimWaitRefresh(int ordinal, uint64_t bytes) noexcept {
+  return postWant(state().devices[ordinal].ledgerIndex, bytes);
 }
 
-void reclaimWaitEnd(int ordinal, uint64_t bytes, bool granted, uint64_t startedNs) noexcept {
+void reclaimWaitEnd(int ordinal, uint64_t bytes, bool granted, uint64_t startedNs, uint64_t postedNs) noexcept {
   const ShimState& s = state();
-  s.ledger->postWant(s.devices[ordinal].ledgerIndex, 0, monotonicNs());
+  const int e = s.devices[ordinal].ledgerIndex;
+  if (s.ledger->wantNs(e) == postedNs) s.ledger->postWant(e, 0, monotonicNs());  // else another waits
   if (granted && gWaitsSaid.fetch_add(1, std::memory_order_relaxed) < 8)
     logLine(LogLevel::kInfo,
             "tenant %s device %d (%s): allocation of %llu bytes within its guarantee granted after %llu ms, once "

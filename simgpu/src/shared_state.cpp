@@ -429,11 +429,6 @@ void SharedState::settleManaged(int dev, const ManagedOwner& owner) {
   unlockDevice(dev);
 }
 
-uint64_t SharedState::residentManaged(int dev) const {
-  if (slot_ < 0) return 0;
-  return slots_[slot_].managed[dev].load(std::memory_order_acquire);
-}
-
 void SharedState::release(int dev, uint64_t bytes) {
   if (slot_ < 0 || fdPid_ != getpid()) return;  // memory inherited through fork belongs to the parent
   lockDevice(dev);

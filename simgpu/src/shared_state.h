@@ -132,9 +132,7 @@ class SharedState {
   void dropResident(int dev, const ManagedOwner& owner, const std::function<uint64_t()>& change);
   // Applies what the driver evicted from this process since the last call to its table.
   void settleManaged(int dev, const ManagedOwner& owner);
-  // Bytes of managed memory resident for this process on dev (after its last settle, as others see
-  // it now).
-  uint64_t residentManaged(int dev) const;
+
   // Returns bytes previously reserved by this process.
   void release(int dev, uint64_t bytes);
   // Returns the usage of dead processes and of unreferenced shareable memory; true if anything

@@ -58,8 +58,10 @@
 #    tenants rely on, docs/memory-elasticity.md): whether a managed allocation takes device memory
 #    before it is touched, whether a prefetch to the device does, whether NVML's per-process figure
 #    leaves it out, whether another process's cuMemAlloc evicts it (and how long that takes), whether
-#    the data survives, and the time of a prefetch back to the host. The `facts` line of each side is
-#    compared: DIFFERENT where they disagree (docs/simgpu.md, "Managed memory", lists the guesses).
+#    the data survives, the time of a prefetch back to the host, and what a page-fault migration
+#    costs per 2 MiB (simgpu's SIMGPU_FAULT_US guess, 200 us: the thrashing guard's premise). The
+#    `facts` line of each side is compared: DIFFERENT where they disagree (docs/simgpu.md, "Managed
+#    memory", lists the guesses); the fault cost is printed beside simgpu's.
 # Exits 1 if a comparison differs, the shim did not enforce its limit, a program failed or an MPS
 # daemon did not quit; 2 if it could not run.
 # Changes nothing on the host: the shim's ledger, simgpu's state and the MPS daemons' pipe
@@ -494,6 +496,9 @@ step_managed() {
   local d s
   d=$(grep '^facts ' "$tmp/managed-driver") s=$(grep '^facts ' "$tmp/managed-simgpu")
   if [ -n "$d" ] && [ "$d" = "$s" ]; then echo "same:    $d"; else echo "DIFFERENT: driver ${d:-none} | simgpu ${s:-none}"; differ=$((differ + 1)); fi
+  d=$(sed -n 's/^step=a-fault-in .*us_per_2mib=\([-0-9.]*\).*/\1/p' "$tmp/managed-driver")
+  s=$(sed -n 's/^step=a-fault-in .*us_per_2mib=\([-0-9.]*\).*/\1/p' "$tmp/managed-simgpu")
+  echo "fault-in per 2 MiB: driver ${d:-none} us, simgpu ${s:-none} us (SIMGPU_FAULT_US; docs/simgpu.md)"
 }
 
 step_mig() {

@@ -9,6 +9,11 @@
 //   step=evicted device_used=<bytes>         NVML's view after it
 //   step=a-check intact=<0|1> ms=<ms>        the burster reads all N back (pattern written before)
 //   step=a-to-host ms=<ms> free=<bytes>      the burster prefetches all N to the host
+//   step=a-fault-in ms=<ms> resident_ms=<ms> us_per_2mib=<us>   a kernel touching one word per
+//                                            4 KiB page of an allocation of N/4 written on the host
+//                                            faults it in, timed; the same
+//                                            kernel again, resident; the difference per 2 MiB
+//                                            (simgpu's SIMGPU_FAULT_US guess, docs/simgpu.md)
 //   facts alloc_charges_nothing=<0|1> prefetch_charges=<0|1> nvml_process_omits_managed=<0|1>
 //         alloc_evicts_managed=<0|1> data_intact=<0|1> host_prefetch_frees=<0|1>
 // N is half the device's memory, at most MANAGED_PROBE_MAX_MIB MiB (default 4096: the burster writes
@@ -80,6 +85,47 @@ void tell(int fd, char c) { (void)!write(fd, &c, 1); }
 
 uint64_t word(size_t i) { return i * 0x9E3779B97F4A7C15ull ^ 0xA5A5A5A5DEADBEEFull; }
 
+// One thread per 4 KiB page of [p, p + pages * 4096): reads its page's first word and writes it
+// back (the data stays as it was; the store keeps the load from being dropped). PTX 6.0, sm_50.
+constexpr char kTouchPtx[] =
+    ".version 6.0\n"
+    ".target sm_50\n"
+    ".address_size 64\n"
+    ".visible .entry cushare_touch_pages(.param .u64 p, .param .u64 pages)\n"
+    "{\n"
+    "  .reg .pred %p<2>;\n"
+    "  .reg .b32 %r<6>;\n"
+    "  .reg .b64 %rd<6>;\n"
+    "  ld.param.u64 %rd1, [p];\n"
+    "  ld.param.u64 %rd2, [pages];\n"
+    "  mov.u32 %r1, %ctaid.x;\n"
+    "  mov.u32 %r2, %ntid.x;\n"
+    "  mov.u32 %r3, %tid.x;\n"
+    "  mad.lo.u32 %r4, %r1, %r2, %r3;\n"
+    "  cvt.u64.u32 %rd3, %r4;\n"
+    "  setp.ge.u64 %p1, %rd3, %rd2;\n"
+    "  @%p1 bra DONE;\n"
+    "  shl.b64 %rd4, %rd3, 12;\n"
+    "  add.u64 %rd5, %rd1, %rd4;\n"
+    "  ld.global.u32 %r5, [%rd5];\n"
+    "  st.global.u32 [%rd5], %r5;\n"
+    "DONE:\n"
+    "  ret;\n"
+    "}\n";
+
+// Host milliseconds of one launch of touch over all n bytes at m, synchronised; -1 on an error.
+double touchAll(CUfunction touch, CUdeviceptr m, size_t n) {
+  CUdeviceptr p = m;
+  uint64_t pages = n / 4096;
+  void* args[] = {&p, &pages};
+  const unsigned blocks = static_cast<unsigned>((pages + 255) / 256);
+  const auto t = Clock::now();
+  if (cuLaunchKernel(touch, blocks, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr) != CUDA_SUCCESS ||
+      cuCtxSynchronize() != CUDA_SUCCESS)
+    return -1;
+  return msSince(t);
+}
+
 // The burster: reports, then waits for 'c' (check) and 'h' (to the host), reporting each.
 int burster(int toParent, int fromParent) {
   if (!initCuda()) return 10;
@@ -117,6 +163,29 @@ int burster(int toParent, int fromParent) {
   const bool ok = cuMemPrefetchAsync_v2(m, n, host, 0, nullptr) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS;
   say("step=a-to-host ok=" + std::to_string(ok ? 1 : 0) + " ms=" + std::to_string(msSince(t)) + " free_before=" +
       std::to_string(before) + " free=" + std::to_string(freeNow()));
+  // Faulting in: a managed allocation of N/4 written on the host (its pages there: the allocator's
+  // memory leaves room for about N/2 on the device), touched by a kernel, timed; the same kernel
+  // again with it resident. Its own allocation: a kernel that reaches an allocation may fault in any
+  // of it (simgpu populates all of it), and all of N does not fit.
+  CUmodule mod = nullptr;
+  CUfunction touch = nullptr;
+  const size_t quarter = n / 4 / (2u << 20) * (2u << 20);
+  CUdeviceptr q = 0;
+  if (cuModuleLoadData(&mod, kTouchPtx) == CUDA_SUCCESS &&
+      cuModuleGetFunction(&touch, mod, "cushare_touch_pages") == CUDA_SUCCESS &&
+      cuMemAllocManaged(&q, quarter, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS) {
+    std::memset(reinterpret_cast<void*>(q), 0x5a, quarter);
+    const double faulting = touchAll(touch, q, quarter);
+    const double resident = touchAll(touch, q, quarter);
+    const double chunks = static_cast<double>(quarter) / (2u << 20);
+    char line[200];
+    std::snprintf(line, sizeof line, "step=a-fault-in ms=%.3f resident_ms=%.3f us_per_2mib=%.1f", faulting, resident,
+                  faulting >= 0 && resident >= 0 ? (faulting - resident) * 1000 / chunks : -1.0);
+    say(line);
+    cuMemFree(q);
+  } else {
+    say("step=a-fault-in error=module");
+  }
   tell(toParent, 'd');
   await(fromParent);
   cuMemFree(m);

@@ -12,4 +12,9 @@ facts=$(grep '^facts ' <<<"$out") || { echo "FAIL: no facts line"; exit 1; }
 for f in alloc_charges_nothing prefetch_charges nvml_process_omits_managed alloc_evicts_managed data_intact host_prefetch_frees; do
   grep -q " $f=1" <<<"$facts" || { echo "FAIL: $f is not 1"; exit 1; }
 done
+# A kernel that faults the whole allocation back in waits SIMGPU_FAULT_US (200 us by default) per
+# 2 MiB chunk; the same kernel with everything resident does not.
+us=$(sed -n 's/^step=a-fault-in .*us_per_2mib=\([0-9.]*\).*/\1/p' <<<"$out")
+[[ -n $us ]] || { echo "FAIL: no fault-in figure"; exit 1; }
+awk -v u="$us" 'BEGIN { exit !(u >= 150 && u <= 400) }' || { echo "FAIL: $us us per 2 MiB, simgpu charges 200"; exit 1; }
 echo PASS

@@ -7,6 +7,9 @@
 // blocks, kernels, sliced_out_ns (time it had work while another process held the device). An MPS
 // server (one slot to the slicer, the sum of its clients) has "mps": "server"; each of its clients
 // follows with what the server's engine gave it, "mps": "client", "server": <its server's pid>.
+// Per device also the managed memory moved since the state file was made (every process):
+// managed_in_bytes (made resident by touches and prefetches) and managed_evicted_bytes (evicted to
+// the host for room): what thrashing is judged by.
 //
 // MIG, as nvidia-smi spells it (simgpu_smi_mig.cpp; docs/simgpu.md, "MIG"): `-L`, `[-i N] -mig 0|1`,
 // `mig -lgip | -lgipp | -lgi | -lci | -cgi ... | -cci ... | -dci | -dgi`, and `[-i N] --gpu-reset`
@@ -21,6 +24,7 @@
 
 #include "config.h"
 #include "mig.h"
+#include "shared_state.h"
 #include "simgpu/nvml.h"
 #include "simgpu_smi_mig.h"
 #include "timeslice_board.h"
@@ -34,6 +38,8 @@ int printJson(unsigned count) {
     std::fprintf(stderr, "%s\n", err.c_str());
     return 1;
   }
+  // The state file's counts; without it (no process ever ran) nothing moved.
+  simgpu::SharedState* state = simgpu::SharedState::open(cfg.stateDir, cfg.deviceCount, cfg.memory, cfg.smCount, &err);
   std::printf("{\"devices\": [");
   for (unsigned i = 0; i < count; ++i) {
     nvmlDevice_t dev;
@@ -41,9 +47,14 @@ int printJson(unsigned count) {
     nvmlMemory_t mem = {};
     nvmlDeviceGetMemoryInfo(dev, &mem);
     simgpu::Board* b = simgpu::openBoard(cfg.stateDir, static_cast<int>(i), &err);
-    std::printf("%s{\"index\": %u, \"memory_used\": %llu, \"switches\": %llu, \"processes\": [", i ? ", " : "", i,
+    const int host = static_cast<int>(i) < cfg.containerCount ? cfg.container[i] : static_cast<int>(i);  // NVML index -> host device
+    const bool counted = state != nullptr && host < state->deviceCount();
+    std::printf("%s{\"index\": %u, \"memory_used\": %llu, \"switches\": %llu, \"managed_in_bytes\": %llu, "
+                "\"managed_evicted_bytes\": %llu, \"processes\": [", i ? ", " : "", i,
                 static_cast<unsigned long long>(mem.used),
-                static_cast<unsigned long long>(b ? b->switches.load() : 0));
+                static_cast<unsigned long long>(b ? b->switches.load() : 0),
+                static_cast<unsigned long long>(counted ? state->migratedIn(host) : 0),
+                static_cast<unsigned long long>(counted ? state->evictedOut(host) : 0));
     bool first = true;
     if (b)
       simgpu::forEachProcess(*b, [&](const simgpu::ProcessDeviceStats& p) {

@@ -160,6 +160,11 @@ bool loadConfig(Config* c, std::string* error) {
     if (!cushare::parseInt(v, 0, 1'000'000, &n, &why)) return bad("SIMGPU_SWITCH_US", v, why);
     c->switchNs = static_cast<uint64_t>(n) * 1000;
   }
+  if (const char* v = std::getenv("SIMGPU_FAULT_US")) {
+    int64_t n;
+    if (!cushare::parseInt(v, 0, 1'000'000, &n, &why)) return bad("SIMGPU_FAULT_US", v, why);
+    c->faultChunkNs = static_cast<uint64_t>(n) * 1000;
+  }
   return true;
 }
 

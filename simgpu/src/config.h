@@ -36,6 +36,10 @@ struct Config {
   double timeScale = 1.0;              // real ns per device ns (>1 stretches device time)
   uint64_t sliceNs = 2'000'000;        // time slice between contexts (a guess)
   uint64_t switchNs = 25'000;          // context switch cost (a guess)
+  // Device time a kernel waits for each 2 MiB chunk of managed memory its launch populates (a
+  // page-fault migration, about 10 GB/s over the bus: a guess, docs/simgpu.md; perf/gpu_check.sh
+  // step 10 measures it).
+  uint64_t faultChunkNs = 200'000;
   uint32_t testSmCap = 0;              // SIMGPU_TEST_SM_CAP: tests only, until MPS sets caps (0: none)
 };
 

@@ -343,6 +343,7 @@ bool SharedState::evictLocked(int dev, uint64_t need) {
     sl.managed[dev].store(m - t, std::memory_order_release);
     sl.evicted[dev].fetch_add(t, std::memory_order_acq_rel);
     hdr_->used[dev].fetch_sub(t, std::memory_order_acq_rel);
+    hdr_->evicted_out[dev].fetch_add(t, std::memory_order_acq_rel);
     need -= t;
   }
   return true;
@@ -379,6 +380,7 @@ void SharedState::settleLocked(int dev, const ManagedOwner& owner) {
       sl.used[dev].fetch_sub(extra, std::memory_order_acq_rel);  // used first (see evictLocked)
       sl.managed[dev].fetch_sub(extra, std::memory_order_acq_rel);
       hdr_->used[dev].fetch_sub(extra, std::memory_order_acq_rel);
+      hdr_->evicted_out[dev].fetch_add(extra, std::memory_order_acq_rel);
     }
   }
   sl.oldestIn[dev].store(owner.oldest(), std::memory_order_release);
@@ -399,6 +401,7 @@ bool SharedState::makeResident(int dev, uint64_t bytes, const ManagedOwner& owne
       sl.managed[dev].fetch_add(bytes, std::memory_order_acq_rel);
       sl.used[dev].fetch_add(bytes, std::memory_order_acq_rel);
       hdr_->used[dev].fetch_add(bytes, std::memory_order_acq_rel);
+      hdr_->migrated_in[dev].fetch_add(bytes, std::memory_order_acq_rel);
       *seq = hdr_->migrate_seq.fetch_add(1, std::memory_order_acq_rel) + 1;
       sl.oldestIn[dev].store(std::min(owner.oldest(), *seq), std::memory_order_release);
     }

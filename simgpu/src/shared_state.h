@@ -44,7 +44,7 @@
 namespace simgpu {
 
 inline constexpr uint64_t kStateMagic = 0x5354415447504953ull;  // "SIMGPSTAT" (little endian)
-inline constexpr uint32_t kStateVersion = 5;  // 5: resident managed memory (ProcSlot::managed...)
+inline constexpr uint32_t kStateVersion = 6;  // 5: resident managed memory (ProcSlot::managed...); 6: migration counts
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kMaxSlots = 1024;
 inline constexpr int kMaxShared = 4096;
@@ -80,6 +80,10 @@ struct StateHeader {
   pthread_mutex_t lock[kMaxDevices];  // robust, process-shared; guards used[d] and slots' used[d]
   std::atomic<uint64_t> next_shared_id;
   std::atomic<uint64_t> migrate_seq;  // +1 for every managed chunk made resident (LRU order)
+  // Managed memory moved on host device d, cumulative since the file was made: bytes made resident
+  // (populated by a touch or a prefetch), and bytes the driver evicted to the host for room.
+  std::atomic<uint64_t> migrated_in[kMaxDevices];
+  std::atomic<uint64_t> evicted_out[kMaxDevices];
 };
 
 // A shareable allocation's entry: id 0 is free; `ready` once its backing file exists and its
@@ -108,6 +112,10 @@ class SharedState {
   int deviceCount() const { return static_cast<int>(hdr_->device_count); }
   uint64_t capacity(int dev) const { return hdr_->capacity[dev]; }
   uint64_t used(int dev) const { return hdr_->used[dev].load(std::memory_order_acquire); }
+  // Managed memory moved on dev since the state file was made (every process): bytes made resident
+  // and bytes evicted to the host for room (simgpu-smi --json shows them: thrashing is judged by them).
+  uint64_t migratedIn(int dev) const { return hdr_->migrated_in[dev].load(std::memory_order_acquire); }
+  uint64_t evictedOut(int dev) const { return hdr_->evicted_out[dev].load(std::memory_order_acquire); }
 
   // Reserves bytes on dev for this process; false if the device is full after reaping the dead
   // and evicting resident managed memory (of any process sharing the memory) to the host.

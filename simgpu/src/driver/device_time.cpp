@@ -190,6 +190,8 @@ CUresult deviceExecute(const KernelParams& k) {
   }
   KernelShape shape = kernelShape(k);
   probeShape(probe, &shape);
+  // Its managed memory's faults: it starts that much later than its stream or the device allows.
+  if (k.faultNs != 0) tlsStreamNs = std::max(tlsStreamNs, deviceNowNs()) + k.faultNs;
   if (mpsClient()) {
     // The server runs it in its one engine, side by side with its other clients' work.
     const int64_t behind = k.queued ? d.queued.fetch_sub(1, std::memory_order_acq_rel) - 1 : d.queued.load();

@@ -210,7 +210,8 @@ unsigned long long nextId();
 // may point into managed allocations (the touch that populates them).
 void managedCreate(uintptr_t base, uint64_t size);
 void managedDestroy(uintptr_t base);
-void managedTouch(int ordinal, const std::vector<std::vector<char>>& args);
+uint64_t managedTouch(int ordinal, const std::vector<std::vector<char>>& args);
+bool managedInUse();  // the process has managed allocations (a launch's arguments may reach them)
 
 // ---------------------------------------------------------------------------------------------
 // Streams, events and the engine
@@ -342,6 +343,7 @@ struct KernelParams {
   bool extraBuffer = false;  // args[0] is a packed CU_LAUNCH_PARAM_BUFFER
   bool forGraph = false;     // a graph node: arguments must be copied, there is no fallback
   uint64_t blockNs = 0;      // each block's modelled time, fixed at launch (the cost rule)
+  uint64_t faultNs = 0;      // device time its launch's managed-memory migrations take before it starts
   bool queued = false;       // counted by deviceKernelQueued (a stream launch, not a graph node)
 };
 // A kernel was queued on a stream of device dev: its process wants the device (time slicing).

@@ -4,12 +4,16 @@
 // parameters in ".nv.info.<kernel>" sections as EIATTR_KPARAM_INFO (0x17) records: ordinal at
 // +4, offset at +6, and the size in bits 18..31 of the word at +8. Register counts are in the
 // module-wide ".nv.info" section as EIATTR_REGCOUNT (0x2f) records {symbol index, registers};
-// static shared memory is the size of the ".nv.shared.<kernel>" section.
+// static shared memory is the size of the ".nv.shared.<kernel>" section. PTX text: each .entry's
+// declared parameters (parsePtx).
 #include "fatbin.h"
 
 #include <elf.h>
 
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 namespace simgpu {
 namespace {
@@ -126,6 +130,86 @@ void parseFatbin(const char* f, ImageInfo* out) {
   }
 }
 
+// PTX text: each .entry's parameter layout from its declaration, e.g.
+//   .visible .entry k(.param .u64 p, .param .align 8 .b8 s[16], .param .u64 .ptr .global .align 1 q)
+// Offsets as the ABI lays them out: each parameter at its alignment (its .align, else its
+// element's size; an .align after .ptr is the pointee's). Anything not understood drops every entry of the text (launches then go on
+// without a layout, as before), so a misread layout never makes a launch copy the wrong bytes.
+bool parsePtx(const char* p, size_t n, ImageInfo* out) {
+  const std::string text(p, n ? strnlen(p, n) : std::strlen(p));
+  std::map<std::string, std::vector<ParamInfo>> kernels;
+  const auto isIdent = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '.'; };
+  const auto skipSpace = [&](size_t i) {
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+    return i;
+  };
+  for (size_t at = text.find(".entry"); at != std::string::npos; at = text.find(".entry", at + 6)) {
+    if (at > 0 && isIdent(text[at - 1])) continue;
+    size_t i = skipSpace(at + 6);
+    const size_t nameStart = i;
+    while (i < text.size() && isIdent(text[i]) && text[i] != '.') ++i;
+    const std::string name = text.substr(nameStart, i - nameStart);
+    if (name.empty()) return false;
+    i = skipSpace(i);
+    std::vector<ParamInfo> params;
+    if (i < text.size() && text[i] == '(') {
+      const size_t close = text.find(')', i);
+      if (close == std::string::npos) return false;
+      const std::string list = text.substr(i + 1, close - i - 1);
+      uint32_t offset = 0;
+      size_t from = 0;
+      while (from <= list.size()) {
+        size_t comma = list.find(',', from);
+        if (comma == std::string::npos) comma = list.size();
+        std::istringstream in(list.substr(from, comma - from));
+        from = comma + 1;
+        std::vector<std::string> words;
+        for (std::string w; in >> w;) words.push_back(w);
+        if (words.empty()) {
+          if (comma == list.size() && params.empty()) break;  // "()"
+          return false;
+        }
+        if (words[0] != ".param") return false;
+        uint32_t align = 0, elem = 0, count = 1;
+        bool ptr = false;  // after .ptr, .align is the pointee's alignment, not the parameter's
+        for (size_t w = 1; w < words.size(); ++w) {
+          const std::string& t = words[w];
+          if (t == ".align") {
+            if (++w >= words.size()) return false;
+            if (!ptr) align = static_cast<uint32_t>(std::strtoul(words[w].c_str(), nullptr, 10));
+          } else if (t == ".ptr") {
+            ptr = true;
+          } else if (t.size() >= 3 && t[0] == '.' && (t[1] == 'u' || t[1] == 's' || t[1] == 'b' || t[1] == 'f') &&
+                     std::isdigit(static_cast<unsigned char>(t[2]))) {
+            const unsigned bits = static_cast<unsigned>(std::strtoul(t.c_str() + 2, nullptr, 10));
+            if (bits != 8 && bits != 16 && bits != 32 && bits != 64) return false;
+            elem = bits / 8;
+          } else if (t == ".global" || t == ".const" || t == ".local" || t == ".shared") {
+          } else if (t[0] == '.') {
+            return false;  // a type or qualifier not known here (.texref, .samplerref...)
+          } else {  // the name, perhaps with [count]
+            const size_t b = t.find('[');
+            if (b != std::string::npos) {
+              count = static_cast<uint32_t>(std::strtoul(t.c_str() + b + 1, nullptr, 10));
+              if (count == 0 || t.back() != ']') return false;
+            }
+          }
+        }
+        if (elem == 0 || count > (1u << 16)) return false;
+        if (align == 0) align = elem;
+        if ((align & (align - 1)) != 0 || align > 256) return false;
+        offset = (offset + align - 1) / align * align;
+        params.push_back(ParamInfo{offset, elem * count});
+        offset += elem * count;
+        if (comma == list.size()) break;
+      }
+    }
+    kernels[name] = std::move(params);
+  }
+  for (auto& [name, params] : kernels) out->kernels[name] = std::move(params);
+  return true;
+}
+
 }  // namespace
 
 void parseImage(const void* image, size_t size, ImageInfo* out) {
@@ -143,6 +227,10 @@ void parseImage(const void* image, size_t size, ImageInfo* out) {
     const auto eh = load<Elf64_Ehdr>(p);
     const size_t n = size ? size : eh.e_shoff + static_cast<size_t>(eh.e_shnum) * eh.e_shentsize;
     parseElf(p, n, out);
+  } else if (std::isprint(static_cast<unsigned char>(p[0])) || std::isspace(static_cast<unsigned char>(p[0]))) {
+    // PTX text (NUL-terminated, as the driver takes it); only where it declares kernels (.entry).
+    ImageInfo ptx;
+    if (parsePtx(p, size, &ptx)) out->kernels.insert(ptx.kernels.begin(), ptx.kernels.end());
   }
 }
 

@@ -1,8 +1,8 @@
 // Reading what simgpu needs from a CUDA module image: kernel names with their parameter layout
 // (so a launch captured into a graph can copy its arguments, and cuFuncGetParamInfo answers) and
 // the sizes of module globals. Accepts a fatbin wrapper (0x466243b1), a fatbin (0xBA55ED50), a
-// cubin (ELF) or PTX text; compressed fatbin entries and PTX are skipped: their kernels still
-// launch, only without parameter layout.
+// cubin (ELF) or PTX text (each .entry's declared parameters); compressed fatbin entries are
+// skipped: their kernels still launch, only without parameter layout.
 #pragma once
 
 #include <cstddef>

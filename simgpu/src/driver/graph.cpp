@@ -174,7 +174,7 @@ std::vector<GraphNode*> topoSort(const std::vector<GraphNode*>& nodes) {
 CUresult runNode(GraphNode* n, Stream* s) {
   switch (n->type) {
     case CU_GRAPH_NODE_TYPE_KERNEL:
-      managedTouch(n->kernel.device, n->kernel.args);
+      n->kernel.faultNs = managedTouch(n->kernel.device, n->kernel.args);
       return runKernelCopy(n->kernel);
     case CU_GRAPH_NODE_TYPE_MEMCPY:
       return copy3D(n->copy);

@@ -14,9 +14,13 @@
 //   evicted.
 // - Advice is kept per chunk. A preferred location on the host keeps touches from populating
 //   (the driver maps such pages remotely); read-mostly and accessed-by are recorded and reported.
-// - Not modelled: host touches (a CPU access does not send chunks back), the timing of faults and
-//   migrations (a prefetch completes at the call), the thrashing heuristics, and chunks shared by
-//   small allocations (each allocation has its own, charged by its size rounded to 256 bytes).
+// - A launch's touch costs device time: the kernel starts SIMGPU_FAULT_US (default 200 us, a guess)
+//   per chunk it populated later than it would have (the faults' migrations), so tenants whose
+//   working sets evict each other's slow down as on a GPU that thrashes.
+// - Not modelled: host touches (a CPU access does not send chunks back), the timing of prefetches
+//   and evictions (a prefetch completes at the call), the driver's thrashing heuristics, and chunks
+//   shared by small allocations (each allocation has its own, charged by its size rounded to 256
+//   bytes).
 #include <algorithm>
 #include <cstring>
 
@@ -217,13 +221,16 @@ void managedDestroy(uintptr_t base) {
   gRanges.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void managedTouch(int ordinal, const std::vector<std::vector<char>>& args) {
-  if (gRanges.load(std::memory_order_relaxed) == 0) return;
+bool managedInUse() { return gRanges.load(std::memory_order_relaxed) != 0; }
+
+uint64_t managedTouch(int ordinal, const std::vector<std::vector<char>>& args) {
+  if (gRanges.load(std::memory_order_relaxed) == 0) return 0;
   Table& t = table();
   std::lock_guard<std::mutex> g(t.mu);
   checkFork(t);
   const int dev = hostDevice(ordinal);
   bool settled = false;
+  uint64_t migrated = 0;
   for (const auto& a : args)
     for (size_t off = 0; off + sizeof(uintptr_t) <= a.size(); off += sizeof(uintptr_t)) {
       uintptr_t p;
@@ -234,8 +241,10 @@ void managedTouch(int ordinal, const std::vector<std::vector<char>>& args) {
       settled = true;
       // The kernel may reach the whole allocation: every chunk not kept on the host by advice.
       for (size_t i = 0; i < r->chunks.size(); ++i)
-        if (!onHost(r->chunks[i].preferred)) populate(t, *r, i, dev);
+        if (!onHost(r->chunks[i].preferred) && r->chunks[i].residentOn != dev && populate(t, *r, i, dev)) ++migrated;
     }
+  // The kernel waits for its faults: each chunk migrated costs the configured device time.
+  return migrated * drv().cfg.faultChunkNs;
 }
 
 }  // namespace simgpu

@@ -221,7 +221,8 @@ CUresult copyKernelArgs(KernelParams* k, void** params, void** extra) {
                  f->name.c_str());
     return CUDA_ERROR_NOT_SUPPORTED;
   }
-  if (!f->hostFn && !f->probeKind) return CUDA_SUCCESS;  // nothing will read them
+  // Nothing will read them, unless managed memory they may point into is to be populated.
+  if (!f->hostFn && !f->probeKind && !managedInUse()) return CUDA_SUCCESS;
   for (size_t i = 0; i < f->params.size(); ++i)
     k->args.emplace_back(static_cast<const char*>(params[i]), static_cast<const char*>(params[i]) + f->params[i].size);
   return CUDA_SUCCESS;
@@ -283,7 +284,7 @@ CUresult launchKernel(Stream* s, Function* f, const unsigned grid[3], const unsi
     return submitAndWait(s, std::move(now));
   }
   if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) return submit(s, std::move(op));
-  managedTouch(s->ctx->device, k->args);  // managed memory the arguments reach is populated now
+  k->faultNs = managedTouch(s->ctx->device, k->args);  // managed memory the arguments reach is populated now
   k->queued = true;  // counted below once queued (the worker may take it first: the count dips)
   const int device = k->device;
   op.run = [k] {

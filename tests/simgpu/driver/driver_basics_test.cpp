@@ -1187,6 +1187,49 @@ TEST_F(Modules, LaunchKernelEx) {
   CU_ASSERT(cuModuleUnload(m));
 }
 
+// PTX text: each .entry's parameters from its declaration, laid out as the cubin's (nvcc's PTX of
+// the same kernels), a by-value struct at its .align, a pointer whose .align is its pointee's; a
+// declaration simgpu does not understand drops the layouts of that text, never guesses them.
+TEST_F(Modules, PtxLoadKnowsEachKernelsParameters) {
+  std::vector<char> image = readFile(SIMGPU_TEST_PTX);
+  ASSERT_GT(image.size(), 64u) << "cannot read " << SIMGPU_TEST_PTX;
+  image.push_back('\0');
+  CUmodule m = nullptr;
+  CU_ASSERT(cuModuleLoadData(&m, image.data()));
+  ASSERT_NO_FATAL_FAILURE(scaleLaunchChecks(m, false));
+  ASSERT_NO_FATAL_FAILURE(paramInfoChecks(m));
+  CUfunction f = nullptr;
+  CU_EXPECT_ERR(CUDA_ERROR_NOT_FOUND, cuModuleGetFunction(&f, m, "not_in_the_ptx"));
+  CU_ASSERT(cuModuleUnload(m));
+
+  static const char kPtx[] =
+      ".version 8.0\n.target sm_90\n.address_size 64\n"
+      ".visible .entry k(.param .u8 c, .param .align 8 .b8 s[24], .param .u64 .ptr .global .align 1 q, .param .f32 x)\n"
+      "{\n ret;\n}\n"
+      ".visible .entry none()\n{\n ret;\n}\n";
+  CU_ASSERT(cuModuleLoadData(&m, kPtx));
+  CU_ASSERT(cuModuleGetFunction(&f, m, "k"));
+  const size_t wantOffset[] = {0, 8, 32, 40}, wantSize[] = {1, 24, 8, 4};
+  for (size_t i = 0; i < 4; ++i) {
+    size_t off = 99, size = 99;
+    CU_ASSERT(cuFuncGetParamInfo(f, i, &off, &size));
+    EXPECT_EQ(off, wantOffset[i]) << "param " << i;
+    EXPECT_EQ(size, wantSize[i]) << "param " << i;
+  }
+  CU_ASSERT(cuModuleGetFunction(&f, m, "none"));
+  size_t off = 0, size = 0;
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuFuncGetParamInfo(f, 0, &off, &size));  // no parameters
+  CU_ASSERT(cuModuleUnload(m));
+
+  static const char kOdd[] =
+      ".version 8.0\n.target sm_90\n.address_size 64\n"
+      ".visible .entry t(.param .texref tex, .param .u64 p)\n{\n ret;\n}\n";
+  CU_ASSERT(cuModuleLoadData(&m, kOdd));
+  CU_ASSERT(cuModuleGetFunction(&f, m, "t"));
+  CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, cuFuncGetParamInfo(f, 0, &off, &size));  // not understood: no layout
+  CU_ASSERT(cuModuleUnload(m));
+}
+
 TEST_F(Modules, CubinLoad) {
   CUmodule m = nullptr;
   ASSERT_NO_FATAL_FAILURE(loadImage(SIMGPU_TEST_CUBIN, &m));

@@ -26,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "config.h"
+#include "shared_state.h"
 #include "simgpu/nvml.h"
 #include "timeslice_board.h"
 
@@ -691,6 +693,57 @@ TEST_F(Managed, ALaunchPopulatesWhatItsArgumentsReach) {
   ASSERT_EQ(CUDA_SUCCESS, cuMemFree(b));
   ASSERT_EQ(CUDA_SUCCESS, cuModuleUnload(mod));
   EXPECT_EQ(freeMem(), kGiB);
+}
+
+// A launch that populates managed memory waits for the faults' migrations: its kernel starts
+// SIMGPU_FAULT_US (200 us by default) per 2 MiB chunk later; a touch of resident memory moves
+// nothing. Judged by event times (exact to the model) and the device's migration count.
+TEST_F(Managed, ALaunchWaitsForTheChunksItMigrates) {
+  if (totalMem() != kGiB) GTEST_SKIP() << "needs SIMGPU_MEMORY=1GiB";
+  if (std::getenv("SIMGPU_FAULT_US")) GTEST_SKIP() << "needs the default fault cost";
+  simgpu::Config cfg;
+  std::string err;
+  ASSERT_TRUE(simgpu::loadConfig(&cfg, &err)) << err;
+  simgpu::SharedState* state = simgpu::SharedState::open(cfg.stateDir, cfg.deviceCount, cfg.memory, cfg.smCount, &err);
+  ASSERT_TRUE(state) << err;
+  static const char kPtx[] = ".version 8.0\n.target sm_90\n.address_size 64\n";
+  CUmodule mod = nullptr;
+  CUfunction f = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, cuModuleLoadData(&mod, kPtx));
+  ASSERT_EQ(CUDA_SUCCESS, cuModuleGetFunction(&f, mod, "touch"));
+  CUevent e0 = nullptr, e1 = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, cuEventCreate(&e0, CU_EVENT_DEFAULT));
+  ASSERT_EQ(CUDA_SUCCESS, cuEventCreate(&e1, CU_EVENT_DEFAULT));
+  CUdeviceptr m = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAllocManaged(&m, 64 * kMiB, CU_MEM_ATTACH_GLOBAL));
+  // Device time of one launch touching m (ms), and the bytes migrated in meanwhile.
+  auto touch = [&](float* ms, uint64_t* in) {
+    const uint64_t before = state->migratedIn(0);
+    CUdeviceptr arg = m;
+    size_t size = sizeof arg;
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &arg, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    ASSERT_EQ(CUDA_SUCCESS, cuEventRecord(e0, nullptr));
+    ASSERT_EQ(CUDA_SUCCESS, cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, extra));
+    ASSERT_EQ(CUDA_SUCCESS, cuEventRecord(e1, nullptr));
+    ASSERT_EQ(CUDA_SUCCESS, cuCtxSynchronize());
+    ASSERT_EQ(CUDA_SUCCESS, cuEventElapsedTime(ms, e0, e1));
+    *in = state->migratedIn(0) - before;
+  };
+  float ms = 0;
+  uint64_t in = 0;
+  ASSERT_NO_FATAL_FAILURE(touch(&ms, &in));
+  EXPECT_EQ(in, 64 * kMiB) << "the first touch populates all 32 chunks";
+  EXPECT_GE(ms, 32 * 0.2f) << "and waits 200 us for each";
+  ASSERT_NO_FATAL_FAILURE(touch(&ms, &in));
+  EXPECT_EQ(in, 0u) << "resident: nothing moves";
+  ASSERT_EQ(CUDA_SUCCESS, prefetch(m, 32 * kMiB, CU_DEVICE_CPU));
+  ASSERT_NO_FATAL_FAILURE(touch(&ms, &in));
+  EXPECT_EQ(in, 32 * kMiB) << "half was sent to the host: it comes back";
+  EXPECT_GE(ms, 16 * 0.2f);
+  ASSERT_EQ(CUDA_SUCCESS, cuMemFree(m));
+  ASSERT_EQ(CUDA_SUCCESS, cuEventDestroy(e0));
+  ASSERT_EQ(CUDA_SUCCESS, cuEventDestroy(e1));
+  ASSERT_EQ(CUDA_SUCCESS, cuModuleUnload(mod));
 }
 
 // An ordinary allocation that finds the device full evicts another process's resident managed

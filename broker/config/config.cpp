@@ -56,7 +56,8 @@ const std::vector<std::string> kTopKeys = {"ledger_dir",      "socket",      "me
                                            "profiles", "tenants",
                                            "max_unknown_tenants", "max_unknown_tenants_per_uid",
                                            "mps", "compute", "probes", "cdi", "kubernetes", "mig", "elasticity"};
-const std::vector<std::string> kElasticityKeys = {"reclaim_wait_ms", "reclaim_deadline_ms"};
+const std::vector<std::string> kElasticityKeys = {"reclaim_wait_ms", "reclaim_deadline_ms", "thrash_guard",
+                                                  "thrash_quantum_ms"};
 const std::vector<std::string> kProbeKeys = {"interval_ms", "window_s", "budget_us", "kinds"};
 const std::vector<std::string> kComputeKeys = {"period_ms", "priority_floor_percent", "priority_guard_ms", "metering", "fair_share",
                                                "mps_weights", "metering_source", "cupti_library"};
@@ -267,19 +268,27 @@ class Parser {
   //                     kinds: [sm, mem, tick]}
   bool elasticity(const Node& n, ElasticityConfig* out) {
     ElasticityConfig e;
-    if (!map(n, "elasticity", "a map of settings (reclaim_wait_ms, reclaim_deadline_ms)")) return false;
+    if (!map(n, "elasticity", "a map of settings (reclaim_wait_ms, reclaim_deadline_ms, thrash_guard, thrash_quantum_ms)"))
+      return false;
     for (size_t i = 0; i < n.keys.size(); ++i) {
       const Node& key = n.keys[i];
       const Node& v = n.items[i];
       const std::string path = join("elasticity", key.text);
       std::string text, reason;
-      if (key.text != "reclaim_wait_ms" && key.text != "reclaim_deadline_ms") return unknownKey(key, path, kElasticityKeys);
-      const bool wait = key.text == "reclaim_wait_ms";
-      const int64_t lo = wait ? 0 : 10, hi = wait ? 60000 : 600000;
+      if (key.text == "thrash_guard") {
+        if (!scalar(v, path, "on or off", &text)) return false;
+        if (text != "on" && text != "off") return fail(v.mark, path, "expected on or off, found '" + text + "'");
+        e.thrashGuard = text == "on";
+        continue;
+      }
+      if (key.text != "reclaim_wait_ms" && key.text != "reclaim_deadline_ms" && key.text != "thrash_quantum_ms")
+        return unknownKey(key, path, kElasticityKeys);
+      const bool wait = key.text == "reclaim_wait_ms", quantum = key.text == "thrash_quantum_ms";
+      const int64_t lo = wait ? 0 : quantum ? 50 : 10, hi = wait ? 60000 : quantum ? 600000 : 600000;
       if (!scalar(v, path, "a whole number " + std::to_string(lo) + ".." + std::to_string(hi), &text)) return false;
       int64_t x = 0;
       if (!parseInt(text, lo, hi, &x, &reason)) return fail(v.mark, path, reason);
-      (wait ? e.reclaimWaitMs : e.reclaimDeadlineMs) = static_cast<uint32_t>(x);
+      (wait ? e.reclaimWaitMs : quantum ? e.thrashQuantumMs : e.reclaimDeadlineMs) = static_cast<uint32_t>(x);
     }
     *out = e;
     return true;

@@ -64,7 +64,8 @@ enum class BurstMode {
 };
 const char* burstModeName(BurstMode m);  // "off", "managed", "plain"
 
-// The elasticity: block (docs/memory-elasticity.md): reclaim of plain bursts.
+// The elasticity: block (docs/memory-elasticity.md): reclaim of plain bursts, and the thrashing
+// guard of managed bursts.
 struct ElasticityConfig {
   // How long an ordinary allocation of a tenant within its guarantee, refused by the driver while
   // other tenants hold plain bursts, waits for them to be reclaimed before it fails.
@@ -72,6 +73,10 @@ struct ElasticityConfig {
   // How long a tenant asked to give back plain bursts has before its allocations above its
   // guarantee are refused (until the reclaim is over).
   uint32_t reclaimDeadlineMs = 1000;
+  // Managed bursters with work whose bursts do not fit in the device's room together take turns
+  // on the device (one at a time, thrashQuantumMs each) instead of evicting each other's pages.
+  bool thrashGuard = true;
+  uint32_t thrashQuantumMs = 1000;
 };
 
 struct Profile {

@@ -1210,6 +1210,10 @@ BrokerSnapshot Broker::snapshot() {
     d.computeInstance = devices_[i].computeInstance;
     d.capacity = devices_[i].totalBytes;
     d.busyNs = i < deviceBusyNs_.size() ? deviceBusyNs_[i] : 0;
+    if (const size_t g = std::min(devices_[i].group(i), devices_.size() - 1); g < thrash_.size()) {
+      d.thrashGuard = thrash_[g].on;
+      d.thrashTurns = thrash_[g].turns;
+    }
     if (i < outside_.size() && outside_[i].read) {
       d.read = true;
       d.deviceUsed = outside_[i].deviceUsed;

@@ -173,6 +173,9 @@ class Broker {
     // them found gone there since the broker started (a counter); burstHostSaid: said in the log.
     std::vector<uint64_t> burstHost, reclaimed;
     std::vector<uint8_t> burstHostSaid;
+    // Per device: what its processes hold above its guarantee where it bursts into managed memory
+    // (its ledger, bounded by its limit; elasticity.cpp, every tick), for the thrashing guard.
+    std::vector<uint64_t> managedBurst;
     // When burstAbove last changed, in /proc's clock ticks since boot (process start times): a
     // process started after it cannot have honestly taken more than the guarantee.
     uint64_t burstSinceTicks = 0;
@@ -403,6 +406,25 @@ class Broker {
   void scanLocked(std::vector<std::string>* busy);
   // compute.cpp
   struct ComputeState;
+  // The thrashing guard (docs/memory-elasticity.md, "Thrashing"), per memory group: room is what
+  // managed bursts can be resident in (the device's free memory and what it holds for no process:
+  // elasticity.cpp, every tick; kNoLimit: unknown). While the managed bursters with work there
+  // hold more than that together, they take turns (compute.cpp): one holder at a time, the others'
+  // gates closed, thrash_quantum_ms each.
+  struct ThrashGroup {
+    uint64_t room = kNoLimit;
+    bool on = false;
+    std::vector<std::string> members;  // the bursters taking turns (with work lately), sorted
+    std::string holder;                // whose turn it is (empty: nobody's yet)
+    bool draining = false;             // the holder's gate is closed; its work in flight drains
+    uint64_t turnStart = 0, drainStart = 0, calmSince = 0, onSince = 0;
+    uint64_t turns = 0;                // turns given since the broker started (a counter)
+  };
+  std::vector<ThrashGroup> thrash_;
+  void thrashStepLocked(ComputeState& cs, uint64_t now);
+  // Whether the tenant's gate on device d is closed by the thrashing guard (not its turn), and
+  // whether it takes the guard's turns there at all.
+  bool thrashHeldLocked(const std::string& tenant, size_t d, bool* member) const;
   void computeSnapshotLocked(const std::string& tenant, size_t device, TenantDeviceSnapshot* out) const;
   // The hook for MPS (docs/compute.md): true when every live process of the tenant on the device
   // is a client of the broker's MPS server, whose caps MPS enforces; the scheduler then neither

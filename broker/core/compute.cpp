@@ -24,6 +24,7 @@
 #include "core/mps_turns.h"
 #include "core/probes.h"
 #include "core/log.h"
+#include "cushare/parse.h"
 
 namespace cushare::broker {
 
@@ -74,6 +75,14 @@ constexpr uint64_t kAloneWindow = 1000 * kMs;
 constexpr uint64_t kAloneMinMetered = 20 * kMs;  // less metered in a window: no scale from it
 constexpr double kAloneMinScale = 0.02;
 constexpr double kAloneScaleFrom = 0.9;  // a window's device/metered ratio above this: no scale
+
+// The thrashing guard (docs/memory-elasticity.md, "Thrashing"): a managed burster with work within
+// kThrashActive contends for the room its burst needs; a holder without work for kThrashIdlePass
+// passes its turn to one that has; the guard ends once the bursters with work have fitted in the
+// room (or fewer than two have had work) for kThrashCalm.
+constexpr uint64_t kThrashActive = 200 * kMs;
+constexpr uint64_t kThrashIdlePass = 20 * kMs;
+constexpr uint64_t kThrashCalm = 1000 * kMs;
 
 uint64_t monoNs() {
   timespec ts;
@@ -381,6 +390,9 @@ std::chrono::microseconds Broker::computeTick() {
     if (!ok) faultLocked(&t);
   }
 
+  // The thrashing guard's turns between managed bursters, from this step's work.
+  thrashStepLocked(cs, now);
+
   // 2. Per device: who is paced, the compute words, the turns.
   for (size_t d = 0; d < devices_.size(); ++d) {
     ComputeState::Device& dev = cs.devices[d];
@@ -395,6 +407,8 @@ std::chrono::microseconds Broker::computeTick() {
       bool mpsTurns = false;  // all its processes here are clients, and it takes weighted turns
       int word = 100;         // the cap published in its words (its percentage, also under MPS)
       uint32_t weight = 1;
+      bool thrash = false;    // takes the thrashing guard's turns here (gated whatever else holds)
+      bool held = false;      // ... and it is not its turn: its gate stays closed
     };
     std::vector<Member> members;
     bool capped = false;
@@ -405,6 +419,7 @@ std::chrono::microseconds Broker::computeTick() {
       const int cap = std::clamp(threadsLocked(t).value_or(100), 1, 100);
       Member m{&t, &cs.tenants[name][d], t.ledger->compute(t.entry[d]), cap, priorityWord(priorityLocked(t))};
       m.mps = computeUnderMpsLocked(t, d);
+      m.held = thrashHeldLocked(name, d, &m.thrash);
       m.word = cap;
       m.weight = std::max<uint32_t>(1, t.config.weight);
       if (m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive) topBand = std::min(topBand, m.band);
@@ -794,7 +809,8 @@ std::chrono::microseconds Broker::computeTick() {
       const int64_t used = static_cast<int64_t>(now - dev.turnStart);
       bool othersWait = false;
       for (Member& m : members)
-        if (&m != holder && !m.mps && m.band <= holder->band && m.td->work && m.td->credit > 0) othersWait = true;
+        if (&m != holder && !m.mps && !m.held && m.band <= holder->band && m.td->work && m.td->credit > 0)
+          othersWait = true;
       bool cutIn = false;
       if (fairOn && used >= static_cast<int64_t>(kFairSlice)) {
         const auto left = [&](const Member& m) {
@@ -814,7 +830,7 @@ std::chrono::microseconds Broker::computeTick() {
       // waiting for a step to give it a turn again (docs/compute.md, "The scheduler").
       bool anotherWants = false;
       for (Member& m : members)
-        if (&m != holder && !m.mps && m.td->work) anotherWants = true;
+        if (&m != holder && !m.mps && !m.held && m.td->work) anotherWants = true;
       const bool idleEnd = idle && now - dev.idleSince >= kIdlePass && (fairOn || anotherWants);
       const bool end = idleEnd || (holder->cap < 100 && holder->td->credit <= 0) ||
                        (fairOn && holder->td->fair <= 0 && othersWait) || cutIn ||
@@ -880,7 +896,7 @@ std::chrono::microseconds Broker::computeTick() {
         // one is held to its floor instead, and a tenant that does not contend (suspect) is not
         // held by a credit nobody refills.
         const bool fairOk = !fairOn || !m.td->contending || m.lower || m.td->fair > 0;
-        return &m != pinned && !m.mps && m.td->work && m.td->credit > 0 && fairOk &&
+        return &m != pinned && !m.mps && !m.held && m.td->work && m.td->credit > 0 && fairOk &&
                (m.lower ? !higherWork(m, 0) || higherSaturates(m) : !higherWork(m, kPriorityYield));
       };
       uint32_t best = 3;
@@ -908,10 +924,13 @@ std::chrono::microseconds Broker::computeTick() {
     if (beat) dev.lastBeat = now;
     for (Member& m : members) {
       if (beat && !guarded([&] { m.words->gate_epoch.fetch_add(1); })) faultLocked(m.t);
-      const bool paced = schedule && &m != pinned && !m.mps;
-      const uint32_t mode = (cc.metering || schedule ? kComputeMetered : 0) | (paced ? kComputePaced : 0) |
-                            (paced && m.lower ? kComputeTight : 0);
-      const bool open = !paced || (holder == &m && !dev.draining);
+      // The thrashing guard gates its members whatever the scheduler says (under MPS too), and
+      // keeps every gate but the holder's closed; where the scheduler gates as well, both must open.
+      const bool scheduled = schedule && &m != pinned && !m.mps;
+      const bool paced = scheduled || m.thrash;
+      const uint32_t mode = (cc.metering || schedule || m.thrash ? kComputeMetered : 0) | (paced ? kComputePaced : 0) |
+                            (scheduled && m.lower ? kComputeTight : 0);
+      const bool open = (!scheduled || (holder == &m && !dev.draining)) && !m.held;
       m.td->paced = paced;
       m.td->open = open;
       if (!guarded([&] {
@@ -946,8 +965,144 @@ std::chrono::microseconds Broker::computeTick() {
   }
   bool any = false;
   for (const ComputeState::Device& dev : cs.devices) any = any || dev.periodStart != 0;
+  for (const ThrashGroup& tg : thrash_) any = any || tg.on;
   if (fast) return std::chrono::microseconds(100);
   return any ? std::chrono::microseconds(1000) : std::chrono::microseconds(20000);
+}
+
+bool Broker::thrashHeldLocked(const std::string& tenant, size_t d, bool* member) const {
+  *member = false;
+  const size_t n = devices_.size();
+  if (d >= n || thrash_.size() != n) return false;
+  const ThrashGroup& tg = thrash_[std::min(devices_[d].group(d), n - 1)];
+  if (!tg.on || !std::binary_search(tg.members.begin(), tg.members.end(), tenant)) return false;
+  // Only on the devices where it bursts: elsewhere its work evicts nothing of the others'.
+  const auto it = tenants_.find(tenant);
+  if (it == tenants_.end() || d >= it->second->managedBurst.size() || it->second->managedBurst[d] == 0) return false;
+  *member = true;
+  return tg.holder != tenant || tg.draining;
+}
+
+// The thrashing guard, per memory group, every compute step (docs/memory-elasticity.md,
+// "Thrashing"). Managed bursters with work lately whose bursts together exceed the group's room
+// (what managed memory can be resident in) would evict each other's pages at every switch of the
+// device between them, each kernel waiting for its faults: instead they take turns, one holder at a
+// time with its gate open for thrash_quantum_ms (less when it runs out of work), the others' gates
+// closed; a turn ends by closing the holder's gate and waiting for its work in flight to drain
+// (at most kDrainLimit), so the next holder's faults evict a working set no longer in use. Tenants
+// that do not burst are not gated by it. It ends once the bursters with work have fitted in the
+// room, or fewer than two have had work, for kThrashCalm.
+void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
+  const size_t n = devices_.size();
+  thrash_.resize(n);
+  const ElasticityConfig& ec = config_.elasticity;
+  const uint64_t quantum = uint64_t{ec.thrashQuantumMs} * kMs;
+  for (size_t g = 0; g < n; ++g) {
+    ThrashGroup& tg = thrash_[g];
+    struct Burster {
+      std::string name;
+      uint64_t burst = 0;
+      bool work = false, inflight = false;
+      uint64_t lastWork = 0;
+    };
+    std::vector<Burster> active;  // tenants_ is a map: sorted by name
+    uint64_t sum = 0;
+    for (auto& [name, tp] : tenants_) {
+      const TenantState& t = *tp;
+      const auto it = cs.tenants.find(name);
+      if (it == cs.tenants.end()) continue;
+      Burster b{name};
+      for (size_t d = 0; d < n && d < it->second.size() && d < t.managedBurst.size(); ++d) {
+        if (std::min(devices_[d].group(d), n - 1) != g || t.managedBurst[d] == 0) continue;
+        const ComputeState::TenantDevice& td = it->second[d];
+        b.burst = addSaturated(b.burst, t.managedBurst[d]);
+        b.work = b.work || td.work;
+        b.inflight = b.inflight || td.inflight;
+        b.lastWork = std::max(b.lastWork, td.lastWork);
+      }
+      if (b.burst == 0 || b.lastWork == 0 || now - b.lastWork >= kThrashActive) continue;
+      sum = addSaturated(sum, b.burst);
+      active.push_back(std::move(b));
+    }
+    const bool crowded = ec.thrashGuard && tg.room != kNoLimit && active.size() >= 2 && sum > tg.room;
+    std::string names;
+    for (const Burster& b : active) names += (names.empty() ? "" : ", ") + b.name;
+    if (!tg.on) {
+      if (!crowded) continue;
+      tg.on = true;
+      tg.onSince = now;
+      tg.calmSince = 0;
+      tg.holder.clear();
+      tg.draining = false;
+      CUSHARE_BLOG(warn, "device {}: the managed bursts of {} ({} together) do not fit in the {} the device has for "
+                   "them: they would evict each other's pages at every switch, so they take turns of {} ms "
+                   "(elasticity.thrash_quantum_ms)", devices_[g].name(), names, formatSize(sum),
+                   formatSize(tg.room), ec.thrashQuantumMs);
+    } else if (!ec.thrashGuard) {
+      tg.on = false;  // switched off by a reload: every gate it closed opens at this step
+    } else if (crowded) {
+      tg.calmSince = 0;
+    } else if (tg.calmSince == 0) {
+      tg.calmSince = now;
+    } else if (now - tg.calmSince >= kThrashCalm) {
+      tg.on = false;
+    }
+    if (!tg.on) {
+      CUSHARE_BLOG(info, "device {}: the managed bursters' turns end after {:.1f} s ({} turns in all): {}",
+                   devices_[g].name(), static_cast<double>(now - tg.onSince) / 1e9, tg.turns,
+                   ec.thrashGuard ? "their bursts fit in the room, or fewer than two have work" : "thrash_guard is off");
+      tg.members.clear();
+      tg.holder.clear();
+      tg.draining = false;
+      continue;
+    }
+    // Members: those with work lately (a burster waiting at its closed gate has work).
+    tg.members.clear();
+    for (const Burster& b : active) tg.members.push_back(b.name);
+    const auto find = [&](const std::string& name) -> const Burster* {
+      for (const Burster& b : active)
+        if (b.name == name) return &b;
+      return nullptr;
+    };
+    // The next holder after `after` in name order, round robin, among those with work now (else
+    // among all members); empty if there are none.
+    const auto next = [&](const std::string& after) {
+      for (int pass = 0; pass < 2; ++pass) {
+        const Burster* first = nullptr;
+        for (const Burster& b : active) {
+          if (pass == 0 && !b.work) continue;
+          if (first == nullptr) first = &b;
+          if (b.name > after) return b.name;
+        }
+        if (first != nullptr) return first->name;
+      }
+      return std::string();
+    };
+    const Burster* h = find(tg.holder);
+    if (h == nullptr) {  // no holder yet, or it left (no work lately, gone)
+      tg.holder = next(tg.holder);
+      tg.draining = false;
+      tg.turnStart = now;
+      ++tg.turns;
+      continue;
+    }
+    bool anotherWants = false;
+    for (const Burster& b : active) anotherWants = anotherWants || (b.name != tg.holder && b.work);
+    if (!tg.draining) {
+      const bool idle = !h->work && now - h->lastWork >= kThrashIdlePass;
+      if (anotherWants && (now - tg.turnStart >= quantum || idle)) {
+        tg.draining = true;
+        tg.drainStart = now;
+      }
+    }
+    if (tg.draining && (!h->inflight || now - tg.drainStart > kDrainLimit)) {
+      tg.holder = next(tg.holder);
+      tg.draining = false;
+      tg.turnStart = now;
+      ++tg.turns;
+      CUSHARE_BLOG(debug, "device {}: thrashing guard: {}'s turn", devices_[g].name(), tg.holder);
+    }
+  }
 }
 
 }  // namespace cushare::broker

@@ -53,10 +53,21 @@ void Broker::publishEvictableLocked(const std::vector<std::map<int, uint64_t>>& 
     const size_t grp = std::min(devices_[d].group(d), n - 1);
     unshown[grp] = std::max(unshown[grp], deviceUsed[d] > shown ? deviceUsed[d] - shown : 0);
   }
+  // The thrashing guard's room per group: the device's free memory and what it holds for no
+  // process (resident managed memory among it); unknown where the device was not read.
+  thrash_.resize(n);
+  for (ThrashGroup& tg : thrash_) tg.room = kNoLimit;
+  for (size_t d = 0; d < n; ++d) {
+    if (unreadLocked(d) || d >= deviceUsed.size()) continue;
+    const size_t grp = std::min(devices_[d].group(d), n - 1);
+    const uint64_t free = devices_[d].totalBytes > deviceUsed[d] ? devices_[d].totalBytes - deviceUsed[d] : 0;
+    thrash_[grp].room = addSaturated(free, unshown[grp]);
+  }
   // Each bursting tenant's part of its group's bursts on host memory.
   std::vector<uint64_t> onHost(n, 0);
   for (size_t g = 0; g < n; ++g) onHost[g] = bursts[g] - std::min(bursts[g], unshown[g]);
   for (auto& [name, t] : tenants_) {
+    t->managedBurst.assign(n, 0);
     t->burstHost.resize(n, 0);
     t->reclaimed.resize(n, 0);
     t->burstHostSaid.resize(n, 0);
@@ -69,6 +80,7 @@ void Broker::publishEvictableLocked(const std::vector<std::map<int, uint64_t>>& 
         guarded([&] { used = t->ledger->used(t->entry[d]); });
         used = std::min(used, expectedLocked(*t, d));
         const uint64_t burst = used > g ? used - g : 0;
+        t->managedBurst[d] = burst;
         mine = static_cast<uint64_t>(static_cast<unsigned __int128>(onHost[grp]) * burst / bursts[grp]);
       } else if (unreadLocked(d)) {
         continue;  // kept as it was

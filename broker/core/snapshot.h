@@ -26,6 +26,10 @@ struct DeviceSnapshot {
   std::vector<int> outsidePids;  // those processes (host pids), largest first
   bool read = false;         // the device's accounting could be read
   uint64_t busyNs = 0;       // every process's busy time on it as NVML counted it, ns (counter)
+  // The thrashing guard of its memory group (docs/memory-elasticity.md): managed bursters taking
+  // turns now, and the turns given since the broker started (a counter).
+  bool thrashGuard = false;
+  uint64_t thrashTurns = 0;
   std::string name;          // "0", or "0:1" for MIG device 1 of GPU 0 (set by the broker)
   int migIndex = -1;         // MIG devices only (-1 otherwise): index under the GPU, and below
   std::string parentUuid;    // the GPU's UUID

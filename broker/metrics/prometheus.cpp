@@ -185,6 +185,15 @@ void renderDevices(const BrokerSnapshot& s, Writer& w) {
            "process, cushare's or not; MPS clients running side by side each count), seconds.");
   for (const DeviceSnapshot& d : s.devices)
     w.sampleFloat({{"device", deviceLabel(d)}, {"uuid", d.uuid}}, static_cast<double>(d.busyNs) / 1e9);
+  // The thrashing guard (docs/memory-elasticity.md, "Thrashing").
+  w.family("cushare_device_thrash_guard", kGauge,
+           "1 while the tenants bursting into managed memory on the device take turns on it (their bursts do not "
+           "fit in the memory the device has for them together), else 0.");
+  for (const DeviceSnapshot& d : s.devices) w.sample({{"device", deviceLabel(d)}, {"uuid", d.uuid}}, d.thrashGuard ? 1 : 0);
+  w.family("cushare_device_thrash_turns_total", kCounter,
+           "Turns the thrashing guard gave the tenants bursting into managed memory on the device (each turn "
+           "brings its holder's working set back to the device).");
+  for (const DeviceSnapshot& d : s.devices) w.sample({{"device", deviceLabel(d)}, {"uuid", d.uuid}}, d.thrashTurns);
   // What each device is, to join on (device, uuid): a GPU, or a MIG device with its GPU, profile
   // and instance IDs, so that usage can be billed per MIG instance.
   w.family("cushare_device_info", kGauge,

@@ -17,6 +17,7 @@
 #include "interpose/hooks.h"
 #include "interpose/real.h"
 #include "policy/alloc_table.h"
+#include "policy/reclaim_wait.h"
 #include "runtime/log.h"
 #include "runtime/state.h"
 
@@ -25,11 +26,6 @@ namespace cushare::shim {
 // pools.cpp
 CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s, bool perThread) noexcept;
 void settleAllPools() noexcept;
-// reclaim.cpp: a guaranteed allocation the driver refused while other tenants hold plain bursts.
-bool reclaimWaitBegin(int ordinal, uint64_t bytes, uint64_t* deadlineNs, uint64_t* postedNs) noexcept;
-uint64_t reclaimWaitRefresh(int ordinal, uint64_t bytes) noexcept;
-void reclaimWaitEnd(int ordinal, uint64_t bytes, bool granted, uint64_t startedNs, uint64_t postedNs) noexcept;
-uint64_t reclaimNowNs() noexcept;
 
 
 namespace {
@@ -71,23 +67,6 @@ CUresult reserve(int ordinal, uint64_t bytes, bool evictable = false) noexcept {
 void release(const Charge& c) noexcept { state().ledger->release(c.device, c.bytes); }
 
 // The common shape of a counted allocation of the current device.
-// Calls alloc (whose reservation is held); if the driver is out of memory while other tenants'
-// plain bursts could be given back, waits for them (reclaim.cpp) and tries again.
-template <typename Alloc>
-CUresult allocOrWaitForReclaim(int ordinal, uint64_t bytes, Alloc&& alloc) noexcept {
-  CUresult r = alloc();
-  uint64_t deadline = 0, posted = 0;
-  if (r != CUDA_ERROR_OUT_OF_MEMORY || !reclaimWaitBegin(ordinal, bytes, &deadline, &posted)) return r;
-  const uint64_t start = posted;
-  for (uint64_t now = start; r == CUDA_ERROR_OUT_OF_MEMORY && now < deadline; now = reclaimNowNs()) {
-    ::usleep(1000);
-    if (now - posted >= 10000000ull) posted = reclaimWaitRefresh(ordinal, bytes);
-    r = alloc();
-  }
-  reclaimWaitEnd(ordinal, bytes, r != CUDA_ERROR_OUT_OF_MEMORY, start, posted);
-  return r;
-}
-
 template <typename Alloc>
 CUresult chargedAllocOn(int ordinal, uint64_t bytes, uintptr_t* key, Alloc&& alloc, ChargeKind kind = ChargeKind::kPointer,
                         bool evictable = false) noexcept {

@@ -17,6 +17,7 @@
 
 #include "interpose/hooks.h"
 #include "interpose/real.h"
+#include "policy/reclaim_wait.h"
 #include "runtime/log.h"
 #include "runtime/state.h"
 
@@ -90,7 +91,7 @@ PoolCharge* entryLocked(CUmemoryPool pool, int known) noexcept {
 // *ordinal receives the pool's device.
 template <typename Alloc>
 CUresult poolAllocate(CUmemoryPool pool, int known, uint64_t bytes, Alloc&& alloc, int* ordinal) noexcept {
-  std::lock_guard<std::mutex> g(pools().mu);
+  std::unique_lock<std::mutex> g(pools().mu);
   PoolCharge* entry = entryLocked(pool, known);
   if (!entry) {
     logLine(LogLevel::kError, "tenant %s: a stream-ordered allocation from a memory pool of unknown device is refused",
@@ -105,7 +106,15 @@ CUresult poolAllocate(CUmemoryPool pool, int known, uint64_t bytes, Alloc&& allo
   // Room for the pool to grow by the request. Without it, the allocation may still fit in what
   // the pool already caches: let the driver try, and judge by how much the pool grew.
   const bool covered = state().ledger->reserve(idx, bytes, plainLimit(c.ordinal));
-  const CUresult r = alloc(pool);
+  CUresult r = alloc(pool);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && covered) {
+    // Within what the tenant may hold, the device is full: wait for other tenants' plain bursts
+    // like the other roads, the reservation held (it is what the wait is believed up to), the
+    // pools' lock released meanwhile (a pool's charge is its reserved memory, whoever settles it).
+    g.unlock();
+    r = waitForReclaimAndRetry(c.ordinal, bytes, r, [&] { return alloc(pool); });
+    g.lock();
+  }
   if (covered) state().ledger->release(idx, bytes);
   if (r != CUDA_SUCCESS) return r;
   const uint64_t before = c.charged;

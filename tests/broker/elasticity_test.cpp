@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <thread>
 #include <vector>
 #include <sstream>
@@ -264,6 +265,13 @@ TEST(Elastic, APlainBurstIsGivenBackForAGuaranteedAllocation) {
   // Over: it may burst again into what is free.
   EXPECT_EQ(steady.ask("freeall"), "ok");
   EXPECT_EQ(burster.ask("alloc " + mib(256)), "ok");
+  // A stream-ordered allocation from a pool within the guarantee waits for plain bursts too.
+  ASSERT_EQ(steady.ask("pool " + mib(256)), "ok");
+  EXPECT_EQ(deviceUsed(), 1024 * MiB) << "full again";
+  const std::string pooled = steady.ask("pool " + mib(256), 10000);
+  EXPECT_EQ(pooled, "ok") << b.log() << readAll(b.dir() + "/tenants.log");
+  EXPECT_EQ(burster.ask("held"), "held " + mib(512)) << "it gave 256 MiB back a second time";
+  EXPECT_EQ(deviceUsed(), 1024 * MiB);
   for (Child* c : {&burster, &steady}) c->send("quit");
 }
 
@@ -386,6 +394,113 @@ TEST(ElasticBench, AllocationCost) {
   }
   EXPECT_EQ(burst.ask("kinds"), "managed 0 plain " + mib(16)) << "the timed pairs were all freed";
   for (Child* c : {&none, &plain, &burst}) c->send("quit");
+}
+
+// ---- The thrashing guard (docs/memory-elasticity.md, "Thrashing") ----
+
+// Device 0's number `key` in simgpu-smi --json (the device's own count), or -1.
+double smiDevice(const std::string& key) {
+  std::string json;
+  if (FILE* p = ::popen(SIMGPU_SMI " --json", "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) json.append(buf, n);
+    ::pclose(p);
+  }
+  const size_t f = json.find("\"" + key + "\": ");
+  return f == std::string::npos ? -1 : std::strtod(json.c_str() + f + key.size() + 4, nullptr);
+}
+
+// The value of an unlabelled-by-tenant family's sample for device 0 ("" if none).
+std::string deviceSample(const std::string& metrics, const std::string& family) {
+  std::istringstream in(metrics);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(family + "{", 0) == 0 && line.find("device=\"0\"") != std::string::npos)
+      return line.substr(line.rfind(' ') + 1);
+  return "";
+}
+
+// Two managed bursters on a 1 GiB device, each 256 MiB guaranteed (ordinary memory) and 384 MiB
+// of burst (managed): 512 MiB of room for 768 MiB of bursts. Touching their bursts side by side,
+// each kernel's launch faults back what the other's evicted (simgpu charges 200 us of device time
+// per 2 MiB chunk migrated, as a page fault's migration costs on a GPU). With the guard they take
+// turns: the device migrates a working set once per turn, not once per kernel, and both get far
+// more done. Judged by the device's own migration count (simgpu-smi) and the tenants' own rounds
+// of work; live: the guard is off, then switched on by a reload. Tenants on uids of their own.
+TEST(ElasticThrash, BurstersThatDoNotFitTakeTurnsInsteadOfEvictingEachOther) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
+  const std::string tenants =
+      "tenants:\n"
+      "  - {name: left, uid: 1000, memory: 640MiB, guarantee: 256MiB}\n"
+      "  - {name: right, uid: 1001, memory: 640MiB, guarantee: 256MiB}\n";
+  Broker b(testDir());
+  ASSERT_TRUE(b.start("elasticity: {thrash_guard: off}\n" + tenants)) << b.log();
+  UidTenants users;
+  Child left = users.spawn(1000, WORKER_BIN, b, "left");
+  ASSERT_EQ(left.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+  Child right = users.spawn(1001, WORKER_BIN, b, "right");
+  ASSERT_EQ(right.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+  for (Child* c : {&left, &right}) {
+    ASSERT_EQ(c->ask("pattern " + mib(256)), "ok");
+    ASSERT_EQ(c->ask("pattern " + mib(384)), "ok");
+    ASSERT_EQ(c->ask("kinds"), "managed " + mib(384) + " plain " + mib(256));
+  }
+  // Both touch their bursts for `ms`: their rounds, and what the device evicted meanwhile.
+  struct Run {
+    uint64_t left = 0, right = 0;
+    double evicted = 0;
+  };
+  auto run = [&](int ms, Run* r, const std::function<void()>& during = {}) {
+    const double e0 = smiDevice("managed_evicted_bytes");
+    ASSERT_GE(e0, 0) << "simgpu-smi gave no migration count";
+    for (Child* c : {&left, &right}) ASSERT_TRUE(c->send("touch " + std::to_string(ms)));
+    if (during) during();
+    const std::string a = left.readLine(60000), c = right.readLine(60000);
+    ASSERT_EQ(a.rfind("touched ", 0), 0u) << a;
+    ASSERT_EQ(c.rfind("touched ", 0), 0u) << c;
+    r->left = field(a, 1);
+    r->right = field(c, 1);
+    r->evicted = smiDevice("managed_evicted_bytes") - e0;
+  };
+  Run off;
+  ASSERT_NO_FATAL_FAILURE(run(2000, &off));
+  std::printf("guard off: rounds %llu + %llu, evicted %.0f MiB\n", static_cast<unsigned long long>(off.left),
+              static_cast<unsigned long long>(off.right), off.evicted / MiB);
+  EXPECT_FALSE(b.logHas("take turns", 0)) << "thrash_guard: off";
+  // Side by side, the bursts evict each other: more than a whole burst every half second.
+  EXPECT_GT(off.evicted, 4 * 384.0 * MiB) << "the test's premise: without the guard the bursters thrash";
+
+  std::ofstream(b.dir() + "/config.yaml") << brokerConfig(b.dir(), "elasticity: {thrash_quantum_ms: 500}\n" + tenants);
+  ASSERT_TRUE(b.reload().ok()) << b.log();
+  Run on;
+  std::string gauge;
+  ASSERT_NO_FATAL_FAILURE(run(3000, &on, [&] {
+    eventually([&] { return deviceSample(b.metrics(), "cushare_device_thrash_guard") == "1"; }, 2500);
+    gauge = deviceSample(b.metrics(), "cushare_device_thrash_guard");
+  }));
+  const double turns = std::strtod(deviceSample(b.metrics(), "cushare_device_thrash_turns_total").c_str(), nullptr);
+  std::printf("guard on: rounds %llu + %llu, evicted %.0f MiB, turns %.0f\n", static_cast<unsigned long long>(on.left),
+              static_cast<unsigned long long>(on.right), on.evicted / MiB, turns);
+  EXPECT_TRUE(b.logHas("device 0: the managed bursts of left, right (768 MiB together) do not fit in the 512 MiB the "
+                       "device has for them"))
+      << b.log();
+  EXPECT_EQ(gauge, "1") << "cushare_device_thrash_guard while they take turns";
+  // The device moves a working set once per turn (at most a whole burst each), not per kernel.
+  EXPECT_GE(turns, 2) << "both had turns";
+  EXPECT_LE(on.evicted, (turns + 1) * 384.0 * MiB);
+  EXPECT_GT(on.left, 0u) << "each gets turns";
+  EXPECT_GT(on.right, 0u);
+  // Per second, far more work done than while they thrashed (both together).
+  const double perSecOff = static_cast<double>(off.left + off.right) / 2.0;
+  const double perSecOn = static_cast<double>(on.left + on.right) / 3.0;
+  EXPECT_GT(perSecOn, 3 * perSecOff) << "turns beat thrashing";
+  // Nothing either wrote was lost; once neither has work, the turns end.
+  EXPECT_EQ(left.ask("check"), "intact 2");
+  EXPECT_EQ(right.ask("check"), "intact 2");
+  EXPECT_TRUE(b.logHas("device 0: the managed bursters' turns end", 5000)) << b.log();
+  EXPECT_TRUE(eventually([&] { return deviceSample(b.metrics(), "cushare_device_thrash_guard") == "0"; }, 3000));
+  // A tenant with work alone is never held: it runs at once.
+  EXPECT_EQ(left.ask("touch 200").rfind("touched ", 0), 0u);
+  for (Child* c : {&left, &right}) c->send("quit");
 }
 
 }  // namespace

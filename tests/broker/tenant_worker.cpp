@@ -27,6 +27,9 @@
 //                           a thread polls cushare_reclaim_fd and frees its newest allocations until
 //                           the tenant holds no more than cushare_reclaim_target says: "cooperating"
 //                           | "err WHAT"
+//   touch MS             -> for MS milliseconds, rounds of one kernel per held allocation (its
+//                           argument points into the allocation: simgpu populates managed memory it
+//                           reaches) and a synchronisation: "touched ROUNDS" | "err CODE"
 //   kinds                -> what the driver made of everything it holds (cuPointerGetAttribute
 //                           IS_MANAGED): "managed BYTES plain BYTES"
 //   quit                 -> frees everything and exits 0
@@ -180,6 +183,31 @@ std::string check() {
       if (words[w] != patternWord(i, w)) return "corrupt " + std::to_string(i);
   }
   return "intact " + std::to_string(gPatterns.size());
+}
+
+// touch MS (see the top). simgpu runs any kernel name of a module whose PTX names none.
+std::string touch(uint64_t ms) {
+  static CUfunction f = nullptr;
+  if (f == nullptr) {
+    static const char kPtx[] = ".version 8.0\n.target sm_90\n.address_size 64\n";
+    CUmodule mod = nullptr;
+    if (CUresult r = cuModuleLoadData(&mod, kPtx); r != CUDA_SUCCESS) return "err " + std::to_string(r);
+    if (CUresult r = cuModuleGetFunction(&f, mod, "touch"); r != CUDA_SUCCESS) return "err " + std::to_string(r);
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  uint64_t rounds = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    for (auto& [p, n] : gHeld) {
+      CUdeviceptr arg = p;
+      size_t size = sizeof arg;
+      void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &arg, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+      if (CUresult r = cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, extra); r != CUDA_SUCCESS)
+        return "err " + std::to_string(r);
+    }
+    if (CUresult r = cuCtxSynchronize(); r != CUDA_SUCCESS) return "err " + std::to_string(r);
+    ++rounds;
+  }
+  return "touched " + std::to_string(rounds);
 }
 
 std::vector<CUdeviceptr> gPool;
@@ -402,6 +430,10 @@ int main() {
       uint64_t n = 0, pairs = 0;
       in >> n >> pairs;
       say(timePairs(n, pairs));
+    } else if (cmd == "touch") {
+      uint64_t ms = 0;
+      in >> ms;
+      say(touch(ms));
     } else if (cmd == "kinds") {
       say(kinds());
     } else if (cmd == "pid") {

@@ -950,6 +950,15 @@ TEST(BrokerConfigBurst, InconsistentSettingsAreRefusedWithTheReason) {
   const Config c = parseOk("elasticity: {reclaim_wait_ms: 0, reclaim_deadline_ms: 250}\ntenants: []\n");
   EXPECT_EQ(c.elasticity.reclaimWaitMs, 0u);
   EXPECT_EQ(c.elasticity.reclaimDeadlineMs, 250u);
+  EXPECT_TRUE(c.elasticity.thrashGuard) << "the thrashing guard is on unless said";
+  EXPECT_EQ(c.elasticity.thrashQuantumMs, 1000u);
+  const Config off = parseOk("elasticity: {thrash_guard: off, thrash_quantum_ms: 5000}\ntenants: []\n");
+  EXPECT_FALSE(off.elasticity.thrashGuard);
+  EXPECT_EQ(off.elasticity.thrashQuantumMs, 5000u);
+  EXPECT_NE(parseError("elasticity: {thrash_guard: maybe}\ntenants: []\n").find("expected on or off, found 'maybe'"),
+            std::string::npos);
+  EXPECT_NE(parseError("elasticity: {thrash_quantum_ms: 10}\ntenants: []\n").find("elasticity.thrash_quantum_ms"),
+            std::string::npos) << "below 50 ms a turn is shorter than bringing a working set back";
   EXPECT_NE(parseError("profiles:\n  p: {memory: 1GiB, guarantee: 512MiB}\nunknown_tenants: p\n")
                 .find("unknown tenants cannot burst"),
             std::string::npos);

@@ -213,6 +213,12 @@ cushare_device_memory_outside_bytes{device="0",uuid="GPU-5e1a90c0-0000-4000-8000
 # HELP cushare_device_busy_seconds_total Time any process's kernels ran on the device, as NVML's per-process utilization counts it (every process, cushare's or not; MPS clients running side by side each count), seconds.
 # TYPE cushare_device_busy_seconds_total counter
 cushare_device_busy_seconds_total{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 2.5
+# HELP cushare_device_thrash_guard 1 while the tenants bursting into managed memory on the device take turns on it (their bursts do not fit in the memory the device has for them together), else 0.
+# TYPE cushare_device_thrash_guard gauge
+cushare_device_thrash_guard{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
+# HELP cushare_device_thrash_turns_total Turns the thrashing guard gave the tenants bursting into managed memory on the device (each turn brings its holder's working set back to the device).
+# TYPE cushare_device_thrash_turns_total counter
+cushare_device_thrash_turns_total{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000"} 0
 # HELP cushare_device_info 1 per device the broker shares: kind "gpu" or "mig"; the GPU's UUID (gpu_uuid: a MIG device's GPU, a GPU's own), a MIG device's profile (e.g. 3g.40gb), GPU instance and compute instance IDs (empty for a GPU).
 # TYPE cushare_device_info gauge
 cushare_device_info{device="0",uuid="GPU-5e1a90c0-0000-4000-8000-000000000000",kind="gpu",gpu_uuid="GPU-5e1a90c0-0000-4000-8000-000000000000",mig_profile="",gpu_instance_id="",compute_instance_id=""} 1
@@ -354,7 +360,7 @@ TEST(Prometheus, EveryFamilyHasOneHelpAndOneTypeEvenWithoutSamples) {
       if (line.starts_with("# HELP ")) ++helps[line.substr(7, line.find(' ', 7) - 7)];
       if (line.starts_with("# TYPE ")) ++types[line.substr(7, line.find(' ', 7) - 7)];
     }
-    EXPECT_EQ(helps.size(), 56u);
+    EXPECT_EQ(helps.size(), 58u);
     EXPECT_EQ(helps, types);
     for (const auto& [name, count] : helps) EXPECT_EQ(count, 1) << name;
   }

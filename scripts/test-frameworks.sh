@@ -42,7 +42,7 @@ if [[ ! -e $simgpu_lib/libcuda.so.1 || ! -e $shim ]]; then
   echo "test-frameworks: build/ is missing or incomplete; running scripts/build.sh" >&2
   scripts/build.sh
 fi
-for f in "$simgpu_lib/libcuda.so.1" "$simgpu_lib/libnvidia-ml.so.1" "$shim"; do
+for f in "$simgpu_lib/libcuda.so.1" "$simgpu_lib/libnvidia-ml.so.1" "$shim" "$root/build/bin/cushare-broker"; do
   [[ -e $f ]] || { echo "test-frameworks: $f not built" >&2; exit 1; }
 done
 [[ -e $cuda_lib/libnvrtc.so.13 ]] || { echo "test-frameworks: CUDA 13 toolkit not found at $cuda_lib" >&2; exit 1; }
@@ -202,6 +202,10 @@ run_tier torch-simgpu tests/frameworks/test_torch.py LD_LIBRARY_PATH="$simgpu_li
 run_tier torch-shim tests/frameworks/test_torch.py LD_LIBRARY_PATH="$simgpu_lib" \
   LD_PRELOAD="$shim" CUSHARE_TENANT=torch CUSHARE_MEMORY_LIMIT=512MiB \
   CUSHARE_LEDGER_DIR="$state/ledger"
+# PyTorch bursting above its guarantee and being reclaimed (docs/memory-elasticity.md): a broker
+# per case on a 1 GiB device; the shim is preloaded into the PyTorch children only.
+run_tier torch-bursting tests/frameworks/test_torch_bursting.py LD_LIBRARY_PATH="$simgpu_lib" SIMGPU_MEMORY=1GiB \
+  SIMGPU_STATE_DIR="$state/simgpu-bursting" FRAMEWORK_BROKER="$root/build/bin/cushare-broker" FRAMEWORK_SHIM="$shim"
 
 if (( status == 0 )); then
   echo "test-frameworks: all tiers passed"

@@ -16,7 +16,6 @@ simgpu does not compute kernels without a host body (docs/simgpu.md): PyTorch's 
 are captured and replayed, but their results are not checked here; memory behaviour is.
 """
 
-import json
 import os
 import re
 import subprocess
@@ -24,6 +23,8 @@ import sys
 import textwrap
 
 import pytest
+
+import tier  # noqa: E402 (tests/frameworks, on pytest's path)
 
 torch = pytest.importorskip("torch")
 pynvml = pytest.importorskip("pynvml")
@@ -47,15 +48,7 @@ LIMIT = parse_size(os.environ["CUSHARE_MEMORY_LIMIT"]) if UNDER_SHIM else DEVICE
 
 # Prepended to every child's code: helpers to talk to the test (one JSON line per step; the
 # child waits for a line on stdin before going on, so the test can read the device meanwhile).
-_PRELUDE = textwrap.dedent("""
-    import json, os, sys
-    import torch
-    MiB = 1 << 20
-    def report(**values):
-        print(json.dumps(values), flush=True)
-    def wait():
-        if sys.stdin.readline().strip() != "go":
-            sys.exit(3)
+_PRELUDE = tier.CHILD_PRELUDE + textwrap.dedent("""
     def view():
         free, total = torch.cuda.mem_get_info()
         return {"free": free, "total": total}
@@ -79,45 +72,12 @@ _PRELUDE = textwrap.dedent("""
 """)
 
 
-class Child:
-    """A Python child running code after _PRELUDE, with the run's environment (plus env)."""
+class Child(tier.Child):
+    """A Python child running code after _PRELUDE (without importing torch if use_torch is False)."""
 
     def __init__(self, code, env=None, drop=(), use_torch=True):
-        full_env = dict(os.environ)
-        for k in drop:
-            full_env.pop(k, None)
-        full_env.update(env or {})
         prelude = _PRELUDE if use_torch else _PRELUDE.replace("import torch\n", "", 1)
-        self.proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", prelude + textwrap.dedent(code)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=full_env)
-
-    @property
-    def pid(self):
-        return self.proc.pid
-
-    def recv(self):
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(timeout=120)
-            raise AssertionError(f"child exited {self.proc.returncode} without a report:\n{self.proc.stderr.read()}")
-        return json.loads(line)
-
-    def go(self):
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-
-    def finish(self):
-        self.proc.stdin.close()
-        rc = self.proc.wait(timeout=120)
-        err = self.proc.stderr.read()
-        assert rc == 0, f"child exited {rc}:\n{err}"
-        return err
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(prelude, code, env, drop)
 
 
 @pytest.fixture
@@ -136,21 +96,7 @@ def children():
 
 def device_count():
     """The device's own accounting (simgpu's NVML, no shim): used bytes and bytes per pid."""
-    code = textwrap.dedent("""
-        import json, pynvml
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        m = pynvml.nvmlDeviceGetMemoryInfo(h)
-        procs = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
-        print(json.dumps({"used": m.used, "total": m.total, "procs": procs}))
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
-    d["procs"] = {int(k): v for k, v in d["procs"].items()}
-    assert d["total"] == DEVICE_TOTAL, "the observer must see the whole device"
-    return d
+    return tier.device_count(DEVICE_TOTAL)
 
 
 def held_by(pids):

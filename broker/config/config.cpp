@@ -284,7 +284,7 @@ class Parser {
       if (key.text != "reclaim_wait_ms" && key.text != "reclaim_deadline_ms" && key.text != "thrash_quantum_ms")
         return unknownKey(key, path, kElasticityKeys);
       const bool wait = key.text == "reclaim_wait_ms", quantum = key.text == "thrash_quantum_ms";
-      const int64_t lo = wait ? 0 : quantum ? 50 : 10, hi = wait ? 60000 : quantum ? 600000 : 600000;
+      const int64_t lo = wait ? 0 : quantum ? 100 : 10, hi = wait ? 60000 : 600000;
       if (!scalar(v, path, "a whole number " + std::to_string(lo) + ".." + std::to_string(hi), &text)) return false;
       int64_t x = 0;
       if (!parseInt(text, lo, hi, &x, &reason)) return fail(v.mark, path, reason);

@@ -1297,6 +1297,8 @@ int Broker::tick(bool scanDirectory) {
                      busyErr);
       busyError_ = busyErr;
       if (busyRead) checkBusyLocked(deviceBusy);
+    } else {
+      for (ThrashGroup& tg : thrash_) tg.room = kNoLimit;  // unknown: the thrashing guard ends (compute.cpp)
     }
     // Reclaim of plain bursts every tick: with the device's figures when they were read (a wait is
     // believed only while the device is full), without them nobody's (so a reclaim ends and its

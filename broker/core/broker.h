@@ -418,7 +418,10 @@ class Broker {
     std::string holder;                // whose turn it is (empty: nobody's yet)
     bool draining = false;             // the holder's gate is closed; its work in flight drains
     uint64_t turnStart = 0, drainStart = 0, calmSince = 0, onSince = 0;
+    uint64_t busyMark = 0, busyAt = 0;  // the holder's busy time (all its devices here), when it last moved
+    std::map<std::string, uint64_t> suspect;  // claimed work through a stall: its busy time then
     uint64_t turns = 0;                // turns given since the broker started (a counter)
+    uint64_t turnsAtOn = 0;            // turns when this episode began
   };
   std::vector<ThrashGroup> thrash_;
   void thrashStepLocked(ComputeState& cs, uint64_t now);

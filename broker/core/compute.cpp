@@ -81,8 +81,13 @@ constexpr double kAloneScaleFrom = 0.9;  // a window's device/metered ratio abov
 // passes its turn to one that has; the guard ends once the bursters with work have fitted in the
 // room (or fewer than two have had work) for kThrashCalm.
 constexpr uint64_t kThrashActive = 200 * kMs;
-constexpr uint64_t kThrashIdlePass = 20 * kMs;
+constexpr uint64_t kThrashIdlePass = 100 * kMs;
 constexpr uint64_t kThrashCalm = 1000 * kMs;
+// A holder whose busy time (metered or counted by the device) has not moved for kThrashStall while
+// it claims work loses its turn at once (no drain) and is not taken for a burster with work until
+// its busy time moves again: counts that claim work without running any cannot idle the device for
+// whole quanta.
+constexpr uint64_t kThrashStall = 100 * kMs;
 
 uint64_t monoNs() {
   timespec ts;
@@ -411,6 +416,9 @@ std::chrono::microseconds Broker::computeTick() {
       bool held = false;      // ... and it is not its turn: its gate stays closed
     };
     std::vector<Member> members;
+    // Held back by the thrashing guard (not their turn): out of the scheduler's reckoning entirely
+    // (their waiting launches are no work, no priority, no contention, no turn), gated closed.
+    std::vector<Member> held;
     bool capped = false;
     uint32_t topBand = 2;
     for (auto& [name, tp] : tenants_) {
@@ -422,6 +430,12 @@ std::chrono::microseconds Broker::computeTick() {
       m.held = thrashHeldLocked(name, d, &m.thrash);
       m.word = cap;
       m.weight = std::max<uint32_t>(1, t.config.weight);
+      if (m.held) {
+        m.td->contending = m.td->mpsTurns = m.td->sharedSms = false;
+        m.td->target = m.td->achieved = 0.0;
+        held.push_back(m);
+        continue;
+      }
       if (m.td->lastWork != 0 && now - m.td->lastWork < kPriorityActive) topBand = std::min(topBand, m.band);
       members.push_back(m);
     }
@@ -591,6 +605,17 @@ std::chrono::microseconds Broker::computeTick() {
         x.work = m.td->lastWork != 0 && now - m.td->lastWork < kFairActive;
         x.regime = m.mps ? probe::Regime::kConcurrent
                          : schedule && m.td->paced ? probe::Regime::kTurns : probe::Regime::kTimeSliced;
+        x.owner = m.t->owner;
+        x.gid = m.t->config.gid ? static_cast<int>(*m.t->config.gid) : -1;
+        x.mode = m.t->config.gid ? 0660 : 0600;
+        pt.push_back(std::move(x));
+      }
+      for (Member& m : held) {  // no work while held: no rounds
+        ProbeTenant x;
+        x.name = m.t->name;
+        x.ledger = m.t->ledger.get();
+        x.entry = m.t->entry[d];
+        x.regime = probe::Regime::kTurns;
         x.owner = m.t->owner;
         x.gid = m.t->config.gid ? static_cast<int>(*m.t->config.gid) : -1;
         x.mode = m.t->config.gid ? 0660 : 0600;
@@ -922,11 +947,11 @@ std::chrono::microseconds Broker::computeTick() {
     // the broker for gone; only a dead broker stops it (launch.cpp, kBrokerGoneNs).
     const bool beat = now - dev.lastBeat >= kHeartbeat;
     if (beat) dev.lastBeat = now;
-    for (Member& m : members) {
+    const auto writeWords = [&](Member& m) {
       if (beat && !guarded([&] { m.words->gate_epoch.fetch_add(1); })) faultLocked(m.t);
       // The thrashing guard gates its members whatever the scheduler says (under MPS too), and
       // keeps every gate but the holder's closed; where the scheduler gates as well, both must open.
-      const bool scheduled = schedule && &m != pinned && !m.mps;
+      const bool scheduled = schedule && &m != pinned && !m.mps && !m.held;
       const bool paced = scheduled || m.thrash;
       const uint32_t mode = (cc.metering || schedule || m.thrash ? kComputeMetered : 0) | (paced ? kComputePaced : 0) |
                             (scheduled && m.lower ? kComputeTight : 0);
@@ -952,7 +977,9 @@ std::chrono::microseconds Broker::computeTick() {
             }
           }))
         faultLocked(m.t);
-    }
+    };
+    for (Member& m : members) writeWords(m);
+    for (Member& m : held) writeWords(m);
   }
   // Forget tenants that are gone.
   for (auto it = cs.tenants.begin(); it != cs.tenants.end();) {
@@ -1002,8 +1029,8 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
     struct Burster {
       std::string name;
       uint64_t burst = 0;
-      bool work = false, inflight = false;
-      uint64_t lastWork = 0;
+      bool work = false, inflight = false, open = false;
+      uint64_t lastWork = 0, busy = 0;
     };
     std::vector<Burster> active;  // tenants_ is a map: sorted by name
     uint64_t sum = 0;
@@ -1018,7 +1045,14 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
         b.burst = addSaturated(b.burst, t.managedBurst[d]);
         b.work = b.work || td.work;
         b.inflight = b.inflight || td.inflight;
+        b.open = b.open || td.open;  // its gate as the last step left it (the scheduler's too)
         b.lastWork = std::max(b.lastWork, td.lastWork);
+        b.busy += td.busyTotal;
+      }
+      // A suspect (it claimed work through a whole stall) counts again once its busy time moves.
+      if (const auto sus = tg.suspect.find(name); sus != tg.suspect.end()) {
+        if (b.busy == sus->second) continue;
+        tg.suspect.erase(sus);
       }
       if (b.burst == 0 || b.lastWork == 0 || now - b.lastWork >= kThrashActive) continue;
       sum = addSaturated(sum, b.burst);
@@ -1032,6 +1066,7 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
       tg.on = true;
       tg.onSince = now;
       tg.calmSince = 0;
+      tg.turnsAtOn = tg.turns;
       tg.holder.clear();
       tg.draining = false;
       CUSHARE_BLOG(warn, "device {}: the managed bursts of {} ({} together) do not fit in the {} the device has for "
@@ -1048,8 +1083,8 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
       tg.on = false;
     }
     if (!tg.on) {
-      CUSHARE_BLOG(info, "device {}: the managed bursters' turns end after {:.1f} s ({} turns in all): {}",
-                   devices_[g].name(), static_cast<double>(now - tg.onSince) / 1e9, tg.turns,
+      CUSHARE_BLOG(info, "device {}: the managed bursters' turns end after {:.1f} s ({} turns): {}",
+                   devices_[g].name(), static_cast<double>(now - tg.onSince) / 1e9, tg.turns - tg.turnsAtOn,
                    ec.thrashGuard ? "their bursts fit in the room, or fewer than two have work" : "thrash_guard is off");
       tg.members.clear();
       tg.holder.clear();
@@ -1078,16 +1113,34 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
       }
       return std::string();
     };
-    const Burster* h = find(tg.holder);
-    if (h == nullptr) {  // no holder yet, or it left (no work lately, gone)
-      tg.holder = next(tg.holder);
+    const auto give = [&](const std::string& to) {
+      tg.holder = to;
       tg.draining = false;
-      tg.turnStart = now;
-      ++tg.turns;
+      tg.turnStart = tg.busyAt = now;
+      if (const Burster* b = find(to)) tg.busyMark = b->busy;
+      if (!to.empty()) ++tg.turns;
+    };
+    const Burster* h = find(tg.holder);
+    if (h == nullptr) {  // no holder yet, or it left (no work lately, gone, suspect)
+      give(next(tg.holder));
       continue;
+    }
+    // Only time its gate stood open counts towards a stall (a cap or a priority may close it).
+    if (h->busy != tg.busyMark || !h->open) {
+      tg.busyMark = h->busy;
+      tg.busyAt = now;
     }
     bool anotherWants = false;
     for (const Burster& b : active) anotherWants = anotherWants || (b.name != tg.holder && b.work);
+    // Work claimed, nothing run: the turn goes at once, the holder is suspect (see kThrashStall).
+    if (anotherWants && h->work && now - tg.busyAt >= kThrashStall) {
+      CUSHARE_BLOG(warn, "device {}: thrashing guard: {} claimed work for {} ms of its turn without running any: "
+                   "the turn goes on, and it takes no turn until its busy time moves", devices_[g].name(), tg.holder,
+                   (now - tg.busyAt) / kMs);
+      tg.suspect[tg.holder] = h->busy;
+      give(next(tg.holder));
+      continue;
+    }
     if (!tg.draining) {
       const bool idle = !h->work && now - h->lastWork >= kThrashIdlePass;
       if (anotherWants && (now - tg.turnStart >= quantum || idle)) {
@@ -1096,10 +1149,7 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
       }
     }
     if (tg.draining && (!h->inflight || now - tg.drainStart > kDrainLimit)) {
-      tg.holder = next(tg.holder);
-      tg.draining = false;
-      tg.turnStart = now;
-      ++tg.turns;
+      give(next(tg.holder));
       CUSHARE_BLOG(debug, "device {}: thrashing guard: {}'s turn", devices_[g].name(), tg.holder);
     }
   }

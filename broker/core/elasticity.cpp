@@ -80,7 +80,11 @@ void Broker::publishEvictableLocked(const std::vector<std::map<int, uint64_t>>& 
         guarded([&] { used = t->ledger->used(t->entry[d]); });
         used = std::min(used, expectedLocked(*t, d));
         const uint64_t burst = used > g ? used - g : 0;
-        t->managedBurst[d] = burst;
+        // Managed for certain only above what its processes may hold as ordinary memory (a
+        // guarantee lowered under them leaves ordinary memory above it: hidden_memory.cpp).
+        const uint64_t ordinary =
+            d < t->ordinaryCeiling.size() && t->ordinaryCeiling[d] != kNoLimit ? std::max(g, t->ordinaryCeiling[d]) : g;
+        t->managedBurst[d] = used > ordinary ? used - ordinary : 0;
         mine = static_cast<uint64_t>(static_cast<unsigned __int128>(onHost[grp]) * burst / bursts[grp]);
       } else if (unreadLocked(d)) {
         continue;  // kept as it was

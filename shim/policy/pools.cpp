@@ -107,20 +107,36 @@ CUresult poolAllocate(CUmemoryPool pool, int known, uint64_t bytes, Alloc&& allo
   // the pool already caches: let the driver try, and judge by how much the pool grew.
   const bool covered = state().ledger->reserve(idx, bytes, plainLimit(c.ordinal));
   CUresult r = alloc(pool);
+  PoolCharge* now = &c;
   if (r == CUDA_ERROR_OUT_OF_MEMORY && covered) {
     // Within what the tenant may hold, the device is full: wait for other tenants' plain bursts
     // like the other roads, the reservation held (it is what the wait is believed up to), the
-    // pools' lock released meanwhile (a pool's charge is its reserved memory, whoever settles it).
+    // pools' lock released between tries and taken for each, and kept after one that did not run
+    // out of memory, so that its growth is settled here before anyone else sees it.
+    const int dev = c.ordinal;
     g.unlock();
-    r = waitForReclaimAndRetry(c.ordinal, bytes, r, [&] { return alloc(pool); });
-    g.lock();
+    r = waitForReclaimAndRetry(dev, bytes, r, [&] {
+      g.lock();
+      const CUresult rr = alloc(pool);
+      if (rr == CUDA_ERROR_OUT_OF_MEMORY) g.unlock();
+      return rr;
+    });
+    if (!g.owns_lock()) g.lock();
+    // The pool may have been destroyed meanwhile (its entry with it): look it up again.
+    const auto it = pools().pools.find(pool);
+    now = it == pools().pools.end() ? nullptr : &it->second;
+    if (now == nullptr) {
+      if (covered) state().ledger->release(idx, bytes);
+      return r == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : r;
+    }
   }
   if (covered) state().ledger->release(idx, bytes);
   if (r != CUDA_SUCCESS) return r;
-  const uint64_t before = c.charged;
-  settleLocked(pool, c);
-  const uint64_t grew = c.charged > before ? c.charged - before : 0;
-  if ((!covered && grew > 0) || state().ledger->used(idx) > plainLimit(c.ordinal)) {
+  PoolCharge& cur = *now;
+  const uint64_t before = cur.charged;
+  settleLocked(pool, cur);
+  const uint64_t grew = cur.charged > before ? cur.charged - before : 0;
+  if ((!covered && grew > 0) || state().ledger->used(idx) > plainLimit(cur.ordinal)) {
     return CUDA_ERROR_OUT_OF_MEMORY;  // caller frees the allocation and trims (see undo)
   }
   return CUDA_SUCCESS;

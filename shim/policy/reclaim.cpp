@@ -67,6 +67,11 @@ bool reclaimWaitBegin(int ordinal, uint64_t bytes, uint64_t* deadlineNs, uint64_
   if (f == nullptr || !f->plainBurstsOn(v.ledgerIndex)) return false;
   const uint64_t waitMs = f->reclaimWaitMs();
   if (waitMs == 0) return false;
+  // Only when the device itself is what refused: not a pool at its own maximum size, not a
+  // request the device would have room for (fragmentation, an error of another kind).
+  size_t free = 0, total = 0;
+  const RealDriver& d = realDriver();
+  if (d.p_cuMemGetInfo_v2 && d.p_cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS && free >= bytes) return false;
   *postedNs = postWant(v.ledgerIndex, bytes);
   *deadlineNs = *postedNs + waitMs * 1000000ull;
   return true;

@@ -29,7 +29,7 @@ CUresult waitForReclaimAndRetry(int ordinal, uint64_t bytes, CUresult r, Alloc&&
     if (now - posted >= 10000000ull) posted = reclaimWaitRefresh(ordinal, bytes);
     r = alloc();
   }
-  reclaimWaitEnd(ordinal, bytes, r != CUDA_ERROR_OUT_OF_MEMORY, start, posted);
+  reclaimWaitEnd(ordinal, bytes, r == CUDA_SUCCESS, start, posted);
   return r;
 }
 

@@ -202,16 +202,20 @@ TEST(Elastic, LoweringAGuaranteeBelowWhatIsHeldIsSaidAndTakesNothing) {
 
 // Two tenants on uids of their own (1000: burster, 1001: steady) under a broker started with
 // body; both workers ready.
+// A broker and a process of each of two tenants, on uids 1000 and 1001 (by default named burster
+// and steady).
 struct TwoUids {
-  explicit TwoUids(const std::string& dir) : b(dir) {}
+  explicit TwoUids(const std::string& dir, std::string first = "burster", std::string second = "steady")
+      : b(dir), names{std::move(first), std::move(second)} {}
   void start(const std::string& body) {
     ASSERT_TRUE(b.start(body)) << b.log();
-    burster = users.spawn(1000, WORKER_BIN, b, "burster");
+    burster = users.spawn(1000, WORKER_BIN, b, names[0]);
     ASSERT_EQ(burster.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
-    steady = users.spawn(1001, WORKER_BIN, b, "steady");
+    steady = users.spawn(1001, WORKER_BIN, b, names[1]);
     ASSERT_EQ(steady.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
   }
   Broker b;
+  std::string names[2];
   UidTenants users;
   Child burster, steady;
 };
@@ -419,6 +423,24 @@ std::string deviceSample(const std::string& metrics, const std::string& family) 
   return "";
 }
 
+// The tenants of u, each 256 MiB guaranteed and a 640 MiB limit (first, second: more settings).
+std::string bursterTenants(const TwoUids& u, const std::string& first = "", const std::string& second = "") {
+  return "tenants:\n  - {name: " + u.names[0] + ", uid: 1000, memory: 640MiB, guarantee: 256MiB" + first +
+         "}\n  - {name: " + u.names[1] + ", uid: 1001, memory: 640MiB, guarantee: 256MiB" + second + "}\n";
+}
+
+// Starts u's broker on head + bursterTenants(...), and each tenant takes 256 MiB of ordinary
+// memory and 384 MiB of burst (managed), each with a pattern of its own.
+void startBursting(TwoUids& u, const std::string& head = "", const std::string& first = "",
+                   const std::string& second = "") {
+  ASSERT_NO_FATAL_FAILURE(u.start(head + bursterTenants(u, first, second)));
+  for (Child* c : {&u.burster, &u.steady}) {
+    ASSERT_EQ(c->ask("pattern " + mib(256)), "ok");
+    ASSERT_EQ(c->ask("pattern " + mib(384)), "ok");
+    ASSERT_EQ(c->ask("kinds"), "managed " + mib(384) + " plain " + mib(256));
+  }
+}
+
 // Two managed bursters on a 1 GiB device, each 256 MiB guaranteed (ordinary memory) and 384 MiB
 // of burst (managed): 512 MiB of room for 768 MiB of bursts. Touching their bursts side by side,
 // each kernel's launch faults back what the other's evicted (simgpu charges 200 us of device time
@@ -428,22 +450,12 @@ std::string deviceSample(const std::string& metrics, const std::string& family) 
 // of work; live: the guard is off, then switched on by a reload. Tenants on uids of their own.
 TEST(ElasticThrash, BurstersThatDoNotFitTakeTurnsInsteadOfEvictingEachOther) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
-  const std::string tenants =
-      "tenants:\n"
-      "  - {name: left, uid: 1000, memory: 640MiB, guarantee: 256MiB}\n"
-      "  - {name: right, uid: 1001, memory: 640MiB, guarantee: 256MiB}\n";
-  Broker b(testDir());
-  ASSERT_TRUE(b.start("elasticity: {thrash_guard: off}\n" + tenants)) << b.log();
-  UidTenants users;
-  Child left = users.spawn(1000, WORKER_BIN, b, "left");
-  ASSERT_EQ(left.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
-  Child right = users.spawn(1001, WORKER_BIN, b, "right");
-  ASSERT_EQ(right.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
-  for (Child* c : {&left, &right}) {
-    ASSERT_EQ(c->ask("pattern " + mib(256)), "ok");
-    ASSERT_EQ(c->ask("pattern " + mib(384)), "ok");
-    ASSERT_EQ(c->ask("kinds"), "managed " + mib(384) + " plain " + mib(256));
-  }
+  TwoUids u(testDir(), "left", "right");
+  ASSERT_NO_FATAL_FAILURE(startBursting(u, "elasticity: {thrash_guard: off}\n"));
+  const std::string tenants = bursterTenants(u);
+  Broker& b = u.b;
+  Child& left = u.burster;
+  Child& right = u.steady;
   // Both touch their bursts for `ms`: their rounds, and what the device evicted meanwhile.
   struct Run {
     uint64_t left = 0, right = 0;
@@ -501,6 +513,56 @@ TEST(ElasticThrash, BurstersThatDoNotFitTakeTurnsInsteadOfEvictingEachOther) {
   // A tenant with work alone is never held: it runs at once.
   EXPECT_EQ(left.ask("touch 200").rfind("touched ", 0), 0u);
   for (Child* c : {&left, &right}) c->send("quit");
+}
+
+// A hostile burster that holds a real burst beside another's and claims work in its ledger
+// without running anything (launches "in flight" that never complete) cannot idle the device for
+// whole turns: its turn goes at once when its busy time does not move, and it takes no turn until
+// it runs something. The honest burster keeps most of what it gets alone.
+TEST(ElasticThrash, ABursterClaimingWorkItDoesNotRunLosesItsTurn) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
+  TwoUids u(testDir(), "honest", "idler");
+  ASSERT_NO_FATAL_FAILURE(startBursting(u));
+  Broker& b = u.b;
+  Child& honest = u.burster;
+  Child& idler = u.steady;
+  const uint64_t alone = field(honest.ask("touch 2000", 60000), 1);
+  ASSERT_TRUE(idler.send("forgework 4000"));
+  const uint64_t beside = field(honest.ask("touch 2000", 60000), 1);
+  EXPECT_EQ(idler.readLine(20000), "forged");
+  std::printf("honest burster: %llu rounds in 2 s alone, %llu beside the idler\n",
+              static_cast<unsigned long long>(alone), static_cast<unsigned long long>(beside));
+  EXPECT_TRUE(b.logHas("do not fit in the 512 MiB the device has for them", 0)) << "the guard started" << b.log();
+  EXPECT_TRUE(b.logHas("thrashing guard: idler claimed work for")) << b.log();
+  // Its turns of a second would leave the device idle half the time: the honest one keeps most.
+  EXPECT_GT(static_cast<double>(beside), 0.7 * static_cast<double>(alone));
+  EXPECT_EQ(honest.ask("check"), "intact 2");
+  for (Child* c : {&honest, &idler}) c->send("quit");
+}
+
+// The guard beside the scheduler: a burster of high priority under a compute cap and one of low
+// priority. While the low one holds the guard's turn, the high one is held back and out of the
+// scheduler's reckoning, so its waiting launches neither keep the scheduler's turn nor hold the
+// low one to its priority floor: the low one runs its turns at full speed, the device not idle.
+TEST(ElasticThrash, TurnsHoldBesideCapsAndPriorities) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
+  TwoUids u(testDir(), "high", "low");
+  ASSERT_NO_FATAL_FAILURE(startBursting(u, "", ", priority: high, thread_percentage: 50", ", priority: low"));
+  Broker& b = u.b;
+  Child& high = u.burster;
+  Child& low = u.steady;
+  const uint64_t alone = field(low.ask("touch 2000", 60000), 1);
+  for (Child* c : {&high, &low}) ASSERT_TRUE(c->send("touch 3000"));
+  const uint64_t h = field(high.readLine(60000), 1), l = field(low.readLine(60000), 1);
+  std::printf("low alone: %llu rounds in 2 s; side by side in 3 s: high %llu, low %llu\n",
+              static_cast<unsigned long long>(alone), static_cast<unsigned long long>(h),
+              static_cast<unsigned long long>(l));
+  EXPECT_TRUE(b.logHas("do not fit in the 512 MiB the device has for them", 0)) << b.log();
+  EXPECT_GT(h, 0u);
+  // About half of 3 s at full speed is 0.75 of what it did alone in 2 s; held to its floor in its
+  // own turns it would get next to nothing.
+  EXPECT_GT(static_cast<double>(l), 0.25 * static_cast<double>(alone)) << b.log();
+  for (Child* c : {&high, &low}) c->send("quit");
 }
 
 }  // namespace

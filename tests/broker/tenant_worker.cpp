@@ -21,6 +21,9 @@
 //   talloc BYTES         -> as alloc, timed: "ok MS" | "oom MS" | "err CODE MS"
 //   forgewant BYTES MS   -> writes a wait of BYTES into its ledger's device entry 0 behind the shim's
 //                           back (want_bytes, want_ns = now), every 20 ms for MS ms: "forged" | "failed"
+//   forgework MS         -> writes launches in flight (5 and 6 in turn, every 10 ms) into every
+//                           compute slot of its ledger's device entry 0 behind the shim's back,
+//                           for MS ms, running nothing: "forged" | "failed"
 //   target               -> what cushare_reclaim_target says for device 0: "target T held H" | "none held H"
 //                           | "err WHAT"
 //   cooperate            -> gives back plain bursts when the broker asks (docs/memory-elasticity.md):
@@ -274,6 +277,29 @@ std::string forgeWant(uint64_t bytes, uint64_t ms) {
   return ok ? "forged" : "failed";
 }
 
+std::string forgeWork(uint64_t ms) {
+  const int fd = ::open(ledgerPath().c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return "failed";
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  bool ok = true;
+  for (uint32_t k = 0; ok && std::chrono::steady_clock::now() < end; ++k) {
+    const uint32_t n = 5 + (k & 1);  // moving: never taken for stuck
+    for (uint32_t slot = 0; ok && slot < cushare::kLedgerMaxSlots; ++slot) {
+      const size_t at = cushare::kLedgerComputeSlotOffset + sizeof(cushare::LedgerComputeSlot) * slot +
+                        offsetof(cushare::LedgerComputeSlot, inflight);  // device entry 0: the first row
+      ok = ::pwrite(fd, &n, 4, static_cast<off_t>(at)) == 4;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const uint32_t zero = 0;
+  for (uint32_t slot = 0; slot < cushare::kLedgerMaxSlots; ++slot)
+    (void)!::pwrite(fd, &zero, 4, static_cast<off_t>(cushare::kLedgerComputeSlotOffset +
+                                                     sizeof(cushare::LedgerComputeSlot) * slot +
+                                                     offsetof(cushare::LedgerComputeSlot, inflight)));
+  ::close(fd);
+  return ok ? "forged" : "failed";
+}
+
 std::string reclaimTarget() {
   using TargetFn = int (*)(int, unsigned long long*, unsigned long long*);
   auto targetFn = reinterpret_cast<TargetFn>(dlsym(RTLD_DEFAULT, "cushare_reclaim_target"));
@@ -351,6 +377,10 @@ int main() {
       uint64_t n = 0, ms = 0;
       in >> n >> ms;
       say(forgeWant(n, ms));
+    } else if (cmd == "forgework") {
+      uint64_t ms = 0;
+      in >> ms;
+      say(forgeWork(ms));
     } else if (cmd == "target") {
       say(reclaimTarget());
     } else if (cmd == "cooperate") {

@@ -958,7 +958,7 @@ TEST(BrokerConfigBurst, InconsistentSettingsAreRefusedWithTheReason) {
   EXPECT_NE(parseError("elasticity: {thrash_guard: maybe}\ntenants: []\n").find("expected on or off, found 'maybe'"),
             std::string::npos);
   EXPECT_NE(parseError("elasticity: {thrash_quantum_ms: 10}\ntenants: []\n").find("elasticity.thrash_quantum_ms"),
-            std::string::npos) << "below 50 ms a turn is shorter than bringing a working set back";
+            std::string::npos) << "below 100 ms a turn is shorter than its drain";
   EXPECT_NE(parseError("profiles:\n  p: {memory: 1GiB, guarantee: 512MiB}\nunknown_tenants: p\n")
                 .find("unknown tenants cannot burst"),
             std::string::npos);

@@ -79,6 +79,7 @@ void parseElf(const char* e, size_t n, ImageInfo* out) {
   auto sh = [&](int i) { return load<Elf64_Shdr>(e + eh.e_shoff + static_cast<size_t>(i) * sizeof(Elf64_Shdr)); };
   const Elf64_Shdr strs = sh(eh.e_shstrndx);
   if (strs.sh_offset + strs.sh_size > n) return;
+  out->globalsKnown = true;  // a cubin's symbol table lists its globals
   std::map<uint32_t, uint32_t> regsBySymbol;
   std::map<uint32_t, std::string> functionsBySymbol;
   for (int i = 0; i < eh.e_shnum; ++i) {
@@ -133,10 +134,28 @@ void parseFatbin(const char* f, ImageInfo* out) {
 // PTX text: each .entry's parameter layout from its declaration, e.g.
 //   .visible .entry k(.param .u64 p, .param .align 8 .b8 s[16], .param .u64 .ptr .global .align 1 q)
 // Offsets as the ABI lays them out: each parameter at its alignment (its .align, else its
-// element's size; an .align after .ptr is the pointee's). Anything not understood drops every entry of the text (launches then go on
-// without a layout, as before), so a misread layout never makes a launch copy the wrong bytes.
+// element's size; an .align after .ptr is the pointee's). Comments are dropped first. Anything
+// not understood (a type or qualifier not listed here, a parameter list over the 32764 bytes a
+// launch may pass, a second name) drops every entry of the text (launches then go on without a
+// layout, as before), so a misread layout never makes a launch copy the wrong bytes.
 bool parsePtx(const char* p, size_t n, ImageInfo* out) {
-  const std::string text(p, n ? strnlen(p, n) : std::strlen(p));
+  constexpr uint64_t kMaxParamBytes = 32764;  // CUDA 12.1+ on Volta and later (4 KiB before)
+  const std::string raw(p, n ? strnlen(p, n) : std::strlen(p));
+  std::string text;  // raw without comments (each replaced by a space)
+  text.reserve(raw.size());
+  for (size_t i = 0; i < raw.size();) {
+    if (raw.compare(i, 2, "//") == 0) {
+      i = raw.find('\n', i);
+      if (i == std::string::npos) break;
+    } else if (raw.compare(i, 2, "/*") == 0) {
+      const size_t end = raw.find("*/", i + 2);
+      if (end == std::string::npos) return false;
+      text += ' ';
+      i = end + 2;
+    } else {
+      text += raw[i++];
+    }
+  }
   std::map<std::string, std::vector<ParamInfo>> kernels;
   const auto isIdent = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '.'; };
   const auto skipSpace = [&](size_t i) {
@@ -144,7 +163,7 @@ bool parsePtx(const char* p, size_t n, ImageInfo* out) {
     return i;
   };
   for (size_t at = text.find(".entry"); at != std::string::npos; at = text.find(".entry", at + 6)) {
-    if (at > 0 && isIdent(text[at - 1])) continue;
+    if ((at > 0 && isIdent(text[at - 1])) || (at + 6 < text.size() && isIdent(text[at + 6]))) continue;
     size_t i = skipSpace(at + 6);
     const size_t nameStart = i;
     while (i < text.size() && isIdent(text[i]) && text[i] != '.') ++i;
@@ -156,7 +175,7 @@ bool parsePtx(const char* p, size_t n, ImageInfo* out) {
       const size_t close = text.find(')', i);
       if (close == std::string::npos) return false;
       const std::string list = text.substr(i + 1, close - i - 1);
-      uint32_t offset = 0;
+      uint64_t offset = 0;
       size_t from = 0;
       while (from <= list.size()) {
         size_t comma = list.find(',', from);
@@ -170,36 +189,40 @@ bool parsePtx(const char* p, size_t n, ImageInfo* out) {
           return false;
         }
         if (words[0] != ".param") return false;
-        uint32_t align = 0, elem = 0, count = 1;
-        bool ptr = false;  // after .ptr, .align is the pointee's alignment, not the parameter's
+        uint64_t align = 0, elem = 0, count = 1;
+        bool ptr = false, named = false;
         for (size_t w = 1; w < words.size(); ++w) {
           const std::string& t = words[w];
+          if (named) return false;  // the name comes last
           if (t == ".align") {
             if (++w >= words.size()) return false;
-            if (!ptr) align = static_cast<uint32_t>(std::strtoul(words[w].c_str(), nullptr, 10));
+            const unsigned long a = std::strtoul(words[w].c_str(), nullptr, 10);
+            if (!ptr) align = a;
           } else if (t == ".ptr") {
             ptr = true;
           } else if (t.size() >= 3 && t[0] == '.' && (t[1] == 'u' || t[1] == 's' || t[1] == 'b' || t[1] == 'f') &&
                      std::isdigit(static_cast<unsigned char>(t[2]))) {
-            const unsigned bits = static_cast<unsigned>(std::strtoul(t.c_str() + 2, nullptr, 10));
+            const unsigned long bits = std::strtoul(t.c_str() + 2, nullptr, 10);
             if (bits != 8 && bits != 16 && bits != 32 && bits != 64) return false;
             elem = bits / 8;
           } else if (t == ".global" || t == ".const" || t == ".local" || t == ".shared") {
           } else if (t[0] == '.') {
             return false;  // a type or qualifier not known here (.texref, .samplerref...)
           } else {  // the name, perhaps with [count]
+            named = true;
             const size_t b = t.find('[');
             if (b != std::string::npos) {
-              count = static_cast<uint32_t>(std::strtoul(t.c_str() + b + 1, nullptr, 10));
-              if (count == 0 || t.back() != ']') return false;
+              count = std::strtoull(t.c_str() + b + 1, nullptr, 10);
+              if (count == 0 || count > kMaxParamBytes || t.back() != ']') return false;
             }
           }
         }
-        if (elem == 0 || count > (1u << 16)) return false;
+        if (elem == 0 || !named) return false;
         if (align == 0) align = elem;
         if ((align & (align - 1)) != 0 || align > 256) return false;
         offset = (offset + align - 1) / align * align;
-        params.push_back(ParamInfo{offset, elem * count});
+        if (offset + elem * count > kMaxParamBytes) return false;
+        params.push_back(ParamInfo{static_cast<uint32_t>(offset), static_cast<uint32_t>(elem * count)});
         offset += elem * count;
         if (comma == list.size()) break;
       }

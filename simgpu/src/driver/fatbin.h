@@ -25,6 +25,7 @@ struct ImageInfo {
   std::map<std::string, std::vector<ParamInfo>> kernels;  // by mangled name, params by ordinal
   std::map<std::string, KernelResources> resources;       // by mangled name, where the cubin says
   std::map<std::string, size_t> globals;                  // object symbols and their sizes
+  bool globalsKnown = false;  // a cubin was read (PTX text alone does not list its globals here)
 };
 
 // Parses image; `size` may be 0 when unknown (then only self-describing formats are read).

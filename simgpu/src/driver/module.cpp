@@ -110,7 +110,7 @@ CUresult getGlobal(Module* m, const char* name, CUdeviceptr* dptr, size_t* bytes
   auto it = m->globals.find(name);
   if (it == m->globals.end()) {
     size_t size = kUnknownGlobalSize;
-    if (!m->info.globals.empty() || !m->info.kernels.empty()) {
+    if (m->info.globalsKnown) {
       auto s = m->info.globals.find(name);
       if (s == m->info.globals.end()) return CUDA_ERROR_NOT_FOUND;
       size = s->second;

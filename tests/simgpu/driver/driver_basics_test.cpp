@@ -1221,13 +1221,36 @@ TEST_F(Modules, PtxLoadKnowsEachKernelsParameters) {
   CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuFuncGetParamInfo(f, 0, &off, &size));  // no parameters
   CU_ASSERT(cuModuleUnload(m));
 
-  static const char kOdd[] =
-      ".version 8.0\n.target sm_90\n.address_size 64\n"
-      ".visible .entry t(.param .texref tex, .param .u64 p)\n{\n ret;\n}\n";
-  CU_ASSERT(cuModuleLoadData(&m, kOdd));
-  CU_ASSERT(cuModuleGetFunction(&f, m, "t"));
-  CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, cuFuncGetParamInfo(f, 0, &off, &size));  // not understood: no layout
+  // Comments are not declarations: neither the commented-out entry nor the bracket in a comment.
+  static const char kCommented[] =
+      "// .visible .entry ghost(.param .u64 g)\n.version 8.0\n.target sm_90\n.address_size 64\n"
+      ".visible .entry c(.param .u64 p /* buf[4096] */, .param .u32 n) // .param .u64 q\n{\n ret;\n}\n";
+  CU_ASSERT(cuModuleLoadData(&m, kCommented));
+  CU_EXPECT_ERR(CUDA_ERROR_NOT_FOUND, cuModuleGetFunction(&f, m, "ghost"));
+  CU_ASSERT(cuModuleGetFunction(&f, m, "c"));
+  CU_ASSERT(cuFuncGetParamInfo(f, 0, &off, &size));
+  EXPECT_EQ(size, 8u);
+  CU_ASSERT(cuFuncGetParamInfo(f, 1, &off, &size));
+  EXPECT_EQ(off, 8u);
+  EXPECT_EQ(size, 4u);
+  CU_EXPECT_ERR(CUDA_ERROR_INVALID_VALUE, cuFuncGetParamInfo(f, 2, &off, &size));
+  // A PTX module's globals are not listed: any name maps (as before layouts were read).
+  CUdeviceptr gp = 0;
+  size_t gbytes = 0;
+  CU_ASSERT(cuModuleGetGlobal(&gp, &gbytes, m, "some_constant"));
+  EXPECT_GT(gbytes, 0u);
   CU_ASSERT(cuModuleUnload(m));
+
+  // Not understood (a texture reference; more than a launch may pass): no layout, never a guess.
+  for (const char* odd : {".version 8.0\n.target sm_90\n.address_size 64\n"
+                          ".visible .entry t(.param .texref tex, .param .u64 p)\n{\n ret;\n}\n",
+                          ".version 8.0\n.target sm_90\n.address_size 64\n"
+                          ".visible .entry t(.param .align 8 .b8 big[32768])\n{\n ret;\n}\n"}) {
+    CU_ASSERT(cuModuleLoadData(&m, odd));
+    CU_ASSERT(cuModuleGetFunction(&f, m, "t"));
+    CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, cuFuncGetParamInfo(f, 0, &off, &size));
+    CU_ASSERT(cuModuleUnload(m));
+  }
 }
 
 TEST_F(Modules, CubinLoad) {

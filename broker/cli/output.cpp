@@ -193,6 +193,11 @@ void printMps(const rpc::Mps& m) {
 std::string deviceCell(const std::string& name, int number) { return name.empty() ? std::to_string(number) : name; }
 
 void printOutside(const google::protobuf::RepeatedPtrField<rpc::Device>& devices) {
+  for (const rpc::Device& d : devices)
+    if (d.thrash_guard())
+      std::printf("\ndevice %s: the tenants bursting into managed memory take turns on it (their bursts do not fit "
+                  "together: the thrashing guard, docs/memory-elasticity.md), %llu turns so far\n",
+                  deviceCell(d.name(), d.index()).c_str(), static_cast<unsigned long long>(d.thrash_turns()));
   for (const rpc::Device& d : devices) {
     if (d.outside_bytes() == 0) continue;
     std::string pids;

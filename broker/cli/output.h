@@ -14,7 +14,8 @@ namespace cushare::cli {
 
 void printStatus(const rpc::StatusReply& s);
 void printTenants(const google::protobuf::RepeatedPtrField<rpc::Tenant>& tenants);
-// A line per device where processes outside cushare hold memory (no tenant's limit counts it).
+// A line per device whose managed bursters take turns (the thrashing guard), and one per device where
+// processes outside cushare hold memory (no tenant's limit counts it).
 void printOutside(const google::protobuf::RepeatedPtrField<rpc::Device>& devices);
 void printProbeTable(const rpc::ProbeTable& table);
 void printProcesses(const rpc::ProcessesReply& p);

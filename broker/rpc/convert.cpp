@@ -113,6 +113,8 @@ void toProto(const broker::DeviceSnapshot& d, int number, Device* dev) {
   if (d.read) dev->set_device_used_bytes(d.deviceUsed);
   dev->set_outside_bytes(d.outside);
   for (int pid : d.outsidePids) dev->add_outside_pids(pid);
+  dev->set_thrash_guard(d.thrashGuard);
+  dev->set_thrash_turns(d.thrashTurns);
 }
 
 }  // namespace

@@ -485,9 +485,13 @@ TEST(ElasticThrash, BurstersThatDoNotFitTakeTurnsInsteadOfEvictingEachOther) {
   ASSERT_TRUE(b.reload().ok()) << b.log();
   Run on;
   std::string gauge;
+  std::string status;
   ASSERT_NO_FATAL_FAILURE(run(3000, &on, [&] {
     eventually([&] { return deviceSample(b.metrics(), "cushare_device_thrash_guard") == "1"; }, 2500);
     gauge = deviceSample(b.metrics(), "cushare_device_thrash_guard");
+    const std::string out = b.dir() + "/status.txt";  // what an operator sees meanwhile
+    EXPECT_EQ(std::system((std::string(CLI_BIN) + " --socket " + b.socket() + " status > " + out + " 2>&1").c_str()), 0);
+    status = readAll(out);
   }));
   const double turns = std::strtod(deviceSample(b.metrics(), "cushare_device_thrash_turns_total").c_str(), nullptr);
   std::printf("guard on: rounds %llu + %llu, evicted %.0f MiB, turns %.0f\n", static_cast<unsigned long long>(on.left),
@@ -496,6 +500,8 @@ TEST(ElasticThrash, BurstersThatDoNotFitTakeTurnsInsteadOfEvictingEachOther) {
                        "device has for them"))
       << b.log();
   EXPECT_EQ(gauge, "1") << "cushare_device_thrash_guard while they take turns";
+  EXPECT_NE(status.find("device 0: the tenants bursting into managed memory take turns on it"), std::string::npos)
+      << status;
   // The device moves a working set once per turn (at most a whole burst each), not per kernel.
   EXPECT_GE(turns, 2) << "both had turns";
   EXPECT_LE(on.evicted, (turns + 1) * 384.0 * MiB);

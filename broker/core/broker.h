@@ -427,7 +427,8 @@ class Broker {
   void thrashStepLocked(ComputeState& cs, uint64_t now);
   // Whether the tenant's gate on device d is closed by the thrashing guard (not its turn), and
   // whether it takes the guard's turns there at all.
-  bool thrashHeldLocked(const std::string& tenant, size_t d, bool* member) const;
+  // *draining: it is the holder and its turn drains (gated, still in the scheduler's reckoning).
+  bool thrashHeldLocked(const std::string& tenant, size_t d, bool* member, bool* draining) const;
   void computeSnapshotLocked(const std::string& tenant, size_t device, TenantDeviceSnapshot* out) const;
   // The hook for MPS (docs/compute.md): true when every live process of the tenant on the device
   // is a client of the broker's MPS server, whose caps MPS enforces; the scheduler then neither

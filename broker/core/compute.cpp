@@ -83,11 +83,16 @@ constexpr double kAloneScaleFrom = 0.9;  // a window's device/metered ratio abov
 constexpr uint64_t kThrashActive = 200 * kMs;
 constexpr uint64_t kThrashIdlePass = 100 * kMs;
 constexpr uint64_t kThrashCalm = 1000 * kMs;
-// A holder whose busy time (metered or counted by the device) has not moved for kThrashStall while
-// it claims work loses its turn at once (no drain) and is not taken for a burster with work until
-// its busy time moves again: counts that claim work without running any cannot idle the device for
-// whole quanta.
-constexpr uint64_t kThrashStall = 100 * kMs;
+// A holder whose busy time (metered, or counted by the device: NVML, read every tick) has not moved
+// for the stall window while its gate was open and it claims work ends its turn (through the drain)
+// and becomes suspect: still gated, it gets a turn only when nobody else has work, and no longer
+// keeps others waiting, until its busy time moves (a kernel of it completes). The window is half a
+// quantum, within [kThrashStallMin, kThrashStallMax]: a real turn starts by faulting its working set
+// back in, which can take hundreds of ms before a kernel completes; a suspect's own turns stall after
+// kThrashSuspectStall. So counts that claim work without running any cost the device one window.
+constexpr uint64_t kThrashStallMin = 250 * kMs;
+constexpr uint64_t kThrashStallMax = 1000 * kMs;
+constexpr uint64_t kThrashSuspectStall = 50 * kMs;
 
 uint64_t monoNs() {
   timespec ts;
@@ -427,10 +432,14 @@ std::chrono::microseconds Broker::computeTick() {
       const int cap = std::clamp(threadsLocked(t).value_or(100), 1, 100);
       Member m{&t, &cs.tenants[name][d], t.ledger->compute(t.entry[d]), cap, priorityWord(priorityLocked(t))};
       m.mps = computeUnderMpsLocked(t, d);
-      m.held = thrashHeldLocked(name, d, &m.thrash);
+      bool draining = false;
+      m.held = thrashHeldLocked(name, d, &m.thrash, &draining);
       m.word = cap;
       m.weight = std::max<uint32_t>(1, t.config.weight);
-      if (m.held) {
+      // The guard's holder while its turn drains stays in the reckoning (gated: its work in flight
+      // is charged and ends its scheduler turn through the scheduler's own drain); the others held
+      // are out of it.
+      if (m.held && !draining) {
         m.td->contending = m.td->mpsTurns = m.td->sharedSms = false;
         m.td->target = m.td->achieved = 0.0;
         held.push_back(m);
@@ -857,7 +866,7 @@ std::chrono::microseconds Broker::computeTick() {
       for (Member& m : members)
         if (&m != holder && !m.mps && !m.held && m.td->work) anotherWants = true;
       const bool idleEnd = idle && now - dev.idleSince >= kIdlePass && (fairOn || anotherWants);
-      const bool end = idleEnd || (holder->cap < 100 && holder->td->credit <= 0) ||
+      const bool end = idleEnd || holder->held || (holder->cap < 100 && holder->td->credit <= 0) ||
                        (fairOn && holder->td->fair <= 0 && othersWait) || cutIn ||
                        (othersWait && used >= static_cast<int64_t>(period / 2)) || preempted || emptySuspect;
       if (end) {
@@ -997,8 +1006,9 @@ std::chrono::microseconds Broker::computeTick() {
   return any ? std::chrono::microseconds(1000) : std::chrono::microseconds(20000);
 }
 
-bool Broker::thrashHeldLocked(const std::string& tenant, size_t d, bool* member) const {
+bool Broker::thrashHeldLocked(const std::string& tenant, size_t d, bool* member, bool* draining) const {
   *member = false;
+  *draining = false;
   const size_t n = devices_.size();
   if (d >= n || thrash_.size() != n) return false;
   const ThrashGroup& tg = thrash_[std::min(devices_[d].group(d), n - 1)];
@@ -1007,6 +1017,7 @@ bool Broker::thrashHeldLocked(const std::string& tenant, size_t d, bool* member)
   const auto it = tenants_.find(tenant);
   if (it == tenants_.end() || d >= it->second->managedBurst.size() || it->second->managedBurst[d] == 0) return false;
   *member = true;
+  *draining = tg.holder == tenant && tg.draining;
   return tg.holder != tenant || tg.draining;
 }
 
@@ -1029,7 +1040,7 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
     struct Burster {
       std::string name;
       uint64_t burst = 0;
-      bool work = false, inflight = false, open = false;
+      bool work = false, inflight = false, open = false, suspect = false;
       uint64_t lastWork = 0, busy = 0;
     };
     std::vector<Burster> active;  // tenants_ is a map: sorted by name
@@ -1049,10 +1060,10 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
         b.lastWork = std::max(b.lastWork, td.lastWork);
         b.busy += td.busyTotal;
       }
-      // A suspect (it claimed work through a whole stall) counts again once its busy time moves.
+      // A suspect (it claimed work through a whole stall) is trusted again once its busy time moves.
       if (const auto sus = tg.suspect.find(name); sus != tg.suspect.end()) {
-        if (b.busy == sus->second) continue;
-        tg.suspect.erase(sus);
+        if (b.busy == sus->second) b.suspect = true;
+        else tg.suspect.erase(sus);
       }
       if (b.burst == 0 || b.lastWork == 0 || now - b.lastWork >= kThrashActive) continue;
       sum = addSaturated(sum, b.burst);
@@ -1087,6 +1098,7 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
                    devices_[g].name(), static_cast<double>(now - tg.onSince) / 1e9, tg.turns - tg.turnsAtOn,
                    ec.thrashGuard ? "their bursts fit in the room, or fewer than two have work" : "thrash_guard is off");
       tg.members.clear();
+      tg.suspect.clear();
       tg.holder.clear();
       tg.draining = false;
       continue;
@@ -1099,13 +1111,14 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
         if (b.name == name) return &b;
       return nullptr;
     };
-    // The next holder after `after` in name order, round robin, among those with work now (else
-    // among all members); empty if there are none.
+    // The next holder after `after` in name order, round robin: among those with work now that are
+    // not suspect, else those with work, else any member; empty if there are none.
     const auto next = [&](const std::string& after) {
-      for (int pass = 0; pass < 2; ++pass) {
+      for (int pass = 0; pass < 3; ++pass) {
         const Burster* first = nullptr;
         for (const Burster& b : active) {
-          if (pass == 0 && !b.work) continue;
+          if (pass < 2 && !b.work) continue;
+          if (pass == 0 && b.suspect) continue;
           if (first == nullptr) first = &b;
           if (b.name > after) return b.name;
         }
@@ -1130,16 +1143,19 @@ void Broker::thrashStepLocked(ComputeState& cs, uint64_t now) {
       tg.busyMark = h->busy;
       tg.busyAt = now;
     }
+    // Another with work that is not suspect (a suspect never keeps the holder waiting).
     bool anotherWants = false;
-    for (const Burster& b : active) anotherWants = anotherWants || (b.name != tg.holder && b.work);
-    // Work claimed, nothing run: the turn goes at once, the holder is suspect (see kThrashStall).
-    if (anotherWants && h->work && now - tg.busyAt >= kThrashStall) {
-      CUSHARE_BLOG(warn, "device {}: thrashing guard: {} claimed work for {} ms of its turn without running any: "
-                   "the turn goes on, and it takes no turn until its busy time moves", devices_[g].name(), tg.holder,
-                   (now - tg.busyAt) / kMs);
+    for (const Burster& b : active) anotherWants = anotherWants || (b.name != tg.holder && b.work && !b.suspect);
+    // Work claimed, nothing run: the turn ends through the drain, the holder is suspect.
+    const uint64_t stall = h->suspect ? kThrashSuspectStall : std::clamp(quantum / 2, kThrashStallMin, kThrashStallMax);
+    if (!tg.draining && anotherWants && h->work && now - tg.busyAt >= stall) {
+      if (!h->suspect)
+        CUSHARE_BLOG(warn, "device {}: thrashing guard: {} claimed work for {} ms of its turn without running any: "
+                     "its turn ends, and it gets one only when nobody else has work until its busy time moves",
+                     devices_[g].name(), tg.holder, (now - tg.busyAt) / kMs);
       tg.suspect[tg.holder] = h->busy;
-      give(next(tg.holder));
-      continue;
+      tg.draining = true;
+      tg.drainStart = now;
     }
     if (!tg.draining) {
       const bool idle = !h->work && now - h->lastWork >= kThrashIdlePass;

@@ -160,6 +160,7 @@ CUresult poolAllocCurrent(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CU
     if (!d.p_cuDeviceGetMemPool || d.p_cuDeviceGetMemPool(&used, known) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
   }
   int dev = -1;
+  if (dptr) *dptr = 0;  // so that a refusal of the driver's own is never taken for one to undo
   const CUresult r = poolAllocate(used, known, bytes, allocate, &dev);
   if (r == CUDA_ERROR_OUT_OF_MEMORY && *dptr && dev >= 0) {
     // The pool grew past the limit: undo the allocation and give the growth back.

@@ -69,9 +69,13 @@ bool reclaimWaitBegin(int ordinal, uint64_t bytes, uint64_t* deadlineNs, uint64_
   if (waitMs == 0) return false;
   // Only when the device itself is what refused: not a pool at its own maximum size, not a
   // request the device would have room for (fragmentation, an error of another kind).
+  // The current context's device must be the allocation's (cuMemCreate and pools name theirs).
   size_t free = 0, total = 0;
+  CUdevice cur = -1;
   const RealDriver& d = realDriver();
-  if (d.p_cuMemGetInfo_v2 && d.p_cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS && free >= bytes) return false;
+  if (d.p_cuCtxGetDevice && d.p_cuCtxGetDevice(&cur) == CUDA_SUCCESS && cur == ordinal && d.p_cuMemGetInfo_v2 &&
+      d.p_cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS && free >= bytes)
+    return false;
   *postedNs = postWant(v.ledgerIndex, bytes);
   *deadlineNs = *postedNs + waitMs * 1000000ull;
   return true;

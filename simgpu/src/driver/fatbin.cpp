@@ -79,7 +79,6 @@ void parseElf(const char* e, size_t n, ImageInfo* out) {
   auto sh = [&](int i) { return load<Elf64_Shdr>(e + eh.e_shoff + static_cast<size_t>(i) * sizeof(Elf64_Shdr)); };
   const Elf64_Shdr strs = sh(eh.e_shstrndx);
   if (strs.sh_offset + strs.sh_size > n) return;
-  out->globalsKnown = true;  // a cubin's symbol table lists its globals
   std::map<uint32_t, uint32_t> regsBySymbol;
   std::map<uint32_t, std::string> functionsBySymbol;
   for (int i = 0; i < eh.e_shnum; ++i) {
@@ -96,6 +95,7 @@ void parseElf(const char* e, size_t n, ImageInfo* out) {
     } else if (std::strncmp(name, ".nv.shared.", 11) == 0 && std::strncmp(name, ".nv.shared.reserved", 19) != 0) {
       out->resources[name + 11].staticShared = static_cast<uint32_t>(s.sh_size);
     } else if (s.sh_type == SHT_SYMTAB && s.sh_entsize == sizeof(Elf64_Sym) && s.sh_link < eh.e_shnum) {
+      out->globalsKnown = true;  // the symbol table lists the cubin's globals
       const Elf64_Shdr symstr = sh(static_cast<int>(s.sh_link));
       if (symstr.sh_offset + symstr.sh_size > n) continue;
       for (size_t k = 0; k < s.sh_size / sizeof(Elf64_Sym); ++k) {
@@ -138,6 +138,18 @@ void parseFatbin(const char* f, ImageInfo* out) {
 // not understood (a type or qualifier not listed here, a parameter list over the 32764 bytes a
 // launch may pass, a second name) drops every entry of the text (launches then go on without a
 // layout, as before), so a misread layout never makes a launch copy the wrong bytes.
+// All of text is a decimal number (at most 9 digits).
+bool wholeNumber(const std::string& text, uint64_t* out) {
+  if (text.empty() || text.size() > 9) return false;
+  uint64_t v = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  *out = v;
+  return true;
+}
+
 bool parsePtx(const char* p, size_t n, ImageInfo* out) {
   constexpr uint64_t kMaxParamBytes = 32764;  // CUDA 12.1+ on Volta and later (4 KiB before)
   const std::string raw(p, n ? strnlen(p, n) : std::strlen(p));
@@ -196,14 +208,15 @@ bool parsePtx(const char* p, size_t n, ImageInfo* out) {
           if (named) return false;  // the name comes last
           if (t == ".align") {
             if (++w >= words.size()) return false;
-            const unsigned long a = std::strtoul(words[w].c_str(), nullptr, 10);
+            uint64_t a = 0;
+            if (!wholeNumber(words[w], &a)) return false;
             if (!ptr) align = a;
           } else if (t == ".ptr") {
             ptr = true;
           } else if (t.size() >= 3 && t[0] == '.' && (t[1] == 'u' || t[1] == 's' || t[1] == 'b' || t[1] == 'f') &&
                      std::isdigit(static_cast<unsigned char>(t[2]))) {
-            const unsigned long bits = std::strtoul(t.c_str() + 2, nullptr, 10);
-            if (bits != 8 && bits != 16 && bits != 32 && bits != 64) return false;
+            uint64_t bits = 0;  // the whole rest: ".f16x2" and the like are not read as their prefix
+            if (!wholeNumber(t.substr(2), &bits) || (bits != 8 && bits != 16 && bits != 32 && bits != 64)) return false;
             elem = bits / 8;
           } else if (t == ".global" || t == ".const" || t == ".local" || t == ".shared") {
           } else if (t[0] == '.') {
@@ -211,9 +224,12 @@ bool parsePtx(const char* p, size_t n, ImageInfo* out) {
           } else {  // the name, perhaps with [count]
             named = true;
             const size_t b = t.find('[');
-            if (b != std::string::npos) {
-              count = std::strtoull(t.c_str() + b + 1, nullptr, 10);
-              if (count == 0 || count > kMaxParamBytes || t.back() != ']') return false;
+            if (b != std::string::npos) {  // exactly one [count] at the end
+              if (t.back() != ']' || !wholeNumber(t.substr(b + 1, t.size() - b - 2), &count) || count == 0 ||
+                  count > kMaxParamBytes)
+                return false;
+            } else if (t.find(']') != std::string::npos) {
+              return false;
             }
           }
         }

@@ -1245,7 +1245,11 @@ TEST_F(Modules, PtxLoadKnowsEachKernelsParameters) {
   for (const char* odd : {".version 8.0\n.target sm_90\n.address_size 64\n"
                           ".visible .entry t(.param .texref tex, .param .u64 p)\n{\n ret;\n}\n",
                           ".version 8.0\n.target sm_90\n.address_size 64\n"
-                          ".visible .entry t(.param .align 8 .b8 big[32768])\n{\n ret;\n}\n"}) {
+                          ".visible .entry t(.param .align 8 .b8 big[32768])\n{\n ret;\n}\n",
+                          ".version 8.0\n.target sm_90\n.address_size 64\n"
+                          ".visible .entry t(.param .f16x2 h)\n{\n ret;\n}\n",
+                          ".version 8.0\n.target sm_90\n.address_size 64\n"
+                          ".visible .entry t(.param .b8 a[4][2])\n{\n ret;\n}\n"}) {
     CU_ASSERT(cuModuleLoadData(&m, odd));
     CU_ASSERT(cuModuleGetFunction(&f, m, "t"));
     CU_EXPECT_ERR(CUDA_ERROR_NOT_SUPPORTED, cuFuncGetParamInfo(f, 0, &off, &size));

@@ -33,13 +33,17 @@ std::string readAll(const std::string& path) {
   return s.str();
 }
 
-// The value of family's sample for tenant in the metrics text ("" if none).
-std::string sample(const std::string& metrics, const std::string& family, const std::string& tenant) {
+// The value of family's first sample whose labels hold `label` (sampleWith), or tenant's (sample),
+// in the metrics text ("" if none).
+std::string sampleWith(const std::string& metrics, const std::string& family, const std::string& label) {
   std::istringstream in(metrics);
   for (std::string line; std::getline(in, line);)
-    if (line.rfind(family + "{", 0) == 0 && line.find("tenant=\"" + tenant + "\"") != std::string::npos)
+    if (line.rfind(family + "{", 0) == 0 && line.find(label) != std::string::npos)
       return line.substr(line.rfind(' ') + 1);
   return "";
+}
+std::string sample(const std::string& metrics, const std::string& family, const std::string& tenant) {
+  return sampleWith(metrics, family, "tenant=\"" + tenant + "\"");
 }
 
 std::string mib(uint64_t n) { return std::to_string(n * MiB); }
@@ -414,13 +418,9 @@ double smiDevice(const std::string& key) {
   return f == std::string::npos ? -1 : std::strtod(json.c_str() + f + key.size() + 4, nullptr);
 }
 
-// The value of an unlabelled-by-tenant family's sample for device 0 ("" if none).
+// The value of a device family's sample for device 0 ("" if none).
 std::string deviceSample(const std::string& metrics, const std::string& family) {
-  std::istringstream in(metrics);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(family + "{", 0) == 0 && line.find("device=\"0\"") != std::string::npos)
-      return line.substr(line.rfind(' ') + 1);
-  return "";
+  return sampleWith(metrics, family, "device=\"0\"");
 }
 
 // The tenants of u, each 256 MiB guaranteed and a 640 MiB limit (first, second: more settings).

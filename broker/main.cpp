@@ -24,6 +24,7 @@
 
 #include "core/broker.h"
 #include "core/bus_guard.h"
+#include "container/mig_nodes.h"
 #include "core/containers.h"
 #include "core/control_server.h"
 #include "core/devices.h"
@@ -243,7 +244,7 @@ int main(int argc, char** argv) {
                               .c_str());
       }
       std::string line;
-      if (!describeCdi(c, &line, &err)) {
+      if (!describeCdi(c, devices, &line, &err)) {
         if (c.cdi.mark.line != 0) {  // asked for: the start would fail
           spdlog::error("{}", err);
           return 1;
@@ -268,10 +269,10 @@ int main(int argc, char** argv) {
   }
   // The CDI spec (docs/containers.md), before the control socket answers. A failure stops the
   // broker when the configuration asks for CDI explicitly; the default only warns.
-  auto publishCdi = [&broker, &mps](bool atStart) {
+  auto publishCdi = [&broker, &mps, &devices](bool atStart) {
     const Config c = broker.config();
     std::string why;
-    if (publishCdiSpec(c, mps.pipeDir(), &why)) return true;
+    if (publishCdiSpec(c, devices, mps.pipeDir(), &why)) return true;
     const bool fatal = atStart && c.cdi.mark.line != 0;
     if (fatal) spdlog::error("{}", why);
     else spdlog::warn("{}{}", why, atStart ? " (cdi is on by default; cdi: off silences this)" : "; the spec written before stays");
@@ -348,6 +349,12 @@ int main(int argc, char** argv) {
     s->gpuNames = gpuNames;
     s->gpuCdiDevice = c.kubernetes.gpuCdiDevice;
     s->allocationDir = allocationDir;
+    bool minorsFromFile = false;
+    for (const auto& [uuid, n] : migNodesOf(devices, cushare::container::kMigMinorsFile, &minorsFromFile)) {
+      if (!n.nodes.empty()) s->deviceNodes[uuid] = n.nodes;
+      else if (c.kubernetes.gpuCdiDevice.empty())
+        spdlog::warn("kubernetes: pods of MIG device {} get no device nodes from the plugin: {}", uuid, n.why);
+    }
     Placement placed;
     if (!placementOf(c, devices, &placed, e)) return false;
     for (TenantEditsOf& t : edits) {

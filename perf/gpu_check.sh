@@ -53,7 +53,8 @@
 #    placements as NVML lists them (tools/simgpu_smi_mig.cpp: `simgpu-smi mig -lgip`, `-lgipp`),
 #    beside simgpu's table for the same board (SIMGPU_GPU_MODEL picked from the name); DIFFERENT
 #    where a line differs (docs/simgpu.md, "MIG", lists the guesses). A board simgpu has no model
-#    for is only listed.
+#    for is only listed. Also /proc/driver/nvidia-caps/mig-minors against the fixed numbering the
+#    broker names MIG capability nodes by where that file is missing (docs/mig.md, "Containers").
 # 10. Managed memory when another process needs the room (perf/managed_evict_probe; what bursting
 #    tenants rely on, docs/memory-elasticity.md): whether a managed allocation takes device memory
 #    before it is touched, whether a prefetch to the device does, whether NVML's per-process figure
@@ -511,6 +512,21 @@ step_mig() {
     nvml=$(ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 .*x86-64/ { print $NF; exit }')
     [ -n "$nvml" ] || { echo "   the driver's libnvidia-ml.so.1 is not in ldconfig's cache: left out"; return; }
     real() { drv env LD_LIBRARY_PATH="$(dirname "$nvml"):$deps" "$@"; }
+  fi
+  # The capability nodes' numbers the broker names for a MIG device's containers (docs/mig.md,
+  # "Containers"): the host's table against the driver's fixed numbering the broker falls back to.
+  local minors=/proc/driver/nvidia-caps/mig-minors
+  if [ -r "$minors" ]; then
+    local bad
+    bad=$(awk '$1 ~ /^gpu[0-9]+\/gi[0-9]+(\/ci[0-9]+)?\/access$/ {
+        split($1, p, "/"); g = substr(p[1], 4); i = substr(p[2], 3)
+        want = 3 + (g * 15 + i) * 9 + (p[3] ~ /^ci/ ? 1 + substr(p[3], 3) : 0); n++
+        if ($2 != want) { d++; if (d <= 5) printf "DIFFERENT: %s is %s, fixed numbering %d\n", $1, $2, want }
+      } END { printf "%d of %d capability lines differ\n", d + 0, n + 0 }' "$minors")
+    echo "$bad" | sed 's/^/   /'
+    case "$bad" in *"DIFFERENT"*) differ=$((differ + 1)) ;; esac
+  else
+    echo "   $minors: not present (the broker numbers MIG capability nodes by the driver's fixed table)"
   fi
   name=$(real "$smi" -L | sed -n 's/^GPU 0: \(.*\) (UUID: .*/\1/p')
   case "$name" in

@@ -295,6 +295,7 @@ struct DeviceInfo {
   std::string parentUuid;   // the GPU's "GPU-..." UUID
   std::string profile;      // e.g. "3g.40gb", "1c.3g.40gb" (from NVML's name of the MIG device)
   unsigned gpuInstance = 0, computeInstance = 0;  // GI and CI IDs
+  int gpuMinor = -1;        // the N of its GPU's /dev/nvidiaN (NVML's minor number); -1: unknown
   // Index in the device list of the first device sharing this one's memory: itself for a GPU or
   // the first MIG device of its GPU instance (compute instances of one GPU instance share its
   // memory, so memory limits are admitted against it together). SIZE_MAX: its own (group(self)).

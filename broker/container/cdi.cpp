@@ -77,31 +77,55 @@ bool gpuCdiDevice(std::string_view tmpl, const std::string& uuid, std::string_vi
   return true;
 }
 
-bool buildCdiSpec(const std::vector<std::string>& tenants, const HostPlaces& host, CdiSpec* out,
+std::string cdiMigDeviceName(const std::string& tenant, const std::string& migName) { return tenant + ":" + migName; }
+
+bool buildCdiSpec(const std::vector<CdiTenant>& tenants, const HostPlaces& host, CdiSpec* out,
                   std::string* err) {
   CdiSpec spec;
   spec.version = "0.3.0";
   std::string devices;
-  for (const std::string& t : tenants) {
+  const auto device = [&](const std::string& name, const EnvVars& env, const std::vector<Mount>& mounts,
+                          const std::vector<std::string>& nodes) {
+    std::string e, m, n;
+    for (const auto& [k, v] : env) e += std::string(e.empty() ? "" : ",") + "\n          " + jsonQuoted(k + "=" + v);
+    for (const Mount& x : mounts)
+      m += std::string(m.empty() ? "" : ",") + "\n          {\"hostPath\": " + jsonQuoted(x.hostPath) +
+           ", \"containerPath\": " + jsonQuoted(x.containerPath) + ", \"options\": [" +
+           (x.readOnly ? "\"ro\"" : "\"rw\"") + ", \"nosuid\", \"nodev\", \"bind\"]}";
+    for (const std::string& p : nodes) n += std::string(n.empty() ? "" : ",") + "\n          {\"path\": " + jsonQuoted(p) + "}";
+    devices += std::string(devices.empty() ? "" : ",") + "\n    {\n      \"name\": " + jsonQuoted(name) +
+               ",\n      \"containerEdits\": {\n        \"env\": [" + e + "\n        ],\n        \"mounts\": [" + m +
+               "\n        ]" + (nodes.empty() ? "" : ",\n        \"deviceNodes\": [" + n + "\n        ]") + "\n      }\n    }";
+  };
+  for (const CdiTenant& t : tenants) {
     std::string why;
-    if (!validCdiDeviceName(t, &why)) {
-      spec.leftOut.push_back(t + ": " + why);
+    if (!validCdiDeviceName(t.name, &why)) {
+      spec.leftOut.push_back(t.name + ": " + why);
       continue;
     }
     TenantEdits e;
-    if (!tenantEdits(t, host, View::kContainer, &e, err)) return false;
+    if (!tenantEdits(t.name, host, View::kContainer, &e, err)) return false;
     // CDI 0.5.0 allowed device names that start with a digit.
-    if (t.front() >= '0' && t.front() <= '9') spec.version = "0.5.0";
-    std::string env, mounts;
-    for (const auto& [k, v] : e.env) env += std::string(env.empty() ? "" : ",") + "\n          " + jsonQuoted(k + "=" + v);
-    for (const Mount& m : e.mounts)
-      mounts += std::string(mounts.empty() ? "" : ",") + "\n          {\"hostPath\": " + jsonQuoted(m.hostPath) +
-                ", \"containerPath\": " + jsonQuoted(m.containerPath) + ", \"options\": [" +
-                (m.readOnly ? "\"ro\"" : "\"rw\"") + ", \"nosuid\", \"nodev\", \"bind\"]}";
-    devices += std::string(devices.empty() ? "" : ",") + "\n    {\n      \"name\": " + jsonQuoted(t) +
-               ",\n      \"containerEdits\": {\n        \"env\": [" + env + "\n        ],\n        \"mounts\": [" +
-               mounts + "\n        ]\n      }\n    }";
-    spec.devices.push_back(t);
+    if (t.name.front() >= '0' && t.name.front() <= '9') spec.version = "0.5.0";
+    device(t.name, e.env, e.mounts, {});
+    spec.devices.push_back(t.name);
+    for (const CdiMigDevice& m : t.mig) {
+      const std::string name = cdiMigDeviceName(t.name, m.name);
+      if (m.nodes.empty()) {
+        spec.leftOut.push_back(name + ": " + m.nodesUnknown);
+        continue;
+      }
+      if (!validCdiDeviceName(name, &why)) {
+        spec.leftOut.push_back(name + ": " + why);
+        continue;
+      }
+      // The MIG device by UUID (what CUDA_VISIBLE_DEVICES accepts however the runtime numbers
+      // devices), before LD_PRELOAD, which stays last.
+      EnvVars env = e.env;
+      env.insert(env.empty() ? env.end() : env.end() - 1, {"CUDA_VISIBLE_DEVICES", m.uuid});
+      device(name, env, e.mounts, m.nodes);
+      spec.migDevices.push_back(name);
+    }
   }
   if (!spec.devices.empty())
     spec.json = "{\n  \"cdiVersion\": " + jsonQuoted(spec.version) + ",\n  \"kind\": " + jsonQuoted(kCdiKind) +

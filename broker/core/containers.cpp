@@ -3,7 +3,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+
 #include "container/cdi.h"
+#include "container/mig_nodes.h"
 #include "core/log.h"
 #include "core/places.h"
 
@@ -37,17 +40,32 @@ bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, 
 
 namespace {
 
-std::vector<std::string> configuredTenants(const Config& c) {
-  std::vector<std::string> names;
-  for (const Tenant& t : c.tenants) names.push_back(t.name);
-  return names;
-}
-
-bool build(const Config& c, const std::string& mpsPipeDir, bool mustExist, container::CdiSpec* spec,
-           std::string* err) {
+bool build(const Config& c, const std::vector<DeviceInfo>& devices, const std::string& mpsPipeDir, bool mustExist,
+           container::CdiSpec* spec, bool* minorsFromFile, std::string* err) {
   container::HostPlaces h;
   if (!hostPlaces(c, mpsPipeDir, mustExist, &h, err)) return false;
-  if (!container::buildCdiSpec(configuredTenants(c), h, spec, err)) {
+  Placement placed;
+  if (!placementOf(c, devices, &placed, err)) {
+    *err = "cdi: " + *err;
+    return false;
+  }
+  bool anyMig = false;
+  for (const DeviceInfo& d : devices) anyMig = anyMig || d.mig();
+  *minorsFromFile = false;
+  const std::map<std::string, MigNodes> nodes =
+      anyMig ? migNodesOf(devices, container::kMigMinorsFile, minorsFromFile) : std::map<std::string, MigNodes>{};
+  std::vector<container::CdiTenant> tenants;
+  for (const Tenant& t : c.tenants) {
+    container::CdiTenant ct{t.name, {}};
+    const auto& on = placed[t.name];
+    for (const DeviceInfo& d : devices) {
+      if (!d.mig() || (on && std::find(on->begin(), on->end(), d.uuid) == on->end())) continue;
+      const MigNodes& n = nodes.at(d.uuid);
+      ct.mig.push_back({d.name(), d.uuid, n.nodes, n.why});
+    }
+    tenants.push_back(std::move(ct));
+  }
+  if (!container::buildCdiSpec(tenants, h, spec, err)) {
     *err = "cdi: " + *err;
     return false;
   }
@@ -56,11 +74,35 @@ bool build(const Config& c, const std::string& mpsPipeDir, bool mustExist, conta
 
 }  // namespace
 
-bool publishCdiSpec(const Config& c, const std::string& mpsPipeDir, std::string* err) {
+std::map<std::string, MigNodes> migNodesOf(const std::vector<DeviceInfo>& devices, const std::string& minorsFile,
+                                           bool* fromFile) {
+  std::map<std::string, MigNodes> out;
+  container::MigMinors table;
+  std::string tableErr;
+  const bool tableOk = container::loadMigMinors(minorsFile, &table, &tableErr);
+  *fromFile = tableOk && table.fromFile;
+  for (const DeviceInfo& d : devices) {
+    if (!d.mig()) continue;
+    MigNodes& n = out[d.uuid];
+    if (!tableOk) n.why = tableErr;
+    else if (d.gpuMinor < 0) n.why = "NVML did not give GPU " + std::to_string(d.ordinal) + "'s minor number";
+    else if (!container::migDeviceNodes(table, static_cast<unsigned>(d.gpuMinor), d.gpuInstance, d.computeInstance,
+                                        &n.nodes, &n.why))
+      n.nodes.clear();
+  }
+  return out;
+}
+
+bool publishCdiSpec(const Config& c, const std::vector<DeviceInfo>& devices, const std::string& mpsPipeDir,
+                    std::string* err) {
   if (!c.cdi.enabled) return true;
   container::CdiSpec spec;
-  if (!build(c, mpsPipeDir, true, &spec, err)) return false;
+  bool fromFile = false;
+  if (!build(c, devices, mpsPipeDir, true, &spec, &fromFile, err)) return false;
   for (const std::string& why : spec.leftOut) CUSHARE_BLOG(warn, "cdi: tenant {} left out of the spec", why);
+  if (!spec.migDevices.empty() && !fromFile)
+    CUSHARE_BLOG(info, "cdi: {} is not there: MIG capability nodes numbered as the driver's fixed table",
+                 container::kMigMinorsFile);
   const std::string path = c.cdi.specDir + "/" + container::kCdiSpecFile;
   if (spec.json.empty()) {
     if (!container::removeCdiSpec(c.cdi.specDir, err)) return false;
@@ -71,7 +113,8 @@ bool publishCdiSpec(const Config& c, const std::string& mpsPipeDir, std::string*
     *err = "cdi: " + *err;
     return false;
   }
-  CUSHARE_BLOG(info, "cdi: wrote {} (cdiVersion {}, {} tenant device(s){})", path, spec.version, spec.devices.size(),
+  CUSHARE_BLOG(info, "cdi: wrote {} (cdiVersion {}, {} tenant device(s){}{})", path, spec.version, spec.devices.size(),
+               spec.migDevices.empty() ? "" : ", " + std::to_string(spec.migDevices.size()) + " in MIG devices",
                mpsPipeDir.empty() ? "" : ", MPS pipe directory " + mpsPipeDir);
   return true;
 }
@@ -120,13 +163,15 @@ void unpublishCdiSpec(const Config& c) {
     CUSHARE_BLOG(error, "cdi: {}", err);
 }
 
-bool describeCdi(const Config& c, std::string* line, std::string* err) {
+bool describeCdi(const Config& c, const std::vector<DeviceInfo>& devices, std::string* line, std::string* err) {
   if (!c.cdi.enabled) {
     *line = "cdi: off";
     return true;
   }
   container::CdiSpec spec;
-  if (!build(c, c.mps.mode == MpsConfig::Mode::kOff ? "" : c.mps.pipeDir, false, &spec, err)) return false;
+  bool fromFile = false;
+  if (!build(c, devices, c.mps.mode == MpsConfig::Mode::kOff ? "" : c.mps.pipeDir, false, &spec, &fromFile, err))
+    return false;
   // The start makes the spec directory and writes the spec there when there is one to write: a
   // place this user cannot write fails it (cdi asked for) or leaves it without a spec (the default).
   // (With no tenant it removes a spec left from before, which needs the directory writable too.)
@@ -138,7 +183,9 @@ bool describeCdi(const Config& c, std::string* line, std::string* err) {
   hostPlaces(c, "", false, &h, &ignored);
   struct stat st{};
   *line = "cdi: " + c.cdi.specDir + "/" + container::kCdiSpecFile + " with " + std::to_string(spec.devices.size()) +
-          " tenant device(s), cdiVersion " + spec.version + ", shim " + h.shim +
+          " tenant device(s)" +
+          (spec.migDevices.empty() ? "" : " and " + std::to_string(spec.migDevices.size()) + " in MIG devices") +
+          ", cdiVersion " + spec.version + ", shim " + h.shim +
           (::stat(h.shim.c_str(), &st) == 0 ? "" : " (not found on this host: it must exist where the broker runs)");
   for (const std::string& why : spec.leftOut) *line += "; left out: " + why;
   return true;

@@ -21,7 +21,19 @@ bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, 
 // Writes the spec for c's tenants (or removes it when none can go in). Logs what it wrote and the
 // tenants it left out. False with *err (one line) when it cannot; the caller decides whether that
 // stops the broker (an explicit cdi: block at start) or is logged (a default, a reload).
-bool publishCdiSpec(const Config& c, const std::string& mpsPipeDir, std::string* err);
+// devices: the broker's; each MIG device a tenant is placed on adds a device with its nodes.
+bool publishCdiSpec(const Config& c, const std::vector<DeviceInfo>& devices, const std::string& mpsPipeDir,
+                    std::string* err);
+
+// The device nodes of each MIG device of devices (container/mig_nodes.h), by UUID: its nodes, or
+// none and why they are unknown (no GPU minor from NVML, a table without the capability). Reads
+// the driver's table from minorsFile; *fromFile says whether it was there.
+struct MigNodes {
+  std::vector<std::string> nodes;  // empty: unknown
+  std::string why;
+};
+std::map<std::string, MigNodes> migNodesOf(const std::vector<DeviceInfo>& devices, const std::string& minorsFile,
+                                           bool* fromFile);
 
 // The tenants' edits for the device plugin's Allocate (container view) and their CDI device names
 // (when CDI is on), in c's order. Tenants whose edits cannot be made are left out with *leftOut.
@@ -45,6 +57,6 @@ void unpublishCdiSpec(const Config& c);
 
 // For --check: one line saying what the broker would write ("cdi: off", "cdi: DIR/FILE with N
 // tenants ..."). False with *err when the spec cannot be built.
-bool describeCdi(const Config& c, std::string* line, std::string* err);
+bool describeCdi(const Config& c, const std::vector<DeviceInfo>& devices, std::string* line, std::string* err);
 
 }  // namespace cushare::broker

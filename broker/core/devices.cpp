@@ -37,6 +37,7 @@ struct Nvml {
   nvmlReturn_t (*giId)(nvmlDevice_t, unsigned*) = nullptr;
   nvmlReturn_t (*ciId)(nvmlDevice_t, unsigned*) = nullptr;
   nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned) = nullptr;
+  nvmlReturn_t (*minor)(nvmlDevice_t, unsigned*) = nullptr;  // optional: device nodes only
 
   void bindMig() {
     migMode = reinterpret_cast<decltype(migMode)>(::dlsym(lib, "nvmlDeviceGetMigMode"));
@@ -45,6 +46,7 @@ struct Nvml {
     giId = reinterpret_cast<decltype(giId)>(::dlsym(lib, "nvmlDeviceGetGpuInstanceId"));
     ciId = reinterpret_cast<decltype(ciId)>(::dlsym(lib, "nvmlDeviceGetComputeInstanceId"));
     name = reinterpret_cast<decltype(name)>(::dlsym(lib, "nvmlDeviceGetName"));
+    minor = reinterpret_cast<decltype(minor)>(::dlsym(lib, "nvmlDeviceGetMinorNumber"));
   }
   bool hasMig() const { return migMode && maxMig && migHandle && giId && ciId && name; }
 
@@ -401,6 +403,9 @@ bool listDevices(std::vector<DeviceInfo>* out, std::string* err, std::vector<std
     if ((r = n.maxMig(h, &max)) != NVML_SUCCESS)
       return failWith("NVML cannot count the MIG devices of GPU " + std::to_string(i) + ": " + n.describe(r));
     const size_t first = devices.size();
+    // Its /dev/nvidiaN, for the nodes a container of its MIG devices needs (container/mig_nodes.h).
+    unsigned gpuMinor = 0;
+    const bool minorKnown = n.minor != nullptr && n.minor(h, &gpuMinor) == NVML_SUCCESS;
     for (unsigned j = 0; j < max; ++j) {
       nvmlDevice_t m;
       r = n.migHandle(h, j, &m);
@@ -410,6 +415,7 @@ bool listDevices(std::vector<DeviceInfo>* out, std::string* err, std::vector<std
       d.ordinal = static_cast<int>(i);
       d.migIndex = static_cast<int>(j);
       d.parentUuid = gpu.uuid;
+      d.gpuMinor = minorKnown ? static_cast<int>(gpuMinor) : -1;
       char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE] = {};
       if (r != NVML_SUCCESS || (r = n.giId(m, &d.gpuInstance)) != NVML_SUCCESS ||
           (r = n.ciId(m, &d.computeInstance)) != NVML_SUCCESS || (r = n.name(m, name, sizeof name)) != NVML_SUCCESS)

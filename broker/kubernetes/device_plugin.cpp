@@ -41,11 +41,17 @@ struct Shared {
   std::string resource;
   std::vector<std::pair<std::string, std::string>> ids;  // device ID, its GPU's UUID
   std::map<std::string, std::string> gpuDevices;          // GPU UUID -> its CDI device (gpu_cdi_device)
+  std::map<std::string, std::vector<std::string>> nodes;  // GPU UUID -> device nodes Allocate gives
   std::map<std::string, bool> health;                     // GPU UUID -> healthy
   std::string allocationDir;                              // <allocation_dir>/<tenant>; empty: no mounts
   uint64_t generation = 1;                                // bumped on every change of the list
   bool stopping = false;
 };
+
+// Per device, the nodes Allocate gives as device specs: none where NVIDIA's CDI device is named.
+std::map<std::string, std::vector<std::string>> nodesOf(const PluginSettings& s) {
+  return s.gpuCdiDevice.empty() ? s.deviceNodes : std::map<std::string, std::vector<std::string>>{};
+}
 
 // Per GPU, the CDI device Allocate names for it; empty without gpuCdiDevice (a template the
 // configuration already checked: a GPU it cannot name is left out, logged).
@@ -182,6 +188,18 @@ class Service final : public v1beta1::DevicePlugin::Service {
       v1beta1::ContainerAllocateResponse* r = out->add_container_responses();
       for (const std::string& gpu : gpus)
         if (const auto d = s_->gpuDevices.find(gpu); d != s_->gpuDevices.end()) r->add_cdi_devices()->set_name(d->second);
+      // A MIG device's nodes (its GPU's /dev/nvidiaN once per container), for any runtime.
+      std::vector<std::string> nodes;
+      for (const std::string& gpu : gpus)
+        if (const auto n = s_->nodes.find(gpu); n != s_->nodes.end())
+          for (const std::string& path : n->second)
+            if (std::find(nodes.begin(), nodes.end(), path) == nodes.end()) nodes.push_back(path);
+      for (const std::string& path : nodes) {
+        v1beta1::DeviceSpec* d = r->add_devices();
+        d->set_container_path(path);
+        d->set_host_path(path);
+        d->set_permissions("rw");
+      }
       for (const auto& [k, v] : s_->tenant.edits.env) (*r->mutable_envs())[k] = v;
       // MIG devices (docs/mig.md): the container's CUDA sees the MIG devices of its IDs, by UUID
       // (what CUDA_VISIBLE_DEVICES accepts however the runtime numbers the devices it gives).
@@ -543,6 +561,7 @@ struct DevicePlugin::Impl {
     t.shared->resource = kResourcePrefix + pt.name;
     t.shared->ids = deviceIds(settings, pt);
     t.shared->gpuDevices = gpuDevicesOf(settings);
+    t.shared->nodes = nodesOf(settings);
     t.shared->health = health;
     if (!settings.allocationDir.empty()) {
       if (!makeAllocationDirs(settings, pt.name, t.shared->ids, err)) {
@@ -600,7 +619,9 @@ void DevicePlugin::update(const PluginSettings& s) {
   m.settings.gpus = s.gpus;
   m.settings.devicesPerGpu = s.devicesPerGpu;
   m.settings.gpuCdiDevice = s.gpuCdiDevice;
+  m.settings.deviceNodes = s.deviceNodes;
   const std::map<std::string, std::string> gpuDevices = gpuDevicesOf(m.settings);
+  const std::map<std::string, std::vector<std::string>> nodes = nodesOf(m.settings);
   std::set<std::string> keep;
   for (const PluginTenant& t : s.tenants) keep.insert(t.name);
   for (auto it = m.servers.begin(); it != m.servers.end();) {
@@ -622,6 +643,7 @@ void DevicePlugin::update(const PluginSettings& s) {
     std::lock_guard<std::mutex> sg(it->second.shared->mu);
     it->second.shared->tenant = t;
     it->second.shared->gpuDevices = gpuDevices;
+    it->second.shared->nodes = nodes;
     // A reload that moves the tenant to other devices moves its resource with it (the kubelet
     // then places no new pod on the devices it left; running pods keep theirs).
     auto ids = deviceIds(m.settings, t);

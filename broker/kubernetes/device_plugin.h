@@ -51,6 +51,10 @@ struct PluginSettings {
   // When set, Allocate also names the CDI device of each GPU of the IDs it is given
   // (container::gpuCdiDevice: {uuid}, {index}), so pods get the GPU through the resource.
   std::string gpuCdiDevice;
+  // Per device UUID, the device nodes a container of that device needs from the plugin (a MIG
+  // device's /dev/nvidiaN and nvidia-caps nodes: container/mig_nodes.h). Allocate hands them to the
+  // runtime as device specs unless gpuCdiDevice names NVIDIA's CDI device, which carries them.
+  std::map<std::string, std::vector<std::string>> deviceNodes;
   // Pod labels (core/pod_labels.h): when set, a directory <allocationDir>/<tenant>/<uuid>_<n> per
   // device ID, made at start and on update, and Allocate mounts the one of a container's first ID
   // read-only at kAllocationMountPoint. Empty: no mounts.

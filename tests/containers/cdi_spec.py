@@ -3,7 +3,8 @@
 command with exactly one device's container edits, as a container runtime would apply them.
 
   cdi_spec.py check SPEC [--max-version V]  exit 0 when valid; else one line per problem, exit 1
-  cdi_spec.py run SPEC DEVICE -- CMD...     the edits of SPEC's device DEVICE (and the spec's own),
+  cdi_spec.py run SPEC DEVICE [--nodes-absent-ok] -- CMD...
+                                            the edits of SPEC's device DEVICE (and the spec's own),
                                             then exec CMD in the same process (same pid)
   cdi_spec.py self-test                     the checks refuse what they must (each rule bites)
 
@@ -13,7 +14,9 @@ the declared version must be one the spec defines and, for cushare, the lowest t
 fields used (podman 4.3 refuses versions newer than it knows, 0.6.0 among them).
 
 `run` applies env (replacing same-named variables) and mounts (bind mounts in a private mount
-namespace: unshare(CLONE_NEWNS) as root, else through `unshare -rm`). A mount point that does not
+namespace: unshare(CLONE_NEWNS) as root, else through `unshare -rm`) and checks that each device
+node's host path is a device (a runtime fails the container otherwise; `--nodes-absent-ok` only
+says so, for a simulated GPU, which has no nodes). A mount point that does not
 exist is made as a runtime makes it: in a tmpfs mounted, inside the namespace only, on the first
 missing directory (left behind on the host, empty, and reused by the next run) or on an empty
 directory above it. Without mount namespaces it says so
@@ -33,6 +36,8 @@ DEVICE = {"name": "0.3.0", "containerEdits": "0.3.0", "annotations": "0.6.0"}
 EDITS = {"env": "0.3.0", "deviceNodes": "0.3.0", "mounts": "0.3.0", "hooks": "0.3.0",
          "intelRdt": "0.7.0", "additionalGids": "0.7.0", "netDevices": "1.1.0"}
 MOUNT = {"hostPath": "0.3.0", "containerPath": "0.3.0", "options": "0.3.0", "type": "0.4.0"}
+DEVNODE = {"path": "0.3.0", "hostPath": "0.5.0", "type": "0.3.0", "major": "0.3.0", "minor": "0.3.0",
+           "fileMode": "0.3.0", "permissions": "0.3.0", "uid": "0.3.0", "gid": "0.3.0"}
 VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 DEVNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
@@ -119,9 +124,29 @@ def check(spec, max_version=None):
                 bad.append(f"{w}.options: expected a list of strings")
             elif "bind" not in opts and "rbind" not in opts and "type" not in m:
                 bad.append(f"{w}: neither a type nor a bind option: the runtime cannot tell what to mount")
-        for k in ("deviceNodes", "hooks"):
-            if e.get(k):
-                bad.append(f"{where}.{k}: this checker does not know the rules of {k} (cushare writes none)")
+        nodes = e.get("deviceNodes", [])
+        if not isinstance(nodes, list):
+            bad.append(f"{where}.deviceNodes: expected a list")
+            nodes = []
+        paths = set()
+        for i, n in enumerate(nodes):
+            w = f"{where}.deviceNodes[{i}]"
+            if not fields(n, DEVNODE, w, ["path"]):
+                continue
+            for k in ("path", "hostPath"):
+                p = n.get(k)
+                if k in n and (not isinstance(p, str) or not p.startswith("/")):
+                    bad.append(f"{w}.{k}: expected an absolute path, found {p!r}")
+            if n.get("path") in paths:
+                bad.append(f"{w}.path {n.get('path')!r}: a second node at that path")
+            paths.add(n.get("path"))
+            perms = n.get("permissions", "rwm")
+            if not isinstance(perms, str) or not perms or any(c not in "rwm" for c in perms):
+                bad.append(f"{w}.permissions: one or more of r, w, m, found {perms!r}")
+            if "type" in n and n["type"] not in ("b", "c", "u", "p"):
+                bad.append(f"{w}.type: b, c, u or p, found {n['type']!r}")
+        if e.get("hooks"):
+            bad.append(f"{where}.hooks: this checker does not know the rules of hooks (cushare writes none)")
 
     for i, d in enumerate(devices):
         w = f"devices[{i}]"
@@ -207,7 +232,7 @@ def apply_mounts(mounts):
             sys_mount(None, target, None, MS_BIND | MS_REMOUNT | extra)
 
 
-def run(spec_path, device, cmd):
+def run(spec_path, device, cmd, nodes_absent_ok=False):
     spec = load(spec_path)
     problems = check(spec)
     if problems:
@@ -216,17 +241,31 @@ def run(spec_path, device, cmd):
     if dev is None:
         sys.exit(f"cdi_spec: no device {device!r} in {spec_path}")
     env = dict(os.environ)
-    mounts = []
+    mounts, nodes = [], []
     for e in (spec.get("containerEdits", {}), dev["containerEdits"]):
         for kv in e.get("env", []):
             k, v = kv.split("=", 1)
             env[k] = v  # CDI env replaces a same-named variable
         mounts += e.get("mounts", [])
+        nodes += e.get("deviceNodes", [])
+    # Device nodes: the process shares this host's /dev, where a runtime would make them in the
+    # container's; a runtime fails the container when a node's host path is no device.
+    import stat
+    for n in nodes:
+        host = n.get("hostPath", n["path"])
+        try:
+            ok = stat.S_ISCHR(os.stat(host).st_mode) or stat.S_ISBLK(os.stat(host).st_mode)
+        except OSError:
+            ok = False
+        if not ok and not nodes_absent_ok:
+            sys.exit(f"cdi_spec: device node {host} is not a device on this host: a runtime would fail the container")
+        if not ok:
+            print(f"cdi_spec: device node {host} is not on this host (simulated GPU): not checked", file=sys.stderr)
     if mounts:
         if os.geteuid() != 0 and not os.environ.get("CDI_SPEC_IN_USERNS"):
             env_again = dict(os.environ, CDI_SPEC_IN_USERNS="1")
-            os.execvpe("unshare", ["unshare", "-rm", sys.executable, __file__, "run", spec_path, device, "--"] + cmd,
-                       env_again)
+            os.execvpe("unshare", ["unshare", "-rm", sys.executable, __file__, "run", spec_path, device] +
+                       (["--nodes-absent-ok"] if nodes_absent_ok else []) + ["--"] + cmd, env_again)
         if libc.unshare(CLONE_NEWNS) != 0:
             print(f"cdi_spec: no mount namespace ({os.strerror(ctypes.get_errno())}): cannot apply the mounts",
                   file=sys.stderr)
@@ -272,6 +311,18 @@ def self_test():
         ("env twice", lambda s: s["devices"][0]["containerEdits"].update(env=["A=1", "A=2"]), "set twice"),
         ("empty edits", lambda s: s["devices"][0].update(containerEdits={}), "at least one edit"),
         ("two of a name", lambda s: s["devices"].append(json.loads(json.dumps(s["devices"][0]))), "a second device"),
+        ("node without a path", lambda s: s["devices"][0]["containerEdits"].update(deviceNodes=[{"type": "c"}]),
+         "required field 'path'"),
+        ("relative node", lambda s: s["devices"][0]["containerEdits"].update(deviceNodes=[{"path": "dev/x"}]),
+         "absolute path"),
+        ("node twice", lambda s: s["devices"][0]["containerEdits"].update(
+            deviceNodes=[{"path": "/dev/x"}, {"path": "/dev/x"}]), "a second node"),
+        ("node permissions", lambda s: s["devices"][0]["containerEdits"].update(
+            deviceNodes=[{"path": "/dev/x", "permissions": "rx"}]), "one or more of r, w, m"),
+        ("node host path needs 0.5.0", lambda s: s["devices"][0]["containerEdits"].update(
+            deviceNodes=[{"path": "/dev/x", "hostPath": "/dev/y"}]), "lower than 0.5.0"),
+        ("unknown node field", lambda s: s["devices"][0]["containerEdits"].update(
+            deviceNodes=[{"path": "/dev/x", "readOnly": True}]), "unknown field 'readOnly'"),
     ]
     failed = 0
     for what, change, expect in cases:
@@ -302,6 +353,8 @@ def main(argv):
         return 1 if problems else 0
     if len(argv) >= 6 and argv[1] == "run" and argv[4] == "--":
         run(argv[2], argv[3], argv[5:])
+    if len(argv) >= 7 and argv[1] == "run" and argv[4] == "--nodes-absent-ok" and argv[5] == "--":
+        run(argv[2], argv[3], argv[6:], nodes_absent_ok=True)
     print(__doc__, file=sys.stderr)
     return 2
 

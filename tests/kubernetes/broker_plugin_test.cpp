@@ -518,6 +518,83 @@ TEST_F(BrokerPluginMig, APodGetsTheMigDeviceItsTenantIsPlacedOnAndIsHeldThere) {
   EXPECT_EQ(b.stop(), 0);
 }
 
+// The nodes a container of a MIG device needs (docs/mig.md, "Containers"): its GPU's /dev/nvidiaN
+// and the nvidia-caps nodes of its GPU and compute instance, numbered as the driver's table
+// numbers them (simgpu has no /proc/driver/nvidia-caps/mig-minors: the driver's fixed numbering,
+// written out here independently), come from cushare itself: the device plugin gives them as
+// device specs when no gpu_cdi_device names NVIDIA's CDI device, and the CDI spec has a device per
+// tenant and MIG device it is placed on, "<tenant>:<gpu>:<mig>". A process run with exactly that
+// CDI device's edits, as uid 2000, lands in its MIG device with nothing else set and is held to
+// its tenant's limit there by the MIG device's own count.
+TEST_F(BrokerPluginMig, WithoutNvidiasCdiDeviceTheMigDevicesNodesComeFromCushare) {
+  const size_t g0 = make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});
+  const size_t g1 = make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});
+  const std::string m0 = uuidOf(g0, 0), m1 = uuidOf(g1, 0);
+  ASSERT_FALSE(m0.empty() || m1.empty());
+  unsigned minor = 99;
+  ASSERT_EQ(nvmlDeviceGetMinorNumber(gpu, &minor), NVML_SUCCESS);
+  const auto nodesOf = [&](const std::string& uuid) {
+    nvmlDevice_t m;
+    unsigned gi = 0, ci = 0;
+    EXPECT_EQ(nvmlDeviceGetHandleByUUID(uuid.c_str(), &m), NVML_SUCCESS);
+    EXPECT_EQ(nvmlDeviceGetGpuInstanceId(m, &gi), NVML_SUCCESS);
+    EXPECT_EQ(nvmlDeviceGetComputeInstanceId(m, &ci), NVML_SUCCESS);
+    const unsigned access = 3 + (minor * 15 + gi) * 9;  // "gpuM/giG/access", then its 8 CIs' lines
+    return std::vector<std::string>{"/dev/nvidia" + std::to_string(minor),
+                                    "/dev/nvidia-caps/nvidia-cap" + std::to_string(access),
+                                    "/dev/nvidia-caps/nvidia-cap" + std::to_string(access + 1 + ci)};
+  };
+  const std::string i0 = "0:" + std::to_string(indexOf(m0)), i1 = "0:" + std::to_string(indexOf(m1));
+  FakeKubelet kubelet(dp);
+  ASSERT_TRUE(kubelet.start());
+  const std::string dir = testDir();
+  Broker b(dir);
+  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 1, pod_resources_socket: off}\n"
+                      "tenants:\n  - {name: alpha, uid: 2000, memory: {" + m0 + ": 256MiB}}\n"
+                      "  - {name: beta, memory: 128MiB}\n"))
+      << b.log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return healthy(p, 1); })) << b.log();
+  v1beta1::AllocateResponse a;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", m0 + "::0", &a).ok());
+  std::vector<std::string> given;
+  for (const auto& d : a.container_responses(0).devices()) given.push_back(d.host_path());
+  EXPECT_EQ(given, nodesOf(m0)) << b.log();
+
+  // The CDI spec: valid by CDI's rules, a device per tenant and MIG device it is placed on.
+  const std::string spec = dir + "/cdi/cushare.io-tenant.json", log = dir + "/check.log";
+  const int st = std::system((PYTHON3 " " CDI_SPEC_PY " check " + spec + " --max-version 0.5.0 >" + log + " 2>&1").c_str());
+  std::ifstream in(spec);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(st, 0) << text;
+  for (const std::string& name : {"alpha:" + i0, "beta:" + i0, "beta:" + i1})
+    EXPECT_NE(text.find("\"name\": \"" + name + "\""), std::string::npos) << name << "\n" << text;
+  EXPECT_EQ(text.find("\"name\": \"alpha:" + i1 + "\""), std::string::npos) << "alpha is not placed on " << i1;
+  const size_t at = text.find("\"name\": \"alpha:" + i0 + "\"");
+  const std::string dev = text.substr(at, text.find("\"name\"", at + 10) - at);
+  for (const std::string& node : nodesOf(m0))
+    EXPECT_NE(dev.find("{\"path\": \"" + node + "\"}"), std::string::npos) << node << "\n" << dev;
+  EXPECT_NE(dev.find("\"CUDA_VISIBLE_DEVICES=" + m0 + "\""), std::string::npos) << dev;
+
+  // A process with exactly alpha:<mig>'s edits (simgpu has no device nodes to check), as uid 2000.
+  UidTenants users;
+  Child pod = users.spawn(2000, WORKER_BIN, b, "alpha", {}, {},
+                          {PYTHON3, CDI_SPEC_PY, "run", spec, "alpha:" + i0, "--nodes-absent-ok", "--"});
+  const std::string first = pod.readLine();
+  if (first.empty() && std::ifstream(dir + "/tenants.log").peek() != EOF) {
+    std::ifstream tl(dir + "/tenants.log");
+    const std::string tlog((std::istreambuf_iterator<char>(tl)), std::istreambuf_iterator<char>());
+    if (tlog.find("no mount namespace") != std::string::npos) GTEST_SKIP() << tlog;
+  }
+  ASSERT_EQ(first, "ready");
+  ASSERT_EQ(pod.ask("alloc " + std::to_string(128 * MiB)), "ok");
+  EXPECT_GE(heldIn(m0, pod.pid()), 128 * MiB) << "the MIG device's own count";
+  EXPECT_EQ(heldIn(m1, pod.pid()), 0u);
+  EXPECT_EQ(pod.ask("alloc " + std::to_string(192 * MiB)), "oom") << "alpha's limit holds in its MIG device";
+  EXPECT_EQ(pod.ask("quit"), "");
+  EXPECT_EQ(pod.wait(), 0);
+  EXPECT_EQ(b.stop(), 0);
+}
+
 // A reload that moves a tenant off a device: its resource loses the device (the limit there is
 // lifted after the resource no longer offers it); a reload the broker refuses leaves the resource
 // as the configuration in force places it (the plugin narrows it before the broker decides).

@@ -68,6 +68,14 @@ PluginSettings settings(const std::string& dir, uint32_t perGpu = 3) {
   return s;
 }
 
+// settings() on MIG devices as the broker lists them: kMig0 (0:0), kMig1 (0:1) and the whole kGpu1.
+PluginSettings migSettings(const std::string& dir) {
+  PluginSettings s = settings(dir, 2);
+  s.gpus = {kMig0, kMig1, kGpu1};
+  s.gpuNames = {"0:0", "0:1", "1"};
+  return s;
+}
+
 struct Health {
   std::mutex mu;
   std::map<std::string, bool> h = {{kGpu0, true}, {kGpu1, true}};
@@ -439,9 +447,7 @@ TEST(DevicePlugin, MigDevicesAreAllocatedByTheirUuids) {
   const std::string& mig0 = kMig0;
   const std::string& mig1 = kMig1;
   const std::string dir = dirFor("mig");
-  PluginSettings s = settings(dir, 2);
-  s.gpus = {mig0, mig1, kGpu1};
-  s.gpuNames = {"0:0", "0:1", "1"};
+  PluginSettings s = migSettings(dir);
   s.gpuCdiDevice = "nvidia.com/gpu={index}";
   Running running(dir);
   running.h.set(mig0, true);
@@ -460,6 +466,54 @@ TEST(DevicePlugin, MigDevicesAreAllocatedByTheirUuids) {
   EXPECT_EQ(a.container_responses(0).envs().at("CUSHARE_TENANT"), "alpha");
 }
 
+// A MIG device's nodes (its GPU's /dev/nvidiaN and its two nvidia-caps nodes) go to the runtime as
+// device specs for any runtime, the GPU's node once per container; not where gpu_cdi_device names
+// NVIDIA's CDI device, which carries them; whole GPUs get none from cushare.
+TEST(DevicePlugin, MigDevicesNodesAreGivenUnlessNvidiasCdiDeviceIsNamed) {
+  const std::string& mig0 = kMig0;
+  const std::string& mig1 = kMig1;
+  const std::string dir = dirFor("mignodes");
+  PluginSettings s = migSettings(dir);
+  s.deviceNodes = {{mig0, {"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"}},
+                   {mig1, {"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"}}};
+  Running running(dir);
+  running.h.set(mig0, true);
+  running.h.set(mig1, true);
+  ASSERT_TRUE(running.start(s));
+  auto& [kubelet, h, plugin] = running;
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/alpha", [](const auto& p) { return allHealthy(p, 6); }));
+  const auto paths = [](const v1beta1::ContainerAllocateResponse& r) {
+    std::vector<std::string> out;
+    for (const auto& d : r.devices()) {
+      EXPECT_EQ(d.host_path(), d.container_path());
+      EXPECT_EQ(d.permissions(), "rw");
+      out.push_back(d.host_path());
+    }
+    return out;
+  };
+  v1beta1::AllocateResponse a;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", {{mig1 + "::0"}, {mig0 + "::1", mig1 + "::1"}, {kGpu1 + "::0"}}, &a).ok());
+  ASSERT_EQ(a.container_responses_size(), 3);
+  EXPECT_EQ(paths(a.container_responses(0)),
+            (std::vector<std::string>{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"}));
+  EXPECT_EQ(paths(a.container_responses(1)),
+            (std::vector<std::string>{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13",
+                                      "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"}));
+  EXPECT_TRUE(paths(a.container_responses(2)).empty()) << "a whole GPU's nodes are NVIDIA's to give";
+  EXPECT_EQ(a.container_responses(0).envs().at("CUDA_VISIBLE_DEVICES"), mig1);
+  s.gpuCdiDevice = "nvidia.com/gpu={uuid}";
+  plugin.update(s);
+  v1beta1::AllocateResponse b;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", {{mig1 + "::0"}}, &b).ok());
+  EXPECT_TRUE(paths(b.container_responses(0)).empty()) << "NVIDIA's CDI device carries them";
+  EXPECT_EQ(b.container_responses(0).cdi_devices(0).name(), "nvidia.com/gpu=" + mig1);
+  s.gpuCdiDevice.clear();
+  plugin.update(s);
+  v1beta1::AllocateResponse c;
+  ASSERT_TRUE(allocate(kubelet, "cushare.io/alpha", {{mig0 + "::0"}}, &c).ok());
+  EXPECT_EQ(paths(c.container_responses(0)).size(), 3u) << "and back after a reload";
+}
+
 // A tenant's resource is backed only by the devices it is placed on (PluginTenant::gpus: where its
 // memory limit applies); the kubelet cannot hand its pod another device, Allocate refuses one, and
 // a reload that moves the tenant moves its devices.
@@ -467,9 +521,7 @@ TEST(DevicePlugin, ATenantsDevicesAreThoseItIsPlacedOnAndFollowAReload) {
   const std::string& mig0 = kMig0;
   const std::string& mig1 = kMig1;
   const std::string dir = dirFor("placed");
-  PluginSettings s = settings(dir, 2);
-  s.gpus = {mig0, mig1, kGpu1};
-  s.gpuNames = {"0:0", "0:1", "1"};
+  PluginSettings s = migSettings(dir);
   s.tenants[0].gpus = std::vector<std::string>{mig1};        // alpha: {'0:1': ...}
   s.tenants[1].gpus = std::vector<std::string>{kGpu1, mig0};  // beta: {1: ..., '0:0': ...}
   Running running(dir);

@@ -4,11 +4,16 @@
 // examples/systemd/cushare-broker.service). SIGHUP reloads the configuration; SIGTERM and SIGINT
 // stop it. Stopping (or killing) the broker never unlimits a tenant: the ledgers, with their
 // limits, and the host segment stay, and a restarted broker adopts them.
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <set>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -490,10 +495,95 @@ int main(int argc, char** argv) {
     spdlog::error("cannot receive signals (signalfd): {}", std::strerror(errno));
     return 1;
   }
+  // Following the MIG layout (docs/mig.md, "When the layout changes"): on a host with MIG devices
+  // or a mig: layout, NVML's device list is compared every 2 s with the one this broker started
+  // with. MIG devices that changed on the same GPUs, alike at two looks in a row, while no
+  // `cushare mig apply` holds the layout lock, and that the configuration and live limits fit,
+  // make the broker start again in this process (below). One that does not fit is logged once and
+  // the broker goes on with its list (the devices it no longer reads are said, docs/mig.md).
+  bool watchLayout = broker.config().mig.set || !migIdle.empty();
+  for (const DeviceInfo& d : devices) watchLayout = watchLayout || d.mig();
+  const auto describeList = [](const std::vector<DeviceInfo>& list) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < list.size(); ++i)
+      out.push_back(list[i].uuid + " " + list[i].name() + " " + std::to_string(list[i].totalBytes) + " " +
+                    std::to_string(list[i].group(i)));
+    return out;
+  };
+  // The GPUs themselves: a whole GPU, the parent of MIG devices, or a GPU in MIG mode without any.
+  const auto gpusOf = [](const std::vector<DeviceInfo>& list, const std::vector<std::string>& idle) {
+    std::set<std::string> out;
+    for (const DeviceInfo& d : list) out.insert(d.mig() ? d.parentUuid : d.uuid);
+    for (const std::string& i : idle)  // "<index> (<uuid>)"
+      if (const size_t a = i.find('('), b = i.rfind(')'); a != std::string::npos && b > a) out.insert(i.substr(a + 1, b - a - 1));
+    return out;
+  };
+  const std::vector<std::string> startList = describeList(devices);
+  const std::set<std::string> startGpus = gpusOf(devices, migIdle);
+  std::vector<std::string> pendingList, refusedList;
+  std::string layoutWhy;  // what the last refusal said
+  auto layoutChanged = [&]() {
+    std::vector<DeviceInfo> now;
+    std::vector<std::string> idle;
+    std::string why;
+    if (!listDevices(&now, &why, &idle)) return false;
+    const std::vector<std::string> list = describeList(now);
+    if (list == startList || gpusOf(now, idle) != startGpus) {  // the same, or a GPU lost: not a layout
+      pendingList.clear();
+      return false;
+    }
+    if (list != pendingList) {  // one more look: a change of layout is made in steps
+      pendingList = list;
+      return false;
+    }
+    mig::ApplyLock lock;
+    const Config c = broker.config();
+    if (c.mig.set && !lock.acquire(mig::applyLockPath(c), 0, &why)) return false;  // a change in progress
+    why.clear();
+    if (now.size() > cushare::kLedgerMaxDevices)
+      why = "it has " + std::to_string(now.size()) + " devices, more than the " +
+            std::to_string(cushare::kLedgerMaxDevices) + " one broker can share";
+    if (Broker probe(configPath, now); !why.empty() || !probe.check(&why)) {
+      if (list != refusedList || why != layoutWhy)
+        spdlog::error("mig: the MIG layout changed, but the configuration does not fit it: {}; the broker keeps the "
+                      "devices it started with until the configuration fits (looked at every 2 s) or it is "
+                      "restarted (docs/mig.md)", why);
+      refusedList = list;
+      layoutWhy = why;
+      return false;
+    }
+    std::string was, is;
+    for (const DeviceInfo& d : devices)
+      if (d.mig()) was += (was.empty() ? "" : ", ") + d.name() + " " + d.profile;
+    for (const DeviceInfo& d : now)
+      if (d.mig()) is += (is.empty() ? "" : ", ") + d.name() + " " + d.profile;
+    spdlog::info("mig: the MIG layout changed (was: {}; now: {}): the broker starts again on it, in this process; "
+                 "tenants keep running under their ledgers", was.empty() ? "none" : was, is.empty() ? "none" : is);
+    return true;
+  };
+  bool startAgain = false;
+  auto lastLook = std::chrono::steady_clock::now();
   for (;;) {
+    pollfd pfd{sfd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, watchLayout ? 1000 : -1);
+    if (ready < 0 && errno != EINTR) {
+      spdlog::error("cannot receive signals (poll): {}", std::strerror(errno));
+      break;
+    }
+    if (ready <= 0) {
+      if (watchLayout && broker.config().mig.followLayout &&
+          std::chrono::steady_clock::now() - lastLook >= std::chrono::seconds(2)) {
+        lastLook = std::chrono::steady_clock::now();
+        if (layoutChanged()) {
+          startAgain = true;
+          break;
+        }
+      }
+      continue;
+    }
     signalfd_siginfo si;
     const ssize_t n = ::read(sfd, &si, sizeof si);
-    if (n < 0 && errno != EINTR) {
+    if (n < 0 && errno != EINTR && errno != EAGAIN) {
       spdlog::error("cannot receive signals (signalfd): {}", std::strerror(errno));
       break;
     }
@@ -514,7 +604,20 @@ int main(int argc, char** argv) {
 #if CUSHARE_DEVICE_PLUGIN
   plugin.stop();  // the kubelet sees the resources' sockets go
 #endif
-  mps.stop();  // quits the daemon
-  unpublishCdiSpec(broker.config());
-  return 0;
+  if (!startAgain) {
+    mps.stop();  // quits the daemon
+    unpublishCdiSpec(broker.config());
+    return 0;
+  }
+  // Starting again on the new layout: as a restart (docs/operations.md), in this process, so that
+  // a supervisor sees no exit. The MPS daemons stay for the next start to adopt (or quit, where
+  // their MIG device went), the CDI spec for it to rewrite; nothing of this image's files stays
+  // open in the next (the control and metrics sockets, the layout lock).
+  mps.detach();
+  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+    for (int fd = 3; fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  ::execv("/proc/self/exe", argv);
+  spdlog::error("mig: cannot start again on the new MIG layout ({}): the broker stops; start it again",
+                std::strerror(errno));
+  return 1;
 }

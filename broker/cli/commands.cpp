@@ -450,7 +450,7 @@ int migVerb(const Globals& g, const Verb& v, const Args& a) {
   broker::Config c;
   std::string err;
   if (!broker::loadConfig(path, &c, &err)) return report(g, kExitFailed, err);
-  if (!c.mig.set) return report(g, kExitFailed, path + ": no mig: block (docs/mig.md, \"Declarative layout\")");
+  if (!c.mig.set) return report(g, kExitFailed, path + ": no MIG layout (a mig: block with layout or config_file; docs/mig.md, \"Declarative layout\")");
   std::vector<broker::MigLayoutEntry> layout;
   if (!broker::migLayoutOf(c.mig, &layout, &err)) return report(g, kExitFailed, err);
   broker::mig::Host host;

@@ -227,18 +227,21 @@ class Parser {
     return unknownKey(key, path, kTopKeys);
   }
 
-  // mig: {layout: [mig-parted entries]} or {config_file: PATH, config: NAME}, and apply_at_start.
+  // mig: {layout: [mig-parted entries]} or {config_file: PATH, config: NAME}, and apply_at_start;
+  // follow_layout, which may stand alone (then no layout is set).
   bool mig(const Node& n, MigConfig* out) {
-    static const std::vector<std::string> kKeys = {"layout", "config_file", "config", "apply_at_start"};
+    static const std::vector<std::string> kKeys = {"layout", "config_file", "config", "apply_at_start", "follow_layout"};
     MigConfig m;
     m.set = true;
     m.mark = sourceMark(n.mark);
-    if (!map(n, "mig", "a map (layout, or config_file and config; apply_at_start)")) return false;
+    if (!map(n, "mig", "a map (layout, or config_file and config; apply_at_start; follow_layout)")) return false;
+    bool onlyFollow = true;
     for (size_t i = 0; i < n.keys.size(); ++i) {
       const Node& key = n.keys[i];
       const Node& v = n.items[i];
       const std::string path = join("mig", key.text);
       std::string text;
+      onlyFollow = onlyFollow && key.text == "follow_layout";
       if (key.text == "layout") {
         if (!parseMigLayoutEntries(v, file_, path, &m.layout, &error_)) return false;
       } else if (key.text == "config_file") {
@@ -248,13 +251,18 @@ class Parser {
       } else if (key.text == "config") {
         if (!scalar(v, path, "the name of a config in config_file (e.g. all-1g.10gb)", &text)) return false;
         m.configName = text;
-      } else if (key.text == "apply_at_start") {
+      } else if (key.text == "apply_at_start" || key.text == "follow_layout") {
         if (!scalar(v, path, "true or false", &text)) return false;
         if (text != "true" && text != "false") return fail(v.mark, path, "expected true or false, found " + quote(text));
-        m.applyAtStart = text == "true";
+        (key.text == "apply_at_start" ? m.applyAtStart : m.followLayout) = text == "true";
       } else {
         return unknownKey(key, path, kKeys);
       }
+    }
+    if (onlyFollow && !n.keys.empty()) {
+      m.set = false;  // no layout: only how the broker meets a changed one
+      *out = std::move(m);
+      return true;
     }
     if (m.layout.empty() == m.configFile.empty())
       return fail(n.mark, "mig", "give either layout or config_file (with config), not both or neither");

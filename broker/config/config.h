@@ -212,6 +212,9 @@ struct MigConfig {
   std::string configFile, configName;  // mig-parted's file and the config in it (loaded when used)
   std::vector<MigLayoutEntry> layout;  // inline; empty with configFile
   bool applyAtStart = false;           // the broker brings the GPUs to it before listing devices
+  // The broker starts again on a MIG layout changed under it (docs/mig.md, "When the layout
+  // changes"); false: it keeps its device list until restarted. Alone in the block, no layout.
+  bool followLayout = true;
   SourceMark mark;
 };
 

@@ -780,19 +780,27 @@ void MpsSupervisor::checkOne(Daemon& d) {
 
 void MpsSupervisor::push() { broker_.setMpsSnapshot(snap_); }
 
-void MpsSupervisor::stop() {
+bool MpsSupervisor::stopThread() {
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (stop_) return;
+    if (stop_) return false;
     stop_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (!active_) return;
+  return true;
+}
+
+void MpsSupervisor::stop() {
+  if (!stopThread() || !active_) return;
   // New processes must not look for a daemon that is going.
   ::unlink((ledgerDir_ + "/" + kMpsHostFile).c_str());
   for (Daemon& d : daemons_) quitDaemon(d);
   active_ = false;
+}
+
+void MpsSupervisor::detach() {
+  if (stopThread()) active_ = false;
 }
 
 void MpsSupervisor::quitDaemon(Daemon& d) {

@@ -76,11 +76,16 @@ class MpsSupervisor {
   // Republishes the tenants' settings now (after a reload).
   void refresh();
   void stop();
+  // Stops supervising but leaves the daemons running and their settings published, as a killed
+  // broker does: the broker starting next in this process (a MIG layout change) adopts them.
+  void detach();
   bool active() const { return active_; }
   // The daemon's pipe directory while active (fixed from start to stop); empty when MPS is off.
   std::string pipeDir() const { return active_ ? config_.pipeDir : std::string(); }
 
  private:
+  // Ends the supervising thread; false when it was ended already.
+  bool stopThread();
   // One control daemon: the whole GPUs' (at pipe_dir), or a MIG device's (at pipe_dir/<uuid>,
   // started with CUDA_VISIBLE_DEVICES naming it: one per MIG device, as NVIDIA runs MPS on MIG).
   struct Daemon {

@@ -235,7 +235,9 @@ TEST_F(Mig, TenantsInAndAcrossInstancesAreHeldToTheirLimits) {
 // the one it listed, says to restart it, and goes on reading the MIG devices that did not change.
 TEST_F(Mig, ALayoutChangedUnderTheBrokerIsNotReadAsTheOld) {
   Broker b(testDir());
-  ASSERT_TRUE(b.start("tenants:\n  - {name: gamma, memory: {'0:2': 512MiB}}\n")) << b.log();
+  // A broker that does not start again on a new layout (mig.follow_layout: false; one that does
+  // is BrokerPluginMig.TheBrokerStartsAgainOnAChangedLayout).
+  ASSERT_TRUE(b.start("mig: {follow_layout: false}\ntenants:\n  - {name: gamma, memory: {'0:2': 512MiB}}\n")) << b.log();
   ASSERT_TRUE(eventually([&] { return b.status().devices(2).has_device_used_bytes(); })) << b.log();
   ASSERT_EQ(nvmlComputeInstanceDestroy(c1), NVML_SUCCESS);
   ASSERT_EQ(nvmlGpuInstanceDestroy(g1), NVML_SUCCESS);

@@ -645,7 +645,10 @@ TEST_F(BrokerPluginMig, ALayoutChangedUnderTheBrokerTurnsWhatItTouchedUnhealthy)
   FakeKubelet kubelet(dp);
   ASSERT_TRUE(kubelet.start());
   const std::string dir = testDir();
-  const std::string body = "kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 1, pod_resources_socket: off}\n"
+  // A broker that does not start again on the new layout (mig.follow_layout: false; one that does
+  // is TheBrokerStartsAgainOnAChangedLayout, below).
+  const std::string body = "mig: {follow_layout: false}\n"
+                           "kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 1, pod_resources_socket: off}\n"
                            "tenants:\n  - {name: alpha, memory: {" + a + ": 1GiB}}\n"
                            "  - {name: beta, memory: {" + small + ": 1GiB}}\n  - {name: gamma, memory: {1: 1GiB}}\n"
                            "  - {name: delta, memory: 128MiB}\n";
@@ -676,6 +679,60 @@ TEST_F(BrokerPluginMig, ALayoutChangedUnderTheBrokerTurnsWhatItTouchedUnhealthy)
     return healthy(p, 1) && p.devices[0].id() == a + "::0";
   }, 20000)) << b->log();
   EXPECT_EQ(b->stop(), 0);
+}
+
+// A layout changed under a running broker (docs/mig.md, "When the layout changes"; the default
+// mig.follow_layout): the broker starts again on it in the same process (same pid, no exit): the
+// device plugin advertises the new MIG device, the CDI spec names it, `cushare status` lists it;
+// a tenant process running across it keeps its memory and its limit (the MIG device's own count).
+// A layout the configuration does not fit is refused with the reason, and the broker goes on.
+TEST_F(BrokerPluginMig, TheBrokerStartsAgainOnAChangedLayout) {
+  const size_t g0 = make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});
+  const std::string m0 = uuidOf(g0, 0);
+  ASSERT_FALSE(m0.empty());
+  FakeKubelet kubelet(dp);
+  ASSERT_TRUE(kubelet.start());
+  const std::string dir = testDir();
+  Broker b(dir);
+  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 1, pod_resources_socket: off}\n"
+                      "tenants:\n  - {name: alpha, uid: 2000, memory: {" + m0 + ": 256MiB}}\n"
+                      "  - {name: beta, memory: 128MiB}\n"))
+      << b.log();
+  ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return healthy(p, 2); })) << b.log();
+  const pid_t pid = b.pid();
+  UidTenants users;
+  Child pod = users.spawn(2000, WORKER_BIN, b, "alpha", {{"CUDA_VISIBLE_DEVICES", m0}});
+  ASSERT_EQ(pod.readLine(), "ready");
+  ASSERT_EQ(pod.ask("alloc " + std::to_string(128 * MiB)), "ok");
+
+  const size_t g1 = make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});  // a new MIG device
+  const std::string m1 = uuidOf(g1, 0);
+  ASSERT_FALSE(m1.empty());
+  const std::string i1 = "0:" + std::to_string(indexOf(m1));
+  EXPECT_TRUE(kubelet.waitFor("cushare.io/beta", [&](const auto& p) {
+    return healthy(p, 3) && std::any_of(p.devices.begin(), p.devices.end(), [&](const auto& d) { return d.id() == m1 + "::0"; });
+  }, 30000)) << b.log();
+  EXPECT_TRUE(b.logHas("mig: the MIG layout changed (was: ")) << b.log();
+  EXPECT_EQ(b.pid(), pid);
+  EXPECT_EQ(::kill(pid, 0), 0) << "the same process, still running";
+  ASSERT_TRUE(eventually([&] { return b.status().devices_size() == 3; }, 10000)) << b.log();
+  std::ifstream in(dir + "/cdi/cushare.io-tenant.json");
+  const std::string spec((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(spec.find("\"name\": \"beta:" + i1 + "\""), std::string::npos) << spec;
+  EXPECT_GE(heldIn(m0, pod.pid()), 128 * MiB) << "the tenant's memory, by the MIG device's own count";
+  EXPECT_EQ(pod.ask("alloc " + std::to_string(192 * MiB)), "oom") << "its limit holds across the new start";
+  EXPECT_EQ(pod.ask("alloc " + std::to_string(64 * MiB)), "ok");
+
+  // A layout the configuration does not fit (alpha's MIG device gone: its key names nothing) is
+  // refused with the reason; the broker goes on with the devices it has.
+  EXPECT_EQ(pod.ask("quit"), "");
+  EXPECT_EQ(pod.wait(), 0);
+  ASSERT_EQ(nvmlComputeInstanceDestroy(made[g0].second[0]), NVML_SUCCESS);
+  made[g0].second[0] = nullptr;
+  EXPECT_TRUE(b.logHas("mig: the MIG layout changed, but the configuration does not fit it: ", 20000)) << b.log();
+  EXPECT_TRUE(b.logHas(m0)) << b.log();
+  EXPECT_EQ(b.status().devices_size(), 3) << "the broker keeps its list";
+  EXPECT_EQ(b.stop(), 0);
 }
 
 }  // namespace

@@ -651,10 +651,20 @@ TEST(BrokerConfig, MigBlock) {
   EXPECT_EQ(f.mig.configFile, "/etc/mig.yaml");
   EXPECT_EQ(f.mig.configName, "all-1g.10gb");
   EXPECT_FALSE(f.mig.applyAtStart);
+  EXPECT_TRUE(f.mig.followLayout) << "the broker follows a changed layout by default";
+  // follow_layout alone: no layout is set (assert and apply have none to bring about).
+  const Config o = parseOk("mig: {follow_layout: false}\n");
+  EXPECT_FALSE(o.mig.set);
+  EXPECT_FALSE(o.mig.followLayout);
+  const Config l = parseOk("mig: {follow_layout: false, config_file: /etc/mig.yaml, config: x}\n");
+  EXPECT_TRUE(l.mig.set);
+  EXPECT_FALSE(l.mig.followLayout);
   const struct {
     const char* text;
     const char* error;
   } bad[] = {
+      {"mig: {follow_layout: no}\n", "mig.follow_layout: expected true or false, found 'no'"},
+      {"mig: {follow_layout: true, apply_at_start: true}\n", "not both or neither"},
       {"mig: {layout: [{devices: all, mig-enabled: true, device-filter: '0x233010DE'}]}\n",
        "b.yaml:1:50: mig.layout[0].device-filter: device-filter is not supported"},
       {"mig: {layout: [{devices: all, mig-enabled: true, mig-devices: {1c.3g.40gb: 1}}]}\n",

@@ -1357,6 +1357,60 @@ TEST(BrokerMpsMig, ADaemonOfAMigDeviceThatWentIsQuit) {
   EXPECT_EQ(again.stop(), 0);
 }
 
+// A layout changed under a running broker with MPS (docs/mig.md, "When the layout changes"): the
+// broker starts again in the same process, adopts the running daemons of the MIG devices that stay
+// (the same pids: their clients are not cut off) and starts one for the new MIG device; its stop
+// quits them all.
+TEST(BrokerMpsMig, ABrokerFollowingANewLayoutAdoptsItsDaemonsAndStartsTheNewOnes) {
+  MigLayout l;
+  ASSERT_TRUE(l.make());
+  MpsCase m(testDir());
+  ASSERT_TRUE(m.broker.start(m.mpsBlock() + "tenants:\n  - {name: solo, memory: {" + l.uuid3g + ": 1GiB}}\n"))
+      << m.broker.log();
+  const auto pidOf = [&](const std::string& uuid) {
+    std::ifstream pf(m.pipe + "/" + uuid + "/nvidia-cuda-mps-control.pid");
+    int pid = 0;
+    pf >> pid;
+    return pid;
+  };
+  const int d3 = pidOf(l.uuid3g), d1 = pidOf(l.uuid1g);
+  ASSERT_GT(d3, 0);
+  ASSERT_GT(d1, 0);
+  const pid_t broker = m.broker.pid();
+  struct Extra {  // a second 1g.10gb, made under the broker; gone before MigLayout switches MIG off
+    nvmlGpuInstance_t g = nullptr;
+    nvmlComputeInstance_t c = nullptr;
+    ~Extra() {
+      if (c) nvmlComputeInstanceDestroy(c);
+      if (g) nvmlGpuInstanceDestroy(g);
+    }
+  } extra;
+  ASSERT_EQ(nvmlDeviceCreateGpuInstance(l.gpu, 19, &extra.g), NVML_SUCCESS);
+  ASSERT_EQ(nvmlGpuInstanceCreateComputeInstance(extra.g, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, &extra.c), NVML_SUCCESS);
+  nvmlGpuInstanceInfo_t gi{};
+  ASSERT_EQ(nvmlGpuInstanceGetInfo(extra.g, &gi), NVML_SUCCESS);
+  std::string fresh;
+  for (unsigned i = 0; i < 7 && fresh.empty(); ++i) {
+    nvmlDevice_t d;
+    unsigned id = 0;
+    char u[96];
+    if (nvmlDeviceGetMigDeviceHandleByIndex(l.gpu, i, &d) == NVML_SUCCESS && nvmlDeviceGetGpuInstanceId(d, &id) == NVML_SUCCESS &&
+        id == gi.id && nvmlDeviceGetUUID(d, u, sizeof u) == NVML_SUCCESS)
+      fresh = u;
+  }
+  ASSERT_FALSE(fresh.empty());
+  EXPECT_TRUE(m.broker.logHas("mig: the MIG layout changed (was: ", 20000)) << m.broker.log();
+  EXPECT_TRUE(eventually([&] { return pidOf(fresh) > 0 && running(pidOf(fresh)); }, 20000)) << m.broker.log();
+  EXPECT_TRUE(m.broker.logHas("mps: adopted the control daemon of MIG device")) << m.broker.log();
+  EXPECT_EQ(pidOf(l.uuid3g), d3) << "adopted, not started again";
+  EXPECT_EQ(pidOf(l.uuid1g), d1);
+  EXPECT_TRUE(running(d3) && running(d1));
+  EXPECT_EQ(m.broker.pid(), broker);
+  const int dn = pidOf(fresh);
+  EXPECT_EQ(m.broker.stop(), 0);
+  EXPECT_TRUE(eventually([&] { return !running(d3) && !running(d1) && !running(dn); })) << "the stop quits them all";
+}
+
 // A host of whole GPUs beside MIG devices (ctest broker_mps_mig_mixed: two H100s, GPU 0 in MIG
 // mode): the whole GPUs' daemon at pipe_dir, started with CUDA_VISIBLE_DEVICES naming GPU 1 (its
 // defaults name the device by UUID), and a daemon per MIG device; a process naming no MIG device

@@ -4,7 +4,9 @@
 // examples/systemd/cushare-broker.service). SIGHUP reloads the configuration; SIGTERM and SIGINT
 // stop it. Stopping (or killing) the broker never unlimits a tenant: the ledgers, with their
 // limits, and the host segment stay, and a restarted broker adopts them.
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <linux/close_range.h>
 #include <poll.h>
 #include <signal.h>
@@ -27,6 +29,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "config/layout_change.h"
 #include "core/broker.h"
 #include "core/bus_guard.h"
 #include "container/mig_nodes.h"
@@ -69,6 +72,69 @@ class JsonEscapedMessage : public spdlog::custom_flag_formatter {
     return std::make_unique<JsonEscapedMessage>();
   }
 };
+
+// Set by a broker starting again on a changed MIG layout (below) for the one it becomes: the
+// descriptor of the layout lock it holds ("-1": none). Read and removed at start.
+constexpr char kFollowedEnv[] = "CUSHARE_BROKER_FOLLOWED_LAYOUT_LOCK";
+
+// `cushare-broker --config path --check` as the next start would judge this host now (places,
+// MPS, CDI, the device plugin): true when it passes; else false with its last lines in *why.
+// At most 30 s.
+bool checkLikeAStart(const std::string& path, std::string* why) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    *why = std::string("cannot run --check: ") + std::strerror(errno);
+    return false;
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    const char* args[] = {"cushare-broker", "--config", path.c_str(), "--check", nullptr};
+    ::execv("/proc/self/exe", const_cast<char* const*>(args));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  if (pid < 0) {
+    ::close(out[0]);
+    *why = std::string("cannot run --check: ") + std::strerror(errno);
+    return false;
+  }
+  std::string text;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    pollfd p{out[0], POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) {
+      ::kill(pid, SIGKILL);
+      text += "\n--check took more than 30 s";
+      break;
+    }
+    char buf[4096];
+    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (text.size() < 65536) text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(out[0]);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return true;
+  // Its error lines (the last three), without the log's time and name.
+  std::vector<std::string> lines;
+  for (size_t a = 0; a < text.size();) {
+    size_t b = text.find('\n', a);
+    if (b == std::string::npos) b = text.size();
+    std::string line = text.substr(a, b - a);
+    if (const size_t e = line.find(" cushare-broker error: "); e != std::string::npos) line = line.substr(e + 23);
+    if (!line.empty()) lines.push_back(line);
+    a = b + 1;
+  }
+  *why = "cushare-broker --check fails on it";
+  for (size_t i = lines.size() > 3 ? lines.size() - 3 : 0; i < lines.size(); ++i) *why += ": " + lines[i];
+  return false;
+}
 
 int usage(const std::string& why) {
   std::fprintf(stderr, "cushare-broker: %s\n%s", why.c_str(), kUsage);
@@ -124,6 +190,19 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
+  // A broker started again by itself on a MIG layout changed under it (below): it does not apply
+  // the configured layout (the change was made on purpose), and it holds the layout lock it was
+  // handed until it has listed its devices, so no `cushare mig apply` changes them in between.
+  bool followed = false;
+  int followedLock = -1;
+  if (const char* f = std::getenv(kFollowedEnv)) {
+    followed = true;
+    char* end = nullptr;
+    const long fd = std::strtol(f, &end, 10);
+    if (end != f && *end == '\0' && fd >= 3 && fd < INT32_MAX && ::fcntl(static_cast<int>(fd), F_GETFD) >= 0)
+      followedLock = static_cast<int>(fd);
+    ::unsetenv(kFollowedEnv);
+  }
   std::string err;
   // The mig: layout (docs/mig.md), before the devices are listed: mig.apply_at_start brings the
   // GPUs to it; then it is checked for the metrics. A layout that cannot be applied (processes on
@@ -137,7 +216,10 @@ int main(int argc, char** argv) {
     if (checkOnly) return 1;
   } else if (early.mig.set) {
     mig::Host host;
-    if (early.mig.applyAtStart) {
+    if (early.mig.applyAtStart && followed) {
+      spdlog::info("mig: started again on a MIG layout changed under the broker: mig.apply_at_start is not run now "
+                   "(it runs at the next start by hand or by the system)");
+    } else if (early.mig.applyAtStart) {
       mig::Report r;
       // One change of layout at a time (a `cushare mig apply` running now): waited for, 60 s at most.
       mig::ApplyLock lock;
@@ -177,7 +259,9 @@ int main(int argc, char** argv) {
   err.clear();
   std::vector<cushare::broker::DeviceInfo> devices;
   std::vector<std::string> migIdle;
-  if (!listDevices(&devices, &err, &migIdle)) {
+  const bool listed = listDevices(&devices, &err, &migIdle);
+  if (followedLock >= 0) ::close(followedLock);  // the list is taken: `cushare mig apply` may run again
+  if (!listed) {
     spdlog::error("{}", err);
     return 1;
   }
@@ -274,10 +358,13 @@ int main(int argc, char** argv) {
   }
   // The CDI spec (docs/containers.md), before the control socket answers. A failure stops the
   // broker when the configuration asks for CDI explicitly; the default only warns.
-  auto publishCdi = [&broker, &mps, &devices](bool atStart) {
+  // MIG devices changed since the list was taken (a layout changed under the broker that it does
+  // not follow, below): the spec and the plugin give no nodes for them.
+  std::set<std::string> staleMig;
+  auto publishCdi = [&broker, &mps, &devices, &staleMig](bool atStart) {
     const Config c = broker.config();
     std::string why;
-    if (publishCdiSpec(c, devices, mps.pipeDir(), &why)) return true;
+    if (publishCdiSpec(c, devices, mps.pipeDir(), staleMig, &why)) return true;
     const bool fatal = atStart && c.cdi.mark.line != 0;
     if (fatal) spdlog::error("{}", why);
     else spdlog::warn("{}{}", why, atStart ? " (cdi is on by default; cdi: off silences this)" : "; the spec written before stays");
@@ -356,6 +443,7 @@ int main(int argc, char** argv) {
     s->allocationDir = allocationDir;
     bool minorsFromFile = false;
     for (const auto& [uuid, n] : migNodesOf(devices, cushare::container::kMigMinorsFile, &minorsFromFile)) {
+      if (staleMig.count(uuid)) continue;  // another instance's nodes now; its devices are Unhealthy
       if (!n.nodes.empty()) s->deviceNodes[uuid] = n.nodes;
       else if (c.kubernetes.gpuCdiDevice.empty())
         spdlog::warn("kubernetes: pods of MIG device {} get no device nodes from the plugin: {}", uuid, n.why);
@@ -497,61 +585,79 @@ int main(int argc, char** argv) {
   }
   // Following the MIG layout (docs/mig.md, "When the layout changes"): on a host with MIG devices
   // or a mig: layout, NVML's device list is compared every 2 s with the one this broker started
-  // with. MIG devices that changed on the same GPUs, alike at two looks in a row, while no
-  // `cushare mig apply` holds the layout lock, and that the configuration and live limits fit,
-  // make the broker start again in this process (below). One that does not fit is logged once and
-  // the broker goes on with its list (the devices it no longer reads are said, docs/mig.md).
-  bool watchLayout = broker.config().mig.set || !migIdle.empty();
-  for (const DeviceInfo& d : devices) watchLayout = watchLayout || d.mig();
-  const auto describeList = [](const std::vector<DeviceInfo>& list) {
-    std::vector<std::string> out;
-    for (size_t i = 0; i < list.size(); ++i)
-      out.push_back(list[i].uuid + " " + list[i].name() + " " + std::to_string(list[i].totalBytes) + " " +
-                    std::to_string(list[i].group(i)));
-    return out;
-  };
-  // The GPUs themselves: a whole GPU, the parent of MIG devices, or a GPU in MIG mode without any.
-  const auto gpusOf = [](const std::vector<DeviceInfo>& list, const std::vector<std::string>& idle) {
-    std::set<std::string> out;
-    for (const DeviceInfo& d : list) out.insert(d.mig() ? d.parentUuid : d.uuid);
-    for (const std::string& i : idle)  // "<index> (<uuid>)"
-      if (const size_t a = i.find('('), b = i.rfind(')'); a != std::string::npos && b > a) out.insert(i.substr(a + 1, b - a - 1));
-    return out;
-  };
-  const std::vector<std::string> startList = describeList(devices);
+  // with (config/layout_change.h). MIG devices changed since are left out of the CDI spec's and the
+  // plugin's nodes at once. A changed list of MIG devices on the same GPUs, unchanged for 10 s (30 s
+  // when a GPU was left without MIG devices: a layout is often changed in steps), while no `cushare
+  // mig apply` holds the layout lock (then held until the next start has listed its devices),
+  // that gives every device present before and after the same limits, that the configuration and
+  // live limits fit, and that `cushare-broker --check` passes on, makes the broker start again in
+  // this process (below). One that does not is logged once, with the reason, and looked at again.
+  bool startHadMig = !migIdle.empty();
+  for (const DeviceInfo& d : devices) startHadMig = startHadMig || d.mig();
+  const std::vector<std::string> startList = describeDevices(devices);
   const std::set<std::string> startGpus = gpusOf(devices, migIdle);
   std::vector<std::string> pendingList, refusedList;
-  std::string layoutWhy;  // what the last refusal said
+  auto pendingSince = std::chrono::steady_clock::now();
+  std::string refusedWhy;
+  std::unique_ptr<mig::ApplyLock> followLock;
   auto layoutChanged = [&]() {
     std::vector<DeviceInfo> now;
     std::vector<std::string> idle;
     std::string why;
     if (!listDevices(&now, &why, &idle)) return false;
-    const std::vector<std::string> list = describeList(now);
-    if (list == startList || gpusOf(now, idle) != startGpus) {  // the same, or a GPU lost: not a layout
-      pendingList.clear();
-      return false;
+    if (std::set<std::string> stale = changedMigDevices(devices, now); stale != staleMig) {
+      for (const std::string& u : stale)
+        if (!staleMig.count(u))
+          spdlog::warn("mig: MIG device {} changed since the broker listed it: its containers get no device nodes from "
+                       "cushare until the broker starts again on the new layout", u);
+      staleMig = std::move(stale);
+      publishCdi(false);
+      refreshPlugin();
     }
-    if (list != pendingList) {  // one more look: a change of layout is made in steps
-      pendingList = list;
-      return false;
-    }
-    mig::ApplyLock lock;
+    const std::vector<std::string> list = describeDevices(now);
     const Config c = broker.config();
-    if (c.mig.set && !lock.acquire(mig::applyLockPath(c), 0, &why)) return false;  // a change in progress
-    why.clear();
-    if (now.size() > cushare::kLedgerMaxDevices)
-      why = "it has " + std::to_string(now.size()) + " devices, more than the " +
-            std::to_string(cushare::kLedgerMaxDevices) + " one broker can share";
-    if (Broker probe(configPath, now); !why.empty() || !probe.check(&why)) {
-      if (list != refusedList || why != layoutWhy)
+    if (list == startList || gpusOf(now, idle) != startGpus || !c.mig.followLayout) {
+      pendingList.clear();  // the same, a GPU lost or added (not a layout), or not followed
+      return false;
+    }
+    const auto t = std::chrono::steady_clock::now();
+    if (list != pendingList) {
+      pendingList = list;
+      pendingSince = t;
+      return false;
+    }
+    // A GPU whose MIG devices all went: most likely half-way through a change made by hand.
+    bool emptied = false;
+    for (const DeviceInfo& d : devices)
+      if (d.mig())
+        emptied = emptied || std::none_of(now.begin(), now.end(), [&](const DeviceInfo& n) {
+          return n.mig() && n.parentUuid == d.parentUuid;
+        });
+    if (t - pendingSince < std::chrono::seconds(emptied ? 30 : 10)) return false;
+    auto refuse = [&](const std::string& reason) {
+      if (list != refusedList || reason != refusedWhy)
         spdlog::error("mig: the MIG layout changed, but the configuration does not fit it: {}; the broker keeps the "
                       "devices it started with until the configuration fits (looked at every 2 s) or it is "
-                      "restarted (docs/mig.md)", why);
+                      "restarted (docs/mig.md)", reason);
       refusedList = list;
-      layoutWhy = why;
+      refusedWhy = reason;
+      followLock.reset();
+      return false;
+    };
+    followLock = std::make_unique<mig::ApplyLock>();
+    if (!followLock->acquire(mig::applyLockPath(c), 0, &why)) {
+      if (why != refusedWhy) spdlog::info("mig: the MIG layout changed; waiting to follow it: {}", why);
+      refusedWhy = why;
+      followLock.reset();
       return false;
     }
+    Config onDisk;
+    if (now.size() > cushare::kLedgerMaxDevices)
+      return refuse("it has " + std::to_string(now.size()) + " devices, more than the " +
+                    std::to_string(cushare::kLedgerMaxDevices) + " one broker can share");
+    if (!loadConfig(configPath, &onDisk, &why) || !sameLimitsAcross(onDisk, devices, now, &why)) return refuse(why);
+    if (Broker probe(configPath, now); !probe.check(&why)) return refuse(why);
+    if (!checkLikeAStart(configPath, &why)) return refuse(why);
     std::string was, is;
     for (const DeviceInfo& d : devices)
       if (d.mig()) was += (was.empty() ? "" : ", ") + d.name() + " " + d.profile;
@@ -565,14 +671,14 @@ int main(int argc, char** argv) {
   auto lastLook = std::chrono::steady_clock::now();
   for (;;) {
     pollfd pfd{sfd, POLLIN, 0};
+    const bool watchLayout = startHadMig || broker.config().mig.set;
     const int ready = ::poll(&pfd, 1, watchLayout ? 1000 : -1);
     if (ready < 0 && errno != EINTR) {
       spdlog::error("cannot receive signals (poll): {}", std::strerror(errno));
       break;
     }
     if (ready <= 0) {
-      if (watchLayout && broker.config().mig.followLayout &&
-          std::chrono::steady_clock::now() - lastLook >= std::chrono::seconds(2)) {
+      if (watchLayout && std::chrono::steady_clock::now() - lastLook >= std::chrono::seconds(2)) {
         lastLook = std::chrono::steady_clock::now();
         if (layoutChanged()) {
           startAgain = true;
@@ -604,6 +710,16 @@ int main(int argc, char** argv) {
 #if CUSHARE_DEVICE_PLUGIN
   plugin.stop();  // the kubelet sees the resources' sockets go
 #endif
+  if (startAgain) {  // a stop asked for meanwhile wins over the new start
+    sigset_t pending;
+    if (::sigpending(&pending) == 0 && (sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1)) {
+      spdlog::info("stopping on a signal that came while the broker was about to start again on the new MIG layout");
+      startAgain = false;
+    }
+  }
+  Config onDisk;
+  if (startAgain && loadConfig(configPath, &onDisk, &err) && onDisk.mps.mode == MpsConfig::Mode::kOff)
+    mps.stop();  // the next start runs no MPS: nobody would adopt the daemons
   if (!startAgain) {
     mps.stop();  // quits the daemon
     unpublishCdiSpec(broker.config());
@@ -611,11 +727,22 @@ int main(int argc, char** argv) {
   }
   // Starting again on the new layout: as a restart (docs/operations.md), in this process, so that
   // a supervisor sees no exit. The MPS daemons stay for the next start to adopt (or quit, where
-  // their MIG device went), the CDI spec for it to rewrite; nothing of this image's files stays
-  // open in the next (the control and metrics sockets, the layout lock).
+  // their MIG device went), the CDI spec for it to rewrite; of this image's files only the layout
+  // lock stays open in the next (named in kFollowedEnv), until it has listed its devices.
   mps.detach();
-  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
-    for (int fd = 3; fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  const int lockFd = followLock ? followLock->release() : -1;
+  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+      std::vector<int> fds;
+      while (const dirent* e = ::readdir(d))
+        if (e->d_name[0] >= '0' && e->d_name[0] <= '9') fds.push_back(std::atoi(e->d_name));
+      ::closedir(d);
+      for (const int fd : fds)
+        if (fd >= 3) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+  }
+  if (lockFd >= 0) ::fcntl(lockFd, F_SETFD, 0);
+  ::setenv(kFollowedEnv, std::to_string(lockFd).c_str(), 1);
   ::execv("/proc/self/exe", argv);
   spdlog::error("mig: cannot start again on the new MIG layout ({}): the broker stops; start it again",
                 std::strerror(errno));

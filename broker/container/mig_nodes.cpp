@@ -83,7 +83,8 @@ bool loadMigMinors(const std::string& path, MigMinors* out, std::string* err) {
     }
   }
   ::close(fd);
-  if (!parseMigMinors(text, out, err)) return fail(err, path + ": " + *err);
+  std::string why;
+  if (!parseMigMinors(text, out, &why)) return fail(err, path + ": " + why);
   return true;
 }
 

@@ -5,9 +5,11 @@
 // driver's own container support (NVIDIA's runtime or its CDI spec), as they do for a whole GPU.
 //
 // Invariants:
-// - The table's lines are "config N", "monitor N", "gpu<G>/gi<I>/access N" and
-//   "gpu<G>/gi<I>/ci<C>/access N"; a line of another shape refuses the whole table (a damaged or
-//   foreign file never names a node), a line with another key of that shape is skipped.
+// - The table's lines are "<capability> <minor>" ("config 1", "gpu0/gi1/access 12",
+//   "gpu0/gi1/ci0/access 13"...): a line not of that shape (no minor, a minor of more than 7
+//   digits, a capability named twice) refuses the whole table (a damaged or foreign file never
+//   names a node); capabilities are only ever looked up by the exact names above, so others are
+//   kept and never used.
 // - The driver's table is fixed (every gpu 0..31, gi 0..14, ci 0..7, numbered in order from 3);
 //   kMigMinorsFormula gives the same numbers where the table cannot be read. A GPU minor, GI or CI
 //   outside those ranges has no node: false, never a guess.

@@ -41,7 +41,7 @@ bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, 
 namespace {
 
 bool build(const Config& c, const std::vector<DeviceInfo>& devices, const std::string& mpsPipeDir, bool mustExist,
-           container::CdiSpec* spec, bool* minorsFromFile, std::string* err) {
+           const std::set<std::string>& staleMig, container::CdiSpec* spec, bool* minorsFromFile, std::string* err) {
   container::HostPlaces h;
   if (!hostPlaces(c, mpsPipeDir, mustExist, &h, err)) return false;
   Placement placed;
@@ -61,7 +61,10 @@ bool build(const Config& c, const std::vector<DeviceInfo>& devices, const std::s
     for (const DeviceInfo& d : devices) {
       if (!d.mig() || (on && std::find(on->begin(), on->end(), d.uuid) == on->end())) continue;
       const MigNodes& n = nodes.at(d.uuid);
-      ct.mig.push_back({d.name(), d.uuid, n.nodes, n.why});
+      if (staleMig.count(d.uuid))
+        ct.mig.push_back({d.name(), d.uuid, {}, "MIG device " + d.name() + " changed since the broker listed it"});
+      else
+        ct.mig.push_back({d.name(), d.uuid, n.nodes, n.why});
     }
     tenants.push_back(std::move(ct));
   }
@@ -94,12 +97,12 @@ std::map<std::string, MigNodes> migNodesOf(const std::vector<DeviceInfo>& device
 }
 
 bool publishCdiSpec(const Config& c, const std::vector<DeviceInfo>& devices, const std::string& mpsPipeDir,
-                    std::string* err) {
+                    const std::set<std::string>& staleMig, std::string* err) {
   if (!c.cdi.enabled) return true;
   container::CdiSpec spec;
   bool fromFile = false;
-  if (!build(c, devices, mpsPipeDir, true, &spec, &fromFile, err)) return false;
-  for (const std::string& why : spec.leftOut) CUSHARE_BLOG(warn, "cdi: tenant {} left out of the spec", why);
+  if (!build(c, devices, mpsPipeDir, true, staleMig, &spec, &fromFile, err)) return false;
+  for (const std::string& why : spec.leftOut) CUSHARE_BLOG(warn, "cdi: left out of the spec: {}", why);
   if (!spec.migDevices.empty() && !fromFile)
     CUSHARE_BLOG(info, "cdi: {} is not there: MIG capability nodes numbered as the driver's fixed table",
                  container::kMigMinorsFile);
@@ -170,7 +173,7 @@ bool describeCdi(const Config& c, const std::vector<DeviceInfo>& devices, std::s
   }
   container::CdiSpec spec;
   bool fromFile = false;
-  if (!build(c, devices, c.mps.mode == MpsConfig::Mode::kOff ? "" : c.mps.pipeDir, false, &spec, &fromFile, err))
+  if (!build(c, devices, c.mps.mode == MpsConfig::Mode::kOff ? "" : c.mps.pipeDir, false, {}, &spec, &fromFile, err))
     return false;
   // The start makes the spec directory and writes the spec there when there is one to write: a
   // place this user cannot write fails it (cdi asked for) or leaves it without a spec (the default).

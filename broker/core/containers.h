@@ -4,6 +4,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,9 @@ bool hostPlaces(const Config& c, const std::string& mpsPipeDir, bool mustExist, 
 // tenants it left out. False with *err (one line) when it cannot; the caller decides whether that
 // stops the broker (an explicit cdi: block at start) or is logged (a default, a reload).
 // devices: the broker's; each MIG device a tenant is placed on adds a device with its nodes.
+// staleMig: MIG devices (UUIDs) changed since the broker listed devices: their nodes are left out.
 bool publishCdiSpec(const Config& c, const std::vector<DeviceInfo>& devices, const std::string& mpsPipeDir,
-                    std::string* err);
+                    const std::set<std::string>& staleMig, std::string* err);
 
 // The device nodes of each MIG device of devices (container/mig_nodes.h), by UUID: its nodes, or
 // none and why they are unknown (no GPU minor from NVML, a table without the capability). Reads

@@ -123,6 +123,12 @@ class ApplyLock {
   // wait, or the file or a directory above it is one others could change or hold.
   bool acquire(const std::string& path, int waitMs, std::string* err,
                const std::function<void(const std::string&)>& waiting = {});
+  // The descriptor holding the lock, now the caller's to close (-1 when not held).
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
 
  private:
   int fd_ = -1;

@@ -1399,7 +1399,7 @@ TEST(BrokerMpsMig, ABrokerFollowingANewLayoutAdoptsItsDaemonsAndStartsTheNewOnes
       fresh = u;
   }
   ASSERT_FALSE(fresh.empty());
-  EXPECT_TRUE(m.broker.logHas("mig: the MIG layout changed (was: ", 20000)) << m.broker.log();
+  EXPECT_TRUE(m.broker.logHas("mig: the MIG layout changed (was: ", 30000)) << m.broker.log();
   EXPECT_TRUE(eventually([&] { return pidOf(fresh) > 0 && running(pidOf(fresh)); }, 20000)) << m.broker.log();
   EXPECT_TRUE(m.broker.logHas("mps: adopted the control daemon of MIG device")) << m.broker.log();
   EXPECT_EQ(pidOf(l.uuid3g), d3) << "adopted, not started again";

@@ -4,6 +4,8 @@
 // registers again when the kubelet restarts; a faulted MPS server turns the devices unhealthy; a
 // vanished kubelet and protocol errors leave the tenants' accounting (the broker's and the
 // device's own) as it was.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -700,15 +702,32 @@ TEST_F(BrokerPluginMig, TheBrokerStartsAgainOnAChangedLayout) {
       << b.log();
   ASSERT_TRUE(kubelet.waitFor("cushare.io/beta", [](const auto& p) { return healthy(p, 2); })) << b.log();
   const pid_t pid = b.pid();
+  const auto openFds = [&] {
+    size_t n = 0;
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+      ++n;
+    return n;
+  };
+  const size_t fdsBefore = openFds();
   UidTenants users;
   Child pod = users.spawn(2000, WORKER_BIN, b, "alpha", {{"CUDA_VISIBLE_DEVICES", m0}});
   ASSERT_EQ(pod.readLine(), "ready");
   ASSERT_EQ(pod.ask("alloc " + std::to_string(128 * MiB)), "ok");
 
+  // While a `cushare mig apply` holds the layout lock (an flock beside state_file), the broker
+  // does not follow: the layout may be half-way.
+  const int lock = ::open((dir + "/broker.state.mig-lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(lock, 0);
+  ASSERT_EQ(::flock(lock, LOCK_EX), 0);
   const size_t g1 = make(19, {NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE});  // a new MIG device
   const std::string m1 = uuidOf(g1, 0);
   ASSERT_FALSE(m1.empty());
   const std::string i1 = "0:" + std::to_string(indexOf(m1));
+  EXPECT_TRUE(b.logHas("mig: the MIG layout changed; waiting to follow it: ", 20000)) << b.log();
+  EXPECT_FALSE(b.logHas("mig: the MIG layout changed (was: ", 0)) << b.log();
+  ::close(lock);
   EXPECT_TRUE(kubelet.waitFor("cushare.io/beta", [&](const auto& p) {
     return healthy(p, 3) && std::any_of(p.devices.begin(), p.devices.end(), [&](const auto& d) { return d.id() == m1 + "::0"; });
   }, 30000)) << b.log();
@@ -716,6 +735,7 @@ TEST_F(BrokerPluginMig, TheBrokerStartsAgainOnAChangedLayout) {
   EXPECT_EQ(b.pid(), pid);
   EXPECT_EQ(::kill(pid, 0), 0) << "the same process, still running";
   ASSERT_TRUE(eventually([&] { return b.status().devices_size() == 3; }, 10000)) << b.log();
+  EXPECT_LE(openFds(), fdsBefore + 2) << "nothing of the image before stays open in the new one";
   std::ifstream in(dir + "/cdi/cushare.io-tenant.json");
   const std::string spec((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(spec.find("\"name\": \"beta:" + i1 + "\""), std::string::npos) << spec;
@@ -727,9 +747,18 @@ TEST_F(BrokerPluginMig, TheBrokerStartsAgainOnAChangedLayout) {
   // refused with the reason; the broker goes on with the devices it has.
   EXPECT_EQ(pod.ask("quit"), "");
   EXPECT_EQ(pod.wait(), 0);
+  const std::string i0 = "0:" + std::to_string(indexOf(m0));
+  const auto specNow = [&] {
+    std::ifstream f(dir + "/cdi/cushare.io-tenant.json");
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_NE(specNow().find("\"name\": \"alpha:" + i0 + "\""), std::string::npos) << specNow();
   ASSERT_EQ(nvmlComputeInstanceDestroy(made[g0].second[0]), NVML_SUCCESS);
   made[g0].second[0] = nullptr;
-  EXPECT_TRUE(b.logHas("mig: the MIG layout changed, but the configuration does not fit it: ", 20000)) << b.log();
+  // At once: the gone device's CDI devices go (their nodes would be another instance's).
+  EXPECT_TRUE(eventually([&] { return specNow().find("\"name\": \"alpha:" + i0 + "\"") == std::string::npos; }, 10000))
+      << specNow();
+  EXPECT_TRUE(b.logHas("mig: the MIG layout changed, but the configuration does not fit it: ", 30000)) << b.log();
   EXPECT_TRUE(b.logHas(m0)) << b.log();
   EXPECT_EQ(b.status().devices_size(), 3) << "the broker keeps its list";
   EXPECT_EQ(b.stop(), 0);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/layout_change.h"
 #include "cushare/shim_config.h"
 
 namespace cushare::broker {
@@ -565,6 +566,50 @@ std::vector<DeviceInfo> migHost() {
   mig(2, kMig2, "1g.10gb", 7, 0, 9984, 2);
   v.push_back(gpu(1, kUuidB, 8 * kGiB));
   return v;
+}
+
+// A layout changed under the broker (config/layout_change.h): the compute instance at 0:0 went, so
+// the one after it is 0:0 now. A key by index would move alpha's limit onto another device: the
+// broker must not follow; keys by UUID, one size and percentages give every remaining device what
+// it had. Device descriptions tell a change of profile or IDs; the GPUs include those in MIG mode
+// without MIG devices; the changed MIG devices are the ones whose nodes went stale.
+TEST(BrokerConfig, ALayoutChangeIsFollowedOnlyWhereNoLimitMoves) {
+  const std::vector<DeviceInfo> before = migHost();
+  std::vector<DeviceInfo> after = {before[1], before[2], before[3]};
+  after[0].migIndex = 0;
+  after[1].migIndex = 1;
+  after[0].memoryGroup = 0;
+  after[1].memoryGroup = 1;
+  std::string why;
+  const Config byIndex = parseOk("tenants:\n  - {name: alpha, memory: {'0:0': 1GiB}}\n");
+  EXPECT_FALSE(sameLimitsAcross(byIndex, before, after, &why));
+  EXPECT_NE(why.find("alpha's memory on " + std::string(kMig1) + " (0:1, now 0:0) would change"), std::string::npos)
+      << why;
+  for (const char* fine : {"tenants:\n  - {name: alpha, memory: {MIG-aaaaaaaa-0002-5000-8000-000000000000: 1GiB}}\n",
+                           "tenants:\n  - {name: alpha, memory: 1GiB}\n", "tenants:\n  - {name: alpha, memory: 10%}\n"})
+    EXPECT_TRUE(sameLimitsAcross(parseOk(fine), before, after, &why)) << fine << why;
+  // '0:2' names nothing after the change: refused (it does not resolve), not followed.
+  EXPECT_FALSE(sameLimitsAcross(parseOk("tenants:\n  - {name: alpha, memory: {'0:2': 1GiB}}\n"), before, after, &why));
+  // The unknown tenants' profile counts too.
+  EXPECT_FALSE(sameLimitsAcross(parseOk("profiles:\n  p: {memory: {'0:0': 1GiB}}\nunknown_tenants: p\n"
+                                        "tenants:\n  - {name: alpha, memory: 1GiB}\n"),
+                                before, after, &why));
+  EXPECT_NE(why.find("unknown tenants' profile p"), std::string::npos) << why;
+
+  EXPECT_NE(describeDevices(before), describeDevices(after));
+  std::vector<DeviceInfo> reprofiled = before;
+  reprofiled[2].profile = "1g.10gb+me";
+  EXPECT_NE(describeDevices(before), describeDevices(reprofiled)) << "a profile changed at the same IDs";
+  reprofiled = before;
+  reprofiled[2].computeInstance = 1;
+  EXPECT_NE(describeDevices(before), describeDevices(reprofiled));
+  EXPECT_EQ(changedMigDevices(before, reprofiled), (std::set<std::string>{kMig2}));
+  EXPECT_EQ(changedMigDevices(before, after), (std::set<std::string>{kMig0, kMig1, kMig2}))
+      << "gone, or at another index (its <tenant>:<gpu>:<mig> name is another device's now)";
+  EXPECT_TRUE(changedMigDevices(before, before).empty());
+  EXPECT_EQ(gpusOf(after, {}), (std::set<std::string>{kUuidA, kUuidB}));
+  EXPECT_EQ(gpusOf({before[3]}, {"0 (" + std::string(kUuidA) + ")"}), (std::set<std::string>{kUuidA, kUuidB}))
+      << "a GPU in MIG mode without MIG devices is still there";
 }
 
 // MIG devices are named as <gpu>:<mig> or by their MIG- UUID (any case), a percentage is of the

@@ -172,6 +172,9 @@ class Broker {
     // Per device (elasticity.cpp): its bursts on host memory now (an estimate) and the bytes of
     // them found gone there since the broker started (a counter); burstHostSaid: said in the log.
     std::vector<uint64_t> burstHost, reclaimed;
+    // Its burst at the last tick: a rise on host memory that its burst's own growth explains (an
+    // allocation not yet prefetched, or one that found no room) is not a reclaim.
+    std::vector<uint64_t> burstBefore;
     std::vector<uint8_t> burstHostSaid;
     // Per device: what its processes hold above its guarantee where it bursts into managed memory
     // (its ledger, bounded by its limit; elasticity.cpp, every tick), for the thrashing guard.

@@ -7,7 +7,8 @@
 // holds for them): per tenant, in proportion to its bursts, a gauge, and its rises summed into a
 // counter (cushare_tenant_reclaimed_bytes_total). The driver evicts within the allocation that
 // needs the room, so there is no reclaim time to measure here (perf/managed_evict_probe measures
-// the allocation's). A burst that found no room from the start counts the same as one evicted.
+// the allocation's). A rise its burst's own growth since the last tick explains (an allocation
+// not yet prefetched, or one that found no room) is on host memory but not counted as reclaimed.
 //
 // The estimate per memory group (a GPU, or a GPU instance whose MIG devices share its memory):
 // the smaller of what the bursting tenants' ledgers hold above their guarantees (managed memory,
@@ -71,15 +72,16 @@ void Broker::publishEvictableLocked(const std::vector<std::map<int, uint64_t>>& 
     t->burstHost.resize(n, 0);
     t->reclaimed.resize(n, 0);
     t->burstHostSaid.resize(n, 0);
+    t->burstBefore.resize(n, 0);
     for (size_t d = 0; d < n; ++d) {
       const uint64_t g = d < t->burstAbove.size() ? t->burstAbove[d] : kNoLimit;
       const size_t grp = std::min(devices_[d].group(d), n - 1);
-      uint64_t mine = 0;
+      uint64_t mine = 0, burst = 0;
       if (g != kNoLimit && t->ledger && t->entry.size() == n && t->entry[d] >= 0 && !unreadLocked(d) && bursts[grp] > 0) {
         uint64_t used = 0;
         guarded([&] { used = t->ledger->used(t->entry[d]); });
         used = std::min(used, expectedLocked(*t, d));
-        const uint64_t burst = used > g ? used - g : 0;
+        burst = used > g ? used - g : 0;
         // Managed for certain only above what its processes may hold as ordinary memory (a
         // guarantee lowered under them leaves ordinary memory above it: hidden_memory.cpp).
         const uint64_t ordinary =
@@ -89,8 +91,11 @@ void Broker::publishEvictableLocked(const std::vector<std::map<int, uint64_t>>& 
       } else if (unreadLocked(d)) {
         continue;  // kept as it was
       }
-      if (mine > t->burstHost[d]) t->reclaimed[d] = addSaturated(t->reclaimed[d], mine - t->burstHost[d]);
+      const uint64_t grew = burst > t->burstBefore[d] ? burst - t->burstBefore[d] : 0;
+      if (mine > addSaturated(t->burstHost[d], grew))
+        t->reclaimed[d] = addSaturated(t->reclaimed[d], mine - t->burstHost[d] - grew);
       t->burstHost[d] = mine;
+      t->burstBefore[d] = burst;
       if (mine >= (uint64_t{1} << 20) && !t->burstHostSaid[d]) {
         t->burstHostSaid[d] = 1;
         CUSHARE_BLOG(info,

@@ -19,9 +19,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -32,6 +35,7 @@
 #include "config/layout_change.h"
 #include "core/broker.h"
 #include "core/bus_guard.h"
+#include "container/cdi.h"
 #include "container/mig_nodes.h"
 #include "core/containers.h"
 #include "core/control_server.h"
@@ -78,9 +82,19 @@ class JsonEscapedMessage : public spdlog::custom_flag_formatter {
 constexpr char kFollowedEnv[] = "CUSHARE_BROKER_FOLLOWED_LAYOUT_LOCK";
 
 // `cushare-broker --config path --check` as the next start would judge this host now (places,
-// MPS, CDI, the device plugin): true when it passes; else false with its last lines in *why.
-// At most 30 s.
+// MPS, CDI, the device plugin), told that it judges a start on a followed layout (kFollowedEnv
+// "-1": no apply_at_start): true when it passes; else false with its error lines (the last three)
+// in *why. At most 30 s.
 bool checkLikeAStart(const std::string& path, std::string* why) {
+  // Everything the child needs is made before fork (this process has threads).
+  const std::string mark = std::string(kFollowedEnv) + "=-1";
+  std::vector<const char*> env;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, kFollowedEnv, std::strlen(kFollowedEnv)) != 0 || (*e)[std::strlen(kFollowedEnv)] != '=')
+      env.push_back(*e);
+  env.push_back(mark.c_str());
+  env.push_back(nullptr);
+  const char* args[] = {"cushare-broker", "--config", path.c_str(), "--check", "--log-level", "error", nullptr};
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) {
     *why = std::string("cannot run --check: ") + std::strerror(errno);
@@ -90,8 +104,7 @@ bool checkLikeAStart(const std::string& path, std::string* why) {
   if (pid == 0) {
     ::dup2(out[1], 1);
     ::dup2(out[1], 2);
-    const char* args[] = {"cushare-broker", "--config", path.c_str(), "--check", nullptr};
-    ::execv("/proc/self/exe", const_cast<char* const*>(args));
+    ::execve("/proc/self/exe", const_cast<char* const*>(args), const_cast<char* const*>(env.data()));
     ::_exit(127);
   }
   ::close(out[1]);
@@ -101,13 +114,16 @@ bool checkLikeAStart(const std::string& path, std::string* why) {
     return false;
   }
   std::string text;
+  bool late = false;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     pollfd p{out[0], POLLIN, 0};
-    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) {
+    const int r = left.count() <= 0 ? 0 : ::poll(&p, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
       ::kill(pid, SIGKILL);
-      text += "\n--check took more than 30 s";
+      late = true;
       break;
     }
     char buf[4096];
@@ -118,22 +134,32 @@ bool checkLikeAStart(const std::string& path, std::string* why) {
   }
   ::close(out[0]);
   int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  pid_t w;
+  while ((w = ::waitpid(pid, &st, 0)) < 0 && errno == EINTR) {
   }
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return true;
-  // Its error lines (the last three), without the log's time and name.
-  std::vector<std::string> lines;
+  if (w == pid && !late && WIFEXITED(st) && WEXITSTATUS(st) == 0) return true;
+  std::vector<std::string> errors;
   for (size_t a = 0; a < text.size();) {
     size_t b = text.find('\n', a);
     if (b == std::string::npos) b = text.size();
-    std::string line = text.substr(a, b - a);
-    if (const size_t e = line.find(" cushare-broker error: "); e != std::string::npos) line = line.substr(e + 23);
-    if (!line.empty()) lines.push_back(line);
+    const std::string line = text.substr(a, b - a);
+    if (const size_t e = line.find(" cushare-broker error: "); e != std::string::npos) errors.push_back(line.substr(e + 23));
     a = b + 1;
   }
   *why = "cushare-broker --check fails on it";
-  for (size_t i = lines.size() > 3 ? lines.size() - 3 : 0; i < lines.size(); ++i) *why += ": " + lines[i];
+  if (late) *why += ": it took more than 30 s";
+  else if (w != pid) *why += std::string(": its exit cannot be read (") + std::strerror(errno) + ")";
+  for (size_t k = errors.size() > 3 ? errors.size() - 3 : 0; k < errors.size(); ++k) *why += ": " + errors[k];
   return false;
+}
+
+// The layout lock a broker that started again was handed: fd names a file "<...>.mig-lock".
+bool isLayoutLock(int fd) {
+  char target[4096];
+  const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target - 1);
+  if (n <= 0) return false;
+  const std::string t(target, static_cast<size_t>(n));
+  return t.size() > 9 && t.compare(t.size() - 9, 9, ".mig-lock") == 0;
 }
 
 int usage(const std::string& why) {
@@ -199,7 +225,8 @@ int main(int argc, char** argv) {
     followed = true;
     char* end = nullptr;
     const long fd = std::strtol(f, &end, 10);
-    if (end != f && *end == '\0' && fd >= 3 && fd < INT32_MAX && ::fcntl(static_cast<int>(fd), F_GETFD) >= 0)
+    if (end != f && *end == '\0' && fd >= 3 && fd < INT32_MAX && ::fcntl(static_cast<int>(fd), F_GETFD) >= 0 &&
+        isLayoutLock(static_cast<int>(fd)))
       followedLock = static_cast<int>(fd);
     ::unsetenv(kFollowedEnv);
   }
@@ -360,14 +387,26 @@ int main(int argc, char** argv) {
   // broker when the configuration asks for CDI explicitly; the default only warns.
   // MIG devices changed since the list was taken (a layout changed under the broker that it does
   // not follow, below): the spec and the plugin give no nodes for them.
+  // publishMu: the spec, the plugin's settings and staleMig change under it, from a reload (the
+  // control server's thread, or SIGHUP) or from the layout watcher (this thread).
   std::set<std::string> staleMig;
+  std::mutex publishMu;
   auto publishCdi = [&broker, &mps, &devices, &staleMig](bool atStart) {
     const Config c = broker.config();
     std::string why;
     if (publishCdiSpec(c, devices, mps.pipeDir(), staleMig, &why)) return true;
     const bool fatal = atStart && c.cdi.mark.line != 0;
-    if (fatal) spdlog::error("{}", why);
-    else spdlog::warn("{}{}", why, atStart ? " (cdi is on by default; cdi: off silences this)" : "; the spec written before stays");
+    if (fatal) {
+      spdlog::error("{}", why);
+    } else if (!staleMig.empty() && c.cdi.enabled) {
+      // The spec written before names nodes of MIG devices that changed: another instance's now.
+      std::string gone;
+      const bool removed = cushare::container::removeCdiSpec(c.cdi.specDir, &gone);
+      spdlog::error("{}; the spec written before names MIG devices that changed, so it is {}", why,
+                    removed ? "removed until one can be written" : "left (it cannot be removed: " + gone + ")");
+    } else {
+      spdlog::warn("{}{}", why, atStart ? " (cdi is on by default; cdi: off silences this)" : "; the spec written before stays");
+    }
     return !fatal;
   };
   if (!publishCdi(true)) return 1;
@@ -520,8 +559,10 @@ int main(int argc, char** argv) {
       return;
     }
     spdlog::error("{}; the device plugin keeps its tenants' edits", why);
-    Placement placed;  // but never a device where a tenant is now unlimited
+    for (const std::string& u : staleMig) pluginNow.deviceNodes.erase(u);  // but not changed devices' nodes
+    Placement placed;  // nor a device where a tenant is now unlimited
     if (placementOf(c, devices, &placed, &why)) placePlugin(placed, false);
+    else plugin.update(pluginNow);
   };
   // Before a reload: the devices a tenant leaves go from its resource first.
   auto narrowPlugin = [&] {
@@ -546,7 +587,8 @@ int main(int argc, char** argv) {
   auto narrowPlugin = [] {};
   auto restorePlugin = [] {};
 #endif
-  auto reload = [&broker, &mps, &publishCdi, &refreshPlugin, &narrowPlugin, &restorePlugin](std::string* e) {
+  auto reload = [&broker, &mps, &publishCdi, &refreshPlugin, &narrowPlugin, &restorePlugin, &publishMu](std::string* e) {
+    std::lock_guard<std::mutex> g(publishMu);
     narrowPlugin();
     const bool ok = broker.reload(e);
     if (ok) {
@@ -597,15 +639,21 @@ int main(int argc, char** argv) {
   const std::vector<std::string> startList = describeDevices(devices);
   const std::set<std::string> startGpus = gpusOf(devices, migIdle);
   std::vector<std::string> pendingList, refusedList;
-  auto pendingSince = std::chrono::steady_clock::now();
-  std::string refusedWhy;
+  auto pendingSince = std::chrono::steady_clock::now(), refusedAt = pendingSince;
+  std::string refusedWhy, refusedText, waitWhy;
   std::unique_ptr<mig::ApplyLock> followLock;
+  const auto configText = [&configPath] {
+    std::ifstream in(configPath, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return text;
+  };
   auto layoutChanged = [&]() {
     std::vector<DeviceInfo> now;
     std::vector<std::string> idle;
     std::string why;
     if (!listDevices(&now, &why, &idle)) return false;
     if (std::set<std::string> stale = changedMigDevices(devices, now); stale != staleMig) {
+      std::lock_guard<std::mutex> g(publishMu);
       for (const std::string& u : stale)
         if (!staleMig.count(u))
           spdlog::warn("mig: MIG device {} changed since the broker listed it: its containers get no device nodes from "
@@ -634,30 +682,46 @@ int main(int argc, char** argv) {
           return n.mig() && n.parentUuid == d.parentUuid;
         });
     if (t - pendingSince < std::chrono::seconds(emptied ? 30 : 10)) return false;
+    // Judged already, and refused: again when the list or the file changes, or after 30 s (live
+    // limits, places on disk).
+    const std::string text = configText();
+    if (list == refusedList && text == refusedText && t - refusedAt < std::chrono::seconds(30)) return false;
     auto refuse = [&](const std::string& reason) {
       if (list != refusedList || reason != refusedWhy)
         spdlog::error("mig: the MIG layout changed, but the configuration does not fit it: {}; the broker keeps the "
                       "devices it started with until the configuration fits (looked at every 2 s) or it is "
                       "restarted (docs/mig.md)", reason);
       refusedList = list;
+      refusedText = text;
+      refusedAt = t;
       refusedWhy = reason;
-      followLock.reset();
       return false;
     };
-    followLock = std::make_unique<mig::ApplyLock>();
-    if (!followLock->acquire(mig::applyLockPath(c), 0, &why)) {
-      if (why != refusedWhy) spdlog::info("mig: the MIG layout changed; waiting to follow it: {}", why);
-      refusedWhy = why;
-      followLock.reset();
-      return false;
-    }
-    Config onDisk;
+    Config next;
     if (now.size() > cushare::kLedgerMaxDevices)
       return refuse("it has " + std::to_string(now.size()) + " devices, more than the " +
                     std::to_string(cushare::kLedgerMaxDevices) + " one broker can share");
-    if (!loadConfig(configPath, &onDisk, &why) || !sameLimitsAcross(onDisk, devices, now, &why)) return refuse(why);
+    if (!loadConfig(configPath, &next, &why)) return refuse(why);
+    if (next.ledgerDir != c.ledgerDir || next.stateFile != c.stateFile || next.socket != c.socket)
+      return refuse("the configuration file changes ledger_dir, state_file or socket, which only a restart by hand "
+                    "takes");
+    if (!sameLimitsAcross(c, devices, next, now, &why)) return refuse(why);
     if (Broker probe(configPath, now); !probe.check(&why)) return refuse(why);
     if (!checkLikeAStart(configPath, &why)) return refuse(why);
+    // The layout lock, and the list once more under it: what was judged is what the next start
+    // lists (the lock is handed to it and held until it has).
+    followLock = std::make_unique<mig::ApplyLock>();
+    if (!followLock->acquire(mig::applyLockPath(c), 0, &why)) {
+      if (why != waitWhy) spdlog::info("mig: the MIG layout changed; waiting to follow it: {}", why);
+      waitWhy = why;
+      followLock.reset();
+      return false;
+    }
+    std::vector<DeviceInfo> again;
+    if (!listDevices(&again, &why) || describeDevices(again) != list) {
+      followLock.reset();
+      return false;
+    }
     std::string was, is;
     for (const DeviceInfo& d : devices)
       if (d.mig()) was += (was.empty() ? "" : ", ") + d.name() + " " + d.profile;
@@ -730,7 +794,12 @@ int main(int argc, char** argv) {
   // their MIG device went), the CDI spec for it to rewrite; of this image's files only the layout
   // lock stays open in the next (named in kFollowedEnv), until it has listed its devices.
   mps.detach();
-  const int lockFd = followLock ? followLock->release() : -1;
+  int lockFd = followLock ? followLock->release() : -1;
+  if (lockFd >= 0 && lockFd < 3) {  // stdio was closed at start: above it, where the next start looks
+    const int moved = ::fcntl(lockFd, F_DUPFD, 3);
+    ::close(lockFd);
+    lockFd = moved;
+  }
   if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
     if (DIR* d = ::opendir("/proc/self/fd")) {
       std::vector<int> fds;

@@ -39,40 +39,53 @@ std::set<std::string> changedMigDevices(const std::vector<DeviceInfo>& start, co
   return out;
 }
 
-bool sameLimitsAcross(const Config& c, const std::vector<DeviceInfo>& before, const std::vector<DeviceInfo>& after,
-                      std::string* why) {
-  // Per tenant (and the unknown tenants' profile): device UUID -> (limit, guarantee) on each list.
-  using Given = std::map<std::string, std::pair<uint64_t, uint64_t>>;
-  const auto given = [&](const Tenant& t, const std::vector<DeviceInfo>& list, Given* out) {
-    std::vector<uint64_t> limits, guarantees;
-    if (!resolveMemory(c, t.memory, list, &limits, why) || !resolveGuarantee(c, t, list, &guarantees, why))
-      return false;
-    for (size_t d = 0; d < list.size(); ++d) (*out)[list[d].uuid] = {limits[d], guarantees[d]};
+bool sameLimitsAcross(const Config& now, const std::vector<DeviceInfo>& before, const Config& next,
+                      const std::vector<DeviceInfo>& after, std::string* why) {
+  // Per tenant (and the unknown tenants' profile): device UUID -> (limit, guarantee).
+  using Given = std::map<std::string, std::map<std::string, std::pair<uint64_t, uint64_t>>>;
+  const auto given = [&](const Config& c, const std::vector<DeviceInfo>& list, Given* out) {
+    std::vector<Tenant> all = c.tenants;
+    for (const Profile& p : c.profiles)
+      if (p.name == c.unknownTenantsProfile) {
+        Tenant t;
+        t.name = "the unknown tenants' profile";
+        t.memory = p.memory;
+        all.push_back(t);
+      }
+    for (const Tenant& t : all) {
+      std::vector<uint64_t> limits, guarantees;
+      if (!resolveMemory(c, t.memory, list, &limits, why) || !resolveGuarantee(c, t, list, &guarantees, why))
+        return false;
+      for (size_t d = 0; d < list.size(); ++d) (*out)[t.name][list[d].uuid] = {limits[d], guarantees[d]};
+    }
     return true;
   };
-  std::vector<Tenant> all = c.tenants;
-  for (const Profile& p : c.profiles)
-    if (p.name == c.unknownTenantsProfile) {
-      Tenant t;
-      t.name = "the unknown tenants' profile " + p.name;
-      t.memory = p.memory;
-      all.push_back(t);
-    }
-  for (const Tenant& t : all) {
-    Given b, a;
-    if (!given(t, before, &b) || !given(t, after, &a)) return false;
+  Given b, a;
+  if (!given(now, before, &b) || !given(next, after, &a)) return false;
+  const std::pair<uint64_t, uint64_t> none{kUnlimited, kUnlimited};
+  std::set<std::string> names;
+  for (const auto& [n, _] : b) names.insert(n);
+  for (const auto& [n, _] : a) names.insert(n);
+  for (const std::string& name : names)
     for (const DeviceInfo& d : after) {
-      const auto was = b.find(d.uuid);
-      if (was == b.end() || was->second == a.at(d.uuid)) continue;
-      std::string before_name;
+      const auto bt = b.find(name);
+      if (bt == b.end() ? false : !bt->second.count(d.uuid)) continue;  // a device new after the change
+      bool wasThere = false;
+      for (const DeviceInfo& o : before) wasThere = wasThere || o.uuid == d.uuid;
+      if (!wasThere) continue;
+      const auto at = a.find(name);
+      const auto was = bt == b.end() ? none : bt->second.at(d.uuid);
+      const auto is = at == a.end() ? none : at->second.at(d.uuid);
+      if (was == is) continue;
+      std::string beforeName;
       for (const DeviceInfo& o : before)
-        if (o.uuid == d.uuid) before_name = o.name();
-      *why = t.name + "'s memory on " + d.uuid + " (" + before_name + ", now " + d.name() +
-             ") would change with the layout: a key by index names another device after it (name MIG devices by "
-             "UUID, or restart the broker to take the new meaning)";
+        if (o.uuid == d.uuid) beforeName = o.name();
+      *why = name + "'s memory on " + d.uuid + " (" + beforeName + ", now " + d.name() +
+             ") would change with the layout: a key by index names another device after it, or the configuration "
+             "file changed it without a reload (name MIG devices by UUID, reload, or restart the broker to take the "
+             "new meaning)";
       return false;
     }
-  }
   return true;
 }
 

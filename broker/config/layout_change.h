@@ -32,9 +32,11 @@ std::set<std::string> gpusOf(const std::vector<DeviceInfo>& list, const std::vec
 // instance, GPU minor): their device nodes and `<tenant>:<gpu>:<mig>` names are stale.
 std::set<std::string> changedMigDevices(const std::vector<DeviceInfo>& start, const std::vector<DeviceInfo>& now);
 
-// False with *why (naming the tenant and device) when c gives a device present in both lists
-// another limit or guarantee on `after` than on `before`, or does not resolve on either.
-bool sameLimitsAcross(const Config& c, const std::vector<DeviceInfo>& before, const std::vector<DeviceInfo>& after,
-                      std::string* why);
+// False with *why (naming the tenant and device) when `next` (the configuration file now) gives a
+// device present in both lists another limit or guarantee on `after` than `now` (the
+// configuration in force) gives it on `before`, or when either does not resolve. Tenants are
+// matched by name; one in only one of the two is judged against no limit in the other.
+bool sameLimitsAcross(const Config& now, const std::vector<DeviceInfo>& before, const Config& next,
+                      const std::vector<DeviceInfo>& after, std::string* why);
 
 }  // namespace cushare::broker

@@ -102,7 +102,7 @@ bool publishCdiSpec(const Config& c, const std::vector<DeviceInfo>& devices, con
   container::CdiSpec spec;
   bool fromFile = false;
   if (!build(c, devices, mpsPipeDir, true, staleMig, &spec, &fromFile, err)) return false;
-  for (const std::string& why : spec.leftOut) CUSHARE_BLOG(warn, "cdi: left out of the spec: {}", why);
+  for (const std::string& why : spec.leftOut) CUSHARE_BLOG(warn, "cdi: tenant {} left out of the spec", why);
   if (!spec.migDevices.empty() && !fromFile)
     CUSHARE_BLOG(info, "cdi: {} is not there: MIG capability nodes numbered as the driver's fixed table",
                  container::kMigMinorsFile);

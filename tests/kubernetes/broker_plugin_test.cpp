@@ -696,7 +696,12 @@ TEST_F(BrokerPluginMig, TheBrokerStartsAgainOnAChangedLayout) {
   ASSERT_TRUE(kubelet.start());
   const std::string dir = testDir();
   Broker b(dir);
-  ASSERT_TRUE(b.start("kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 1, pod_resources_socket: off}\n"
+  // With a declarative layout applied at start (the one made above): a start on a followed layout
+  // does not apply it (the change was made on purpose), and the --check that judges it first
+  // knows that (its dry run would refuse: a process runs on GPU 0).
+  ASSERT_TRUE(b.start("mig: {apply_at_start: true, layout: [{devices: [0], mig-enabled: true, "
+                      "mig-devices: {1g.10gb: 1}}]}\n"
+                      "kubernetes: {device_plugin_dir: " + dp + ", devices_per_gpu: 1, pod_resources_socket: off}\n"
                       "tenants:\n  - {name: alpha, uid: 2000, memory: {" + m0 + ": 256MiB}}\n"
                       "  - {name: beta, memory: 128MiB}\n"))
       << b.log();
@@ -732,6 +737,7 @@ TEST_F(BrokerPluginMig, TheBrokerStartsAgainOnAChangedLayout) {
     return healthy(p, 3) && std::any_of(p.devices.begin(), p.devices.end(), [&](const auto& d) { return d.id() == m1 + "::0"; });
   }, 30000)) << b.log();
   EXPECT_TRUE(b.logHas("mig: the MIG layout changed (was: ")) << b.log();
+  EXPECT_TRUE(b.logHas("mig.apply_at_start is not run now")) << b.log();
   EXPECT_EQ(b.pid(), pid);
   EXPECT_EQ(::kill(pid, 0), 0) << "the same process, still running";
   ASSERT_TRUE(eventually([&] { return b.status().devices_size() == 3; }, 10000)) << b.log();

@@ -582,19 +582,28 @@ TEST(BrokerConfig, ALayoutChangeIsFollowedOnlyWhereNoLimitMoves) {
   after[1].memoryGroup = 1;
   std::string why;
   const Config byIndex = parseOk("tenants:\n  - {name: alpha, memory: {'0:0': 1GiB}}\n");
-  EXPECT_FALSE(sameLimitsAcross(byIndex, before, after, &why));
+  EXPECT_FALSE(sameLimitsAcross(byIndex, before, byIndex, after, &why));
   EXPECT_NE(why.find("alpha's memory on " + std::string(kMig1) + " (0:1, now 0:0) would change"), std::string::npos)
       << why;
   for (const char* fine : {"tenants:\n  - {name: alpha, memory: {MIG-aaaaaaaa-0002-5000-8000-000000000000: 1GiB}}\n",
                            "tenants:\n  - {name: alpha, memory: 1GiB}\n", "tenants:\n  - {name: alpha, memory: 10%}\n"})
-    EXPECT_TRUE(sameLimitsAcross(parseOk(fine), before, after, &why)) << fine << why;
+    EXPECT_TRUE(sameLimitsAcross(parseOk(fine), before, parseOk(fine), after, &why)) << fine << why;
   // '0:2' names nothing after the change: refused (it does not resolve), not followed.
-  EXPECT_FALSE(sameLimitsAcross(parseOk("tenants:\n  - {name: alpha, memory: {'0:2': 1GiB}}\n"), before, after, &why));
+  const Config gone = parseOk("tenants:\n  - {name: alpha, memory: {'0:2': 1GiB}}\n");
+  EXPECT_FALSE(sameLimitsAcross(gone, before, gone, after, &why));
+  // An operator who renamed the key to the device's new index (in the file, before the change is
+  // followed) keeps alpha where it was: followed.
+  EXPECT_TRUE(sameLimitsAcross(parseOk("tenants:\n  - {name: alpha, memory: {'0:1': 1GiB}}\n"), before,
+                               parseOk("tenants:\n  - {name: alpha, memory: {'0:0': 1GiB}}\n"), after, &why))
+      << why;
+  // A limit changed in the file but not reloaded is not taken silently by following.
+  EXPECT_FALSE(sameLimitsAcross(parseOk("tenants:\n  - {name: alpha, memory: 1GiB}\n"), before,
+                                parseOk("tenants:\n  - {name: alpha, memory: 2GiB}\n"), after, &why));
   // The unknown tenants' profile counts too.
-  EXPECT_FALSE(sameLimitsAcross(parseOk("profiles:\n  p: {memory: {'0:0': 1GiB}}\nunknown_tenants: p\n"
-                                        "tenants:\n  - {name: alpha, memory: 1GiB}\n"),
-                                before, after, &why));
-  EXPECT_NE(why.find("unknown tenants' profile p"), std::string::npos) << why;
+  const Config profile = parseOk("profiles:\n  p: {memory: {'0:0': 1GiB}}\nunknown_tenants: p\n"
+                                 "tenants:\n  - {name: alpha, memory: 1GiB}\n");
+  EXPECT_FALSE(sameLimitsAcross(profile, before, profile, after, &why));
+  EXPECT_NE(why.find("unknown tenants' profile"), std::string::npos) << why;
 
   EXPECT_NE(describeDevices(before), describeDevices(after));
   std::vector<DeviceInfo> reprofiled = before;

@@ -157,9 +157,7 @@ bool checkLikeAStart(const std::string& path, std::string* why) {
 bool isLayoutLock(int fd) {
   char target[4096];
   const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target - 1);
-  if (n <= 0) return false;
-  const std::string t(target, static_cast<size_t>(n));
-  return t.size() > 9 && t.compare(t.size() - 9, 9, ".mig-lock") == 0;
+  return n > 0 && std::string_view(target, static_cast<size_t>(n)).ends_with(cushare::broker::mig::kApplyLockSuffix);
 }
 
 int usage(const std::string& why) {
@@ -722,13 +720,14 @@ int main(int argc, char** argv) {
       followLock.reset();
       return false;
     }
-    std::string was, is;
-    for (const DeviceInfo& d : devices)
-      if (d.mig()) was += (was.empty() ? "" : ", ") + d.name() + " " + d.profile;
-    for (const DeviceInfo& d : now)
-      if (d.mig()) is += (is.empty() ? "" : ", ") + d.name() + " " + d.profile;
+    const auto migOf = [](const std::vector<DeviceInfo>& list) {
+      std::string out;
+      for (const DeviceInfo& d : list)
+        if (d.mig()) out += (out.empty() ? "" : ", ") + d.name() + " " + d.profile;
+      return out.empty() ? std::string("none") : out;
+    };
     spdlog::info("mig: the MIG layout changed (was: {}; now: {}): the broker starts again on it, in this process; "
-                 "tenants keep running under their ledgers", was.empty() ? "none" : was, is.empty() ? "none" : is);
+                 "tenants keep running under their ledgers", migOf(devices), migOf(now));
     return true;
   };
   bool startAgain = false;

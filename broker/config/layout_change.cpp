@@ -63,24 +63,20 @@ bool sameLimitsAcross(const Config& now, const std::vector<DeviceInfo>& before, 
   Given b, a;
   if (!given(now, before, &b) || !given(next, after, &a)) return false;
   const std::pair<uint64_t, uint64_t> none{kUnlimited, kUnlimited};
+  std::map<std::string, std::string> nameBefore;  // UUID -> its <gpu>[:<mig>] before the change
+  for (const DeviceInfo& o : before) nameBefore[o.uuid] = o.name();
   std::set<std::string> names;
   for (const auto& [n, _] : b) names.insert(n);
   for (const auto& [n, _] : a) names.insert(n);
   for (const std::string& name : names)
     for (const DeviceInfo& d : after) {
-      const auto bt = b.find(name);
-      if (bt == b.end() ? false : !bt->second.count(d.uuid)) continue;  // a device new after the change
-      bool wasThere = false;
-      for (const DeviceInfo& o : before) wasThere = wasThere || o.uuid == d.uuid;
-      if (!wasThere) continue;
-      const auto at = a.find(name);
+      const auto beforeName = nameBefore.find(d.uuid);
+      if (beforeName == nameBefore.end()) continue;  // a device new after the change
+      const auto bt = b.find(name), at = a.find(name);
       const auto was = bt == b.end() ? none : bt->second.at(d.uuid);
       const auto is = at == a.end() ? none : at->second.at(d.uuid);
       if (was == is) continue;
-      std::string beforeName;
-      for (const DeviceInfo& o : before)
-        if (o.uuid == d.uuid) beforeName = o.name();
-      *why = name + "'s memory on " + d.uuid + " (" + beforeName + ", now " + d.name() +
+      *why = name + "'s memory on " + d.uuid + " (" + beforeName->second + ", now " + d.name() +
              ") would change with the layout: a key by index names another device after it, or the configuration "
              "file changed it without a reload (name MIG devices by UUID, reload, or restart the broker to take the "
              "new meaning)";

@@ -628,7 +628,7 @@ bool applyLayout(Host& host, const Config& c, const std::vector<MigLayoutEntry>&
   return true;
 }
 
-std::string applyLockPath(const Config& c) { return c.stateFile + ".mig-lock"; }
+std::string applyLockPath(const Config& c) { return c.stateFile + kApplyLockSuffix; }
 
 ApplyLock::~ApplyLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock

@@ -133,6 +133,8 @@ class ApplyLock {
  private:
   int fd_ = -1;
 };
+// <state_file> + kApplyLockSuffix.
+inline constexpr char kApplyLockSuffix[] = ".mig-lock";
 std::string applyLockPath(const Config& c);
 
 }  // namespace cushare::broker::mig

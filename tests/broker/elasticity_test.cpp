@@ -117,19 +117,35 @@ TEST(Elastic, AGuaranteeHoldsWhileAnotherTenantBurstsAndTheBurstKeepsItsData) {
   for (Child* c : {&burster, &steady}) c->send("quit");
 }
 
+// A broker and a process of each of two tenants on uids of their own, 1000 and 1001 (by default
+// burster and steady); start(body) starts the broker with body and both workers, ready.
+struct TwoUids {
+  explicit TwoUids(const std::string& dir, std::string first = "burster", std::string second = "steady")
+      : b(dir), names{std::move(first), std::move(second)} {}
+  void start(const std::string& body) {
+    ASSERT_TRUE(b.start(body)) << b.log();
+    burster = users.spawn(1000, WORKER_BIN, b, names[0]);
+    ASSERT_EQ(burster.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+    steady = users.spawn(1001, WORKER_BIN, b, names[1]);
+    ASSERT_EQ(steady.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+  }
+  Broker b;
+  std::string names[2];
+  UidTenants users;
+  Child burster, steady;
+};
+
 // A burst that finds no room from the start (the device is full of memory it cannot evict) is on
 // host memory, and the operator is told so, but nothing was taken back from it: it is not counted
 // as reclaimed. (Before, every rise of the estimate counted, so a burst not yet prefetched when
 // the broker looked, as under ThreadSanitizer, was counted as reclaimed too.)
 TEST(Elastic, ABurstThatFoundNoRoomIsOnHostMemoryButNotReclaimed) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run tenants on uids of their own";
-  Broker b(testDir());
-  ASSERT_TRUE(b.start(kTenants)) << b.log();
-  UidTenants users;
-  Child steady = users.spawn(1001, WORKER_BIN, b, "steady");
-  ASSERT_EQ(steady.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
-  Child burster = users.spawn(1000, WORKER_BIN, b, "burster");
-  ASSERT_EQ(burster.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
+  TwoUids u(testDir());
+  ASSERT_NO_FATAL_FAILURE(u.start(kTenants));
+  Broker& b = u.b;
+  Child& burster = u.burster;
+  Child& steady = u.steady;
   for (int i = 0; i < 3; ++i) ASSERT_EQ(steady.ask("alloc " + mib(256)), "ok") << i;
   ASSERT_EQ(burster.ask("pattern " + mib(256)), "ok") << "its guarantee";
   ASSERT_EQ(deviceUsed(), 1024 * MiB) << "the device is full of ordinary memory";
@@ -238,26 +254,6 @@ TEST(Elastic, LoweringAGuaranteeBelowWhatIsHeldIsSaidAndTakesNothing) {
   EXPECT_FALSE(b.logHas("killed", 100)) << b.log();
   burster.send("quit");
 }
-
-// Two tenants on uids of their own (1000: burster, 1001: steady) under a broker started with
-// body; both workers ready.
-// A broker and a process of each of two tenants, on uids 1000 and 1001 (by default named burster
-// and steady).
-struct TwoUids {
-  explicit TwoUids(const std::string& dir, std::string first = "burster", std::string second = "steady")
-      : b(dir), names{std::move(first), std::move(second)} {}
-  void start(const std::string& body) {
-    ASSERT_TRUE(b.start(body)) << b.log();
-    burster = users.spawn(1000, WORKER_BIN, b, names[0]);
-    ASSERT_EQ(burster.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
-    steady = users.spawn(1001, WORKER_BIN, b, names[1]);
-    ASSERT_EQ(steady.readLine(), "ready") << readAll(b.dir() + "/tenants.log");
-  }
-  Broker b;
-  std::string names[2];
-  UidTenants users;
-  Child burster, steady;
-};
 
 // burst: plain. A tenant guaranteed 256 MiB bursts in ordinary memory to its 768 MiB limit; the
 // other tenant's allocation within its guarantee, which the driver refuses while the device is
